@@ -1,0 +1,254 @@
+/* loom core: status codes and errors, logging, allocation, dtypes, tensors,
+ * arenas, the counter-based RNG, timers and thread settings. */
+#ifndef LOOM_CORE_H
+#define LOOM_CORE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- status */
+
+/* Every function that can fail returns a loom_status; 0 is success and every
+ * error is negative. The detail lives in loom_last_error() (thread-local). */
+#define LOOM_STATUS_LIST(X)                                                    \
+  X(LOOM_OK, 0, "ok")                                                          \
+  X(LOOM_ERR_INVALID_ARG, -1, "invalid argument")                              \
+  X(LOOM_ERR_NOMEM, -2, "out of memory")                                       \
+  X(LOOM_ERR_IO, -3, "I/O error")                                              \
+  X(LOOM_ERR_CORRUPT, -4, "corrupt data")                                      \
+  X(LOOM_ERR_CONFIG, -5, "configuration error")                                \
+  X(LOOM_ERR_TIMEOUT, -6, "timed out")                                         \
+  X(LOOM_ERR_REMOTE, -7, "error on a remote rank")                             \
+  X(LOOM_ERR_MISMATCH, -8, "mismatch between ranks")                           \
+  X(LOOM_ERR_UNSUPPORTED, -9, "unsupported")                                   \
+  X(LOOM_ERR_INTERNAL, -10, "internal error")                                  \
+  X(LOOM_ERR_IN_PROGRESS, -11, "operation in progress")
+
+typedef enum {
+#define LOOM_X_ENUM(name, value, text) name = value,
+  LOOM_STATUS_LIST(LOOM_X_ENUM)
+#undef LOOM_X_ENUM
+} loom_status;
+#define LOOM_STATUS_COUNT 12
+
+/* Static text of a status ("out of memory"); never NULL. */
+const char *loom_status_str(loom_status s);
+/* Symbolic name of a status ("LOOM_ERR_NOMEM"); never NULL. */
+const char *loom_status_name(loom_status s);
+
+/* The detailed message of the last error recorded on this thread, e.g.
+ * "config.yaml:3:5: unknown key 'optim.lrr'". Empty string when none. */
+const char *loom_last_error(void);
+/* Records a message for status s on this thread and returns s, so that
+ * `return loom_error(LOOM_ERR_IO, "cannot open %s", path);` reads well. */
+loom_status loom_error(loom_status s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+loom_status loom_verror(loom_status s, const char *fmt, va_list ap);
+/* Prepends context ("loading checkpoint: ") to the current message. */
+loom_status loom_error_context(loom_status s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void loom_clear_error(void);
+
+/* Return early on failure. */
+#define LOOM_TRY(expr)                                                         \
+  do {                                                                         \
+    loom_status loom_try_s_ = (expr);                                          \
+    if (loom_try_s_ != LOOM_OK)                                                \
+      return loom_try_s_;                                                      \
+  } while (0)
+/* Store the status in `st` and jump to `label` on failure (one cleanup label
+ * per function). */
+#define LOOM_TRY_GOTO(st, expr, label)                                         \
+  do {                                                                         \
+    (st) = (expr);                                                             \
+    if ((st) != LOOM_OK)                                                       \
+      goto label;                                                              \
+  } while (0)
+
+/* --------------------------------------------------------------- logging */
+
+#define LOOM_LOG_LEVEL_LIST(X)                                                 \
+  X(LOOM_LOG_DEBUG, "debug")                                                   \
+  X(LOOM_LOG_INFO, "info")                                                     \
+  X(LOOM_LOG_WARN, "warn")                                                     \
+  X(LOOM_LOG_ERROR, "error")                                                   \
+  X(LOOM_LOG_OFF, "off")
+
+typedef enum {
+#define LOOM_X_ENUM(name, text) name,
+  LOOM_LOG_LEVEL_LIST(LOOM_X_ENUM)
+#undef LOOM_X_ENUM
+      LOOM_LOG_LEVEL_COUNT
+} loom_log_level;
+
+/* The level comes from LOOM_LOG (debug|info|warn|error|off, default info)
+ * on first use; loom_log_set_level overrides it. */
+void loom_log_set_level(loom_log_level level);
+loom_log_level loom_log_get_level(void);
+/* Messages carry a "[rank r]" prefix once a rank is set (r >= 0). */
+void loom_log_set_rank(int rank);
+void loom_log(loom_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+#define LOOM_DEBUG(...) loom_log(LOOM_LOG_DEBUG, __VA_ARGS__)
+#define LOOM_INFO(...) loom_log(LOOM_LOG_INFO, __VA_ARGS__)
+#define LOOM_WARN(...) loom_log(LOOM_LOG_WARN, __VA_ARGS__)
+#define LOOM_LOG_ERROR(...) loom_log(LOOM_LOG_ERROR, __VA_ARGS__)
+
+/* ------------------------------------------------------------ allocation */
+
+/* All allocation in loom goes through these. Memory is 64-byte aligned and
+ * released with loom_free (loom_free(NULL) is a no-op). On failure they
+ * return NULL and record LOOM_ERR_NOMEM with the size asked for. */
+void *loom_malloc(size_t bytes);
+void *loom_calloc(size_t count, size_t size);
+void loom_free(void *p);
+/* Test hook: make the n-th allocation from now fail (n >= 1); 0 disables. */
+void loom_alloc_fail_after(long n);
+/* Number of allocations made so far (for tests that walk every failure). */
+long loom_alloc_count(void);
+
+/* ---------------------------------------------------------------- dtypes */
+
+#define LOOM_DTYPE_LIST(X)                                                     \
+  X(LOOM_F32, "f32", 4)                                                        \
+  X(LOOM_BF16, "bf16", 2)                                                      \
+  X(LOOM_F16, "f16", 2)                                                        \
+  X(LOOM_F64, "f64", 8)                                                        \
+  X(LOOM_I32, "i32", 4)                                                        \
+  X(LOOM_I64, "i64", 8)                                                        \
+  X(LOOM_U8, "u8", 1)
+
+typedef enum {
+#define LOOM_X_ENUM(name, text, size) name,
+  LOOM_DTYPE_LIST(LOOM_X_ENUM)
+#undef LOOM_X_ENUM
+      LOOM_DTYPE_COUNT
+} loom_dtype;
+
+size_t loom_dtype_size(loom_dtype dt);
+const char *loom_dtype_name(loom_dtype dt);
+/* Parses "f32", "bf16", ...; LOOM_ERR_INVALID_ARG for an unknown name. */
+loom_status loom_dtype_parse(const char *name, loom_dtype *out);
+
+/* bf16 and f16 storage. Conversions round to nearest even; NaN stays NaN. */
+typedef uint16_t loom_bf16;
+typedef uint16_t loom_f16;
+loom_bf16 loom_f32_to_bf16(float x);
+float loom_bf16_to_f32(loom_bf16 x);
+loom_f16 loom_f32_to_f16(float x);
+float loom_f16_to_f32(loom_f16 x);
+
+/* --------------------------------------------------------------- tensors */
+
+#define LOOM_MAX_DIMS 4
+
+/* A tensor is a view: it never owns `data` unless made by loom_tensor_new. */
+typedef struct loom_tensor {
+  void *data;
+  loom_dtype dtype;
+  int ndim;
+  int64_t shape[LOOM_MAX_DIMS];
+  int64_t stride[LOOM_MAX_DIMS]; /* in elements, row-major when contiguous */
+  bool owns;
+} loom_tensor;
+
+/* A contiguous view of `data` with the given shape (ndim 0..4). */
+loom_tensor loom_tensor_view(void *data, loom_dtype dtype, int ndim,
+                             const int64_t *shape);
+/* Allocates a zeroed contiguous tensor; free with loom_tensor_free. */
+loom_status loom_tensor_new(loom_tensor *t, loom_dtype dtype, int ndim,
+                            const int64_t *shape);
+void loom_tensor_free(loom_tensor *t);
+int64_t loom_tensor_numel(const loom_tensor *t);
+size_t loom_tensor_bytes(const loom_tensor *t);
+bool loom_tensor_is_contiguous(const loom_tensor *t);
+/* A view with a new shape over the same contiguous data (numel must match). */
+loom_status loom_tensor_reshape(const loom_tensor *t, int ndim,
+                                const int64_t *shape, loom_tensor *out);
+/* A view of rows [start, start+count) along dimension 0. */
+loom_status loom_tensor_slice0(const loom_tensor *t, int64_t start,
+                               int64_t count, loom_tensor *out);
+
+/* ---------------------------------------------------------------- arenas */
+
+/* A bump allocator over one block: many buffers, one allocation, one free. */
+typedef struct loom_arena loom_arena;
+loom_status loom_arena_new(loom_arena **out, size_t capacity);
+void loom_arena_free(loom_arena *a);
+/* 64-byte aligned; NULL with LOOM_ERR_NOMEM when the arena is full. */
+void *loom_arena_alloc(loom_arena *a, size_t bytes);
+void loom_arena_reset(loom_arena *a);
+size_t loom_arena_used(const loom_arena *a);
+size_t loom_arena_capacity(const loom_arena *a);
+
+/* ------------------------------------------------------------------- RNG */
+
+/* Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2,
+ * 3", SC'11): a bijection of a 128-bit counter under a 64-bit key. */
+void loom_philox4x32(const uint32_t ctr[4], const uint32_t key[2],
+                     uint32_t out[4]);
+
+/* A stream of random numbers keyed by (seed, stream); `counter` counts
+ * 32-bit draws, so any position can be reached without drawing the ones
+ * before it (loom_rng_seek). Value i of stream (seed, s) is word i%4 of
+ * philox(ctr = {i/4 lo, i/4 hi, s lo, s hi}, key = {seed lo, seed hi}). */
+typedef struct loom_rng {
+  uint64_t seed;
+  uint64_t stream;
+  uint64_t counter;
+} loom_rng;
+
+loom_rng loom_rng_init(uint64_t seed, uint64_t stream);
+void loom_rng_seek(loom_rng *r, uint64_t counter);
+uint32_t loom_rng_u32(loom_rng *r);
+/* Uniform in [0, 1) with 24 bits of precision. */
+float loom_rng_uniform(loom_rng *r);
+/* Uniform integer in [0, n) without modulo bias; n >= 1. */
+uint64_t loom_rng_below(loom_rng *r, uint64_t n);
+/* Standard normal by Box-Muller; consumes exactly two draws per value. */
+float loom_rng_normal(loom_rng *r);
+void loom_rng_fill_uniform(loom_rng *r, float *out, size_t n, float lo,
+                           float hi);
+void loom_rng_fill_normal(loom_rng *r, float *out, size_t n, float mean,
+                          float std);
+/* Mixes several 64-bit words into one stream id (purpose, step, index...). */
+uint64_t loom_rng_stream_id(uint64_t a, uint64_t b, uint64_t c);
+
+/* ---------------------------------------------------------------- timers */
+
+/* Seconds on a monotonic clock. */
+double loom_time_now(void);
+/* Seconds since the Unix epoch (for metrics). */
+double loom_time_wall(void);
+
+/* --------------------------------------------------------------- threads */
+
+/* Threads for loom's kernels: LOOM_THREADS if set, else the number of cores
+ * this process may run on. loom_set_threads also sets OpenMP's count. */
+int loom_threads(void);
+void loom_set_threads(int n);
+/* Number of cores this process may run on (sched affinity). */
+int loom_cores(void);
+
+/* ------------------------------------------------------------- checksums */
+
+/* CRC32C (Castagnoli), as used for checkpoint blocks. Pass crc = 0 to start;
+ * feed the result back to continue over several buffers. */
+uint32_t loom_crc32c(uint32_t crc, const void *data, size_t n);
+/* 64-bit FNV-1a, for config and layout hashes. */
+uint64_t loom_hash64(uint64_t h, const void *data, size_t n);
+#define LOOM_HASH64_INIT 0xcbf29ce484222325ULL
+
+/* Library version string ("0.1.0"). */
+const char *loom_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_CORE_H */

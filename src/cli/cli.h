@@ -1,0 +1,27 @@
+/* The subcommands of the loom tool; each lives in its own file. */
+#ifndef LOOM_CLI_H
+#define LOOM_CLI_H
+
+/* Exit codes of the tool. */
+#define LOOM_EXIT_OK 0
+#define LOOM_EXIT_FAIL 1  /* a run failed (I/O, numerical, remote rank) */
+#define LOOM_EXIT_USAGE 2 /* bad command line or configuration */
+
+typedef int (*loom_cli_fn)(int argc, char **argv);
+
+typedef struct loom_cli_cmd {
+  const char *name;
+  loom_cli_fn fn;
+  const char *help;
+} loom_cli_cmd;
+
+/* One row per subcommand: name, entry point (argv[0] is the command name),
+ * one-line help. */
+#define LOOM_CLI_COMMANDS(X)                                                   \
+  X("bench", loom_cmd_bench, "measure kernels and collectives")
+
+int loom_cmd_bench(int argc, char **argv);
+int loom_bench_gemm(int argc, char **argv); /* bench_gemm.c */
+int loom_bench_comm(int argc, char **argv); /* bench_comm.c */
+
+#endif

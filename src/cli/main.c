@@ -1,0 +1,43 @@
+/* loom: the command-line tool. Dispatches to one subcommand per file. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "loom/core.h"
+
+static const loom_cli_cmd commands[] = {
+#define LOOM_X_CMD(name, fn, help) {name, fn, help},
+    LOOM_CLI_COMMANDS(LOOM_X_CMD)
+#undef LOOM_X_CMD
+};
+
+static void usage(FILE *f) {
+  fprintf(f, "loom %s: train neural networks across cores, processes and "
+             "machines\n\nusage: loom <command> [options]\n\ncommands:\n",
+          loom_version());
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+  fprintf(f, "\n'loom <command> --help' describes each command.\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return LOOM_EXIT_USAGE;
+  }
+  if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+      strcmp(argv[1], "help") == 0) {
+    usage(stdout);
+    return 0;
+  }
+  if (strcmp(argv[1], "--version") == 0) {
+    printf("loom %s\n", loom_version());
+    return 0;
+  }
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    if (strcmp(argv[1], commands[i].name) == 0)
+      return commands[i].fn(argc - 1, argv + 1);
+  fprintf(stderr, "loom: unknown command '%s'\n", argv[1]);
+  usage(stderr);
+  return LOOM_EXIT_USAGE;
+}

@@ -1,0 +1,103 @@
+/* Timers, thread settings, checksums: the small services of the platform. */
+#define _GNU_SOURCE
+#include "loom/core.h"
+
+#include <omp.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+double loom_time_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double loom_time_wall(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int loom_cores(void) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0)
+      return n;
+  }
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+static atomic_int thread_count; /* 0: not decided yet */
+
+int loom_threads(void) {
+  int n = atomic_load(&thread_count);
+  if (n > 0)
+    return n;
+  const char *v = getenv("LOOM_THREADS");
+  n = v ? atoi(v) : 0;
+  if (n <= 0)
+    n = loom_cores();
+  loom_set_threads(n);
+  return n;
+}
+
+void loom_set_threads(int n) {
+  if (n <= 0)
+    n = loom_cores();
+  atomic_store(&thread_count, n);
+  omp_set_num_threads(n);
+}
+
+/* CRC32C, reflected polynomial 0x82F63B78, slicing by 8 bytes. */
+static uint32_t crc_table[8][256];
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+
+static void crc_init(void) {
+  for (uint32_t i = 0; i < 256; i++) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; k++)
+      c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+    crc_table[0][i] = c;
+  }
+  for (uint32_t i = 0; i < 256; i++)
+    for (int t = 1; t < 8; t++)
+      crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^
+                        crc_table[0][crc_table[t - 1][i] & 0xff];
+}
+
+uint32_t loom_crc32c(uint32_t crc, const void *data, size_t n) {
+  pthread_once(&crc_once, crc_init);
+  const unsigned char *p = data;
+  crc = ~crc;
+  while (n >= 8) {
+    uint32_t lo = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 |
+                         (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+    uint32_t hi = (uint32_t)p[4] | (uint32_t)p[5] << 8 |
+                  (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24;
+    crc = crc_table[7][lo & 0xff] ^ crc_table[6][(lo >> 8) & 0xff] ^
+          crc_table[5][(lo >> 16) & 0xff] ^ crc_table[4][lo >> 24] ^
+          crc_table[3][hi & 0xff] ^ crc_table[2][(hi >> 8) & 0xff] ^
+          crc_table[1][(hi >> 16) & 0xff] ^ crc_table[0][hi >> 24];
+    p += 8;
+    n -= 8;
+  }
+  while (n--)
+    crc = (crc >> 8) ^ crc_table[0][(crc ^ *p++) & 0xff];
+  return ~crc;
+}
+
+uint64_t loom_hash64(uint64_t h, const void *data, size_t n) {
+  const unsigned char *p = data;
+  for (size_t i = 0; i < n; i++) {
+    h ^= p[i];
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}

@@ -1,0 +1,116 @@
+/* Tensors: shaped, typed views into buffers. */
+#include "loom/core.h"
+
+#include <string.h>
+
+static void set_contiguous_strides(loom_tensor *t) {
+  int64_t s = 1;
+  for (int i = t->ndim - 1; i >= 0; i--) {
+    t->stride[i] = s;
+    s *= t->shape[i];
+  }
+}
+
+loom_tensor loom_tensor_view(void *data, loom_dtype dtype, int ndim,
+                             const int64_t *shape) {
+  loom_tensor t;
+  memset(&t, 0, sizeof t);
+  t.data = data;
+  t.dtype = dtype;
+  t.ndim = ndim < 0 ? 0 : (ndim > LOOM_MAX_DIMS ? LOOM_MAX_DIMS : ndim);
+  for (int i = 0; i < t.ndim; i++)
+    t.shape[i] = shape[i];
+  set_contiguous_strides(&t);
+  return t;
+}
+
+static loom_status check_shape(loom_dtype dtype, int ndim,
+                               const int64_t *shape) {
+  if ((unsigned)dtype >= LOOM_DTYPE_COUNT)
+    return loom_error(LOOM_ERR_INVALID_ARG, "tensor: invalid dtype %d",
+                      (int)dtype);
+  if (ndim < 0 || ndim > LOOM_MAX_DIMS)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "tensor: %d dimensions (at most %d)", ndim,
+                      LOOM_MAX_DIMS);
+  for (int i = 0; i < ndim; i++)
+    if (shape[i] < 0)
+      return loom_error(LOOM_ERR_INVALID_ARG,
+                        "tensor: negative size %lld in dimension %d",
+                        (long long)shape[i], i);
+  return LOOM_OK;
+}
+
+loom_status loom_tensor_new(loom_tensor *t, loom_dtype dtype, int ndim,
+                            const int64_t *shape) {
+  LOOM_TRY(check_shape(dtype, ndim, shape));
+  *t = loom_tensor_view(NULL, dtype, ndim, shape);
+  size_t bytes = loom_tensor_bytes(t);
+  t->data = loom_calloc(1, bytes);
+  if (!t->data)
+    return LOOM_ERR_NOMEM;
+  t->owns = true;
+  return LOOM_OK;
+}
+
+void loom_tensor_free(loom_tensor *t) {
+  if (!t)
+    return;
+  if (t->owns)
+    loom_free(t->data);
+  t->data = NULL;
+  t->owns = false;
+}
+
+int64_t loom_tensor_numel(const loom_tensor *t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->ndim; i++)
+    n *= t->shape[i];
+  return n;
+}
+
+size_t loom_tensor_bytes(const loom_tensor *t) {
+  return (size_t)loom_tensor_numel(t) * loom_dtype_size(t->dtype);
+}
+
+bool loom_tensor_is_contiguous(const loom_tensor *t) {
+  int64_t s = 1;
+  for (int i = t->ndim - 1; i >= 0; i--) {
+    if (t->shape[i] != 1 && t->stride[i] != s)
+      return false;
+    s *= t->shape[i];
+  }
+  return true;
+}
+
+loom_status loom_tensor_reshape(const loom_tensor *t, int ndim,
+                                const int64_t *shape, loom_tensor *out) {
+  LOOM_TRY(check_shape(t->dtype, ndim, shape));
+  if (!loom_tensor_is_contiguous(t))
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "tensor reshape: the tensor is not contiguous");
+  loom_tensor r = loom_tensor_view(t->data, t->dtype, ndim, shape);
+  if (loom_tensor_numel(&r) != loom_tensor_numel(t))
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "tensor reshape: %lld elements cannot take a shape of "
+                      "%lld",
+                      (long long)loom_tensor_numel(t),
+                      (long long)loom_tensor_numel(&r));
+  *out = r;
+  return LOOM_OK;
+}
+
+loom_status loom_tensor_slice0(const loom_tensor *t, int64_t start,
+                               int64_t count, loom_tensor *out) {
+  if (t->ndim < 1 || start < 0 || count < 0 || start + count > t->shape[0])
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "tensor slice: rows [%lld, %lld) out of range",
+                      (long long)start, (long long)(start + count));
+  loom_tensor r = *t;
+  r.owns = false;
+  r.shape[0] = count;
+  r.data = (char *)t->data +
+           (size_t)(start * t->stride[0]) * loom_dtype_size(t->dtype);
+  *out = r;
+  return LOOM_OK;
+}

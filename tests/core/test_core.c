@@ -1,0 +1,201 @@
+/* Tests of the core layer: status, errors, allocation hook, dtypes, tensors,
+ * arenas, Philox RNG, CRC32C. */
+#include <math.h>
+#include <string.h>
+
+#include "tt.h"
+
+TT_TEST(test_status_and_errors) {
+  TT_CHECK_STR(loom_status_str(LOOM_OK), "ok");
+  TT_CHECK_STR(loom_status_name(LOOM_ERR_CORRUPT), "LOOM_ERR_CORRUPT");
+  TT_CHECK_STR(loom_status_str((loom_status)-99), "unknown status");
+  loom_status s = loom_error(LOOM_ERR_IO, "cannot open %s", "x.bin");
+  TT_CHECK_EQ(s, LOOM_ERR_IO);
+  TT_CHECK_STR(loom_last_error(), "cannot open x.bin");
+  loom_error_context(s, "loading %s", "ckpt");
+  TT_CHECK_STR(loom_last_error(), "loading ckpt: cannot open x.bin");
+  loom_clear_error();
+  TT_CHECK_STR(loom_last_error(), "");
+}
+
+TT_TEST(test_alloc_hook) {
+  void *a = loom_malloc(100);
+  TT_CHECK(a != NULL);
+  TT_CHECK(((uintptr_t)a & 63) == 0);
+  loom_free(a);
+  loom_free(NULL);
+  loom_alloc_fail_after(2);
+  void *b = loom_malloc(10);
+  void *c = loom_malloc(10);
+  void *d = loom_malloc(10);
+  TT_CHECK(b != NULL);
+  TT_CHECK(c == NULL);
+  TT_CHECK(d != NULL);
+  loom_free(b);
+  loom_free(d);
+  loom_alloc_fail_after(0);
+  TT_CHECK(loom_calloc(SIZE_MAX / 2, 4) == NULL);
+}
+
+TT_TEST(test_dtypes) {
+  TT_CHECK_EQ(loom_dtype_size(LOOM_F32), 4);
+  TT_CHECK_EQ(loom_dtype_size(LOOM_BF16), 2);
+  TT_CHECK_STR(loom_dtype_name(LOOM_I64), "i64");
+  loom_dtype dt;
+  TT_CHECK_OK(loom_dtype_parse("f16", &dt));
+  TT_CHECK_EQ(dt, LOOM_F16);
+  TT_CHECK_EQ(loom_dtype_parse("f8", &dt), LOOM_ERR_INVALID_ARG);
+  /* bf16: exact values survive, others round to nearest even. */
+  TT_CHECK(loom_bf16_to_f32(loom_f32_to_bf16(1.5f)) == 1.5f);
+  TT_CHECK(loom_f32_to_bf16(1.0f + 1.0f / 256) == 0x3f80); /* tie -> even */
+  TT_CHECK(loom_f32_to_bf16(1.0f + 3.0f / 256) == 0x3f82); /* tie -> even */
+  TT_CHECK(isnan(loom_bf16_to_f32(loom_f32_to_bf16(NAN))));
+  /* f16 round trips and edge cases. */
+  float vals[] = {0.0f, 1.0f, -2.5f, 65504.0f, 6.103515625e-05f,
+                  5.960464477539063e-08f, 0.333251953125f};
+  for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++)
+    TT_CHECK(loom_f16_to_f32(loom_f32_to_f16(vals[i])) == vals[i]);
+  TT_CHECK(isinf(loom_f16_to_f32(loom_f32_to_f16(70000.0f))));
+  TT_CHECK(loom_f32_to_f16(1.0f) == 0x3c00);
+  TT_CHECK(loom_f32_to_f16(1.0f + 1.0f / 2048) == 0x3c00); /* tie -> even */
+  TT_CHECK(loom_f32_to_f16(1.0f + 3.0f / 2048) == 0x3c02);
+  TT_CHECK(isnan(loom_f16_to_f32(loom_f32_to_f16(NAN))));
+  /* Every f16 value converts to f32 and back unchanged (but NaNs). */
+  int bad = 0;
+  for (uint32_t h = 0; h < 65536; h++) {
+    float f = loom_f16_to_f32((loom_f16)h);
+    if (!isnan(f) && loom_f32_to_f16(f) != h)
+      bad++;
+  }
+  TT_CHECK_EQ(bad, 0);
+}
+
+TT_TEST(test_tensors) {
+  int64_t shape[3] = {2, 3, 4};
+  loom_tensor t;
+  TT_REQUIRE_OK(loom_tensor_new(&t, LOOM_F32, 3, shape));
+  TT_CHECK_EQ(loom_tensor_numel(&t), 24);
+  TT_CHECK_EQ(loom_tensor_bytes(&t), 96);
+  TT_CHECK_EQ(t.stride[0], 12);
+  TT_CHECK_EQ(t.stride[2], 1);
+  TT_CHECK(loom_tensor_is_contiguous(&t));
+  int64_t s2[2] = {6, 4};
+  loom_tensor r;
+  TT_CHECK_OK(loom_tensor_reshape(&t, 2, s2, &r));
+  TT_CHECK_EQ(r.shape[0], 6);
+  int64_t s3[2] = {5, 5};
+  TT_CHECK_EQ(loom_tensor_reshape(&t, 2, s3, &r), LOOM_ERR_INVALID_ARG);
+  loom_tensor sl;
+  TT_CHECK_OK(loom_tensor_slice0(&t, 1, 1, &sl));
+  TT_CHECK((float *)sl.data == (float *)t.data + 12);
+  TT_CHECK_EQ(loom_tensor_slice0(&t, 1, 2, &sl), LOOM_ERR_INVALID_ARG);
+  int64_t neg[1] = {-1};
+  loom_tensor bad;
+  TT_CHECK_EQ(loom_tensor_new(&bad, LOOM_F32, 1, neg), LOOM_ERR_INVALID_ARG);
+  loom_tensor_free(&t);
+  loom_tensor_free(&t);
+}
+
+TT_TEST(test_arena) {
+  loom_arena *a;
+  TT_REQUIRE_OK(loom_arena_new(&a, 1000));
+  void *p = loom_arena_alloc(a, 10);
+  void *q = loom_arena_alloc(a, 100);
+  TT_CHECK(p && q && ((uintptr_t)q & 63) == 0);
+  TT_CHECK_EQ(loom_arena_used(a), 64 + 128);
+  TT_CHECK(loom_arena_alloc(a, 5000) == NULL);
+  loom_arena_reset(a);
+  TT_CHECK_EQ(loom_arena_used(a), 0);
+  loom_arena_free(a);
+  loom_arena_free(NULL);
+}
+
+TT_TEST(test_philox_known_answers) {
+  /* Known-answer vectors of Philox4x32-10 from the Random123 distribution. */
+  uint32_t out[4];
+  uint32_t c0[4] = {0, 0, 0, 0}, k0[2] = {0, 0};
+  loom_philox4x32(c0, k0, out);
+  TT_CHECK(out[0] == 0x6627e8d5u && out[1] == 0xe169c58du &&
+           out[2] == 0xbc57ac4cu && out[3] == 0x9b00dbd8u);
+  uint32_t c1[4] = {0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu};
+  uint32_t k1[2] = {0xffffffffu, 0xffffffffu};
+  loom_philox4x32(c1, k1, out);
+  TT_CHECK(out[0] == 0x408f276du && out[1] == 0x41c83b0eu &&
+           out[2] == 0xa20bc7c6u && out[3] == 0x6d5451fdu);
+  uint32_t c2[4] = {0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u};
+  uint32_t k2[2] = {0xa4093822u, 0x299f31d0u};
+  loom_philox4x32(c2, k2, out);
+  TT_CHECK(out[0] == 0xd16cfe09u && out[1] == 0x94fdccebu &&
+           out[2] == 0x5001e420u && out[3] == 0x24126ea1u);
+}
+
+TT_TEST(test_rng_streams) {
+  loom_rng a = loom_rng_init(42, 7), b = loom_rng_init(42, 7);
+  for (int i = 0; i < 10; i++)
+    TT_CHECK(loom_rng_u32(&a) == loom_rng_u32(&b));
+  /* Seeking reaches the same value as drawing. */
+  loom_rng c = loom_rng_init(42, 7);
+  loom_rng_seek(&c, 5);
+  loom_rng d = loom_rng_init(42, 7);
+  for (int i = 0; i < 5; i++)
+    loom_rng_u32(&d);
+  TT_CHECK(loom_rng_u32(&c) == loom_rng_u32(&d));
+  /* Another stream differs. */
+  loom_rng e = loom_rng_init(42, 8), f = loom_rng_init(42, 7);
+  TT_CHECK(loom_rng_u32(&e) != loom_rng_u32(&f));
+  /* Moments of uniform and normal. */
+  loom_rng g = loom_rng_init(1, 0);
+  double s = 0, s2 = 0, n = 200000;
+  for (int i = 0; i < n; i++) {
+    double x = loom_rng_normal(&g);
+    s += x;
+    s2 += x * x;
+  }
+  TT_CHECK_NEAR(s / n, 0.0, 0.01);
+  TT_CHECK_NEAR(s2 / n, 1.0, 0.02);
+  double u = 0;
+  for (int i = 0; i < n; i++) {
+    float x = loom_rng_uniform(&g);
+    TT_CHECK(x >= 0.0f && x < 1.0f);
+    u += x;
+  }
+  TT_CHECK_NEAR(u / n, 0.5, 0.005);
+  int counts[7] = {0};
+  for (int i = 0; i < 70000; i++)
+    counts[loom_rng_below(&g, 7)]++;
+  for (int i = 0; i < 7; i++)
+    TT_CHECK(counts[i] > 9500 && counts[i] < 10500);
+  TT_CHECK(loom_rng_stream_id(1, 2, 3) != loom_rng_stream_id(1, 3, 2));
+}
+
+TT_TEST(test_crc32c_and_hash) {
+  /* Standard check value of CRC-32C. */
+  TT_CHECK(loom_crc32c(0, "123456789", 9) == 0xe3069283u);
+  uint32_t part = loom_crc32c(0, "1234", 4);
+  TT_CHECK(loom_crc32c(part, "56789", 5) == 0xe3069283u);
+  TT_CHECK(loom_crc32c(0, "", 0) == 0);
+  TT_CHECK(loom_hash64(LOOM_HASH64_INIT, "a", 1) == 0xaf63dc4c8601ec8cULL);
+}
+
+TT_TEST(test_threads_and_time) {
+  TT_CHECK(loom_cores() >= 1);
+  TT_CHECK(loom_threads() >= 1);
+  loom_set_threads(1);
+  TT_CHECK_EQ(loom_threads(), 1);
+  double t0 = loom_time_now();
+  TT_CHECK(loom_time_now() >= t0);
+  TT_CHECK(loom_time_wall() > 1.6e9);
+}
+
+int main(void) {
+  TT_RUN(test_status_and_errors);
+  TT_RUN(test_alloc_hook);
+  TT_RUN(test_dtypes);
+  TT_RUN(test_tensors);
+  TT_RUN(test_arena);
+  TT_RUN(test_philox_known_answers);
+  TT_RUN(test_rng_streams);
+  TT_RUN(test_crc32c_and_hash);
+  TT_RUN(test_threads_and_time);
+  return tt_finish();
+}
