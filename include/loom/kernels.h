@@ -1,0 +1,188 @@
+/* loom kernels: CPU math in f32. Free functions, outputs first, raw pointers
+ * and dimensions, no allocation. Backward kernels ADD into their gradient
+ * outputs (+=), so one memset clears gradients and accumulation is free.
+ *
+ * Letters: B batch, T time (sequence), C channels / features, OC output
+ * channels, NH heads, HS head size (C / NH), V vocabulary, N rows,
+ * H W height width, KH KW kernel size. All arrays are row-major. */
+#ifndef LOOM_KERNELS_H
+#define LOOM_KERNELS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "loom/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------ GEMM */
+
+#define LOOM_GEMM_BACKEND_LIST(X)                                              \
+  X(LOOM_GEMM_DNNL, "dnnl")                                                    \
+  X(LOOM_GEMM_OPENBLAS, "openblas")                                            \
+  X(LOOM_GEMM_NAIVE, "naive")
+
+typedef enum {
+#define LOOM_X_ENUM(name, text) name,
+  LOOM_GEMM_BACKEND_LIST(LOOM_X_ENUM)
+#undef LOOM_X_ENUM
+      LOOM_GEMM_BACKEND_COUNT
+} loom_gemm_backend;
+
+/* The backend in use: LOOM_GEMM env (dnnl|openblas|naive) on first use, else
+ * the build default (dnnl when built with oneDNN). */
+loom_gemm_backend loom_gemm_get_backend(void);
+loom_status loom_gemm_set_backend(loom_gemm_backend b);
+const char *loom_gemm_backend_name(loom_gemm_backend b);
+loom_status loom_gemm_backend_parse(const char *name, loom_gemm_backend *out);
+
+/* C(M,N) = alpha * op(A) * op(B) + beta * C, row-major, op(X) = X or X^T.
+ * A is (M,K) or, transposed, (K,M); B is (K,N) or (N,K); ld* are row
+ * strides. Uses loom_threads() threads. */
+loom_status loom_gemm(bool trans_a, bool trans_b, int M, int N, int K,
+                      float alpha, const float *A, int lda, const float *B,
+                      int ldb, float beta, float *C, int ldc);
+/* The plain triple loop, accumulated in double: the reference of tests. */
+void loom_gemm_ref(bool trans_a, bool trans_b, int M, int N, int K,
+                   float alpha, const float *A, int lda, const float *B,
+                   int ldb, float beta, float *C, int ldc);
+
+/* ---------------------------------------------------------------- linear */
+
+/* out(N,OC) = inp(N,C) @ weight(OC,C)^T + bias(OC); bias may be NULL. */
+loom_status loom_linear_forward(float *out, const float *inp,
+                                const float *weight, const float *bias, int N,
+                                int C, int OC);
+/* dinp(N,C) += dout @ weight; dweight(OC,C) += dout^T @ inp;
+ * dbias(OC) += sum over rows of dout. Any gradient output may be NULL. */
+loom_status loom_linear_backward(float *dinp, float *dweight, float *dbias,
+                                 const float *dout, const float *inp,
+                                 const float *weight, int N, int C, int OC);
+
+/* ----------------------------------------------------------- elementwise */
+
+void loom_add_forward(float *out, const float *a, const float *b, int64_t n);
+/* y += x */
+void loom_accumulate(float *y, const float *x, int64_t n);
+void loom_scale(float *x, float s, int64_t n);
+void loom_relu_forward(float *out, const float *inp, int64_t n);
+/* dinp += dout * (inp > 0) */
+void loom_relu_backward(float *dinp, const float *inp, const float *dout,
+                        int64_t n);
+/* GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+void loom_gelu_forward(float *out, const float *inp, int64_t n);
+void loom_gelu_backward(float *dinp, const float *inp, const float *dout,
+                        int64_t n);
+/* Inverted dropout: out = inp * mask / (1-p), mask(n) bytes of 0/1 drawn
+ * from the counter-based stream `rng` (its counter advances by n). */
+void loom_dropout_forward(float *out, uint8_t *mask, const float *inp,
+                          float p, loom_rng *rng, int64_t n);
+void loom_dropout_backward(float *dinp, const uint8_t *mask,
+                           const float *dout, float p, int64_t n);
+
+/* ------------------------------------------------- softmax and layernorm */
+
+/* Row-wise over (N, C), numerically stable (max subtracted). */
+void loom_softmax_forward(float *out, const float *inp, int N, int C);
+/* dinp += out * (dout - sum(dout * out)) */
+void loom_softmax_backward(float *dinp, const float *out, const float *dout,
+                           int N, int C);
+void loom_log_softmax_forward(float *out, const float *inp, int N, int C);
+/* dinp += dout - exp(out) * sum(dout) */
+void loom_log_softmax_backward(float *dinp, const float *out,
+                               const float *dout, int N, int C);
+
+/* out(N,C) = (inp - mean) * rstd * weight + bias; saves mean(N), rstd(N).
+ * eps = 1e-5. */
+void loom_layernorm_forward(float *out, float *mean, float *rstd,
+                            const float *inp, const float *weight,
+                            const float *bias, int N, int C);
+void loom_layernorm_backward(float *dinp, float *dweight, float *dbias,
+                             const float *dout, const float *inp,
+                             const float *weight, const float *mean,
+                             const float *rstd, int N, int C);
+
+/* ------------------------------------------------------------- attention */
+
+/* Causal multi-head self-attention over qkv(B,T,3C) laid out as
+ * [q heads | k heads | v heads] per token (head h of q at h*HS).
+ * out(B,T,C): heads concatenated. Saves att(B,NH,T,T): the softmax
+ * probabilities (entries above the diagonal are 0). Scale 1/sqrt(HS). */
+loom_status loom_attention_forward(float *out, float *att, const float *qkv,
+                                   int B, int T, int C, int NH);
+/* dqkv(B,T,3C) += ...; scratch(B,NH,T,T) is working memory. */
+loom_status loom_attention_backward(float *dqkv, float *scratch,
+                                    const float *dout, const float *qkv,
+                                    const float *att, int B, int T, int C,
+                                    int NH);
+
+/* ------------------------------------------------------------ embeddings */
+
+/* out(N,C) = table[ids[n]]; ids must lie in [0, V). */
+void loom_embedding_forward(float *out, const int32_t *ids,
+                            const float *table, int N, int C);
+/* dtable[ids[n]] += dout[n] (scatter-add, deterministic order). */
+void loom_embedding_backward(float *dtable, const float *dout,
+                             const int32_t *ids, int N, int C);
+
+/* --------------------------------------------------------- cross entropy */
+
+/* Fused softmax + negative log-likelihood over logits(N,V) with integer
+ * targets(N). losses(N) per row; probs(N,V) saved for backward. A target
+ * of -1 is ignored (loss 0, no gradient). */
+void loom_crossentropy_forward(float *losses, float *probs,
+                               const float *logits, const int32_t *targets,
+                               int N, int V);
+/* dlogits += (probs - onehot(target)) * dloss[n] (dloss(N): gradient of the
+ * objective with respect to each row's loss, e.g. 1/N for a mean). */
+void loom_crossentropy_backward(float *dlogits, const float *probs,
+                                const int32_t *targets, const float *dloss,
+                                int N, int V);
+
+/* ---------------------------------------------------------- convolution */
+
+/* 2-D convolution over inp(N,C,H,W) with weight(OC,C,KH,KW), bias(OC) or
+ * NULL, into out(N,OC,OH,OW), OH = (H + 2*pad - KH)/stride + 1 (same for W).
+ * col is scratch of loom_conv2d_col_floats(...) floats (im2col). */
+typedef struct loom_conv2d_dims {
+  int N, C, H, W, OC, KH, KW, stride, pad;
+} loom_conv2d_dims;
+
+int loom_conv2d_out_h(const loom_conv2d_dims *d);
+int loom_conv2d_out_w(const loom_conv2d_dims *d);
+int64_t loom_conv2d_col_floats(const loom_conv2d_dims *d);
+loom_status loom_conv2d_forward(float *out, float *col, const float *inp,
+                                const float *weight, const float *bias,
+                                const loom_conv2d_dims *d);
+/* dinp, dweight, dbias may be NULL (dinp NULL for the first layer). */
+loom_status loom_conv2d_backward(float *dinp, float *dweight, float *dbias,
+                                 float *col, const float *dout,
+                                 const float *inp, const float *weight,
+                                 const loom_conv2d_dims *d);
+/* Direct 7-loop convolution: the reference of tests. */
+void loom_conv2d_forward_ref(float *out, const float *inp, const float *weight,
+                             const float *bias, const loom_conv2d_dims *d);
+
+/* Max pooling over inp(N,C,H,W), window K, stride S, no padding, into
+ * out(N,C,OH,OW) with OH = (H-K)/S + 1; argmax(N,C,OH,OW) saves the flat
+ * index within the (H,W) plane of each maximum (first one on ties). */
+void loom_maxpool2d_forward(float *out, int32_t *argmax, const float *inp,
+                            int N, int C, int H, int W, int K, int S);
+void loom_maxpool2d_backward(float *dinp, const float *dout,
+                             const int32_t *argmax, int N, int C, int H, int W,
+                             int K, int S);
+
+/* -------------------------------------------------------- CPU features */
+
+typedef struct loom_cpu_features {
+  bool avx2, fma, avx512f, avx512_bf16, amx_bf16, amx_tile;
+} loom_cpu_features;
+/* Read once from CPUID (and, for AMX, whether the OS granted tile state). */
+const loom_cpu_features *loom_cpu_get_features(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_KERNELS_H */

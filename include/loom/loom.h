@@ -1,0 +1,9 @@
+/* loom: the whole public API. */
+#ifndef LOOM_LOOM_H
+#define LOOM_LOOM_H
+
+#include "loom/core.h"
+#include "loom/kernels.h"
+#include "loom/nn.h"
+
+#endif
