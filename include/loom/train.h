@@ -1,0 +1,75 @@
+/* loom train: the training loop and its services: console progress, metric
+ * sinks, profiler figures. Configuration and checkpoints have their own
+ * headers (config.h, ckpt.h). */
+#ifndef LOOM_TRAIN_H
+#define LOOM_TRAIN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "loom/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------- progress */
+
+#define LOOM_PROGRESS_MODE_LIST(X)                                             \
+  X(LOOM_PROGRESS_AUTO, "auto")                                                \
+  X(LOOM_PROGRESS_BAR, "bar")                                                  \
+  X(LOOM_PROGRESS_LINES, "lines")                                              \
+  X(LOOM_PROGRESS_OFF, "off")
+
+typedef enum {
+#define LOOM_X_ENUM(name, text) name,
+  LOOM_PROGRESS_MODE_LIST(LOOM_X_ENUM)
+#undef LOOM_X_ENUM
+      LOOM_PROGRESS_MODE_COUNT
+} loom_progress_mode;
+
+const char *loom_progress_mode_name(loom_progress_mode m);
+loom_status loom_progress_mode_parse(const char *s, loom_progress_mode *out);
+
+typedef struct loom_progress loom_progress;
+
+typedef struct loom_progress_info {
+  int64_t step; /* steps completed */
+  int epoch;
+  float loss;
+  float lr;
+  double throughput; /* samples (or tokens) per second */
+} loom_progress_info;
+
+/* AUTO draws a bar when `stream` (default stderr) is a terminal and prints a
+ * line every `every` steps otherwise. The ETA counts from first_step. */
+loom_status loom_progress_new(loom_progress **out, loom_progress_mode mode,
+                              FILE *stream, int64_t first_step, int64_t total,
+                              int every, const char *unit);
+void loom_progress_update(loom_progress *p, const loom_progress_info *info);
+/* Prints a whole line (eval results, warnings) without breaking the bar. */
+void loom_progress_print(loom_progress *p, const char *line);
+void loom_progress_free(loom_progress *p);
+
+/* -------------------------------------------------------------- metrics */
+
+/* RUN_DIR/metrics.jsonl: one JSON object per line, flushed per line. */
+typedef struct loom_metrics loom_metrics;
+loom_status loom_metrics_open(loom_metrics **out, const char *run_dir,
+                              bool append);
+const char *loom_metrics_path(const loom_metrics *m);
+void loom_metrics_begin(loom_metrics *m);
+void loom_metrics_int(loom_metrics *m, const char *key, int64_t v);
+void loom_metrics_num(loom_metrics *m, const char *key, double v);
+void loom_metrics_str(loom_metrics *m, const char *key, const char *v);
+loom_status loom_metrics_end(loom_metrics *m);
+void loom_metrics_close(loom_metrics *m);
+
+/* mkdir -p */
+loom_status loom_mkdirs(const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_TRAIN_H */
