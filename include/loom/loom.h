@@ -5,5 +5,6 @@
 #include "loom/core.h"
 #include "loom/kernels.h"
 #include "loom/nn.h"
+#include "loom/optim.h"
 
 #endif

@@ -151,7 +151,8 @@ static loom_status check_opts(const loom_optim_opts *o, int64_t n) {
 }
 
 /* Turns the views into runs that tile [0, N): each view decays when its flag
- * (or decay_all) says so, gaps never do, equal neighbours merge. */
+ * (or decay_all) says so, gaps only under decay_all; equal neighbours merge
+ * so the element loops run as long as they can. */
 static loom_status build_segs(loom_optim *o, const loom_param *views,
                               int nviews) {
   int64_t n = o->n;
