@@ -83,7 +83,8 @@ loom_status loom_optim_step_shard(loom_optim *o, float *params,
 /* Part of a step: updates only global elements [begin, end), which must lie
  * in the shard; params and grads are the full (N) buffers. Several disjoint
  * ranges (say, one per gradient bucket as it becomes ready) make one step;
- * all see step number get_step() + 1 until loom_optim_finish_step. */
+ * all see step number get_step() + 1 until loom_optim_finish_step. Calls on
+ * disjoint ranges only read the optimizer, so threads may make them at once. */
 loom_status loom_optim_step_range(loom_optim *o, float *params,
                                   const float *grads, float lr, int64_t begin,
                                   int64_t end);

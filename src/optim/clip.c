@@ -65,7 +65,9 @@ double loom_grad_sumsq(const float *g, int64_t n) {
     int nt = loom_optim_threads_for((int64_t)nc * LOOM_GRAD_CHUNK < n - first
                                         ? (int64_t)nc * LOOM_GRAD_CHUNK
                                         : n - first);
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    /* Each chunk's sum has its own slot, so threads may take chunks in any
+     * order: dynamic shares survive a busy core. */
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(dynamic, 8)
     for (int c = 0; c < nc; c++) {
       int64_t a = first + (int64_t)c * LOOM_GRAD_CHUNK;
       int64_t len = n - a < LOOM_GRAD_CHUNK ? n - a : LOOM_GRAD_CHUNK;
