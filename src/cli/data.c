@@ -1,11 +1,382 @@
-/* loom data (placeholder until its layer lands). */
+/* loom data: prepare data sets (the KJV text), describe data files, write
+ * llm.c token shards, measure the loader. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cli/cli.h"
+#include "loom/data.h"
+
+static int fail(const char *cmd) {
+  fprintf(stderr, "loom data %s: %s\n", cmd, loom_last_error());
+  return LOOM_EXIT_FAIL;
+}
+
+/* "loom data CMD: WHAT 'ARG'" and a pointer to the help. */
+static int usage_error(const char *cmd, const char *what, const char *arg) {
+  fprintf(stderr, "loom data %s: %s '%s'\n", cmd, what, arg);
+  fprintf(stderr, "'loom data %s --help' lists the options.\n", cmd);
+  return LOOM_EXIT_USAGE;
+}
+
+static bool is_help(const char *a) {
+  return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0;
+}
+
+/* Parses a positive integer option value; false on junk. */
+static bool parse_pos(const char *s, int64_t *out) {
+  char *end = NULL;
+  long long v = strtoll(s, &end, 10);
+  if (!s[0] || *end || v < 1)
+    return false;
+  *out = v;
+  return true;
+}
+
+/* ------------------------------------------------------------------ kjv */
+
+static void kjv_help(FILE *f) {
+  fprintf(
+      f,
+      "usage: loom data kjv [--out PATH] [--force] [--no-verify] "
+      "[--bible PROGRAM]\n\n"
+      "Writes the King James Bible as plain text for the byte-level "
+      "data set:\n"
+      "runs 'bible -f -l100000 -m 8192 Gen1:1-Rev22:21' (Debian "
+      "packages %s),\n"
+      "drops the verse reference at the start of each line and keeps "
+      "one verse\n"
+      "per line: %d verses, %d bytes of ASCII. A file already there "
+      "with the\n"
+      "right size and CRC32C is reused.\n\n"
+      "  --out PATH       where to write it (default $LOOM_DATA_DIR/kjv.txt, "
+      "else data/kjv.txt)\n"
+      "  --force          prepare it again even when the cached file is "
+      "valid\n"
+      "  --no-verify      accept a text whose verse count, size or "
+      "checksum differ\n"
+      "  --bible PROGRAM  the bible program to run (default: bible on "
+      "PATH)\n",
+      LOOM_KJV_PACKAGES, LOOM_KJV_VERSES, LOOM_KJV_BYTES);
+}
+
+static int cmd_kjv(int argc, char **argv) {
+  loom_kjv_opts o = loom_kjv_opts_default();
+  const char *out = NULL;
+  for (int i = 1; i < argc; i++) {
+    if (is_help(argv[i])) {
+      kjv_help(stdout);
+      return LOOM_EXIT_OK;
+    } else if (strcmp(argv[i], "--out") == 0 && i + 1 < argc) {
+      out = argv[++i];
+    } else if (strcmp(argv[i], "--bible") == 0 && i + 1 < argc) {
+      o.program = argv[++i];
+    } else if (strcmp(argv[i], "--force") == 0) {
+      o.force = true;
+    } else if (strcmp(argv[i], "--no-verify") == 0) {
+      o.verify = false;
+    } else {
+      return usage_error("kjv", "unknown or incomplete option", argv[i]);
+    }
+  }
+  char path[4096];
+  if (!out) {
+    if (loom_kjv_default_path(path, sizeof path) != LOOM_OK)
+      return fail("kjv");
+    out = path;
+  }
+  loom_kjv_info info;
+  double t0 = loom_time_now();
+  if (loom_kjv_prepare(out, &o, &info) != LOOM_OK)
+    return fail("kjv");
+  if (info.cached)
+    printf("%s: %lld bytes, CRC32C %08x (cached, valid)\n", out,
+           (long long)info.bytes, info.crc32c);
+  else
+    printf("%s: %lld verses, %lld bytes, CRC32C %08x (prepared in %.2f s)\n",
+           out, (long long)info.verses, (long long)info.bytes, info.crc32c,
+           loom_time_now() - t0);
+  return LOOM_EXIT_OK;
+}
+
+/* ----------------------------------------------------------------- info */
+
+static void info_help(FILE *f) {
+  fprintf(f, "usage: loom data info PATH [--context T]\n\n"
+             "Describes a data file: an IDX file (gzip or plain), an llm.c "
+             "token shard\n"
+             "(.bin), or a text file read as bytes (with its train/val split "
+             "and the\n"
+             "number of windows of T+1 bytes; T defaults to 128).\n");
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), m = strlen(suffix);
+  return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+static int cmd_info(int argc, char **argv) {
+  const char *path = NULL;
+  int64_t T = 128;
+  for (int i = 1; i < argc; i++) {
+    if (is_help(argv[i])) {
+      info_help(stdout);
+      return LOOM_EXIT_OK;
+    } else if (strcmp(argv[i], "--context") == 0 && i + 1 < argc) {
+      if (!parse_pos(argv[++i], &T))
+        return usage_error("info", "--context needs a positive integer, not",
+                           argv[i]);
+    } else if (argv[i][0] == '-' || path) {
+      return usage_error("info", "unexpected argument", argv[i]);
+    } else {
+      path = argv[i];
+    }
+  }
+  if (!path) {
+    info_help(stderr);
+    return LOOM_EXIT_USAGE;
+  }
+  if (ends_with(path, ".bin")) {
+    loom_shard s;
+    if (loom_shard_open(path, &s) != LOOM_OK)
+      return fail("info");
+    printf("%s: llm.c token shard, magic %d version %d, %lld tokens of %d "
+           "bytes, largest id %u\n",
+           path, s.magic, s.version, (long long)s.ntok, s.width, s.max_token);
+    loom_shard_close(&s);
+    return LOOM_EXIT_OK;
+  }
+  if (strstr(path, "idx") || strstr(path, "ubyte")) {
+    loom_idx m;
+    if (loom_idx_read(path, &m) != LOOM_OK)
+      return fail("info");
+    printf("%s: IDX, unsigned bytes, %d dimensions (", path, m.ndim);
+    for (int i = 0; i < m.ndim; i++)
+      printf("%s%lld", i ? ", " : "", (long long)m.dims[i]);
+    printf(")\n");
+    loom_idx_free(&m);
+    return LOOM_EXIT_OK;
+  }
+  loom_text_opts o = loom_text_opts_default();
+  o.context = T;
+  for (int s = 0; s < LOOM_SPLIT_COUNT; s++) {
+    loom_dataset *ds = NULL;
+    if (loom_dataset_open_text(&ds, path, (loom_split)s, &o) != LOOM_OK)
+      return fail("info");
+    loom_dataset_info di;
+    loom_dataset_get_info(ds, &di);
+    printf("%s: text, %s split: %lld bytes, %lld windows of %lld+1, largest "
+           "byte %lld\n",
+           path, loom_split_name((loom_split)s), (long long)di.tokens,
+           (long long)di.len, (long long)T, (long long)di.classes - 1);
+    loom_dataset_free(ds);
+  }
+  return LOOM_EXIT_OK;
+}
+
+/* ---------------------------------------------------------------- shard */
+
+static void shard_help(FILE *f) {
+  fprintf(f,
+          "usage: loom data shard IN OUT.bin\n\n"
+          "Writes the bytes of IN as an llm.c token shard (magic %d, "
+          "version %d,\n"
+          "uint16 tokens, one per byte), so byte-level text can go through "
+          "the\n"
+          "shard reader or to llm.c.\n",
+          LOOM_SHARD_MAGIC_U16, LOOM_SHARD_VERSION_U16);
+}
+
+static int cmd_shard(int argc, char **argv) {
+  const char *in = NULL, *out = NULL;
+  for (int i = 1; i < argc; i++) {
+    if (is_help(argv[i])) {
+      shard_help(stdout);
+      return LOOM_EXIT_OK;
+    } else if (argv[i][0] == '-' || (in && out)) {
+      return usage_error("shard", "unexpected argument", argv[i]);
+    } else if (!in) {
+      in = argv[i];
+    } else {
+      out = argv[i];
+    }
+  }
+  if (!in || !out) {
+    shard_help(stderr);
+    return LOOM_EXIT_USAGE;
+  }
+  FILE *f = fopen(in, "rb");
+  if (!f) {
+    loom_error(LOOM_ERR_IO, "cannot open %s", in);
+    return fail("shard");
+  }
+  int64_t cap = 1 << 20, n = 0;
+  uint16_t *tok = loom_malloc((size_t)cap * sizeof *tok);
+  int c;
+  while (tok && (c = fgetc(f)) != EOF) {
+    if (n == cap) {
+      uint16_t *t2 = loom_malloc((size_t)cap * 2 * sizeof *tok);
+      if (t2)
+        memcpy(t2, tok, (size_t)n * sizeof *tok);
+      loom_free(tok);
+      tok = t2;
+      cap *= 2;
+      if (!tok)
+        break;
+    }
+    tok[n++] = (uint16_t)c;
+  }
+  fclose(f);
+  if (!tok)
+    return fail("shard");
+  loom_status st = loom_shard_write(out, tok, n);
+  loom_free(tok);
+  if (st != LOOM_OK)
+    return fail("shard");
+  printf("%s: %lld tokens\n", out, (long long)n);
+  return LOOM_EXIT_OK;
+}
+
+/* ---------------------------------------------------------------- bench */
+
+static void bench_help(FILE *f) {
+  fprintf(f,
+          "usage: loom data bench [--data fashion|kjv] [--path P] [--batch B] "
+          "[--batches N] [--prefetch K] [--compute MS]\n\n"
+          "Measures the loader: batches made per second with no thread "
+          "(prefetch 0),\n"
+          "then the time a step waits for data when each step computes for "
+          "MS\n"
+          "milliseconds (default 2) with K batches prefetched (default 2).\n"
+          "Defaults: fashion (Fashion-MNIST train, batch 128) or kjv "
+          "(data/kjv.txt,\n"
+          "batch 32 x 128 bytes); N = 200 batches.\n");
+}
+
+static void spin_for(double seconds) {
+  double end = loom_time_now() + seconds;
+  volatile double x = 0;
+  while (loom_time_now() < end)
+    x = x + 1.0;
+}
+
+static int cmd_bench(int argc, char **argv) {
+  const char *data = "fashion", *path = NULL;
+  int64_t batch = 0, batches = 200, prefetch = 2, compute_ms = 2;
+  for (int i = 1; i < argc; i++) {
+    int64_t *dst = NULL;
+    if (is_help(argv[i])) {
+      bench_help(stdout);
+      return LOOM_EXIT_OK;
+    } else if (strcmp(argv[i], "--data") == 0 && i + 1 < argc) {
+      data = argv[++i];
+      continue;
+    } else if (strcmp(argv[i], "--path") == 0 && i + 1 < argc) {
+      path = argv[++i];
+      continue;
+    } else if (strcmp(argv[i], "--batch") == 0) {
+      dst = &batch;
+    } else if (strcmp(argv[i], "--batches") == 0) {
+      dst = &batches;
+    } else if (strcmp(argv[i], "--prefetch") == 0) {
+      dst = &prefetch;
+    } else if (strcmp(argv[i], "--compute") == 0) {
+      dst = &compute_ms;
+    }
+    if (!dst || i + 1 >= argc || !parse_pos(argv[i + 1], dst))
+      return usage_error("bench", "bad or incomplete option", argv[i]);
+    i++;
+  }
+  loom_dataset *ds = NULL;
+  loom_status st;
+  char kjv[4096];
+  if (strcmp(data, "fashion") == 0) {
+    st = loom_dataset_open_fashion(&ds, path, LOOM_SPLIT_TRAIN, NULL);
+    if (!batch)
+      batch = 128;
+  } else if (strcmp(data, "kjv") == 0) {
+    if (!path) {
+      if (loom_kjv_prepare(NULL, NULL, NULL) != LOOM_OK ||
+          loom_kjv_default_path(kjv, sizeof kjv) != LOOM_OK)
+        return fail("bench");
+      path = kjv;
+    }
+    st = loom_dataset_open_text(&ds, path, LOOM_SPLIT_TRAIN, NULL);
+    if (!batch)
+      batch = 32;
+  } else {
+    return usage_error("bench", "unknown data set (fashion or kjv):", data);
+  }
+  if (st != LOOM_OK)
+    return fail("bench");
+  int rc = LOOM_EXIT_OK;
+  for (int pass = 0; pass < 2 && rc == LOOM_EXIT_OK; pass++) {
+    loom_loader_opts lo = loom_loader_opts_default();
+    lo.sampler.batch = batch;
+    lo.sampler.tail = LOOM_TAIL_PAD;
+    lo.sampler.seed = 1;
+    lo.prefetch = pass == 0 ? 0 : (int)prefetch;
+    loom_loader *l = NULL;
+    if (loom_loader_new(&l, ds, &lo) != LOOM_OK) {
+      rc = fail("bench");
+      break;
+    }
+    double t0 = loom_time_now();
+    for (int64_t b = 0; b < batches; b++) {
+      const loom_batch *bt;
+      if (loom_loader_next(l, &bt) != LOOM_OK) {
+        rc = fail("bench");
+        break;
+      }
+      if (pass == 1)
+        spin_for((double)compute_ms * 1e-3);
+    }
+    double dt = loom_time_now() - t0;
+    if (rc == LOOM_EXIT_OK) {
+      if (pass == 0)
+        printf("%s: batch %lld, no thread: %.0f batches/s, %.0f samples/s "
+               "(%.3f ms per batch)\n",
+               data, (long long)batch, (double)batches / dt,
+               (double)(batches * batch) / dt, 1e3 * dt / (double)batches);
+      else
+        printf("%s: batch %lld, prefetch %lld, %lld ms compute per step: "
+               "data wait %.4f ms per step (%.2f%% of the step)\n",
+               data, (long long)batch, (long long)prefetch,
+               (long long)compute_ms,
+               1e3 * loom_loader_wait_total(l) / (double)batches,
+               100.0 * loom_loader_wait_total(l) / dt);
+    }
+    loom_loader_free(l);
+  }
+  loom_dataset_free(ds);
+  return rc;
+}
+
+/* ------------------------------------------------------------- dispatch */
+
+static const struct {
+  const char *name;
+  loom_cli_fn fn;
+  const char *help;
+} subcommands[] = {
+    {"kjv", cmd_kjv, "prepare the King James Bible text (data/kjv.txt)"},
+    {"info", cmd_info, "describe an IDX file, token shard or text file"},
+    {"shard", cmd_shard, "write a file's bytes as an llm.c token shard"},
+    {"bench", cmd_bench, "measure batch making and data wait"},
+};
 
 int loom_cmd_data(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
-  fprintf(stderr, "loom data: not built in this version\n");
-  return LOOM_EXIT_FAIL;
+  if (argc < 2 || is_help(argv[1])) {
+    FILE *f = argc < 2 ? stderr : stdout;
+    fprintf(f, "usage: loom data <what> [options]\n\n");
+    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
+      fprintf(f, "  %-6s %s\n", subcommands[i].name, subcommands[i].help);
+    fprintf(f, "\n'loom data <what> --help' lists its options.\n");
+    return argc < 2 ? LOOM_EXIT_USAGE : LOOM_EXIT_OK;
+  }
+  for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
+    if (strcmp(argv[1], subcommands[i].name) == 0)
+      return subcommands[i].fn(argc - 1, argv + 1);
+  fprintf(stderr, "loom data: unknown subcommand '%s'\n", argv[1]);
+  return LOOM_EXIT_USAGE;
 }

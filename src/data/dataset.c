@@ -1,0 +1,171 @@
+/* Data sets in general: name tables, info, batches, dispatch of fills. */
+#include "data/internal.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static const char *const split_names[] = {
+#define LOOM_X_NAME(name, text) text,
+    LOOM_SPLIT_LIST(LOOM_X_NAME)
+#undef LOOM_X_NAME
+};
+_Static_assert(sizeof split_names / sizeof split_names[0] == LOOM_SPLIT_COUNT,
+               "split name table");
+
+static const char *const kind_names[] = {
+#define LOOM_X_NAME(name, text) text,
+    LOOM_DATASET_KIND_LIST(LOOM_X_NAME)
+#undef LOOM_X_NAME
+};
+_Static_assert(sizeof kind_names / sizeof kind_names[0] ==
+                   LOOM_DATASET_KIND_COUNT,
+               "data set kind name table");
+
+const char *loom_split_name(loom_split s) {
+  return (unsigned)s < LOOM_SPLIT_COUNT ? split_names[s] : "?";
+}
+
+loom_status loom_split_parse(const char *s, loom_split *out) {
+  for (int i = 0; s && i < LOOM_SPLIT_COUNT; i++)
+    if (strcmp(s, split_names[i]) == 0) {
+      *out = (loom_split)i;
+      return LOOM_OK;
+    }
+  return loom_error(LOOM_ERR_INVALID_ARG,
+                    "unknown split '%s' (expected train or val)",
+                    s ? s : "(null)");
+}
+
+const char *loom_dataset_kind_name(loom_dataset_kind k) {
+  return (unsigned)k < LOOM_DATASET_KIND_COUNT ? kind_names[k] : "?";
+}
+
+char *loom_data_strdup(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *p = loom_malloc(n);
+  if (p)
+    memcpy(p, s, n);
+  return p;
+}
+
+loom_status loom_data_mkdirs_for(const char *path) {
+  char buf[4096];
+  size_t n = strlen(path);
+  if (n >= sizeof buf)
+    return loom_error(LOOM_ERR_INVALID_ARG, "path too long: %s", path);
+  memcpy(buf, path, n + 1);
+  char *slash = strrchr(buf, '/');
+  if (!slash || slash == buf)
+    return LOOM_OK;
+  *slash = '\0';
+  for (char *p = buf + 1;; p++) {
+    if (*p == '/' || *p == '\0') {
+      char c = *p;
+      *p = '\0';
+      if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+        return loom_error(LOOM_ERR_IO, "cannot create directory %s: %s", buf,
+                          strerror(errno));
+      *p = c;
+      if (c == '\0')
+        break;
+    }
+  }
+  return LOOM_OK;
+}
+
+void loom_dataset_get_info(const loom_dataset *ds, loom_dataset_info *info) {
+  memset(info, 0, sizeof *info);
+  info->kind = ds->kind;
+  info->len = ds->len;
+  info->classes = ds->classes;
+  info->source = ds->source;
+  if (ds->kind == LOOM_DATASET_IMAGES) {
+    info->C = ds->C;
+    info->H = ds->H;
+    info->W = ds->W;
+  } else {
+    info->T = ds->T;
+    info->tokens = ds->tokens;
+  }
+}
+
+int64_t loom_dataset_len(const loom_dataset *ds) { return ds ? ds->len : 0; }
+
+void loom_dataset_free(loom_dataset *ds) {
+  if (!ds)
+    return;
+  loom_free(ds->pixels);
+  loom_free(ds->labels);
+  loom_free(ds->segs);
+  loom_free(ds->text);
+  for (int i = 0; i < ds->nshards; i++)
+    loom_shard_close(&ds->shards[i]);
+  loom_free(ds->shards);
+  loom_free(ds->source);
+  loom_free(ds);
+}
+
+loom_status loom_batch_alloc(loom_batch *b, const loom_dataset *ds,
+                             int64_t capacity) {
+  if (!b || !ds || capacity < 1)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_batch_alloc: need a data set and capacity >= 1");
+  memset(b, 0, sizeof *b);
+  loom_status st = LOOM_OK;
+  if (ds->kind == LOOM_DATASET_IMAGES) {
+    int64_t xs[4] = {capacity, ds->C, ds->H, ds->W};
+    LOOM_TRY_GOTO(st, loom_tensor_new(&b->x, LOOM_F32, 4, xs), fail);
+    LOOM_TRY_GOTO(st, loom_tensor_new(&b->y, LOOM_I32, 1, xs), fail);
+  } else {
+    int64_t xs[2] = {capacity, ds->T};
+    LOOM_TRY_GOTO(st, loom_tensor_new(&b->x, LOOM_I32, 2, xs), fail);
+    LOOM_TRY_GOTO(st, loom_tensor_new(&b->y, LOOM_I32, 2, xs), fail);
+  }
+  b->sample = loom_calloc((size_t)capacity, sizeof *b->sample);
+  if (!b->sample) {
+    st = LOOM_ERR_NOMEM;
+    goto fail;
+  }
+  b->capacity = capacity;
+  return LOOM_OK;
+fail:
+  loom_batch_free(b);
+  return st;
+}
+
+void loom_batch_free(loom_batch *b) {
+  if (!b)
+    return;
+  loom_tensor_free(&b->x);
+  loom_tensor_free(&b->y);
+  loom_free(b->sample);
+  memset(b, 0, sizeof *b);
+}
+
+loom_status loom_dataset_fill(const loom_dataset *ds, int64_t epoch,
+                              const int64_t *idx, int64_t n, loom_batch *b) {
+  if (!ds || !b || (n > 0 && !idx))
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_dataset_fill: NULL argument");
+  if (n < 0 || n > b->capacity)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_dataset_fill: %lld rows for a batch of %lld",
+                      (long long)n, (long long)b->capacity);
+  for (int64_t i = 0; i < n; i++)
+    if (idx[i] < 0 || idx[i] >= ds->len)
+      return loom_error(LOOM_ERR_INVALID_ARG,
+                        "%s: sample %lld out of range [0, %lld)", ds->source,
+                        (long long)idx[i], (long long)ds->len);
+  loom_status st = ds->kind == LOOM_DATASET_IMAGES
+                       ? loom_images_fill(ds, idx, n, b)
+                       : loom_tokens_fill(ds, epoch, idx, n, b);
+  if (st != LOOM_OK)
+    return st;
+  if (n > 0)
+    memcpy(b->sample, idx, (size_t)n * sizeof *idx);
+  b->size = n;
+  b->x.shape[0] = n;
+  b->y.shape[0] = n;
+  b->epoch = epoch;
+  return LOOM_OK;
+}

@@ -1,0 +1,158 @@
+/* Image data sets from IDX files (Fashion-MNIST): bytes in memory, batches
+ * normalised to f32. */
+#include "data/internal.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+loom_image_opts loom_image_opts_default(void) {
+  loom_image_opts o = {LOOM_FASHION_MEAN, LOOM_FASHION_STD};
+  return o;
+}
+
+loom_status loom_dataset_open_idx(loom_dataset **out, const char *images,
+                                  const char *labels,
+                                  const loom_image_opts *opts) {
+  if (!out || !images || !labels)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_dataset_open_idx: NULL argument");
+  *out = NULL;
+  loom_image_opts o = opts ? *opts : loom_image_opts_default();
+  if (!(o.std > 0.0f) || o.mean != o.mean)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "image normalisation needs std > 0 (got mean %g, std %g)",
+                      (double)o.mean, (double)o.std);
+  loom_idx im = {0}, lb = {0};
+  loom_dataset *ds = NULL;
+  loom_status st = LOOM_OK;
+  LOOM_TRY_GOTO(st, loom_idx_read(images, &im), fail);
+  LOOM_TRY_GOTO(st, loom_idx_read(labels, &lb), fail);
+  if (im.ndim != 3 && im.ndim != 4) {
+    st = loom_error(LOOM_ERR_CORRUPT,
+                    "%s: images need 3 dimensions (N, H, W) or 4 (N, C, H, "
+                    "W), the file has %d",
+                    images, im.ndim);
+    goto fail;
+  }
+  if (lb.ndim != 1) {
+    st = loom_error(LOOM_ERR_CORRUPT,
+                    "%s: labels need 1 dimension (N), the file has %d", labels,
+                    lb.ndim);
+    goto fail;
+  }
+  if (im.dims[0] != lb.dims[0]) {
+    st = loom_error(LOOM_ERR_CORRUPT,
+                    "%s holds %lld images but %s holds %lld labels", images,
+                    (long long)im.dims[0], labels, (long long)lb.dims[0]);
+    goto fail;
+  }
+  ds = loom_calloc(1, sizeof *ds);
+  if (!ds || !(ds->source = loom_data_strdup(images))) {
+    st = LOOM_ERR_NOMEM;
+    goto fail;
+  }
+  ds->kind = LOOM_DATASET_IMAGES;
+  ds->len = im.dims[0];
+  ds->C = im.ndim == 4 ? im.dims[1] : 1;
+  ds->H = im.dims[im.ndim - 2];
+  ds->W = im.dims[im.ndim - 1];
+  uint8_t maxl = 0;
+  for (size_t i = 0; i < lb.bytes; i++)
+    if (lb.data[i] > maxl)
+      maxl = lb.data[i];
+  ds->classes = (int64_t)maxl + 1;
+  /* The same float operations as ToTensor (x/255) then Normalize
+   * ((v - mean)/std), so a batch equals PyTorch's bit for bit. */
+  for (int v = 0; v < 256; v++)
+    ds->lut[v] = ((float)v / 255.0f - o.mean) / o.std;
+  ds->pixels = im.data;
+  ds->labels = lb.data;
+  *out = ds;
+  return LOOM_OK;
+
+fail:
+  loom_dataset_free(ds);
+  loom_idx_free(&im);
+  loom_idx_free(&lb);
+  return st;
+}
+
+/* dir/stem.gz if present, else dir/stem; *found false when neither is. */
+static loom_status find_idx(const char *dir, const char *stem, char *buf,
+                            size_t cap, bool *found) {
+  struct stat sb;
+  int n = snprintf(buf, cap, "%s/%s.gz", dir, stem);
+  if (n < 0 || (size_t)n >= cap)
+    return loom_error(LOOM_ERR_INVALID_ARG, "path too long: %s/%s", dir, stem);
+  *found = true;
+  if (stat(buf, &sb) == 0)
+    return LOOM_OK;
+  snprintf(buf, cap, "%s/%s", dir, stem);
+  if (stat(buf, &sb) == 0)
+    return LOOM_OK;
+  snprintf(buf, cap, "%s/%s.gz", dir, stem); /* name the usual file */
+  *found = false;
+  return LOOM_OK;
+}
+
+loom_status loom_dataset_open_fashion(loom_dataset **out, const char *dir,
+                                      loom_split split,
+                                      const loom_image_opts *opts) {
+  if (!out || (unsigned)split >= LOOM_SPLIT_COUNT)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_dataset_open_fashion: bad argument");
+  *out = NULL;
+  const char *d = dir && dir[0] ? dir : LOOM_FASHION_MNIST_DIR;
+  const char *pre = split == LOOM_SPLIT_TRAIN ? "train" : "t10k";
+  char stem[64], images[4096], labels[4096];
+  bool fi = false, fl = false;
+  snprintf(stem, sizeof stem, "%s-images-idx3-ubyte", pre);
+  LOOM_TRY(find_idx(d, stem, images, sizeof images, &fi));
+  snprintf(stem, sizeof stem, "%s-labels-idx1-ubyte", pre);
+  LOOM_TRY(find_idx(d, stem, labels, sizeof labels, &fl));
+  if (!fi || !fl) {
+    const char *missing = !fi ? images : labels;
+    if (dir && dir[0])
+      return loom_error(LOOM_ERR_IO,
+                        "Fashion-MNIST not found: %s is missing (data.path "
+                        "is %s; leave it unset to use Debian's %s in %s)",
+                        missing, dir, LOOM_FASHION_MNIST_PACKAGE,
+                        LOOM_FASHION_MNIST_DIR);
+    return loom_error(LOOM_ERR_IO,
+                      "Fashion-MNIST not found: %s is missing; install it "
+                      "with 'apt-get install %s' (or 'make deps'), or set "
+                      "data.path to a directory holding the IDX files",
+                      missing, LOOM_FASHION_MNIST_PACKAGE);
+  }
+  loom_dataset *ds = NULL;
+  LOOM_TRY(loom_dataset_open_idx(&ds, images, labels, opts));
+  if (ds->C != 1 || ds->H != 28 || ds->W != 28 || ds->classes > 10) {
+    loom_status st = loom_error(
+        LOOM_ERR_CORRUPT,
+        "%s: not Fashion-MNIST: images are %lldx%lldx%lld with %lld classes "
+        "(expected 1x28x28, 10 classes)",
+        images, (long long)ds->C, (long long)ds->H, (long long)ds->W,
+        (long long)ds->classes);
+    loom_dataset_free(ds);
+    return st;
+  }
+  ds->classes = 10;
+  *out = ds;
+  return LOOM_OK;
+}
+
+loom_status loom_images_fill(const loom_dataset *ds, const int64_t *idx,
+                             int64_t n, loom_batch *b) {
+  const size_t S = (size_t)(ds->C * ds->H * ds->W);
+  float *x = b->x.data;   /* (B, C, H, W) */
+  int32_t *y = b->y.data; /* (B) */
+  for (int64_t i = 0; i < n; i++) {
+    const uint8_t *src = ds->pixels + (size_t)idx[i] * S;
+    float *dst = x + (size_t)i * S;
+    for (size_t p = 0; p < S; p++)
+      dst[p] = ds->lut[src[p]];
+    y[i] = ds->labels[idx[i]];
+  }
+  return LOOM_OK;
+}

@@ -1,0 +1,58 @@
+/* Private to the data layer: the data set object and helpers shared by its
+ * files. */
+#ifndef LOOM_DATA_INTERNAL_H
+#define LOOM_DATA_INTERNAL_H
+
+#include "loom/data.h"
+
+/* Purposes mixed into the Philox stream ids of the data layer, so the
+ * shuffle and the window offsets never share draws with each other or with
+ * other layers. Keyed by (seed, purpose, epoch), never by rank. */
+#define LOOM_DATA_RNG_SHUFFLE 0x6c6f6f6d53687566ULL /* "loomShuf" */
+#define LOOM_DATA_RNG_OFFSET 0x6c6f6f6d4f666673ULL  /* "loomOffs" */
+
+/* A run of tokens in which windows are cut; windows never cross segments. */
+typedef struct loom_segment {
+  const uint8_t *base; /* (ntok * width) little-endian tokens */
+  int width;           /* 1 (text bytes), 2 or 4 */
+  int64_t ntok;
+  int64_t first; /* index of this segment's first window in the data set */
+  int64_t nwin;
+} loom_segment;
+
+struct loom_dataset {
+  loom_dataset_kind kind;
+  char *source;
+  int64_t len; /* N */
+  int64_t classes;
+
+  /* images */
+  int64_t C, H, W;
+  uint8_t *pixels; /* (N, C*H*W) raw bytes; owned */
+  uint8_t *labels; /* (N); owned */
+  float lut[256];  /* byte -> normalised f32 */
+
+  /* tokens */
+  int64_t T;
+  bool random_offset;
+  uint64_t seed;
+  int64_t tokens;
+  int nseg;
+  loom_segment *segs; /* (nseg) */
+  uint8_t *text;      /* the whole text file (text sets); owned */
+  int nshards;
+  loom_shard *shards; /* (nshards) (shard sets); owned */
+};
+
+loom_status loom_images_fill(const loom_dataset *ds, const int64_t *idx,
+                             int64_t n, loom_batch *b);
+loom_status loom_tokens_fill(const loom_dataset *ds, int64_t epoch,
+                             const int64_t *idx, int64_t n, loom_batch *b);
+/* The window offset of `epoch` for a token set, in [0, T). */
+int64_t loom_tokens_epoch_offset(const loom_dataset *ds, int64_t epoch);
+/* A copy of s made with loom_malloc (NULL + LOOM_ERR_NOMEM on failure). */
+char *loom_data_strdup(const char *s);
+/* mkdir -p of the directory part of `path` (nothing when it has none). */
+loom_status loom_data_mkdirs_for(const char *path);
+
+#endif /* LOOM_DATA_INTERNAL_H */

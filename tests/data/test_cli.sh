@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# `loom data`: help, usage errors (exit 2), failures (exit 1) with one clear
+# line, the KJV step when `bible` is installed, info and shard.
+set -u
+LOOM=${LOOM_BIN:?LOOM_BIN not set}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pass=0 fail=0
+check() { # description, then a command that must succeed
+  local what=$1
+  shift
+  if "$@"; then pass=$((pass + 1)); else
+    fail=$((fail + 1))
+    echo "FAIL: $what" >&2
+  fi
+}
+rc_of() { "$@" >"$tmp/out" 2>"$tmp/err"; echo $?; }
+
+check "data --help" test "$(rc_of "$LOOM" data --help)" = 0
+check "help lists kjv" grep -q "kjv" "$tmp/out"
+check "data kjv --help" test "$(rc_of "$LOOM" data kjv --help)" = 0
+check "kjv help names the packages" grep -q "bible-kjv-text" "$tmp/out"
+check "no subcommand: usage" test "$(rc_of "$LOOM" data)" = 2
+check "unknown subcommand" test "$(rc_of "$LOOM" data nope)" = 2
+check "unknown option" test "$(rc_of "$LOOM" data kjv --nope)" = 2
+check "unknown option named" grep -q -- "--nope" "$tmp/err"
+check "missing bible: exit 1" \
+  test "$(rc_of "$LOOM" data kjv --out "$tmp/k.txt" --bible /nonexistent/bible)" = 1
+check "missing bible: one line naming the packages" \
+  grep -q "^loom data kjv: .*apt-get install bible-kjv bible-kjv-text" "$tmp/err"
+
+if command -v bible >/dev/null && [ -r /usr/lib/bible.data ]; then
+  check "kjv prepares" test "$(LOOM_DATA_DIR="$tmp/dd" rc_of "$LOOM" data kjv)" = 0
+  check "kjv counts" grep -q "31102 verses, 4137850 bytes, CRC32C acd215d7" "$tmp/out"
+  check "kjv default path" test "$(stat -c %s "$tmp/dd/kjv.txt")" = 4137850
+  check "kjv cached" test "$(LOOM_DATA_DIR="$tmp/dd" rc_of "$LOOM" data kjv)" = 0
+  check "kjv says cached" grep -q "cached" "$tmp/out"
+  check "info on text" test "$(rc_of "$LOOM" data info "$tmp/dd/kjv.txt")" = 0
+  check "info splits" grep -q "val split: 413785 bytes, 3232 windows" "$tmp/out"
+else
+  echo "SKIP: kjv preparation (apt-get install bible-kjv bible-kjv-text)"
+fi
+
+printf 'hello world, hello loom\n' >"$tmp/t.txt"
+check "shard writes" test "$(rc_of "$LOOM" data shard "$tmp/t.txt" "$tmp/t.bin")" = 0
+check "shard size" test "$(stat -c %s "$tmp/t.bin")" = $((1024 + 2 * 24))
+check "info on shard" test "$(rc_of "$LOOM" data info "$tmp/t.bin")" = 0
+check "info shard fields" grep -q "magic 20240520 version 1, 24 tokens of 2 bytes, largest id 119" "$tmp/out"
+head -c 1000 "$tmp/t.bin" >"$tmp/cut.bin"
+check "info on a truncated shard: exit 1" test "$(rc_of "$LOOM" data info "$tmp/cut.bin")" = 1
+check "truncated shard named" grep -q "cut.bin: truncated" "$tmp/err"
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
