@@ -44,6 +44,17 @@ loom_status loom_gemm_backend_parse(const char *name, loom_gemm_backend *out);
 loom_status loom_gemm(bool trans_a, bool trans_b, int M, int N, int K,
                       float alpha, const float *A, int lda, const float *B,
                       int ldb, float beta, float *C, int ldc);
+/* Thread-count invariance (on by default; LOOM_GEMM_DETERMINISTIC=0 turns
+ * it off): dnnl_sgemm and OpenBLAS give bitwise different results at 1 and
+ * 2 threads for some shapes (they split K, or change kernels, with the
+ * thread count). When on, loom_gemm cuts C (and, for small C and long K,
+ * the K sum) into a grid that depends only on (M, N, K), computes each tile
+ * with the library on one thread under OpenMP, and adds K partials in a
+ * fixed order: the same inputs give the same bits at any thread count.
+ * When off, the library threads the GEMM itself. */
+void loom_gemm_set_deterministic(bool on);
+bool loom_gemm_get_deterministic(void);
+
 /* The plain triple loop, accumulated in double: the reference of tests. */
 void loom_gemm_ref(bool trans_a, bool trans_b, int M, int N, int K,
                    float alpha, const float *A, int lda, const float *B,
@@ -131,7 +142,8 @@ void loom_embedding_backward(float *dtable, const float *dout,
 
 /* Fused softmax + negative log-likelihood over logits(N,V) with integer
  * targets(N). losses(N) per row; probs(N,V) saved for backward. A target
- * of -1 is ignored (loss 0, no gradient). */
+ * of -1 is ignored (loss 0, no gradient); any other target outside [0, V)
+ * gives a NaN loss (and no gradient), so a data bug cannot train silently. */
 void loom_crossentropy_forward(float *losses, float *probs,
                                const float *logits, const int32_t *targets,
                                int N, int V);

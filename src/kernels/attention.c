@@ -1,0 +1,118 @@
+/* Causal multi-head self-attention, forward and backward. Each (b, h) pair
+ * is one task for one thread: its score matrix is built block by block of
+ * query rows with serial GEMMs that skip the keys a block cannot see (the
+ * causal mask), so about 3/4 of the full T x T work is done for T = 2 RB.
+ * Tasks write disjoint outputs, so threading never changes a result. */
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "kernels/internal.h"
+#include "loom/kernels.h"
+
+/* Query rows per block: block r sees keys [0, (r+1) RB). Smaller blocks skip
+ * more masked work but make smaller, less efficient GEMMs. */
+#define ATT_RB 64
+
+static loom_status att_check(const char *what, int B, int T, int C, int NH) {
+  if (B < 0 || T < 0 || C <= 0 || NH <= 0 || C % NH != 0)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "attention %s: bad shape B=%d T=%d C=%d NH=%d (C must "
+                      "be a multiple of NH)",
+                      what, B, T, C, NH);
+  return LOOM_OK;
+}
+
+/* Row t of the scores: softmax over keys [0, t], zeros after. */
+static void causal_softmax_row(float *row, int t, int T) {
+  const float m = loom_kern_max(row, t + 1);
+  for (int j = 0; j <= t; j++)
+    row[j] = loom_kern_expf(row[j] - m);
+  const float inv = 1.0f / loom_kern_sum(row, t + 1);
+  for (int j = 0; j <= t; j++)
+    row[j] *= inv;
+  if (t + 1 < T)
+    memset(row + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
+}
+
+loom_status loom_attention_forward(float *out, float *att, const float *qkv,
+                                   int B, int T, int C, int NH) {
+  LOOM_TRY(att_check("forward", B, T, C, NH));
+  if (B == 0 || T == 0)
+    return LOOM_OK;
+  const int HS = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / sqrtf((float)HS);
+  const int tasks = B * NH;
+  const int nt = loom_kern_nthreads(tasks, 1);
+  loom_kern_gemm_serial_begin();
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (int bh = 0; bh < tasks; bh++) {
+    const int b = bh / NH, h = bh % NH;
+    const float *q = qkv + (int64_t)b * T * C3 + h * HS; /* (T, HS), stride 3C */
+    const float *k = q + C, *v = q + 2 * C;
+    float *a = att + (int64_t)bh * T * T;                /* (T, T) */
+    float *o = out + (int64_t)b * T * C + h * HS;        /* (T, HS), stride C */
+    for (int r0 = 0; r0 < T; r0 += ATT_RB) {
+      const int rows = T - r0 < ATT_RB ? T - r0 : ATT_RB, kend = r0 + rows;
+      loom_kern_gemm_serial(false, true, rows, kend, HS, scale,
+                            q + (int64_t)r0 * C3, C3, k, C3, 0.0f,
+                            a + (int64_t)r0 * T, T);
+      for (int t = r0; t < kend; t++)
+        causal_softmax_row(a + (int64_t)t * T, t, T);
+      loom_kern_gemm_serial(false, false, rows, HS, kend, 1.0f,
+                            a + (int64_t)r0 * T, T, v, C3, 0.0f,
+                            o + (int64_t)r0 * C, C);
+    }
+  }
+  return LOOM_OK;
+}
+
+/* With S = scale Q K^T, P = softmax(S) (causal), O = P V:
+ *   dP = dO V^T, dS = P * (dP - rowsum(dP * P)),
+ *   dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO. */
+loom_status loom_attention_backward(float *dqkv, float *scratch,
+                                    const float *dout, const float *qkv,
+                                    const float *att, int B, int T, int C,
+                                    int NH) {
+  LOOM_TRY(att_check("backward", B, T, C, NH));
+  if (B == 0 || T == 0)
+    return LOOM_OK;
+  const int HS = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / sqrtf((float)HS);
+  const int tasks = B * NH;
+  const int nt = loom_kern_nthreads(tasks, 1);
+  loom_kern_gemm_serial_begin();
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (int bh = 0; bh < tasks; bh++) {
+    const int b = bh / NH, h = bh % NH;
+    const int64_t tok = (int64_t)b * T;
+    const float *q = qkv + tok * C3 + h * HS, *k = q + C, *v = q + 2 * C;
+    float *dq = dqkv + tok * C3 + h * HS, *dk = dq + C, *dv = dq + 2 * C;
+    const float *dO = dout + tok * C + h * HS;    /* (T, HS), stride C */
+    const float *p = att + (int64_t)bh * T * T;   /* (T, T) */
+    float *ds = scratch + (int64_t)bh * T * T;    /* (T, T) */
+    for (int r0 = 0; r0 < T; r0 += ATT_RB) {
+      const int rows = T - r0 < ATT_RB ? T - r0 : ATT_RB, kend = r0 + rows;
+      float *dsb = ds + (int64_t)r0 * T;
+      const float *pb = p + (int64_t)r0 * T;
+      loom_kern_gemm_serial(false, true, rows, kend, HS, 1.0f,
+                            dO + (int64_t)r0 * C, C, v, C3, 0.0f, dsb, T);
+      for (int t = r0; t < kend; t++) {
+        float *d = ds + (int64_t)t * T;
+        const float *pr = p + (int64_t)t * T;
+        const float dot = loom_kern_dot(pr, d, t + 1);
+        for (int j = 0; j <= t; j++)
+          d[j] = pr[j] * (d[j] - dot);
+        if (t + 1 < kend) /* masked keys: zero, they feed the GEMMs below */
+          memset(d + t + 1, 0, (size_t)(kend - t - 1) * sizeof(float));
+      }
+      loom_kern_gemm_serial(false, false, rows, HS, kend, scale, dsb, T, k, C3,
+                            1.0f, dq + (int64_t)r0 * C3, C3);
+      loom_kern_gemm_serial(true, false, kend, HS, rows, scale, dsb, T,
+                            q + (int64_t)r0 * C3, C3, 1.0f, dk, C3);
+      loom_kern_gemm_serial(true, false, kend, HS, rows, 1.0f, pb, T,
+                            dO + (int64_t)r0 * C, C, 1.0f, dv, C3);
+    }
+  }
+  return LOOM_OK;
+}

@@ -1,0 +1,146 @@
+/* Elementwise kernels: add, accumulate, scale, ReLU, GELU (tanh form) and
+ * inverted dropout with counter-based masks. Each element is computed
+ * alone, so threading never changes a result. */
+#include <omp.h>
+
+#include "kernels/internal.h"
+#include "loom/kernels.h"
+
+/* Elements per parallel chunk: big enough to amortise scheduling, small
+ * enough to balance. */
+#define EW_CHUNK 16384
+
+/* Runs the statement (using i0, i1) over [0, n) in chunks, in parallel when n is large. */
+#define EW_PARALLEL(n, ...)                                                    \
+  do {                                                                         \
+    const int64_t ew_n_ = (n);                                                 \
+    const int64_t ew_chunks_ = (ew_n_ + EW_CHUNK - 1) / EW_CHUNK;              \
+    const int ew_nt_ = loom_kern_nthreads(ew_n_, LOOM_KERN_PAR_MIN);           \
+    _Pragma("omp parallel for num_threads(ew_nt_) schedule(static) if (ew_nt_ > 1)") \
+    for (int64_t ew_c_ = 0; ew_c_ < ew_chunks_; ew_c_++) {                     \
+      const int64_t i0 = ew_c_ * EW_CHUNK;                                     \
+      const int64_t i1 = i0 + EW_CHUNK < ew_n_ ? i0 + EW_CHUNK : ew_n_;        \
+      __VA_ARGS__;                                                                \
+    }                                                                          \
+  } while (0)
+
+void loom_add_forward(float *out, const float *a, const float *b, int64_t n) {
+  EW_PARALLEL(n, {
+    for (int64_t i = i0; i < i1; i++)
+      out[i] = a[i] + b[i];
+  });
+}
+
+void loom_accumulate(float *y, const float *x, int64_t n) {
+  EW_PARALLEL(n, {
+    for (int64_t i = i0; i < i1; i++)
+      y[i] += x[i];
+  });
+}
+
+void loom_scale(float *x, float s, int64_t n) {
+  EW_PARALLEL(n, {
+    for (int64_t i = i0; i < i1; i++)
+      x[i] *= s;
+  });
+}
+
+void loom_relu_forward(float *out, const float *inp, int64_t n) {
+  EW_PARALLEL(n, {
+    for (int64_t i = i0; i < i1; i++)
+      out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
+  });
+}
+
+void loom_relu_backward(float *dinp, const float *inp, const float *dout,
+                        int64_t n) {
+  EW_PARALLEL(n, {
+    for (int64_t i = i0; i < i1; i++)
+      dinp[i] += inp[i] > 0.0f ? dout[i] : 0.0f;
+  });
+}
+
+#define GELU_S 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_A 0.044715f
+
+void loom_gelu_forward(float *out, const float *inp, int64_t n) {
+  EW_PARALLEL(n, {
+    for (int64_t i = i0; i < i1; i++) {
+      const float x = inp[i];
+      const float u = GELU_S * fmaf(GELU_A * x * x, x, x);
+      out[i] = 0.5f * x * (1.0f + loom_kern_tanhf(u));
+    }
+  });
+}
+
+void loom_gelu_backward(float *dinp, const float *inp, const float *dout,
+                        int64_t n) {
+  EW_PARALLEL(n, {
+    for (int64_t i = i0; i < i1; i++) {
+      const float x = inp[i];
+      const float u = GELU_S * fmaf(GELU_A * x * x, x, x);
+      const float th = loom_kern_tanhf(u);
+      const float du = GELU_S * fmaf(3.0f * GELU_A, x * x, 1.0f);
+      const float d = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+      dinp[i] = fmaf(d, dout[i], dinp[i]);
+    }
+  });
+}
+
+/* Element i keeps its value when draw (counter + i) of the stream, as 24
+ * bits, is >= ceil(p * 2^24): exactly loom_rng_uniform(r) >= p. */
+void loom_dropout_forward(float *out, uint8_t *mask, const float *inp,
+                          float p, loom_rng *rng, int64_t n) {
+  const uint64_t base = rng->counter;
+  rng->counter += (uint64_t)n;
+  if (!(p > 0.0f)) {
+    EW_PARALLEL(n, {
+      for (int64_t i = i0; i < i1; i++) {
+        out[i] = inp[i];
+        mask[i] = 1;
+      }
+    });
+    return;
+  }
+  if (p >= 1.0f) {
+    EW_PARALLEL(n, {
+      for (int64_t i = i0; i < i1; i++) {
+        out[i] = 0.0f;
+        mask[i] = 0;
+      }
+    });
+    return;
+  }
+  const uint32_t thresh = (uint32_t)ceil((double)p * 16777216.0);
+  const float scale = 1.0f / (1.0f - p);
+  const uint32_t key[2] = {(uint32_t)rng->seed, (uint32_t)(rng->seed >> 32)};
+  const uint32_t s_lo = (uint32_t)rng->stream,
+                 s_hi = (uint32_t)(rng->stream >> 32);
+  EW_PARALLEL(n, {
+    uint32_t words[4];
+    uint64_t block = UINT64_MAX;
+    for (int64_t i = i0; i < i1; i++) {
+      const uint64_t v = base + (uint64_t)i;
+      if (v / 4 != block) {
+        block = v / 4;
+        const uint32_t ctr[4] = {(uint32_t)block, (uint32_t)(block >> 32), s_lo,
+                                 s_hi};
+        loom_philox4x32(ctr, key, words);
+      }
+      const uint8_t keep = (words[v % 4] >> 8) >= thresh;
+      mask[i] = keep;
+      out[i] = inp[i] * ((float)keep * scale);
+    }
+  });
+}
+
+void loom_dropout_backward(float *dinp, const uint8_t *mask,
+                           const float *dout, float p, int64_t n) {
+  if (p >= 1.0f)
+    return; /* every element was dropped */
+  const float scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+  EW_PARALLEL(n, {
+    for (int64_t i = i0; i < i1; i++)
+      dinp[i] = fmaf((float)mask[i] * scale, dout[i], dinp[i]);
+  });
+}

@@ -1,0 +1,413 @@
+/* GEMM: backend choice (oneDNN, OpenBLAS, naive), the thread-count
+ * invariant tile driver, and the double-precision reference. */
+#include <cblas.h>
+#include <omp.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/internal.h"
+#include "loom/kernels.h"
+
+#ifdef LOOM_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.h>
+#endif
+
+static const char *const backend_names[] = {
+#define LOOM_X_NAME(name, text) text,
+    LOOM_GEMM_BACKEND_LIST(LOOM_X_NAME)
+#undef LOOM_X_NAME
+};
+_Static_assert(sizeof backend_names / sizeof backend_names[0] ==
+                   LOOM_GEMM_BACKEND_COUNT,
+               "one name per GEMM backend");
+
+static atomic_int g_backend = -1; /* -1: not decided yet */
+static atomic_int g_det = -1;
+/* Threads OpenBLAS was last told to use (0: never told). */
+static atomic_int g_ob_threads;
+
+const char *loom_gemm_backend_name(loom_gemm_backend b) {
+  if ((int)b < 0 || b >= LOOM_GEMM_BACKEND_COUNT)
+    return "unknown";
+  return backend_names[b];
+}
+
+loom_status loom_gemm_backend_parse(const char *name, loom_gemm_backend *out) {
+  if (!name || !out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "gemm backend: NULL argument");
+  for (int i = 0; i < LOOM_GEMM_BACKEND_COUNT; i++)
+    if (strcmp(name, backend_names[i]) == 0) {
+      *out = (loom_gemm_backend)i;
+      return LOOM_OK;
+    }
+  return loom_error(LOOM_ERR_INVALID_ARG,
+                    "unknown GEMM backend '%s' (expected dnnl, openblas or "
+                    "naive)",
+                    name);
+}
+
+static loom_gemm_backend default_backend(void) {
+#if defined(LOOM_HAVE_DNNL) && !defined(LOOM_GEMM_DEFAULT_OPENBLAS)
+  return LOOM_GEMM_DNNL;
+#else
+  return LOOM_GEMM_OPENBLAS;
+#endif
+}
+
+loom_status loom_gemm_set_backend(loom_gemm_backend b) {
+  if ((int)b < 0 || b >= LOOM_GEMM_BACKEND_COUNT)
+    return loom_error(LOOM_ERR_INVALID_ARG, "GEMM backend %d out of range",
+                      (int)b);
+#ifndef LOOM_HAVE_DNNL
+  if (b == LOOM_GEMM_DNNL)
+    return loom_error(LOOM_ERR_UNSUPPORTED,
+                      "GEMM backend 'dnnl': loom was built without oneDNN");
+#endif
+  atomic_store(&g_backend, (int)b);
+  return LOOM_OK;
+}
+
+loom_gemm_backend loom_gemm_get_backend(void) {
+  int b = atomic_load(&g_backend);
+  if (b >= 0)
+    return (loom_gemm_backend)b;
+  loom_gemm_backend chosen = default_backend();
+  const char *env = getenv("LOOM_GEMM");
+  if (env && *env) {
+    loom_gemm_backend parsed;
+    if (loom_gemm_backend_parse(env, &parsed) != LOOM_OK)
+      LOOM_WARN("LOOM_GEMM=%s: unknown backend, using %s", env,
+                backend_names[chosen]);
+    else if (loom_gemm_set_backend(parsed) != LOOM_OK)
+      LOOM_WARN("LOOM_GEMM=%s: %s; using %s", env, loom_last_error(),
+                backend_names[chosen]);
+    else
+      chosen = parsed;
+  }
+  int expected = -1;
+  atomic_compare_exchange_strong(&g_backend, &expected, (int)chosen);
+  return (loom_gemm_backend)atomic_load(&g_backend);
+}
+
+void loom_gemm_set_deterministic(bool on) { atomic_store(&g_det, on ? 1 : 0); }
+
+bool loom_gemm_get_deterministic(void) {
+  int d = atomic_load(&g_det);
+  if (d >= 0)
+    return d != 0;
+  const char *env = getenv("LOOM_GEMM_DETERMINISTIC");
+  d = 1;
+  if (env && (strcmp(env, "0") == 0 || strcmp(env, "off") == 0 ||
+              strcmp(env, "false") == 0 || strcmp(env, "no") == 0))
+    d = 0;
+  int expected = -1;
+  atomic_compare_exchange_strong(&g_det, &expected, d);
+  return atomic_load(&g_det) != 0;
+}
+
+/* OpenBLAS (the pthreads build) keeps its own pool: hold it to n threads,
+ * and to 1 whenever OpenMP threads call it, so the two never oversubscribe
+ * the cores. */
+static void ob_set_threads(int n) {
+  if (atomic_load(&g_ob_threads) != n) {
+    openblas_set_num_threads(n);
+    atomic_store(&g_ob_threads, n);
+  }
+}
+
+/* ------------------------------------------------------------- reference */
+
+void loom_gemm_ref(bool trans_a, bool trans_b, int M, int N, int K,
+                   float alpha, const float *A, int lda, const float *B,
+                   int ldb, float beta, float *C, int ldc) {
+  for (int i = 0; i < M; i++)
+    for (int j = 0; j < N; j++) {
+      double s = 0;
+      for (int p = 0; p < K; p++) {
+        double a = trans_a ? A[(int64_t)p * lda + i] : A[(int64_t)i * lda + p];
+        double b = trans_b ? B[(int64_t)j * ldb + p] : B[(int64_t)p * ldb + j];
+        s += a * b;
+      }
+      float *c = &C[(int64_t)i * ldc + j];
+      double old = beta == 0.0f ? 0.0 : (double)beta * (double)*c;
+      *c = (float)((double)alpha * s + old);
+    }
+}
+
+/* ----------------------------------------------------------------- naive */
+
+/* Row i of C: each element summed over K in order by one thread. */
+static void naive_row(bool trans_a, bool trans_b, int i, int N, int K,
+                      float alpha, const float *A, int lda, const float *B,
+                      int ldb, float beta, float *c) {
+  if (beta == 0.0f)
+    memset(c, 0, (size_t)N * sizeof(float));
+  else if (beta != 1.0f)
+    for (int j = 0; j < N; j++)
+      c[j] *= beta;
+  if (!trans_b) {
+    for (int p = 0; p < K; p++) {
+      const float a =
+          alpha * (trans_a ? A[(int64_t)p * lda + i] : A[(int64_t)i * lda + p]);
+      const float *b = B + (int64_t)p * ldb;
+      for (int j = 0; j < N; j++)
+        c[j] = fmaf(a, b[j], c[j]);
+    }
+  } else if (!trans_a) {
+    const float *a = A + (int64_t)i * lda;
+    for (int j = 0; j < N; j++)
+      c[j] = fmaf(alpha, loom_kern_dot(a, B + (int64_t)j * ldb, K), c[j]);
+  } else {
+    for (int j = 0; j < N; j++) {
+      const float *b = B + (int64_t)j * ldb;
+      float s = 0.0f;
+      for (int p = 0; p < K; p++)
+        s = fmaf(A[(int64_t)p * lda + i], b[p], s);
+      c[j] = fmaf(alpha, s, c[j]);
+    }
+  }
+}
+
+static void naive_gemm(bool trans_a, bool trans_b, int M, int N, int K,
+                       float alpha, const float *A, int lda, const float *B,
+                       int ldb, float beta, float *C, int ldc, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+  for (int i = 0; i < M; i++)
+    naive_row(trans_a, trans_b, i, N, K, alpha, A, lda, B, ldb, beta,
+              C + (int64_t)i * ldc);
+}
+
+/* ------------------------------------------------------- vendor, 1 thread */
+
+/* Runs on the calling thread only: oneDNN does not nest parallelism (it runs
+ * serially inside a parallel region; outside one we cap OpenMP to 1), and
+ * OpenBLAS was set to 1 thread by the caller. Returns 0 on success. */
+static int vendor_gemm_1t(loom_gemm_backend be, bool ta, bool tb, int M, int N,
+                          int K, float alpha, const float *A, int lda,
+                          const float *B, int ldb, float beta, float *C,
+                          int ldc) {
+  switch (be) {
+  case LOOM_GEMM_DNNL:
+#ifdef LOOM_HAVE_DNNL
+  {
+    int save = 0;
+    if (!omp_in_parallel() && (save = omp_get_max_threads()) > 1)
+      omp_set_num_threads(1);
+    dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K,
+                                  alpha, A, lda, B, ldb, beta, C, ldc);
+    if (save > 1)
+      omp_set_num_threads(save);
+    return st == dnnl_success ? 0 : (int)st;
+  }
+#else
+    return -1;
+#endif
+  case LOOM_GEMM_OPENBLAS:
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+                tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb,
+                beta, C, ldc);
+    return 0;
+  case LOOM_GEMM_NAIVE:
+    naive_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1);
+    return 0;
+  case LOOM_GEMM_BACKEND_COUNT:
+    break;
+  }
+  return -1;
+}
+
+void loom_kern_gemm_serial_begin(void) {
+  if (loom_gemm_get_backend() == LOOM_GEMM_OPENBLAS)
+    ob_set_threads(1);
+}
+
+void loom_kern_gemm_serial(bool trans_a, bool trans_b, int M, int N, int K,
+                           float alpha, const float *A, int lda,
+                           const float *B, int ldb, float beta, float *C,
+                           int ldc) {
+  if (M <= 0 || N <= 0)
+    return;
+  (void)vendor_gemm_1t(loom_gemm_get_backend(), trans_a, trans_b, M, N, K,
+                       alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* ------------------------------------------------------------ tile grid */
+
+/* The grid is a function of (M, N, K) alone. Tiles of C are at least
+ * GEMM_TILE_MIN on a side (smaller ones pack more than they compute) and
+ * hold about GEMM_TILE_FLOPS of work; when C is small and K long, K is cut
+ * into chunks of at least GEMM_KCHUNK_MIN whose partial products are added
+ * in chunk order. GEMM_TILES_MAX bounds the parallelism a grid offers. */
+#define GEMM_TILE_MIN 64
+#define GEMM_TILES_MAX 64
+#define GEMM_TILE_FLOPS 8e6
+#define GEMM_KCHUNK_MIN 1024
+#define GEMM_KCHUNKS_MAX 16
+
+typedef struct gemm_plan {
+  int tm, tn, kc; /* tile extents */
+  int gm, gn, gk; /* tile counts */
+} gemm_plan;
+
+static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+static int round16(int a) { return (a + 15) / 16 * 16; }
+
+static void gemm_plan_make(int M, int N, int K, gemm_plan *p) {
+  double work = 2.0 * M * N * (double)K;
+  int target = (int)(work / GEMM_TILE_FLOPS);
+  target = target < 1 ? 1 : (target > GEMM_TILES_MAX ? GEMM_TILES_MAX : target);
+  int cm = 1, cn = 1;
+  while (cm * cn < target) {
+    int em = ceil_div(M, cm), en = ceil_div(N, cn);
+    bool can_m = em >= 2 * GEMM_TILE_MIN, can_n = en >= 2 * GEMM_TILE_MIN;
+    if (can_n && (en >= em || !can_m))
+      cn++;
+    else if (can_m)
+      cm++;
+    else
+      break;
+  }
+  p->tm = M <= 16 ? M : round16(ceil_div(M, cm));
+  p->tn = N <= 16 ? N : round16(ceil_div(N, cn));
+  p->gm = ceil_div(M, p->tm);
+  p->gn = ceil_div(N, p->tn);
+  int ck = 1;
+  int mn = p->gm * p->gn;
+  if (mn < target && K >= 2 * GEMM_KCHUNK_MIN) {
+    ck = ceil_div(target, mn);
+    if (ck > K / GEMM_KCHUNK_MIN)
+      ck = K / GEMM_KCHUNK_MIN;
+    if (ck > GEMM_KCHUNKS_MAX)
+      ck = GEMM_KCHUNKS_MAX;
+  }
+  p->kc = ck > 1 ? round16(ceil_div(K, ck)) : K;
+  p->gk = ceil_div(K, p->kc);
+}
+
+/* C = alpha op(A) op(B) + beta C over the grid; K partials go to `part`
+ * (gk, M, N) and are folded into C in chunk order. */
+static loom_status tiled_gemm(loom_gemm_backend be, bool ta, bool tb, int M,
+                              int N, int K, float alpha, const float *A,
+                              int lda, const float *B, int ldb, float beta,
+                              float *C, int ldc) {
+  gemm_plan p;
+  gemm_plan_make(M, N, K, &p);
+  float *part = NULL;
+  if (p.gk > 1) {
+    part = loom_malloc((size_t)p.gk * M * N * sizeof(float));
+    if (!part)
+      return loom_error_context(LOOM_ERR_NOMEM, "gemm %dx%dx%d", M, N, K);
+  }
+  const int tasks = p.gm * p.gn * p.gk;
+  int nt = loom_threads();
+  if (nt > tasks)
+    nt = tasks;
+  if (be == LOOM_GEMM_OPENBLAS)
+    ob_set_threads(1);
+  atomic_int failed = 0;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (int t = 0; t < tasks; t++) {
+    const int kb = t / (p.gm * p.gn), rest = t % (p.gm * p.gn);
+    const int i0 = (rest / p.gn) * p.tm, j0 = (rest % p.gn) * p.tn;
+    const int k0 = kb * p.kc;
+    const int mm = M - i0 < p.tm ? M - i0 : p.tm;
+    const int nn = N - j0 < p.tn ? N - j0 : p.tn;
+    const int kk = K - k0 < p.kc ? K - k0 : p.kc;
+    const float *a = ta ? A + (int64_t)k0 * lda + i0 : A + (int64_t)i0 * lda + k0;
+    const float *b = tb ? B + (int64_t)j0 * ldb + k0 : B + (int64_t)k0 * ldb + j0;
+    int rc;
+    if (part)
+      rc = vendor_gemm_1t(be, ta, tb, mm, nn, kk, alpha, a, lda, b, ldb, 0.0f,
+                          part + ((int64_t)kb * M + i0) * N + j0, N);
+    else
+      rc = vendor_gemm_1t(be, ta, tb, mm, nn, kk, alpha, a, lda, b, ldb, beta,
+                          C + (int64_t)i0 * ldc + j0, ldc);
+    if (rc != 0)
+      atomic_store(&failed, rc);
+  }
+  if (part && !atomic_load(&failed)) {
+    int nr = loom_kern_nthreads((int64_t)M * N * p.gk, LOOM_KERN_PAR_MIN);
+#pragma omp parallel for num_threads(nr) schedule(static) if (nr > 1)
+    for (int i = 0; i < M; i++) {
+      float *c = C + (int64_t)i * ldc;
+      for (int j = 0; j < N; j++) {
+        float s = part[(int64_t)i * N + j];
+        for (int kb = 1; kb < p.gk; kb++)
+          s += part[((int64_t)kb * M + i) * N + j];
+        c[j] = beta == 0.0f ? s : fmaf(beta, c[j], s);
+      }
+    }
+  }
+  loom_free(part);
+  if (atomic_load(&failed))
+    return loom_error(LOOM_ERR_INTERNAL, "gemm %dx%dx%d: %s failed (%d)", M,
+                      N, K, backend_names[be], atomic_load(&failed));
+  return LOOM_OK;
+}
+
+/* ------------------------------------------------------------ dispatch */
+
+static void scale_c(int M, int N, float beta, float *C, int ldc) {
+  for (int i = 0; i < M; i++) {
+    float *c = C + (int64_t)i * ldc;
+    if (beta == 0.0f)
+      memset(c, 0, (size_t)N * sizeof(float));
+    else
+      for (int j = 0; j < N; j++)
+        c[j] *= beta;
+  }
+}
+
+loom_status loom_gemm(bool trans_a, bool trans_b, int M, int N, int K,
+                      float alpha, const float *A, int lda, const float *B,
+                      int ldb, float beta, float *C, int ldc) {
+  if (M < 0 || N < 0 || K < 0)
+    return loom_error(LOOM_ERR_INVALID_ARG, "gemm: negative size %dx%dx%d", M,
+                      N, K);
+  const int acols = trans_a ? M : K, bcols = trans_b ? K : N;
+  if (lda < (acols > 1 ? acols : 1) || ldb < (bcols > 1 ? bcols : 1) ||
+      ldc < (N > 1 ? N : 1))
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "gemm %dx%dx%d: leading dimensions lda=%d ldb=%d ldc=%d "
+                      "too small (need >= %d, %d, %d)",
+                      M, N, K, lda, ldb, ldc, acols, bcols, N);
+  if (M == 0 || N == 0)
+    return LOOM_OK;
+  if (!C || (K > 0 && alpha != 0.0f && (!A || !B)))
+    return loom_error(LOOM_ERR_INVALID_ARG, "gemm %dx%dx%d: NULL matrix", M, N,
+                      K);
+  if (K == 0 || alpha == 0.0f) {
+    if (beta != 1.0f)
+      scale_c(M, N, beta, C, ldc);
+    return LOOM_OK;
+  }
+  const loom_gemm_backend be = loom_gemm_get_backend();
+  if (be == LOOM_GEMM_NAIVE) {
+    int nt = loom_kern_nthreads((int64_t)M * N * K, 1 << 16);
+    naive_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+               nt > M ? M : nt);
+    return LOOM_OK;
+  }
+  if (loom_gemm_get_deterministic())
+    return tiled_gemm(be, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb,
+                      beta, C, ldc);
+  const int nt = loom_threads(); /* also sets OpenMP's count for oneDNN */
+  if (be == LOOM_GEMM_OPENBLAS) {
+    ob_set_threads(nt);
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
+                ldb, beta, C, ldc);
+    return LOOM_OK;
+  }
+#ifdef LOOM_HAVE_DNNL
+  dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N,
+                                K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (st != dnnl_success)
+    return loom_error(LOOM_ERR_INTERNAL, "dnnl_sgemm %dx%dx%d failed (%d)", M,
+                      N, K, (int)st);
+  return LOOM_OK;
+#else
+  return loom_error(LOOM_ERR_UNSUPPORTED, "gemm: built without oneDNN");
+#endif
+}

@@ -1,0 +1,139 @@
+/* kernels: private helpers shared by the kernel files (vectorisable exp,
+ * fixed-order reductions, the serial GEMM used inside parallel loops). */
+#ifndef LOOM_KERNELS_INTERNAL_H
+#define LOOM_KERNELS_INTERNAL_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "loom/kernels.h"
+
+/* Elementwise loops fork threads only above this many elements: below it
+ * the fork/join costs more than it saves. */
+#define LOOM_KERN_PAR_MIN 32768
+/* Lanes of the fixed-order reductions: 16 floats = one AVX-512 register or
+ * two AVX2 ones. The result depends only on n, never on the thread count. */
+#define LOOM_KERN_LANES 16
+
+/* exp(x) in f32 with ~1 ulp error, written so that GCC vectorises loops
+ * that call it (glibc's expf is a scalar call without -ffast-math).
+ * Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, degree-7 Taylor
+ * polynomial, 2^n built in the exponent bits. Results below ~exp(-87)
+ * flush to 0; x > 88 returns exp(88) (callers pass x <= 0); NaN gives NaN. */
+static inline float loom_kern_expf(float x) {
+  /* Only selects of the form v = c ? k : v: GCC will not if-convert a
+   * select whose arm could trap (-ftrapping-math), and the loop would stay
+   * scalar. NaN fails every comparison, so it flows through to the result. */
+  float xc = x < -87.0f ? -87.0f : x;
+  xc = xc > 88.0f ? 88.0f : xc;
+  /* n = round(xc / ln2) by the 1.5*2^23 shifter: t's low bits hold n. fmaf
+   * rather than x*y+z keeps GCC from sinking the product into the arms of
+   * the selects above (rintf, a call at that stage, stops if-conversion). */
+  const float t = fmaf(xc, 1.44269504089f, 12582912.0f);
+  const float n = t - 12582912.0f;
+  float r = fmaf(-n, 0.693147182464599609375f, xc);
+  r = fmaf(-n, -1.904654299957768e-09f, r);
+  float p = 1.98412698e-4f; /* 1/7! */
+  p = fmaf(p, r, 1.38888889e-3f);
+  p = fmaf(p, r, 8.33333333e-3f);
+  p = fmaf(p, r, 4.16666667e-2f);
+  p = fmaf(p, r, 1.66666667e-1f);
+  p = fmaf(p, r, 0.5f);
+  p = fmaf(p, r, 1.0f);
+  p = fmaf(p, r, 1.0f);
+  uint32_t tb;
+  memcpy(&tb, &t, sizeof tb);
+  uint32_t e = (tb - 0x4B400000u + 127u) << 23; /* 2^n */
+  e = x < -87.0f ? 0u : e; /* underflow flushes to +0 */
+  float s;
+  memcpy(&s, &e, sizeof s);
+  return p * s;
+}
+
+/* tanh(x) through exp(-2|x|); absolute error ~1e-7 (relative error grows
+ * near 0, where tanh is small: fine for GELU, which adds it to 1). */
+static inline float loom_kern_tanhf(float x) {
+  const float a = fabsf(x);
+  const float t = loom_kern_expf(-2.0f * a);
+  return copysignf((1.0f - t) / (1.0f + t), x);
+}
+
+/* Sum of x[0..n) in a fixed order: LOOM_KERN_LANES partial sums, a fixed
+ * tree over them, then the tail. Vectorises without -ffast-math. */
+static inline float loom_kern_sum(const float *x, int64_t n) {
+  float acc[LOOM_KERN_LANES] = {0};
+  int64_t i = 0;
+  for (; i + LOOM_KERN_LANES <= n; i += LOOM_KERN_LANES)
+    for (int j = 0; j < LOOM_KERN_LANES; j++)
+      acc[j] += x[i + j];
+  for (int w = LOOM_KERN_LANES / 2; w > 0; w /= 2)
+    for (int j = 0; j < w; j++)
+      acc[j] += acc[j + w];
+  float s = acc[0];
+  for (; i < n; i++)
+    s += x[i];
+  return s;
+}
+
+/* Dot product of x and y over n, fixed order as loom_kern_sum. */
+static inline float loom_kern_dot(const float *x, const float *y, int64_t n) {
+  float acc[LOOM_KERN_LANES] = {0};
+  int64_t i = 0;
+  for (; i + LOOM_KERN_LANES <= n; i += LOOM_KERN_LANES)
+    for (int j = 0; j < LOOM_KERN_LANES; j++)
+      acc[j] = fmaf(x[i + j], y[i + j], acc[j]);
+  for (int w = LOOM_KERN_LANES / 2; w > 0; w /= 2)
+    for (int j = 0; j < w; j++)
+      acc[j] += acc[j + w];
+  float s = acc[0];
+  for (; i < n; i++)
+    s = fmaf(x[i], y[i], s);
+  return s;
+}
+
+/* Maximum of x[0..n), n >= 1 (NaNs are skipped unless all are NaN). */
+static inline float loom_kern_max(const float *x, int64_t n) {
+  float m = x[0];
+  int64_t i = 0;
+  if (n >= LOOM_KERN_LANES) {
+    float acc[LOOM_KERN_LANES];
+    for (int j = 0; j < LOOM_KERN_LANES; j++)
+      acc[j] = x[j];
+    for (i = LOOM_KERN_LANES; i + LOOM_KERN_LANES <= n; i += LOOM_KERN_LANES)
+      for (int j = 0; j < LOOM_KERN_LANES; j++)
+        acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
+    for (int j = 0; j < LOOM_KERN_LANES; j++)
+      m = acc[j] > m ? acc[j] : m;
+  }
+  for (; i < n; i++)
+    m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+/* Threads for a loop over `work` units of roughly `grain` cost each: never
+ * more than loom_threads(), never more than the work splits into. Only how
+ * many threads run depends on this, never what a result is. */
+static inline int loom_kern_nthreads(int64_t work, int64_t grain) {
+  int t = loom_threads();
+  int64_t most = grain > 0 ? work / grain : work;
+  if (most < 1)
+    most = 1;
+  return most < t ? (int)most : t;
+}
+
+/* ---- GEMM used by other kernels (gemm.c) */
+
+/* One GEMM computed by the calling thread alone with the current backend,
+ * for use inside the kernels' own parallel loops (attention, conv). Call
+ * loom_kern_gemm_serial_begin() once before the parallel region: it makes
+ * the vendor library single-threaded. Same contract as loom_gemm, no
+ * argument checks. */
+void loom_kern_gemm_serial_begin(void);
+void loom_kern_gemm_serial(bool trans_a, bool trans_b, int M, int N, int K,
+                           float alpha, const float *A, int lda,
+                           const float *B, int ldb, float beta, float *C,
+                           int ldc);
+
+#endif /* LOOM_KERNELS_INTERNAL_H */

@@ -1,0 +1,138 @@
+/* LayerNorm forward and backward over rows of (N, C), eps 1e-5. The
+ * parameter gradients sum over rows in a fixed order (threads own column
+ * blocks, never row ranges), so they do not depend on the thread count. */
+#include <math.h>
+#include <omp.h>
+
+#include "kernels/internal.h"
+#include "loom/kernels.h"
+
+#define LN_EPS 1e-5f
+/* Column block of the parameter-gradient pass and the row chunk whose
+ * partial sums it adds (a two-level sum keeps the rounding error small). */
+#define LN_COLS 16
+#define LN_ROWS 64
+
+/* sum((x - mean)^2), fixed order. */
+static float sq_dev(const float *x, float mean, int n) {
+  float acc[LOOM_KERN_LANES] = {0};
+  int i = 0;
+  for (; i + LOOM_KERN_LANES <= n; i += LOOM_KERN_LANES)
+    for (int j = 0; j < LOOM_KERN_LANES; j++) {
+      const float d = x[i + j] - mean;
+      acc[j] = fmaf(d, d, acc[j]);
+    }
+  for (int w = LOOM_KERN_LANES / 2; w > 0; w /= 2)
+    for (int j = 0; j < w; j++)
+      acc[j] += acc[j + w];
+  float s = acc[0];
+  for (; i < n; i++) {
+    const float d = x[i] - mean;
+    s = fmaf(d, d, s);
+  }
+  return s;
+}
+
+void loom_layernorm_forward(float *out, float *mean, float *rstd,
+                            const float *inp, const float *weight,
+                            const float *bias, int N, int C) {
+  const int nt = loom_kern_nthreads((int64_t)N * C, LOOM_KERN_PAR_MIN);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (int n = 0; n < N; n++) {
+    const float *x = inp + (int64_t)n * C;
+    float *o = out + (int64_t)n * C;
+    const float m = loom_kern_sum(x, C) / (float)C;
+    const float r = 1.0f / sqrtf(sq_dev(x, m, C) / (float)C + LN_EPS);
+    for (int j = 0; j < C; j++)
+      o[j] = fmaf((x[j] - m) * r, weight[j], bias[j]);
+    mean[n] = m;
+    rstd[n] = r;
+  }
+}
+
+/* dinp: per row, from dnorm = dout * w:
+ *   dinp += rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)). */
+static void ln_dinp(float *dinp, const float *dout, const float *inp,
+                    const float *weight, const float *mean, const float *rstd,
+                    int N, int C) {
+  const int nt = loom_kern_nthreads((int64_t)N * C, LOOM_KERN_PAR_MIN);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (int n = 0; n < N; n++) {
+    const float *x = inp + (int64_t)n * C, *d = dout + (int64_t)n * C;
+    float *di = dinp + (int64_t)n * C;
+    const float m = mean[n], r = rstd[n];
+    float a1[LOOM_KERN_LANES] = {0}, a2[LOOM_KERN_LANES] = {0};
+    int j = 0;
+    for (; j + LOOM_KERN_LANES <= C; j += LOOM_KERN_LANES)
+      for (int l = 0; l < LOOM_KERN_LANES; l++) {
+        const float dn = d[j + l] * weight[j + l];
+        a1[l] += dn;
+        a2[l] = fmaf(dn, (x[j + l] - m) * r, a2[l]);
+      }
+    for (int w = LOOM_KERN_LANES / 2; w > 0; w /= 2)
+      for (int l = 0; l < w; l++) {
+        a1[l] += a1[l + w];
+        a2[l] += a2[l + w];
+      }
+    float s1 = a1[0], s2 = a2[0];
+    for (; j < C; j++) {
+      const float dn = d[j] * weight[j];
+      s1 += dn;
+      s2 = fmaf(dn, (x[j] - m) * r, s2);
+    }
+    const float mean_dn = s1 / (float)C, mean_dnn = s2 / (float)C;
+    for (j = 0; j < C; j++) {
+      const float norm = (x[j] - m) * r;
+      const float dn = d[j] * weight[j];
+      di[j] = fmaf(r, dn - mean_dn - norm * mean_dnn, di[j]);
+    }
+  }
+}
+
+/* dweight += sum_n norm * dout, dbias += sum_n dout: threads own blocks of
+ * LN_COLS columns and walk every row in order. */
+static void ln_dparams(float *dweight, float *dbias, const float *dout,
+                       const float *inp, const float *mean, const float *rstd,
+                       int N, int C) {
+  const int blocks = (C + LN_COLS - 1) / LN_COLS;
+  const int nt = loom_kern_nthreads((int64_t)N * C, LOOM_KERN_PAR_MIN);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (int cb = 0; cb < blocks; cb++) {
+    const int c0 = cb * LN_COLS;
+    const int w = C - c0 < LN_COLS ? C - c0 : LN_COLS;
+    float tw[LN_COLS] = {0}, tb[LN_COLS] = {0};
+    for (int n0 = 0; n0 < N; n0 += LN_ROWS) {
+      const int n1 = n0 + LN_ROWS < N ? n0 + LN_ROWS : N;
+      float pw[LN_COLS] = {0}, pb[LN_COLS] = {0};
+      for (int n = n0; n < n1; n++) {
+        const float *x = inp + (int64_t)n * C + c0;
+        const float *d = dout + (int64_t)n * C + c0;
+        const float m = mean[n], r = rstd[n];
+        for (int j = 0; j < w; j++) {
+          pw[j] = fmaf((x[j] - m) * r, d[j], pw[j]);
+          pb[j] += d[j];
+        }
+      }
+      for (int j = 0; j < LN_COLS; j++) {
+        tw[j] += pw[j];
+        tb[j] += pb[j];
+      }
+    }
+    for (int j = 0; j < w; j++) {
+      if (dweight)
+        dweight[c0 + j] += tw[j];
+      if (dbias)
+        dbias[c0 + j] += tb[j];
+    }
+  }
+}
+
+void loom_layernorm_backward(float *dinp, float *dweight, float *dbias,
+                             const float *dout, const float *inp,
+                             const float *weight, const float *mean,
+                             const float *rstd, int N, int C) {
+  if (dinp)
+    ln_dinp(dinp, dout, inp, weight, mean, rstd, N, C);
+  if (dweight || dbias)
+    ln_dparams(dweight, dbias, dout, inp, mean, rstd, N, C);
+}

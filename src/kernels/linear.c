@@ -1,0 +1,75 @@
+/* Linear layer: out = inp @ weight^T + bias through loom_gemm, and its
+ * backward (two GEMMs and a fixed-order column sum for the bias). */
+#include <omp.h>
+#include <string.h>
+
+#include "kernels/internal.h"
+#include "loom/kernels.h"
+
+/* Column block and row chunk of the bias-gradient sum, as in layernorm. */
+#define LIN_COLS 16
+#define LIN_ROWS 64
+
+loom_status loom_linear_forward(float *out, const float *inp,
+                                const float *weight, const float *bias, int N,
+                                int C, int OC) {
+  if (N < 0 || C < 0 || OC < 0)
+    return loom_error(LOOM_ERR_INVALID_ARG, "linear: negative size");
+  float beta = 0.0f;
+  if (bias) {
+    /* Bias first, then C += inp @ W^T: one pass over out, not two. */
+    const int nt = loom_kern_nthreads((int64_t)N * OC, LOOM_KERN_PAR_MIN);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int n = 0; n < N; n++)
+      memcpy(out + (int64_t)n * OC, bias, (size_t)OC * sizeof(float));
+    beta = 1.0f;
+  }
+  loom_status st = loom_gemm(false, true, N, OC, C, 1.0f, inp, C > 0 ? C : 1,
+                             weight, C > 0 ? C : 1, beta, out, OC > 0 ? OC : 1);
+  return st == LOOM_OK ? st : loom_error_context(st, "linear forward");
+}
+
+/* dbias(OC) += sum over the N rows of dout(N, OC), in row order per column. */
+static void bias_grad(float *dbias, const float *dout, int N, int OC) {
+  const int blocks = (OC + LIN_COLS - 1) / LIN_COLS;
+  const int nt = loom_kern_nthreads((int64_t)N * OC, LOOM_KERN_PAR_MIN);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (int cb = 0; cb < blocks; cb++) {
+    const int c0 = cb * LIN_COLS;
+    const int w = OC - c0 < LIN_COLS ? OC - c0 : LIN_COLS;
+    float tot[LIN_COLS] = {0};
+    for (int n0 = 0; n0 < N; n0 += LIN_ROWS) {
+      const int n1 = n0 + LIN_ROWS < N ? n0 + LIN_ROWS : N;
+      float part[LIN_COLS] = {0};
+      for (int n = n0; n < n1; n++) {
+        const float *d = dout + (int64_t)n * OC + c0;
+        for (int j = 0; j < w; j++)
+          part[j] += d[j];
+      }
+      for (int j = 0; j < LIN_COLS; j++)
+        tot[j] += part[j];
+    }
+    for (int j = 0; j < w; j++)
+      dbias[c0 + j] += tot[j];
+  }
+}
+
+loom_status loom_linear_backward(float *dinp, float *dweight, float *dbias,
+                                 const float *dout, const float *inp,
+                                 const float *weight, int N, int C, int OC) {
+  if (N < 0 || C < 0 || OC < 0)
+    return loom_error(LOOM_ERR_INVALID_ARG, "linear: negative size");
+  const int ldc = C > 0 ? C : 1, ldo = OC > 0 ? OC : 1;
+  loom_status st;
+  if (dinp && /* dinp(N,C) += dout(N,OC) @ weight(OC,C) */
+      (st = loom_gemm(false, false, N, C, OC, 1.0f, dout, ldo, weight, ldc,
+                      1.0f, dinp, ldc)) != LOOM_OK)
+    return loom_error_context(st, "linear backward (dinp)");
+  if (dweight && /* dweight(OC,C) += dout^T @ inp(N,C) */
+      (st = loom_gemm(true, false, OC, C, N, 1.0f, dout, ldo, inp, ldc, 1.0f,
+                      dweight, ldc)) != LOOM_OK)
+    return loom_error_context(st, "linear backward (dweight)");
+  if (dbias)
+    bias_grad(dbias, dout, N, OC);
+  return LOOM_OK;
+}
