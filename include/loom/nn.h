@@ -26,6 +26,406 @@ typedef struct loom_param {
   bool decay; /* weight decay applies (false for biases and norms) */
 } loom_param;
 
+/* ============================================================== shapes */
+
+/* The shape and dtype of what flows between modules (no data). */
+typedef struct loom_shape {
+  loom_dtype dtype;
+  int ndim;
+  int64_t dim[LOOM_MAX_DIMS];
+} loom_shape;
+
+loom_shape loom_shape_make(loom_dtype dtype, int ndim, const int64_t *dim);
+int64_t loom_shape_numel(const loom_shape *s);
+bool loom_shape_equal(const loom_shape *a, const loom_shape *b);
+/* Writes "f32(4,16,32)" into buf (always NUL-terminated); returns buf. */
+char *loom_shape_str(const loom_shape *s, char *buf, size_t size);
+
+/* ===================================================== parameter roles */
+
+/* What a parameter is for: chooses its initialisation and whether weight
+ * decay applies (WEIGHT and EMBEDDING decay, as nanoGPT decays every 2-D
+ * parameter; biases and norm parameters do not). */
+#define LOOM_PARAM_ROLE_LIST(X)                                                \
+  X(LOOM_ROLE_WEIGHT, "weight")                                                \
+  X(LOOM_ROLE_BIAS, "bias")                                                    \
+  X(LOOM_ROLE_NORM_WEIGHT, "norm_weight")                                      \
+  X(LOOM_ROLE_NORM_BIAS, "norm_bias")                                          \
+  X(LOOM_ROLE_EMBEDDING, "embedding")
+
+typedef enum {
+#define LOOM_X_ENUM(name, text) name,
+  LOOM_PARAM_ROLE_LIST(LOOM_X_ENUM)
+#undef LOOM_X_ENUM
+      LOOM_PARAM_ROLE_COUNT
+} loom_param_role;
+const char *loom_param_role_name(loom_param_role r);
+
+/* Weight initialisation schemes. Every parameter draws from its own
+ * counter-based stream keyed by (seed, parameter index), so values depend on
+ * nothing else (not on threads, ranks or the other parameters).
+ *   torch:     PyTorch's defaults. Linear/Conv weights kaiming_uniform with
+ *              a = sqrt(5), i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in)); biases
+ *              U(-1/sqrt(fan_in), 1/sqrt(fan_in)); embeddings N(0, 1); norms
+ *              weight 1, bias 0.
+ *   he_normal: Kaiming (He) normal for ReLU nets: weights
+ *              N(0, sqrt(2/fan_in)), biases 0, embeddings N(0, 1), norms 1/0.
+ *   gpt2:      GPT-2 / nanoGPT: weights and embeddings N(0, std) (std 0.02),
+ *              residual projections N(0, std/sqrt(2*n_layer)), biases 0,
+ *              norms 1/0. */
+#define LOOM_INIT_SCHEME_LIST(X)                                               \
+  X(LOOM_INIT_TORCH, "torch")                                                  \
+  X(LOOM_INIT_HE_NORMAL, "he_normal")                                          \
+  X(LOOM_INIT_GPT2, "gpt2")
+
+typedef enum {
+#define LOOM_X_ENUM(name, text) name,
+  LOOM_INIT_SCHEME_LIST(LOOM_X_ENUM)
+#undef LOOM_X_ENUM
+      LOOM_INIT_SCHEME_COUNT
+} loom_init_scheme;
+const char *loom_init_scheme_name(loom_init_scheme s);
+loom_status loom_init_scheme_parse(const char *name, loom_init_scheme *out);
+
+/* ============================================================= modules */
+
+/* A module is a struct whose first member is a loom_module, plus a static
+ * const table of operations (one file per module type). Composite modules
+ * (sequential, residual, transformer block) hold children and call them
+ * through loom_module_plan/forward/backward. The protocol:
+ *
+ *   params   lists the module's own parameters (loom_nn_visit_param, all
+ *            at once) and its children (loom_nn_visit_child), in forward
+ *            order. Called once, when a model is made.
+ *   plan     for an input shape: checks it (LOOM_ERR_INVALID_ARG with a
+ *            message naming the module), gives the output shape and takes
+ *            its buffers from the plan: `act` buffers live from forward to
+ *            backward (outputs, saved statistics), `scratch` buffers only
+ *            during one forward or backward call of this module (they are
+ *            shared with other modules). A plan runs twice: a counting pass
+ *            (loom_nn_plan_binding false, allocations return NULL) and a
+ *            binding pass over the arena; both must ask for the same sizes.
+ *   forward  reads `in` (planned shape), sets *out to its output (usually
+ *            an act buffer; a view of `in` is allowed) and keeps what
+ *            backward needs. `in` must stay unchanged until backward.
+ *   backward ADDS the gradient with respect to its input into `dinp`
+ *            (NULL when nobody needs it) and adds its parameters'
+ *            gradients into ctx->grads. `dout` is the gradient with respect
+ *            to its output.
+ *   free     frees the module and its children. */
+typedef struct loom_module loom_module;
+typedef struct loom_module_ops loom_module_ops;
+typedef struct loom_nn_plan loom_nn_plan;
+typedef struct loom_nn_visit loom_nn_visit;
+typedef struct loom_nn_ctx loom_nn_ctx;
+
+struct loom_module {
+  const loom_module_ops *ops;
+  char path[LOOM_PARAM_NAME_MAX]; /* "blocks.0.attn" once in a model */
+  int param_first;                /* index of its first own view; -1 */
+  int param_count;                /* its own parameters, not children's */
+  bool attached;                  /* has a parent or a model */
+  loom_shape in, out;             /* the planned shapes */
+};
+
+struct loom_module_ops {
+  const char *name; /* "linear" */
+  loom_status (*params)(loom_module *m, loom_nn_visit *v);
+  loom_status (*plan)(loom_module *m, loom_nn_plan *p, const loom_shape *in,
+                      loom_shape *out);
+  loom_status (*forward)(loom_module *m, loom_nn_ctx *ctx, const void *in,
+                         const float **out);
+  loom_status (*backward)(loom_module *m, loom_nn_ctx *ctx, const float *dout,
+                          float *dinp);
+  void (*free)(loom_module *m);
+};
+
+/* Called with a parameter's index in the model's views and its range of the
+ * flat gradient buffer once its gradient is final for this backward, in
+ * reverse forward order. An error stops backward and is returned by it. */
+typedef loom_status (*loom_grad_hook)(void *user, int index, int64_t offset,
+                                      int64_t numel);
+
+/* What forward and backward see: the flat buffers and the step's keys. */
+struct loom_nn_ctx {
+  float *params;            /* the flat parameter buffer */
+  float *grads;             /* the flat gradient buffer */
+  const loom_param *views;  /* the model's views */
+  bool training;            /* dropout on */
+  uint64_t seed;            /* the model's seed (dropout masks) */
+  uint64_t step;            /* loom_model_set_step */
+  uint64_t sample_base;     /* global index of this batch's first sample */
+  loom_grad_hook hook;
+  void *hook_user;
+};
+
+/* Values and gradient of the k-th own parameter of m (or of the module that
+ * owns a tied weight). */
+static inline float *loom_nn_param(const loom_nn_ctx *c, const loom_module *m,
+                                   int k) {
+  return c->params + c->views[m->param_first + k].offset;
+}
+static inline float *loom_nn_grad(const loom_nn_ctx *c, const loom_module *m,
+                                  int k) {
+  return c->grads + c->views[m->param_first + k].offset;
+}
+
+/* Calls through the table; plan records in/out on the module, backward then
+ * reports the module's own parameters to ctx->hook (reverse order). */
+loom_status loom_module_plan(loom_module *m, loom_nn_plan *p,
+                             const loom_shape *in, loom_shape *out);
+loom_status loom_module_forward(loom_module *m, loom_nn_ctx *ctx,
+                                const void *in, const float **out);
+loom_status loom_module_backward(loom_module *m, loom_nn_ctx *ctx,
+                                 const float *dout, float *dinp);
+/* Frees m and its children; NULL is a no-op. */
+void loom_module_free(loom_module *m);
+const char *loom_module_type(const loom_module *m);
+/* Activation bytes (act, kept from forward to backward) and the peak of
+ * scratch bytes m needs for input shape `in`; either pointer may be NULL.
+ * Only for a module not yet in a model or a parent (loom_model_act_bytes
+ * then). */
+loom_status loom_module_act_bytes(loom_module *m, const loom_shape *in,
+                                  size_t *act, size_t *scratch);
+/* Records "<path> (<type>): <message>" for status s and returns s. */
+loom_status loom_module_error(const loom_module *m, loom_status s,
+                              const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* For module authors: the base fields of a new module. */
+void loom_module_init_base(loom_module *m, const loom_module_ops *ops);
+
+/* Plan allocation (64-byte aligned; NULL in the counting pass). */
+void *loom_nn_plan_act(loom_nn_plan *p, size_t bytes);
+void *loom_nn_plan_scratch(loom_nn_plan *p, size_t bytes);
+/* Scratch is a stack: a composite takes its own scratch, then plans its
+ * children between mark and release so that siblings share what is above. */
+size_t loom_nn_plan_scratch_mark(const loom_nn_plan *p);
+void loom_nn_plan_scratch_release(loom_nn_plan *p, size_t mark);
+bool loom_nn_plan_binding(const loom_nn_plan *p);
+/* Output shape of m for `in` without touching any plan (a dry run). */
+loom_status loom_nn_plan_dry(loom_module *m, const loom_shape *in,
+                             loom_shape *out);
+
+/* Parameter listing. */
+typedef struct loom_param_spec {
+  const char *name; /* local: "weight" */
+  int ndim;
+  int64_t shape[LOOM_MAX_DIMS];
+  loom_param_role role;
+  int64_t fan_in;  /* for fan-in scaled initialisation */
+  bool resid_proj; /* a projection into the residual stream (GPT-2 init) */
+} loom_param_spec;
+loom_status loom_nn_visit_param(loom_nn_visit *v, loom_module *m,
+                                const loom_param_spec *spec);
+/* name "" keeps the parent's prefix (a transparent wrapper). */
+loom_status loom_nn_visit_child(loom_nn_visit *v, const char *name,
+                                loom_module *child);
+/* The view of the k-th own parameter of an already listed module (tied
+ * weights: the owner must come earlier in forward order). */
+loom_status loom_nn_visit_view(loom_nn_visit *v, const loom_module *owner,
+                               int k, const loom_param **view);
+/* A fresh id per random module (dropout), in forward order. */
+uint64_t loom_nn_visit_rng_id(loom_nn_visit *v);
+
+/* ---------------------------------------------------- the module types */
+
+/* Linear: (..., C) -> (..., OC), out = in @ weight(OC,C)^T + bias(OC).
+ * Parameters "weight" (OC,C), "bias" (OC). */
+loom_status loom_linear_new(loom_module **out, int C, int OC, bool bias);
+/* A linear layer without parameters of its own whose weight is the k-th
+ * parameter of `owner` (shape (OC,C)), e.g. a GPT's output layer tied to the
+ * token embedding (V,C). Its gradient adds into the owner's. No bias. */
+loom_status loom_linear_tied_new(loom_module **out, const loom_module *owner,
+                                 int k);
+/* Marks a linear layer as a residual projection (GPT-2 init scaling). */
+void loom_linear_set_resid_proj(loom_module *linear, bool on);
+
+/* Conv2d: (N,C,H,W) -> (N,OC,OH,OW), square kernel K, stride, zero padding.
+ * Parameters "weight" (OC,C,K,K), "bias" (OC). */
+loom_status loom_conv2d_new(loom_module **out, int C, int OC, int K,
+                            int stride, int pad, bool bias);
+/* MaxPool2d: (N,C,H,W) -> (N,C,(H-K)/S+1,(W-K)/S+1), no padding. */
+loom_status loom_maxpool2d_new(loom_module **out, int K, int S);
+/* Elementwise, any shape. GELU is the tanh form (GPT-2). */
+loom_status loom_relu_new(loom_module **out);
+loom_status loom_gelu_new(loom_module **out);
+/* LayerNorm over the last dimension C, eps 1e-5. Parameters "weight" (C)
+ * and, when bias, "bias" (C). */
+loom_status loom_layernorm_new(loom_module **out, int C, bool bias);
+/* Embedding: int32 ids (...) -> (..., C) with "tok.weight" (V,C). With
+ * T_max > 0 the input must be (B,T), T <= T_max, and a learned position
+ * embedding "pos.weight" (T_max,C) is added: out[b,t] = tok[id] + pos[t]. */
+loom_status loom_embedding_new(loom_module **out, int V, int C, int T_max);
+/* Causal multi-head self-attention: (B,T,C) -> (B,T,C); children "qkv"
+ * (linear C -> 3C) and "proj" (linear C -> C, a residual projection). */
+loom_status loom_attention_new(loom_module **out, int C, int NH, bool bias);
+/* MLP: (..., C) -> (..., C): children "fc" (C -> hidden), GELU, "proj"
+ * (hidden -> C, a residual projection), then dropout p when p > 0. */
+loom_status loom_mlp_new(loom_module **out, int C, int hidden, bool bias,
+                         float dropout);
+/* Pre-LN transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)); children
+ * "ln1", "attn", "ln2", "mlp" (hidden = mlp_ratio * C); dropout p after the
+ * attention projection and after the MLP when p > 0. */
+loom_status loom_transformer_block_new(loom_module **out, int C, int NH,
+                                       int mlp_ratio, bool bias,
+                                       float dropout);
+/* Dropout p in [0, 1): in training, out = in * mask / (1-p) with the mask of
+ * sample s drawn from Philox keyed by (model seed, module, step, s), so it
+ * depends on neither thread count nor rank; in eval, out = in. Dimension 0
+ * of the input is the sample. */
+loom_status loom_dropout_new(loom_module **out, float p);
+/* Flatten: (N, d1, d2, ...) -> (N, d1*d2*...), no copy. */
+loom_status loom_flatten_new(loom_module **out);
+/* Sequential: children in order. loom_sequential_add takes ownership of
+ * child (it is freed on failure too, unless it already had a parent). */
+loom_status loom_sequential_new(loom_module **out);
+loom_status loom_sequential_add(loom_module *seq, const char *name,
+                                loom_module *child);
+int loom_sequential_count(const loom_module *seq);
+/* Residual: out = in + f(in); f's output shape must equal its input's.
+ * Takes ownership of f (freed on failure too); f's names are not prefixed. */
+loom_status loom_residual_new(loom_module **out, loom_module *f);
+
+/* ============================================================== models */
+
+typedef struct loom_model loom_model;
+
+typedef struct loom_model_opts {
+  uint64_t seed;           /* initialisation and dropout masks */
+  loom_init_scheme init;   /* default torch */
+  float init_std;          /* gpt2: 0.02 */
+  int init_n_layer;        /* gpt2: residual projections / sqrt(2 n); 0 off */
+} loom_model_opts;
+loom_model_opts loom_model_opts_default(void);
+
+/* Makes a model of `root` (taken over: freed with the model, and on
+ * failure): lists the parameters in forward order, allocates the flat
+ * parameter and gradient buffers (gradients zeroed) and initialises the
+ * parameters. opts NULL means loom_model_opts_default(). */
+loom_status loom_model_new(loom_model **out, loom_module *root,
+                           const loom_model_opts *opts);
+void loom_model_free(loom_model *m);
+
+float *loom_model_params(loom_model *m);
+float *loom_model_grads(loom_model *m);
+int64_t loom_model_num_params(const loom_model *m);
+int loom_model_num_views(const loom_model *m);
+const loom_param *loom_model_view(const loom_model *m, int i);
+/* Index of the view named `name`, or LOOM_ERR_INVALID_ARG. */
+loom_status loom_model_find(const loom_model *m, const char *name, int *index);
+loom_param_role loom_model_view_role(const loom_model *m, int i);
+/* FNV-1a over every view (name, offset, numel, shape, decay): equal on
+ * ranks that built the same model. */
+uint64_t loom_model_layout_hash(const loom_model *m);
+loom_module *loom_model_root(loom_model *m);
+const loom_model_opts *loom_model_get_opts(const loom_model *m);
+
+/* Re-draws every parameter as loom_model_new did, with opts' scheme. */
+loom_status loom_model_init_params(loom_model *m, const loom_model_opts *opts);
+
+/* Sets every gradient to zero (one memset of the flat buffer). */
+void loom_model_zero_grad(loom_model *m);
+/* Backward adds into `grads` (numel floats) instead of the model's own
+ * buffer from now on; NULL restores the own buffer. */
+void loom_model_bind_grads(loom_model *m, float *grads);
+
+/* Training mode (default) or eval mode (dropout off). */
+void loom_model_set_training(loom_model *m, bool training);
+bool loom_model_training(const loom_model *m);
+/* Keys of the next forward's random draws: the optimizer step and the
+ * global index of the batch's first sample (rank-independent). */
+void loom_model_set_step(loom_model *m, uint64_t step, uint64_t sample_base);
+
+/* Sizes the activation arena for an input shape ahead of time (forward does
+ * it by itself; the arena only grows, so planning the largest batch first
+ * avoids any later allocation). */
+loom_status loom_model_plan(loom_model *m, const loom_shape *input);
+size_t loom_model_arena_bytes(const loom_model *m);
+/* The activation and scratch bytes the model needs for an input shape (the
+ * arena holds act + scratch + the output gradient); allocates nothing. */
+loom_status loom_model_act_bytes(loom_model *m, const loom_shape *input,
+                                 size_t *act, size_t *scratch);
+
+/* Runs forward on a contiguous input; *output becomes a view of the model's
+ * output (valid until the next forward). The input must stay unchanged
+ * until backward. */
+loom_status loom_model_forward(loom_model *m, const loom_tensor *input,
+                               loom_tensor *output);
+/* A view of the model's own buffer for the gradient of the output (the
+ * output's shape), for a loss to write into with no copy. */
+loom_status loom_model_output_grad(loom_model *m, loom_tensor *doutput);
+/* Backward of the last forward. doutput: the gradient of the output, or
+ * NULL for the buffer of loom_model_output_grad. Parameter gradients ADD
+ * into the gradient buffer (call zero_grad between steps; accumulation is
+ * free); the hook sees each parameter once, in reverse forward order, as
+ * soon as its gradient is final. dinput, when not NULL, receives (is
+ * overwritten with) the gradient with respect to a float input. */
+loom_status loom_model_backward(loom_model *m, const loom_tensor *doutput,
+                                loom_tensor *dinput);
+void loom_model_set_grad_hook(loom_model *m, loom_grad_hook fn, void *user);
+
+/* ========================================================== the loss */
+
+/* Softmax cross-entropy over logits (..., V) with int32 targets (one per
+ * row; -1 is ignored), mean over the rows that are not ignored. */
+typedef struct loom_xent loom_xent;
+typedef struct loom_xent_stats {
+  double loss;     /* mean over counted rows (0 when none) */
+  double loss_sum; /* sum over counted rows */
+  int64_t count;   /* rows with a target */
+  int64_t correct; /* rows whose argmax (first maximum) is the target */
+} loom_xent_stats;
+
+loom_status loom_xent_new(loom_xent **out);
+void loom_xent_free(loom_xent *x);
+/* Keeps what backward needs (buffers grow only when the rows grow). */
+loom_status loom_xent_forward(loom_xent *x, const loom_tensor *logits,
+                              const int32_t *targets, loom_xent_stats *stats);
+/* Overwrites dlogits (the logits' shape) with scale * d(mean loss)/dlogits;
+ * scale 1/k averages k accumulated micro-batches. */
+loom_status loom_xent_backward(loom_xent *x, loom_tensor *dlogits,
+                               float scale);
+
+/* ================================================== reference models */
+
+/* fashion-mlp: [flatten,] in -> hidden (ReLU) x n_hidden -> classes.
+ * Defaults 784, 512, 2, 10: 669,706 parameters; torch init. Input (N,784)
+ * or (N,1,28,28). Views "fc1.weight", "fc1.bias", ... "fc3.bias". */
+typedef struct loom_fashion_mlp_opts {
+  int in, hidden, n_hidden, classes;
+} loom_fashion_mlp_opts;
+loom_fashion_mlp_opts loom_fashion_mlp_opts_default(void);
+loom_status loom_fashion_mlp_new(loom_model **out,
+                                 const loom_fashion_mlp_opts *o,
+                                 const loom_model_opts *mo);
+
+/* fashion-cnn: conv K (c1) ReLU maxpool P, conv K (c2) ReLU maxpool P,
+ * flatten, linear -> classes; no padding. Defaults (1,28,28), 32, 64, 5, 2,
+ * 10: 62,346 parameters; torch init. Input (N,C,H,W). */
+typedef struct loom_fashion_cnn_opts {
+  int in_c, in_h, in_w, c1, c2, kernel, pool, classes;
+} loom_fashion_cnn_opts;
+loom_fashion_cnn_opts loom_fashion_cnn_opts_default(void);
+loom_status loom_fashion_cnn_new(loom_model **out,
+                                 const loom_fashion_cnn_opts *o,
+                                 const loom_model_opts *mo);
+
+/* kjv-gpt: a byte-level GPT. Token + learned position embedding, n_layer
+ * pre-LN blocks, final LayerNorm, output layer tied to the token embedding.
+ * Defaults: vocab 256, context 128, 4 layers, d_model 128, 4 heads, MLP 4x,
+ * biases on, dropout 0: 842,496 parameters. Input (B,T) int32 with
+ * T <= context; output logits (B,T,vocab). Model opts NULL gives gpt2 init
+ * (std 0.02, residual scaling by n_layer). */
+typedef struct loom_gpt_opts {
+  int vocab, context, n_layer, d_model, n_head, mlp_ratio;
+  bool bias;
+  float dropout;
+} loom_gpt_opts;
+loom_gpt_opts loom_gpt_opts_default(void);
+loom_status loom_gpt_new(loom_model **out, const loom_gpt_opts *o,
+                         const loom_model_opts *mo);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,114 @@
+/* Causal multi-head self-attention: qkv projection, the attention kernel,
+ * output projection. */
+#include "nn/internal.h"
+
+typedef struct attention {
+  loom_module base;
+  int C, NH;
+  loom_module *qkv, *proj; /* children: C -> 3C, C -> C */
+  int B, T;
+  const float *qkvo; /* (B,T,3C) the qkv child's output */
+  float *att;        /* (B,NH,T,T) softmax probabilities */
+  float *y;          /* (B,T,C) heads concatenated */
+  float *dy;         /* (B,T,C) scratch */
+  float *dqkv;       /* (B,T,3C) scratch */
+  float *datt;       /* (B,NH,T,T) scratch of the kernel */
+} attention;
+
+static loom_status attention_params(loom_module *m, loom_nn_visit *v) {
+  attention *a = (attention *)m;
+  LOOM_TRY(loom_nn_visit_child(v, "qkv", a->qkv));
+  return loom_nn_visit_child(v, "proj", a->proj);
+}
+
+static loom_status attention_plan(loom_module *m, loom_nn_plan *p,
+                                  const loom_shape *in, loom_shape *out) {
+  attention *a = (attention *)m;
+  char buf[96];
+  LOOM_TRY(loom_nn_check_f32(m, in, 3, a->C));
+  if (in->ndim != 3)
+    return loom_module_error(m, LOOM_ERR_INVALID_ARG,
+                             "expects (B,T,%d), got %s", a->C,
+                             loom_shape_str(in, buf, sizeof buf));
+  int64_t B = in->dim[0], T = in->dim[1];
+  LOOM_TRY(loom_nn_check_int(m, "qkv", B * T * 3 * a->C));
+  LOOM_TRY(loom_nn_check_int(m, "attention matrix", B * a->NH * T * T));
+  a->B = (int)B;
+  a->T = (int)T;
+  int64_t BTC = B * T * a->C, BHTT = B * a->NH * T * T;
+  size_t mark = loom_nn_plan_scratch_mark(p);
+  a->dy = loom_nn_plan_scratch_floats(p, BTC);
+  a->dqkv = loom_nn_plan_scratch_floats(p, 3 * BTC);
+  a->datt = loom_nn_plan_scratch_floats(p, BHTT);
+  loom_shape s;
+  size_t kid = loom_nn_plan_scratch_mark(p);
+  LOOM_TRY(loom_module_plan(a->qkv, p, in, &s));
+  loom_nn_plan_scratch_release(p, kid);
+  a->att = loom_nn_plan_floats(p, BHTT);
+  a->y = loom_nn_plan_floats(p, BTC);
+  LOOM_TRY(loom_module_plan(a->proj, p, in, out));
+  loom_nn_plan_scratch_release(p, mark);
+  return LOOM_OK;
+}
+
+static loom_status attention_forward(loom_module *m, loom_nn_ctx *ctx,
+                                     const void *in, const float **out) {
+  attention *a = (attention *)m;
+  LOOM_TRY(loom_module_forward(a->qkv, ctx, in, &a->qkvo));
+  LOOM_TRY(loom_attention_forward(a->y, a->att, a->qkvo, a->B, a->T, a->C,
+                                  a->NH));
+  return loom_module_forward(a->proj, ctx, a->y, out);
+}
+
+static loom_status attention_backward(loom_module *m, loom_nn_ctx *ctx,
+                                      const float *dout, float *dinp) {
+  attention *a = (attention *)m;
+  int64_t BTC = (int64_t)a->B * a->T * a->C;
+  memset(a->dy, 0, (size_t)BTC * sizeof(float));
+  LOOM_TRY(loom_module_backward(a->proj, ctx, dout, a->dy));
+  memset(a->dqkv, 0, (size_t)(3 * BTC) * sizeof(float));
+  LOOM_TRY(loom_attention_backward(a->dqkv, a->datt, a->dy, a->qkvo, a->att,
+                                   a->B, a->T, a->C, a->NH));
+  return loom_module_backward(a->qkv, ctx, a->dqkv, dinp);
+}
+
+static void attention_free(loom_module *m) {
+  attention *a = (attention *)m;
+  loom_module_free(a->qkv);
+  loom_module_free(a->proj);
+  loom_free(a);
+}
+
+static const loom_module_ops attention_ops = {
+    .name = "attention",
+    .params = attention_params,
+    .plan = attention_plan,
+    .forward = attention_forward,
+    .backward = attention_backward,
+    .free = attention_free,
+};
+
+loom_status loom_attention_new(loom_module **out, int C, int NH, bool bias) {
+  *out = NULL;
+  if (C <= 0 || NH <= 0 || C % NH != 0)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "attention: width %d must be a positive multiple of "
+                      "the %d heads",
+                      C, NH);
+  attention *a = loom_calloc(1, sizeof *a);
+  if (!a)
+    return LOOM_ERR_NOMEM;
+  loom_module_init_base(&a->base, &attention_ops);
+  a->C = C;
+  a->NH = NH;
+  loom_status st;
+  LOOM_TRY_GOTO(st, loom_linear_new(&a->qkv, C, 3 * C, bias), fail);
+  LOOM_TRY_GOTO(st, loom_linear_new(&a->proj, C, C, bias), fail);
+  loom_linear_set_resid_proj(a->proj, true);
+  a->qkv->attached = a->proj->attached = true;
+  *out = &a->base;
+  return LOOM_OK;
+fail:
+  attention_free(&a->base);
+  return st;
+}

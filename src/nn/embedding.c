@@ -1,0 +1,120 @@
+/* Token embedding, optionally plus a learned position embedding. */
+#include "nn/internal.h"
+
+typedef struct embedding {
+  loom_module base;
+  int V, C, T_max;
+  int N, B, T;
+  const int32_t *ids; /* (N) = (B,T), kept from forward */
+  float *out;         /* (N,C) */
+} embedding;
+
+static loom_status embedding_params(loom_module *m, loom_nn_visit *v) {
+  embedding *e = (embedding *)m;
+  loom_param_spec tok = {.name = "tok.weight",
+                         .ndim = 2,
+                         .shape = {e->V, e->C},
+                         .role = LOOM_ROLE_EMBEDDING,
+                         .fan_in = e->C};
+  LOOM_TRY(loom_nn_visit_param(v, m, &tok));
+  if (e->T_max > 0) {
+    loom_param_spec pos = {.name = "pos.weight",
+                           .ndim = 2,
+                           .shape = {e->T_max, e->C},
+                           .role = LOOM_ROLE_EMBEDDING,
+                           .fan_in = e->C};
+    LOOM_TRY(loom_nn_visit_param(v, m, &pos));
+  }
+  return LOOM_OK;
+}
+
+static loom_status embedding_plan(loom_module *m, loom_nn_plan *p,
+                                  const loom_shape *in, loom_shape *out) {
+  embedding *e = (embedding *)m;
+  char buf[96];
+  if (in->dtype != LOOM_I32 || in->ndim < 1 || in->ndim >= LOOM_MAX_DIMS)
+    return loom_module_error(m, LOOM_ERR_INVALID_ARG,
+                             "expects int32 ids with 1 to %d dimensions, got "
+                             "%s",
+                             LOOM_MAX_DIMS - 1,
+                             loom_shape_str(in, buf, sizeof buf));
+  if (e->T_max > 0 && (in->ndim != 2 || in->dim[1] > e->T_max))
+    return loom_module_error(m, LOOM_ERR_INVALID_ARG,
+                             "expects ids (B,T) with T <= %d, got %s",
+                             e->T_max, loom_shape_str(in, buf, sizeof buf));
+  int64_t N = loom_shape_numel(in);
+  LOOM_TRY(loom_nn_check_int(m, "output", N * e->C));
+  e->N = (int)N;
+  e->B = (int)in->dim[0];
+  e->T = in->ndim == 2 ? (int)in->dim[1] : 1;
+  *out = *in;
+  out->dtype = LOOM_F32;
+  out->dim[out->ndim++] = e->C;
+  e->out = loom_nn_plan_floats(p, N * e->C);
+  return LOOM_OK;
+}
+
+static loom_status embedding_forward(loom_module *m, loom_nn_ctx *ctx,
+                                     const void *in, const float **out) {
+  embedding *e = (embedding *)m;
+  const int32_t *ids = in;
+  /* An id out of range would read outside the table: corrupt data must be
+   * an error, not a crash. */
+  for (int i = 0; i < e->N; i++)
+    if ((uint32_t)ids[i] >= (uint32_t)e->V)
+      return loom_module_error(m, LOOM_ERR_INVALID_ARG,
+                               "id %d at position %d outside [0, %d)", ids[i],
+                               i, e->V);
+  e->ids = ids;
+  loom_embedding_forward(e->out, ids, loom_nn_param(ctx, m, 0), e->N, e->C);
+  if (e->T_max > 0) {
+    const float *pos = loom_nn_param(ctx, m, 1); /* (T_max,C) */
+    for (int b = 0; b < e->B; b++)
+      loom_accumulate(e->out + (int64_t)b * e->T * e->C, pos,
+                      (int64_t)e->T * e->C);
+  }
+  *out = e->out;
+  return LOOM_OK;
+}
+
+static loom_status embedding_backward(loom_module *m, loom_nn_ctx *ctx,
+                                      const float *dout, float *dinp) {
+  embedding *e = (embedding *)m;
+  (void)dinp; /* ids have no gradient */
+  loom_embedding_backward(loom_nn_grad(ctx, m, 0), dout, e->ids, e->N, e->C);
+  if (e->T_max > 0) {
+    float *dpos = loom_nn_grad(ctx, m, 1);
+    for (int b = 0; b < e->B; b++)
+      loom_accumulate(dpos, dout + (int64_t)b * e->T * e->C,
+                      (int64_t)e->T * e->C);
+  }
+  return LOOM_OK;
+}
+
+static void embedding_free(loom_module *m) { loom_free(m); }
+
+static const loom_module_ops embedding_ops = {
+    .name = "embedding",
+    .params = embedding_params,
+    .plan = embedding_plan,
+    .forward = embedding_forward,
+    .backward = embedding_backward,
+    .free = embedding_free,
+};
+
+loom_status loom_embedding_new(loom_module **out, int V, int C, int T_max) {
+  *out = NULL;
+  if (V <= 0 || C <= 0 || T_max < 0)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "embedding: bad sizes (vocab %d, dim %d, positions %d)",
+                      V, C, T_max);
+  embedding *e = loom_calloc(1, sizeof *e);
+  if (!e)
+    return LOOM_ERR_NOMEM;
+  loom_module_init_base(&e->base, &embedding_ops);
+  e->V = V;
+  e->C = C;
+  e->T_max = T_max;
+  *out = &e->base;
+  return LOOM_OK;
+}

@@ -1,0 +1,66 @@
+/* Private to the nn layer: the plan and visitor structs and small helpers
+ * shared by the module files. */
+#ifndef LOOM_NN_INTERNAL_H
+#define LOOM_NN_INTERNAL_H
+
+#include <string.h>
+
+#include "loom/kernels.h"
+#include "loom/nn.h"
+
+/* Activations are carved from one arena: [act region | scratch region].
+ * In the counting pass base is NULL and only the sizes move. */
+struct loom_nn_plan {
+  char *base;          /* NULL while counting */
+  size_t act_used;     /* bytes of act handed out */
+  size_t act_total;    /* size of the act region (binding pass) */
+  size_t scratch_top;  /* current top of the scratch stack */
+  size_t scratch_peak; /* highest top seen */
+  size_t scratch_cap;  /* size of the scratch region (binding pass) */
+};
+
+/* One parameter as listed, before the flat buffers exist. */
+typedef struct loom_nn_entry {
+  loom_param view;
+  loom_param_role role;
+  int64_t fan_in;
+  bool resid_proj;
+} loom_nn_entry;
+
+struct loom_nn_visit {
+  loom_nn_entry *entries; /* (count) */
+  int count, cap;
+  int64_t numel;                    /* elements listed so far */
+  char prefix[LOOM_PARAM_NAME_MAX]; /* path of the module being listed */
+  uint64_t rng_ids;
+  const loom_module *last_owner; /* module whose params came last */
+};
+
+void loom_nn_visit_init(loom_nn_visit *v);
+void loom_nn_visit_release(loom_nn_visit *v);
+/* Lists root's parameters (root's path becomes ""). */
+loom_status loom_nn_visit_root(loom_nn_visit *v, loom_module *root);
+
+/* Checks a float input whose last dimension must be C (C <= 0: any). */
+loom_status loom_nn_check_f32(const loom_module *m, const loom_shape *in,
+                              int min_ndim, int64_t C);
+/* numel fits the int dimensions of the kernels. */
+loom_status loom_nn_check_int(const loom_module *m, const char *what,
+                              int64_t n);
+
+/* Rows of a (..., C) shape: the product of all but the last dimension. */
+static inline int64_t loom_nn_rows(const loom_shape *s) {
+  int64_t n = 1;
+  for (int i = 0; i + 1 < s->ndim; i++)
+    n *= s->dim[i];
+  return n;
+}
+
+static inline float *loom_nn_plan_floats(loom_nn_plan *p, int64_t n) {
+  return (float *)loom_nn_plan_act(p, (size_t)n * sizeof(float));
+}
+static inline float *loom_nn_plan_scratch_floats(loom_nn_plan *p, int64_t n) {
+  return (float *)loom_nn_plan_scratch(p, (size_t)n * sizeof(float));
+}
+
+#endif /* LOOM_NN_INTERNAL_H */

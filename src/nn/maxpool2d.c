@@ -1,0 +1,86 @@
+/* Max pooling over (N,C,H,W), no padding. */
+#include "nn/internal.h"
+
+typedef struct maxpool2d {
+  loom_module base;
+  int K, S;
+  int N, C, H, W;
+  float *out;      /* (N,C,OH,OW) */
+  int32_t *argmax; /* (N,C,OH,OW) */
+} maxpool2d;
+
+static loom_status maxpool2d_params(loom_module *m, loom_nn_visit *v) {
+  (void)m;
+  (void)v;
+  return LOOM_OK;
+}
+
+static loom_status maxpool2d_plan(loom_module *m, loom_nn_plan *p,
+                                  const loom_shape *in, loom_shape *out) {
+  maxpool2d *mp = (maxpool2d *)m;
+  char buf[96];
+  LOOM_TRY(loom_nn_check_f32(m, in, 4, 0));
+  if (in->ndim != 4 || in->dim[2] < mp->K || in->dim[3] < mp->K)
+    return loom_module_error(m, LOOM_ERR_INVALID_ARG,
+                             "expects (N,C,H,W) with H,W >= %d, got %s", mp->K,
+                             loom_shape_str(in, buf, sizeof buf));
+  LOOM_TRY(loom_nn_check_int(m, "input", loom_shape_numel(in)));
+  mp->N = (int)in->dim[0];
+  mp->C = (int)in->dim[1];
+  mp->H = (int)in->dim[2];
+  mp->W = (int)in->dim[3];
+  int64_t dims[4] = {mp->N, mp->C, (mp->H - mp->K) / mp->S + 1,
+                     (mp->W - mp->K) / mp->S + 1};
+  *out = loom_shape_make(LOOM_F32, 4, dims);
+  int64_t n = loom_shape_numel(out);
+  mp->out = loom_nn_plan_floats(p, n);
+  mp->argmax = loom_nn_plan_act(p, (size_t)n * sizeof(int32_t));
+  return LOOM_OK;
+}
+
+static loom_status maxpool2d_forward(loom_module *m, loom_nn_ctx *ctx,
+                                     const void *in, const float **out) {
+  maxpool2d *mp = (maxpool2d *)m;
+  (void)ctx;
+  loom_maxpool2d_forward(mp->out, mp->argmax, in, mp->N, mp->C, mp->H, mp->W,
+                         mp->K, mp->S);
+  *out = mp->out;
+  return LOOM_OK;
+}
+
+static loom_status maxpool2d_backward(loom_module *m, loom_nn_ctx *ctx,
+                                      const float *dout, float *dinp) {
+  maxpool2d *mp = (maxpool2d *)m;
+  (void)ctx;
+  if (dinp)
+    loom_maxpool2d_backward(dinp, dout, mp->argmax, mp->N, mp->C, mp->H,
+                            mp->W, mp->K, mp->S);
+  return LOOM_OK;
+}
+
+static void maxpool2d_free(loom_module *m) { loom_free(m); }
+
+static const loom_module_ops maxpool2d_ops = {
+    .name = "maxpool2d",
+    .params = maxpool2d_params,
+    .plan = maxpool2d_plan,
+    .forward = maxpool2d_forward,
+    .backward = maxpool2d_backward,
+    .free = maxpool2d_free,
+};
+
+loom_status loom_maxpool2d_new(loom_module **out, int K, int S) {
+  *out = NULL;
+  if (K <= 0 || S <= 0)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "maxpool2d: kernel %d and stride %d must be positive", K,
+                      S);
+  maxpool2d *mp = loom_calloc(1, sizeof *mp);
+  if (!mp)
+    return LOOM_ERR_NOMEM;
+  loom_module_init_base(&mp->base, &maxpool2d_ops);
+  mp->K = K;
+  mp->S = S;
+  *out = &mp->base;
+  return LOOM_OK;
+}

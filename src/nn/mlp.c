@@ -1,0 +1,121 @@
+/* MLP of a transformer block: linear, GELU, linear, optional dropout. */
+#include "nn/internal.h"
+
+typedef struct mlp {
+  loom_module base;
+  int C, H;
+  loom_module *fc, *proj, *drop; /* drop may be NULL */
+  int64_t N;
+  const float *h; /* (N,H) fc output */
+  float *g;       /* (N,H) GELU output */
+  float *dg;      /* (N,H) scratch */
+  float *dh;      /* (N,H) scratch */
+  float *dd;      /* (N,C) scratch, with dropout */
+} mlp;
+
+static loom_status mlp_params(loom_module *m, loom_nn_visit *v) {
+  mlp *p = (mlp *)m;
+  LOOM_TRY(loom_nn_visit_child(v, "fc", p->fc));
+  LOOM_TRY(loom_nn_visit_child(v, "proj", p->proj));
+  if (p->drop)
+    LOOM_TRY(loom_nn_visit_child(v, "drop", p->drop));
+  return LOOM_OK;
+}
+
+static loom_status mlp_plan(loom_module *m, loom_nn_plan *pl,
+                            const loom_shape *in, loom_shape *out) {
+  mlp *p = (mlp *)m;
+  LOOM_TRY(loom_nn_check_f32(m, in, 1, p->C));
+  p->N = loom_nn_rows(in);
+  int64_t NH = p->N * p->H;
+  size_t mark = loom_nn_plan_scratch_mark(pl);
+  p->dg = loom_nn_plan_scratch_floats(pl, NH);
+  p->dh = loom_nn_plan_scratch_floats(pl, NH);
+  p->dd = p->drop ? loom_nn_plan_scratch_floats(pl, p->N * p->C) : NULL;
+  loom_shape s;
+  size_t kid = loom_nn_plan_scratch_mark(pl);
+  LOOM_TRY(loom_module_plan(p->fc, pl, in, &s));
+  loom_nn_plan_scratch_release(pl, kid);
+  p->g = loom_nn_plan_floats(pl, NH);
+  LOOM_TRY(loom_module_plan(p->proj, pl, &s, out));
+  loom_nn_plan_scratch_release(pl, kid);
+  if (p->drop)
+    LOOM_TRY(loom_module_plan(p->drop, pl, out, out));
+  loom_nn_plan_scratch_release(pl, mark);
+  return LOOM_OK;
+}
+
+static loom_status mlp_forward(loom_module *m, loom_nn_ctx *ctx,
+                               const void *in, const float **out) {
+  mlp *p = (mlp *)m;
+  LOOM_TRY(loom_module_forward(p->fc, ctx, in, &p->h));
+  loom_gelu_forward(p->g, p->h, p->N * p->H);
+  LOOM_TRY(loom_module_forward(p->proj, ctx, p->g, out));
+  if (p->drop)
+    LOOM_TRY(loom_module_forward(p->drop, ctx, *out, out));
+  return LOOM_OK;
+}
+
+static loom_status mlp_backward(loom_module *m, loom_nn_ctx *ctx,
+                                const float *dout, float *dinp) {
+  mlp *p = (mlp *)m;
+  int64_t NH = p->N * p->H;
+  if (p->drop) {
+    memset(p->dd, 0, (size_t)(p->N * p->C) * sizeof(float));
+    LOOM_TRY(loom_module_backward(p->drop, ctx, dout, p->dd));
+    dout = p->dd;
+  }
+  memset(p->dg, 0, (size_t)NH * sizeof(float));
+  LOOM_TRY(loom_module_backward(p->proj, ctx, dout, p->dg));
+  memset(p->dh, 0, (size_t)NH * sizeof(float));
+  loom_gelu_backward(p->dh, p->h, p->dg, NH);
+  return loom_module_backward(p->fc, ctx, p->dh, dinp);
+}
+
+static void mlp_free(loom_module *m) {
+  mlp *p = (mlp *)m;
+  loom_module_free(p->fc);
+  loom_module_free(p->proj);
+  loom_module_free(p->drop);
+  loom_free(p);
+}
+
+static const loom_module_ops mlp_ops = {
+    .name = "mlp",
+    .params = mlp_params,
+    .plan = mlp_plan,
+    .forward = mlp_forward,
+    .backward = mlp_backward,
+    .free = mlp_free,
+};
+
+loom_status loom_mlp_new(loom_module **out, int C, int hidden, bool bias,
+                         float dropout) {
+  *out = NULL;
+  if (C <= 0 || hidden <= 0)
+    return loom_error(LOOM_ERR_INVALID_ARG, "mlp: bad sizes (%d, %d)", C,
+                      hidden);
+  if (!(dropout >= 0.0f && dropout < 1.0f))
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "mlp: dropout %g outside [0, 1)", (double)dropout);
+  mlp *p = loom_calloc(1, sizeof *p);
+  if (!p)
+    return LOOM_ERR_NOMEM;
+  loom_module_init_base(&p->base, &mlp_ops);
+  p->C = C;
+  p->H = hidden;
+  loom_status st;
+  LOOM_TRY_GOTO(st, loom_linear_new(&p->fc, C, hidden, bias), fail);
+  LOOM_TRY_GOTO(st, loom_linear_new(&p->proj, hidden, C, bias), fail);
+  loom_linear_set_resid_proj(p->proj, true);
+  p->fc->attached = p->proj->attached = true;
+  if (dropout > 0.0f) {
+    LOOM_TRY_GOTO(st, loom_dropout_new(&p->drop, dropout), fail);
+    p->drop->attached = true;
+  }
+  *out = &p->base;
+  return LOOM_OK;
+fail:
+  mlp_free(&p->base);
+  return st;
+}

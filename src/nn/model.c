@@ -1,0 +1,407 @@
+/* Models: one flat parameter buffer and one flat gradient buffer in forward
+ * order, parameter views, initialisation, the activation arena, forward and
+ * backward with the gradient hook. */
+#include "nn/internal.h"
+
+#include <math.h>
+
+/* "INIT": the purpose word of initialisation streams. */
+#define INIT_PURPOSE 0x494e495400000000ULL
+
+struct loom_model {
+  loom_module *root;
+  loom_model_opts opts;
+  int nviews;
+  loom_param *views;      /* (nviews) */
+  loom_nn_entry *entries; /* (nviews) roles and fan-ins for init */
+  int64_t numel;
+  float *params;    /* (numel) */
+  float *own_grads; /* (numel) */
+  float *grads;     /* own_grads or a bound buffer */
+  uint64_t layout_hash;
+  /* activations */
+  char *arena; /* [act | scratch] */
+  size_t arena_cap;
+  bool planned, have_forward;
+  loom_shape in_shape, out_shape;
+  float *dout;      /* (out numel) gradient of the output, in the arena */
+  const float *out; /* the last forward's output */
+  /* step */
+  bool training;
+  uint64_t step, sample_base;
+  loom_grad_hook hook;
+  void *hook_user;
+};
+
+loom_model_opts loom_model_opts_default(void) {
+  loom_model_opts o = {.seed = 1337,
+                       .init = LOOM_INIT_TORCH,
+                       .init_std = 0.02f,
+                       .init_n_layer = 0};
+  return o;
+}
+
+/* ------------------------------------------------------- initialisation */
+
+static void init_one(float *w, const loom_nn_entry *e, int index,
+                     const loom_model_opts *o) {
+  int64_t n = e->view.numel;
+  loom_rng r = loom_rng_init(
+      o->seed, loom_rng_stream_id(INIT_PURPOSE, (uint64_t)index, 0));
+  float bound = (float)(1.0 / sqrt((double)e->fan_in));
+  switch (e->role) {
+  case LOOM_ROLE_NORM_WEIGHT:
+    for (int64_t i = 0; i < n; i++)
+      w[i] = 1.0f;
+    return;
+  case LOOM_ROLE_NORM_BIAS:
+    memset(w, 0, (size_t)n * sizeof(float));
+    return;
+  case LOOM_ROLE_EMBEDDING:
+    loom_rng_fill_normal(&r, w, (size_t)n, 0.0f,
+                         o->init == LOOM_INIT_GPT2 ? o->init_std : 1.0f);
+    return;
+  case LOOM_ROLE_BIAS:
+    if (o->init == LOOM_INIT_TORCH)
+      loom_rng_fill_uniform(&r, w, (size_t)n, -bound, bound);
+    else
+      memset(w, 0, (size_t)n * sizeof(float));
+    return;
+  case LOOM_ROLE_WEIGHT:
+  default:
+    if (o->init == LOOM_INIT_TORCH) {
+      /* kaiming_uniform(a = sqrt(5)): gain sqrt(2/(1+5)), bound
+       * gain*sqrt(3/fan_in) = 1/sqrt(fan_in). */
+      loom_rng_fill_uniform(&r, w, (size_t)n, -bound, bound);
+    } else if (o->init == LOOM_INIT_HE_NORMAL) {
+      loom_rng_fill_normal(&r, w, (size_t)n, 0.0f,
+                           (float)sqrt(2.0 / (double)e->fan_in));
+    } else {
+      float std = o->init_std;
+      if (e->resid_proj && o->init_n_layer > 0)
+        std = (float)(std / sqrt(2.0 * o->init_n_layer));
+      loom_rng_fill_normal(&r, w, (size_t)n, 0.0f, std);
+    }
+    return;
+  }
+}
+
+static loom_status check_opts(const loom_model_opts *o) {
+  if ((unsigned)o->init >= LOOM_INIT_SCHEME_COUNT)
+    return loom_error(LOOM_ERR_INVALID_ARG, "model: unknown init scheme %d",
+                      (int)o->init);
+  if (!(o->init_std > 0.0f) || o->init_n_layer < 0)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "model: init std %g and n_layer %d must be positive",
+                      (double)o->init_std, o->init_n_layer);
+  return LOOM_OK;
+}
+
+loom_status loom_model_init_params(loom_model *m, const loom_model_opts *o) {
+  if (!o)
+    o = &m->opts;
+  LOOM_TRY(check_opts(o));
+  m->opts = *o;
+  for (int i = 0; i < m->nviews; i++)
+    init_one(m->params + m->views[i].offset, &m->entries[i], i, o);
+  return LOOM_OK;
+}
+
+/* ----------------------------------------------------------- creation */
+
+static uint64_t hash_layout(const loom_param *v, int n) {
+  uint64_t h = LOOM_HASH64_INIT;
+  int32_t count = n;
+  h = loom_hash64(h, &count, sizeof count);
+  for (int i = 0; i < n; i++) {
+    h = loom_hash64(h, v[i].name, strlen(v[i].name) + 1);
+    h = loom_hash64(h, &v[i].offset, sizeof v[i].offset);
+    h = loom_hash64(h, &v[i].numel, sizeof v[i].numel);
+    int32_t nd = v[i].ndim;
+    h = loom_hash64(h, &nd, sizeof nd);
+    h = loom_hash64(h, v[i].shape, (size_t)v[i].ndim * sizeof(int64_t));
+    uint8_t d = v[i].decay;
+    h = loom_hash64(h, &d, 1);
+  }
+  return h;
+}
+
+loom_status loom_model_new(loom_model **out, loom_module *root,
+                           const loom_model_opts *opts) {
+  *out = NULL;
+  if (!root)
+    return loom_error(LOOM_ERR_INVALID_ARG, "model: no root module");
+  if (root->attached)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "model: the root module (%s) already has an owner",
+                      root->ops->name);
+  loom_model_opts o = opts ? *opts : loom_model_opts_default();
+  loom_status st = check_opts(&o);
+  loom_nn_visit v;
+  loom_nn_visit_init(&v);
+  loom_model *m = NULL;
+  if (st != LOOM_OK)
+    goto fail;
+  LOOM_TRY_GOTO(st, loom_nn_visit_root(&v, root), fail);
+  for (int i = 0; i < v.count; i++)
+    for (int j = 0; j < i; j++)
+      if (strcmp(v.entries[i].view.name, v.entries[j].view.name) == 0) {
+        st = loom_error(LOOM_ERR_INVALID_ARG,
+                        "model: two parameters are named '%s'",
+                        v.entries[i].view.name);
+        goto fail;
+      }
+  m = loom_calloc(1, sizeof *m);
+  if (!m) {
+    st = LOOM_ERR_NOMEM;
+    goto fail;
+  }
+  m->root = root;
+  root->attached = true;
+  m->opts = o;
+  m->training = true;
+  m->nviews = v.count;
+  m->numel = v.numel;
+  m->views = loom_malloc((size_t)(v.count ? v.count : 1) * sizeof *m->views);
+  m->params = loom_malloc((size_t)m->numel * sizeof(float));
+  m->own_grads = loom_calloc((size_t)(m->numel ? m->numel : 1), sizeof(float));
+  if (!m->views || !m->params || !m->own_grads) {
+    st = LOOM_ERR_NOMEM;
+    goto fail;
+  }
+  m->grads = m->own_grads;
+  for (int i = 0; i < v.count; i++)
+    m->views[i] = v.entries[i].view;
+  m->entries = v.entries; /* taken over */
+  v.entries = NULL;
+  m->layout_hash = hash_layout(m->views, m->nviews);
+  LOOM_TRY_GOTO(st, loom_model_init_params(m, &o), fail);
+  loom_nn_visit_release(&v);
+  *out = m;
+  return LOOM_OK;
+fail:
+  loom_nn_visit_release(&v);
+  if (m)
+    loom_model_free(m);
+  else
+    loom_module_free(root);
+  return st;
+}
+
+void loom_model_free(loom_model *m) {
+  if (!m)
+    return;
+  loom_module_free(m->root);
+  loom_free(m->views);
+  loom_free(m->entries);
+  loom_free(m->params);
+  loom_free(m->own_grads);
+  loom_free(m->arena);
+  loom_free(m);
+}
+
+/* ---------------------------------------------------------- accessors */
+
+float *loom_model_params(loom_model *m) { return m->params; }
+float *loom_model_grads(loom_model *m) { return m->grads; }
+int64_t loom_model_num_params(const loom_model *m) { return m->numel; }
+int loom_model_num_views(const loom_model *m) { return m->nviews; }
+
+const loom_param *loom_model_view(const loom_model *m, int i) {
+  return i >= 0 && i < m->nviews ? &m->views[i] : NULL;
+}
+
+loom_param_role loom_model_view_role(const loom_model *m, int i) {
+  return i >= 0 && i < m->nviews ? m->entries[i].role : LOOM_ROLE_WEIGHT;
+}
+
+loom_status loom_model_find(const loom_model *m, const char *name,
+                            int *index) {
+  for (int i = 0; i < m->nviews; i++)
+    if (name && strcmp(m->views[i].name, name) == 0) {
+      *index = i;
+      return LOOM_OK;
+    }
+  return loom_error(LOOM_ERR_INVALID_ARG, "model has no parameter '%s'",
+                    name ? name : "(null)");
+}
+
+uint64_t loom_model_layout_hash(const loom_model *m) { return m->layout_hash; }
+loom_module *loom_model_root(loom_model *m) { return m->root; }
+const loom_model_opts *loom_model_get_opts(const loom_model *m) {
+  return &m->opts;
+}
+
+void loom_model_zero_grad(loom_model *m) {
+  memset(m->grads, 0, (size_t)m->numel * sizeof(float));
+}
+
+void loom_model_bind_grads(loom_model *m, float *grads) {
+  m->grads = grads ? grads : m->own_grads;
+}
+
+void loom_model_set_training(loom_model *m, bool training) {
+  m->training = training;
+}
+bool loom_model_training(const loom_model *m) { return m->training; }
+
+void loom_model_set_step(loom_model *m, uint64_t step, uint64_t sample_base) {
+  m->step = step;
+  m->sample_base = sample_base;
+}
+
+void loom_model_set_grad_hook(loom_model *m, loom_grad_hook fn, void *user) {
+  m->hook = fn;
+  m->hook_user = user;
+}
+
+/* ------------------------------------------------------------ planning */
+
+loom_status loom_model_plan(loom_model *m, const loom_shape *in) {
+  if (m->planned && loom_shape_equal(in, &m->in_shape))
+    return LOOM_OK;
+  m->planned = false;
+  m->have_forward = false;
+  /* Counting pass: sizes only. */
+  loom_nn_plan p;
+  memset(&p, 0, sizeof p);
+  loom_shape out;
+  LOOM_TRY(loom_module_plan(m->root, &p, in, &out));
+  if (out.dtype != LOOM_F32)
+    return loom_error(LOOM_ERR_INTERNAL, "model: output is not f32");
+  loom_nn_plan_floats(&p, loom_shape_numel(&out));
+  size_t act = p.act_used, scratch = p.scratch_peak;
+  if (act + scratch > m->arena_cap) {
+    char *a = loom_malloc(act + scratch);
+    if (!a)
+      return loom_error_context(LOOM_ERR_NOMEM,
+                                "model: activation arena of %zu bytes",
+                                act + scratch);
+    loom_free(m->arena);
+    m->arena = a;
+    m->arena_cap = act + scratch;
+  }
+  /* Binding pass: the same requests, now with addresses. */
+  memset(&p, 0, sizeof p);
+  p.base = m->arena;
+  p.act_total = act;
+  p.scratch_cap = scratch;
+  LOOM_TRY(loom_module_plan(m->root, &p, in, &out));
+  m->dout = loom_nn_plan_floats(&p, loom_shape_numel(&out));
+  if (p.act_used != act || p.scratch_peak != scratch)
+    return loom_error(LOOM_ERR_INTERNAL,
+                      "model: a module planned different sizes in its two "
+                      "passes (act %zu vs %zu, scratch %zu vs %zu)",
+                      p.act_used, act, p.scratch_peak, scratch);
+  m->in_shape = *in;
+  m->out_shape = out;
+  m->planned = true;
+  return LOOM_OK;
+}
+
+size_t loom_model_arena_bytes(const loom_model *m) { return m->arena_cap; }
+
+loom_status loom_model_act_bytes(loom_model *m, const loom_shape *input,
+                                 size_t *act, size_t *scratch) {
+  /* The counting pass clears the modules' addresses: bind again on the
+   * next forward (no allocation when the arena is large enough). */
+  m->planned = false;
+  m->have_forward = false;
+  loom_nn_plan p;
+  memset(&p, 0, sizeof p);
+  loom_shape out;
+  LOOM_TRY(loom_module_plan(m->root, &p, input, &out));
+  if (act)
+    *act = p.act_used;
+  if (scratch)
+    *scratch = p.scratch_peak;
+  return LOOM_OK;
+}
+
+/* ---------------------------------------------------- forward, backward */
+
+static loom_nn_ctx make_ctx(const loom_model *m) {
+  loom_nn_ctx c = {.params = m->params,
+                   .grads = m->grads,
+                   .views = m->views,
+                   .training = m->training,
+                   .seed = m->opts.seed,
+                   .step = m->step,
+                   .sample_base = m->sample_base,
+                   .hook = m->hook,
+                   .hook_user = m->hook_user};
+  return c;
+}
+
+static loom_status check_tensor(const char *what, const loom_tensor *t) {
+  if (!t || !t->data)
+    return loom_error(LOOM_ERR_INVALID_ARG, "model: no %s tensor", what);
+  if (t->ndim < 1 || t->ndim > LOOM_MAX_DIMS || !loom_tensor_is_contiguous(t))
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "model: the %s must be a contiguous tensor of 1 to %d "
+                      "dimensions",
+                      what, LOOM_MAX_DIMS);
+  return LOOM_OK;
+}
+
+loom_status loom_model_forward(loom_model *m, const loom_tensor *input,
+                               loom_tensor *output) {
+  LOOM_TRY(check_tensor("input", input));
+  loom_shape s = loom_shape_make(input->dtype, input->ndim, input->shape);
+  LOOM_TRY(loom_model_plan(m, &s));
+  m->have_forward = false;
+  loom_nn_ctx ctx = make_ctx(m);
+  const float *y;
+  LOOM_TRY(loom_module_forward(m->root, &ctx, input->data, &y));
+  m->out = y;
+  m->have_forward = true;
+  if (output)
+    *output = loom_tensor_view((void *)y, LOOM_F32, m->out_shape.ndim,
+                               m->out_shape.dim);
+  return LOOM_OK;
+}
+
+loom_status loom_model_output_grad(loom_model *m, loom_tensor *doutput) {
+  if (!m->planned)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "model: no output gradient before the first forward");
+  *doutput = loom_tensor_view(m->dout, LOOM_F32, m->out_shape.ndim,
+                              m->out_shape.dim);
+  return LOOM_OK;
+}
+
+static loom_status check_like(const char *what, const loom_tensor *t,
+                              const loom_shape *want) {
+  char a[96], b[96];
+  LOOM_TRY(check_tensor(what, t));
+  loom_shape s = loom_shape_make(t->dtype, t->ndim, t->shape);
+  if (!loom_shape_equal(&s, want))
+    return loom_error(LOOM_ERR_INVALID_ARG, "model: %s is %s, expected %s",
+                      what, loom_shape_str(&s, a, sizeof a),
+                      loom_shape_str(want, b, sizeof b));
+  return LOOM_OK;
+}
+
+loom_status loom_model_backward(loom_model *m, const loom_tensor *doutput,
+                                loom_tensor *dinput) {
+  if (!m->have_forward)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "model: backward needs a forward first");
+  const float *g = m->dout;
+  if (doutput) {
+    LOOM_TRY(check_like("output gradient", doutput, &m->out_shape));
+    g = doutput->data;
+  }
+  float *di = NULL;
+  if (dinput) {
+    if (m->in_shape.dtype != LOOM_F32)
+      return loom_error(LOOM_ERR_INVALID_ARG,
+                        "model: the input is %s and has no gradient",
+                        loom_dtype_name(m->in_shape.dtype));
+    LOOM_TRY(check_like("input gradient", dinput, &m->in_shape));
+    di = dinput->data;
+    memset(di, 0, (size_t)loom_shape_numel(&m->in_shape) * sizeof(float));
+  }
+  loom_nn_ctx ctx = make_ctx(m);
+  return loom_module_backward(m->root, &ctx, g, di);
+}

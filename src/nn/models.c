@@ -1,0 +1,161 @@
+/* Builders of the reference models: fashion-mlp, fashion-cnn, kjv-gpt. */
+#include "nn/internal.h"
+
+#include <stdio.h>
+
+/* Makes a module with `ctor` (which writes kid_) and appends it to seq;
+ * jumps to fail on error. */
+#define ADD(name, ctor)                                                        \
+  do {                                                                         \
+    loom_module *kid_ = NULL;                                                  \
+    st = (ctor);                                                               \
+    if (st == LOOM_OK)                                                         \
+      st = loom_sequential_add(seq, (name), kid_);                             \
+    if (st != LOOM_OK)                                                         \
+      goto fail;                                                               \
+  } while (0)
+
+loom_fashion_mlp_opts loom_fashion_mlp_opts_default(void) {
+  loom_fashion_mlp_opts o = {.in = 784, .hidden = 512, .n_hidden = 2,
+                             .classes = 10};
+  return o;
+}
+
+loom_status loom_fashion_mlp_new(loom_model **out,
+                                 const loom_fashion_mlp_opts *o,
+                                 const loom_model_opts *mo) {
+  *out = NULL;
+  loom_fashion_mlp_opts d = loom_fashion_mlp_opts_default();
+  if (!o)
+    o = &d;
+  if (o->in <= 0 || o->hidden <= 0 || o->n_hidden < 0 || o->classes <= 0)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "fashion-mlp: bad sizes (in %d, hidden %d x %d, "
+                      "classes %d)",
+                      o->in, o->hidden, o->n_hidden, o->classes);
+  loom_module *seq;
+  LOOM_TRY(loom_sequential_new(&seq));
+  loom_status st;
+  char name[32];
+  ADD("flatten", loom_flatten_new(&kid_));
+  int width = o->in;
+  for (int i = 0; i < o->n_hidden; i++) {
+    snprintf(name, sizeof name, "fc%d", i + 1);
+    ADD(name, loom_linear_new(&kid_, width, o->hidden, true));
+    snprintf(name, sizeof name, "relu%d", i + 1);
+    ADD(name, loom_relu_new(&kid_));
+    width = o->hidden;
+  }
+  snprintf(name, sizeof name, "fc%d", o->n_hidden + 1);
+  ADD(name, loom_linear_new(&kid_, width, o->classes, true));
+  return loom_model_new(out, seq, mo);
+fail:
+  loom_module_free(seq);
+  return st;
+}
+
+loom_fashion_cnn_opts loom_fashion_cnn_opts_default(void) {
+  loom_fashion_cnn_opts o = {.in_c = 1, .in_h = 28, .in_w = 28, .c1 = 32,
+                             .c2 = 64, .kernel = 5, .pool = 2, .classes = 10};
+  return o;
+}
+
+loom_status loom_fashion_cnn_new(loom_model **out,
+                                 const loom_fashion_cnn_opts *o,
+                                 const loom_model_opts *mo) {
+  *out = NULL;
+  loom_fashion_cnn_opts d = loom_fashion_cnn_opts_default();
+  if (!o)
+    o = &d;
+  int k = o->kernel, p = o->pool;
+  int h = 0, w = 0;
+  if (o->in_c > 0 && o->c1 > 0 && o->c2 > 0 && k > 0 && p > 0 &&
+      o->classes > 0) {
+    h = o->in_h;
+    w = o->in_w;
+    for (int stage = 0; stage < 2; stage++) {
+      h -= k - 1;
+      w -= k - 1;
+      h = h >= p ? (h - p) / p + 1 : 0;
+      w = w >= p ? (w - p) / p + 1 : 0;
+    }
+  }
+  if (h <= 0 || w <= 0)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "fashion-cnn: bad sizes (input %dx%dx%d, channels %d "
+                      "%d, kernel %d, pool %d, classes %d)",
+                      o->in_c, o->in_h, o->in_w, o->c1, o->c2, k, p,
+                      o->classes);
+  loom_module *seq;
+  LOOM_TRY(loom_sequential_new(&seq));
+  loom_status st;
+  ADD("conv1", loom_conv2d_new(&kid_, o->in_c, o->c1, k, 1, 0, true));
+  ADD("relu1", loom_relu_new(&kid_));
+  ADD("pool1", loom_maxpool2d_new(&kid_, p, p));
+  ADD("conv2", loom_conv2d_new(&kid_, o->c1, o->c2, k, 1, 0, true));
+  ADD("relu2", loom_relu_new(&kid_));
+  ADD("pool2", loom_maxpool2d_new(&kid_, p, p));
+  ADD("flatten", loom_flatten_new(&kid_));
+  ADD("fc", loom_linear_new(&kid_, o->c2 * h * w, o->classes, true));
+  return loom_model_new(out, seq, mo);
+fail:
+  loom_module_free(seq);
+  return st;
+}
+
+loom_gpt_opts loom_gpt_opts_default(void) {
+  loom_gpt_opts o = {.vocab = 256,
+                     .context = 128,
+                     .n_layer = 4,
+                     .d_model = 128,
+                     .n_head = 4,
+                     .mlp_ratio = 4,
+                     .bias = true,
+                     .dropout = 0.0f};
+  return o;
+}
+
+loom_status loom_gpt_new(loom_model **out, const loom_gpt_opts *o,
+                         const loom_model_opts *mo) {
+  *out = NULL;
+  loom_gpt_opts d = loom_gpt_opts_default();
+  if (!o)
+    o = &d;
+  if (o->vocab <= 0 || o->context <= 0 || o->n_layer < 0 ||
+      o->d_model <= 0 || o->n_head <= 0 || o->d_model % o->n_head != 0 ||
+      o->mlp_ratio <= 0 || !(o->dropout >= 0.0f && o->dropout < 1.0f))
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "gpt: bad sizes (vocab %d, context %d, %d layers, "
+                      "d_model %d, %d heads, mlp x%d, dropout %g)",
+                      o->vocab, o->context, o->n_layer, o->d_model, o->n_head,
+                      o->mlp_ratio, (double)o->dropout);
+  loom_model_opts mopts = loom_model_opts_default();
+  if (mo)
+    mopts = *mo;
+  else
+    mopts.init = LOOM_INIT_GPT2;
+  if (mopts.init == LOOM_INIT_GPT2 && mopts.init_n_layer == 0)
+    mopts.init_n_layer = o->n_layer;
+  loom_module *seq, *emb = NULL;
+  LOOM_TRY(loom_sequential_new(&seq));
+  loom_status st;
+  char name[32];
+  LOOM_TRY_GOTO(st,
+                loom_embedding_new(&emb, o->vocab, o->d_model, o->context),
+                fail);
+  LOOM_TRY_GOTO(st, loom_sequential_add(seq, "emb", emb), fail);
+  if (o->dropout > 0.0f)
+    ADD("drop", loom_dropout_new(&kid_, o->dropout));
+  for (int l = 0; l < o->n_layer; l++) {
+    snprintf(name, sizeof name, "blocks.%d", l);
+    ADD(name, loom_transformer_block_new(&kid_, o->d_model, o->n_head,
+                                         o->mlp_ratio, o->bias, o->dropout));
+  }
+  ADD("ln_f", loom_layernorm_new(&kid_, o->d_model, o->bias));
+  /* The output layer reads the token embedding (V,C): logits = x @ tok^T. */
+  ADD("head", loom_linear_tied_new(&kid_, emb, 0));
+  return loom_model_new(out, seq, &mopts);
+fail:
+  loom_module_free(seq);
+  return st;
+}

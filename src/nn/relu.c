@@ -1,0 +1,65 @@
+/* ReLU, elementwise over any f32 shape. */
+#include "nn/internal.h"
+
+typedef struct relu {
+  loom_module base;
+  int64_t n;
+  const float *in; /* (n), kept from forward */
+  float *out;      /* (n) */
+} relu;
+
+static loom_status relu_params(loom_module *m, loom_nn_visit *v) {
+  (void)m;
+  (void)v;
+  return LOOM_OK;
+}
+
+static loom_status relu_plan(loom_module *m, loom_nn_plan *p,
+                             const loom_shape *in, loom_shape *out) {
+  relu *r = (relu *)m;
+  LOOM_TRY(loom_nn_check_f32(m, in, 1, 0));
+  r->n = loom_shape_numel(in);
+  *out = *in;
+  r->out = loom_nn_plan_floats(p, r->n);
+  return LOOM_OK;
+}
+
+static loom_status relu_forward(loom_module *m, loom_nn_ctx *ctx,
+                                const void *in, const float **out) {
+  relu *r = (relu *)m;
+  (void)ctx;
+  r->in = in;
+  loom_relu_forward(r->out, r->in, r->n);
+  *out = r->out;
+  return LOOM_OK;
+}
+
+static loom_status relu_backward(loom_module *m, loom_nn_ctx *ctx,
+                                 const float *dout, float *dinp) {
+  relu *r = (relu *)m;
+  (void)ctx;
+  if (dinp)
+    loom_relu_backward(dinp, r->in, dout, r->n);
+  return LOOM_OK;
+}
+
+static void relu_free(loom_module *m) { loom_free(m); }
+
+static const loom_module_ops relu_ops = {
+    .name = "relu",
+    .params = relu_params,
+    .plan = relu_plan,
+    .forward = relu_forward,
+    .backward = relu_backward,
+    .free = relu_free,
+};
+
+loom_status loom_relu_new(loom_module **out) {
+  *out = NULL;
+  relu *r = loom_calloc(1, sizeof *r);
+  if (!r)
+    return LOOM_ERR_NOMEM;
+  loom_module_init_base(&r->base, &relu_ops);
+  *out = &r->base;
+  return LOOM_OK;
+}

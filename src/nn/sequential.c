@@ -1,0 +1,162 @@
+/* Sequential: children run in order; backward in reverse through two
+ * ping-pong gradient buffers in scratch. */
+#include "nn/internal.h"
+
+#include <stdio.h>
+
+typedef struct seq_child {
+  loom_module *m;
+  char name[LOOM_PARAM_NAME_MAX];
+} seq_child;
+
+typedef struct sequential {
+  loom_module base;
+  seq_child *kids; /* (n) */
+  int n, cap;
+  float *buf[2]; /* (max_mid) each: gradients between children */
+} sequential;
+
+static loom_status sequential_params(loom_module *m, loom_nn_visit *v) {
+  sequential *s = (sequential *)m;
+  for (int i = 0; i < s->n; i++)
+    LOOM_TRY(loom_nn_visit_child(v, s->kids[i].name, s->kids[i].m));
+  return LOOM_OK;
+}
+
+static loom_status sequential_plan(loom_module *m, loom_nn_plan *p,
+                                   const loom_shape *in, loom_shape *out) {
+  sequential *s = (sequential *)m;
+  if (s->n == 0)
+    return loom_module_error(m, LOOM_ERR_INVALID_ARG, "has no modules");
+  /* A dry run gives the children's shapes, so the gradient buffers can be
+   * taken below the children's scratch on the stack. */
+  loom_shape x = *in;
+  int64_t max_mid = 0;
+  for (int i = 0; i < s->n; i++) {
+    LOOM_TRY(loom_nn_plan_dry(s->kids[i].m, &x, &x));
+    int64_t numel = loom_shape_numel(&x);
+    if (i + 1 < s->n && numel > max_mid)
+      max_mid = numel;
+  }
+  size_t mark = loom_nn_plan_scratch_mark(p);
+  s->buf[0] = s->buf[1] = NULL;
+  if (s->n > 1) {
+    s->buf[0] = loom_nn_plan_scratch_floats(p, max_mid);
+    s->buf[1] = loom_nn_plan_scratch_floats(p, max_mid);
+  }
+  x = *in;
+  for (int i = 0; i < s->n; i++) {
+    size_t kid_mark = loom_nn_plan_scratch_mark(p);
+    LOOM_TRY(loom_module_plan(s->kids[i].m, p, &x, &x));
+    loom_nn_plan_scratch_release(p, kid_mark);
+  }
+  loom_nn_plan_scratch_release(p, mark);
+  *out = x;
+  return LOOM_OK;
+}
+
+static loom_status sequential_forward(loom_module *m, loom_nn_ctx *ctx,
+                                      const void *in, const float **out) {
+  sequential *s = (sequential *)m;
+  const void *x = in;
+  for (int i = 0; i < s->n; i++) {
+    const float *y;
+    LOOM_TRY(loom_module_forward(s->kids[i].m, ctx, x, &y));
+    x = y;
+  }
+  *out = x;
+  return LOOM_OK;
+}
+
+static loom_status sequential_backward(loom_module *m, loom_nn_ctx *ctx,
+                                       const float *dout, float *dinp) {
+  sequential *s = (sequential *)m;
+  const float *g = dout;
+  for (int i = s->n - 1; i >= 0; i--) {
+    loom_module *kid = s->kids[i].m;
+    float *dst = dinp;
+    if (i > 0) {
+      dst = s->buf[i & 1];
+      memset(dst, 0, (size_t)loom_shape_numel(&kid->in) * sizeof(float));
+    }
+    LOOM_TRY(loom_module_backward(kid, ctx, g, dst));
+    g = dst;
+  }
+  return LOOM_OK;
+}
+
+static void sequential_free(loom_module *m) {
+  sequential *s = (sequential *)m;
+  for (int i = 0; i < s->n; i++)
+    loom_module_free(s->kids[i].m);
+  loom_free(s->kids);
+  loom_free(s);
+}
+
+static const loom_module_ops sequential_ops = {
+    .name = "sequential",
+    .params = sequential_params,
+    .plan = sequential_plan,
+    .forward = sequential_forward,
+    .backward = sequential_backward,
+    .free = sequential_free,
+};
+
+loom_status loom_sequential_new(loom_module **out) {
+  *out = NULL;
+  sequential *s = loom_calloc(1, sizeof *s);
+  if (!s)
+    return LOOM_ERR_NOMEM;
+  loom_module_init_base(&s->base, &sequential_ops);
+  *out = &s->base;
+  return LOOM_OK;
+}
+
+loom_status loom_sequential_add(loom_module *seq, const char *name,
+                                loom_module *child) {
+  if (!child)
+    return loom_error(LOOM_ERR_INVALID_ARG, "sequential: no module to add");
+  if (child->attached)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "sequential: module '%s' (%s) already has a parent",
+                      name ? name : "", child->ops->name);
+  loom_status st = LOOM_OK;
+  if (!seq || seq->ops != &sequential_ops) {
+    st = loom_error(LOOM_ERR_INVALID_ARG,
+                    "sequential_add: target is not a sequential module");
+    goto fail;
+  }
+  sequential *s = (sequential *)seq;
+  if (!name)
+    name = "";
+  if (strlen(name) >= LOOM_PARAM_NAME_MAX) {
+    st = loom_error(LOOM_ERR_INVALID_ARG, "sequential: name '%s' too long",
+                    name);
+    goto fail;
+  }
+  if (s->n == s->cap) {
+    int cap = s->cap ? 2 * s->cap : 8;
+    seq_child *k = loom_malloc((size_t)cap * sizeof *k);
+    if (!k) {
+      st = LOOM_ERR_NOMEM;
+      goto fail;
+    }
+    if (s->n)
+      memcpy(k, s->kids, (size_t)s->n * sizeof *k);
+    loom_free(s->kids);
+    s->kids = k;
+    s->cap = cap;
+  }
+  s->kids[s->n].m = child;
+  snprintf(s->kids[s->n].name, LOOM_PARAM_NAME_MAX, "%s", name);
+  s->n++;
+  child->attached = true;
+  return LOOM_OK;
+fail:
+  loom_module_free(child);
+  return st;
+}
+
+int loom_sequential_count(const loom_module *seq) {
+  return seq && seq->ops == &sequential_ops ? ((const sequential *)seq)->n : 0;
+}
