@@ -1,0 +1,284 @@
+/* loom config: the typed training configuration, its schema (one table that
+ * drives YAML parsing, validation, --set overrides, docs and the hash), the
+ * canonical serialisation and the cross-rank config hash. */
+#ifndef LOOM_CONFIG_H
+#define LOOM_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ----------------------------------------------------------- value enums */
+
+/* Every enum-valued key has an X-macro list here; its strings are what the
+ * YAML file holds. They match the names used by the layers (optim's
+ * loom_optim_kind_parse, loom_sched_kind_parse, data's loom_tail, train's
+ * loom_progress_mode) so a value converts with those layers' parse
+ * functions. The config keeps enums of its own (LOOM_CFG_ prefix) so that
+ * it depends on core only. */
+#define LOOM_CFG_MODEL_LIST(X)                                                 \
+  X(LOOM_CFG_MODEL_MLP, "mlp")                                                 \
+  X(LOOM_CFG_MODEL_CNN, "cnn")                                                 \
+  X(LOOM_CFG_MODEL_GPT, "gpt")
+#define LOOM_CFG_ACT_LIST(X)                                                   \
+  X(LOOM_CFG_ACT_RELU, "relu")                                                 \
+  X(LOOM_CFG_ACT_GELU, "gelu")                                                 \
+  X(LOOM_CFG_ACT_TANH, "tanh")
+#define LOOM_CFG_DATASET_LIST(X)                                               \
+  X(LOOM_CFG_DATASET_FASHION_MNIST, "fashion-mnist")                           \
+  X(LOOM_CFG_DATASET_KJV, "kjv")                                               \
+  X(LOOM_CFG_DATASET_BIN, "bin")
+#define LOOM_CFG_TAIL_LIST(X)                                                  \
+  X(LOOM_CFG_TAIL_DROP, "drop")                                                \
+  X(LOOM_CFG_TAIL_PAD, "pad")                                                  \
+  X(LOOM_CFG_TAIL_PARTIAL, "partial")
+#define LOOM_CFG_OPTIM_LIST(X)                                                 \
+  X(LOOM_CFG_OPTIM_SGD, "sgd")                                                 \
+  X(LOOM_CFG_OPTIM_ADAMW, "adamw")
+#define LOOM_CFG_SCHED_LIST(X)                                                 \
+  X(LOOM_CFG_SCHED_CONSTANT, "constant")                                       \
+  X(LOOM_CFG_SCHED_STEP, "step")                                               \
+  X(LOOM_CFG_SCHED_COSINE, "cosine")                                           \
+  X(LOOM_CFG_SCHED_LINEAR, "linear")
+#define LOOM_CFG_SCALING_LIST(X)                                               \
+  X(LOOM_CFG_SCALING_NONE, "none")                                             \
+  X(LOOM_CFG_SCALING_LINEAR, "linear")                                         \
+  X(LOOM_CFG_SCALING_SQRT, "sqrt")
+#define LOOM_CFG_PRECISION_LIST(X)                                             \
+  X(LOOM_CFG_PRECISION_F32, "f32")                                             \
+  X(LOOM_CFG_PRECISION_BF16, "bf16")                                           \
+  X(LOOM_CFG_PRECISION_F16, "f16")
+#define LOOM_CFG_ON_ERROR_LIST(X)                                              \
+  X(LOOM_CFG_ON_ERROR_STOP, "stop")                                            \
+  X(LOOM_CFG_ON_ERROR_CONTINUE, "continue")
+#define LOOM_CFG_PROGRESS_LIST(X)                                              \
+  X(LOOM_CFG_PROGRESS_AUTO, "auto")                                            \
+  X(LOOM_CFG_PROGRESS_BAR, "bar")                                              \
+  X(LOOM_CFG_PROGRESS_LINES, "lines")                                          \
+  X(LOOM_CFG_PROGRESS_OFF, "off")
+#define LOOM_CFG_STRATEGY_LIST(X)                                              \
+  X(LOOM_CFG_STRATEGY_AUTO, "auto")                                            \
+  X(LOOM_CFG_STRATEGY_NONE, "none")                                            \
+  X(LOOM_CFG_STRATEGY_DDP, "ddp")                                              \
+  X(LOOM_CFG_STRATEGY_ZERO, "zero")
+#define LOOM_CFG_COMPRESS_LIST(X)                                              \
+  X(LOOM_CFG_COMPRESS_NONE, "none")                                            \
+  X(LOOM_CFG_COMPRESS_BF16, "bf16")                                            \
+  X(LOOM_CFG_COMPRESS_F16, "f16")
+
+#define LOOM_X_ENUM(name, text) name,
+typedef enum { LOOM_CFG_MODEL_LIST(LOOM_X_ENUM) LOOM_CFG_MODEL_COUNT } loom_cfg_model;
+typedef enum { LOOM_CFG_ACT_LIST(LOOM_X_ENUM) LOOM_CFG_ACT_COUNT } loom_cfg_act;
+typedef enum { LOOM_CFG_DATASET_LIST(LOOM_X_ENUM) LOOM_CFG_DATASET_COUNT } loom_cfg_dataset;
+typedef enum { LOOM_CFG_TAIL_LIST(LOOM_X_ENUM) LOOM_CFG_TAIL_COUNT } loom_cfg_tail;
+typedef enum { LOOM_CFG_OPTIM_LIST(LOOM_X_ENUM) LOOM_CFG_OPTIM_COUNT } loom_cfg_optim;
+typedef enum { LOOM_CFG_SCHED_LIST(LOOM_X_ENUM) LOOM_CFG_SCHED_COUNT } loom_cfg_sched;
+typedef enum { LOOM_CFG_SCALING_LIST(LOOM_X_ENUM) LOOM_CFG_SCALING_COUNT } loom_cfg_scaling;
+typedef enum { LOOM_CFG_PRECISION_LIST(LOOM_X_ENUM) LOOM_CFG_PRECISION_COUNT } loom_cfg_precision;
+typedef enum { LOOM_CFG_ON_ERROR_LIST(LOOM_X_ENUM) LOOM_CFG_ON_ERROR_COUNT } loom_cfg_on_error;
+typedef enum { LOOM_CFG_PROGRESS_LIST(LOOM_X_ENUM) LOOM_CFG_PROGRESS_COUNT } loom_cfg_progress;
+typedef enum { LOOM_CFG_STRATEGY_LIST(LOOM_X_ENUM) LOOM_CFG_STRATEGY_COUNT } loom_cfg_strategy;
+typedef enum { LOOM_CFG_COMPRESS_LIST(LOOM_X_ENUM) LOOM_CFG_COMPRESS_COUNT } loom_cfg_compress;
+#undef LOOM_X_ENUM
+
+/* Name tables, indexed by the enum value ("adamw" = loom_cfg_optim_names
+ * [LOOM_CFG_OPTIM_ADAMW]). */
+extern const char *const loom_cfg_model_names[LOOM_CFG_MODEL_COUNT];
+extern const char *const loom_cfg_act_names[LOOM_CFG_ACT_COUNT];
+extern const char *const loom_cfg_dataset_names[LOOM_CFG_DATASET_COUNT];
+extern const char *const loom_cfg_tail_names[LOOM_CFG_TAIL_COUNT];
+extern const char *const loom_cfg_optim_names[LOOM_CFG_OPTIM_COUNT];
+extern const char *const loom_cfg_sched_names[LOOM_CFG_SCHED_COUNT];
+extern const char *const loom_cfg_scaling_names[LOOM_CFG_SCALING_COUNT];
+extern const char *const loom_cfg_precision_names[LOOM_CFG_PRECISION_COUNT];
+extern const char *const loom_cfg_on_error_names[LOOM_CFG_ON_ERROR_COUNT];
+extern const char *const loom_cfg_progress_names[LOOM_CFG_PROGRESS_COUNT];
+extern const char *const loom_cfg_strategy_names[LOOM_CFG_STRATEGY_COUNT];
+extern const char *const loom_cfg_compress_names[LOOM_CFG_COMPRESS_COUNT];
+
+/* ---------------------------------------------------------- the config */
+
+#define LOOM_CONFIG_STR_MAX 512 /* bytes of a string value, NUL included */
+#define LOOM_CONFIG_LIST_MAX 16 /* items of an integer list */
+
+typedef struct loom_config_ints {
+  int n;
+  int64_t v[LOOM_CONFIG_LIST_MAX];
+} loom_config_ints;
+
+/* The meaning, default and range of every field is in the schema table
+ * (src/train/config.c) and docs/config.md, generated from it. */
+typedef struct loom_config_model {
+  loom_cfg_model name;
+  loom_config_ints hidden;   /* mlp: hidden layer widths */
+  loom_cfg_act activation;   /* mlp, cnn */
+  loom_config_ints channels; /* cnn: output channels of each conv */
+  int64_t kernel, pool;      /* cnn */
+  int64_t context, layers, d_model, heads, vocab, mlp_ratio; /* gpt */
+  double dropout, init_std;                                  /* gpt */
+} loom_config_model;
+
+typedef struct loom_config_data {
+  loom_cfg_dataset dataset;
+  char path[LOOM_CONFIG_STR_MAX];
+  char val_path[LOOM_CONFIG_STR_MAX];
+  double val_fraction;
+  bool shuffle;
+  loom_cfg_tail tail;
+  int64_t prefetch;
+} loom_config_data;
+
+typedef struct loom_config_optim {
+  loom_cfg_optim name;
+  double lr, momentum, weight_decay, beta1, beta2, eps, grad_clip;
+  bool nesterov;
+} loom_config_optim;
+
+typedef struct loom_config_schedule {
+  loom_cfg_sched name;
+  int64_t warmup_steps, step_size;
+  double min_lr, gamma;
+  loom_cfg_scaling scaling;
+} loom_config_schedule;
+
+typedef struct loom_config_train {
+  int64_t epochs, steps, batch_size, accumulate;
+  int64_t eval_every, eval_batches, seed, threads;
+  loom_cfg_precision precision;
+  double loss_scale;
+} loom_config_train;
+
+typedef struct loom_config_checkpoint {
+  bool enabled;
+  char dir[LOOM_CONFIG_STR_MAX];
+  int64_t every, keep;
+  bool async;
+  loom_cfg_on_error on_error;
+} loom_config_checkpoint;
+
+typedef struct loom_config_log {
+  char run_dir[LOOM_CONFIG_STR_MAX];
+  int64_t every;
+  loom_cfg_progress progress;
+  bool metrics, profile;
+} loom_config_log;
+
+typedef struct loom_config_parallel {
+  loom_cfg_strategy strategy;
+  double bucket_mb, first_bucket_mb;
+  bool deterministic;
+  int64_t virtual_shards, zero_stage;
+  loom_cfg_compress compress;
+} loom_config_parallel;
+
+/* A plain value: copy it with `=`, nothing to free. */
+typedef struct loom_config {
+  loom_config_model model;
+  loom_config_data data;
+  loom_config_optim optim;
+  loom_config_schedule schedule;
+  loom_config_train train;
+  loom_config_checkpoint checkpoint;
+  loom_config_log log;
+  loom_config_parallel parallel;
+} loom_config;
+
+/* ------------------------------------------------------------- loading */
+
+/* Every key at its default. Paths left empty are resolved by
+ * loom_config_load (log.run_dir = runs/<file stem>, checkpoint.dir =
+ * <log.run_dir>/ckpt). */
+void loom_config_defaults(loom_config *cfg);
+
+/* defaults -> the YAML file -> each "section.key=value" of sets, in order
+ * -> paths resolved -> cross-key checks. On any error returns
+ * LOOM_ERR_CONFIG (LOOM_ERR_NOMEM when out of memory) with one line in
+ * loom_last_error():
+ *   FILE:LINE:COLUMN: key 'optim.lrr': unknown key (did you mean 'optim.lr'?)
+ *   --set optim.lr=abc: key 'optim.lr': expected a number, got 'abc'
+ * and leaves *cfg untouched. sets may be NULL when n_sets is 0. */
+loom_status loom_config_load(loom_config *cfg, const char *path,
+                             const char *const *sets, int n_sets);
+/* The same from text in memory; `name` stands for the file in messages. */
+loom_status loom_config_load_string(loom_config *cfg, const char *text,
+                                    size_t len, const char *name,
+                                    const char *const *sets, int n_sets);
+/* One override, "section.key=value", the value read with YAML's rules
+ * ("[64, 32]" is a list); no cross-key checks. */
+loom_status loom_config_set(loom_config *cfg, const char *assignment);
+/* Ranges of every key and the rules between keys (e.g. model.heads divides
+ * model.d_model); the message names the key. */
+loom_status loom_config_validate(const loom_config *cfg);
+
+/* ------------------------------------------------- output and identity */
+
+/* Canonical YAML: every key, in schema order, one section after another,
+ * strings double-quoted, floats in the shortest form that reads back
+ * exactly. Loading it gives an equal config. *out is freed with loom_free. */
+loom_status loom_config_to_yaml(const loom_config *cfg, char **out);
+/* FNV-1a 64 of "key=value\n" for every key that must agree across ranks
+ * (schema flag LOOM_CFG_LOCAL unset). Local keys: where files go, what is
+ * printed, per-host performance knobs. */
+uint64_t loom_config_hash(const loom_config *cfg);
+/* Every key equal (strings by content, lists by items). */
+bool loom_config_equal(const loom_config *a, const loom_config *b);
+
+/* -------------------------------------------------------------- schema */
+
+#define LOOM_CFG_TYPE_LIST(X)                                                  \
+  X(LOOM_CFG_INT, "int")                                                       \
+  X(LOOM_CFG_FLOAT, "float")                                                   \
+  X(LOOM_CFG_BOOL, "bool")                                                     \
+  X(LOOM_CFG_STRING, "string")                                                 \
+  X(LOOM_CFG_ENUM, "enum")                                                     \
+  X(LOOM_CFG_INT_LIST, "int list")
+
+typedef enum {
+#define LOOM_X_ENUM(name, text) name,
+  LOOM_CFG_TYPE_LIST(LOOM_X_ENUM)
+#undef LOOM_X_ENUM
+      LOOM_CFG_TYPE_COUNT
+} loom_cfg_type;
+const char *loom_cfg_type_name(loom_cfg_type t);
+
+/* Flags of a key. */
+#define LOOM_CFG_MIN_OPEN 1u /* range excludes min: (min, ... */
+#define LOOM_CFG_MAX_OPEN 2u /* range excludes max: ..., max) */
+#define LOOM_CFG_LOCAL 4u    /* left out of the config hash */
+
+typedef struct loom_config_key {
+  const char *path;    /* "optim.lr" */
+  loom_cfg_type type;
+  size_t offset;       /* of the field in loom_config */
+  const char *def;     /* default, as YAML text: "0.01", "[512, 512]" */
+  double min, max;     /* INT, FLOAT, INT_LIST items */
+  int list_min;        /* INT_LIST: fewest items */
+  const char *const *values; /* ENUM: names, indexed by value */
+  int n_values;
+  unsigned flags;
+  const char *help;    /* one line */
+} loom_config_key;
+
+/* The schema: every key, in order. */
+const loom_config_key *loom_config_keys(size_t *count);
+/* NULL when no key has this path. */
+const loom_config_key *loom_config_key_find(const char *path);
+/* The value of a key in canonical text (as loom_config_to_yaml writes it);
+ * LOOM_ERR_INVALID_ARG if it does not fit in n bytes. */
+loom_status loom_config_format(const loom_config *cfg,
+                               const loom_config_key *key, char *buf,
+                               size_t n);
+/* The reference table of docs/config.md (Markdown), generated from the
+ * schema; *out is freed with loom_free. */
+loom_status loom_config_schema_markdown(char **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_CONFIG_H */

@@ -1,0 +1,106 @@
+/* Private to the checkpoint code: the shard file format, its encoders, and
+ * the file-system helpers (every write-side call goes through the fault
+ * hook of loom_ckpt_fail_io_after). */
+#ifndef LOOM_TRAIN_CKPT_INTERNAL_H
+#define LOOM_TRAIN_CKPT_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "loom/ckpt.h"
+
+/* Shard file, little-endian (docs/checkpoints.md):
+ *   header  64 B   "LOOMSHRD", version, rank, world, n_blocks, step,
+ *                  index_offset, zeros, crc32c of bytes [0, 60)
+ *   blocks         each payload at a 64-byte aligned offset, zero padding
+ *   index   80 B   per block: name[32], dtype[8], crc32c, 0, total, begin,
+ *                  count, offset
+ *   footer  32 B   "LOOMIDX1", index_offset, n_blocks, crc32c of the
+ *                  index, 0, crc32c of bytes [0, 28) */
+#define CKPT_SHARD_MAGIC "LOOMSHRD"
+#define CKPT_FOOTER_MAGIC "LOOMIDX1"
+#define CKPT_HEADER_BYTES 64
+#define CKPT_ENTRY_BYTES 80
+#define CKPT_FOOTER_BYTES 32
+#define CKPT_ALIGN 64
+#define CKPT_MANIFEST "manifest.json"
+#define CKPT_LATEST "latest"
+#define CKPT_PATH_MAX 4096
+#define CKPT_DEFAULT_BLOCK_BYTES ((size_t)16 << 20)
+
+typedef struct ckpt_header {
+  uint32_t version, rank, world, n_blocks;
+  int64_t step;
+  int64_t index_offset;
+} ckpt_header;
+
+typedef struct ckpt_entry {
+  char name[LOOM_CKPT_NAME_MAX];
+  loom_dtype dtype;
+  uint32_t crc;
+  int64_t total, begin, count, offset;
+} ckpt_entry;
+
+typedef struct ckpt_footer {
+  int64_t index_offset;
+  uint32_t n_blocks, index_crc;
+} ckpt_footer;
+
+void loom_ckpt_header_encode(unsigned char out[CKPT_HEADER_BYTES],
+                             const ckpt_header *h);
+/* LOOM_ERR_CORRUPT (message without the file name) when damaged. */
+loom_status loom_ckpt_header_decode(const unsigned char in[CKPT_HEADER_BYTES],
+                                    ckpt_header *h);
+void loom_ckpt_entry_encode(unsigned char out[CKPT_ENTRY_BYTES],
+                            const ckpt_entry *e);
+loom_status loom_ckpt_entry_decode(const unsigned char in[CKPT_ENTRY_BYTES],
+                                   ckpt_entry *e);
+void loom_ckpt_footer_encode(unsigned char out[CKPT_FOOTER_BYTES],
+                             const ckpt_footer *f);
+loom_status loom_ckpt_footer_decode(const unsigned char in[CKPT_FOOTER_BYTES],
+                                    ckpt_footer *f);
+
+static inline int64_t ckpt_align(int64_t x) {
+  return (x + CKPT_ALIGN - 1) / CKPT_ALIGN * CKPT_ALIGN;
+}
+
+/* A valid buffer name: 1..31 of [A-Za-z0-9._-]. */
+bool loom_ckpt_name_ok(const char *name);
+/* "step_<digits>" -> step; false for any other name. */
+bool loom_ckpt_parse_step_name(const char *name, int64_t *step);
+
+/* ---- file-system calls through the fault hook (errno set on failure) */
+int loom_ckpt_io_open_write(const char *path);
+int loom_ckpt_io_pwrite_all(int fd, const void *buf, size_t n, int64_t off);
+int loom_ckpt_io_fsync(int fd);
+int loom_ckpt_io_close(int fd);
+int loom_ckpt_io_mkdir(const char *path);
+int loom_ckpt_io_rename(const char *from, const char *to);
+/* Swaps two paths atomically (renameat2 RENAME_EXCHANGE). */
+int loom_ckpt_io_exchange(const char *a, const char *b);
+
+/* ---- helpers; each records a message naming the path on failure */
+loom_status loom_ckpt_mkdirs(const char *path);
+loom_status loom_ckpt_fsync_dir(const char *path);
+/* Removes a directory and the files in it (one level of subdirectories). */
+loom_status loom_ckpt_rmtree(const char *path);
+/* Writes a small file under a temporary name, fsyncs it, renames it into
+ * place and fsyncs the directory. */
+loom_status loom_ckpt_write_file_atomic(const char *dir, const char *name,
+                                        const void *data, size_t n);
+/* Reads exactly n bytes at off; LOOM_ERR_CORRUPT on a short file. */
+loom_status loom_ckpt_pread_all(int fd, void *buf, size_t n, int64_t off,
+                                const char *path);
+/* Reads a whole small file (at most max bytes) NUL-terminated. */
+loom_status loom_ckpt_read_file(const char *path, size_t max, char **out,
+                                size_t *len);
+
+/* Whether s[0..n) is one JSON object (syntax only; allocates nothing). */
+bool loom_ckpt_json_object_ok(const char *s, size_t n);
+
+/* cJSON allocates through loom_malloc (set once, process-wide). */
+void loom_ckpt_json_init(void);
+
+#endif

@@ -1,0 +1,756 @@
+/* Checkpoint plumbing: the shard file codec, file-system calls behind the
+ * fault hook, directory helpers, the `latest` pointer, listing, damage. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "train/ckpt_internal.h"
+
+/* ------------------------------------------------------------ byte codec */
+
+static void put_u32(unsigned char *p, uint32_t v) {
+  for (int i = 0; i < 4; i++)
+    p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void put_u64(unsigned char *p, uint64_t v) {
+  for (int i = 0; i < 8; i++)
+    p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint32_t get_u32(const unsigned char *p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++)
+    v |= (uint32_t)p[i] << (8 * i);
+  return v;
+}
+
+static uint64_t get_u64(const unsigned char *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++)
+    v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+
+void loom_ckpt_header_encode(unsigned char out[CKPT_HEADER_BYTES],
+                             const ckpt_header *h) {
+  memset(out, 0, CKPT_HEADER_BYTES);
+  memcpy(out, CKPT_SHARD_MAGIC, 8);
+  put_u32(out + 8, h->version);
+  put_u32(out + 12, h->rank);
+  put_u32(out + 16, h->world);
+  put_u32(out + 20, h->n_blocks);
+  put_u64(out + 24, (uint64_t)h->step);
+  put_u64(out + 32, (uint64_t)h->index_offset);
+  put_u32(out + 60, loom_crc32c(0, out, 60));
+}
+
+loom_status loom_ckpt_header_decode(const unsigned char in[CKPT_HEADER_BYTES],
+                                    ckpt_header *h) {
+  if (memcmp(in, CKPT_SHARD_MAGIC, 8) != 0)
+    return loom_error(LOOM_ERR_CORRUPT, "not a loom shard file (bad magic)");
+  if (get_u32(in + 60) != loom_crc32c(0, in, 60))
+    return loom_error(LOOM_ERR_CORRUPT, "header checksum mismatch");
+  h->version = get_u32(in + 8);
+  h->rank = get_u32(in + 12);
+  h->world = get_u32(in + 16);
+  h->n_blocks = get_u32(in + 20);
+  h->step = (int64_t)get_u64(in + 24);
+  h->index_offset = (int64_t)get_u64(in + 32);
+  if (h->version != LOOM_CKPT_FORMAT_VERSION)
+    return loom_error(LOOM_ERR_UNSUPPORTED,
+                      "shard format version %u (this loom reads %d)",
+                      h->version, LOOM_CKPT_FORMAT_VERSION);
+  return LOOM_OK;
+}
+
+void loom_ckpt_entry_encode(unsigned char out[CKPT_ENTRY_BYTES],
+                            const ckpt_entry *e) {
+  memset(out, 0, CKPT_ENTRY_BYTES);
+  memcpy(out, e->name, strnlen(e->name, LOOM_CKPT_NAME_MAX - 1));
+  const char *dt = loom_dtype_name(e->dtype);
+  memcpy(out + 32, dt, strnlen(dt, 7));
+  put_u32(out + 40, e->crc);
+  put_u64(out + 48, (uint64_t)e->total);
+  put_u64(out + 56, (uint64_t)e->begin);
+  put_u64(out + 64, (uint64_t)e->count);
+  put_u64(out + 72, (uint64_t)e->offset);
+}
+
+loom_status loom_ckpt_entry_decode(const unsigned char in[CKPT_ENTRY_BYTES],
+                                   ckpt_entry *e) {
+  memset(e, 0, sizeof *e);
+  memcpy(e->name, in, LOOM_CKPT_NAME_MAX - 1);
+  char dt[9] = {0};
+  memcpy(dt, in + 32, 8);
+  if (!loom_ckpt_name_ok(e->name))
+    return loom_error(LOOM_ERR_CORRUPT, "bad buffer name in block index");
+  if (loom_dtype_parse(dt, &e->dtype) != LOOM_OK)
+    return loom_error(LOOM_ERR_CORRUPT, "unknown dtype in block index");
+  e->crc = get_u32(in + 40);
+  e->total = (int64_t)get_u64(in + 48);
+  e->begin = (int64_t)get_u64(in + 56);
+  e->count = (int64_t)get_u64(in + 64);
+  e->offset = (int64_t)get_u64(in + 72);
+  if (e->total < 0 || e->begin < 0 || e->count < 0 || e->offset < 0 ||
+      e->begin > e->total || e->count > e->total - e->begin)
+    return loom_error(LOOM_ERR_CORRUPT, "bad range in block index");
+  return LOOM_OK;
+}
+
+void loom_ckpt_footer_encode(unsigned char out[CKPT_FOOTER_BYTES],
+                             const ckpt_footer *f) {
+  memset(out, 0, CKPT_FOOTER_BYTES);
+  memcpy(out, CKPT_FOOTER_MAGIC, 8);
+  put_u64(out + 8, (uint64_t)f->index_offset);
+  put_u32(out + 16, f->n_blocks);
+  put_u32(out + 20, f->index_crc);
+  put_u32(out + 28, loom_crc32c(0, out, 28));
+}
+
+loom_status loom_ckpt_footer_decode(const unsigned char in[CKPT_FOOTER_BYTES],
+                                    ckpt_footer *f) {
+  if (memcmp(in, CKPT_FOOTER_MAGIC, 8) != 0)
+    return loom_error(LOOM_ERR_CORRUPT, "no block index at the end (bad "
+                                        "footer magic)");
+  if (get_u32(in + 28) != loom_crc32c(0, in, 28))
+    return loom_error(LOOM_ERR_CORRUPT, "footer checksum mismatch");
+  f->index_offset = (int64_t)get_u64(in + 8);
+  f->n_blocks = get_u32(in + 16);
+  f->index_crc = get_u32(in + 20);
+  return LOOM_OK;
+}
+
+bool loom_ckpt_name_ok(const char *name) {
+  size_t n = strnlen(name, LOOM_CKPT_NAME_MAX);
+  if (n == 0 || n >= LOOM_CKPT_NAME_MAX)
+    return false;
+  for (size_t i = 0; i < n; i++) {
+    char c = name[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+          (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
+      return false;
+  }
+  return true;
+}
+
+bool loom_ckpt_parse_step_name(const char *name, int64_t *step) {
+  if (strncmp(name, "step_", 5) != 0)
+    return false;
+  const char *p = name + 5;
+  size_t n = strlen(p);
+  if (n == 0 || n > 18)
+    return false;
+  int64_t v = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (p[i] < '0' || p[i] > '9')
+      return false;
+    v = v * 10 + (p[i] - '0');
+  }
+  *step = v;
+  return true;
+}
+
+/* ------------------------------------------------------------ fault hook */
+
+static atomic_long io_calls;
+static atomic_long io_fail_at; /* absolute call number; 0 = never */
+static atomic_int io_fail_errno;
+
+void loom_ckpt_fail_io_after(long n, int err) {
+  atomic_store(&io_fail_errno, err ? err : EIO);
+  atomic_store(&io_fail_at, n > 0 ? atomic_load(&io_calls) + n : 0);
+}
+
+long loom_ckpt_io_count(void) { return atomic_load(&io_calls); }
+
+/* True when this call is the one to fail (errno is then set). */
+static bool io_fault(void) {
+  long call = atomic_fetch_add(&io_calls, 1) + 1;
+  long f = atomic_load(&io_fail_at);
+  if (f != 0 && call == f) {
+    errno = atomic_load(&io_fail_errno);
+    return true;
+  }
+  return false;
+}
+
+int loom_ckpt_io_open_write(const char *path) {
+  if (io_fault())
+    return -1;
+  return open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+}
+
+int loom_ckpt_io_pwrite_all(int fd, const void *buf, size_t n, int64_t off) {
+  if (io_fault())
+    return -1;
+  const char *p = buf;
+  while (n > 0) {
+    size_t chunk = n > ((size_t)1 << 30) ? (size_t)1 << 30 : n;
+    ssize_t w = pwrite(fd, p, chunk, (off_t)off);
+    if (w < 0) {
+      if (errno == EINTR)
+        continue;
+      return -1;
+    }
+    if (w == 0) {
+      errno = EIO;
+      return -1;
+    }
+    p += w;
+    off += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+int loom_ckpt_io_fsync(int fd) {
+  if (io_fault())
+    return -1;
+  return fsync(fd);
+}
+
+int loom_ckpt_io_close(int fd) {
+  if (io_fault()) {
+    int e = errno;
+    close(fd); /* the descriptor is gone either way */
+    errno = e;
+    return -1;
+  }
+  return close(fd);
+}
+
+int loom_ckpt_io_mkdir(const char *path) {
+  if (io_fault())
+    return -1;
+  return mkdir(path, 0755);
+}
+
+int loom_ckpt_io_rename(const char *from, const char *to) {
+  if (io_fault())
+    return -1;
+  return rename(from, to);
+}
+
+int loom_ckpt_io_exchange(const char *a, const char *b) {
+  if (io_fault())
+    return -1;
+  return renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE);
+}
+
+/* ----------------------------------------------------------- directories */
+
+loom_status loom_ckpt_mkdirs(const char *path) {
+  char buf[CKPT_PATH_MAX];
+  size_t n = strlen(path);
+  if (n == 0 || n >= sizeof buf)
+    return loom_error(LOOM_ERR_INVALID_ARG, "checkpoint directory '%s': bad "
+                                            "path", path);
+  memcpy(buf, path, n + 1);
+  for (size_t i = 1; i <= n; i++) {
+    if (buf[i] != '/' && buf[i] != '\0')
+      continue;
+    char c = buf[i];
+    buf[i] = '\0';
+    struct stat st;
+    if (stat(buf, &st) != 0) {
+      if (loom_ckpt_io_mkdir(buf) != 0 && errno != EEXIST)
+        return loom_error(LOOM_ERR_IO, "%s: cannot create directory: %s", buf,
+                          strerror(errno));
+    } else if (!S_ISDIR(st.st_mode)) {
+      return loom_error(LOOM_ERR_IO, "%s: not a directory", buf);
+    }
+    buf[i] = c;
+  }
+  return LOOM_OK;
+}
+
+loom_status loom_ckpt_fsync_dir(const char *path) {
+  int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return loom_error(LOOM_ERR_IO, "%s: cannot open directory: %s", path,
+                      strerror(errno));
+  if (loom_ckpt_io_fsync(fd) != 0) {
+    int e = errno;
+    close(fd);
+    return loom_error(LOOM_ERR_IO, "%s: fsync of directory failed: %s", path,
+                      strerror(e));
+  }
+  close(fd);
+  return LOOM_OK;
+}
+
+static loom_status rmtree_depth(const char *path, int depth) {
+  DIR *d = opendir(path);
+  if (!d) {
+    if (errno == ENOENT)
+      return LOOM_OK;
+    if (errno == ENOTDIR) {
+      if (unlink(path) != 0)
+        return loom_error(LOOM_ERR_IO, "%s: cannot remove: %s", path,
+                          strerror(errno));
+      return LOOM_OK;
+    }
+    return loom_error(LOOM_ERR_IO, "%s: cannot open directory: %s", path,
+                      strerror(errno));
+  }
+  loom_status st = LOOM_OK;
+  struct dirent *e;
+  char sub[CKPT_PATH_MAX];
+  while ((e = readdir(d)) != NULL) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+      continue;
+    int n = snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
+    if (n < 0 || (size_t)n >= sizeof sub) {
+      st = loom_error(LOOM_ERR_IO, "%s: path too long", path);
+      continue;
+    }
+    if (unlink(sub) == 0)
+      continue;
+    if ((errno == EISDIR || errno == EPERM) && depth > 0) {
+      loom_status s2 = rmtree_depth(sub, depth - 1);
+      if (s2 != LOOM_OK)
+        st = s2;
+    } else {
+      st = loom_error(LOOM_ERR_IO, "%s: cannot remove: %s", sub,
+                      strerror(errno));
+    }
+  }
+  closedir(d);
+  if (rmdir(path) != 0 && errno != ENOENT && st == LOOM_OK)
+    st = loom_error(LOOM_ERR_IO, "%s: cannot remove directory: %s", path,
+                    strerror(errno));
+  return st;
+}
+
+loom_status loom_ckpt_rmtree(const char *path) { return rmtree_depth(path, 1); }
+
+loom_status loom_ckpt_write_file_atomic(const char *dir, const char *name,
+                                        const void *data, size_t n) {
+  char tmp[CKPT_PATH_MAX], dst[CKPT_PATH_MAX];
+  int a = snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, name);
+  int b = snprintf(dst, sizeof dst, "%s/%s", dir, name);
+  if (a < 0 || b < 0 || (size_t)a >= sizeof tmp || (size_t)b >= sizeof dst)
+    return loom_error(LOOM_ERR_INVALID_ARG, "%s: path too long", dir);
+  int fd = loom_ckpt_io_open_write(tmp);
+  if (fd < 0)
+    return loom_error(LOOM_ERR_IO, "%s: cannot create: %s", tmp,
+                      strerror(errno));
+  const char *what = NULL;
+  if (loom_ckpt_io_pwrite_all(fd, data, n, 0) != 0)
+    what = "write";
+  else if (loom_ckpt_io_fsync(fd) != 0)
+    what = "fsync";
+  int e = errno;
+  if (loom_ckpt_io_close(fd) != 0 && !what) {
+    what = "close";
+    e = errno;
+  }
+  if (what) {
+    unlink(tmp);
+    return loom_error(LOOM_ERR_IO, "%s: %s failed: %s", tmp, what,
+                      strerror(e));
+  }
+  if (loom_ckpt_io_rename(tmp, dst) != 0) {
+    e = errno;
+    unlink(tmp);
+    return loom_error(LOOM_ERR_IO, "%s: cannot rename to %s: %s", tmp, dst,
+                      strerror(e));
+  }
+  return loom_ckpt_fsync_dir(dir);
+}
+
+loom_status loom_ckpt_pread_all(int fd, void *buf, size_t n, int64_t off,
+                                const char *path) {
+  char *p = buf;
+  while (n > 0) {
+    ssize_t r = pread(fd, p, n, (off_t)off);
+    if (r < 0) {
+      if (errno == EINTR)
+        continue;
+      return loom_error(LOOM_ERR_IO, "%s: read failed at byte %lld: %s", path,
+                        (long long)off, strerror(errno));
+    }
+    if (r == 0)
+      return loom_error(LOOM_ERR_CORRUPT, "%s: truncated (ends before byte "
+                                          "%lld)",
+                        path, (long long)(off + (int64_t)n));
+    p += r;
+    off += r;
+    n -= (size_t)r;
+  }
+  return LOOM_OK;
+}
+
+loom_status loom_ckpt_read_file(const char *path, size_t max, char **out,
+                                size_t *len) {
+  *out = NULL;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return loom_error(errno == ENOENT ? LOOM_ERR_CORRUPT : LOOM_ERR_IO,
+                      "%s: %s", path,
+                      errno == ENOENT ? "missing" : strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return loom_error(LOOM_ERR_CORRUPT, "%s: not a regular file", path);
+  }
+  if ((uint64_t)st.st_size > max) {
+    close(fd);
+    return loom_error(LOOM_ERR_CORRUPT, "%s: too large (%lld bytes)", path,
+                      (long long)st.st_size);
+  }
+  size_t n = (size_t)st.st_size;
+  char *buf = loom_malloc(n + 1);
+  if (!buf) {
+    close(fd);
+    return loom_error(LOOM_ERR_NOMEM, "%s: out of memory reading it", path);
+  }
+  loom_status s = loom_ckpt_pread_all(fd, buf, n, 0, path);
+  close(fd);
+  if (s != LOOM_OK) {
+    loom_free(buf);
+    return s;
+  }
+  buf[n] = '\0';
+  *out = buf;
+  if (len)
+    *len = n;
+  return LOOM_OK;
+}
+
+/* ------------------------------------------------------- JSON syntax */
+
+/* A JSON syntax check that allocates nothing, so that a cJSON parse that
+ * fails on text that passes it is known to be out of memory. */
+typedef struct jscan {
+  const char *p, *end;
+  int depth;
+} jscan;
+
+static void js_ws(jscan *j) {
+  while (j->p < j->end &&
+         (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r'))
+    j->p++;
+}
+
+static bool js_lit(jscan *j, const char *lit) {
+  size_t n = strlen(lit);
+  if ((size_t)(j->end - j->p) < n || memcmp(j->p, lit, n) != 0)
+    return false;
+  j->p += n;
+  return true;
+}
+
+static bool js_string(jscan *j) {
+  if (j->p >= j->end || *j->p != '"')
+    return false;
+  for (j->p++; j->p < j->end; j->p++) {
+    unsigned char c = (unsigned char)*j->p;
+    if (c == '"') {
+      j->p++;
+      return true;
+    }
+    if (c < 0x20)
+      return false;
+    if (c == '\\') {
+      if (++j->p >= j->end)
+        return false;
+      if (*j->p == 'u') {
+        for (int i = 0; i < 4; i++)
+          if (++j->p >= j->end || !strchr("0123456789abcdefABCDEF", *j->p))
+            return false;
+      } else if (!strchr("\"\\/bfnrt", *j->p)) {
+        return false;
+      }
+    }
+  }
+  return false;
+}
+
+static bool js_digits(jscan *j) {
+  const char *start = j->p;
+  while (j->p < j->end && *j->p >= '0' && *j->p <= '9')
+    j->p++;
+  return j->p > start;
+}
+
+static bool js_number(jscan *j) {
+  if (j->p < j->end && *j->p == '-')
+    j->p++;
+  if (j->p < j->end && *j->p == '0')
+    j->p++;
+  else if (!js_digits(j))
+    return false;
+  if (j->p < j->end && *j->p == '.') {
+    j->p++;
+    if (!js_digits(j))
+      return false;
+  }
+  if (j->p < j->end && (*j->p == 'e' || *j->p == 'E')) {
+    j->p++;
+    if (j->p < j->end && (*j->p == '+' || *j->p == '-'))
+      j->p++;
+    if (!js_digits(j))
+      return false;
+  }
+  return true;
+}
+
+static bool js_value(jscan *j) {
+  js_ws(j);
+  if (j->p >= j->end || ++j->depth > 1000)
+    return false;
+  bool ok;
+  char c = *j->p;
+  if (c == '{' || c == '[') {
+    char close = c == '{' ? '}' : ']';
+    j->p++;
+    js_ws(j);
+    if (j->p < j->end && *j->p == close) {
+      j->p++;
+      ok = true;
+    } else {
+      for (;;) {
+        if (c == '{') {
+          js_ws(j);
+          if (!js_string(j))
+            return false;
+          js_ws(j);
+          if (j->p >= j->end || *j->p++ != ':')
+            return false;
+        }
+        if (!js_value(j))
+          return false;
+        js_ws(j);
+        if (j->p < j->end && *j->p == ',') {
+          j->p++;
+          continue;
+        }
+        ok = j->p < j->end && *j->p++ == close;
+        break;
+      }
+    }
+  } else if (c == '"') {
+    ok = js_string(j);
+  } else if (c == 't') {
+    ok = js_lit(j, "true");
+  } else if (c == 'f') {
+    ok = js_lit(j, "false");
+  } else if (c == 'n') {
+    ok = js_lit(j, "null");
+  } else {
+    ok = js_number(j);
+  }
+  j->depth--;
+  return ok;
+}
+
+bool loom_ckpt_json_object_ok(const char *s, size_t n) {
+  jscan j = {s, s + n, 0};
+  js_ws(&j);
+  if (j.p >= j.end || *j.p != '{' || !js_value(&j))
+    return false;
+  js_ws(&j);
+  return j.p == j.end;
+}
+
+static void *json_malloc(size_t n) { return loom_malloc(n); }
+static void json_free(void *p) { loom_free(p); }
+static pthread_once_t json_once = PTHREAD_ONCE_INIT;
+static void json_hooks(void) {
+  cJSON_Hooks h = {json_malloc, json_free};
+  cJSON_InitHooks(&h);
+}
+
+void loom_ckpt_json_init(void) { pthread_once(&json_once, json_hooks); }
+
+/* ---------------------------------------------------- the directory API */
+
+loom_status loom_ckpt_dir_name(const char *root, int64_t step, char *buf,
+                               size_t n) {
+  if (!root || !buf || step < 0)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_ckpt_dir_name: bad argument");
+  int w = snprintf(buf, n, "%s/step_%08lld", root, (long long)step);
+  if (w < 0 || (size_t)w >= n)
+    return loom_error(LOOM_ERR_INVALID_ARG, "%s: path too long", root);
+  return LOOM_OK;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+loom_status loom_ckpt_list(const char *root, int64_t **steps, int *n) {
+  if (!root || !steps || !n)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_ckpt_list: NULL argument");
+  *steps = NULL;
+  *n = 0;
+  DIR *d = opendir(root);
+  if (!d) {
+    if (errno == ENOENT)
+      return LOOM_OK;
+    return loom_error(LOOM_ERR_IO, "%s: cannot list: %s", root,
+                      strerror(errno));
+  }
+  int cap = 0, cnt = 0;
+  int64_t *v = NULL;
+  struct dirent *e;
+  loom_status st = LOOM_OK;
+  while ((e = readdir(d)) != NULL) {
+    int64_t s;
+    if (!loom_ckpt_parse_step_name(e->d_name, &s))
+      continue;
+    if (cnt == cap) {
+      int nc = cap ? cap * 2 : 16;
+      int64_t *nv = loom_malloc((size_t)nc * sizeof *nv);
+      if (!nv) {
+        st = loom_error(LOOM_ERR_NOMEM, "%s: out of memory listing", root);
+        break;
+      }
+      if (v)
+        memcpy(nv, v, (size_t)cnt * sizeof *v);
+      loom_free(v);
+      v = nv;
+      cap = nc;
+    }
+    v[cnt++] = s;
+  }
+  closedir(d);
+  if (st != LOOM_OK) {
+    loom_free(v);
+    return st;
+  }
+  if (cnt)
+    qsort(v, (size_t)cnt, sizeof *v, cmp_i64);
+  *steps = v;
+  *n = cnt;
+  return LOOM_OK;
+}
+
+loom_status loom_ckpt_read_latest(const char *root, int64_t *step) {
+  char path[CKPT_PATH_MAX];
+  int w = snprintf(path, sizeof path, "%s/%s", root, CKPT_LATEST);
+  if (w < 0 || (size_t)w >= sizeof path)
+    return loom_error(LOOM_ERR_INVALID_ARG, "%s: path too long", root);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return loom_error(LOOM_ERR_IO, "%s: %s", path,
+                      errno == ENOENT ? "missing" : strerror(errno));
+  char buf[64];
+  ssize_t r = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (r < 0)
+    return loom_error(LOOM_ERR_IO, "%s: %s", path, strerror(errno));
+  buf[r] = '\0';
+  size_t len = (size_t)r;
+  if (len > 0 && buf[len - 1] == '\n')
+    buf[--len] = '\0';
+  if (!loom_ckpt_parse_step_name(buf, step))
+    return loom_error(LOOM_ERR_CORRUPT, "%s: does not name a checkpoint "
+                                        "(expected step_NNNNNNNN)",
+                      path);
+  return LOOM_OK;
+}
+
+/* ------------------------------------------------------------------ damage */
+
+static const char *const damage_names[] = {
+#define LOOM_X_NAME(name, text) text,
+    LOOM_CKPT_DAMAGE_LIST(LOOM_X_NAME)
+#undef LOOM_X_NAME
+};
+_Static_assert(sizeof damage_names / sizeof damage_names[0] ==
+                   LOOM_CKPT_DAMAGE_COUNT,
+               "damage table size");
+
+const char *loom_ckpt_damage_name(loom_ckpt_damage_kind k) {
+  return (unsigned)k < LOOM_CKPT_DAMAGE_COUNT ? damage_names[k] : "?";
+}
+
+loom_status loom_ckpt_damage_parse(const char *s, loom_ckpt_damage_kind *out) {
+  for (int i = 0; i < LOOM_CKPT_DAMAGE_COUNT; i++)
+    if (s && strcmp(s, damage_names[i]) == 0) {
+      *out = (loom_ckpt_damage_kind)i;
+      return LOOM_OK;
+    }
+  return loom_error(LOOM_ERR_INVALID_ARG,
+                    "unknown damage '%s' (flip, truncate, manifest, latest)",
+                    s ? s : "(null)");
+}
+
+loom_status loom_ckpt_damage(const char *dir, loom_ckpt_damage_kind kind,
+                             int rank) {
+  char path[CKPT_PATH_MAX];
+  if (!dir)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_ckpt_damage: NULL dir");
+  if (kind == LOOM_CKPT_DAMAGE_MANIFEST) {
+    snprintf(path, sizeof path, "%s/%s", dir, CKPT_MANIFEST);
+    if (unlink(path) != 0)
+      return loom_error(LOOM_ERR_IO, "%s: cannot delete: %s", path,
+                        strerror(errno));
+    return LOOM_OK;
+  }
+  if (kind == LOOM_CKPT_DAMAGE_LATEST) {
+    char parent[CKPT_PATH_MAX];
+    snprintf(parent, sizeof parent, "%s", dir);
+    size_t n = strlen(parent);
+    while (n > 1 && parent[n - 1] == '/')
+      parent[--n] = '\0';
+    char *slash = strrchr(parent, '/');
+    if (slash)
+      *slash = '\0';
+    else
+      snprintf(parent, sizeof parent, ".");
+    int w = snprintf(path, sizeof path, "%s/%s", parent, CKPT_LATEST);
+    if (w < 0 || (size_t)w >= sizeof path)
+      return loom_error(LOOM_ERR_INVALID_ARG, "%s: path too long", parent);
+    if (unlink(path) != 0)
+      return loom_error(LOOM_ERR_IO, "%s: cannot delete: %s", path,
+                        strerror(errno));
+    return LOOM_OK;
+  }
+  snprintf(path, sizeof path, "%s/shard_%05d.bin", dir, rank);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0)
+    return loom_error(LOOM_ERR_IO, "%s: cannot open: %s", path,
+                      strerror(errno));
+  struct stat st;
+  loom_status s = LOOM_OK;
+  if (fstat(fd, &st) != 0) {
+    s = loom_error(LOOM_ERR_IO, "%s: %s", path, strerror(errno));
+  } else if (kind == LOOM_CKPT_DAMAGE_TRUNCATE) {
+    if (ftruncate(fd, st.st_size / 2) != 0)
+      s = loom_error(LOOM_ERR_IO, "%s: cannot truncate: %s", path,
+                     strerror(errno));
+  } else if (kind == LOOM_CKPT_DAMAGE_FLIP) {
+    /* The first payload byte: always data, never padding. */
+    unsigned char b;
+    off_t at = CKPT_HEADER_BYTES;
+    if (st.st_size <= CKPT_HEADER_BYTES + CKPT_FOOTER_BYTES ||
+        pread(fd, &b, 1, at) != 1) {
+      s = loom_error(LOOM_ERR_IO, "%s: nothing to flip", path);
+    } else {
+      b ^= 0x10;
+      if (pwrite(fd, &b, 1, at) != 1)
+        s = loom_error(LOOM_ERR_IO, "%s: cannot write: %s", path,
+                       strerror(errno));
+    }
+  } else {
+    s = loom_error(LOOM_ERR_INVALID_ARG, "loom_ckpt_damage: kind %d",
+                   (int)kind);
+  }
+  close(fd);
+  return s;
+}

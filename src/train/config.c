@@ -1,0 +1,1449 @@
+/* The training configuration: the schema table and everything it drives
+ * (YAML loading, --set overrides, validation, canonical text, hash, docs). */
+#include "loom/config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <yaml.h>
+
+/* ------------------------------------------------------------ name tables */
+
+#define LOOM_X_NAME(name, text) text,
+const char *const loom_cfg_model_names[] = {LOOM_CFG_MODEL_LIST(LOOM_X_NAME)};
+const char *const loom_cfg_act_names[] = {LOOM_CFG_ACT_LIST(LOOM_X_NAME)};
+const char *const loom_cfg_dataset_names[] = {
+    LOOM_CFG_DATASET_LIST(LOOM_X_NAME)};
+const char *const loom_cfg_tail_names[] = {LOOM_CFG_TAIL_LIST(LOOM_X_NAME)};
+const char *const loom_cfg_optim_names[] = {LOOM_CFG_OPTIM_LIST(LOOM_X_NAME)};
+const char *const loom_cfg_sched_names[] = {LOOM_CFG_SCHED_LIST(LOOM_X_NAME)};
+const char *const loom_cfg_scaling_names[] = {
+    LOOM_CFG_SCALING_LIST(LOOM_X_NAME)};
+const char *const loom_cfg_precision_names[] = {
+    LOOM_CFG_PRECISION_LIST(LOOM_X_NAME)};
+const char *const loom_cfg_on_error_names[] = {
+    LOOM_CFG_ON_ERROR_LIST(LOOM_X_NAME)};
+const char *const loom_cfg_progress_names[] = {
+    LOOM_CFG_PROGRESS_LIST(LOOM_X_NAME)};
+const char *const loom_cfg_strategy_names[] = {
+    LOOM_CFG_STRATEGY_LIST(LOOM_X_NAME)};
+const char *const loom_cfg_compress_names[] = {
+    LOOM_CFG_COMPRESS_LIST(LOOM_X_NAME)};
+static const char *const type_names[] = {LOOM_CFG_TYPE_LIST(LOOM_X_NAME)};
+#undef LOOM_X_NAME
+
+#define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
+_Static_assert(COUNT_OF(loom_cfg_model_names) == LOOM_CFG_MODEL_COUNT, "");
+_Static_assert(COUNT_OF(loom_cfg_act_names) == LOOM_CFG_ACT_COUNT, "");
+_Static_assert(COUNT_OF(loom_cfg_dataset_names) == LOOM_CFG_DATASET_COUNT, "");
+_Static_assert(COUNT_OF(loom_cfg_tail_names) == LOOM_CFG_TAIL_COUNT, "");
+_Static_assert(COUNT_OF(loom_cfg_optim_names) == LOOM_CFG_OPTIM_COUNT, "");
+_Static_assert(COUNT_OF(loom_cfg_sched_names) == LOOM_CFG_SCHED_COUNT, "");
+_Static_assert(COUNT_OF(loom_cfg_scaling_names) == LOOM_CFG_SCALING_COUNT, "");
+_Static_assert(COUNT_OF(loom_cfg_precision_names) == LOOM_CFG_PRECISION_COUNT,
+               "");
+_Static_assert(COUNT_OF(loom_cfg_on_error_names) == LOOM_CFG_ON_ERROR_COUNT,
+               "");
+_Static_assert(COUNT_OF(loom_cfg_progress_names) == LOOM_CFG_PROGRESS_COUNT,
+               "");
+_Static_assert(COUNT_OF(loom_cfg_strategy_names) == LOOM_CFG_STRATEGY_COUNT,
+               "");
+_Static_assert(COUNT_OF(loom_cfg_compress_names) == LOOM_CFG_COMPRESS_COUNT,
+               "");
+_Static_assert(COUNT_OF(type_names) == LOOM_CFG_TYPE_COUNT, "");
+/* Enum fields are read and written as int. */
+_Static_assert(sizeof(loom_cfg_model) == sizeof(int) &&
+                   sizeof(loom_cfg_strategy) == sizeof(int) &&
+                   sizeof(loom_cfg_progress) == sizeof(int),
+               "enum fields must be int-sized");
+
+const char *loom_cfg_type_name(loom_cfg_type t) {
+  return (unsigned)t < LOOM_CFG_TYPE_COUNT ? type_names[t] : "?";
+}
+
+/* ----------------------------------------------------------------- schema */
+
+#define OFF(field) offsetof(loom_config, field)
+#define NOMAX INFINITY
+#define MAX_SEED 9007199254740991.0 /* 2^53 - 1: exact in JSON and doubles */
+#define ENUMV(tab) tab, (int)COUNT_OF(tab)
+
+#define KINT(p, f, d, lo, hi, fl, h)                                           \
+  {p, LOOM_CFG_INT, OFF(f), d, lo, hi, 0, NULL, 0, fl, h}
+#define KFLOAT(p, f, d, lo, hi, fl, h)                                         \
+  {p, LOOM_CFG_FLOAT, OFF(f), d, lo, hi, 0, NULL, 0, fl, h}
+#define KBOOL(p, f, d, fl, h) {p, LOOM_CFG_BOOL, OFF(f), d, 0, 0, 0, NULL, 0, fl, h}
+#define KSTR(p, f, d, fl, h) {p, LOOM_CFG_STRING, OFF(f), d, 0, 0, 0, NULL, 0, fl, h}
+#define KENUM(p, f, d, tab, fl, h)                                             \
+  {p, LOOM_CFG_ENUM, OFF(f), d, 0, 0, 0, ENUMV(tab), fl, h}
+#define KLIST(p, f, d, lo, hi, lmin, fl, h)                                    \
+  {p, LOOM_CFG_INT_LIST, OFF(f), d, lo, hi, lmin, NULL, 0, fl, h}
+
+enum { MO = LOOM_CFG_MAX_OPEN, MI = LOOM_CFG_MIN_OPEN, LO = LOOM_CFG_LOCAL };
+
+static const loom_config_key keys[] = {
+    /* model */
+    KENUM("model.name", model.name, "mlp", loom_cfg_model_names, 0,
+          "architecture: mlp (fully connected), cnn (conv + max-pool stages, "
+          "then one linear layer) or gpt (decoder-only transformer)"),
+    KLIST("model.hidden", model.hidden, "[512, 512]", 1, 1048576, 0, 0,
+          "mlp: widths of the hidden layers, in order ([] = one linear layer)"),
+    KENUM("model.activation", model.activation, "relu", loom_cfg_act_names, 0,
+          "mlp, cnn: activation after each hidden layer or conv"),
+    KLIST("model.channels", model.channels, "[32, 64]", 1, 65536, 1, 0,
+          "cnn: output channels of each conv; each conv is followed by the "
+          "activation and a max-pool"),
+    KINT("model.kernel", model.kernel, "5", 1, 15, 0,
+         "cnn: conv kernel size (square, stride 1, no padding)"),
+    KINT("model.pool", model.pool, "2", 1, 8, 0,
+         "cnn: max-pool window and stride"),
+    KINT("model.context", model.context, "128", 1, 1048576, 0,
+         "gpt: context length T, tokens per sequence"),
+    KINT("model.layers", model.layers, "4", 1, 1024, 0,
+         "gpt: transformer blocks L"),
+    KINT("model.d_model", model.d_model, "128", 1, 1048576, 0,
+         "gpt: channels C"),
+    KINT("model.heads", model.heads, "4", 1, 4096, 0,
+         "gpt: attention heads NH; must divide model.d_model"),
+    KINT("model.vocab", model.vocab, "256", 2, 16777216, 0,
+         "gpt: vocabulary size V (256 for bytes); the output layer is tied to "
+         "the token embedding"),
+    KINT("model.mlp_ratio", model.mlp_ratio, "4", 1, 64, 0,
+         "gpt: width of the MLP in multiples of model.d_model"),
+    KFLOAT("model.dropout", model.dropout, "0", 0, 1, MO,
+           "gpt: dropout probability (0 = none)"),
+    KFLOAT("model.init_std", model.init_std, "0.02", 0, 1, MI,
+           "gpt: standard deviation of the N(0, std) weight initialisation"),
+    /* data */
+    KENUM("data.dataset", data.dataset, "fashion-mnist",
+          loom_cfg_dataset_names, 0,
+          "fashion-mnist (images, Debian package dataset-fashion-mnist), kjv "
+          "(bytes of the King James Bible, prepared by 'loom data') or bin "
+          "(token shard in llm.c's .bin layout)"),
+    KSTR("data.path", data.path, "\"\"", LO,
+         "fashion-mnist: its directory; kjv: the prepared text; bin: the "
+         "training .bin file. Empty: where the data set is installed or "
+         "prepared by default"),
+    KSTR("data.val_path", data.val_path, "\"\"", LO,
+         "bin: the validation .bin file; empty: hold out data.val_fraction of "
+         "data.path"),
+    KFLOAT("data.val_fraction", data.val_fraction, "0.1", 0, 1, MO,
+           "kjv, bin: share of the tokens held out at the end for validation "
+           "(fashion-mnist uses its test set)"),
+    KBOOL("data.shuffle", data.shuffle, "true", 0,
+          "shuffle the training samples every epoch (counter-based: the same "
+          "order at any world size)"),
+    KENUM("data.tail", data.tail, "partial", loom_cfg_tail_names, 0,
+          "samples that do not fill the last batch of an epoch: drop (left "
+          "out), pad (completed from the epoch's start) or partial (a short "
+          "batch)"),
+    KINT("data.prefetch", data.prefetch, "2", 0, 64, LO,
+         "batches the loader thread prepares ahead; 0 = load in the training "
+         "thread"),
+    /* optim */
+    KENUM("optim.name", optim.name, "sgd", loom_cfg_optim_names, 0,
+          "optimizer: sgd or adamw"),
+    KFLOAT("optim.lr", optim.lr, "0.01", 0, 1000, MI,
+           "learning rate (the peak, reached at the end of warmup)"),
+    KFLOAT("optim.momentum", optim.momentum, "0", 0, 1, MO,
+           "sgd: momentum (0 = none)"),
+    KBOOL("optim.nesterov", optim.nesterov, "false", 0,
+          "sgd: Nesterov momentum (needs optim.momentum > 0)"),
+    KFLOAT("optim.weight_decay", optim.weight_decay, "0", 0, 1000, 0,
+           "sgd: L2 term added to the gradient; adamw: decoupled decay. Not "
+           "applied to biases and norm weights"),
+    KFLOAT("optim.beta1", optim.beta1, "0.9", 0, 1, MO,
+           "adamw: decay rate of the first moment"),
+    KFLOAT("optim.beta2", optim.beta2, "0.999", 0, 1, MO,
+           "adamw: decay rate of the second moment"),
+    KFLOAT("optim.eps", optim.eps, "1e-08", 0, 1, MI,
+           "adamw: added to the square root of the second moment"),
+    KFLOAT("optim.grad_clip", optim.grad_clip, "0", 0, NOMAX, 0,
+           "clip gradients to this global L2 norm; 0 = no clipping"),
+    /* schedule */
+    KENUM("schedule.name", schedule.name, "constant", loom_cfg_sched_names, 0,
+          "learning-rate schedule after warmup: constant, step (x gamma every "
+          "step_size steps), cosine or linear (down to min_lr at the last "
+          "step)"),
+    KINT("schedule.warmup_steps", schedule.warmup_steps, "0", 0, NOMAX, 0,
+         "steps of linear warmup, from lr/warmup_steps up to lr"),
+    KFLOAT("schedule.min_lr", schedule.min_lr, "0", 0, 1000, 0,
+           "cosine, linear: the rate at the last step"),
+    KINT("schedule.step_size", schedule.step_size, "1000", 1, NOMAX, 0,
+         "step: optimizer steps between decays"),
+    KFLOAT("schedule.gamma", schedule.gamma, "0.1", 0, 1, MI,
+           "step: factor applied at each decay"),
+    KENUM("schedule.scaling", schedule.scaling, "none", loom_cfg_scaling_names,
+          0,
+          "scale optim.lr and schedule.min_lr with the number of ranks: none, "
+          "linear (x world size) or sqrt (x its square root)"),
+    /* train */
+    KINT("train.epochs", train.epochs, "1", 0, 1000000000, 0,
+         "passes over the training set; 0 = no limit (train.steps must then "
+         "be set)"),
+    KINT("train.steps", train.steps, "0", 0, NOMAX, 0,
+         "optimizer steps; 0 = no limit. With both limits set, training "
+         "stops at the first one reached"),
+    KINT("train.batch_size", train.batch_size, "32", 1, 16777216, 0,
+         "samples per micro-batch on each rank (the global batch is "
+         "batch_size x accumulate x world size)"),
+    KINT("train.accumulate", train.accumulate, "1", 1, 65536, 0,
+         "micro-batches per optimizer step (gradient accumulation)"),
+    KINT("train.eval_every", train.eval_every, "0", 0, NOMAX, 0,
+         "evaluate every N optimizer steps; 0 = after each epoch (or only at "
+         "the end when training by steps). Training always ends with an "
+         "evaluation"),
+    KINT("train.eval_batches", train.eval_batches, "0", 0, NOMAX, 0,
+         "batches per periodic evaluation; 0 = the whole validation set (the "
+         "final evaluation always uses all of it)"),
+    KINT("train.seed", train.seed, "1234", 0, MAX_SEED, 0,
+         "seed of every random draw: initialisation, shuffling, dropout"),
+    KINT("train.threads", train.threads, "0", 0, 4096, LO,
+         "compute threads per rank; 0 = LOOM_THREADS, else the cores this "
+         "process may use"),
+    KENUM("train.precision", train.precision, "f32", loom_cfg_precision_names,
+          0,
+          "arithmetic of forward and backward: f32, bf16 or f16 (the master "
+          "weights and optimizer stay f32)"),
+    KFLOAT("train.loss_scale", train.loss_scale, "0", 0, 16777216, 0,
+           "f16: a fixed loss scale, or 0 = dynamic scaling; ignored for f32 "
+           "and bf16"),
+    /* checkpoint */
+    KBOOL("checkpoint.enabled", checkpoint.enabled, "true", 0,
+          "write checkpoints"),
+    KSTR("checkpoint.dir", checkpoint.dir, "\"\"", LO,
+         "directory of the checkpoints; empty: <log.run_dir>/ckpt"),
+    KINT("checkpoint.every", checkpoint.every, "0", 0, NOMAX, 0,
+         "save every N optimizer steps; 0 = only at the end (a run always "
+         "saves at its end when checkpoints are enabled)"),
+    KINT("checkpoint.keep", checkpoint.keep, "3", 0, 1000000, LO,
+         "checkpoints kept, the newest; older ones are deleted only after a "
+         "new one is complete. 0 = keep all"),
+    KBOOL("checkpoint.async", checkpoint.async, "false", 0,
+          "copy the state to memory at the step and write it from a "
+          "background thread while training goes on"),
+    KENUM("checkpoint.on_error", checkpoint.on_error, "stop",
+          loom_cfg_on_error_names, 0,
+          "when a save fails (disk full, ...): stop training with the error, "
+          "or continue with a warning (the previous checkpoint stays intact "
+          "either way)"),
+    /* log */
+    KSTR("log.run_dir", log.run_dir, "\"\"", LO,
+         "directory of the run: metrics.jsonl, checkpoints. Empty: "
+         "runs/<config file name without .yaml>"),
+    KINT("log.every", log.every, "50", 1, NOMAX, 0,
+         "optimizer steps between console lines and metric records"),
+    KENUM("log.progress", log.progress, "auto", loom_cfg_progress_names, LO,
+          "console output: auto (a bar on a terminal, lines otherwise), bar, "
+          "lines or off"),
+    KBOOL("log.metrics", log.metrics, "true", LO,
+          "write <log.run_dir>/metrics.jsonl (one JSON object per line)"),
+    KBOOL("log.profile", log.profile, "false", 0,
+          "add per-step timings (forward, backward, wait for communication, "
+          "optimizer, data wait) to the metrics"),
+    /* parallel */
+    KENUM("parallel.strategy", parallel.strategy, "auto",
+          loom_cfg_strategy_names, 0,
+          "auto (none on one rank, ddp on more), none, ddp (data parallel) or "
+          "zero (data parallel with sharded state)"),
+    KFLOAT("parallel.bucket_mb", parallel.bucket_mb, "25", 0, 4096, MI,
+           "ddp, zero: size of a gradient bucket in MiB"),
+    KFLOAT("parallel.first_bucket_mb", parallel.first_bucket_mb, "1", 0, 4096,
+           0,
+           "ddp, zero: size of the first bucket (the last gradients of "
+           "backward) in MiB, so reduction starts early; 0 = bucket_mb"),
+    KBOOL("parallel.deterministic", parallel.deterministic, "false", 0,
+          "bitwise identical results at any world size: gradients summed "
+          "over parallel.virtual_shards in one fixed tree"),
+    KINT("parallel.virtual_shards", parallel.virtual_shards, "8", 1, 65536, 0,
+         "deterministic: fixed shards of the global batch; the world size "
+         "must divide it"),
+    KINT("parallel.zero_stage", parallel.zero_stage, "1", 1, 3, 0,
+         "zero: 1 shards optimizer state, 2 also gradients, 3 also "
+         "parameters"),
+    KENUM("parallel.compress", parallel.compress, "none",
+          loom_cfg_compress_names, 0,
+          "ddp: dtype of gradients in communication: none (f32), bf16 or f16"),
+};
+#define NKEYS COUNT_OF(keys)
+
+static const char *const sections[] = {"model",      "data", "optim",
+                                       "schedule",   "train", "checkpoint",
+                                       "log",        "parallel"};
+#define NSECTIONS COUNT_OF(sections)
+
+const loom_config_key *loom_config_keys(size_t *count) {
+  if (count)
+    *count = NKEYS;
+  return keys;
+}
+
+static int key_index(const char *path, size_t len) {
+  for (size_t i = 0; i < NKEYS; i++)
+    if (strlen(keys[i].path) == len && memcmp(keys[i].path, path, len) == 0)
+      return (int)i;
+  return -1;
+}
+
+const loom_config_key *loom_config_key_find(const char *path) {
+  int i = path ? key_index(path, strlen(path)) : -1;
+  return i < 0 ? NULL : &keys[i];
+}
+
+static int section_index(const char *name) {
+  for (size_t i = 0; i < NSECTIONS; i++)
+    if (strcmp(sections[i], name) == 0)
+      return (int)i;
+  return -1;
+}
+
+/* ------------------------------------------------------ closest key name */
+
+static size_t edit_distance(const char *a, const char *b) {
+  size_t la = strlen(a), lb = strlen(b);
+  if (la > 127 || lb > 127)
+    return (size_t)-1 / 2;
+  size_t prev[128], cur[128];
+  for (size_t j = 0; j <= lb; j++)
+    prev[j] = j;
+  for (size_t i = 1; i <= la; i++) {
+    cur[0] = i;
+    for (size_t j = 1; j <= lb; j++) {
+      size_t sub = prev[j - 1] + (a[i - 1] != b[j - 1]);
+      size_t del = prev[j] + 1, ins = cur[j - 1] + 1;
+      cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+    }
+    memcpy(prev, cur, (lb + 1) * sizeof prev[0]);
+  }
+  return prev[lb];
+}
+
+static const char *leaf(const char *path) {
+  const char *dot = strrchr(path, '.');
+  return dot ? dot + 1 : path;
+}
+
+/* The known name nearest to `name`, or NULL when none is near enough. A key
+ * put in the wrong section ("train.lr") finds its section by the leaf. */
+static const char *closest(const char *name, const char *const *cands,
+                           size_t n, size_t stride) {
+  const char *best = NULL;
+  size_t best_d = (size_t)-1;
+  for (size_t i = 0; i < n; i++) {
+    const char *c = *(const char *const *)((const char *)cands + i * stride);
+    size_t d = edit_distance(name, c);
+    size_t ln = strlen(name), lc = strlen(c);
+    /* "training" for "train", "optim.lrr" for "optim.lr" */
+    if ((ln < lc ? ln : lc) >= 3 && d > 1 &&
+        strncmp(name, c, ln < lc ? ln : lc) == 0)
+      d = 2;
+    if (strchr(name, '.') && strcmp(leaf(name), leaf(c)) == 0 && d > 1)
+      d = 1 + (d > 2); /* same key, other section: near, after typos */
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  size_t len = strlen(name);
+  size_t limit = len / 4 > 2 ? len / 4 : 2;
+  return best_d <= limit ? best : NULL;
+}
+
+/* -------------------------------------------------------------- messages */
+
+/* Where a value came from: a file position, a --set argument, or the
+ * defaults. Every message starts with it. */
+typedef struct cfg_loc {
+  const char *file;     /* config name, for file positions and defaults */
+  const char *set;      /* the --set argument, when it came from one */
+  unsigned long line, col; /* 1-based; 0 = no position */
+} cfg_loc;
+
+static loom_status cfg_err(const cfg_loc *loc, const char *key,
+                           const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static loom_status cfg_err(const cfg_loc *loc, const char *key,
+                           const char *fmt, ...) {
+  char prefix[1024] = "";
+  size_t n = 0;
+  if (loc && loc->set)
+    n = (size_t)snprintf(prefix, sizeof prefix, "--set %s: ", loc->set);
+  else if (loc && loc->file && loc->line)
+    n = (size_t)snprintf(prefix, sizeof prefix, "%s:%lu:%lu: ", loc->file,
+                         loc->line, loc->col);
+  else if (loc && loc->file)
+    n = (size_t)snprintf(prefix, sizeof prefix, "%s: ", loc->file);
+  if (key && n < sizeof prefix)
+    snprintf(prefix + n, sizeof prefix - n, "key '%s': ", key);
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return loom_error(LOOM_ERR_CONFIG, "%s%s", prefix, msg);
+}
+
+/* Shortest decimal text that reads back as exactly v. */
+static void fmt_double(char *buf, size_t n, double v) {
+  if (v == floor(v) && fabs(v) < 1e15) {
+    snprintf(buf, n, "%.0f", v);
+    return;
+  }
+  for (int prec = 1; prec <= 17; prec++) {
+    snprintf(buf, n, "%.*g", prec, v);
+    if (strtod(buf, NULL) == v)
+      return;
+  }
+}
+
+/* "(must be in [0, 1))", "(must be >= 1)" */
+static void fmt_range(char *buf, size_t n, const loom_config_key *k) {
+  char lo[40], hi[40];
+  fmt_double(lo, sizeof lo, k->min);
+  if (isinf(k->max)) {
+    snprintf(buf, n, "%s %s", (k->flags & LOOM_CFG_MIN_OPEN) ? ">" : ">=", lo);
+    return;
+  }
+  fmt_double(hi, sizeof hi, k->max);
+  snprintf(buf, n, "%s%s, %s%s", (k->flags & LOOM_CFG_MIN_OPEN) ? "(" : "[",
+           lo, hi, (k->flags & LOOM_CFG_MAX_OPEN) ? ")" : "]");
+}
+
+static bool in_range(const loom_config_key *k, double v) {
+  bool lo_ok = (k->flags & LOOM_CFG_MIN_OPEN) ? v > k->min : v >= k->min;
+  bool hi_ok = (k->flags & LOOM_CFG_MAX_OPEN) ? v < k->max : v <= k->max;
+  return lo_ok && hi_ok;
+}
+
+/* ------------------------------------------------------ scalar conversion */
+
+/* A scalar as the parser saw it: text, and whether it was quoted (a quoted
+ * scalar is a string in YAML, never a number or a bool). */
+typedef struct cfg_scalar {
+  const char *s;
+  size_t len;
+  bool quoted;
+  cfg_loc loc;
+} cfg_scalar;
+
+static bool scalar_is_null(const cfg_scalar *v) {
+  if (v->quoted)
+    return false;
+  return v->len == 0 || strcmp(v->s, "~") == 0 || strcmp(v->s, "null") == 0 ||
+         strcmp(v->s, "Null") == 0 || strcmp(v->s, "NULL") == 0;
+}
+
+/* Decimal integer with optional sign and '_' between digits. Values beyond
+ * int64 set *overflow. */
+static bool parse_int(const char *s, int64_t *out, bool *overflow) {
+  const char *p = s;
+  bool neg = false;
+  if (*p == '+' || *p == '-')
+    neg = *p++ == '-';
+  if (*p < '0' || *p > '9')
+    return false;
+  uint64_t v = 0;
+  *overflow = false;
+  for (; *p; p++) {
+    if (*p == '_' && p[1] >= '0' && p[1] <= '9' && p[-1] >= '0' &&
+        p[-1] <= '9')
+      continue;
+    if (*p < '0' || *p > '9')
+      return false;
+    unsigned d = (unsigned)(*p - '0');
+    if (v > (UINT64_MAX - d) / 10)
+      *overflow = true;
+    else
+      v = v * 10 + d;
+  }
+  if (v > (uint64_t)INT64_MAX)
+    *overflow = true;
+  *out = *overflow ? 0 : (neg ? -(int64_t)v : (int64_t)v);
+  return true;
+}
+
+static bool parse_float(const char *s, double *out) {
+  if (!*s || strchr(" \t\n", *s))
+    return false;
+  /* strtod also reads "nan", "inf" and hex; only finite decimals pass. */
+  for (const char *p = s; *p; p++)
+    if (!strchr("0123456789+-.eE", *p))
+      return false;
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (*end || !isfinite(v))
+    return false;
+  *out = v;
+  return true;
+}
+
+static int parse_enum(const loom_config_key *k, const char *s) {
+  for (int i = 0; i < k->n_values; i++)
+    if (strcmp(k->values[i], s) == 0)
+      return i;
+  return -1;
+}
+
+static void enum_list(const loom_config_key *k, char *buf, size_t n) {
+  size_t used = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < k->n_values && used < n; i++)
+    used += (size_t)snprintf(buf + used, n - used, "%s%s", i ? ", " : "",
+                             k->values[i]);
+}
+
+/* Writes one scalar into the field of key k in cfg; for lists, `item` >= 0
+ * stores it as item `item` of the list. */
+static loom_status set_scalar(loom_config *cfg, const loom_config_key *k,
+                              const cfg_scalar *v, int item) {
+  char *field = (char *)cfg + k->offset;
+  if (scalar_is_null(v) && k->type != LOOM_CFG_STRING)
+    return cfg_err(&v->loc, k->path, "missing value");
+  char itemtxt[32] = "";
+  if (item >= 0)
+    snprintf(itemtxt, sizeof itemtxt, "item %d: ", item + 1);
+  switch (k->type) {
+  case LOOM_CFG_INT:
+  case LOOM_CFG_INT_LIST: {
+    int64_t x;
+    bool overflow;
+    if (v->quoted)
+      return cfg_err(&v->loc, k->path,
+                     "%sexpected an integer, got the quoted string \"%s\"",
+                     itemtxt, v->s);
+    if (!parse_int(v->s, &x, &overflow))
+      return cfg_err(&v->loc, k->path, "%sexpected an integer, got '%s'",
+                     itemtxt, v->s);
+    if (overflow || !in_range(k, (double)x)) {
+      char r[96];
+      fmt_range(r, sizeof r, k);
+      return cfg_err(&v->loc, k->path, "%s%s is out of range (must be %s%s)",
+                     itemtxt, v->s, isinf(k->max) ? "" : "in ", r);
+    }
+    if (k->type == LOOM_CFG_INT) {
+      memcpy(field, &x, sizeof x);
+    } else {
+      loom_config_ints *l = (loom_config_ints *)(void *)field;
+      l->v[item] = x;
+    }
+    return LOOM_OK;
+  }
+  case LOOM_CFG_FLOAT: {
+    double x;
+    if (v->quoted)
+      return cfg_err(&v->loc, k->path,
+                     "expected a number, got the quoted string \"%s\"", v->s);
+    if (!parse_float(v->s, &x))
+      return cfg_err(&v->loc, k->path, "expected a number, got '%s'", v->s);
+    if (!in_range(k, x)) {
+      char r[96];
+      fmt_range(r, sizeof r, k);
+      return cfg_err(&v->loc, k->path, "%s is out of range (must be %s%s)",
+                     v->s, isinf(k->max) ? "" : "in ", r);
+    }
+    memcpy(field, &x, sizeof x);
+    return LOOM_OK;
+  }
+  case LOOM_CFG_BOOL: {
+    bool x;
+    if (!v->quoted && (!strcmp(v->s, "true") || !strcmp(v->s, "True") ||
+                       !strcmp(v->s, "TRUE")))
+      x = true;
+    else if (!v->quoted && (!strcmp(v->s, "false") || !strcmp(v->s, "False") ||
+                            !strcmp(v->s, "FALSE")))
+      x = false;
+    else
+      return cfg_err(&v->loc, k->path, "expected true or false, got %s%s%s",
+                     v->quoted ? "\"" : "'", v->s, v->quoted ? "\"" : "'");
+    memcpy(field, &x, sizeof x);
+    return LOOM_OK;
+  }
+  case LOOM_CFG_STRING: {
+    const char *s = scalar_is_null(v) ? "" : v->s;
+    size_t len = scalar_is_null(v) ? 0 : v->len;
+    if (len >= LOOM_CONFIG_STR_MAX)
+      return cfg_err(&v->loc, k->path, "longer than %d bytes",
+                     LOOM_CONFIG_STR_MAX - 1);
+    if (memchr(s, '\0', len))
+      return cfg_err(&v->loc, k->path, "contains a NUL byte");
+    memset(field, 0, LOOM_CONFIG_STR_MAX);
+    memcpy(field, s, len);
+    return LOOM_OK;
+  }
+  case LOOM_CFG_ENUM: {
+    int x = parse_enum(k, v->s);
+    if (x < 0) {
+      char list[256];
+      enum_list(k, list, sizeof list);
+      const char *sug = closest(v->s, k->values, (size_t)k->n_values,
+                                sizeof(const char *));
+      if (sug)
+        return cfg_err(&v->loc, k->path,
+                       "expected one of %s, got '%s' (did you mean '%s'?)",
+                       list, v->s, sug);
+      return cfg_err(&v->loc, k->path, "expected one of %s, got '%s'", list,
+                     v->s);
+    }
+    memcpy(field, &x, sizeof x);
+    return LOOM_OK;
+  }
+  default:
+    return loom_error(LOOM_ERR_INTERNAL, "config: key type %d", (int)k->type);
+  }
+}
+
+/* A list value from scalars (a YAML sequence, or one scalar as a list of
+ * one). */
+static loom_status set_list(loom_config *cfg, const loom_config_key *k,
+                            const cfg_scalar *items, int n,
+                            const cfg_loc *loc) {
+  if (n > LOOM_CONFIG_LIST_MAX)
+    return cfg_err(loc, k->path, "at most %d items, got %d",
+                   LOOM_CONFIG_LIST_MAX, n);
+  if (n < k->list_min)
+    return cfg_err(loc, k->path, "at least %d item%s, got %d", k->list_min,
+                   k->list_min == 1 ? "" : "s", n);
+  loom_config_ints *l = (loom_config_ints *)(void *)((char *)cfg + k->offset);
+  loom_config_ints saved = *l;
+  for (int i = 0; i < n; i++) {
+    loom_status s = set_scalar(cfg, k, &items[i], i);
+    if (s != LOOM_OK) {
+      *l = saved;
+      return s;
+    }
+  }
+  l->n = n;
+  for (int i = n; i < LOOM_CONFIG_LIST_MAX; i++)
+    l->v[i] = 0;
+  return LOOM_OK;
+}
+
+/* Defaults are YAML text too, read by the same rules; lists are written
+ * "[a, b]" in the table. A bad default is a bug the schema test catches. */
+static loom_status set_default(loom_config *cfg, const loom_config_key *k) {
+  cfg_loc loc = {"(default)", NULL, 0, 0};
+  if (k->type == LOOM_CFG_INT_LIST) {
+    cfg_scalar items[LOOM_CONFIG_LIST_MAX];
+    char buf[LOOM_CONFIG_LIST_MAX][24];
+    int n = 0;
+    const char *p = k->def;
+    if (*p != '[')
+      return cfg_err(&loc, k->path, "default '%s' is not a list", k->def);
+    p++;
+    while (*p && *p != ']') {
+      while (*p == ' ' || *p == ',')
+        p++;
+      if (*p == ']')
+        break;
+      size_t len = strcspn(p, ", ]");
+      if (n >= LOOM_CONFIG_LIST_MAX || len >= sizeof buf[0])
+        return cfg_err(&loc, k->path, "default '%s' is too long", k->def);
+      memcpy(buf[n], p, len);
+      buf[n][len] = '\0';
+      items[n] = (cfg_scalar){buf[n], len, false, loc};
+      n++;
+      p += len;
+    }
+    return set_list(cfg, k, items, n, &loc);
+  }
+  const char *s = k->def;
+  size_t len = strlen(s);
+  bool quoted = false;
+  char buf[LOOM_CONFIG_STR_MAX];
+  if (len >= 2 && s[0] == '"' && s[len - 1] == '"') {
+    quoted = true;
+    len -= 2;
+    memcpy(buf, s + 1, len);
+    buf[len] = '\0';
+    s = buf;
+  }
+  cfg_scalar v = {s, len, quoted, loc};
+  return set_scalar(cfg, k, &v, -1);
+}
+
+void loom_config_defaults(loom_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  for (size_t i = 0; i < NKEYS; i++)
+    (void)set_default(cfg, &keys[i]);
+}
+
+/* --------------------------------------------------------- YAML documents */
+
+/* Where each key was last set, for the messages of the cross-key checks. */
+typedef struct cfg_origins {
+  cfg_loc at[COUNT_OF(keys)];
+  bool set[COUNT_OF(keys)];
+} cfg_origins;
+
+static cfg_loc node_loc(const char *file, const yaml_node_t *node) {
+  cfg_loc l = {file, NULL, (unsigned long)node->start_mark.line + 1,
+               (unsigned long)node->start_mark.column + 1};
+  return l;
+}
+
+static cfg_scalar node_scalar(const char *file, const yaml_node_t *node) {
+  cfg_scalar v;
+  v.s = (const char *)node->data.scalar.value;
+  v.len = node->data.scalar.length;
+  v.quoted = node->data.scalar.style != YAML_PLAIN_SCALAR_STYLE;
+  v.loc = node_loc(file, node);
+  return v;
+}
+
+static const char *node_kind(const yaml_node_t *node) {
+  switch (node->type) {
+  case YAML_SCALAR_NODE:
+    return "a scalar";
+  case YAML_SEQUENCE_NODE:
+    return "a list";
+  case YAML_MAPPING_NODE:
+    return "a mapping";
+  default:
+    return "nothing";
+  }
+}
+
+static const char *type_expect(const loom_config_key *k) {
+  switch (k->type) {
+  case LOOM_CFG_INT:
+    return "an integer";
+  case LOOM_CFG_FLOAT:
+    return "a number";
+  case LOOM_CFG_BOOL:
+    return "true or false";
+  case LOOM_CFG_STRING:
+    return "a string";
+  case LOOM_CFG_ENUM:
+    return "a name";
+  case LOOM_CFG_INT_LIST:
+    return "a list of integers";
+  default:
+    return "a value";
+  }
+}
+
+/* Stores a YAML node as the value of key k. */
+static loom_status set_node(loom_config *cfg, const loom_config_key *k,
+                            yaml_document_t *doc, yaml_node_t *node,
+                            const char *file, const char *set) {
+  cfg_loc loc = node_loc(file, node);
+  loc.set = set;
+  if (k->type == LOOM_CFG_INT_LIST && node->type == YAML_SEQUENCE_NODE) {
+    cfg_scalar items[LOOM_CONFIG_LIST_MAX];
+    int n = (int)(node->data.sequence.items.top -
+                  node->data.sequence.items.start);
+    if (n > LOOM_CONFIG_LIST_MAX)
+      return cfg_err(&loc, k->path, "at most %d items, got %d",
+                     LOOM_CONFIG_LIST_MAX, n);
+    for (int i = 0; i < n; i++) {
+      yaml_node_t *it =
+          yaml_document_get_node(doc, node->data.sequence.items.start[i]);
+      if (!it || it->type != YAML_SCALAR_NODE) {
+        cfg_loc il = it ? node_loc(file, it) : loc;
+        il.set = set;
+        return cfg_err(&il, k->path, "item %d: expected an integer, got %s",
+                       i + 1, it ? node_kind(it) : "nothing");
+      }
+      items[i] = node_scalar(file, it);
+      items[i].loc.set = set;
+    }
+    return set_list(cfg, k, items, n, &loc);
+  }
+  if (node->type != YAML_SCALAR_NODE)
+    return cfg_err(&loc, k->path, "expected %s, got %s", type_expect(k),
+                   node_kind(node));
+  cfg_scalar v = node_scalar(file, node);
+  v.loc.set = set;
+  if (k->type == LOOM_CFG_INT_LIST)
+    return set_list(cfg, k, &v, 1, &loc);
+  return set_scalar(cfg, k, &v, -1);
+}
+
+static bool node_is_null(const yaml_node_t *node) {
+  if (node->type != YAML_SCALAR_NODE)
+    return false;
+  cfg_scalar v = {(const char *)node->data.scalar.value,
+                  node->data.scalar.length,
+                  node->data.scalar.style != YAML_PLAIN_SCALAR_STYLE,
+                  {0}};
+  return scalar_is_null(&v);
+}
+
+/* Checks a mapping key node and returns its text (NULL after an error). */
+static const char *key_text(const char *file, const yaml_node_t *knode,
+                            const char *section) {
+  if (knode->type != YAML_SCALAR_NODE) {
+    cfg_loc l = node_loc(file, knode);
+    if (section)
+      cfg_err(&l, NULL, "in section '%s': expected a key name, got %s",
+              section, node_kind(knode));
+    else
+      cfg_err(&l, NULL, "expected a section name, got %s", node_kind(knode));
+    return NULL;
+  }
+  return (const char *)knode->data.scalar.value;
+}
+
+static loom_status apply_section(loom_config *cfg, cfg_origins *org,
+                                 yaml_document_t *doc, const char *file,
+                                 const char *section, yaml_node_t *map) {
+  unsigned long first_line[COUNT_OF(keys)] = {0};
+  for (yaml_node_pair_t *pr = map->data.mapping.pairs.start;
+       pr < map->data.mapping.pairs.top; pr++) {
+    yaml_node_t *kn = yaml_document_get_node(doc, pr->key);
+    yaml_node_t *vn = yaml_document_get_node(doc, pr->value);
+    const char *name = key_text(file, kn, section);
+    if (!name)
+      return LOOM_ERR_CONFIG;
+    char path[256];
+    snprintf(path, sizeof path, "%s.%s", section, name);
+    cfg_loc kl = node_loc(file, kn);
+    int ki = key_index(path, strlen(path));
+    if (ki < 0) {
+      const char *sug = closest(path, &keys[0].path, NKEYS, sizeof keys[0]);
+      if (sug)
+        return cfg_err(&kl, path, "unknown key (did you mean '%s'?)", sug);
+      return cfg_err(&kl, path, "unknown key (see 'loom config schema')");
+    }
+    if (first_line[ki])
+      return cfg_err(&kl, path, "duplicate key (first at line %lu)",
+                     first_line[ki]);
+    first_line[ki] = kl.line;
+    LOOM_TRY(set_node(cfg, &keys[ki], doc, vn, file, NULL));
+    org->at[ki] = kl;
+    org->set[ki] = true;
+  }
+  return LOOM_OK;
+}
+
+static loom_status apply_document(loom_config *cfg, cfg_origins *org,
+                                  yaml_document_t *doc, const char *file) {
+  yaml_node_t *root = yaml_document_get_root_node(doc);
+  if (!root || node_is_null(root))
+    return LOOM_OK; /* an empty file: every key at its default */
+  if (root->type != YAML_MAPPING_NODE) {
+    cfg_loc l = node_loc(file, root);
+    return cfg_err(&l, NULL,
+                   "expected a mapping of sections (model, data, optim, "
+                   "schedule, train, checkpoint, log, parallel), got %s",
+                   node_kind(root));
+  }
+  unsigned long first_line[COUNT_OF(sections)] = {0};
+  for (yaml_node_pair_t *pr = root->data.mapping.pairs.start;
+       pr < root->data.mapping.pairs.top; pr++) {
+    yaml_node_t *kn = yaml_document_get_node(doc, pr->key);
+    yaml_node_t *vn = yaml_document_get_node(doc, pr->value);
+    const char *name = key_text(file, kn, NULL);
+    if (!name)
+      return LOOM_ERR_CONFIG;
+    cfg_loc kl = node_loc(file, kn);
+    int si = section_index(name);
+    if (si < 0) {
+      /* "optim.lr: 0.1" at the top level, or a misspelt section. */
+      if (strchr(name, '.') && key_index(name, strlen(name)) >= 0)
+        return cfg_err(&kl, name,
+                       "dotted keys belong on the command line (--set); in a "
+                       "file, write the key inside its section");
+      const char *sug = closest(name, sections, NSECTIONS, sizeof sections[0]);
+      if (sug)
+        return cfg_err(&kl, name, "unknown section (did you mean '%s'?)", sug);
+      return cfg_err(&kl, name,
+                     "unknown section (sections: model, data, optim, "
+                     "schedule, train, checkpoint, log, parallel)");
+    }
+    if (first_line[si])
+      return cfg_err(&kl, name, "duplicate section (first at line %lu)",
+                     first_line[si]);
+    first_line[si] = kl.line;
+    if (node_is_null(vn))
+      continue; /* a section with every key commented out */
+    if (vn->type != YAML_MAPPING_NODE) {
+      cfg_loc vl = node_loc(file, vn);
+      return cfg_err(&vl, name, "expected a mapping of keys, got %s",
+                     node_kind(vn));
+    }
+    LOOM_TRY(apply_section(cfg, org, doc, file, name, vn));
+  }
+  return LOOM_OK;
+}
+
+/* Line and column (1-based) of a byte offset in text. */
+static void offset_pos(const char *text, size_t len, size_t off,
+                       unsigned long *line, unsigned long *col) {
+  *line = 1;
+  *col = 1;
+  for (size_t i = 0; i < off && i < len; i++) {
+    if (text[i] == '\n') {
+      (*line)++;
+      *col = 1;
+    } else {
+      (*col)++;
+    }
+  }
+}
+
+static loom_status parser_error(const yaml_parser_t *p, const char *text,
+                                size_t len, const cfg_loc *where,
+                                const char *key) {
+  if (p->error == YAML_MEMORY_ERROR)
+    return loom_error(LOOM_ERR_NOMEM, "%s: out of memory reading YAML",
+                      where->set ? where->set : where->file);
+  cfg_loc l = *where;
+  if (!l.set) {
+    if (p->error == YAML_READER_ERROR) {
+      offset_pos(text, len, p->problem_offset, &l.line, &l.col);
+    } else {
+      l.line = (unsigned long)p->problem_mark.line + 1;
+      l.col = (unsigned long)p->problem_mark.column + 1;
+    }
+  }
+  const char *prob = p->problem ? p->problem : "unknown error";
+  if (p->context)
+    return cfg_err(&l, key, "YAML syntax error: %s (%s)", prob, p->context);
+  return cfg_err(&l, key, "YAML syntax error: %s", prob);
+}
+
+/* -------------------------------------------------------------- overrides */
+
+static loom_status apply_set(loom_config *cfg, cfg_origins *org,
+                             const char *arg) {
+  cfg_loc loc = {NULL, arg, 0, 0};
+  const char *eq = strchr(arg, '=');
+  if (!eq || eq == arg)
+    return cfg_err(&loc, NULL, "expected section.key=value");
+  size_t klen = (size_t)(eq - arg);
+  char path[256];
+  if (klen >= sizeof path)
+    return cfg_err(&loc, NULL, "key name too long");
+  memcpy(path, arg, klen);
+  path[klen] = '\0';
+  int ki = key_index(path, klen);
+  if (ki < 0) {
+    if (section_index(path) >= 0)
+      return cfg_err(&loc, path, "a section, not a key: write %s.KEY=VALUE",
+                     path);
+    const char *sug = closest(path, &keys[0].path, NKEYS, sizeof keys[0]);
+    if (sug)
+      return cfg_err(&loc, path, "unknown key (did you mean '%s'?)", sug);
+    return cfg_err(&loc, path, "unknown key (see 'loom config schema')");
+  }
+  const loom_config_key *k = &keys[ki];
+  const char *val = eq + 1;
+  loom_status s;
+  if (k->type == LOOM_CFG_STRING) {
+    /* Paths on a command line are taken as written, without YAML quoting. */
+    cfg_scalar v = {val, strlen(val), true, loc};
+    s = set_scalar(cfg, k, &v, -1);
+  } else {
+    yaml_parser_t p;
+    yaml_document_t doc;
+    if (!yaml_parser_initialize(&p))
+      return loom_error(LOOM_ERR_NOMEM, "--set %s: out of memory", arg);
+    yaml_parser_set_input_string(&p, (const unsigned char *)val, strlen(val));
+    if (!yaml_parser_load(&p, &doc)) {
+      s = parser_error(&p, val, strlen(val), &loc, path);
+      yaml_parser_delete(&p);
+      return s;
+    }
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if (!root) {
+      cfg_scalar v = {"", 0, false, loc};
+      s = set_scalar(cfg, k, &v, -1);
+    } else {
+      s = set_node(cfg, k, &doc, root, NULL, loc.set);
+    }
+    yaml_document_delete(&doc);
+    yaml_parser_delete(&p);
+  }
+  if (s == LOOM_OK && org) {
+    org->at[ki] = loc;
+    org->set[ki] = true;
+  }
+  return s;
+}
+
+loom_status loom_config_set(loom_config *cfg, const char *assignment) {
+  if (!cfg || !assignment)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_config_set: NULL argument");
+  loom_config work = *cfg;
+  LOOM_TRY(apply_set(&work, NULL, assignment));
+  *cfg = work;
+  return LOOM_OK;
+}
+
+/* ------------------------------------------------------- cross-key rules */
+
+static const cfg_loc *origin_of(const cfg_origins *org, const char *path,
+                                cfg_loc *fallback) {
+  int ki = key_index(path, strlen(path));
+  if (org && ki >= 0 && org->set[ki])
+    return &org->at[ki];
+  return fallback;
+}
+
+/* Range of every key (for configs filled in from C) and the rules that tie
+ * keys together. `where` names the source for keys left at their default. */
+static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
+                                const char *file) {
+  cfg_loc none = {file, NULL, 0, 0};
+  for (size_t i = 0; i < NKEYS; i++) {
+    const loom_config_key *k = &keys[i];
+    const char *field = (const char *)cfg + k->offset;
+    const cfg_loc *l = origin_of(org, k->path, &none);
+    char r[96];
+    fmt_range(r, sizeof r, k);
+    const char *in = isinf(k->max) ? "" : "in ";
+    if (k->type == LOOM_CFG_INT) {
+      int64_t x;
+      memcpy(&x, field, sizeof x);
+      if (!in_range(k, (double)x))
+        return cfg_err(l, k->path, "%lld is out of range (must be %s%s)",
+                       (long long)x, in, r);
+    } else if (k->type == LOOM_CFG_FLOAT) {
+      double x;
+      char t[40];
+      memcpy(&x, field, sizeof x);
+      fmt_double(t, sizeof t, x);
+      if (!isfinite(x) || !in_range(k, x))
+        return cfg_err(l, k->path, "%s is out of range (must be %s%s)", t, in,
+                       r);
+    } else if (k->type == LOOM_CFG_ENUM) {
+      int x;
+      memcpy(&x, field, sizeof x);
+      if (x < 0 || x >= k->n_values)
+        return cfg_err(l, k->path, "enum value %d out of range", x);
+    } else if (k->type == LOOM_CFG_STRING) {
+      if (!memchr(field, '\0', LOOM_CONFIG_STR_MAX))
+        return cfg_err(l, k->path, "string not terminated");
+    } else if (k->type == LOOM_CFG_INT_LIST) {
+      const loom_config_ints *li = (const loom_config_ints *)(const void *)field;
+      if (li->n < k->list_min || li->n > LOOM_CONFIG_LIST_MAX)
+        return cfg_err(l, k->path, "%d items (must be %d to %d)", li->n,
+                       k->list_min, LOOM_CONFIG_LIST_MAX);
+      for (int j = 0; j < li->n; j++)
+        if (!in_range(k, (double)li->v[j]))
+          return cfg_err(l, k->path, "item %d: %lld is out of range (must be "
+                         "%s%s)", j + 1, (long long)li->v[j], in, r);
+    }
+  }
+  const loom_config_model *m = &cfg->model;
+  bool tokens = cfg->data.dataset != LOOM_CFG_DATASET_FASHION_MNIST;
+  if (cfg->train.epochs == 0 && cfg->train.steps == 0)
+    return cfg_err(origin_of(org, "train.epochs", &none), "train.epochs",
+                   "train.epochs and train.steps are both 0: set one of them");
+  if (m->name == LOOM_CFG_MODEL_GPT && !tokens)
+    return cfg_err(origin_of(org, "model.name", &none), "model.name",
+                   "model 'gpt' needs a token data set (data.dataset kjv or "
+                   "bin), but data.dataset is 'fashion-mnist'");
+  if (m->name != LOOM_CFG_MODEL_GPT && tokens)
+    return cfg_err(origin_of(org, "model.name", &none), "model.name",
+                   "model '%s' needs images (data.dataset fashion-mnist), "
+                   "but data.dataset is '%s'",
+                   loom_cfg_model_names[m->name],
+                   loom_cfg_dataset_names[cfg->data.dataset]);
+  if (m->name == LOOM_CFG_MODEL_GPT && m->d_model % m->heads != 0)
+    return cfg_err(origin_of(org, "model.heads", &none), "model.heads",
+                   "%lld does not divide model.d_model (%lld)",
+                   (long long)m->heads, (long long)m->d_model);
+  if (cfg->data.dataset == LOOM_CFG_DATASET_KJV && m->vocab < 256)
+    return cfg_err(origin_of(org, "model.vocab", &none), "model.vocab",
+                   "data set kjv has 256 byte values, so model.vocab must be "
+                   "at least 256, got %lld",
+                   (long long)m->vocab);
+  if (cfg->data.dataset == LOOM_CFG_DATASET_BIN && !cfg->data.path[0])
+    return cfg_err(origin_of(org, "data.dataset", &none), "data.dataset",
+                   "'bin' needs data.path (the training .bin file)");
+  if (cfg->optim.name == LOOM_CFG_OPTIM_SGD && cfg->optim.nesterov &&
+      cfg->optim.momentum == 0)
+    return cfg_err(origin_of(org, "optim.nesterov", &none), "optim.nesterov",
+                   "needs optim.momentum > 0");
+  if (cfg->schedule.min_lr > cfg->optim.lr &&
+      (cfg->schedule.name == LOOM_CFG_SCHED_COSINE ||
+       cfg->schedule.name == LOOM_CFG_SCHED_LINEAR))
+    return cfg_err(origin_of(org, "schedule.min_lr", &none), "schedule.min_lr",
+                   "larger than optim.lr");
+  return LOOM_OK;
+}
+
+loom_status loom_config_validate(const loom_config *cfg) {
+  if (!cfg)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_config_validate: NULL");
+  return check_config(cfg, NULL, NULL);
+}
+
+/* --------------------------------------------------------------- loading */
+
+/* "runs/<stem>" and "<run_dir>/ckpt" for the paths left empty. */
+static loom_status resolve_paths(loom_config *cfg, const cfg_origins *org,
+                                 const char *name) {
+  cfg_loc none = {name, NULL, 0, 0};
+  if (!cfg->log.run_dir[0]) {
+    const char *base = name ? strrchr(name, '/') : NULL;
+    base = base ? base + 1 : (name ? name : "config");
+    size_t len = strlen(base);
+    if (len > 5 && strcmp(base + len - 5, ".yaml") == 0)
+      len -= 5;
+    else if (len > 4 && strcmp(base + len - 4, ".yml") == 0)
+      len -= 4;
+    if (len == 0) {
+      base = "config";
+      len = 6;
+    }
+    int n = snprintf(cfg->log.run_dir, LOOM_CONFIG_STR_MAX, "runs/%.*s",
+                     (int)len, base);
+    if (n < 0 || n >= LOOM_CONFIG_STR_MAX)
+      return cfg_err(&none, "log.run_dir", "longer than %d bytes",
+                     LOOM_CONFIG_STR_MAX - 1);
+  }
+  if (!cfg->checkpoint.dir[0]) {
+    int n = snprintf(cfg->checkpoint.dir, LOOM_CONFIG_STR_MAX, "%s/ckpt",
+                     cfg->log.run_dir);
+    if (n < 0 || n >= LOOM_CONFIG_STR_MAX)
+      return cfg_err(origin_of(org, "log.run_dir", &none), "checkpoint.dir",
+                     "<log.run_dir>/ckpt is longer than %d bytes",
+                     LOOM_CONFIG_STR_MAX - 1);
+  }
+  return LOOM_OK;
+}
+
+loom_status loom_config_load_string(loom_config *cfg, const char *text,
+                                    size_t len, const char *name,
+                                    const char *const *sets, int n_sets) {
+  if (!cfg || (!text && len) || n_sets < 0 || (n_sets && !sets))
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_config_load: bad argument");
+  if (!name)
+    name = "config";
+  loom_config *work = loom_malloc(sizeof *work);
+  cfg_origins *org = loom_calloc(1, sizeof *org);
+  loom_status st = LOOM_OK;
+  if (!work || !org) {
+    st = loom_error(LOOM_ERR_NOMEM, "%s: out of memory", name);
+    goto done;
+  }
+  loom_config_defaults(work);
+  if (text) {
+    yaml_parser_t p;
+    yaml_document_t doc;
+    cfg_loc where = {name, NULL, 0, 0};
+    if (!yaml_parser_initialize(&p)) {
+      st = loom_error(LOOM_ERR_NOMEM, "%s: out of memory", name);
+      goto done;
+    }
+    yaml_parser_set_input_string(&p, (const unsigned char *)text, len);
+    if (!yaml_parser_load(&p, &doc)) {
+      st = parser_error(&p, text, len, &where, NULL);
+      yaml_parser_delete(&p);
+      goto done;
+    }
+    st = apply_document(work, org, &doc, name);
+    yaml_document_delete(&doc);
+    if (st == LOOM_OK) {
+      /* A second document is almost always a stray '---'. */
+      if (!yaml_parser_load(&p, &doc)) {
+        st = parser_error(&p, text, len, &where, NULL);
+      } else {
+        yaml_node_t *root = yaml_document_get_root_node(&doc);
+        if (root) {
+          cfg_loc l = node_loc(name, root);
+          st = cfg_err(&l, NULL, "a second YAML document; a config holds one");
+        }
+        yaml_document_delete(&doc);
+      }
+    }
+    yaml_parser_delete(&p);
+    if (st != LOOM_OK)
+      goto done;
+  }
+  for (int i = 0; i < n_sets; i++) {
+    if (!sets[i]) {
+      st = loom_error(LOOM_ERR_INVALID_ARG, "--set: NULL argument");
+      goto done;
+    }
+    LOOM_TRY_GOTO(st, apply_set(work, org, sets[i]), done);
+  }
+  LOOM_TRY_GOTO(st, resolve_paths(work, org, name), done);
+  LOOM_TRY_GOTO(st, check_config(work, org, name), done);
+  *cfg = *work;
+done:
+  loom_free(work);
+  loom_free(org);
+  return st;
+}
+
+#define CONFIG_FILE_MAX (16 << 20)
+
+loom_status loom_config_load(loom_config *cfg, const char *path,
+                             const char *const *sets, int n_sets) {
+  if (!cfg || !path)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_config_load: NULL argument");
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return loom_error(LOOM_ERR_CONFIG, "%s: cannot open config: %s", path,
+                      strerror(errno));
+  struct stat sb;
+  if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    int err = S_ISDIR(sb.st_mode) ? EISDIR : errno;
+    fclose(f);
+    return loom_error(LOOM_ERR_CONFIG, "%s: cannot read config: %s", path,
+                      strerror(err ? err : EINVAL));
+  }
+  if (sb.st_size > CONFIG_FILE_MAX) {
+    fclose(f);
+    return loom_error(LOOM_ERR_CONFIG, "%s: larger than %d MiB; not a config",
+                      path, CONFIG_FILE_MAX >> 20);
+  }
+  size_t cap = (size_t)sb.st_size;
+  char *text = loom_malloc(cap + 1);
+  if (!text) {
+    fclose(f);
+    return loom_error(LOOM_ERR_NOMEM, "%s: out of memory", path);
+  }
+  size_t len = fread(text, 1, cap, f);
+  int err = ferror(f) ? errno : 0;
+  fclose(f);
+  loom_status st;
+  if (err)
+    st = loom_error(LOOM_ERR_CONFIG, "%s: cannot read config: %s", path,
+                    strerror(err));
+  else
+    st = loom_config_load_string(cfg, text, len, path, sets, n_sets);
+  loom_free(text);
+  return st;
+}
+
+/* ---------------------------------------------------------------- output */
+
+static void fmt_yaml_string(char *buf, size_t n, const char *s) {
+  size_t o = 0;
+  if (n < 3) {
+    if (n)
+      buf[0] = '\0';
+    return;
+  }
+  buf[o++] = '"';
+  for (const unsigned char *p = (const unsigned char *)s; *p && o + 5 < n;
+       p++) {
+    if (*p == '"' || *p == '\\') {
+      buf[o++] = '\\';
+      buf[o++] = (char)*p;
+    } else if (*p < 0x20 || *p == 0x7f) {
+      o += (size_t)snprintf(buf + o, n - o, "\\x%02x", *p);
+    } else {
+      buf[o++] = (char)*p;
+    }
+  }
+  buf[o++] = '"';
+  buf[o] = '\0';
+}
+
+loom_status loom_config_format(const loom_config *cfg,
+                               const loom_config_key *k, char *buf, size_t n) {
+  if (!cfg || !k || !buf || n == 0)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_config_format: bad argument");
+  const char *field = (const char *)cfg + k->offset;
+  char tmp[LOOM_CONFIG_STR_MAX * 4 + 8];
+  switch (k->type) {
+  case LOOM_CFG_INT: {
+    int64_t x;
+    memcpy(&x, field, sizeof x);
+    snprintf(tmp, sizeof tmp, "%lld", (long long)x);
+    break;
+  }
+  case LOOM_CFG_FLOAT: {
+    double x;
+    memcpy(&x, field, sizeof x);
+    fmt_double(tmp, sizeof tmp, x);
+    break;
+  }
+  case LOOM_CFG_BOOL: {
+    bool x;
+    memcpy(&x, field, sizeof x);
+    snprintf(tmp, sizeof tmp, "%s", x ? "true" : "false");
+    break;
+  }
+  case LOOM_CFG_STRING: {
+    char s[LOOM_CONFIG_STR_MAX];
+    memcpy(s, field, sizeof s);
+    s[sizeof s - 1] = '\0';
+    fmt_yaml_string(tmp, sizeof tmp, s);
+    break;
+  }
+  case LOOM_CFG_ENUM: {
+    int x;
+    memcpy(&x, field, sizeof x);
+    snprintf(tmp, sizeof tmp, "%s",
+             x >= 0 && x < k->n_values ? k->values[x] : "?");
+    break;
+  }
+  case LOOM_CFG_INT_LIST: {
+    const loom_config_ints *l = (const loom_config_ints *)(const void *)field;
+    size_t o = (size_t)snprintf(tmp, sizeof tmp, "[");
+    for (int i = 0; i < l->n && i < LOOM_CONFIG_LIST_MAX; i++)
+      o += (size_t)snprintf(tmp + o, sizeof tmp - o, "%s%lld", i ? ", " : "",
+                            (long long)l->v[i]);
+    snprintf(tmp + o, sizeof tmp - o, "]");
+    break;
+  }
+  default:
+    return loom_error(LOOM_ERR_INTERNAL, "config: key type %d", (int)k->type);
+  }
+  if (strlen(tmp) >= n)
+    return loom_error(LOOM_ERR_INVALID_ARG, "value of %s longer than %zu",
+                      k->path, n);
+  memcpy(buf, tmp, strlen(tmp) + 1);
+  return LOOM_OK;
+}
+
+/* A growing text buffer over loom_malloc. */
+typedef struct strbuf {
+  char *p;
+  size_t len, cap;
+  bool failed;
+} strbuf;
+
+static void sb_add(strbuf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void sb_add(strbuf *b, const char *fmt, ...) {
+  if (b->failed)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  int need = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  if (need < 0) {
+    b->failed = true;
+    return;
+  }
+  if (b->len + (size_t)need + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap * 2 : 4096;
+    while (cap < b->len + (size_t)need + 1)
+      cap *= 2;
+    char *q = loom_malloc(cap);
+    if (!q) {
+      b->failed = true;
+      return;
+    }
+    if (b->p)
+      memcpy(q, b->p, b->len + 1);
+    loom_free(b->p);
+    b->p = q;
+    b->cap = cap;
+  }
+  va_start(ap, fmt);
+  vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+  va_end(ap);
+  b->len += (size_t)need;
+}
+
+static loom_status sb_finish(strbuf *b, char **out, const char *what) {
+  if (b->failed || !b->p) {
+    loom_free(b->p);
+    *out = NULL;
+    return loom_error(LOOM_ERR_NOMEM, "%s: out of memory", what);
+  }
+  *out = b->p;
+  return LOOM_OK;
+}
+
+loom_status loom_config_to_yaml(const loom_config *cfg, char **out) {
+  if (!cfg || !out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_config_to_yaml: NULL");
+  strbuf b = {0};
+  char val[LOOM_CONFIG_STR_MAX * 4 + 8];
+  const char *cur = NULL;
+  size_t curlen = 0;
+  for (size_t i = 0; i < NKEYS; i++) {
+    const char *dot = strchr(keys[i].path, '.');
+    size_t slen = (size_t)(dot - keys[i].path);
+    if (!cur || slen != curlen || memcmp(cur, keys[i].path, slen) != 0) {
+      sb_add(&b, "%s%.*s:\n", cur ? "\n" : "", (int)slen, keys[i].path);
+      cur = keys[i].path;
+      curlen = slen;
+    }
+    LOOM_TRY(loom_config_format(cfg, &keys[i], val, sizeof val));
+    sb_add(&b, "  %s: %s\n", dot + 1, val);
+  }
+  return sb_finish(&b, out, "loom_config_to_yaml");
+}
+
+uint64_t loom_config_hash(const loom_config *cfg) {
+  uint64_t h = LOOM_HASH64_INIT;
+  char val[LOOM_CONFIG_STR_MAX * 4 + 8];
+  for (size_t i = 0; i < NKEYS; i++) {
+    if (keys[i].flags & LOOM_CFG_LOCAL)
+      continue;
+    if (loom_config_format(cfg, &keys[i], val, sizeof val) != LOOM_OK)
+      val[0] = '\0';
+    h = loom_hash64(h, keys[i].path, strlen(keys[i].path));
+    h = loom_hash64(h, "=", 1);
+    h = loom_hash64(h, val, strlen(val));
+    h = loom_hash64(h, "\n", 1);
+  }
+  return h;
+}
+
+bool loom_config_equal(const loom_config *a, const loom_config *b) {
+  char va[LOOM_CONFIG_STR_MAX * 4 + 8], vb[LOOM_CONFIG_STR_MAX * 4 + 8];
+  for (size_t i = 0; i < NKEYS; i++) {
+    if (loom_config_format(a, &keys[i], va, sizeof va) != LOOM_OK ||
+        loom_config_format(b, &keys[i], vb, sizeof vb) != LOOM_OK ||
+        strcmp(va, vb) != 0)
+      return false;
+  }
+  return true;
+}
+
+static void md_range(char *buf, size_t n, const loom_config_key *k) {
+  if (k->type == LOOM_CFG_ENUM) {
+    size_t o = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < k->n_values && o < n; i++)
+      o += (size_t)snprintf(buf + o, n - o, "%s`%s`", i ? ", " : "",
+                            k->values[i]);
+  } else if (k->type == LOOM_CFG_INT || k->type == LOOM_CFG_FLOAT) {
+    fmt_range(buf, n, k);
+  } else if (k->type == LOOM_CFG_INT_LIST) {
+    char r[96];
+    fmt_range(r, sizeof r, k);
+    snprintf(buf, n, "%d to %d items, each %s", k->list_min,
+             LOOM_CONFIG_LIST_MAX, r);
+  } else if (k->type == LOOM_CFG_STRING) {
+    snprintf(buf, n, "up to %d bytes", LOOM_CONFIG_STR_MAX - 1);
+  } else {
+    snprintf(buf, n, "`true`, `false`");
+  }
+}
+
+loom_status loom_config_schema_markdown(char **out) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_config_schema_markdown");
+  strbuf b = {0};
+  const char *cur = NULL;
+  size_t curlen = 0;
+  for (size_t i = 0; i < NKEYS; i++) {
+    const loom_config_key *k = &keys[i];
+    const char *dot = strchr(k->path, '.');
+    size_t slen = (size_t)(dot - k->path);
+    if (!cur || slen != curlen || memcmp(cur, k->path, slen) != 0) {
+      sb_add(&b, "%s### %.*s\n\n", cur ? "\n" : "", (int)slen, k->path);
+      sb_add(&b, "| key | type | default | allowed | description |\n");
+      sb_add(&b, "|---|---|---|---|---|\n");
+      cur = k->path;
+      curlen = slen;
+    }
+    char range[512];
+    md_range(range, sizeof range, k);
+    sb_add(&b, "| `%s` | %s | `%s` | %s | %s%s |\n", k->path,
+           type_names[k->type], k->def, range, k->help,
+           (k->flags & LOOM_CFG_LOCAL) ? " *(local: not in the config hash)*"
+                                       : "");
+  }
+  return sb_finish(&b, out, "loom_config_schema_markdown");
+}

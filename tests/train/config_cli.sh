@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# loom config check / show / schema: exit codes (2 for a bad config, with
+# the one-line message), --set, and that 'show' output reads back the same.
+set -u
+LOOM=${LOOM_BIN:?}
+SRC=${LOOM_SRC:?}
+T=$(mktemp -d /tmp/loom_config_cli.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+fails=0
+passes=0
+check() {
+  local name=$1
+  shift
+  if "$@"; then passes=$((passes + 1)); else
+    echo "FAIL: $name (rc=$rc, output: $out)" >&2
+    fails=$((fails + 1))
+  fi
+}
+run() {
+  out=$("$@" 2>&1)
+  rc=$?
+}
+is() { [ "$out" = "$1" ]; }
+has() { grep -qF -- "$1" <<<"$out"; }
+
+for f in "$SRC"/examples/*.yaml; do
+  run "$LOOM" config check "$f"
+  check "check $(basename "$f")" test "$rc" -eq 0
+done
+printf 'optim:\n  lrr: 0.1\n' >"$T/bad.yaml"
+run "$LOOM" config check "$T/bad.yaml"
+check "bad config exits 2" test "$rc" -eq 2
+check "bad config message" is "loom: $T/bad.yaml:2:3: key 'optim.lrr': unknown key (did you mean 'optim.lr'?)"
+run "$LOOM" config check "$SRC/examples/fashion_mlp.yaml" --set optim.lr=abc
+check "bad --set exits 2" test "$rc" -eq 2
+check "bad --set message" is "loom: --set optim.lr=abc: key 'optim.lr': expected a number, got 'abc'"
+run "$LOOM" config check "$T/missing.yaml"
+check "missing file exits 2" test "$rc" -eq 2
+check "missing file message" is "loom: $T/missing.yaml: cannot open config: No such file or directory"
+
+# show: every key, overrides applied; reading it back gives the same hash.
+run "$LOOM" config show "$SRC/examples/kjv_gpt.yaml" --set train.steps=10 --set=optim.lr=0.001
+check "show exits 0" test "$rc" -eq 0
+check "show has the override" has "  steps: 10"
+check "show has the other override" has "  lr: 0.001"
+check "show has defaults" has "  virtual_shards: 8"
+printf '%s\n' "$out" >"$T/shown.yaml"
+h1=$(sed -n 's/.*config hash \(0x[0-9a-f]*\).*/\1/p' "$T/shown.yaml" | head -1)
+run "$LOOM" config check "$T/shown.yaml"
+check "shown reads back" test "$rc" -eq 0
+check "same hash" has "$h1"
+
+run "$LOOM" config schema
+check "schema lists keys" has "parallel.bucket_mb"
+run "$LOOM" config schema --markdown
+check "markdown table" has "| \`optim.lr\` | float | \`0.01\` |"
+run "$LOOM" config
+check "no args exits 2" test "$rc" -eq 2
+run "$LOOM" config --help
+check "help exits 0" test "$rc" -eq 0
+
+echo "$passes passed, $fails failed"
+test "$fails" -eq 0

@@ -1,0 +1,619 @@
+/* Tests of the config: a table of bad configs with their exact messages,
+ * --set overrides, round trips of the canonical text, the hash, the schema
+ * (every key has a default in range and help) and the docs generated from
+ * it. Argument: the source tree (for examples/ and docs/config.md);
+ * `--write-docs SRC` regenerates the table in docs/config.md instead. */
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "loom/config.h"
+#include "tt.h"
+
+static const char *src_dir = ".";
+
+/* Loads text as "t.yaml" with the given --set list; expects
+ * LOOM_ERR_CONFIG with exactly `msg`. */
+static void expect_err_impl(int line, const char *text, const char *const *sets,
+                            int n_sets, const char *msg) {
+  loom_config cfg, before;
+  loom_config_defaults(&cfg);
+  before = cfg;
+  loom_status s = loom_config_load_string(&cfg, text, strlen(text), "t.yaml",
+                                          sets, n_sets);
+  if (s != LOOM_ERR_CONFIG || strcmp(loom_last_error(), msg) != 0) {
+    tt_fail_prefix(__FILE__, line);
+    fprintf(stderr, "status %s\n  got      '%s'\n  expected '%s'\n",
+            loom_status_name(s), loom_last_error(), msg);
+    tt_fail_done();
+  }
+  /* Nothing is written on error. */
+  if (memcmp(&cfg, &before, sizeof cfg) != 0) {
+    tt_fail_prefix(__FILE__, line);
+    fprintf(stderr, "config changed by a failed load\n");
+    tt_fail_done();
+  }
+}
+#define EXPECT_ERR(text, msg) expect_err_impl(__LINE__, text, NULL, 0, msg)
+#define EXPECT_SET_ERR(text, set, msg)                                         \
+  do {                                                                         \
+    const char *sets_[] = {set};                                               \
+    expect_err_impl(__LINE__, text, sets_, 1, msg);                            \
+  } while (0)
+
+static const char *GPT = "model:\n  name: gpt\ndata:\n  dataset: kjv\n";
+
+TT_TEST(test_bad_configs) {
+  /* Unknown keys and sections, with suggestions. */
+  EXPECT_ERR("optim:\n  lrr: 0.1\n",
+             "t.yaml:2:3: key 'optim.lrr': unknown key (did you mean "
+             "'optim.lr'?)");
+  EXPECT_ERR("train:\n  lr: 0.1\n",
+             "t.yaml:2:3: key 'train.lr': unknown key (did you mean "
+             "'optim.lr'?)");
+  EXPECT_ERR("optim:\n  lr: 0.1\n  mommentum: 0.9\n",
+             "t.yaml:3:3: key 'optim.mommentum': unknown key (did you mean "
+             "'optim.momentum'?)");
+  EXPECT_ERR("optim:\n  learning_rate_warmup: 3\n",
+             "t.yaml:2:3: key 'optim.learning_rate_warmup': unknown key (see "
+             "'loom config schema')");
+  EXPECT_ERR("optm:\n  lr: 0.1\n",
+             "t.yaml:1:1: key 'optm': unknown section (did you mean "
+             "'optim'?)");
+  EXPECT_ERR("training:\n  steps: 3\n",
+             "t.yaml:1:1: key 'training': unknown section (did you mean "
+             "'train'?)");
+  EXPECT_ERR("model:\n  name: mlp\nzzz: 1\n",
+             "t.yaml:3:1: key 'zzz': unknown section (sections: model, data, "
+             "optim, schedule, train, checkpoint, log, parallel)");
+  EXPECT_ERR("optim.lr: 0.1\n",
+             "t.yaml:1:1: key 'optim.lr': dotted keys belong on the command "
+             "line (--set); in a file, write the key inside its section");
+  /* Wrong types. */
+  EXPECT_ERR("train:\n  batch_size: 12.5\n",
+             "t.yaml:2:15: key 'train.batch_size': expected an integer, got "
+             "'12.5'");
+  EXPECT_ERR("train:\n  steps: 1e5\n",
+             "t.yaml:2:10: key 'train.steps': expected an integer, got "
+             "'1e5'");
+  EXPECT_ERR("train:\n  epochs: \"5\"\n",
+             "t.yaml:2:11: key 'train.epochs': expected an integer, got the "
+             "quoted string \"5\"");
+  EXPECT_ERR("optim:\n  lr: fast\n",
+             "t.yaml:2:7: key 'optim.lr': expected a number, got 'fast'");
+  EXPECT_ERR("optim:\n  lr: .nan\n",
+             "t.yaml:2:7: key 'optim.lr': expected a number, got '.nan'");
+  EXPECT_ERR("optim:\n  lr: [0.1]\n",
+             "t.yaml:2:7: key 'optim.lr': expected a number, got a list");
+  EXPECT_ERR("data:\n  shuffle: yes\n",
+             "t.yaml:2:12: key 'data.shuffle': expected true or false, got "
+             "'yes'");
+  EXPECT_ERR("data:\n  path: {a: 1}\n",
+             "t.yaml:2:9: key 'data.path': expected a string, got a mapping");
+  EXPECT_ERR("optim:\n  name: adam\n",
+             "t.yaml:2:9: key 'optim.name': expected one of sgd, adamw, got "
+             "'adam' (did you mean 'adamw'?)");
+  EXPECT_ERR("log:\n  progress: fancy\n",
+             "t.yaml:2:13: key 'log.progress': expected one of auto, bar, "
+             "lines, off, got 'fancy'");
+  EXPECT_ERR("model:\n  hidden: {a: 1}\n",
+             "t.yaml:2:11: key 'model.hidden': expected a list of integers, "
+             "got a mapping");
+  EXPECT_ERR("model:\n  hidden: [512, [1]]\n",
+             "t.yaml:2:17: key 'model.hidden': item 2: expected an integer, "
+             "got a list");
+  /* Out of range. */
+  EXPECT_ERR("optim:\n  momentum: 1.5\n",
+             "t.yaml:2:13: key 'optim.momentum': 1.5 is out of range (must be "
+             "in [0, 1))");
+  EXPECT_ERR("optim:\n  lr: 0\n",
+             "t.yaml:2:7: key 'optim.lr': 0 is out of range (must be in (0, "
+             "1000])");
+  EXPECT_ERR("train:\n  steps: -5\n",
+             "t.yaml:2:10: key 'train.steps': -5 is out of range (must be >= "
+             "0)");
+  EXPECT_ERR("train:\n  steps: 99999999999999999999\n",
+             "t.yaml:2:10: key 'train.steps': 99999999999999999999 is out of "
+             "range (must be >= 0)");
+  EXPECT_ERR("model:\n  hidden: [512, 0]\n",
+             "t.yaml:2:17: key 'model.hidden': item 2: 0 is out of range "
+             "(must be in [1, 1048576])");
+  EXPECT_ERR("model:\n  hidden: [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]\n",
+             "t.yaml:2:11: key 'model.hidden': at most 16 items, got 17");
+  EXPECT_ERR("model:\n  name: cnn\n  channels: []\n",
+             "t.yaml:3:13: key 'model.channels': at least 1 item, got 0");
+  EXPECT_ERR("optim:\n  lr:\n",
+             "t.yaml:2:6: key 'optim.lr': missing value");
+  EXPECT_ERR("optim:\n  lr: ~\n",
+             "t.yaml:2:7: key 'optim.lr': missing value");
+  /* Structure. */
+  EXPECT_ERR("optim:\n  lr: 0.1\n  lr: 0.2\n",
+             "t.yaml:3:3: key 'optim.lr': duplicate key (first at line 2)");
+  EXPECT_ERR("optim:\n  lr: 0.1\noptim:\n  lr: 0.2\n",
+             "t.yaml:3:1: key 'optim': duplicate section (first at line 1)");
+  EXPECT_ERR("optim: 0.1\n",
+             "t.yaml:1:8: key 'optim': expected a mapping of keys, got a "
+             "scalar");
+  EXPECT_ERR("- a\n- b\n",
+             "t.yaml:1:1: expected a mapping of sections (model, data, optim, "
+             "schedule, train, checkpoint, log, parallel), got a list");
+  EXPECT_ERR("optim:\n  lr: 0.1\n---\nx: 1\n",
+             "t.yaml:4:1: a second YAML document; a config holds one");
+  /* YAML syntax. */
+  EXPECT_ERR("optim:\n  lr: [0.1\n",
+             "t.yaml:3:1: YAML syntax error: did not find expected ',' or ']' "
+             "(while parsing a flow sequence)");
+  EXPECT_ERR("optim:\n\tlr: 0.1\n",
+             "t.yaml:2:1: YAML syntax error: found character that cannot "
+             "start any token (while scanning for the next token)");
+  EXPECT_ERR("optim:\n  lr: 0.1\n   momentum: 0.9\n",
+             "t.yaml:3:12: YAML syntax error: mapping values are not allowed "
+             "in this context");
+  EXPECT_ERR("optim:\n  lr: \xff\n",
+             "t.yaml:2:7: YAML syntax error: invalid leading UTF-8 octet");
+  /* Rules between keys. */
+  EXPECT_ERR("model:\n  name: gpt\n",
+             "t.yaml:2:3: key 'model.name': model 'gpt' needs a token data "
+             "set (data.dataset kjv or bin), but data.dataset is "
+             "'fashion-mnist'");
+  EXPECT_ERR("data:\n  dataset: kjv\n",
+             "t.yaml: key 'model.name': model 'mlp' needs images "
+             "(data.dataset fashion-mnist), but data.dataset is 'kjv'");
+  EXPECT_ERR("model:\n  name: gpt\n  heads: 5\ndata:\n  dataset: kjv\n",
+             "t.yaml:3:3: key 'model.heads': 5 does not divide model.d_model "
+             "(128)");
+  EXPECT_ERR("model:\n  name: gpt\n  vocab: 100\ndata:\n  dataset: kjv\n",
+             "t.yaml:3:3: key 'model.vocab': data set kjv has 256 byte "
+             "values, so model.vocab must be at least 256, got 100");
+  EXPECT_ERR("model:\n  name: gpt\ndata:\n  dataset: bin\n",
+             "t.yaml:4:3: key 'data.dataset': 'bin' needs data.path (the "
+             "training .bin file)");
+  EXPECT_ERR("train:\n  epochs: 0\n",
+             "t.yaml:2:3: key 'train.epochs': train.epochs and train.steps "
+             "are both 0: set one of them");
+  EXPECT_ERR("optim:\n  nesterov: true\n",
+             "t.yaml:2:3: key 'optim.nesterov': needs optim.momentum > 0");
+  EXPECT_ERR("optim:\n  lr: 0.1\nschedule:\n  name: cosine\n  min_lr: 0.5\n",
+             "t.yaml:5:3: key 'schedule.min_lr': larger than optim.lr");
+  /* A string longer than the field. */
+  char longtext[1200];
+  int n = snprintf(longtext, sizeof longtext, "data:\n  path: ");
+  memset(longtext + n, 'a', 600);
+  snprintf(longtext + n + 600, sizeof longtext - (size_t)n - 600, "\n");
+  EXPECT_ERR(longtext, "t.yaml:2:9: key 'data.path': longer than 511 bytes");
+}
+
+TT_TEST(test_set_errors) {
+  EXPECT_SET_ERR("", "optim.lrr=0.1",
+                 "--set optim.lrr=0.1: key 'optim.lrr': unknown key (did you "
+                 "mean 'optim.lr'?)");
+  EXPECT_SET_ERR("", "optim.lr",
+                 "--set optim.lr: expected section.key=value");
+  EXPECT_SET_ERR("", "=3", "--set =3: expected section.key=value");
+  EXPECT_SET_ERR("", "optim.lr=abc",
+                 "--set optim.lr=abc: key 'optim.lr': expected a number, got "
+                 "'abc'");
+  EXPECT_SET_ERR("", "optim.lr=",
+                 "--set optim.lr=: key 'optim.lr': missing value");
+  EXPECT_SET_ERR("", "optim=1",
+                 "--set optim=1: key 'optim': a section, not a key: write "
+                 "optim.KEY=VALUE");
+  EXPECT_SET_ERR("", "train.batch_size=0",
+                 "--set train.batch_size=0: key 'train.batch_size': 0 is out "
+                 "of range (must be in [1, 16777216])");
+  EXPECT_SET_ERR("", "model.hidden=[1,2",
+                 "--set model.hidden=[1,2: key 'model.hidden': YAML syntax "
+                 "error: did not find expected ',' or ']' (while parsing a "
+                 "flow sequence)");
+  EXPECT_SET_ERR("", "model.hidden=[1, -2]",
+                 "--set model.hidden=[1, -2]: key 'model.hidden': item 2: -2 "
+                 "is out of range (must be in [1, 1048576])");
+  EXPECT_SET_ERR("", "optim.name=Adam",
+                 "--set optim.name=Adam: key 'optim.name': expected one of "
+                 "sgd, adamw, got 'Adam' (did you mean 'adamw'?)");
+  /* A rule broken by an override is reported against the override. */
+  EXPECT_SET_ERR(GPT, "model.heads=5",
+                 "--set model.heads=5: key 'model.heads': 5 does not divide "
+                 "model.d_model (128)");
+  /* An error in the file comes before any --set. */
+  EXPECT_SET_ERR("optim:\n  lr: x\n", "optim.lr=0.1",
+                 "t.yaml:2:7: key 'optim.lr': expected a number, got 'x'");
+}
+
+TT_TEST(test_missing_file) {
+  loom_config cfg;
+  loom_config_defaults(&cfg);
+  TT_CHECK_EQ(loom_config_load(&cfg, "/nonexistent/x.yaml", NULL, 0),
+              LOOM_ERR_CONFIG);
+  TT_CHECK_STR(loom_last_error(),
+               "/nonexistent/x.yaml: cannot open config: No such file or "
+               "directory");
+  TT_CHECK_EQ(loom_config_load(&cfg, "/", NULL, 0), LOOM_ERR_CONFIG);
+  TT_CHECK_STR(loom_last_error(), "/: cannot read config: Is a directory");
+}
+
+TT_TEST(test_good_config_and_sets) {
+  const char *text = "# a comment\n"
+                     "model:\n"
+                     "  name: gpt\n"
+                     "  context: 64   # T\n"
+                     "  heads: 8\n"
+                     "data:\n"
+                     "  dataset: kjv\n"
+                     "  path: \"/data/kjv.txt\"\n"
+                     "optim:\n"
+                     "  name: adamw\n"
+                     "  lr: 3.0e-4\n"
+                     "  eps: 1e-8\n"
+                     "train:\n"
+                     "  epochs: 0\n"
+                     "  steps: 1_000\n"
+                     "schedule:\n"   /* an empty section */
+                     "log:\n"
+                     "  progress: off\n";
+  const char *sets[] = {"optim.lr=0.001", "model.layers=2",
+                        "data.path=/x y/z: w", "optim.lr=0.002",
+                        "model.hidden=64", "checkpoint.keep=0"};
+  loom_config cfg;
+  loom_config_defaults(&cfg);
+  TT_REQUIRE_OK(loom_config_load_string(&cfg, text, strlen(text),
+                                        "runs/../exp/gpt.yml", sets, 6));
+  TT_CHECK_EQ(cfg.model.name, LOOM_CFG_MODEL_GPT);
+  TT_CHECK_EQ(cfg.model.context, 64);
+  TT_CHECK_EQ(cfg.model.heads, 8);
+  TT_CHECK_EQ(cfg.model.layers, 2);
+  TT_CHECK_EQ(cfg.model.d_model, 128); /* default */
+  TT_CHECK_EQ(cfg.model.hidden.n, 1);
+  TT_CHECK_EQ(cfg.model.hidden.v[0], 64);
+  TT_CHECK_EQ(cfg.data.dataset, LOOM_CFG_DATASET_KJV);
+  TT_CHECK_STR(cfg.data.path, "/x y/z: w"); /* strings from --set verbatim */
+  TT_CHECK_EQ(cfg.optim.name, LOOM_CFG_OPTIM_ADAMW);
+  TT_CHECK(cfg.optim.lr == 0.002); /* the last --set wins */
+  TT_CHECK(cfg.optim.eps == 1e-8);
+  TT_CHECK_EQ(cfg.train.steps, 1000);
+  TT_CHECK_EQ(cfg.train.epochs, 0);
+  TT_CHECK_EQ(cfg.log.progress, LOOM_CFG_PROGRESS_OFF);
+  TT_CHECK_EQ(cfg.checkpoint.keep, 0);
+  TT_CHECK_EQ(cfg.schedule.name, LOOM_CFG_SCHED_CONSTANT);
+  /* Paths left empty are resolved from the file name. */
+  TT_CHECK_STR(cfg.log.run_dir, "runs/gpt");
+  TT_CHECK_STR(cfg.checkpoint.dir, "runs/gpt/ckpt");
+  /* loom_config_set: one override, checked, nothing changed on error. */
+  TT_CHECK_OK(loom_config_set(&cfg, "parallel.bucket_mb=0.5"));
+  TT_CHECK(cfg.parallel.bucket_mb == 0.5);
+  loom_config copy = cfg;
+  TT_CHECK_EQ(loom_config_set(&cfg, "parallel.bucket_mb=0"), LOOM_ERR_CONFIG);
+  TT_CHECK(memcmp(&copy, &cfg, sizeof cfg) == 0);
+  TT_CHECK_OK(loom_config_validate(&cfg));
+  /* validate catches what C code sets out of range. */
+  cfg.optim.lr = -1;
+  TT_CHECK_EQ(loom_config_validate(&cfg), LOOM_ERR_CONFIG);
+  TT_CHECK_STR(loom_last_error(),
+               "key 'optim.lr': -1 is out of range (must be in (0, 1000])");
+  cfg = copy;
+  cfg.model.heads = 3;
+  TT_CHECK_EQ(loom_config_validate(&cfg), LOOM_ERR_CONFIG);
+  TT_CHECK_STR(loom_last_error(),
+               "key 'model.heads': 3 does not divide model.d_model (128)");
+  /* Empty text: every default (a valid config). */
+  TT_CHECK_OK(loom_config_load_string(&cfg, "", 0, "empty.yaml", NULL, 0));
+  loom_config def;
+  loom_config_defaults(&def);
+  TT_CHECK_STR(cfg.log.run_dir, "runs/empty");
+  TT_CHECK_EQ(cfg.optim.name, def.optim.name);
+  TT_CHECK_OK(loom_config_load_string(&cfg, "# only a comment\n", 17,
+                                      "c.yaml", NULL, 0));
+}
+
+/* Canonical text reads back to an equal config with the same hash and the
+ * same text. */
+static void check_round_trip(const loom_config *cfg, const char *what) {
+  char *y1 = NULL, *y2 = NULL;
+  loom_config back;
+  loom_config_defaults(&back);
+  TT_CHECK_OK(loom_config_to_yaml(cfg, &y1));
+  if (!y1)
+    return;
+  loom_status s =
+      loom_config_load_string(&back, y1, strlen(y1), what, NULL, 0);
+  TT_CHECK_OK(s);
+  if (s == LOOM_OK) {
+    TT_CHECK(loom_config_equal(cfg, &back));
+    TT_CHECK(loom_config_hash(cfg) == loom_config_hash(&back));
+    TT_CHECK_OK(loom_config_to_yaml(&back, &y2));
+    if (y2)
+      TT_CHECK_STR(y2, y1);
+  }
+  loom_free(y1);
+  loom_free(y2);
+}
+
+TT_TEST(test_examples_round_trip) {
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s/examples", src_dir);
+  DIR *d = opendir(dir);
+  TT_REQUIRE(d != NULL);
+  struct dirent *e;
+  int n = 0;
+  while ((e = readdir(d)) != NULL) {
+    size_t len = strlen(e->d_name);
+    if (len < 6 || strcmp(e->d_name + len - 5, ".yaml") != 0)
+      continue;
+    char path[2048];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    loom_config cfg;
+    loom_config_defaults(&cfg);
+    loom_status s = loom_config_load(&cfg, path, NULL, 0);
+    if (s != LOOM_OK)
+      fprintf(stderr, "%s: %s\n", path, loom_last_error());
+    TT_CHECK_OK(s);
+    if (s == LOOM_OK)
+      check_round_trip(&cfg, path);
+    n++;
+  }
+  closedir(d);
+  TT_CHECK(n >= 6);
+  /* The reference workloads as DESIGN.md gives them. */
+  loom_config cfg;
+  char path[2048];
+  snprintf(path, sizeof path, "%s/examples/fashion_mlp.yaml", src_dir);
+  TT_REQUIRE_OK(loom_config_load(&cfg, path, NULL, 0));
+  TT_CHECK_EQ(cfg.model.name, LOOM_CFG_MODEL_MLP);
+  TT_CHECK_EQ(cfg.model.hidden.n, 2);
+  TT_CHECK_EQ(cfg.model.hidden.v[0], 512);
+  TT_CHECK(cfg.optim.lr == 0.05 && cfg.optim.momentum == 0.9);
+  TT_CHECK_EQ(cfg.train.batch_size, 128);
+  TT_CHECK_EQ(cfg.train.epochs, 5);
+  TT_CHECK_STR(cfg.log.run_dir, "runs/fashion_mlp");
+  snprintf(path, sizeof path, "%s/examples/fashion_cnn.yaml", src_dir);
+  TT_REQUIRE_OK(loom_config_load(&cfg, path, NULL, 0));
+  TT_CHECK_EQ(cfg.model.channels.n, 2);
+  TT_CHECK_EQ(cfg.model.channels.v[1], 64);
+  TT_CHECK_EQ(cfg.model.kernel, 5);
+  snprintf(path, sizeof path, "%s/examples/kjv_gpt.yaml", src_dir);
+  TT_REQUIRE_OK(loom_config_load(&cfg, path, NULL, 0));
+  TT_CHECK(cfg.optim.lr == 3e-4 && cfg.optim.beta2 == 0.999 &&
+           cfg.optim.eps == 1e-8 && cfg.optim.weight_decay == 0.01);
+  TT_CHECK_EQ(cfg.model.context, 128);
+  TT_CHECK_EQ(cfg.model.layers, 4);
+  TT_CHECK_EQ(cfg.train.batch_size, 32);
+  TT_CHECK(cfg.train.steps >= 2000);
+}
+
+TT_TEST(test_round_trip_odd_values) {
+  loom_config cfg;
+  loom_config_defaults(&cfg);
+  const char *sets[] = {"data.path=we\"ird\\path\ttab", "optim.lr=0.1",
+                        "model.hidden=[]", "train.seed=9007199254740991",
+                        "model.init_std=0.30000000000000004",
+                        "log.run_dir=runs/a b", "parallel.deterministic=true"};
+  TT_REQUIRE_OK(loom_config_load_string(&cfg, "", 0, "x", sets, 7));
+  TT_CHECK_EQ(cfg.model.hidden.n, 0);
+  TT_CHECK_EQ(cfg.train.seed, 9007199254740991LL);
+  TT_CHECK(cfg.model.init_std == 0.30000000000000004);
+  TT_CHECK_STR(cfg.checkpoint.dir, "runs/a b/ckpt");
+  check_round_trip(&cfg, "odd");
+  char v[64];
+  TT_CHECK_OK(loom_config_format(&cfg, loom_config_key_find("optim.lr"), v,
+                                 sizeof v));
+  TT_CHECK_STR(v, "0.1");
+  TT_CHECK_OK(loom_config_format(&cfg, loom_config_key_find("model.hidden"), v,
+                                 sizeof v));
+  TT_CHECK_STR(v, "[]");
+  TT_CHECK_EQ(loom_config_format(&cfg, loom_config_key_find("data.path"), v,
+                                 4),
+              LOOM_ERR_INVALID_ARG);
+}
+
+TT_TEST(test_hash) {
+  loom_config a, b;
+  loom_config_defaults(&a);
+  b = a;
+  uint64_t h = loom_config_hash(&a);
+  TT_CHECK(h == loom_config_hash(&b));
+  /* Local keys do not count: where files go, what is printed, threads. */
+  TT_CHECK_OK(loom_config_set(&b, "log.run_dir=/elsewhere"));
+  TT_CHECK_OK(loom_config_set(&b, "checkpoint.dir=/ckpt"));
+  TT_CHECK_OK(loom_config_set(&b, "log.progress=off"));
+  TT_CHECK_OK(loom_config_set(&b, "train.threads=7"));
+  TT_CHECK_OK(loom_config_set(&b, "data.path=/mnt/data"));
+  TT_CHECK_OK(loom_config_set(&b, "data.prefetch=0"));
+  TT_CHECK_OK(loom_config_set(&b, "checkpoint.keep=9"));
+  TT_CHECK(h == loom_config_hash(&b));
+  TT_CHECK(!loom_config_equal(&a, &b));
+  /* Everything else does, one key at a time. */
+  const char *changes[] = {"optim.lr=0.02",        "train.batch_size=33",
+                           "model.hidden=[512]",   "train.seed=1",
+                           "parallel.bucket_mb=24", "checkpoint.every=7",
+                           "log.every=51",          "data.tail=drop",
+                           "parallel.deterministic=true"};
+  for (size_t i = 0; i < sizeof changes / sizeof changes[0]; i++) {
+    loom_config c = a;
+    TT_CHECK_OK(loom_config_set(&c, changes[i]));
+    if (loom_config_hash(&c) == h)
+      fprintf(stderr, "hash unchanged by %s\n", changes[i]);
+    TT_CHECK(loom_config_hash(&c) != h);
+  }
+}
+
+TT_TEST(test_schema) {
+  size_t n;
+  const loom_config_key *k = loom_config_keys(&n);
+  TT_REQUIRE(k != NULL && n >= 50);
+  loom_config def;
+  loom_config_defaults(&def);
+  TT_CHECK_OK(loom_config_validate(&def));
+  const char *secs[] = {"model", "data",       "optim", "schedule",
+                        "train", "checkpoint", "log",   "parallel"};
+  for (size_t i = 0; i < n; i++) {
+    /* section.leaf with a known section; unique; found by name. */
+    const char *dot = strchr(k[i].path, '.');
+    TT_CHECK(dot && !strchr(dot + 1, '.'));
+    bool known = false;
+    for (size_t s = 0; s < 8 && dot; s++)
+      known |= strlen(secs[s]) == (size_t)(dot - k[i].path) &&
+               strncmp(secs[s], k[i].path, strlen(secs[s])) == 0;
+    TT_CHECK(known);
+    TT_CHECK(loom_config_key_find(k[i].path) == &k[i]);
+    /* Help: a sentence, no '|' (it goes into a Markdown table). */
+    TT_CHECK(k[i].help && strlen(k[i].help) > 10 && !strchr(k[i].help, '|'));
+    TT_CHECK(k[i].def && k[i].def[0]);
+    TT_CHECK((unsigned)k[i].type < LOOM_CFG_TYPE_COUNT);
+    TT_CHECK((k[i].type == LOOM_CFG_ENUM) == (k[i].values != NULL));
+    /* The default reads back as exactly the text in the table: the docs
+     * show what the config holds. */
+    char v[600];
+    TT_CHECK_OK(loom_config_format(&def, &k[i], v, sizeof v));
+    if (strcmp(v, k[i].def) != 0)
+      fprintf(stderr, "%s: default '%s' formats as '%s'\n", k[i].path,
+              k[i].def, v);
+    TT_CHECK_STR(v, k[i].def);
+    /* Each key can be set from the command line to its default. */
+    char set[700];
+    snprintf(set, sizeof set, "%s=%s", k[i].path, v);
+    loom_config c = def;
+    if (k[i].type != LOOM_CFG_STRING)
+      TT_CHECK_OK(loom_config_set(&c, set));
+    TT_CHECK(loom_config_equal(&c, &def));
+    for (size_t j = 0; j < i; j++)
+      TT_CHECK(strcmp(k[i].path, k[j].path) != 0);
+  }
+  TT_CHECK(loom_config_key_find("optim.nope") == NULL);
+  TT_CHECK(loom_config_key_find(NULL) == NULL);
+  TT_CHECK_STR(loom_cfg_optim_names[LOOM_CFG_OPTIM_ADAMW], "adamw");
+  TT_CHECK_STR(loom_cfg_dataset_names[LOOM_CFG_DATASET_FASHION_MNIST],
+               "fashion-mnist");
+  TT_CHECK_STR(loom_cfg_type_name(LOOM_CFG_INT_LIST), "int list");
+}
+
+/* docs/config.md holds the generated table between two markers. */
+#define DOCS_BEGIN "<!-- schema:begin (generated by loom config schema --markdown) -->\n"
+#define DOCS_END "<!-- schema:end -->\n"
+
+static char *read_all(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *s = loom_malloc((size_t)n + 1);
+  if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
+    loom_free(s);
+    s = NULL;
+  }
+  if (s)
+    s[n] = '\0';
+  fclose(f);
+  return s;
+}
+
+TT_TEST(test_docs_match_schema) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/docs/config.md", src_dir);
+  char *doc = read_all(path);
+  TT_REQUIRE(doc != NULL);
+  char *md = NULL;
+  TT_CHECK_OK(loom_config_schema_markdown(&md));
+  char *b = strstr(doc, DOCS_BEGIN), *e = strstr(doc, DOCS_END);
+  TT_CHECK(b && e && b < e);
+  if (md && b && e && b < e) {
+    b += strlen(DOCS_BEGIN);
+    size_t len = (size_t)(e - b);
+    bool same = len == strlen(md) && memcmp(b, md, len) == 0;
+    if (!same)
+      fprintf(stderr, "docs/config.md is out of date: run "
+                      "'loom config schema --markdown' or this test with "
+                      "--write-docs SRC\n");
+    TT_CHECK(same);
+  }
+  /* Every key is in the page. */
+  size_t n;
+  const loom_config_key *k = loom_config_keys(&n);
+  for (size_t i = 0; i < n; i++) {
+    char needle[80];
+    snprintf(needle, sizeof needle, "`%s`", k[i].path);
+    TT_CHECK(strstr(doc, needle) != NULL);
+  }
+  loom_free(md);
+  loom_free(doc);
+}
+
+TT_TEST(test_alloc_failures) {
+  const char *text = "model:\n  name: mlp\noptim:\n  lr: 0.1\n";
+  const char *sets[] = {"optim.momentum=0.5"};
+  loom_config cfg;
+  loom_config_defaults(&cfg);
+  loom_config before = cfg;
+  int failures = 0;
+  for (long n = 1; n < 50; n++) {
+    loom_alloc_fail_after(n);
+    loom_status s = loom_config_load_string(&cfg, text, strlen(text), "a.yaml",
+                                            sets, 1);
+    loom_alloc_fail_after(0);
+    if (s == LOOM_OK)
+      break;
+    TT_CHECK_EQ(s, LOOM_ERR_NOMEM);
+    TT_CHECK(memcmp(&cfg, &before, sizeof cfg) == 0);
+    failures++;
+  }
+  TT_CHECK(failures >= 2);
+  TT_CHECK(cfg.optim.momentum == 0.5);
+  for (long n = 1; n < 50; n++) {
+    char *y = NULL;
+    loom_alloc_fail_after(n);
+    loom_status s = loom_config_to_yaml(&cfg, &y);
+    loom_alloc_fail_after(0);
+    loom_free(y);
+    if (s == LOOM_OK)
+      break;
+    TT_CHECK_EQ(s, LOOM_ERR_NOMEM);
+    TT_CHECK(y == NULL);
+  }
+}
+
+static int write_docs(const char *src) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/docs/config.md", src);
+  char *doc = read_all(path);
+  char *md = NULL;
+  if (!doc || loom_config_schema_markdown(&md) != LOOM_OK) {
+    fprintf(stderr, "cannot read %s\n", path);
+    return 1;
+  }
+  char *b = strstr(doc, DOCS_BEGIN), *e = strstr(doc, DOCS_END);
+  if (!b || !e || e < b) {
+    fprintf(stderr, "%s: markers missing\n", path);
+    return 1;
+  }
+  FILE *f = fopen(path, "wb");
+  if (!f)
+    return 1;
+  fwrite(doc, 1, (size_t)(b - doc) + strlen(DOCS_BEGIN), f);
+  fputs(md, f);
+  fputs(e, f);
+  fclose(f);
+  loom_free(md);
+  loom_free(doc);
+  printf("wrote %s\n", path);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc == 3 && strcmp(argv[1], "--write-docs") == 0)
+    return write_docs(argv[2]);
+  if (argc > 1)
+    src_dir = argv[1];
+  TT_RUN(test_bad_configs);
+  TT_RUN(test_set_errors);
+  TT_RUN(test_missing_file);
+  TT_RUN(test_good_config_and_sets);
+  TT_RUN(test_examples_round_trip);
+  TT_RUN(test_round_trip_odd_values);
+  TT_RUN(test_hash);
+  TT_RUN(test_schema);
+  TT_RUN(test_docs_match_schema);
+  TT_RUN(test_alloc_failures);
+  return tt_finish();
+}
