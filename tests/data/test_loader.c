@@ -202,6 +202,42 @@ TT_TEST(test_resume_other_global_batch) {
   loom_loader_free(b);
 }
 
+/* Two ranks with batch 4 together make the batches of one rank with batch
+ * 8, rows in rank order, token windows included (their offsets are keyed by
+ * epoch, not rank). */
+TT_TEST(test_ranks_make_the_global_batch) {
+  loom_dataset *sets[2] = {images, tokens};
+  for (int d = 0; d < 2; d++) {
+    loom_loader_opts o1 = opts(8, 2, LOOM_TAIL_PAD);
+    loom_loader *one = NULL, *rk[2] = {NULL, NULL};
+    TT_REQUIRE_OK(loom_loader_new(&one, sets[d], &o1));
+    for (int r = 0; r < 2; r++) {
+      loom_loader_opts o = opts(4, 1, LOOM_TAIL_PAD);
+      o.sampler.rank = r;
+      o.sampler.world = 2;
+      TT_REQUIRE_OK(loom_loader_new(&rk[r], sets[d], &o));
+    }
+    int bad = 0;
+    for (int step = 0; step < 40; step++) {
+      const loom_batch *g, *a, *b;
+      TT_REQUIRE_OK(loom_loader_next(one, &g));
+      TT_REQUIRE_OK(loom_loader_next(rk[0], &a));
+      TT_REQUIRE_OK(loom_loader_next(rk[1], &b));
+      size_t xh = loom_tensor_bytes(&a->x), yh = loom_tensor_bytes(&a->y);
+      bad += a->size + b->size != g->size;
+      bad += memcmp(g->x.data, a->x.data, xh) != 0;
+      bad += memcmp((const uint8_t *)g->x.data + xh, b->x.data, xh) != 0;
+      bad += memcmp(g->y.data, a->y.data, yh) != 0;
+      bad += memcmp((const uint8_t *)g->y.data + yh, b->y.data, yh) != 0;
+      bad += a->epoch != g->epoch || b->index != g->index;
+    }
+    TT_CHECK_EQ(bad, 0);
+    loom_loader_free(one);
+    loom_loader_free(rk[0]);
+    loom_loader_free(rk[1]);
+  }
+}
+
 static void sleep_ms(int ms) {
   struct timespec ts = {0, ms * 1000000L};
   nanosleep(&ts, NULL);
@@ -284,6 +320,7 @@ int main(void) {
   TT_RUN(test_same_as_direct);
   TT_RUN(test_resume);
   TT_RUN(test_resume_other_global_batch);
+  TT_RUN(test_ranks_make_the_global_batch);
   TT_RUN(test_data_wait);
   TT_RUN(test_shutdown);
   TT_RUN(test_bad_options);
