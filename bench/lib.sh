@@ -1,0 +1,52 @@
+# Shell helpers shared by the bench/ scripts: fair thread settings, the PyTorch peer, load average, ports, tables.
+# Source it: `. "$(dirname "$0")/lib.sh"` (bash). Functions only; sets no options of the caller.
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+LOOM_ROOT=$(cd "$BENCH_DIR/.." && pwd)
+TORCH_PYTHON=${TORCH_PYTHON:-/usr/bin/python3}  # Debian's interpreter: python3-torch lives there
+
+# A note for the reader: stderr, so stdout stays machine-readable.
+bench_note() { echo "[bench] $*" >&2; }
+
+# "1-min 5-min 15-min" load averages.
+bench_loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
+
+# Refuse nothing, but say when the numbers will be low: load above the core count.
+bench_check_load() {
+  local l n
+  l=$(cut -d' ' -f1 /proc/loadavg)
+  n=$(nproc)
+  if awk -v l="$l" -v n="$n" 'BEGIN { exit !(l > n * 0.5) }'; then
+    bench_note "load average $(bench_loadavg) on $n cores: the machine is busy, timings will be low"
+  fi
+}
+
+# Equal thread counts for loom and PyTorch: N threads per process, no spinning
+# OpenMP workers (they steal the core of a second process on a small machine).
+bench_fair_env() {
+  export OMP_NUM_THREADS="$1" OPENBLAS_NUM_THREADS="$1" MKL_NUM_THREADS="$1"
+  export OMP_WAIT_POLICY=PASSIVE
+}
+
+# Installs python3-torch if missing; sets TORCH_VERSION_LINE and says it on stderr.
+bench_ensure_torch() {
+  TORCH_VERSION_LINE=$(TORCH_PYTHON="$TORCH_PYTHON" bash "$BENCH_DIR/torch/ensure_torch.sh") || return 1
+  bench_note "peer: $TORCH_VERSION_LINE"
+}
+
+# Runs a peer script: bench_torch train_throughput --model fashion-mlp --threads 1 ...
+# (JSON lines on stdout, notes on stderr).
+bench_torch() {
+  local script=$1
+  shift
+  OMP_WAIT_POLICY=PASSIVE "$TORCH_PYTHON" "$BENCH_DIR/torch/$script.py" "$@"
+}
+
+# A free TCP port on 127.0.0.1 (for a rendezvous).
+bench_free_port() {
+  "$TORCH_PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Prints a comparison table from JSON result lines (files or stdin), loom's and
+# PyTorch's side by side: bench_table results.jsonl   or   ... | bench_table
+bench_table() { "$TORCH_PYTHON" "$BENCH_DIR/torch/table.py" "$@"; }
