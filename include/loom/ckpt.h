@@ -113,8 +113,8 @@ loom_status loom_ckpt_writer_new(loom_ckpt_writer **out, const char *root,
  * buffer per rank; an empty range is allowed. Borrowed until the write
  * completes unless opts.copy. */
 loom_status loom_ckpt_writer_add(loom_ckpt_writer *w, const char *name,
-                                 loom_dtype dtype, int64_t total,
-                                 int64_t begin, int64_t end, const void *data);
+                                 loom_dtype dtype, int64_t total, int64_t begin,
+                                 int64_t end, const void *data);
 /* The state written to the manifest at commit (deep copy). */
 loom_status loom_ckpt_writer_set_meta(loom_ckpt_writer *w,
                                       const loom_ckpt_meta *meta);
@@ -173,9 +173,9 @@ typedef enum {
 
 typedef struct loom_ckpt_open_opts {
   loom_ckpt_verify_level verify; /* FULL */
-  uint64_t layout_hash; /* non-zero: a manifest of another layout is
-                           LOOM_ERR_MISMATCH. 0 */
-  int64_t before_step;  /* latest/find: only steps below this. INT64_MAX */
+  uint64_t layout_hash;          /* non-zero: a manifest of another layout is
+                                    LOOM_ERR_MISMATCH. 0 */
+  int64_t before_step; /* latest/find: only steps below this. INT64_MAX */
 } loom_ckpt_open_opts;
 
 loom_ckpt_open_opts loom_ckpt_open_opts_default(void);
@@ -203,8 +203,7 @@ loom_status loom_ckpt_open_latest_valid(loom_ckpt **out, const char *root,
  * *step = -1 and dir "" when there is none. */
 loom_status loom_ckpt_find_latest_valid(const char *root,
                                         const loom_ckpt_open_opts *opts,
-                                        char *dir, size_t dir_n,
-                                        int64_t *step);
+                                        char *dir, size_t dir_n, int64_t *step);
 
 const loom_ckpt_meta *loom_ckpt_get_meta(const loom_ckpt *c);
 const char *loom_ckpt_path(const loom_ckpt *c);
@@ -272,9 +271,9 @@ void loom_ckpt_fail_io_after(long n, int err);
 long loom_ckpt_io_count(void);
 
 #define LOOM_CKPT_DAMAGE_LIST(X)                                               \
-  X(LOOM_CKPT_DAMAGE_FLIP, "flip")         /* one payload byte of a shard */  \
-  X(LOOM_CKPT_DAMAGE_TRUNCATE, "truncate") /* a shard loses its last half */  \
-  X(LOOM_CKPT_DAMAGE_MANIFEST, "manifest") /* manifest.json deleted */        \
+  X(LOOM_CKPT_DAMAGE_FLIP, "flip")         /* one payload byte of a shard */   \
+  X(LOOM_CKPT_DAMAGE_TRUNCATE, "truncate") /* a shard loses its last half */   \
+  X(LOOM_CKPT_DAMAGE_MANIFEST, "manifest") /* manifest.json deleted */         \
   X(LOOM_CKPT_DAMAGE_LATEST, "latest")     /* ROOT/latest deleted */
 
 typedef enum {

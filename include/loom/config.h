@@ -73,18 +73,40 @@ extern "C" {
   X(LOOM_CFG_COMPRESS_F16, "f16")
 
 #define LOOM_X_ENUM(name, text) name,
-typedef enum { LOOM_CFG_MODEL_LIST(LOOM_X_ENUM) LOOM_CFG_MODEL_COUNT } loom_cfg_model;
+typedef enum {
+  LOOM_CFG_MODEL_LIST(LOOM_X_ENUM) LOOM_CFG_MODEL_COUNT
+} loom_cfg_model;
 typedef enum { LOOM_CFG_ACT_LIST(LOOM_X_ENUM) LOOM_CFG_ACT_COUNT } loom_cfg_act;
-typedef enum { LOOM_CFG_DATASET_LIST(LOOM_X_ENUM) LOOM_CFG_DATASET_COUNT } loom_cfg_dataset;
-typedef enum { LOOM_CFG_TAIL_LIST(LOOM_X_ENUM) LOOM_CFG_TAIL_COUNT } loom_cfg_tail;
-typedef enum { LOOM_CFG_OPTIM_LIST(LOOM_X_ENUM) LOOM_CFG_OPTIM_COUNT } loom_cfg_optim;
-typedef enum { LOOM_CFG_SCHED_LIST(LOOM_X_ENUM) LOOM_CFG_SCHED_COUNT } loom_cfg_sched;
-typedef enum { LOOM_CFG_SCALING_LIST(LOOM_X_ENUM) LOOM_CFG_SCALING_COUNT } loom_cfg_scaling;
-typedef enum { LOOM_CFG_PRECISION_LIST(LOOM_X_ENUM) LOOM_CFG_PRECISION_COUNT } loom_cfg_precision;
-typedef enum { LOOM_CFG_ON_ERROR_LIST(LOOM_X_ENUM) LOOM_CFG_ON_ERROR_COUNT } loom_cfg_on_error;
-typedef enum { LOOM_CFG_PROGRESS_LIST(LOOM_X_ENUM) LOOM_CFG_PROGRESS_COUNT } loom_cfg_progress;
-typedef enum { LOOM_CFG_STRATEGY_LIST(LOOM_X_ENUM) LOOM_CFG_STRATEGY_COUNT } loom_cfg_strategy;
-typedef enum { LOOM_CFG_COMPRESS_LIST(LOOM_X_ENUM) LOOM_CFG_COMPRESS_COUNT } loom_cfg_compress;
+typedef enum {
+  LOOM_CFG_DATASET_LIST(LOOM_X_ENUM) LOOM_CFG_DATASET_COUNT
+} loom_cfg_dataset;
+typedef enum {
+  LOOM_CFG_TAIL_LIST(LOOM_X_ENUM) LOOM_CFG_TAIL_COUNT
+} loom_cfg_tail;
+typedef enum {
+  LOOM_CFG_OPTIM_LIST(LOOM_X_ENUM) LOOM_CFG_OPTIM_COUNT
+} loom_cfg_optim;
+typedef enum {
+  LOOM_CFG_SCHED_LIST(LOOM_X_ENUM) LOOM_CFG_SCHED_COUNT
+} loom_cfg_sched;
+typedef enum {
+  LOOM_CFG_SCALING_LIST(LOOM_X_ENUM) LOOM_CFG_SCALING_COUNT
+} loom_cfg_scaling;
+typedef enum {
+  LOOM_CFG_PRECISION_LIST(LOOM_X_ENUM) LOOM_CFG_PRECISION_COUNT
+} loom_cfg_precision;
+typedef enum {
+  LOOM_CFG_ON_ERROR_LIST(LOOM_X_ENUM) LOOM_CFG_ON_ERROR_COUNT
+} loom_cfg_on_error;
+typedef enum {
+  LOOM_CFG_PROGRESS_LIST(LOOM_X_ENUM) LOOM_CFG_PROGRESS_COUNT
+} loom_cfg_progress;
+typedef enum {
+  LOOM_CFG_STRATEGY_LIST(LOOM_X_ENUM) LOOM_CFG_STRATEGY_COUNT
+} loom_cfg_strategy;
+typedef enum {
+  LOOM_CFG_COMPRESS_LIST(LOOM_X_ENUM) LOOM_CFG_COMPRESS_COUNT
+} loom_cfg_compress;
 #undef LOOM_X_ENUM
 
 /* Name tables, indexed by the enum value ("adamw" = loom_cfg_optim_names
@@ -253,16 +275,16 @@ const char *loom_cfg_type_name(loom_cfg_type t);
 #define LOOM_CFG_LOCAL 4u    /* left out of the config hash */
 
 typedef struct loom_config_key {
-  const char *path;    /* "optim.lr" */
+  const char *path; /* "optim.lr" */
   loom_cfg_type type;
-  size_t offset;       /* of the field in loom_config */
-  const char *def;     /* default, as YAML text: "0.01", "[512, 512]" */
-  double min, max;     /* INT, FLOAT, INT_LIST items */
-  int list_min;        /* INT_LIST: fewest items */
+  size_t offset;             /* of the field in loom_config */
+  const char *def;           /* default, as YAML text: "0.01", "[512, 512]" */
+  double min, max;           /* INT, FLOAT, INT_LIST items */
+  int list_min;              /* INT_LIST: fewest items */
   const char *const *values; /* ENUM: names, indexed by value */
   int n_values;
   unsigned flags;
-  const char *help;    /* one line */
+  const char *help; /* one line */
 } loom_config_key;
 
 /* The schema: every key, in order. */
@@ -272,8 +294,7 @@ const loom_config_key *loom_config_key_find(const char *path);
 /* The value of a key in canonical text (as loom_config_to_yaml writes it);
  * LOOM_ERR_INVALID_ARG if it does not fit in n bytes. */
 loom_status loom_config_format(const loom_config *cfg,
-                               const loom_config_key *key, char *buf,
-                               size_t n);
+                               const loom_config_key *key, char *buf, size_t n);
 /* The reference table of docs/config.md (Markdown), generated from the
  * schema; *out is freed with loom_free. */
 loom_status loom_config_schema_markdown(char **out);

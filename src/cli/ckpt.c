@@ -111,8 +111,8 @@ static int check_files(const loom_ckpt *c, loom_ckpt_verify_level level,
     char sz[32];
     human_bytes(sz, sizeof sz, (double)fi.bytes);
     if (print || st != LOOM_OK)
-      printf("  %-16s rank %-5d %12s %6d blocks  index 0x%08x  %s%s\n",
-             fi.name, fi.rank, sz, fi.n_blocks, fi.index_crc,
+      printf("  %-16s rank %-5d %12s %6d blocks  index 0x%08x  %s%s\n", fi.name,
+             fi.rank, sz, fi.n_blocks, fi.index_crc,
              st == LOOM_OK ? "OK" : "BAD: ",
              st == LOOM_OK ? "" : loom_last_error());
     bad += st != LOOM_OK;
@@ -212,9 +212,8 @@ static int inspect_one(const char *dir, bool verify, bool json) {
   }
   if (strcmp(m->extra_json, "{}") != 0)
     printf("\nextra        %s\n", m->extra_json);
-  int bad = check_files(c, verify ? LOOM_CKPT_VERIFY_FULL
-                                  : LOOM_CKPT_VERIFY_META,
-                        true);
+  int bad = check_files(
+      c, verify ? LOOM_CKPT_VERIFY_FULL : LOOM_CKPT_VERIFY_META, true);
   loom_ckpt_close(c);
   if (bad)
     printf("\n%d damaged file%s\n", bad, bad == 1 ? "" : "s");
@@ -265,11 +264,12 @@ static int scan_root(const char *root, loom_ckpt_verify_level level) {
       }
       human_bytes(sz, sizeof sz, bytes);
     }
-    printf("step_%08lld   %-12s %s%s%s\n", (long long)steps[i], sz,
-           st == LOOM_OK ? "OK" : "BAD: ", st == LOOM_OK ? "" : loom_last_error(),
-           steps[i] > latest && latest >= 0 ? "  (newer than latest: not "
-                                              "committed)"
-                                            : "");
+    printf(
+        "step_%08lld   %-12s %s%s%s\n", (long long)steps[i], sz,
+        st == LOOM_OK ? "OK" : "BAD: ", st == LOOM_OK ? "" : loom_last_error(),
+        steps[i] > latest && latest >= 0 ? "  (newer than latest: not "
+                                           "committed)"
+                                         : "");
     bad += st != LOOM_OK;
     loom_ckpt_close(c);
   }
@@ -359,8 +359,7 @@ int loom_cmd_ckpt(int argc, char **argv) {
     } else if (!strcmp(argv[i], "--json") && !strcmp(sub, "inspect")) {
       json = true;
     } else if (argv[i][0] == '-' || dir) {
-      fprintf(stderr, "loom ckpt %s: unexpected argument '%s'\n", sub,
-              argv[i]);
+      fprintf(stderr, "loom ckpt %s: unexpected argument '%s'\n", sub, argv[i]);
       usage(stderr);
       return LOOM_EXIT_USAGE;
     } else {

@@ -254,8 +254,10 @@ loom_status loom_ckpt_mkdirs(const char *path) {
   char buf[CKPT_PATH_MAX];
   size_t n = strlen(path);
   if (n == 0 || n >= sizeof buf)
-    return loom_error(LOOM_ERR_INVALID_ARG, "checkpoint directory '%s': bad "
-                                            "path", path);
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "checkpoint directory '%s': bad "
+                      "path",
+                      path);
   memcpy(buf, path, n + 1);
   for (size_t i = 1; i <= n; i++) {
     if (buf[i] != '/' && buf[i] != '\0')
@@ -358,8 +360,7 @@ loom_status loom_ckpt_write_file_atomic(const char *dir, const char *name,
   }
   if (what) {
     unlink(tmp);
-    return loom_error(LOOM_ERR_IO, "%s: %s failed: %s", tmp, what,
-                      strerror(e));
+    return loom_error(LOOM_ERR_IO, "%s: %s failed: %s", tmp, what, strerror(e));
   }
   if (loom_ckpt_io_rename(tmp, dst) != 0) {
     e = errno;
@@ -382,8 +383,9 @@ loom_status loom_ckpt_pread_all(int fd, void *buf, size_t n, int64_t off,
                         (long long)off, strerror(errno));
     }
     if (r == 0)
-      return loom_error(LOOM_ERR_CORRUPT, "%s: truncated (ends before byte "
-                                          "%lld)",
+      return loom_error(LOOM_ERR_CORRUPT,
+                        "%s: truncated (ends before byte "
+                        "%lld)",
                         path, (long long)(off + (int64_t)n));
     p += r;
     off += r;
@@ -658,8 +660,9 @@ loom_status loom_ckpt_read_latest(const char *root, int64_t *step) {
   if (len > 0 && buf[len - 1] == '\n')
     buf[--len] = '\0';
   if (!loom_ckpt_parse_step_name(buf, step))
-    return loom_error(LOOM_ERR_CORRUPT, "%s: does not name a checkpoint "
-                                        "(expected step_NNNNNNNN)",
+    return loom_error(LOOM_ERR_CORRUPT,
+                      "%s: does not name a checkpoint "
+                      "(expected step_NNNNNNNN)",
                       path);
   return LOOM_OK;
 }

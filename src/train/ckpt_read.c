@@ -220,16 +220,15 @@ static loom_status parse_meta(loom_ckpt *c, const cJSON *root) {
   if (!(o = j_obj(c, root, "", "schedule", &st)))
     return st;
   LOOM_TRY(j_str(c, o, "schedule", "name", m->schedule, sizeof m->schedule));
-  LOOM_TRY(j_int(c, o, "schedule", "step", 0, JSON_INT_MAX - 1,
-                 &m->schedule_step));
+  LOOM_TRY(
+      j_int(c, o, "schedule", "step", 0, JSON_INT_MAX - 1, &m->schedule_step));
   LOOM_TRY(j_num(c, o, "schedule", "lr", &m->lr));
   LOOM_TRY(j_num(c, root, "", "loss_scale", &m->loss_scale));
   if (!(o = j_obj(c, root, "", "data", &st)))
     return st;
   LOOM_TRY(j_int(c, o, "data", "epoch", 0, JSON_INT_MAX - 1, &m->data.epoch));
   LOOM_TRY(j_int(c, o, "data", "batch", 0, JSON_INT_MAX - 1, &m->data.batch));
-  LOOM_TRY(j_int(c, o, "data", "sample", 0, JSON_INT_MAX - 1,
-                 &m->data.sample));
+  LOOM_TRY(j_int(c, o, "data", "sample", 0, JSON_INT_MAX - 1, &m->data.sample));
 
   const cJSON *a = j_arr(c, root, "", "rng", &st);
   if (!a)
@@ -391,9 +390,8 @@ static loom_status parse_buffers(loom_ckpt *c, const cJSON *root) {
       goto done;
     }
     int64_t es = (int64_t)loom_dtype_size(b->dtype);
-    LOOM_TRY_GOTO(st, j_int(c, x, where, "count", 0, JSON_INT_MAX - 1,
-                            &b->count),
-                  done);
+    LOOM_TRY_GOTO(
+        st, j_int(c, x, where, "count", 0, JSON_INT_MAX - 1, &b->count), done);
     const cJSON *sh = j_arr(c, x, where, "shards", &st);
     if (!sh)
       goto done;
@@ -432,8 +430,9 @@ static loom_status parse_buffers(loom_ckpt *c, const cJSON *root) {
         LOOM_TRY_GOTO(st, j_int(c, y, bw, "begin", bat, bat, &r->begin), done);
         LOOM_TRY_GOTO(st, j_int(c, y, bw, "count", 1, se - bat, &r->count),
                       done);
-        LOOM_TRY_GOTO(st, j_int(c, y, bw, "offset", CKPT_HEADER_BYTES,
-                                data_end - r->count * es, &r->offset),
+        LOOM_TRY_GOTO(st,
+                      j_int(c, y, bw, "offset", CKPT_HEADER_BYTES,
+                            data_end - r->count * es, &r->offset),
                       done);
         LOOM_TRY_GOTO(st, j_hex(c, y, bw, "crc32c", 8, &crc), done);
         r->crc = (uint32_t)crc;
@@ -501,23 +500,25 @@ static loom_status check_file_meta(const loom_ckpt *c, int i, int *fd_out) {
     goto done;
   }
   if ((int64_t)sb.st_size != f->bytes) {
-    st = loom_error(LOOM_ERR_CORRUPT, "%s: %s: %lld bytes, the manifest says "
-                                      "%lld",
+    st = loom_error(LOOM_ERR_CORRUPT,
+                    "%s: %s: %lld bytes, the manifest says "
+                    "%lld",
                     path, (int64_t)sb.st_size < f->bytes ? "truncated" : "size",
                     (long long)sb.st_size, (long long)f->bytes);
     goto done;
   }
   LOOM_TRY_GOTO(st, loom_ckpt_pread_all(fd, head, sizeof head, 0, path), done);
-  LOOM_TRY_GOTO(st, loom_ckpt_pread_all(fd, foot, sizeof foot,
-                                        f->bytes - CKPT_FOOTER_BYTES, path),
+  LOOM_TRY_GOTO(st,
+                loom_ckpt_pread_all(fd, foot, sizeof foot,
+                                    f->bytes - CKPT_FOOTER_BYTES, path),
                 done);
   if ((st = loom_ckpt_header_decode(head, &h)) != LOOM_OK ||
       (st = loom_ckpt_footer_decode(foot, &ft)) != LOOM_OK) {
     loom_error_context(st, "%s", path);
     goto done;
   }
-  int64_t index_at = f->bytes - CKPT_FOOTER_BYTES -
-                     (int64_t)f->n_blocks * CKPT_ENTRY_BYTES;
+  int64_t index_at =
+      f->bytes - CKPT_FOOTER_BYTES - (int64_t)f->n_blocks * CKPT_ENTRY_BYTES;
   if ((int)h.rank != i || (int)h.world != c->meta.world_size ||
       h.step != c->meta.step || (int)h.n_blocks != f->n_blocks ||
       h.index_offset != index_at || ft.index_offset != index_at ||
@@ -583,8 +584,10 @@ static loom_status scan(int fd, const char *path, unsigned char *buf,
 loom_status loom_ckpt_verify_file(const loom_ckpt *c, int i,
                                   loom_ckpt_verify_level level) {
   if (!c || i < 0 || i >= c->n_files)
-    return loom_error(LOOM_ERR_INVALID_ARG, "loom_ckpt_verify_file: no file "
-                                            "%d", i);
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_ckpt_verify_file: no file "
+                      "%d",
+                      i);
   if (level == LOOM_CKPT_VERIFY_NONE)
     return LOOM_OK;
   if (level == LOOM_CKPT_VERIFY_META)
@@ -612,8 +615,8 @@ loom_status loom_ckpt_verify_file(const loom_ckpt *c, int i,
     const rbuffer *b = block_buffer(c, r);
     int64_t bytes = r->count * (int64_t)loom_dtype_size(b->dtype);
     if (r->offset < pos) {
-      st = loom_error(LOOM_ERR_CORRUPT, "%s: blocks overlap at byte %lld",
-                      path, (long long)r->offset);
+      st = loom_error(LOOM_ERR_CORRUPT, "%s: blocks overlap at byte %lld", path,
+                      (long long)r->offset);
       goto done;
     }
     LOOM_TRY_GOTO(st, scan(fd, path, buf, pos, r->offset - pos, NULL), done);
@@ -634,8 +637,9 @@ loom_status loom_ckpt_verify_file(const loom_ckpt *c, int i,
       f->bytes - CKPT_FOOTER_BYTES - (int64_t)f->n_blocks * CKPT_ENTRY_BYTES;
   LOOM_TRY_GOTO(st, scan(fd, path, buf, pos, index_at - pos, NULL), done);
   uint32_t icrc = 0;
-  LOOM_TRY_GOTO(st, scan(fd, path, buf, index_at,
-                         (int64_t)f->n_blocks * CKPT_ENTRY_BYTES, &icrc),
+  LOOM_TRY_GOTO(st,
+                scan(fd, path, buf, index_at,
+                     (int64_t)f->n_blocks * CKPT_ENTRY_BYTES, &icrc),
                 done);
   if (icrc != f->index_crc)
     st = loom_error(LOOM_ERR_CORRUPT,
@@ -768,8 +772,10 @@ static void buffer_info(const rbuffer *b, loom_ckpt_buffer_info *out) {
 loom_status loom_ckpt_buffer_get(const loom_ckpt *c, int i,
                                  loom_ckpt_buffer_info *out) {
   if (!c || !out || i < 0 || i >= c->n_bufs)
-    return loom_error(LOOM_ERR_INVALID_ARG, "loom_ckpt_buffer_get: no buffer "
-                                            "%d", i);
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_ckpt_buffer_get: no buffer "
+                      "%d",
+                      i);
   buffer_info(&c->bufs[i], out);
   return LOOM_OK;
 }
@@ -950,8 +956,7 @@ loom_status loom_ckpt_open_latest_valid(loom_ckpt **out, const char *root,
     st = try_open(out, root, steps[i], &o);
     if (st == LOOM_OK || st == LOOM_ERR_NOMEM) {
       if (st == LOOM_OK && damaged)
-        LOOM_WARN("using the older checkpoint %s",
-                  loom_ckpt_path(*out));
+        LOOM_WARN("using the older checkpoint %s", loom_ckpt_path(*out));
       loom_free(steps);
       return st;
     }

@@ -2,9 +2,9 @@
  * commit (rename, then `latest`, then pruning), synchronous or on a
  * background thread. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <dirent.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -81,7 +81,8 @@ uint64_t loom_ckpt_layout_hash(const loom_param *views, int n_views) {
     unsigned char buf[8 * (2 + LOOM_MAX_DIMS) + 4];
     size_t o = 0;
     int64_t vals[2 + LOOM_MAX_DIMS] = {v->offset, (int64_t)v->ndim};
-    int nd = v->ndim < 0 ? 0 : (v->ndim > LOOM_MAX_DIMS ? LOOM_MAX_DIMS : v->ndim);
+    int nd =
+        v->ndim < 0 ? 0 : (v->ndim > LOOM_MAX_DIMS ? LOOM_MAX_DIMS : v->ndim);
     for (int d = 0; d < nd; d++)
       vals[2 + d] = v->shape[d];
     for (int k = 0; k < 2 + nd; k++)
@@ -95,8 +96,8 @@ uint64_t loom_ckpt_layout_hash(const loom_param *views, int n_views) {
 /* ------------------------------------------------------------- the writer */
 
 /* DIR/.step_<step>.<kind> (kind "tmp" or "old") or DIR/shard_<rank>.bin. */
-static loom_status step_path(char *buf, size_t n, const char *dir,
-                             int64_t step, const char *kind) {
+static loom_status step_path(char *buf, size_t n, const char *dir, int64_t step,
+                             const char *kind) {
   int w = snprintf(buf, n, "%s/.step_%08lld.%s", dir, (long long)step, kind);
   if (w < 0 || (size_t)w >= n)
     return loom_error(LOOM_ERR_INVALID_ARG, "%s: path too long", dir);
@@ -120,8 +121,10 @@ loom_status loom_ckpt_writer_new(loom_ckpt_writer **out, const char *root,
   if (!root || !root[0])
     return loom_error(LOOM_ERR_INVALID_ARG, "checkpoint: no directory given");
   if (step < 0 || step >= JSON_INT_MAX)
-    return loom_error(LOOM_ERR_INVALID_ARG, "checkpoint: step %lld out of "
-                                            "range", (long long)step);
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "checkpoint: step %lld out of "
+                      "range",
+                      (long long)step);
   if (o.world < 1 || o.world > 1000000 || o.rank < 0 || o.rank >= o.world)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "checkpoint: rank %d of world %d is not valid", o.rank,
@@ -145,9 +148,10 @@ loom_status loom_ckpt_writer_new(loom_ckpt_writer **out, const char *root,
   }
   memcpy(w->root, root, rl);
   w->root[rl] = '\0';
-  LOOM_TRY_GOTO(st, step_path(w->tmp, sizeof w->tmp, w->root, step, "tmp"), fail);
-  LOOM_TRY_GOTO(st, loom_ckpt_dir_name(w->root, step, w->final, sizeof w->final),
+  LOOM_TRY_GOTO(st, step_path(w->tmp, sizeof w->tmp, w->root, step, "tmp"),
                 fail);
+  LOOM_TRY_GOTO(
+      st, loom_ckpt_dir_name(w->root, step, w->final, sizeof w->final), fail);
   LOOM_TRY_GOTO(st, loom_ckpt_mkdirs(w->root), fail);
   if (loom_ckpt_io_mkdir(w->tmp) != 0 && errno != EEXIST) {
     st = loom_error(LOOM_ERR_IO, "%s: cannot create directory: %s", w->tmp,
@@ -163,8 +167,8 @@ fail:
 }
 
 loom_status loom_ckpt_writer_add(loom_ckpt_writer *w, const char *name,
-                                 loom_dtype dtype, int64_t total,
-                                 int64_t begin, int64_t end, const void *data) {
+                                 loom_dtype dtype, int64_t total, int64_t begin,
+                                 int64_t end, const void *data) {
   if (!w || !name)
     return loom_error(LOOM_ERR_INVALID_ARG, "loom_ckpt_writer_add: NULL");
   if (w->state != W_OPEN)
@@ -177,8 +181,10 @@ loom_status loom_ckpt_writer_add(loom_ckpt_writer *w, const char *name,
                       "_ -)",
                       name, LOOM_CKPT_NAME_MAX - 1);
   if ((unsigned)dtype >= LOOM_DTYPE_COUNT)
-    return loom_error(LOOM_ERR_INVALID_ARG, "checkpoint: buffer '%s': bad "
-                                            "dtype", name);
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "checkpoint: buffer '%s': bad "
+                      "dtype",
+                      name);
   size_t es = loom_dtype_size(dtype);
   if (total < 0 || begin < 0 || end < begin || end > total ||
       total > INT64_MAX / (int64_t)es || total >= JSON_INT_MAX)
@@ -187,8 +193,10 @@ loom_status loom_ckpt_writer_add(loom_ckpt_writer *w, const char *name,
                       "elements",
                       name, (long long)begin, (long long)end, (long long)total);
   if (end > begin && !data)
-    return loom_error(LOOM_ERR_INVALID_ARG, "checkpoint: buffer '%s': NULL "
-                                            "data", name);
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "checkpoint: buffer '%s': NULL "
+                      "data",
+                      name);
   for (int i = 0; i < w->n_parts; i++)
     if (strcmp(w->parts[i].name, name) == 0)
       return loom_error(LOOM_ERR_INVALID_ARG,
@@ -258,8 +266,10 @@ loom_status loom_ckpt_writer_set_meta(loom_ckpt_writer *w,
     if (v->ndim < 0 || v->ndim > LOOM_MAX_DIMS || v->offset < 0 ||
         v->numel < 0 || v->offset >= JSON_INT_MAX || v->numel >= JSON_INT_MAX ||
         !memchr(v->name, '\0', LOOM_PARAM_NAME_MAX))
-      return loom_error(LOOM_ERR_INVALID_ARG, "checkpoint meta: view %d is not "
-                                              "valid", i);
+      return loom_error(LOOM_ERR_INVALID_ARG,
+                        "checkpoint meta: view %d is not "
+                        "valid",
+                        i);
   }
   if (meta->extra_json &&
       !loom_ckpt_json_object_ok(meta->extra_json, strlen(meta->extra_json)))
@@ -326,9 +336,10 @@ static loom_status write_shard(loom_ckpt_writer *w) {
     n_blocks += p->end > p->begin ? (p->end - p->begin + per - 1) / per : 1;
   }
   if (n_blocks > 100000000)
-    return loom_error(LOOM_ERR_INVALID_ARG, "%s: %lld blocks; raise "
-                                            "block_bytes", path,
-                      (long long)n_blocks);
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "%s: %lld blocks; raise "
+                      "block_bytes",
+                      path, (long long)n_blocks);
   ckpt_entry *ents = loom_calloc((size_t)n_blocks + 1, sizeof *ents);
   const void **src = loom_calloc((size_t)n_blocks + 1, sizeof *src);
   size_t index_bytes = (size_t)n_blocks * CKPT_ENTRY_BYTES + CKPT_FOOTER_BYTES;
@@ -368,8 +379,11 @@ static loom_status write_shard(loom_ckpt_writer *w) {
       src[k] = (const char *)p->data + (size_t)(b - p->begin) * (size_t)es;
     }
   }
-  ckpt_header h = {LOOM_CKPT_FORMAT_VERSION, (uint32_t)w->opts.rank,
-                   (uint32_t)w->opts.world, (uint32_t)n_blocks, w->step,
+  ckpt_header h = {LOOM_CKPT_FORMAT_VERSION,
+                   (uint32_t)w->opts.rank,
+                   (uint32_t)w->opts.world,
+                   (uint32_t)n_blocks,
+                   w->step,
                    ckpt_align(pos)};
   unsigned char head[CKPT_HEADER_BYTES];
   loom_ckpt_header_encode(head, &h);
@@ -469,8 +483,9 @@ static loom_status read_summary(const loom_ckpt_writer *w, int rank,
     goto done;
   }
   LOOM_TRY_GOTO(st, loom_ckpt_pread_all(fd, head, sizeof head, 0, path), done);
-  LOOM_TRY_GOTO(st, loom_ckpt_pread_all(fd, foot, sizeof foot,
-                                        s->bytes - CKPT_FOOTER_BYTES, path),
+  LOOM_TRY_GOTO(st,
+                loom_ckpt_pread_all(fd, foot, sizeof foot,
+                                    s->bytes - CKPT_FOOTER_BYTES, path),
                 done);
   if ((st = loom_ckpt_header_decode(head, &h)) != LOOM_OK ||
       (st = loom_ckpt_footer_decode(foot, &f)) != LOOM_OK) {
@@ -488,7 +503,8 @@ static loom_status read_summary(const loom_ckpt_writer *w, int rank,
   }
   if (f.n_blocks != h.n_blocks || f.index_offset != h.index_offset ||
       f.index_offset + (int64_t)f.n_blocks * CKPT_ENTRY_BYTES +
-              CKPT_FOOTER_BYTES != s->bytes) {
+              CKPT_FOOTER_BYTES !=
+          s->bytes) {
     st = loom_error(LOOM_ERR_CORRUPT, "%s: index does not match the file size",
                     path);
     goto done;
@@ -503,8 +519,8 @@ static loom_status read_summary(const loom_ckpt_writer *w, int rank,
   LOOM_TRY_GOTO(st, loom_ckpt_pread_all(fd, index, ib, f.index_offset, path),
                 done);
   if (loom_crc32c(0, index, ib) != f.index_crc) {
-    st = loom_error(LOOM_ERR_CORRUPT, "%s: block index checksum mismatch",
-                    path);
+    st =
+        loom_error(LOOM_ERR_CORRUPT, "%s: block index checksum mismatch", path);
     goto done;
   }
   for (uint32_t i = 0; i < f.n_blocks; i++) {
@@ -573,8 +589,8 @@ static loom_status add_buffer(const loom_ckpt_writer *w, cJSON *arr,
         continue; /* an empty range: the buffer exists, nothing to tile */
       if (first == UINT32_MAX)
         first = j;
-      else if (j != first + n ||
-               e->begin != sums[q].ents[j - 1].begin + sums[q].ents[j - 1].count)
+      else if (j != first + n || e->begin != sums[q].ents[j - 1].begin +
+                                                 sums[q].ents[j - 1].count)
         return loom_error(LOOM_ERR_CORRUPT,
                           "checkpoint %s: rank %d's blocks of '%s' are not "
                           "contiguous",
@@ -783,8 +799,10 @@ static loom_status build_manifest(const loom_ckpt_writer *w,
   if (!text) {
     if (st != LOOM_OK && st != LOOM_ERR_NOMEM)
       return st;
-    return loom_error(LOOM_ERR_NOMEM, "%s: out of memory building the "
-                                      "manifest", w->final);
+    return loom_error(LOOM_ERR_NOMEM,
+                      "%s: out of memory building the "
+                      "manifest",
+                      w->final);
   }
   /* The manifest checks itself: its last member is the CRC32C of the whole
    * text with that member's 8 hex digits read as zeros. */
@@ -793,15 +811,17 @@ static loom_status build_manifest(const loom_ckpt_writer *w,
     n--;
   if (n > 0)
     n--; /* drop the closing brace */
-  while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == ' ' ||
-                   text[n - 1] == '\t'))
+  while (n > 0 &&
+         (text[n - 1] == '\n' || text[n - 1] == ' ' || text[n - 1] == '\t'))
     n--;
   static const char tail[] = ",\n\t\"manifest_crc32c\":\t\"0x00000000\"\n}\n";
   char *full = loom_malloc(n + sizeof tail);
   if (!full) {
     cJSON_free(text);
-    return loom_error(LOOM_ERR_NOMEM, "%s: out of memory building the "
-                                      "manifest", w->final);
+    return loom_error(LOOM_ERR_NOMEM,
+                      "%s: out of memory building the "
+                      "manifest",
+                      w->final);
   }
   memcpy(full, text, n);
   memcpy(full + n, tail, sizeof tail);
@@ -844,8 +864,7 @@ static void tidy_tmp(const loom_ckpt_writer *w) {
     int r = shard_rank_of(e->d_name);
     if (r >= 0 && r < w->opts.world)
       continue;
-    if (snprintf(sub, sizeof sub, "%s/%s", w->tmp, e->d_name) <
-        (int)sizeof sub)
+    if (snprintf(sub, sizeof sub, "%s/%s", w->tmp, e->d_name) < (int)sizeof sub)
       unlink(sub);
   }
   closedir(d);
@@ -865,8 +884,7 @@ static void prune(const loom_ckpt_writer *w) {
         continue;
       if (++older < w->opts.keep)
         continue;
-      if (loom_ckpt_dir_name(w->root, steps[i], path, sizeof path) ==
-              LOOM_OK &&
+      if (loom_ckpt_dir_name(w->root, steps[i], path, sizeof path) == LOOM_OK &&
           loom_ckpt_rmtree(path) != LOOM_OK)
         LOOM_WARN("checkpoint: pruning: %s", loom_last_error());
     }
@@ -905,8 +923,9 @@ static loom_status commit_impl(loom_ckpt_writer *w) {
     LOOM_TRY_GOTO(st, read_summary(w, r, &sums[r]), done);
   LOOM_TRY_GOTO(st, build_manifest(w, sums, &manifest), done);
   tidy_tmp(w);
-  LOOM_TRY_GOTO(st, loom_ckpt_write_file_atomic(w->tmp, CKPT_MANIFEST,
-                                                manifest, strlen(manifest)),
+  LOOM_TRY_GOTO(st,
+                loom_ckpt_write_file_atomic(w->tmp, CKPT_MANIFEST, manifest,
+                                            strlen(manifest)),
                 done);
   /* The directory becomes a checkpoint in one rename. One of the same step
    * (say, written before a restart) is swapped out atomically, so there is
@@ -922,7 +941,8 @@ static loom_status commit_impl(loom_ckpt_writer *w) {
       /* No RENAME_EXCHANGE here (some network file systems): move the old
        * one aside first. */
       char old[CKPT_PATH_MAX];
-      LOOM_TRY_GOTO(st, step_path(old, sizeof old, w->root, w->step, "old"), done);
+      LOOM_TRY_GOTO(st, step_path(old, sizeof old, w->root, w->step, "old"),
+                    done);
       loom_ckpt_rmtree(old);
       if (loom_ckpt_io_rename(w->final, old) != 0 ||
           loom_ckpt_io_rename(w->tmp, w->final) != 0) {
@@ -944,9 +964,9 @@ static loom_status commit_impl(loom_ckpt_writer *w) {
     const char *name = strrchr(w->final, '/') + 1;
     char line[64];
     int n = snprintf(line, sizeof line, "%s\n", name);
-    LOOM_TRY_GOTO(st, loom_ckpt_write_file_atomic(w->root, CKPT_LATEST, line,
-                                                  (size_t)n),
-                  done);
+    LOOM_TRY_GOTO(
+        st, loom_ckpt_write_file_atomic(w->root, CKPT_LATEST, line, (size_t)n),
+        done);
   }
   w->state = W_COMMITTED;
   prune(w);
@@ -1027,8 +1047,9 @@ loom_status loom_ckpt_writer_start(loom_ckpt_writer *w, bool commit) {
   int e = pthread_create(&w->thread, NULL, writer_thread, w);
   if (e != 0) {
     w->state = W_OPEN;
-    return loom_error(LOOM_ERR_INTERNAL, "checkpoint %s: cannot start the "
-                                         "write thread: %s",
+    return loom_error(LOOM_ERR_INTERNAL,
+                      "checkpoint %s: cannot start the "
+                      "write thread: %s",
                       w->final, strerror(e));
   }
   w->thread_live = true;
@@ -1072,8 +1093,7 @@ void loom_ckpt_writer_free(loom_ckpt_writer *w) {
 
 loom_status loom_ckpt_save(const char *root, int64_t step,
                            const loom_ckpt_meta *meta,
-                           const loom_ckpt_buffer *bufs, int n_bufs,
-                           int keep) {
+                           const loom_ckpt_buffer *bufs, int n_bufs, int keep) {
   if (n_bufs < 0 || (n_bufs && !bufs))
     return loom_error(LOOM_ERR_INVALID_ARG, "loom_ckpt_save: bad buffers");
   loom_ckpt_writer_opts o = loom_ckpt_writer_opts_default();
@@ -1082,9 +1102,10 @@ loom_status loom_ckpt_save(const char *root, int64_t step,
   LOOM_TRY(loom_ckpt_writer_new(&w, root, step, &o));
   loom_status st = LOOM_OK;
   for (int i = 0; i < n_bufs; i++)
-    LOOM_TRY_GOTO(st, loom_ckpt_writer_add(w, bufs[i].name, bufs[i].dtype,
-                                           bufs[i].count, 0, bufs[i].count,
-                                           bufs[i].data),
+    LOOM_TRY_GOTO(st,
+                  loom_ckpt_writer_add(w, bufs[i].name, bufs[i].dtype,
+                                       bufs[i].count, 0, bufs[i].count,
+                                       bufs[i].data),
                   fail);
   if (meta)
     LOOM_TRY_GOTO(st, loom_ckpt_writer_set_meta(w, meta), fail);

@@ -73,15 +73,17 @@ const char *loom_cfg_type_name(loom_cfg_type t) {
 #define ENUMV(tab) tab, (int)COUNT_OF(tab)
 
 #define KINT(p, f, d, lo, hi, fl, h)                                           \
-  {p, LOOM_CFG_INT, OFF(f), d, lo, hi, 0, NULL, 0, fl, h}
+  { p, LOOM_CFG_INT, OFF(f), d, lo, hi, 0, NULL, 0, fl, h }
 #define KFLOAT(p, f, d, lo, hi, fl, h)                                         \
-  {p, LOOM_CFG_FLOAT, OFF(f), d, lo, hi, 0, NULL, 0, fl, h}
-#define KBOOL(p, f, d, fl, h) {p, LOOM_CFG_BOOL, OFF(f), d, 0, 0, 0, NULL, 0, fl, h}
-#define KSTR(p, f, d, fl, h) {p, LOOM_CFG_STRING, OFF(f), d, 0, 0, 0, NULL, 0, fl, h}
+  { p, LOOM_CFG_FLOAT, OFF(f), d, lo, hi, 0, NULL, 0, fl, h }
+#define KBOOL(p, f, d, fl, h)                                                  \
+  { p, LOOM_CFG_BOOL, OFF(f), d, 0, 0, 0, NULL, 0, fl, h }
+#define KSTR(p, f, d, fl, h)                                                   \
+  { p, LOOM_CFG_STRING, OFF(f), d, 0, 0, 0, NULL, 0, fl, h }
 #define KENUM(p, f, d, tab, fl, h)                                             \
-  {p, LOOM_CFG_ENUM, OFF(f), d, 0, 0, 0, ENUMV(tab), fl, h}
+  { p, LOOM_CFG_ENUM, OFF(f), d, 0, 0, 0, ENUMV(tab), fl, h }
 #define KLIST(p, f, d, lo, hi, lmin, fl, h)                                    \
-  {p, LOOM_CFG_INT_LIST, OFF(f), d, lo, hi, lmin, NULL, 0, fl, h}
+  { p, LOOM_CFG_INT_LIST, OFF(f), d, lo, hi, lmin, NULL, 0, fl, h }
 
 enum { MO = LOOM_CFG_MAX_OPEN, MI = LOOM_CFG_MIN_OPEN, LO = LOOM_CFG_LOCAL };
 
@@ -119,8 +121,8 @@ static const loom_config_key keys[] = {
     KFLOAT("model.init_std", model.init_std, "0.02", 0, 1, MI,
            "gpt: standard deviation of the N(0, std) weight initialisation"),
     /* data */
-    KENUM("data.dataset", data.dataset, "fashion-mnist",
-          loom_cfg_dataset_names, 0,
+    KENUM("data.dataset", data.dataset, "fashion-mnist", loom_cfg_dataset_names,
+          0,
           "fashion-mnist (images, Debian package dataset-fashion-mnist), kjv "
           "(bytes of the King James Bible, prepared by 'loom data') or bin "
           "(token shard in llm.c's .bin layout)"),
@@ -271,9 +273,9 @@ static const loom_config_key keys[] = {
 };
 #define NKEYS COUNT_OF(keys)
 
-static const char *const sections[] = {"model",      "data", "optim",
-                                       "schedule",   "train", "checkpoint",
-                                       "log",        "parallel"};
+static const char *const sections[] = {"model",    "data",    "optim",
+                                       "schedule", "train",   "checkpoint",
+                                       "log",      "parallel"};
 #define NSECTIONS COUNT_OF(sections)
 
 const loom_config_key *loom_config_keys(size_t *count) {
@@ -329,8 +331,8 @@ static const char *leaf(const char *path) {
 
 /* The known name nearest to `name`, or NULL when none is near enough. A key
  * put in the wrong section ("train.lr") finds its section by the leaf. */
-static const char *closest(const char *name, const char *const *cands,
-                           size_t n, size_t stride) {
+static const char *closest(const char *name, const char *const *cands, size_t n,
+                           size_t stride) {
   const char *best = NULL;
   size_t best_d = (size_t)-1;
   for (size_t i = 0; i < n; i++) {
@@ -358,17 +360,16 @@ static const char *closest(const char *name, const char *const *cands,
 /* Where a value came from: a file position, a --set argument, or the
  * defaults. Every message starts with it. */
 typedef struct cfg_loc {
-  const char *file;     /* config name, for file positions and defaults */
-  const char *set;      /* the --set argument, when it came from one */
+  const char *file;        /* config name, for file positions and defaults */
+  const char *set;         /* the --set argument, when it came from one */
   unsigned long line, col; /* 1-based; 0 = no position */
 } cfg_loc;
 
-static loom_status cfg_err(const cfg_loc *loc, const char *key,
-                           const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+static loom_status cfg_err(const cfg_loc *loc, const char *key, const char *fmt,
+                           ...) __attribute__((format(printf, 3, 4)));
 
-static loom_status cfg_err(const cfg_loc *loc, const char *key,
-                           const char *fmt, ...) {
+static loom_status cfg_err(const cfg_loc *loc, const char *key, const char *fmt,
+                           ...) {
   char prefix[1024] = "";
   size_t n = 0;
   if (loc && loc->set)
@@ -410,8 +411,8 @@ static void fmt_range(char *buf, size_t n, const loom_config_key *k) {
     return;
   }
   fmt_double(hi, sizeof hi, k->max);
-  snprintf(buf, n, "%s%s, %s%s", (k->flags & LOOM_CFG_MIN_OPEN) ? "(" : "[",
-           lo, hi, (k->flags & LOOM_CFG_MAX_OPEN) ? ")" : "]");
+  snprintf(buf, n, "%s%s, %s%s", (k->flags & LOOM_CFG_MIN_OPEN) ? "(" : "[", lo,
+           hi, (k->flags & LOOM_CFG_MAX_OPEN) ? ")" : "]");
 }
 
 static bool in_range(const loom_config_key *k, double v) {
@@ -450,8 +451,7 @@ static bool parse_int(const char *s, int64_t *out, bool *overflow) {
   uint64_t v = 0;
   *overflow = false;
   for (; *p; p++) {
-    if (*p == '_' && p[1] >= '0' && p[1] <= '9' && p[-1] >= '0' &&
-        p[-1] <= '9')
+    if (*p == '_' && p[1] >= '0' && p[1] <= '9' && p[-1] >= '0' && p[-1] <= '9')
       continue;
     if (*p < '0' || *p > '9')
       return false;
@@ -581,8 +581,8 @@ static loom_status set_scalar(loom_config *cfg, const loom_config_key *k,
     if (x < 0) {
       char list[256];
       enum_list(k, list, sizeof list);
-      const char *sug = closest(v->s, k->values, (size_t)k->n_values,
-                                sizeof(const char *));
+      const char *sug =
+          closest(v->s, k->values, (size_t)k->n_values, sizeof(const char *));
       if (sug)
         return cfg_err(&v->loc, k->path,
                        "expected one of %s, got '%s' (did you mean '%s'?)",
@@ -736,8 +736,8 @@ static loom_status set_node(loom_config *cfg, const loom_config_key *k,
   loc.set = set;
   if (k->type == LOOM_CFG_INT_LIST && node->type == YAML_SEQUENCE_NODE) {
     cfg_scalar items[LOOM_CONFIG_LIST_MAX];
-    int n = (int)(node->data.sequence.items.top -
-                  node->data.sequence.items.start);
+    int n =
+        (int)(node->data.sequence.items.top - node->data.sequence.items.start);
     if (n > LOOM_CONFIG_LIST_MAX)
       return cfg_err(&loc, k->path, "at most %d items, got %d",
                      LOOM_CONFIG_LIST_MAX, n);
@@ -781,8 +781,8 @@ static const char *key_text(const char *file, const yaml_node_t *knode,
   if (knode->type != YAML_SCALAR_NODE) {
     cfg_loc l = node_loc(file, knode);
     if (section)
-      cfg_err(&l, NULL, "in section '%s': expected a key name, got %s",
-              section, node_kind(knode));
+      cfg_err(&l, NULL, "in section '%s': expected a key name, got %s", section,
+              node_kind(knode));
     else
       cfg_err(&l, NULL, "expected a section name, got %s", node_kind(knode));
     return NULL;
@@ -1022,14 +1022,17 @@ static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
       if (!memchr(field, '\0', LOOM_CONFIG_STR_MAX))
         return cfg_err(l, k->path, "string not terminated");
     } else if (k->type == LOOM_CFG_INT_LIST) {
-      const loom_config_ints *li = (const loom_config_ints *)(const void *)field;
+      const loom_config_ints *li =
+          (const loom_config_ints *)(const void *)field;
       if (li->n < k->list_min || li->n > LOOM_CONFIG_LIST_MAX)
         return cfg_err(l, k->path, "%d items (must be %d to %d)", li->n,
                        k->list_min, LOOM_CONFIG_LIST_MAX);
       for (int j = 0; j < li->n; j++)
         if (!in_range(k, (double)li->v[j]))
-          return cfg_err(l, k->path, "item %d: %lld is out of range (must be "
-                         "%s%s)", j + 1, (long long)li->v[j], in, r);
+          return cfg_err(l, k->path,
+                         "item %d: %lld is out of range (must be "
+                         "%s%s)",
+                         j + 1, (long long)li->v[j], in, r);
     }
   }
   const loom_config_model *m = &cfg->model;
@@ -1242,8 +1245,8 @@ static void fmt_yaml_string(char *buf, size_t n, const char *s) {
   buf[o] = '\0';
 }
 
-loom_status loom_config_format(const loom_config *cfg,
-                               const loom_config_key *k, char *buf, size_t n) {
+loom_status loom_config_format(const loom_config *cfg, const loom_config_key *k,
+                               char *buf, size_t n) {
   if (!cfg || !k || !buf || n == 0)
     return loom_error(LOOM_ERR_INVALID_ARG, "loom_config_format: bad argument");
   const char *field = (const char *)cfg + k->offset;

@@ -24,18 +24,35 @@ int main(int argc, char **argv) {
   loom_rng_fill_uniform(&r, m, N, -1, 1);
   loom_rng_fill_uniform(&r, v, N, 0, 1);
   loom_param views[4] = {
-      {.name = "fc1.weight", .offset = 0, .numel = 4096, .ndim = 2,
-       .shape = {64, 64}, .decay = true},
-      {.name = "fc1.bias", .offset = 4096, .numel = 8, .ndim = 1,
-       .shape = {8}, .decay = false},
-      {.name = "fc2.weight", .offset = 4104, .numel = 1, .ndim = 2,
-       .shape = {1, 1}, .decay = true},
-      {.name = "fc2.bias", .offset = 4105, .numel = 1, .ndim = 1,
-       .shape = {1}, .decay = false},
+      {.name = "fc1.weight",
+       .offset = 0,
+       .numel = 4096,
+       .ndim = 2,
+       .shape = {64, 64},
+       .decay = true},
+      {.name = "fc1.bias",
+       .offset = 4096,
+       .numel = 8,
+       .ndim = 1,
+       .shape = {8},
+       .decay = false},
+      {.name = "fc2.weight",
+       .offset = 4104,
+       .numel = 1,
+       .ndim = 2,
+       .shape = {1, 1},
+       .decay = true},
+      {.name = "fc2.bias",
+       .offset = 4105,
+       .numel = 1,
+       .ndim = 1,
+       .shape = {1},
+       .decay = false},
   };
   loom_ckpt_rng rngs[1] = {{.name = "data", .state = loom_rng_init(7, 3)}};
   loom_ckpt_meta meta = loom_ckpt_meta_default();
-  snprintf(meta.strategy, sizeof meta.strategy, "%s", world > 1 ? "zero1" : "none");
+  snprintf(meta.strategy, sizeof meta.strategy, "%s",
+           world > 1 ? "zero1" : "none");
   snprintf(meta.optimizer, sizeof meta.optimizer, "adamw");
   snprintf(meta.schedule, sizeof meta.schedule, "cosine");
   meta.config_hash = 0x1234;

@@ -20,8 +20,8 @@ static void expect_err_impl(int line, const char *text, const char *const *sets,
   loom_config cfg, before;
   loom_config_defaults(&cfg);
   before = cfg;
-  loom_status s = loom_config_load_string(&cfg, text, strlen(text), "t.yaml",
-                                          sets, n_sets);
+  loom_status s =
+      loom_config_load_string(&cfg, text, strlen(text), "t.yaml", sets, n_sets);
   if (s != LOOM_ERR_CONFIG || strcmp(loom_last_error(), msg) != 0) {
     tt_fail_prefix(__FILE__, line);
     fprintf(stderr, "status %s\n  got      '%s'\n  expected '%s'\n",
@@ -123,10 +123,8 @@ TT_TEST(test_bad_configs) {
              "t.yaml:2:11: key 'model.hidden': at most 16 items, got 17");
   EXPECT_ERR("model:\n  name: cnn\n  channels: []\n",
              "t.yaml:3:13: key 'model.channels': at least 1 item, got 0");
-  EXPECT_ERR("optim:\n  lr:\n",
-             "t.yaml:2:6: key 'optim.lr': missing value");
-  EXPECT_ERR("optim:\n  lr: ~\n",
-             "t.yaml:2:7: key 'optim.lr': missing value");
+  EXPECT_ERR("optim:\n  lr:\n", "t.yaml:2:6: key 'optim.lr': missing value");
+  EXPECT_ERR("optim:\n  lr: ~\n", "t.yaml:2:7: key 'optim.lr': missing value");
   /* Structure. */
   EXPECT_ERR("optim:\n  lr: 0.1\n  lr: 0.2\n",
              "t.yaml:3:3: key 'optim.lr': duplicate key (first at line 2)");
@@ -188,14 +186,13 @@ TT_TEST(test_set_errors) {
   EXPECT_SET_ERR("", "optim.lrr=0.1",
                  "--set optim.lrr=0.1: key 'optim.lrr': unknown key (did you "
                  "mean 'optim.lr'?)");
-  EXPECT_SET_ERR("", "optim.lr",
-                 "--set optim.lr: expected section.key=value");
+  EXPECT_SET_ERR("", "optim.lr", "--set optim.lr: expected section.key=value");
   EXPECT_SET_ERR("", "=3", "--set =3: expected section.key=value");
   EXPECT_SET_ERR("", "optim.lr=abc",
                  "--set optim.lr=abc: key 'optim.lr': expected a number, got "
                  "'abc'");
-  EXPECT_SET_ERR("", "optim.lr=",
-                 "--set optim.lr=: key 'optim.lr': missing value");
+  EXPECT_SET_ERR("",
+                 "optim.lr=", "--set optim.lr=: key 'optim.lr': missing value");
   EXPECT_SET_ERR("", "optim=1",
                  "--set optim=1: key 'optim': a section, not a key: write "
                  "optim.KEY=VALUE");
@@ -249,12 +246,12 @@ TT_TEST(test_good_config_and_sets) {
                      "train:\n"
                      "  epochs: 0\n"
                      "  steps: 1_000\n"
-                     "schedule:\n"   /* an empty section */
+                     "schedule:\n" /* an empty section */
                      "log:\n"
                      "  progress: off\n";
-  const char *sets[] = {"optim.lr=0.001", "model.layers=2",
+  const char *sets[] = {"optim.lr=0.001",      "model.layers=2",
                         "data.path=/x y/z: w", "optim.lr=0.002",
-                        "model.hidden=64", "checkpoint.keep=0"};
+                        "model.hidden=64",     "checkpoint.keep=0"};
   loom_config cfg;
   loom_config_defaults(&cfg);
   TT_REQUIRE_OK(loom_config_load_string(&cfg, text, strlen(text),
@@ -302,8 +299,8 @@ TT_TEST(test_good_config_and_sets) {
   loom_config_defaults(&def);
   TT_CHECK_STR(cfg.log.run_dir, "runs/empty");
   TT_CHECK_EQ(cfg.optim.name, def.optim.name);
-  TT_CHECK_OK(loom_config_load_string(&cfg, "# only a comment\n", 17,
-                                      "c.yaml", NULL, 0));
+  TT_CHECK_OK(loom_config_load_string(&cfg, "# only a comment\n", 17, "c.yaml",
+                                      NULL, 0));
 }
 
 /* Canonical text reads back to an equal config with the same hash and the
@@ -315,8 +312,7 @@ static void check_round_trip(const loom_config *cfg, const char *what) {
   TT_CHECK_OK(loom_config_to_yaml(cfg, &y1));
   if (!y1)
     return;
-  loom_status s =
-      loom_config_load_string(&back, y1, strlen(y1), what, NULL, 0);
+  loom_status s = loom_config_load_string(&back, y1, strlen(y1), what, NULL, 0);
   TT_CHECK_OK(s);
   if (s == LOOM_OK) {
     TT_CHECK(loom_config_equal(cfg, &back));
@@ -384,10 +380,13 @@ TT_TEST(test_examples_round_trip) {
 TT_TEST(test_round_trip_odd_values) {
   loom_config cfg;
   loom_config_defaults(&cfg);
-  const char *sets[] = {"data.path=we\"ird\\path\ttab", "optim.lr=0.1",
-                        "model.hidden=[]", "train.seed=9007199254740991",
+  const char *sets[] = {"data.path=we\"ird\\path\ttab",
+                        "optim.lr=0.1",
+                        "model.hidden=[]",
+                        "train.seed=9007199254740991",
                         "model.init_std=0.30000000000000004",
-                        "log.run_dir=runs/a b", "parallel.deterministic=true"};
+                        "log.run_dir=runs/a b",
+                        "parallel.deterministic=true"};
   TT_REQUIRE_OK(loom_config_load_string(&cfg, "", 0, "x", sets, 7));
   TT_CHECK_EQ(cfg.model.hidden.n, 0);
   TT_CHECK_EQ(cfg.train.seed, 9007199254740991LL);
@@ -395,14 +394,13 @@ TT_TEST(test_round_trip_odd_values) {
   TT_CHECK_STR(cfg.checkpoint.dir, "runs/a b/ckpt");
   check_round_trip(&cfg, "odd");
   char v[64];
-  TT_CHECK_OK(loom_config_format(&cfg, loom_config_key_find("optim.lr"), v,
-                                 sizeof v));
+  TT_CHECK_OK(
+      loom_config_format(&cfg, loom_config_key_find("optim.lr"), v, sizeof v));
   TT_CHECK_STR(v, "0.1");
   TT_CHECK_OK(loom_config_format(&cfg, loom_config_key_find("model.hidden"), v,
                                  sizeof v));
   TT_CHECK_STR(v, "[]");
-  TT_CHECK_EQ(loom_config_format(&cfg, loom_config_key_find("data.path"), v,
-                                 4),
+  TT_CHECK_EQ(loom_config_format(&cfg, loom_config_key_find("data.path"), v, 4),
               LOOM_ERR_INVALID_ARG);
 }
 
@@ -423,11 +421,10 @@ TT_TEST(test_hash) {
   TT_CHECK(h == loom_config_hash(&b));
   TT_CHECK(!loom_config_equal(&a, &b));
   /* Everything else does, one key at a time. */
-  const char *changes[] = {"optim.lr=0.02",        "train.batch_size=33",
-                           "model.hidden=[512]",   "train.seed=1",
-                           "parallel.bucket_mb=24", "checkpoint.every=7",
-                           "log.every=51",          "data.tail=drop",
-                           "parallel.deterministic=true"};
+  const char *changes[] = {
+      "optim.lr=0.02", "train.batch_size=33",   "model.hidden=[512]",
+      "train.seed=1",  "parallel.bucket_mb=24", "checkpoint.every=7",
+      "log.every=51",  "data.tail=drop",        "parallel.deterministic=true"};
   for (size_t i = 0; i < sizeof changes / sizeof changes[0]; i++) {
     loom_config c = a;
     TT_CHECK_OK(loom_config_set(&c, changes[i]));
@@ -466,8 +463,8 @@ TT_TEST(test_schema) {
     char v[600];
     TT_CHECK_OK(loom_config_format(&def, &k[i], v, sizeof v));
     if (strcmp(v, k[i].def) != 0)
-      fprintf(stderr, "%s: default '%s' formats as '%s'\n", k[i].path,
-              k[i].def, v);
+      fprintf(stderr, "%s: default '%s' formats as '%s'\n", k[i].path, k[i].def,
+              v);
     TT_CHECK_STR(v, k[i].def);
     /* Each key can be set from the command line to its default. */
     char set[700];
@@ -488,7 +485,8 @@ TT_TEST(test_schema) {
 }
 
 /* docs/config.md holds the generated table between two markers. */
-#define DOCS_BEGIN "<!-- schema:begin (generated by loom config schema --markdown) -->\n"
+#define DOCS_BEGIN                                                             \
+  "<!-- schema:begin (generated by loom config schema --markdown) -->\n"
 #define DOCS_END "<!-- schema:end -->\n"
 
 static char *read_all(const char *path) {
@@ -549,8 +547,8 @@ TT_TEST(test_alloc_failures) {
   int failures = 0;
   for (long n = 1; n < 50; n++) {
     loom_alloc_fail_after(n);
-    loom_status s = loom_config_load_string(&cfg, text, strlen(text), "a.yaml",
-                                            sets, 1);
+    loom_status s =
+        loom_config_load_string(&cfg, text, strlen(text), "a.yaml", sets, 1);
     loom_alloc_fail_after(0);
     if (s == LOOM_OK)
       break;
