@@ -1,0 +1,173 @@
+/* loom parallel: data-parallel training (DDP) of a model over a group:
+ * start-up broadcast and consistency check, gradient buckets reduced on the
+ * communication thread as backward finalises them, no_sync accumulation,
+ * compressed reduction, uneven inputs (join) and the world-size-invariant
+ * deterministic reduction over virtual shards. */
+#ifndef LOOM_PARALLEL_H
+#define LOOM_PARALLEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "loom/comm.h"
+#include "loom/core.h"
+#include "loom/nn.h"
+#include "loom/optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------- concepts
+ *
+ * Letters: N elements of the model's flat layout, P ranks of the group,
+ * V virtual shards (deterministic mode), S = V / P shards per rank.
+ *
+ * A step on every rank (B rows of its own data each):
+ *
+ *   loom_ddp_zero_grad(d);
+ *   for (m = 0; m < k; m++) {                 accumulation over k batches
+ *     loom_ddp_set_sync(d, m == k - 1);       reduce on the last one only
+ *     forward; loss backward with scale 1/k; loom_model_backward(...);
+ *   }
+ *   loom_ddp_step(d, optim, lr);              or loom_ddp_wait + own step
+ *
+ * Buckets: the flat gradient buffer is cut into contiguous slices in reverse
+ * parameter order (backward finalises the last parameters first): the first
+ * of first_bucket_mb, then of bucket_mb. The model's gradient hook counts
+ * the parameters of each bucket; when the last one is final the bucket's
+ * persistent all-reduce (average, in place) is started on the communication
+ * thread while backward goes on. Buckets are started in index order on every
+ * rank, which keeps the collectives in the same order everywhere.
+ * loom_ddp_step waits for the buckets one by one and steps each bucket's
+ * range as soon as it is reduced, so the optimizer overlaps the reduction of
+ * the later buckets.
+ *
+ * Deterministic mode (opts.deterministic): the global batch of every micro-
+ * batch is V shards of equal size; rank r holds shards [r*S, (r+1)*S).
+ * Each shard's gradient is computed apart (loom_ddp_shard_begin binds the
+ * model's gradient to the shard's buffer), then the V shard gradients are
+ * averaged in one fixed binary tree: pairs of neighbours (a+b)/2, then pairs
+ * of pairs, and so on. A rank averages its own subtree; ranks combine
+ * subtrees level by level with partners 2^l apart (an all-reduce of two
+ * ranks per level, whose sum of two numbers is the same bits in either
+ * order). The tree does not depend on P, so P = 1, 2, 4, ... give bitwise
+ * equal gradients, hence equal weights. P and V must be powers of two with
+ * P dividing V; the kernels must give the same bits for the same shard on
+ * every rank (same thread count per rank). */
+
+typedef struct loom_ddp loom_ddp;
+
+typedef struct loom_ddp_opts {
+  double bucket_mb;       /* MiB per bucket (25, as PyTorch); 0 = one bucket */
+  double first_bucket_mb; /* MiB of the first bucket (1); 0 = bucket_mb */
+  /* Element type on the wire: LOOM_F32 (no compression), LOOM_BF16 or
+   * LOOM_F16 (buckets converted before and after the all-reduce). */
+  loom_dtype compress;
+  bool deterministic;   /* false */
+  int virtual_shards;   /* V (8); deterministic only */
+  /* Every rank's config hash and the model's layout hash are compared with
+   * rank 0's at start; a difference is LOOM_ERR_MISMATCH naming the ranks.
+   * check_config false skips the config (the layout is always checked). */
+  bool check_config;    /* false */
+  uint64_t config_hash; /* loom_config_hash() of this rank's config */
+  bool broadcast;       /* rank 0's parameters replace the others' (true) */
+  /* Ranks may run out of data at different steps: each sync step adds a
+   * small all-reduce of the number of active ranks, and a rank without data
+   * calls loom_ddp_join instead of training (false). */
+  bool uneven;
+} loom_ddp_opts;
+
+loom_ddp_opts loom_ddp_opts_default(void);
+
+/* Collective over g: checks the layout (and config) hashes against rank 0's,
+ * broadcasts rank 0's parameters, cuts the buckets and installs the model's
+ * gradient hook (the model and g are borrowed and must outlive d). Errors:
+ * LOOM_ERR_MISMATCH (different config or model between ranks, on every
+ * rank), LOOM_ERR_INVALID_ARG (bad options: deterministic with P or V not a
+ * power of two, or V not a multiple of P), LOOM_ERR_NOMEM. */
+loom_status loom_ddp_new(loom_ddp **out, loom_model *model, loom_group *g,
+                         const loom_ddp_opts *opts);
+/* Waits for reductions in flight, removes the hook, gives the model back
+ * its own gradient buffer; NULL is a no-op. */
+void loom_ddp_free(loom_ddp *d);
+
+int loom_ddp_rank(const loom_ddp *d);
+int loom_ddp_world(const loom_ddp *d);
+loom_model *loom_ddp_model(loom_ddp *d);
+const loom_ddp_opts *loom_ddp_get_opts(const loom_ddp *d);
+
+/* Buckets, in the order they are reduced: elements [*begin, *end) of the
+ * flat layout, and the number of parameters in each. */
+int loom_ddp_num_buckets(const loom_ddp *d);
+loom_status loom_ddp_bucket(const loom_ddp *d, int i, int64_t *begin,
+                            int64_t *end, int *nparams);
+
+/* Zeroes the gradients for a new step (every shard buffer in deterministic
+ * mode). Waits for reductions still in flight first. */
+loom_status loom_ddp_zero_grad(loom_ddp *d);
+/* Whether the next backward passes reduce (true, the default) or only
+ * accumulate locally (false: PyTorch's no_sync). It stays as set. */
+void loom_ddp_set_sync(loom_ddp *d, bool sync);
+bool loom_ddp_get_sync(const loom_ddp *d);
+
+/* Starts every bucket that backward did not start (parameters that got no
+ * gradient, a rank with an empty batch), so that all ranks reduce every
+ * bucket. loom_ddp_wait and loom_ddp_step call it. */
+loom_status loom_ddp_finish_backward(loom_ddp *d);
+/* Waits until bucket i is reduced (and converted back from the wire type). */
+loom_status loom_ddp_wait_bucket(loom_ddp *d, int i);
+/* Waits until every bucket is reduced: the model's gradient buffer then holds
+ * the gradient averaged over ranks (over shards in deterministic mode). */
+loom_status loom_ddp_wait(loom_ddp *d);
+/* One optimizer step: each bucket's range is stepped with
+ * loom_optim_step_range as soon as it is reduced, then
+ * loom_optim_finish_step. */
+loom_status loom_ddp_step(loom_ddp *d, loom_optim *o, float lr);
+
+/* Uneven inputs (opts.uneven): a rank that has no batch for this step calls
+ * this instead of forward and backward. It contributes a zero gradient and
+ * takes part in the reductions so that the other ranks never wait for it;
+ * the average is over the ranks that still train. *done = true when every
+ * rank has joined (nothing was reduced: leave the loop); else finish the
+ * step as the others do (loom_ddp_step), which keeps the replicas equal. */
+loom_status loom_ddp_join(loom_ddp *d, bool *done);
+
+/* Deterministic mode: this rank's virtual shards are [*first, *first +
+ * *count) of the V of every micro-batch (rows [j*R, (j+1)*R) of the global
+ * batch for shard j, R = global rows / V). */
+void loom_ddp_shards(const loom_ddp *d, int *first, int *count);
+/* Makes the next backward add into local shard j's buffer (0 <= j < count).
+ * Run forward and backward of each local shard in order j = 0, 1, ...; the
+ * last shard's backward of a sync micro-batch starts the reductions. */
+loom_status loom_ddp_shard_begin(loom_ddp *d, int j);
+
+/* Sums of k small values (loss, counts) over the data of all ranks, posted
+ * without blocking (say, after forward, so they travel before the buckets).
+ * local holds k values per local virtual shard in deterministic mode,
+ * (S, k), summed over the V shards in shard order (so the result does not
+ * depend on P); else (k), summed over ranks. k <= LOOM_DDP_SUM_MAX. */
+#define LOOM_DDP_SUM_MAX 8
+loom_status loom_ddp_sum_post(loom_ddp *d, const double *local, int k);
+loom_status loom_ddp_sum_wait(loom_ddp *d, double *out);
+
+/* What communication cost, for profiles. */
+typedef struct loom_ddp_stats {
+  int64_t steps;       /* reducing steps so far */
+  int64_t buckets;     /* buckets per step */
+  int64_t wire_bytes;  /* bytes per rank per step given to all-reduces */
+  double reduce_s;     /* communication-thread time of the reductions */
+  double wait_s;       /* time the caller was blocked waiting for them */
+  double last_reduce_s, last_wait_s; /* the same for the last step */
+} loom_ddp_stats;
+
+void loom_ddp_get_stats(const loom_ddp *d, loom_ddp_stats *out);
+void loom_ddp_reset_stats(loom_ddp *d);
+/* Share of the reduction time hidden behind computation:
+ * 1 - wait_s / reduce_s, clamped to [0, 1] (1 when nothing was reduced). */
+double loom_ddp_hidden_share(const loom_ddp_stats *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_PARALLEL_H */

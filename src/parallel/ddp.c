@@ -1,0 +1,784 @@
+/* Data-parallel training: buckets of the flat gradient buffer reduced on the
+ * communication thread as backward finalises them, no_sync, compression,
+ * uneven inputs (join) and the deterministic tree over virtual shards. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "loom/parallel.h"
+
+/* One bucket: elements [begin, end) of the flat layout, reduced by one
+ * persistent request (deterministic mode: one request per tree level, used
+ * one after the other). */
+typedef struct ddp_bucket {
+  int64_t begin, end;
+  int nparams;
+  int remaining; /* parameters not yet final in this step's backward */
+  bool launched; /* its reduction was started this step */
+  bool done;     /* waited for (and converted back) this step */
+  int level;     /* deterministic: tree level of the posted request */
+  loom_req req;
+  const void *posted_buf; /* buffer the persistent request was made for */
+  void *wire;             /* compressed copy (n), NULL for f32 */
+} ddp_bucket;
+
+struct loom_ddp {
+  loom_ddp_opts opts;
+  loom_model *model;
+  loom_group *group;
+  int rank, world;
+  int64_t n;         /* N */
+  float *grads;      /* (N) the model's own gradient buffer: the result */
+  int nbuckets;
+  ddp_bucket *buckets;
+  int *param_bucket; /* (nviews) bucket of each parameter */
+  int next_launch;   /* buckets [0, next_launch) started this step */
+  bool sync;
+  bool active;       /* a reducing step is under way (some bucket started) */
+
+  /* Deterministic mode. */
+  int shard_first, shard_count; /* S local shards */
+  int cur_shard;
+  float **shard;     /* (S) buffers (N); shard[0] == grads */
+  int levels;        /* log2(P): tree levels between ranks */
+  loom_group **pair; /* (levels) groups of two ranks 2^l apart */
+
+  /* Uneven inputs: number of ranks still training, summed each step. */
+  loom_req ctl_req;
+  int32_t ctl_send, ctl_recv;
+  bool ctl_posted;
+
+  /* loom_ddp_sum_post / _wait. */
+  loom_req sum_req;
+  int sum_k;
+  bool sum_posted;
+  double *sum_send; /* (S * k) */
+  double *sum_recv; /* (V * k) or (k) */
+
+  loom_ddp_stats stats;
+  double step_reduce, step_wait;
+};
+
+loom_ddp_opts loom_ddp_opts_default(void) {
+  loom_ddp_opts o = {.bucket_mb = 25,
+                     .first_bucket_mb = 1,
+                     .compress = LOOM_F32,
+                     .deterministic = false,
+                     .virtual_shards = 8,
+                     .check_config = false,
+                     .config_hash = 0,
+                     .broadcast = true,
+                     .uneven = false};
+  return o;
+}
+
+int loom_ddp_rank(const loom_ddp *d) { return d->rank; }
+int loom_ddp_world(const loom_ddp *d) { return d->world; }
+loom_model *loom_ddp_model(loom_ddp *d) { return d->model; }
+const loom_ddp_opts *loom_ddp_get_opts(const loom_ddp *d) { return &d->opts; }
+int loom_ddp_num_buckets(const loom_ddp *d) { return d->nbuckets; }
+bool loom_ddp_get_sync(const loom_ddp *d) { return d->sync; }
+
+loom_status loom_ddp_bucket(const loom_ddp *d, int i, int64_t *begin,
+                            int64_t *end, int *nparams) {
+  if (i < 0 || i >= d->nbuckets)
+    return loom_error(LOOM_ERR_INVALID_ARG, "ddp: no bucket %d (of %d)", i,
+                      d->nbuckets);
+  if (begin)
+    *begin = d->buckets[i].begin;
+  if (end)
+    *end = d->buckets[i].end;
+  if (nparams)
+    *nparams = d->buckets[i].nparams;
+  return LOOM_OK;
+}
+
+void loom_ddp_shards(const loom_ddp *d, int *first, int *count) {
+  if (first)
+    *first = d->shard_first;
+  if (count)
+    *count = d->shard_count;
+}
+
+static bool is_pow2(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
+
+/* ------------------------------------------------------- wire conversion */
+
+/* Round to nearest even, NaN kept (as loom_f32_to_bf16), inline so the loop
+ * vectorises: a bucket is converted on the compute thread at launch. */
+static void to_bf16(uint16_t *dst, const float *src, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, &src[i], 4);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    uint32_t q = (u >> 16) | 0x40u;
+    dst[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+  }
+}
+
+static void from_bf16(float *dst, const uint16_t *src, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t u = (uint32_t)src[i] << 16;
+    memcpy(&dst[i], &u, 4);
+  }
+}
+
+static void to_wire(loom_dtype dt, void *dst, const float *src, int64_t n) {
+  if (dt == LOOM_BF16) {
+    to_bf16(dst, src, n);
+  } else {
+    uint16_t *h = dst;
+    for (int64_t i = 0; i < n; i++)
+      h[i] = loom_f32_to_f16(src[i]);
+  }
+}
+
+static void from_wire(loom_dtype dt, float *dst, const void *src, int64_t n) {
+  if (dt == LOOM_BF16) {
+    from_bf16(dst, src, n);
+  } else {
+    const uint16_t *h = src;
+    for (int64_t i = 0; i < n; i++)
+      dst[i] = loom_f16_to_f32(h[i]);
+  }
+}
+
+/* ------------------------------------------------------------- launching */
+
+/* Deterministic mode: the local subtree of bucket b, over the S shard
+ * buffers, into shard[0]: level h averages buffer j with buffer j + 2^h. */
+static void local_tree(loom_ddp *d, const ddp_bucket *b) {
+  int64_t lo = b->begin, n = b->end - b->begin;
+  for (int h = 1; h < d->shard_count; h *= 2)
+    for (int j = 0; j + h < d->shard_count; j += 2 * h) {
+      float *x = d->shard[j] + lo;
+      const float *y = d->shard[j + h] + lo;
+      for (int64_t i = 0; i < n; i++)
+        x[i] = (x[i] + y[i]) * 0.5f;
+    }
+}
+
+static loom_status post_ctl(loom_ddp *d, int32_t active) {
+  d->ctl_send = active;
+  d->ctl_posted = true;
+  return loom_allreduce(&d->ctl_send, &d->ctl_recv, 1, LOOM_I32, LOOM_SUM,
+                        d->group, &d->ctl_req);
+}
+
+/* Posts level `level` of bucket b's reduction. */
+static loom_status post_bucket(loom_ddp *d, ddp_bucket *b, int level) {
+  size_t cnt = (size_t)(b->end - b->begin);
+  float *g = d->grads + b->begin;
+  if (d->opts.deterministic) {
+    b->level = level;
+    d->stats.wire_bytes += (int64_t)(cnt * sizeof(float));
+    return loom_allreduce(g, g, cnt, LOOM_F32, LOOM_AVG, d->pair[level],
+                          &b->req);
+  }
+  void *buf = g;
+  loom_dtype dt = LOOM_F32;
+  if (b->wire) {
+    dt = d->opts.compress;
+    to_wire(dt, b->wire, g, (int64_t)cnt);
+    buf = b->wire;
+  }
+  d->stats.wire_bytes += (int64_t)(cnt * loom_dtype_size(dt));
+  if (b->posted_buf == buf)
+    return loom_start(&b->req);
+  b->posted_buf = buf;
+  return loom_allreduce(buf, buf, cnt, dt, LOOM_AVG, d->group, &b->req);
+}
+
+static loom_status launch(loom_ddp *d, int i) {
+  ddp_bucket *b = &d->buckets[i];
+  if (!d->active) {
+    d->active = true;
+    if (d->opts.uneven && d->world > 1 && !d->ctl_posted)
+      LOOM_TRY(post_ctl(d, 1));
+  }
+  b->launched = true;
+  b->done = false;
+  if (d->opts.deterministic) {
+    local_tree(d, b);
+    if (d->levels == 0)
+      return LOOM_OK;
+    return post_bucket(d, b, 0);
+  }
+  if (d->world == 1)
+    return LOOM_OK;
+  return post_bucket(d, b, 0);
+}
+
+/* Starts the ready buckets in index order: every rank posts the same
+ * collectives in the same order, whatever order the hook reported in. */
+static loom_status launch_ready(loom_ddp *d) {
+  while (d->next_launch < d->nbuckets &&
+         d->buckets[d->next_launch].remaining == 0) {
+    LOOM_TRY(launch(d, d->next_launch));
+    d->next_launch++;
+  }
+  return LOOM_OK;
+}
+
+static loom_status grad_hook(void *user, int index, int64_t offset,
+                             int64_t numel) {
+  (void)offset;
+  (void)numel;
+  loom_ddp *d = user;
+  if (!d->sync)
+    return LOOM_OK;
+  if (d->opts.deterministic && d->cur_shard != d->shard_count - 1)
+    return LOOM_OK;
+  ddp_bucket *b = &d->buckets[d->param_bucket[index]];
+  if (b->launched || b->remaining <= 0)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "ddp: parameter %d got a second final gradient before "
+                      "the step's reductions were waited for (two reducing "
+                      "backward passes in one step? use loom_ddp_set_sync "
+                      "false for all but the last)",
+                      index);
+  b->remaining--;
+  if (b->remaining == 0)
+    return launch_ready(d);
+  return LOOM_OK;
+}
+
+loom_status loom_ddp_finish_backward(loom_ddp *d) {
+  for (int i = d->next_launch; i < d->nbuckets; i++) {
+    d->buckets[i].remaining = 0;
+  }
+  loom_status s = launch_ready(d);
+  if (d->opts.deterministic)
+    loom_model_bind_grads(d->model, NULL);
+  return s;
+}
+
+/* ---------------------------------------------------------------- waiting */
+
+static loom_status wait_req(loom_ddp *d, loom_req *r) {
+  bool done = false;
+  loom_status s = loom_test(r, &done);
+  if (done)
+    return s;
+  double t0 = loom_time_now();
+  s = loom_wait(r);
+  d->step_wait += loom_time_now() - t0;
+  return s;
+}
+
+static void account(loom_ddp *d, const loom_req *r) {
+  double st = 0, fin = 0;
+  loom_req_times(r, NULL, &st, &fin);
+  if (st > 0 && fin >= st)
+    d->step_reduce += fin - st;
+}
+
+loom_status loom_ddp_wait_bucket(loom_ddp *d, int i) {
+  if (i < 0 || i >= d->nbuckets)
+    return loom_error(LOOM_ERR_INVALID_ARG, "ddp: no bucket %d (of %d)", i,
+                      d->nbuckets);
+  ddp_bucket *b = &d->buckets[i];
+  if (!b->launched)
+    LOOM_TRY(loom_ddp_finish_backward(d));
+  if (b->done)
+    return LOOM_OK;
+  bool comm = d->opts.deterministic ? d->levels > 0 : d->world > 1;
+  if (comm) {
+    for (;;) {
+      loom_status s = wait_req(d, &b->req);
+      account(d, &b->req);
+      if (s != LOOM_OK)
+        return loom_error_context(s, "ddp: bucket %d [%lld, %lld)", i,
+                                  (long long)b->begin, (long long)b->end);
+      if (!d->opts.deterministic || b->level + 1 >= d->levels)
+        break;
+      LOOM_TRY(post_bucket(d, b, b->level + 1));
+    }
+    if (b->wire)
+      from_wire(d->opts.compress, d->grads + b->begin, b->wire,
+                b->end - b->begin);
+    if (d->opts.uneven) {
+      loom_status s = wait_req(d, &d->ctl_req);
+      if (s != LOOM_OK)
+        return loom_error_context(s, "ddp: active-rank count");
+      /* Joined ranks gave zeros: rescale the average over all P to one
+       * over the A ranks that trained. */
+      if (d->ctl_recv > 0 && d->ctl_recv < d->world) {
+        float f = (float)d->world / (float)d->ctl_recv;
+        float *g = d->grads + b->begin;
+        for (int64_t k = 0; k < b->end - b->begin; k++)
+          g[k] *= f;
+      }
+    }
+  }
+  b->done = true;
+  return LOOM_OK;
+}
+
+/* After the last bucket of a step: statistics, and the step state reset. */
+static void end_step(loom_ddp *d) {
+  d->stats.steps++;
+  d->stats.last_reduce_s = d->step_reduce;
+  d->stats.last_wait_s = d->step_wait;
+  d->stats.reduce_s += d->step_reduce;
+  d->stats.wait_s += d->step_wait;
+  d->step_reduce = d->step_wait = 0;
+  for (int i = 0; i < d->nbuckets; i++) {
+    ddp_bucket *b = &d->buckets[i];
+    b->remaining = b->nparams;
+    b->launched = false;
+    b->done = false;
+  }
+  d->next_launch = 0;
+  d->active = false;
+  d->ctl_posted = false;
+}
+
+loom_status loom_ddp_wait(loom_ddp *d) {
+  LOOM_TRY(loom_ddp_finish_backward(d));
+  loom_status first = LOOM_OK;
+  for (int i = 0; i < d->nbuckets; i++) {
+    loom_status s = loom_ddp_wait_bucket(d, i);
+    if (s != LOOM_OK && first == LOOM_OK)
+      first = s;
+  }
+  if (first == LOOM_OK)
+    end_step(d);
+  return first;
+}
+
+loom_status loom_ddp_step(loom_ddp *d, loom_optim *o, float lr) {
+  LOOM_TRY(loom_ddp_finish_backward(d));
+  float *p = loom_model_params(d->model);
+  for (int i = 0; i < d->nbuckets; i++) {
+    LOOM_TRY(loom_ddp_wait_bucket(d, i));
+    LOOM_TRY(loom_optim_step_range(o, p, d->grads, lr, d->buckets[i].begin,
+                                   d->buckets[i].end));
+  }
+  loom_optim_finish_step(o);
+  end_step(d);
+  return LOOM_OK;
+}
+
+/* Waits for everything in flight without failing (zero_grad, free). */
+static loom_status drain(loom_ddp *d) {
+  loom_status first = LOOM_OK;
+  for (int i = 0; i < d->nbuckets; i++) {
+    loom_status s = loom_wait(&d->buckets[i].req);
+    if (s != LOOM_OK && first == LOOM_OK)
+      first = s;
+  }
+  loom_status s = loom_wait(&d->ctl_req);
+  if (s != LOOM_OK && first == LOOM_OK)
+    first = s;
+  return first;
+}
+
+loom_status loom_ddp_zero_grad(loom_ddp *d) {
+  loom_status s = LOOM_OK;
+  if (d->active) {
+    /* A step left unfinished: complete its collectives (the other ranks
+     * posted them too) before the buffer is touched. */
+    s = loom_ddp_wait(d);
+    if (s != LOOM_OK)
+      return s;
+  }
+  memset(d->grads, 0, (size_t)d->n * sizeof(float));
+  for (int j = 1; j < d->shard_count; j++)
+    memset(d->shard[j], 0, (size_t)d->n * sizeof(float));
+  d->cur_shard = 0;
+  loom_model_bind_grads(d->model, NULL);
+  return s;
+}
+
+void loom_ddp_set_sync(loom_ddp *d, bool sync) { d->sync = sync; }
+
+loom_status loom_ddp_shard_begin(loom_ddp *d, int j) {
+  if (!d->opts.deterministic)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "ddp: shards exist in deterministic mode only");
+  if (j < 0 || j >= d->shard_count)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "ddp: local shard %d out of range (this rank has %d)", j,
+                      d->shard_count);
+  d->cur_shard = j;
+  loom_model_bind_grads(d->model, j == 0 ? NULL : d->shard[j]);
+  return LOOM_OK;
+}
+
+loom_status loom_ddp_join(loom_ddp *d, bool *done) {
+  *done = false;
+  if (!d->opts.uneven)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "ddp: join needs opts.uneven (every rank must count the "
+                      "active ranks each step)");
+  if (d->active)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "ddp: join in the middle of a step");
+  LOOM_TRY(loom_ddp_zero_grad(d));
+  LOOM_TRY(post_ctl(d, 0));
+  loom_status s = loom_wait(&d->ctl_req);
+  if (s != LOOM_OK)
+    return loom_error_context(s, "ddp: join");
+  if (d->ctl_recv == 0) {
+    /* Everybody has joined: no bucket follows on any rank. */
+    d->ctl_posted = false;
+    *done = true;
+    return LOOM_OK;
+  }
+  d->active = true;
+  return loom_ddp_finish_backward(d);
+}
+
+/* ---------------------------------------------------------------- sums */
+
+loom_status loom_ddp_sum_post(loom_ddp *d, const double *local, int k) {
+  if (k < 1 || k > LOOM_DDP_SUM_MAX)
+    return loom_error(LOOM_ERR_INVALID_ARG, "ddp: %d sums (1 to %d)", k,
+                      LOOM_DDP_SUM_MAX);
+  if (d->sum_posted)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "ddp: loom_ddp_sum_post twice without a wait");
+  int rows = d->opts.deterministic ? d->shard_count : 1;
+  memcpy(d->sum_send, local, (size_t)(rows * k) * sizeof(double));
+  d->sum_k = k;
+  d->sum_posted = true;
+  if (d->world == 1) {
+    memcpy(d->sum_recv, local, (size_t)(rows * k) * sizeof(double));
+    return LOOM_OK;
+  }
+  if (d->opts.deterministic)
+    return loom_allgather(d->sum_send, d->sum_recv, (size_t)(rows * k),
+                          LOOM_F64, d->group, &d->sum_req);
+  return loom_allreduce(d->sum_send, d->sum_recv, (size_t)k, LOOM_F64,
+                        LOOM_SUM, d->group, &d->sum_req);
+}
+
+loom_status loom_ddp_sum_wait(loom_ddp *d, double *out) {
+  if (!d->sum_posted)
+    return loom_error(LOOM_ERR_INVALID_ARG, "ddp: no sum posted");
+  d->sum_posted = false;
+  LOOM_TRY(loom_wait(&d->sum_req));
+  int k = d->sum_k;
+  if (!d->opts.deterministic) {
+    memcpy(out, d->sum_recv, (size_t)k * sizeof(double));
+    return LOOM_OK;
+  }
+  /* Shard order 0..V-1, whatever P. */
+  int v = d->opts.virtual_shards;
+  for (int c = 0; c < k; c++) {
+    double s = 0;
+    for (int j = 0; j < v; j++)
+      s += d->sum_recv[j * k + c];
+    out[c] = s;
+  }
+  return LOOM_OK;
+}
+
+/* ---------------------------------------------------------------- stats */
+
+void loom_ddp_get_stats(const loom_ddp *d, loom_ddp_stats *out) {
+  *out = d->stats;
+  out->buckets = d->nbuckets;
+  if (d->stats.steps > 0)
+    out->wire_bytes = d->stats.wire_bytes / d->stats.steps;
+}
+
+void loom_ddp_reset_stats(loom_ddp *d) {
+  memset(&d->stats, 0, sizeof d->stats);
+}
+
+double loom_ddp_hidden_share(const loom_ddp_stats *s) {
+  if (!(s->reduce_s > 0))
+    return 1.0;
+  double h = 1.0 - s->wait_s / s->reduce_s;
+  return h < 0 ? 0 : h > 1 ? 1 : h;
+}
+
+/* ------------------------------------------------------------- building */
+
+static loom_status make_buckets(loom_ddp *d) {
+  loom_model *m = d->model;
+  int nv = loom_model_num_views(m);
+  if (nv < 1)
+    return loom_error(LOOM_ERR_INVALID_ARG, "ddp: the model has no parameter");
+  d->param_bucket = loom_calloc((size_t)nv, sizeof(int));
+  d->buckets = loom_calloc((size_t)nv, sizeof(ddp_bucket));
+  if (!d->param_bucket || !d->buckets)
+    return LOOM_ERR_NOMEM;
+  const double mib = 1024.0 * 1024.0 / sizeof(float);
+  double cap = d->opts.bucket_mb > 0 ? d->opts.bucket_mb * mib : INFINITY;
+  double first = d->opts.first_bucket_mb > 0 ? d->opts.first_bucket_mb * mib
+                                              : cap;
+  int nb = 0;
+  int64_t size = 0;
+  /* Reverse parameter order: the order in which backward finalises them. A
+   * bucket closes once it reaches its size (PyTorch's rule). */
+  for (int i = nv - 1; i >= 0; i--) {
+    const loom_param *p = loom_model_view(m, i);
+    ddp_bucket *b = &d->buckets[nb];
+    if (size == 0)
+      b->end = p->offset + p->numel;
+    b->begin = p->offset;
+    b->nparams++;
+    d->param_bucket[i] = nb;
+    size += p->numel;
+    if ((double)size >= (nb == 0 ? first : cap) || i == 0) {
+      nb++;
+      size = 0;
+    }
+  }
+  d->nbuckets = nb;
+  for (int i = 0; i < nb; i++) {
+    ddp_bucket *b = &d->buckets[i];
+    b->remaining = b->nparams;
+    if (i > 0 && b->end != d->buckets[i - 1].begin)
+      return loom_error(LOOM_ERR_INTERNAL,
+                        "ddp: the model's views are not contiguous");
+    if (d->opts.compress != LOOM_F32 && d->world > 1) {
+      b->wire = loom_malloc((size_t)(b->end - b->begin) *
+                            loom_dtype_size(d->opts.compress));
+      if (!b->wire)
+        return LOOM_ERR_NOMEM;
+    }
+  }
+  if (d->buckets[0].end != d->n || d->buckets[nb - 1].begin != 0)
+    return loom_error(LOOM_ERR_INTERNAL,
+                      "ddp: the model's views do not cover its %lld elements",
+                      (long long)d->n);
+  return LOOM_OK;
+}
+
+static uint64_t opts_hash(const loom_ddp_opts *o) {
+  struct {
+    double bucket_mb, first_bucket_mb;
+    int32_t compress, deterministic, virtual_shards, uneven, broadcast, pad;
+  } h;
+  memset(&h, 0, sizeof h);
+  h.bucket_mb = o->bucket_mb;
+  h.first_bucket_mb = o->first_bucket_mb;
+  h.compress = (int32_t)o->compress;
+  h.deterministic = o->deterministic;
+  h.virtual_shards = o->deterministic ? o->virtual_shards : 0;
+  h.uneven = o->uneven;
+  h.broadcast = o->broadcast;
+  return loom_hash64(LOOM_HASH64_INIT, &h, sizeof h);
+}
+
+/* Writes the ranks whose word w differs from rank 0's as "1, 3-5". */
+static int differing(const uint64_t *all, int world, int w, char *buf,
+                     size_t n) {
+  int count = 0;
+  size_t len = 0;
+  buf[0] = '\0';
+  for (int r = 1; r < world; r++) {
+    if (all[r * 4 + w] == all[w])
+      continue;
+    int e = r;
+    while (e + 1 < world && all[(e + 1) * 4 + w] != all[w])
+      e++;
+    if (len < n)
+      len += (size_t)snprintf(buf + len, n - len, "%s%d", count ? ", " : "",
+                              r);
+    if (e > r && len < n)
+      len += (size_t)snprintf(buf + len, n - len, "-%d", e);
+    count += e - r + 1;
+    r = e;
+  }
+  return count;
+}
+
+/* Every rank gathers every rank's (config, layout, options, N) and checks
+ * them against rank 0's; all ranks see the same table, so all fail alike
+ * and none is left waiting in a later collective. */
+static loom_status check_ranks(loom_ddp *d) {
+  uint64_t mine[4] = {d->opts.check_config ? d->opts.config_hash : 0,
+                      loom_model_layout_hash(d->model), opts_hash(&d->opts),
+                      (uint64_t)d->n};
+  uint64_t *all = loom_calloc((size_t)d->world * 4, sizeof(uint64_t));
+  if (!all)
+    return LOOM_ERR_NOMEM;
+  loom_req req = LOOM_REQ_INIT;
+  loom_status s = loom_allgather(mine, all, 4, LOOM_I64, d->group, &req);
+  if (s == LOOM_OK)
+    s = loom_wait(&req);
+  if (s != LOOM_OK) {
+    loom_free(all);
+    return loom_error_context(s, "ddp: exchanging hashes at start");
+  }
+  static const char *const what[4] = {
+      "config (loom_config_hash)",
+      "model layout (parameter names, shapes, offsets)",
+      "data-parallel options (bucket sizes, compression, deterministic "
+      "mode)",
+      "number of parameters"};
+  char ranks[160];
+  for (int w = 0; w < 4; w++) {
+    int c = differing(all, d->world, w, ranks, sizeof ranks);
+    if (c > 0) {
+      int r0 = -1;
+      for (int r = 1; r < d->world && r0 < 0; r++)
+        if (all[r * 4 + w] != all[w])
+          r0 = r;
+      s = loom_error(LOOM_ERR_MISMATCH,
+                     "ddp: the %s of rank%s %s differs from rank 0's "
+                     "(%016llx vs %016llx): every rank must run the same "
+                     "config and model",
+                     what[w], c > 1 ? "s" : "", ranks,
+                     (unsigned long long)all[r0 * 4 + w],
+                     (unsigned long long)all[w]);
+      break;
+    }
+  }
+  loom_free(all);
+  return s;
+}
+
+static loom_status check_opts(const loom_ddp_opts *o, int world) {
+  if (!(o->bucket_mb >= 0) || !(o->first_bucket_mb >= 0))
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "ddp: bucket sizes must be >= 0 MiB");
+  if (o->compress != LOOM_F32 && o->compress != LOOM_BF16 &&
+      o->compress != LOOM_F16)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "ddp: compression to %s is not supported (f32, bf16 "
+                      "or f16)",
+                      loom_dtype_name(o->compress));
+  if (!o->deterministic)
+    return LOOM_OK;
+  if (o->compress != LOOM_F32)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "ddp: deterministic mode reduces in f32; turn "
+                      "compression off");
+  if (o->uneven)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "ddp: deterministic mode needs every rank at every step "
+                      "(no uneven inputs)");
+  if (!is_pow2(o->virtual_shards) || !is_pow2(world) ||
+      o->virtual_shards % world != 0)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "ddp: deterministic mode needs a power-of-two number of "
+                      "ranks dividing parallel.virtual_shards, itself a power "
+                      "of two (got %d ranks, %d shards)",
+                      world, o->virtual_shards);
+  return LOOM_OK;
+}
+
+static loom_status make_deterministic(loom_ddp *d) {
+  int v = d->opts.virtual_shards;
+  d->shard_count = v / d->world;
+  d->shard_first = d->rank * d->shard_count;
+  d->shard = loom_calloc((size_t)d->shard_count, sizeof(float *));
+  if (!d->shard)
+    return LOOM_ERR_NOMEM;
+  d->shard[0] = d->grads;
+  for (int j = 1; j < d->shard_count; j++) {
+    d->shard[j] = loom_calloc((size_t)d->n, sizeof(float));
+    if (!d->shard[j])
+      return loom_error_context(LOOM_ERR_NOMEM,
+                                "ddp: %d virtual-shard gradient buffers",
+                                d->shard_count);
+  }
+  while ((1 << d->levels) < d->world)
+    d->levels++;
+  if (d->levels > 0) {
+    d->pair = loom_calloc((size_t)d->levels, sizeof(loom_group *));
+    if (!d->pair)
+      return LOOM_ERR_NOMEM;
+  }
+  /* Level l joins subtrees 2^l ranks apart: ranks r and r ^ 2^l, the lower
+   * one first (the left subtree). */
+  for (int l = 0; l < d->levels; l++) {
+    int bit = 1 << l;
+    LOOM_TRY(loom_group_split(d->group, d->rank & ~bit, d->rank, &d->pair[l]));
+    if (!d->pair[l] || loom_group_size(d->pair[l]) != 2)
+      return loom_error(LOOM_ERR_INTERNAL, "ddp: tree level %d group", l);
+  }
+  return LOOM_OK;
+}
+
+loom_status loom_ddp_new(loom_ddp **out, loom_model *model, loom_group *g,
+                         const loom_ddp_opts *opts) {
+  *out = NULL;
+  if (!model || !g)
+    return loom_error(LOOM_ERR_INVALID_ARG, "ddp: a model and a group needed");
+  loom_ddp *d = loom_calloc(1, sizeof *d);
+  if (!d)
+    return LOOM_ERR_NOMEM;
+  d->opts = opts ? *opts : loom_ddp_opts_default();
+  d->model = model;
+  d->group = g;
+  d->rank = loom_group_rank(g);
+  d->world = loom_group_size(g);
+  d->n = loom_model_num_params(model);
+  loom_model_bind_grads(model, NULL);
+  d->grads = loom_model_grads(model);
+  d->sync = true;
+  d->shard_count = 1;
+  d->shard_first = 0;
+  loom_status s;
+  /* Options first, but agree on them before failing: a bad option on one
+   * rank only would otherwise leave the others waiting. */
+  loom_status so = check_opts(&d->opts, d->world);
+  char msg[400] = "";
+  if (so != LOOM_OK)
+    snprintf(msg, sizeof msg, "%s", loom_last_error());
+  LOOM_TRY_GOTO(s, check_ranks(d), fail);
+  if (so != LOOM_OK) {
+    s = loom_error(so, "%s", msg);
+    goto fail;
+  }
+  LOOM_TRY_GOTO(s, make_buckets(d), fail);
+  if (d->opts.deterministic)
+    LOOM_TRY_GOTO(s, make_deterministic(d), fail);
+  int rows = d->opts.deterministic ? d->opts.virtual_shards : 1;
+  d->sum_send = loom_calloc((size_t)rows * LOOM_DDP_SUM_MAX, sizeof(double));
+  d->sum_recv = loom_calloc((size_t)rows * LOOM_DDP_SUM_MAX, sizeof(double));
+  if (!d->sum_send || !d->sum_recv) {
+    s = LOOM_ERR_NOMEM;
+    goto fail;
+  }
+  if (d->opts.broadcast && d->world > 1) {
+    float *p = loom_model_params(model);
+    loom_req r = LOOM_REQ_INIT;
+    LOOM_TRY_GOTO(s,
+                  loom_broadcast(p, p, (size_t)d->n, LOOM_F32, 0, g, &r),
+                  fail);
+    s = loom_wait(&r);
+    if (s != LOOM_OK) {
+      loom_error_context(s, "ddp: broadcasting rank 0's parameters");
+      goto fail;
+    }
+  }
+  loom_model_set_grad_hook(model, grad_hook, d);
+  *out = d;
+  return LOOM_OK;
+fail:
+  loom_ddp_free(d);
+  return s;
+}
+
+void loom_ddp_free(loom_ddp *d) {
+  if (!d)
+    return;
+  drain(d);
+  if (d->sum_posted)
+    loom_wait(&d->sum_req);
+  loom_model_set_grad_hook(d->model, NULL, NULL);
+  loom_model_bind_grads(d->model, NULL);
+  for (int l = 0; l < d->levels && d->pair; l++)
+    loom_group_free(d->pair[l]);
+  loom_free(d->pair);
+  if (d->shard)
+    for (int j = 1; j < d->shard_count; j++)
+      loom_free(d->shard[j]);
+  loom_free(d->shard);
+  if (d->buckets)
+    for (int i = 0; i < d->nbuckets; i++)
+      loom_free(d->buckets[i].wire);
+  loom_free(d->buckets);
+  loom_free(d->param_bucket);
+  loom_free(d->sum_send);
+  loom_free(d->sum_recv);
+  loom_free(d);
+}
