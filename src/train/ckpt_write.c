@@ -171,7 +171,8 @@ loom_status loom_ckpt_writer_add(loom_ckpt_writer *w, const char *name,
                                  int64_t end, const void *data) {
   if (!w || !name)
     return loom_error(LOOM_ERR_INVALID_ARG, "loom_ckpt_writer_add: NULL");
-  if (w->state != W_OPEN)
+  /* thread_live first: the write thread owns `state` while it runs. */
+  if (w->thread_live || w->state != W_OPEN)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "checkpoint %s: buffer '%s' added after the write began",
                       w->final, name);
@@ -247,6 +248,9 @@ loom_status loom_ckpt_writer_set_meta(loom_ckpt_writer *w,
                                       const loom_ckpt_meta *meta) {
   if (!w || !meta)
     return loom_error(LOOM_ERR_INVALID_ARG, "loom_ckpt_writer_set_meta: NULL");
+  if (w->thread_live)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "checkpoint %s: meta set while the write runs", w->final);
   if (meta->n_views < 0 || (meta->n_views && !meta->views) ||
       meta->n_rngs < 0 || (meta->n_rngs && !meta->rngs))
     return loom_error(LOOM_ERR_INVALID_ARG, "checkpoint meta: bad arrays");
@@ -440,7 +444,7 @@ done:
 loom_status loom_ckpt_writer_write(loom_ckpt_writer *w) {
   if (!w)
     return loom_error(LOOM_ERR_INVALID_ARG, "loom_ckpt_writer_write: NULL");
-  if (w->state != W_OPEN)
+  if (w->thread_live || w->state != W_OPEN)
     return loom_error(LOOM_ERR_INVALID_ARG, "checkpoint %s: written twice",
                       w->final);
   loom_status st = write_shard(w);
@@ -1031,7 +1035,7 @@ static void *writer_thread(void *arg) {
 loom_status loom_ckpt_writer_start(loom_ckpt_writer *w, bool commit) {
   if (!w)
     return loom_error(LOOM_ERR_INVALID_ARG, "loom_ckpt_writer_start: NULL");
-  if (w->state != W_OPEN)
+  if (w->thread_live || w->state != W_OPEN)
     return loom_error(LOOM_ERR_INVALID_ARG, "checkpoint %s: written twice",
                       w->final);
   if (commit && w->opts.world != 1)

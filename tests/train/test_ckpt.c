@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -418,6 +419,68 @@ static void bad_tiling(const int64_t *bounds, loom_dtype dt1, const char *msg) {
   TT_CHECK(!exists(loom_ckpt_writer_path(w[0])));
   loom_ckpt_writer_free(w[0]);
   loom_ckpt_writer_free(w[1]);
+}
+
+/* Ranks as threads, writing at the same time into a directory none has
+ * created yet; then rank 0 commits. */
+typedef struct rank_job {
+  const char *root;
+  int rank, world;
+  const float *data;
+  loom_status st;
+} rank_job;
+
+static void *rank_main(void *arg) {
+  rank_job *j = arg;
+  loom_ckpt_writer_opts o = loom_ckpt_writer_opts_default();
+  o.rank = j->rank;
+  o.world = j->world;
+  o.block_bytes = 128;
+  loom_ckpt_writer *w = NULL;
+  int64_t a = (int64_t)N * j->rank / j->world;
+  int64_t b = (int64_t)N * (j->rank + 1) / j->world;
+  j->st = loom_ckpt_writer_new(&w, j->root, 9, &o);
+  if (j->st == LOOM_OK)
+    j->st = loom_ckpt_writer_add(w, "params", LOOM_F32, N, a, b, j->data + a);
+  if (j->st == LOOM_OK)
+    j->st = loom_ckpt_writer_write(w);
+  loom_ckpt_writer_free(w);
+  return NULL;
+}
+
+TT_TEST(test_concurrent_ranks) {
+  char root[128], sub[160];
+  new_root(root, sizeof root);
+  snprintf(sub, sizeof sub, "%s/a/b/ckpt", root); /* several levels to make */
+  static float data[N];
+  fill_bits(data, sizeof data, 77);
+  enum { W = 4 };
+  rank_job jobs[W];
+  pthread_t th[W];
+  for (int r = 0; r < W; r++) {
+    jobs[r] = (rank_job){sub, r, W, data, LOOM_OK};
+    TT_REQUIRE(pthread_create(&th[r], NULL, rank_main, &jobs[r]) == 0);
+  }
+  for (int r = 0; r < W; r++) {
+    pthread_join(th[r], NULL);
+    TT_CHECK_OK(jobs[r].st);
+  }
+  loom_ckpt_writer_opts o = loom_ckpt_writer_opts_default();
+  o.world = W;
+  loom_ckpt_writer *w = NULL;
+  TT_REQUIRE_OK(loom_ckpt_writer_new(&w, sub, 9, &o));
+  /* Rank 0 again, as the committer: its shard is rewritten the same. */
+  TT_CHECK_OK(loom_ckpt_writer_add(w, "params", LOOM_F32, N, 0, N / W, data));
+  TT_CHECK_OK(loom_ckpt_writer_write(w));
+  TT_CHECK_OK(loom_ckpt_writer_commit(w));
+  loom_ckpt_writer_free(w);
+  loom_ckpt *c = NULL;
+  TT_REQUIRE_OK(loom_ckpt_open_latest_valid(&c, sub, NULL));
+  static float got[N];
+  TT_CHECK_EQ(loom_ckpt_get_meta(c)->world_size, W);
+  TT_CHECK_OK(loom_ckpt_read_range(c, "params", 0, N, got));
+  TT_CHECK(memcmp(got, data, sizeof got) == 0);
+  loom_ckpt_close(c);
 }
 
 TT_TEST(test_commit_checks) {
@@ -1085,6 +1148,7 @@ int main(void) {
   init_views();
   TT_RUN(test_round_trip);
   TT_RUN(test_reshard);
+  TT_RUN(test_concurrent_ranks);
   TT_RUN(test_commit_checks);
   TT_RUN(test_damage);
   TT_RUN(test_keep_and_history);
