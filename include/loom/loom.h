@@ -6,5 +6,9 @@
 #include "loom/kernels.h"
 #include "loom/nn.h"
 #include "loom/optim.h"
+#include "loom/data.h"
+#include "loom/config.h"
+#include "loom/ckpt.h"
+#include "loom/train.h"
 
 #endif

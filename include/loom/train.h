@@ -66,6 +66,53 @@ void loom_metrics_str(loom_metrics *m, const char *key, const char *v);
 loom_status loom_metrics_end(loom_metrics *m);
 void loom_metrics_close(loom_metrics *m);
 
+/* -------------------------------------------------------------- trainer */
+
+/* The training loop of `loom train`, usable from C: a model, data, an
+ * optimizer, a schedule, evaluation, metrics, progress and checkpoints, all
+ * from one loom_config (config.h). */
+typedef struct loom_config loom_config;
+typedef struct loom_model loom_model;
+typedef struct loom_trainer loom_trainer;
+
+typedef struct loom_train_opts {
+  /* "auto": continue from the newest valid checkpoint of checkpoint.dir if
+   * there is one; "never": start fresh; else the path of a checkpoint. */
+  const char *resume;
+  /* Stop (saving a checkpoint) once this many optimizer steps are done,
+   * as if interrupted; 0 = run to the end. The schedule is unaffected. */
+  int64_t stop_at;
+  /* Print progress and eval lines (rank 0 only later). */
+  bool quiet;
+} loom_train_opts;
+
+loom_train_opts loom_train_opts_default(void);
+
+typedef struct loom_train_result {
+  int64_t steps;       /* optimizer steps completed in total */
+  int64_t start_step;  /* where this run started (resumed) */
+  double seconds;      /* wall time of the loop */
+  double train_loss;   /* mean loss of the last logged window */
+  double val_loss;     /* last evaluation (NAN if none) */
+  double val_accuracy; /* last evaluation, classification only (NAN) */
+  double throughput;   /* samples/s (tokens/s for text) over the run */
+  bool interrupted;    /* stopped by stop_at or a signal */
+} loom_train_result;
+
+/* Builds everything the config describes; a bad data path, a config that
+ * does not fit the data, or an unreadable checkpoint is an error here. */
+loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
+                             const loom_train_opts *opts);
+loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res);
+/* Evaluates on the validation split (eval_batches of them, 0 = all). */
+loom_status loom_trainer_evaluate(loom_trainer *t, double *loss,
+                                  double *accuracy);
+loom_model *loom_trainer_model(loom_trainer *t);
+void loom_trainer_free(loom_trainer *t);
+/* Asks a running loop to stop at the next step boundary and save (safe to
+ * call from a signal handler). */
+void loom_trainer_request_stop(void);
+
 /* mkdir -p */
 loom_status loom_mkdirs(const char *path);
 

@@ -11,6 +11,7 @@ static const struct {
 } benches[] = {
     {"gemm", loom_bench_gemm, "GEMM GFLOP/s: loom vs raw oneDNN and OpenBLAS"},
     {"comm", loom_bench_comm, "collective bandwidth: loom vs plain MPI"},
+    {"train", loom_bench_train, "training throughput of the reference models"},
 };
 
 int loom_cmd_bench(int argc, char **argv) {

@@ -33,5 +33,6 @@ int loom_cmd_config(int argc, char **argv); /* config.c */
 int loom_cmd_bench(int argc, char **argv); /* bench.c */
 int loom_bench_gemm(int argc, char **argv); /* bench_gemm.c */
 int loom_bench_comm(int argc, char **argv); /* bench_comm.c */
+int loom_bench_train(int argc, char **argv); /* bench_train.c */
 
 #endif

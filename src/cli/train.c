@@ -1,11 +1,155 @@
-/* loom train (placeholder until its layer lands). */
+/* loom train: train a model from a YAML config. */
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cli/cli.h"
+#include "loom/config.h"
+#include "loom/train.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: loom train CONFIG [options]\n"
+          "\n"
+          "Trains the model CONFIG describes (see docs/config.md), printing\n"
+          "progress, writing RUN_DIR/metrics.jsonl and checkpoints.\n"
+          "\n"
+          "options:\n"
+          "  --set SECTION.KEY=VALUE  override a config key (repeatable)\n"
+          "  --resume auto|never|DIR  auto (default): continue from the newest\n"
+          "                           valid checkpoint of checkpoint.dir if any;\n"
+          "                           never: start fresh; DIR: that checkpoint\n"
+          "  --steps N                train for N optimizer steps in total\n"
+          "                           (same as --set train.steps=N)\n"
+          "  --stop-at N              stop after step N as if interrupted,\n"
+          "                           saving a checkpoint (the schedule still\n"
+          "                           runs to the configured end)\n"
+          "  --quiet                  no progress or eval lines\n"
+          "  --print-config           print the resolved config and exit\n"
+          "  -h, --help               this text\n"
+          "\n"
+          "Ctrl-C (SIGINT) or SIGTERM stops at the next step boundary after\n"
+          "saving a checkpoint. Exit codes: 0 done, 1 failed, 2 bad config or\n"
+          "command line, 130 stopped by a signal.\n");
+}
+
+static int parse_i64(const char *s, int64_t *out) {
+  char *end;
+  long long v = strtoll(s, &end, 10);
+  if (*s == '\0' || *end != '\0' || v < 0)
+    return -1;
+  *out = v;
+  return 0;
+}
 
 int loom_cmd_train(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
-  fprintf(stderr, "loom train: not built in this version\n");
-  return LOOM_EXIT_FAIL;
+  const char *config_path = NULL;
+  const char *sets[64];
+  char steps_set[64];
+  int n_sets = 0;
+  bool print_config = false;
+  loom_train_opts opts = loom_train_opts_default();
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    bool has_next = i + 1 < argc;
+    if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+      usage(stdout);
+      return LOOM_EXIT_OK;
+    } else if (strcmp(a, "--set") == 0 && has_next) {
+      if (n_sets == (int)(sizeof sets / sizeof sets[0])) {
+        fprintf(stderr, "loom train: too many --set options\n");
+        return LOOM_EXIT_USAGE;
+      }
+      sets[n_sets++] = argv[++i];
+    } else if (strcmp(a, "--resume") == 0 && has_next) {
+      opts.resume = argv[++i];
+    } else if (strcmp(a, "--steps") == 0 && has_next) {
+      int64_t v;
+      if (parse_i64(argv[++i], &v) != 0 || v < 1) {
+        fprintf(stderr, "loom train: --steps needs a positive integer, got "
+                        "'%s'\n",
+                argv[i]);
+        return LOOM_EXIT_USAGE;
+      }
+      snprintf(steps_set, sizeof steps_set, "train.steps=%lld", (long long)v);
+      if (n_sets == (int)(sizeof sets / sizeof sets[0]))
+        return LOOM_EXIT_USAGE;
+      sets[n_sets++] = steps_set;
+    } else if (strcmp(a, "--stop-at") == 0 && has_next) {
+      if (parse_i64(argv[++i], &opts.stop_at) != 0 || opts.stop_at < 1) {
+        fprintf(stderr, "loom train: --stop-at needs a positive integer, "
+                        "got '%s'\n",
+                argv[i]);
+        return LOOM_EXIT_USAGE;
+      }
+    } else if (strcmp(a, "--quiet") == 0) {
+      opts.quiet = true;
+    } else if (strcmp(a, "--print-config") == 0) {
+      print_config = true;
+    } else if (a[0] == '-') {
+      fprintf(stderr, "loom train: unknown or incomplete option '%s' (see "
+                      "'loom train --help')\n",
+              a);
+      return LOOM_EXIT_USAGE;
+    } else if (!config_path) {
+      config_path = a;
+    } else {
+      fprintf(stderr, "loom train: one config only (got '%s' and '%s')\n",
+              config_path, a);
+      return LOOM_EXIT_USAGE;
+    }
+  }
+  if (!config_path) {
+    usage(stderr);
+    return LOOM_EXIT_USAGE;
+  }
+
+  loom_config cfg;
+  if (loom_config_load(&cfg, config_path, sets, n_sets) != LOOM_OK) {
+    fprintf(stderr, "loom train: %s\n", loom_last_error());
+    return LOOM_EXIT_USAGE;
+  }
+  if (print_config) {
+    char *yaml = NULL;
+    if (loom_config_to_yaml(&cfg, &yaml) != LOOM_OK) {
+      fprintf(stderr, "loom train: %s\n", loom_last_error());
+      return LOOM_EXIT_FAIL;
+    }
+    fputs(yaml, stdout);
+    loom_free(yaml);
+    return LOOM_EXIT_OK;
+  }
+
+  loom_trainer *t = NULL;
+  loom_status s = loom_trainer_new(&t, &cfg, &opts);
+  if (s != LOOM_OK) {
+    fprintf(stderr, "loom train: %s\n", loom_last_error());
+    return s == LOOM_ERR_CONFIG ? LOOM_EXIT_USAGE : LOOM_EXIT_FAIL;
+  }
+  loom_train_result res;
+  s = loom_trainer_run(t, &res);
+  loom_trainer_free(t);
+  if (s != LOOM_OK) {
+    fprintf(stderr, "loom train: %s\n", loom_last_error());
+    return LOOM_EXIT_FAIL;
+  }
+  if (!opts.quiet) {
+    const char *unit =
+        cfg.data.dataset == LOOM_CFG_DATASET_FASHION_MNIST ? "samples"
+                                                            : "tokens";
+    fprintf(stderr, "%s at step %lld: %.1f s, %.0f %s/s",
+            res.interrupted ? "stopped" : "done", (long long)res.steps,
+            res.seconds, res.throughput, unit);
+    if (!isnan(res.val_loss))
+      fprintf(stderr, ", val_loss %.4f", res.val_loss);
+    fputc('\n', stderr);
+    if (!isnan(res.val_accuracy))
+      printf("test accuracy: %.2f%%\n", 100.0 * res.val_accuracy);
+    else if (!isnan(res.val_loss))
+      printf("validation loss: %.4f nats/byte\n", res.val_loss);
+  }
+  if (res.interrupted && opts.stop_at == 0)
+    return 130;
+  return LOOM_EXIT_OK;
 }

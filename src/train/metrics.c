@@ -89,7 +89,9 @@ void loom_metrics_int(loom_metrics *m, const char *k, int64_t v) {
 
 void loom_metrics_num(loom_metrics *m, const char *k, double v) {
   key(m, k);
-  if (isfinite(v))
+  if (isfinite(v) && fabs(v) >= 1e6 && fabs(v) < 1e15)
+    append(m, "%.3f", v); /* times in Unix seconds keep their milliseconds */
+  else if (isfinite(v))
     append(m, "%.9g", v);
   else
     append(m, "null"); /* JSON has no NaN or infinity */

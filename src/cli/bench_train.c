@@ -1,0 +1,215 @@
+/* loom bench train: single-process training throughput of the reference
+ * workloads on synthetic data of the right shapes (median step). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "loom/loom.h"
+
+typedef struct workload {
+  const char *name;
+  const char *unit;
+  int64_t batch;  /* rows per step */
+  int64_t per_row; /* units (samples or tokens) per row */
+  double fwd_flops; /* matmul/conv FLOPs per unit, forward */
+} workload;
+
+/* FLOPs are counted as bench/torch/workloads.py does: every GEMM and
+ * convolution, 2*M*N*K forward, training = 3x forward. */
+static const workload workloads[] = {
+    {"fashion-mlp", "samples/s", 128, 1,
+     2.0 * (784 * 512 + 512 * 512 + 512 * 10)},
+    {"fashion-cnn", "samples/s", 128, 1,
+     2.0 * 576 * 32 * 25 + 2.0 * 64 * 64 * 800 + 2.0 * 1024 * 10},
+    {"kjv-gpt", "tokens/s", 32, 128,
+     4.0 * (2.0 * 128 * 384 + 2.0 * 128 * 128 + 2.0 * 128 * 512 * 2 +
+            2.0 * 128 * 128 * 2) +
+         2.0 * 128 * 256},
+};
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: loom bench train [--model fashion-mlp|fashion-cnn|"
+             "kjv-gpt|all] [--threads N]\n"
+             "                        [--steps S] [--warmup W] [--json]\n"
+             "\n"
+             "Times full training steps (forward, loss, backward, optimizer)\n"
+             "of the reference workloads on synthetic data, fp32, one\n"
+             "process, and prints the median-step throughput. --json prints\n"
+             "one JSON line per workload (bench/train_throughput reads it).\n");
+}
+
+static loom_status build(const workload *w, loom_model **model,
+                         loom_optim **optim) {
+  loom_model_opts mo = loom_model_opts_default();
+  mo.seed = 1;
+  loom_optim_opts oo = loom_optim_opts_default();
+  if (strcmp(w->name, "fashion-mlp") == 0) {
+    loom_fashion_mlp_opts o = loom_fashion_mlp_opts_default();
+    LOOM_TRY(loom_fashion_mlp_new(model, &o, &mo));
+  } else if (strcmp(w->name, "fashion-cnn") == 0) {
+    loom_fashion_cnn_opts o = loom_fashion_cnn_opts_default();
+    LOOM_TRY(loom_fashion_cnn_new(model, &o, &mo));
+  } else {
+    loom_gpt_opts o = loom_gpt_opts_default();
+    LOOM_TRY(loom_gpt_new(model, &o, NULL));
+  }
+  if (strcmp(w->name, "kjv-gpt") == 0) {
+    oo.kind = LOOM_OPTIM_ADAMW;
+    oo.weight_decay = 0.01;
+  } else {
+    oo.kind = LOOM_OPTIM_SGD;
+    oo.momentum = 0.9;
+  }
+  return loom_optim_new(optim, &oo, loom_model_view(*model, 0),
+                        loom_model_num_views(*model),
+                        loom_model_num_params(*model));
+}
+
+static loom_status run_one(const workload *w, int threads, int steps,
+                           int warmup, bool json) {
+  loom_model *model = NULL;
+  loom_optim *optim = NULL;
+  loom_xent *xent = NULL;
+  loom_tensor x = {0}, y = {0};
+  double *times = NULL;
+  loom_status s;
+  bool text = w->per_row > 1;
+  LOOM_TRY_GOTO(s, build(w, &model, &optim), out);
+  LOOM_TRY_GOTO(s, loom_xent_new(&xent), out);
+  if (text) {
+    int64_t d[2] = {w->batch, w->per_row};
+    LOOM_TRY_GOTO(s, loom_tensor_new(&x, LOOM_I32, 2, d), out);
+    LOOM_TRY_GOTO(s, loom_tensor_new(&y, LOOM_I32, 2, d), out);
+  } else {
+    int64_t d[4] = {w->batch, 1, 28, 28};
+    int64_t dy[1] = {w->batch};
+    LOOM_TRY_GOTO(s, loom_tensor_new(&x, LOOM_F32, 4, d), out);
+    LOOM_TRY_GOTO(s, loom_tensor_new(&y, LOOM_I32, 1, dy), out);
+  }
+  loom_rng r = loom_rng_init(7, 0);
+  int64_t nx = loom_tensor_numel(&x), ny = loom_tensor_numel(&y);
+  int classes = text ? 256 : 10;
+  for (int64_t i = 0; i < nx; i++) {
+    if (text)
+      ((int32_t *)x.data)[i] = (int32_t)loom_rng_below(&r, 256);
+    else
+      ((float *)x.data)[i] = loom_rng_normal(&r);
+  }
+  for (int64_t i = 0; i < ny; i++)
+    ((int32_t *)y.data)[i] = (int32_t)loom_rng_below(&r, (uint64_t)classes);
+  times = loom_calloc((size_t)steps, sizeof *times);
+  if (!times) {
+    s = LOOM_ERR_NOMEM;
+    goto out;
+  }
+  float *params = loom_model_params(model);
+  float *grads = loom_model_grads(model);
+  float lr = text ? 3e-4f : 0.05f;
+  for (int i = -warmup; i < steps; i++) {
+    double t0 = loom_time_now();
+    loom_tensor logits, dlogits;
+    loom_xent_stats st;
+    loom_model_zero_grad(model);
+    LOOM_TRY_GOTO(s, loom_model_forward(model, &x, &logits), out);
+    LOOM_TRY_GOTO(s,
+                  loom_xent_forward(xent, &logits, (const int32_t *)y.data,
+                                    &st),
+                  out);
+    LOOM_TRY_GOTO(s, loom_model_output_grad(model, &dlogits), out);
+    LOOM_TRY_GOTO(s, loom_xent_backward(xent, &dlogits, 1.0f), out);
+    LOOM_TRY_GOTO(s, loom_model_backward(model, NULL, NULL), out);
+    LOOM_TRY_GOTO(s, loom_optim_step(optim, params, grads, lr), out);
+    if (i >= 0)
+      times[i] = loom_time_now() - t0;
+  }
+  qsort(times, (size_t)steps, sizeof *times, cmp_double);
+  double med = times[steps / 2];
+  double units = (double)(w->batch * w->per_row);
+  double tput = units / med;
+  double gflops = tput * 3.0 * w->fwd_flops / 1e9;
+  double load[3] = {0, 0, 0};
+  FILE *lf = fopen("/proc/loadavg", "r");
+  if (lf) {
+    if (fscanf(lf, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3)
+      load[0] = load[1] = load[2] = 0;
+    fclose(lf);
+  }
+  if (json)
+    printf("{\"bench\":\"train_throughput\",\"impl\":\"loom\",\"version\":"
+           "\"%s\",\"model\":\"%s\",\"procs\":1,\"threads\":%d,\"unit\":"
+           "\"%s\",\"throughput\":%.1f,\"step_s\":%.6f,\"gflops\":%.2f,"
+           "\"gemm\":\"%s\",\"loadavg_start\":[%.2f,%.2f,%.2f]}\n",
+           loom_version(), w->name, threads, w->unit, tput, med, gflops,
+           loom_gemm_backend_name(loom_gemm_get_backend()), load[0], load[1],
+           load[2]);
+  else
+    printf("%-12s threads %d: %10.0f %s (median step %.2f ms, %.1f "
+           "GFLOP/s)\n",
+           w->name, threads, tput, w->unit, med * 1e3, gflops);
+  fflush(stdout);
+out:
+  loom_free(times);
+  loom_tensor_free(&x);
+  loom_tensor_free(&y);
+  loom_xent_free(xent);
+  loom_optim_free(optim);
+  loom_model_free(model);
+  return s;
+}
+
+int loom_bench_train(int argc, char **argv) {
+  const char *model = "all";
+  int threads = 0, steps = 30, warmup = 5;
+  bool json = false;
+  for (int i = 1; i < argc; i++) {
+    bool next = i + 1 < argc;
+    if (strcmp(argv[i], "--model") == 0 && next)
+      model = argv[++i];
+    else if (strcmp(argv[i], "--threads") == 0 && next)
+      threads = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--steps") == 0 && next)
+      steps = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--warmup") == 0 && next)
+      warmup = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--json") == 0)
+      json = true;
+    else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+      usage(stdout);
+      return LOOM_EXIT_OK;
+    } else {
+      fprintf(stderr, "loom bench train: unknown option '%s'\n", argv[i]);
+      usage(stderr);
+      return LOOM_EXIT_USAGE;
+    }
+  }
+  if (steps < 1 || warmup < 0) {
+    fprintf(stderr, "loom bench train: --steps must be >= 1\n");
+    return LOOM_EXIT_USAGE;
+  }
+  if (threads > 0)
+    loom_set_threads(threads);
+  threads = loom_threads();
+  bool any = false;
+  for (size_t i = 0; i < sizeof workloads / sizeof workloads[0]; i++) {
+    if (strcmp(model, "all") != 0 && strcmp(model, workloads[i].name) != 0)
+      continue;
+    any = true;
+    if (run_one(&workloads[i], threads, steps, warmup, json) != LOOM_OK) {
+      fprintf(stderr, "loom bench train: %s: %s\n", workloads[i].name,
+              loom_last_error());
+      return LOOM_EXIT_FAIL;
+    }
+  }
+  if (!any) {
+    fprintf(stderr, "loom bench train: unknown model '%s'\n", model);
+    return LOOM_EXIT_USAGE;
+  }
+  return LOOM_EXIT_OK;
+}
