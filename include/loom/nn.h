@@ -326,9 +326,13 @@ loom_status loom_model_init_params(loom_model *m, const loom_model_opts *opts);
 
 /* Sets every gradient to zero (one memset of the flat buffer). */
 void loom_model_zero_grad(loom_model *m);
-/* Backward adds into `grads` (numel floats) instead of the model's own
- * buffer from now on; NULL restores the own buffer. */
+/* Backward adds into `grads` (numel floats, same layout) instead of the
+ * model's own buffer from now on; NULL restores the own buffer. */
 void loom_model_bind_grads(loom_model *m, float *grads);
+/* Forward and backward read parameters from `params` (numel floats, same
+ * layout; e.g. weights gathered by ZeRO-3) instead of the own buffer; NULL
+ * restores it. loom_model_params() returns the bound buffer. */
+void loom_model_bind_params(loom_model *m, float *params);
 
 /* Training mode (default) or eval mode (dropout off). */
 void loom_model_set_training(loom_model *m, bool training);

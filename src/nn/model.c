@@ -15,8 +15,9 @@ struct loom_model {
   loom_param *views;      /* (nviews) */
   loom_nn_entry *entries; /* (nviews) roles and fan-ins for init */
   int64_t numel;
-  float *params;    /* (numel) */
-  float *own_grads; /* (numel) */
+  float *params;     /* (numel) own_params or a bound buffer */
+  float *own_params; /* (numel) */
+  float *own_grads;  /* (numel) */
   float *grads;     /* own_grads or a bound buffer */
   uint64_t layout_hash;
   /* activations */
@@ -163,9 +164,10 @@ loom_status loom_model_new(loom_model **out, loom_module *root,
   m->nviews = v.count;
   m->numel = v.numel;
   m->views = loom_malloc((size_t)(v.count ? v.count : 1) * sizeof *m->views);
-  m->params = loom_malloc((size_t)m->numel * sizeof(float));
+  m->own_params = loom_malloc((size_t)m->numel * sizeof(float));
+  m->params = m->own_params;
   m->own_grads = loom_calloc((size_t)(m->numel ? m->numel : 1), sizeof(float));
-  if (!m->views || !m->params || !m->own_grads) {
+  if (!m->views || !m->own_params || !m->own_grads) {
     st = LOOM_ERR_NOMEM;
     goto fail;
   }
@@ -194,7 +196,7 @@ void loom_model_free(loom_model *m) {
   loom_module_free(m->root);
   loom_free(m->views);
   loom_free(m->entries);
-  loom_free(m->params);
+  loom_free(m->own_params);
   loom_free(m->own_grads);
   loom_free(m->arena);
   loom_free(m);
@@ -238,6 +240,10 @@ void loom_model_zero_grad(loom_model *m) {
 
 void loom_model_bind_grads(loom_model *m, float *grads) {
   m->grads = grads ? grads : m->own_grads;
+}
+
+void loom_model_bind_params(loom_model *m, float *params) {
+  m->params = params ? params : m->own_params;
 }
 
 void loom_model_set_training(loom_model *m, bool training) {

@@ -364,7 +364,7 @@ TT_TEST(test_determinism_threads) {
       free_batch(&b);
     }
   }
-  loom_set_threads(2);
+  loom_set_threads(1);
 }
 
 /* ------------------------------------------------------------ dropout */
@@ -565,6 +565,25 @@ TT_TEST(test_arena_and_steps) {
   TT_CHECK(memcmp(ext, g1, (size_t)n * sizeof(float)) == 0);
   loom_model_bind_grads(m, NULL);
   TT_CHECK(loom_model_grads(m) != ext);
+  /* Bound parameters: a scaled copy changes the output; restoring the own
+   * buffer gives the old output back bitwise. */
+  float *own = loom_model_params(m);
+  float *y0 = loom_malloc((size_t)loom_tensor_numel(&out) * sizeof(float));
+  TT_REQUIRE(y0);
+  TT_CHECK_OK(loom_model_forward(m, &big.in, &out));
+  size_t ybytes = (size_t)loom_tensor_numel(&out) * sizeof(float);
+  memcpy(y0, out.data, ybytes);
+  for (int64_t i = 0; i < n; i++)
+    ext[i] = 0.5f * own[i];
+  loom_model_bind_params(m, ext);
+  TT_CHECK(loom_model_params(m) == ext);
+  TT_CHECK_OK(loom_model_forward(m, &big.in, &out));
+  TT_CHECK(memcmp(y0, out.data, ybytes) != 0);
+  loom_model_bind_params(m, NULL);
+  TT_CHECK(loom_model_params(m) == own);
+  TT_CHECK_OK(loom_model_forward(m, &big.in, &out));
+  TT_CHECK(memcmp(y0, out.data, ybytes) == 0);
+  loom_free(y0);
   loom_free(g1);
   loom_free(ext);
   loom_xent_free(x);
@@ -572,6 +591,21 @@ TT_TEST(test_arena_and_steps) {
   free_batch(&small);
   free_batch(&bigger);
   loom_model_free(m);
+}
+
+TT_TEST(test_module_act_bytes) {
+  /* A standalone linear layer: its output (N,OC) is its only activation. */
+  loom_module *l;
+  TT_REQUIRE_OK(loom_linear_new(&l, 5, 7, true));
+  loom_shape s = loom_shape_make(LOOM_F32, 2, (int64_t[]){10, 5});
+  size_t act = 0, scratch = 1;
+  TT_CHECK_OK(loom_module_act_bytes(l, &s, &act, &scratch));
+  TT_CHECK_EQ(act, (10 * 7 * 4 + 63) / 64 * 64);
+  TT_CHECK_EQ(scratch, 0);
+  TT_CHECK_STR(loom_module_type(l), "linear");
+  s.dim[1] = 6;
+  TT_CHECK_EQ(loom_module_act_bytes(l, &s, &act, NULL), LOOM_ERR_INVALID_ARG);
+  loom_module_free(l);
 }
 
 TT_TEST(test_input_gradient) {
@@ -773,7 +807,8 @@ TT_TEST(test_alloc_failures) {
 }
 
 int main(void) {
-  loom_set_threads(2);
+  /* Small shapes: 1 thread unless a test sets its own count. */
+  loom_set_threads(1);
   TT_RUN(test_param_counts);
   TT_RUN(test_layout_hash);
   TT_RUN(test_init_torch);
@@ -783,6 +818,7 @@ int main(void) {
   TT_RUN(test_dropout_keys);
   TT_RUN(test_grad_hook);
   TT_RUN(test_arena_and_steps);
+  TT_RUN(test_module_act_bytes);
   TT_RUN(test_input_gradient);
   TT_RUN(test_errors_shapes);
   TT_RUN(test_errors_construction);
