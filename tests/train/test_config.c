@@ -571,6 +571,57 @@ TT_TEST(test_alloc_failures) {
   }
 }
 
+/* Mutated configs: every outcome is OK or one clean LOOM_ERR_CONFIG line
+ * naming the file; no crash (ASan and UBSan watch the rest). */
+TT_TEST(test_fuzz) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/examples/kjv_gpt.yaml", src_dir);
+  char *orig = read_all(path);
+  TT_REQUIRE(orig != NULL);
+  size_t len = strlen(orig);
+  char *text = loom_malloc(len + 64);
+  TT_REQUIRE(text != NULL);
+  loom_rng r = loom_rng_init(99, 0);
+  int ok = 0, bad = 0;
+  const char *repl = "0123456789-.e:[]{}#&*!|>'\" \t\nabz_,";
+  for (int it = 0; it < 1500; it++) {
+    memcpy(text, orig, len + 1);
+    size_t n = len;
+    int edits = 1 + (int)loom_rng_below(&r, 4);
+    for (int e = 0; e < edits; e++) {
+      size_t at = (size_t)loom_rng_below(&r, n);
+      uint64_t kind = loom_rng_below(&r, 3);
+      char c = repl[loom_rng_below(&r, strlen(repl))];
+      if (kind == 0) {
+        text[at] = c;
+      } else if (kind == 1 && n + 1 < len + 64) {
+        memmove(text + at + 1, text + at, n - at + 1);
+        text[at] = c;
+        n++;
+      } else if (n > 1) {
+        memmove(text + at, text + at + 1, n - at);
+        n--;
+      }
+    }
+    loom_config cfg;
+    loom_config_defaults(&cfg);
+    loom_status s = loom_config_load_string(&cfg, text, n, "f.yaml", NULL, 0);
+    if (s == LOOM_OK) {
+      ok++;
+      TT_CHECK_OK(loom_config_validate(&cfg));
+      check_round_trip(&cfg, "fuzz");
+    } else {
+      bad++;
+      TT_CHECK_EQ(s, LOOM_ERR_CONFIG);
+      const char *m = loom_last_error();
+      TT_CHECK(strncmp(m, "f.yaml", 6) == 0 && !strchr(m, '\n'));
+    }
+  }
+  TT_CHECK(ok > 100 && bad > 100);
+  loom_free(text);
+  loom_free(orig);
+}
+
 static int write_docs(const char *src) {
   char path[1024];
   snprintf(path, sizeof path, "%s/docs/config.md", src);
@@ -613,5 +664,6 @@ int main(int argc, char **argv) {
   TT_RUN(test_schema);
   TT_RUN(test_docs_match_schema);
   TT_RUN(test_alloc_failures);
+  TT_RUN(test_fuzz);
   return tt_finish();
 }
