@@ -6,6 +6,7 @@
 #include "loom/kernels.h"
 #include "loom/nn.h"
 #include "loom/optim.h"
+#include "loom/comm.h"
 #include "loom/data.h"
 #include "loom/config.h"
 #include "loom/ckpt.h"

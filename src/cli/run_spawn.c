@@ -1,0 +1,254 @@
+/* loom run: starts the launcher (mpirun, srun or the program itself) in a
+ * session of its own, forwards stop signals to it, enforces --timeout, and
+ * sweeps the session afterwards so no rank is left behind. */
+#include "cli/run_spawn.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+#include "loom/core.h"
+
+/* Seconds between forwarding a stop signal and killing the whole session:
+ * mpirun needs about 1 s to take its ranks down. */
+#define STOP_GRACE_S 5.0
+
+static int wake_pipe[2] = {-1, -1};
+static volatile sig_atomic_t stop_sig; /* first stop signal received */
+static volatile sig_atomic_t stop_count;
+
+static void on_signal(int sig) {
+  int saved = errno;
+  if (sig != SIGCHLD) {
+    if (!stop_sig)
+      stop_sig = sig;
+    stop_count++;
+  }
+  if (wake_pipe[1] >= 0) {
+    char c = 0;
+    ssize_t w = write(wake_pipe[1], &c, 1);
+    (void)w;
+  }
+  errno = saved;
+}
+
+static const int stop_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
+static void install_handlers(void) {
+  if (wake_pipe[0] < 0 && pipe(wake_pipe) == 0) {
+    for (int i = 0; i < 2; i++) {
+      fcntl(wake_pipe[i], F_SETFL, fcntl(wake_pipe[i], F_GETFL) | O_NONBLOCK);
+      fcntl(wake_pipe[i], F_SETFD, FD_CLOEXEC);
+    }
+  }
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (size_t i = 0; i < sizeof stop_signals / sizeof stop_signals[0]; i++)
+    sigaction(stop_signals[i], &sa, NULL);
+  sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+  sigaction(SIGCHLD, &sa, NULL);
+}
+
+bool loom_run_stop_requested(void) { return stop_sig != 0; }
+
+static void drain(void) {
+  char buf[64];
+  while (read(wake_pipe[0], buf, sizeof buf) > 0) {
+  }
+}
+
+/* Waits up to `seconds` for a signal to arrive. */
+static void wait_event(double seconds) {
+  struct pollfd p = {.fd = wake_pipe[0], .events = POLLIN};
+  int ms = seconds <= 0 ? 0 : (int)(seconds * 1000) + 1;
+  if (poll(&p, 1, ms) > 0)
+    drain();
+}
+
+void loom_run_sleep(double seconds) {
+  install_handlers();
+  double end = loom_time_now() + seconds;
+  while (!stop_sig) {
+    double left = end - loom_time_now();
+    if (left <= 0)
+      break;
+    wait_event(left);
+  }
+}
+
+/* Sends sig to every live process of session sid (the launcher and all it
+ * started: Open MPI puts each rank in a process group of its own, but they
+ * stay in the launcher's session). Returns how many there were. Zombies do
+ * not count: they are dead, and PID 1 may take a while to reap them. */
+static int signal_session(pid_t sid, int sig) {
+  DIR *d = opendir("/proc");
+  if (!d) {
+    kill(-sid, sig);
+    return kill(-sid, 0) == 0;
+  }
+  int found = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9')
+      continue;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%.20s/stat", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f)
+      continue;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    /* pid (comm) state ppid pgrp session ...: comm may hold spaces and
+     * parentheses, so parse after the last ')'. */
+    char *p = strrchr(buf, ')');
+    char state;
+    int ppid, pgrp, session;
+    if (!p ||
+        sscanf(p + 1, " %c %d %d %d", &state, &ppid, &pgrp, &session) != 4)
+      continue;
+    if (session != (int)sid || state == 'Z' || state == 'X')
+      continue;
+    found++;
+    if (sig)
+      kill((pid_t)atoi(e->d_name), sig);
+  }
+  closedir(d);
+  return found;
+}
+
+static void sweep_session(pid_t sid) {
+  if (!signal_session(sid, SIGTERM))
+    return;
+  double end = loom_time_now() + 0.5;
+  struct timespec ts = {0, 20 * 1000 * 1000};
+  while (signal_session(sid, 0) && loom_time_now() < end)
+    nanosleep(&ts, NULL);
+  signal_session(sid, SIGKILL);
+}
+
+int loom_run_spawn(char *const *argv, double timeout_s, bool verbose,
+                   loom_run_result *res) {
+  memset(res, 0, sizeof *res);
+  install_handlers();
+  if (verbose) {
+    fprintf(stderr, "loom run:");
+    for (char *const *a = argv; *a; a++)
+      fprintf(stderr, " %s", *a);
+    fprintf(stderr, "\n");
+  }
+  double t0 = loom_time_now();
+  fflush(stdout);
+  fflush(stderr);
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) {
+    fprintf(stderr, "loom run: fork: %s\n", strerror(errno));
+    return -1;
+  }
+  if (pid == 0) {
+    /* A session of its own: the terminal's signals reach loom run only
+     * (which forwards them once), and every process of the job, whatever
+     * its process group, can be found and stopped afterwards. */
+    setsid();
+#ifdef __linux__
+    /* If loom run itself is killed (SIGKILL from a CI timeout), the launcher
+     * is told to stop, and takes its ranks down. */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent)
+      _exit(128 + SIGTERM);
+#endif
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    for (size_t i = 0; i < sizeof stop_signals / sizeof stop_signals[0]; i++)
+      sigaction(stop_signals[i], &sa, NULL);
+    sigaction(SIGCHLD, &sa, NULL);
+    /* The job must not compete with the shell for the terminal's input;
+     * pipes and files are passed on. */
+    if (isatty(STDIN_FILENO)) {
+      int fd = open("/dev/null", O_RDONLY);
+      if (fd >= 0) {
+        dup2(fd, STDIN_FILENO);
+        close(fd);
+      }
+    }
+    execvp(argv[0], argv);
+    fprintf(stderr, "loom run: cannot run %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+  }
+
+  int status = 0;
+  int forwarded = 0;  /* stop signals forwarded so far */
+  double stop_at = 0; /* when we first asked the job to stop */
+  bool killed = false;
+  for (;;) {
+    pid_t w = waitpid(pid, &status, WNOHANG);
+    if (w == pid)
+      break;
+    if (w < 0 && errno != EINTR) {
+      status = 0;
+      break;
+    }
+    double now = loom_time_now();
+    if (timeout_s > 0 && !res->timed_out && now - t0 > timeout_s) {
+      res->timed_out = true;
+      fprintf(stderr,
+              "loom run: time limit of %g s reached; stopping the "
+              "job\n",
+              timeout_s);
+      kill(pid, SIGTERM);
+      stop_at = now;
+    }
+    if (stop_sig && forwarded < stop_count) {
+      /* The first signal is passed on (mpirun stops its ranks); a second
+       * one kills the whole session at once. */
+      if (forwarded == 0) {
+        kill(pid, stop_sig);
+        stop_at = now;
+      } else if (!killed) {
+        signal_session(pid, SIGKILL);
+        killed = true;
+      }
+      forwarded = stop_count;
+    }
+    if (stop_at > 0 && !killed && now - stop_at > STOP_GRACE_S) {
+      fprintf(stderr,
+              "loom run: the job did not stop within %g s; killing "
+              "it\n",
+              STOP_GRACE_S);
+      signal_session(pid, SIGKILL);
+      killed = true;
+    }
+    wait_event(0.2);
+  }
+  /* Ranks that escaped mpirun's own clean-up (or a program's children). */
+  sweep_session(pid);
+  res->seconds = loom_time_now() - t0;
+  res->stopped_by = stop_sig;
+  if (WIFSIGNALED(status)) {
+    res->signal = WTERMSIG(status);
+    res->code = 128 + res->signal;
+  } else if (WIFEXITED(status)) {
+    res->code = WEXITSTATUS(status);
+  }
+  if (res->timed_out)
+    res->code = 124;
+  else if (stop_sig)
+    res->code = 128 + stop_sig;
+  return 0;
+}

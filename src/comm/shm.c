@@ -1,0 +1,427 @@
+/* The intra-host data path: one POSIX shared-memory segment per group whose
+ * ranks all share a host. Each rank owns two slots (double buffering) of
+ * `chunk` bytes; large buffers go through them in pipelined chunks that
+ * stay in cache, with one or two step barriers per chunk. Reductions read
+ * every rank's slot in rank order, so all ranks get bitwise equal results.
+ *
+ * Why not MPI here: Debian's Open MPI 4.1 reaches ~1.2 GB/s bus bandwidth on
+ * a 64 MB all-reduce between two ranks of one host while this path reaches
+ * ~2.4 GB/s; MPI stays the path between hosts and the reference. */
+#include "comm/internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define SHM_RING 4 /* descriptions kept per rank (check mode) */
+
+/* The board: what each rank publishes. Steps and arrivals on their own
+ * cache lines so spinning readers do not disturb the writer's other data. */
+typedef struct shm_rank {
+  _Alignas(64) _Atomic uint64_t step;    /* pipeline barrier counter */
+  _Alignas(64) _Atomic uint64_t entered; /* last collective sequence begun */
+  loom_comm_desc desc[SHM_RING];         /* desc[seq % SHM_RING] */
+} shm_rank;
+
+struct loom_shm {
+  void *base;
+  size_t bytes;
+  shm_rank *hdr; /* [P] */
+  char *slots;   /* [P][2][slot] */
+  size_t slot;   /* bytes per slot */
+  int rank, size;
+  uint64_t step;         /* last step this rank published */
+  uint64_t parity;       /* chunks done: selects the slot of the next one */
+  loom_comm_desc *descs; /* [P] scratch for the check */
+};
+
+/* Progress of one operation, kept in op->bstate. */
+typedef struct shm_state {
+  uint64_t base;   /* this rank's step when the op began */
+  uint64_t parity; /* s->parity when the op began */
+  uint64_t c, K;   /* chunk and number of chunks */
+  uint64_t wait;   /* the step being waited for (watchdog) */
+  size_t cm;       /* elements per chunk (per piece for blocked layouts) */
+  size_t maxc;     /* all-gather-v: largest count */
+  int phase;
+} shm_state;
+_Static_assert(sizeof(shm_state) <= sizeof(((loom_op *)0)->bstate),
+               "shm state fits the request");
+
+static shm_state *st_of(loom_op *op) { return (shm_state *)(void *)op->bstate; }
+
+static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+loom_status loom_shm_open(loom_shm **out, const char *name, bool create,
+                          int rank, int size, size_t chunk, bool yield) {
+  (void)yield;
+  *out = NULL;
+  size_t hdr = round_up((size_t)size * sizeof(shm_rank), 4096);
+  size_t slot =
+      round_up(chunk > (size_t)size * 64 ? chunk : (size_t)size * 64, 4096);
+  size_t bytes = hdr + (size_t)size * 2 * slot;
+  int fd = shm_open(name, create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
+  if (fd < 0)
+    return loom_error(LOOM_ERR_IO, "shm_open(%s): %s", name, strerror(errno));
+  if (create) {
+    /* Reserve the pages now: a full /dev/shm must fail here, not raise
+     * SIGBUS in the middle of a collective. */
+    int e = ftruncate(fd, (off_t)bytes) == 0
+                ? posix_fallocate(fd, 0, (off_t)bytes)
+                : errno;
+    if (e != 0) {
+      close(fd);
+      shm_unlink(name);
+      return loom_error(LOOM_ERR_IO,
+                        "cannot size shared memory %s to %zu bytes: %s", name,
+                        bytes, strerror(e));
+    }
+  }
+  void *base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED)
+    return loom_error(LOOM_ERR_IO, "mmap of %s (%zu bytes): %s", name, bytes,
+                      strerror(errno));
+  loom_shm *s = loom_calloc(1, sizeof *s);
+  loom_comm_desc *descs = loom_calloc((size_t)size, sizeof *descs);
+  if (!s || !descs) {
+    munmap(base, bytes);
+    loom_free(s);
+    loom_free(descs);
+    return LOOM_ERR_NOMEM;
+  }
+  s->base = base;
+  s->bytes = bytes;
+  s->hdr = base;
+  s->slots = (char *)base + hdr;
+  s->slot = slot;
+  s->rank = rank;
+  s->size = size;
+  s->descs = descs;
+  /* Fault our own slots in now rather than in the first collective. */
+  memset(s->slots + (size_t)rank * 2 * slot, 0, 2 * slot);
+  *out = s;
+  return LOOM_OK;
+}
+
+void loom_shm_unlink(const char *name) { shm_unlink(name); }
+
+void loom_shm_close(loom_shm *s) {
+  if (!s)
+    return;
+  munmap(s->base, s->bytes);
+  loom_free(s->descs);
+  loom_free(s);
+}
+
+bool loom_shm_supports(loom_comm_op kind) {
+  switch (kind) {
+  case LOOM_COMM_ALLREDUCE:
+  case LOOM_COMM_REDUCE:
+  case LOOM_COMM_BROADCAST:
+  case LOOM_COMM_ALLGATHER:
+  case LOOM_COMM_ALLGATHERV:
+  case LOOM_COMM_REDUCE_SCATTER:
+  case LOOM_COMM_ALLTOALL:
+  case LOOM_COMM_BARRIER:
+    return true;
+  default:
+    return false;
+  }
+}
+
+/* ----------------------------------------------------------- the board */
+
+void loom_shm_enter(loom_shm *s, loom_op *op, const loom_comm_desc *d) {
+  shm_rank *me = &s->hdr[s->rank];
+  me->desc[op->seq % SHM_RING] = *d;
+  atomic_store_explicit(&me->entered, op->seq, memory_order_release);
+}
+
+int loom_shm_check(loom_shm *s, loom_group *g, loom_op *op) {
+  for (int j = 0; j < s->size; j++)
+    if (atomic_load_explicit(&s->hdr[j].entered, memory_order_acquire) <
+        op->seq)
+      return 0;
+  for (int j = 0; j < s->size; j++)
+    s->descs[j] = s->hdr[j].desc[op->seq % SHM_RING];
+  loom_comm_check_descs(g, op, s->descs, s->size);
+  return 1;
+}
+
+static void publish(loom_shm *s, uint64_t v) {
+  s->step = v;
+  atomic_store_explicit(&s->hdr[s->rank].step, v, memory_order_release);
+}
+
+static bool all_reached(loom_shm *s, uint64_t v) {
+  for (int j = 0; j < s->size; j++)
+    if (atomic_load_explicit(&s->hdr[j].step, memory_order_acquire) < v)
+      return false;
+  return true;
+}
+
+void loom_shm_stuck(loom_shm *s, loom_op *op, char *buf, size_t n) {
+  bool flag[LOOM_SHM_MAX_RANKS] = {false};
+  int p = s->size;
+  bool any = false;
+  for (int j = 0; j < p; j++) {
+    flag[j] = atomic_load(&s->hdr[j].entered) < op->seq;
+    any = any || flag[j];
+  }
+  char list[160];
+  if (any) {
+    loom_comm_rank_list(flag, p, list, sizeof list);
+    snprintf(buf, n, "ranks not arrived: %s", list);
+    return;
+  }
+  shm_state *st = st_of(op);
+  for (int j = 0; j < p; j++) {
+    flag[j] = atomic_load(&s->hdr[j].step) < st->wait;
+    any = any || flag[j];
+  }
+  loom_comm_rank_list(flag, p, list, sizeof list);
+  snprintf(buf, n, "all ranks arrived; stalled in the data phase on ranks %s",
+           any ? list : "(none)");
+}
+
+/* -------------------------------------------------------- data movement */
+
+static char *slot_of(loom_shm *s, int r, uint64_t parity) {
+  return s->slots + ((size_t)r * 2 + (size_t)(parity & 1)) * s->slot;
+}
+
+static void copy(void *dst, const void *src, size_t bytes) {
+  if (bytes && dst != src)
+    memcpy(dst, src, bytes);
+}
+
+static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
+
+/* Elements per piece when a slot holds one piece per rank: a multiple of
+ * 64 bytes so pieces start on cache lines. */
+static size_t piece_elems(loom_shm *s, size_t e) {
+  size_t align = 64 / e;
+  size_t cm = s->slot / ((size_t)s->size * e);
+  cm -= cm % align;
+  return cm ? cm : align;
+}
+
+static size_t displ_of(const loom_op *op, int r) {
+  size_t d = 0;
+  for (int j = 0; j < r; j++)
+    d += op->counts[j];
+  return d;
+}
+
+static size_t count_of(const loom_op *op, int r) {
+  return op->kind == LOOM_COMM_ALLGATHERV ? op->counts[r] : op->count;
+}
+
+static void setup(loom_shm *s, loom_op *op, shm_state *st) {
+  size_t e = loom_dtype_size(op->dtype);
+  size_t n = 0;
+  st->base = s->step;
+  st->parity = s->parity;
+  st->c = 0;
+  st->phase = 0;
+  switch (op->kind) {
+  case LOOM_COMM_ALLREDUCE:
+  case LOOM_COMM_REDUCE:
+  case LOOM_COMM_BROADCAST:
+    st->cm = s->slot / e;
+    n = op->count;
+    break;
+  case LOOM_COMM_ALLGATHER:
+  case LOOM_COMM_ALLGATHERV:
+    st->cm = s->slot / e;
+    st->maxc = 0;
+    for (int j = 0; j < s->size; j++)
+      if (count_of(op, j) > st->maxc)
+        st->maxc = count_of(op, j);
+    n = st->maxc;
+    break;
+  case LOOM_COMM_REDUCE_SCATTER:
+  case LOOM_COMM_ALLTOALL:
+    st->cm = piece_elems(s, e);
+    n = op->count;
+    break;
+  default: /* barrier */
+    st->cm = 1;
+    n = 0;
+    break;
+  }
+  st->K = n ? (n + st->cm - 1) / st->cm : 1;
+}
+
+/* All-reduce and reduce: copy in; reduce my segment of the chunk across all
+ * slots into my slot; copy every segment out. Two barriers per chunk. */
+static int run_allreduce(loom_shm *s, loom_op *op, shm_state *st, bool *moved) {
+  size_t e = loom_dtype_size(op->dtype);
+  int p = s->size, me = s->rank;
+  bool out = op->kind == LOOM_COMM_ALLREDUCE || me == op->root;
+  for (int budget = 0; budget < 64 && st->c < st->K; budget++) {
+    uint64_t par = st->parity + st->c;
+    size_t off = st->c * st->cm;
+    size_t m = op->count > off ? min_sz(st->cm, op->count - off) : 0;
+    size_t seg = round_up((m + (size_t)p - 1) / (size_t)p, 64 / e);
+    if (st->phase == 0) {
+      copy(slot_of(s, me, par), (const char *)op->send + off * e, m * e);
+      publish(s, st->base + 2 * st->c + 1);
+      st->phase = 1;
+      *moved = true;
+    }
+    if (st->phase == 1) {
+      st->wait = st->base + 2 * st->c + 1;
+      if (!all_reached(s, st->wait))
+        return 0;
+      size_t lo = min_sz((size_t)me * seg, m), hi = min_sz(lo + seg, m);
+      if (hi > lo) {
+        const void *in[LOOM_SHM_MAX_RANKS];
+        for (int j = 0; j < p; j++)
+          in[j] = slot_of(s, j, par) + lo * e;
+        loom_comm_reduce(slot_of(s, me, par) + lo * e, in, p, hi - lo,
+                         op->dtype, op->redop, p);
+      }
+      publish(s, st->base + 2 * st->c + 2);
+      st->phase = 2;
+      *moved = true;
+    }
+    st->wait = st->base + 2 * st->c + 2;
+    if (!all_reached(s, st->wait))
+      return 0;
+    if (out)
+      for (int j = 0; j < p; j++) {
+        size_t lo = min_sz((size_t)j * seg, m), hi = min_sz(lo + seg, m);
+        copy((char *)op->recv + (off + lo) * e, slot_of(s, j, par) + lo * e,
+             (hi - lo) * e);
+      }
+    st->c++;
+    st->phase = 0;
+    *moved = true;
+  }
+  return st->c == st->K;
+}
+
+/* Copies this rank's part of chunk c into its slot. */
+static void produce(loom_shm *s, loom_op *op, shm_state *st, uint64_t par) {
+  size_t e = loom_dtype_size(op->dtype);
+  int p = s->size, me = s->rank;
+  size_t off = st->c * st->cm;
+  char *dst = slot_of(s, me, par);
+  const char *src = op->send;
+  switch (op->kind) {
+  case LOOM_COMM_BROADCAST:
+    if (me == op->root) {
+      size_t m = op->count > off ? min_sz(st->cm, op->count - off) : 0;
+      copy(dst, src + off * e, m * e);
+      copy((char *)op->recv + off * e, src + off * e, m * e);
+    }
+    break;
+  case LOOM_COMM_ALLGATHER:
+  case LOOM_COMM_ALLGATHERV: {
+    size_t mine = count_of(op, me);
+    size_t m = mine > off ? min_sz(st->cm, mine - off) : 0;
+    size_t d = op->kind == LOOM_COMM_ALLGATHER ? (size_t)me * op->count
+                                               : displ_of(op, me);
+    copy(dst, src + off * e, m * e);
+    copy((char *)op->recv + (d + off) * e, src + off * e, m * e);
+    break;
+  }
+  case LOOM_COMM_REDUCE_SCATTER:
+  case LOOM_COMM_ALLTOALL: {
+    size_t m = op->count > off ? min_sz(st->cm, op->count - off) : 0;
+    for (int j = 0; j < p; j++)
+      copy(dst + (size_t)j * st->cm * e,
+           src + ((size_t)j * op->count + off) * e, m * e);
+    break;
+  }
+  default:
+    break;
+  }
+}
+
+/* Reads the other ranks' slots for chunk c into the output. */
+static void consume(loom_shm *s, loom_op *op, shm_state *st, uint64_t par) {
+  size_t e = loom_dtype_size(op->dtype);
+  int p = s->size, me = s->rank;
+  size_t off = st->c * st->cm;
+  char *out = op->recv;
+  switch (op->kind) {
+  case LOOM_COMM_BROADCAST:
+    if (me != op->root) {
+      size_t m = op->count > off ? min_sz(st->cm, op->count - off) : 0;
+      copy(out + off * e, slot_of(s, op->root, par), m * e);
+    }
+    break;
+  case LOOM_COMM_ALLGATHER:
+  case LOOM_COMM_ALLGATHERV: {
+    size_t d = 0;
+    for (int j = 0; j < p; j++) {
+      size_t cj = count_of(op, j);
+      size_t m = cj > off ? min_sz(st->cm, cj - off) : 0;
+      if (j != me)
+        copy(out + (d + off) * e, slot_of(s, j, par), m * e);
+      d += cj;
+    }
+    break;
+  }
+  case LOOM_COMM_REDUCE_SCATTER: {
+    size_t m = op->count > off ? min_sz(st->cm, op->count - off) : 0;
+    if (m) {
+      const void *in[LOOM_SHM_MAX_RANKS];
+      for (int j = 0; j < p; j++)
+        in[j] = slot_of(s, j, par) + (size_t)me * st->cm * e;
+      loom_comm_reduce(out + off * e, in, p, m, op->dtype, op->redop, p);
+    }
+    break;
+  }
+  case LOOM_COMM_ALLTOALL: {
+    size_t m = op->count > off ? min_sz(st->cm, op->count - off) : 0;
+    for (int j = 0; j < p; j++)
+      copy(out + ((size_t)j * op->count + off) * e,
+           slot_of(s, j, par) + (size_t)me * st->cm * e, m * e);
+    break;
+  }
+  default:
+    break;
+  }
+}
+
+/* Everything else: produce, one barrier, consume. The next chunk reuses the
+ * other slot, and the one after waits behind the barrier of the one in
+ * between, so nobody overwrites a slot another rank still reads. */
+static int run_blocked(loom_shm *s, loom_op *op, shm_state *st, bool *moved) {
+  for (int budget = 0; budget < 64 && st->c < st->K; budget++) {
+    uint64_t par = st->parity + st->c;
+    if (st->phase == 0) {
+      produce(s, op, st, par);
+      publish(s, st->base + st->c + 1);
+      st->phase = 1;
+      *moved = true;
+    }
+    st->wait = st->base + st->c + 1;
+    if (!all_reached(s, st->wait))
+      return 0;
+    consume(s, op, st, par);
+    st->c++;
+    st->phase = 0;
+    *moved = true;
+  }
+  return st->c == st->K;
+}
+
+int loom_shm_run(loom_shm *s, loom_op *op, bool *moved) {
+  shm_state *st = st_of(op);
+  if (!st->K)
+    setup(s, op, st);
+  int done = op->kind == LOOM_COMM_ALLREDUCE || op->kind == LOOM_COMM_REDUCE
+                 ? run_allreduce(s, op, st, moved)
+                 : run_blocked(s, op, st, moved);
+  if (done)
+    s->parity = st->parity + st->K;
+  return done;
+}

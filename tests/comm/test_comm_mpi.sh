@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs the multi-rank comm test through `loom run` with 1, 2, 3 and 4 ranks
+# (more ranks than cores is fine), on the shared-memory path, the plain MPI
+# path, with tiny pipeline chunks and without checks; then makes sure no
+# rank is left behind.
+set -u
+BIN=$1
+LOOM=${LOOM_BIN:?LOOM_BIN must name the loom executable}
+fail=0
+run() { # np [VAR=value...]
+  local np=$1
+  shift
+  echo "== loom run -n $np ($*)"
+  if ! env "$@" "$LOOM" run -n "$np" --timeout 100 "$BIN"; then
+    echo "FAILED: $np ranks $*"
+    fail=1
+  fi
+}
+for np in 1 2 3 4; do
+  run "$np" LOOM_COMM_SHM=1
+done
+run 2 LOOM_COMM_SHM=0
+run 3 LOOM_COMM_SHM=0
+run 3 LOOM_COMM_CHUNK=4096
+run 2 LOOM_COMM_CHECK=0
+sleep 0.3
+left=$(pgrep -f "^$BIN" | while read -r p; do
+  [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" = Z ] || echo "$p"; done)
+if [ -n "$left" ]; then
+  echo "FAILED: processes left behind: $left"
+  kill -9 $left 2>/dev/null
+  fail=1
+fi
+[ $fail = 0 ] && echo "comm_mpi: all runs passed"
+exit $fail

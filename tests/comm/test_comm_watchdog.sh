@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# A rank skips a collective: with LOOM_COMM_TIMEOUT=2 the other ranks'
+# watchdog must fire, name the operation and the missing rank, and end the
+# job with exit code 75 well before the test's timeout, leaving no process
+# behind. Three ways of knowing who is missing: the shared-memory board with
+# and without checks, and check headers over MPI.
+set -u
+BIN=$1
+LOOM=${LOOM_BIN:?LOOM_BIN must name the loom executable}
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+fail=0
+check() { # description, condition already evaluated as $?
+  if [ "$2" != 0 ]; then echo "FAILED: $1"; fail=1; fi
+}
+for mode in "LOOM_COMM_CHECK=1" "LOOM_COMM_CHECK=0" "LOOM_COMM_CHECK=1 LOOM_COMM_SHM=0"; do
+  echo "== $mode"
+  t0=$(date +%s.%N)
+  # shellcheck disable=SC2086
+  env $mode LOOM_COMM_TIMEOUT=2 "$LOOM" run -n 3 --timeout 60 "$BIN" >"$out" 2>&1
+  rc=$?
+  t1=$(date +%s.%N)
+  cat "$out"
+  secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b-a}')
+  echo "exit code $rc after $secs s"
+  [ "$rc" = 75 ]; check "$mode: exit code $rc, expected 75" $?
+  grep -q "watchdog: allreduce #2 (count 16, f32, sum)" "$out"; check "$mode: operation not named" $?
+  grep -q "ranks not arrived: 1$" "$out"; check "$mode: missing rank not named" $?
+  awk -v s="$secs" 'BEGIN{exit !(s < 30)}'; check "$mode: took $secs s" $?
+  sleep 0.5
+  left=$(pgrep -f "^$BIN" | while read -r p; do
+    [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" = Z ] || echo "$p"; done)
+  [ -z "$left" ]; check "$mode: processes left behind: $left" $?
+  [ -n "$left" ] && kill -9 $left 2>/dev/null
+done
+[ $fail = 0 ] && echo "comm_watchdog: all passed"
+exit $fail
