@@ -18,7 +18,7 @@ typedef struct gc {
   double atol, rtol;
   /* Piecewise-linear models (ReLU, max pooling): a coordinate whose step
    * crosses a kink has one-sided slopes that disagree; such coordinates are
-   * skipped, at most max_skip of each view. */
+   * skipped, at most max_skip of each view (or 2). */
   bool kinked;
   double max_skip;
   double l0; /* the objective at the unperturbed point */
@@ -146,7 +146,8 @@ __attribute__((unused)) static bool gc_skips_ok(gc *g, const char *what,
                                                 int64_t skipped, int64_t n) {
   if (skipped == 0)
     return true;
-  bool ok = (double)skipped <= g->max_skip * (double)n;
+  double cap = g->max_skip * (double)n;
+  bool ok = (double)skipped <= (cap > 2.0 ? cap : 2.0);
   fprintf(ok ? stdout : stderr,
           "    %s: %s: %lld of %lld coordinates skipped (a kink within h "
           "%g)%s\n",
