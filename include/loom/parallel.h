@@ -64,8 +64,8 @@ typedef struct loom_ddp_opts {
   /* Element type on the wire: LOOM_F32 (no compression), LOOM_BF16 or
    * LOOM_F16 (buckets converted before and after the all-reduce). */
   loom_dtype compress;
-  bool deterministic;   /* false */
-  int virtual_shards;   /* V (8); deterministic only */
+  bool deterministic; /* false */
+  int virtual_shards; /* V (8); deterministic only */
   /* Every rank's config hash and the model's layout hash are compared with
    * rank 0's at start; a difference is LOOM_ERR_MISMATCH naming the ranks.
    * check_config false skips the config (the layout is always checked). */
@@ -153,11 +153,11 @@ loom_status loom_ddp_sum_wait(loom_ddp *d, double *out);
 
 /* What communication cost, for profiles. */
 typedef struct loom_ddp_stats {
-  int64_t steps;       /* reducing steps so far */
-  int64_t buckets;     /* buckets per step */
-  int64_t wire_bytes;  /* bytes per rank per step given to all-reduces */
-  double reduce_s;     /* communication-thread time of the reductions */
-  double wait_s;       /* time the caller was blocked waiting for them */
+  int64_t steps;      /* reducing steps so far */
+  int64_t buckets;    /* buckets per step */
+  int64_t wire_bytes; /* bytes per rank per step given to all-reduces */
+  double reduce_s;    /* communication-thread time of the reductions */
+  double wait_s;      /* time the caller was blocked waiting for them */
   double last_reduce_s, last_wait_s; /* the same for the last step */
 } loom_ddp_stats;
 

@@ -27,14 +27,14 @@ struct loom_ddp {
   loom_model *model;
   loom_group *group;
   int rank, world;
-  int64_t n;         /* N */
-  float *grads;      /* (N) the model's own gradient buffer: the result */
+  int64_t n;    /* N */
+  float *grads; /* (N) the model's own gradient buffer: the result */
   int nbuckets;
   ddp_bucket *buckets;
   int *param_bucket; /* (nviews) bucket of each parameter */
   int next_launch;   /* buckets [0, next_launch) started this step */
   bool sync;
-  bool active;       /* a reducing step is under way (some bucket started) */
+  bool active; /* a reducing step is under way (some bucket started) */
 
   /* Deterministic mode. */
   int shard_first, shard_count; /* S local shards */
@@ -450,8 +450,8 @@ loom_status loom_ddp_sum_post(loom_ddp *d, const double *local, int k) {
   if (d->opts.deterministic)
     return loom_allgather(d->sum_send, d->sum_recv, (size_t)(rows * k),
                           LOOM_F64, d->group, &d->sum_req);
-  return loom_allreduce(d->sum_send, d->sum_recv, (size_t)k, LOOM_F64,
-                        LOOM_SUM, d->group, &d->sum_req);
+  return loom_allreduce(d->sum_send, d->sum_recv, (size_t)k, LOOM_F64, LOOM_SUM,
+                        d->group, &d->sum_req);
 }
 
 loom_status loom_ddp_sum_wait(loom_ddp *d, double *out) {
@@ -508,8 +508,8 @@ static loom_status make_buckets(loom_ddp *d) {
     return LOOM_ERR_NOMEM;
   const double mib = 1024.0 * 1024.0 / sizeof(float);
   double cap = d->opts.bucket_mb > 0 ? d->opts.bucket_mb * mib : INFINITY;
-  double first = d->opts.first_bucket_mb > 0 ? d->opts.first_bucket_mb * mib
-                                              : cap;
+  double first =
+      d->opts.first_bucket_mb > 0 ? d->opts.first_bucket_mb * mib : cap;
   int nb = 0;
   int64_t size = 0;
   /* Reverse parameter order: the order in which backward finalises them. A
@@ -578,8 +578,7 @@ static int differing(const uint64_t *all, int world, int w, char *buf,
     while (e + 1 < world && all[(e + 1) * 4 + w] != all[w])
       e++;
     if (len < n)
-      len += (size_t)snprintf(buf + len, n - len, "%s%d", count ? ", " : "",
-                              r);
+      len += (size_t)snprintf(buf + len, n - len, "%s%d", count ? ", " : "", r);
     if (e > r && len < n)
       len += (size_t)snprintf(buf + len, n - len, "-%d", e);
     count += e - r + 1;
@@ -741,8 +740,7 @@ loom_status loom_ddp_new(loom_ddp **out, loom_model *model, loom_group *g,
   if (d->opts.broadcast && d->world > 1) {
     float *p = loom_model_params(model);
     loom_req r = LOOM_REQ_INIT;
-    LOOM_TRY_GOTO(s,
-                  loom_broadcast(p, p, (size_t)d->n, LOOM_F32, 0, g, &r),
+    LOOM_TRY_GOTO(s, loom_broadcast(p, p, (size_t)d->n, LOOM_F32, 0, g, &r),
                   fail);
     s = loom_wait(&r);
     if (s != LOOM_OK) {

@@ -22,7 +22,7 @@ static const char *const w_names[W_COUNT] = {"mlp", "cnn", "gpt"};
 #define W_CLASSES 10
 
 __attribute__((unused)) static loom_status w_model(w_kind k, uint64_t seed,
-                                                  loom_model **out) {
+                                                   loom_model **out) {
   loom_model_opts mo = loom_model_opts_default();
   mo.seed = seed;
   switch (k) {
@@ -61,10 +61,8 @@ __attribute__((unused)) static loom_status w_model(w_kind k, uint64_t seed,
   }
 }
 
-__attribute__((unused)) static loom_status w_optim(w_kind k,
-                                                  const loom_model *m,
-                                                  loom_optim **out,
-                                                  float *lr) {
+__attribute__((unused)) static loom_status
+w_optim(w_kind k, const loom_model *m, loom_optim **out, float *lr) {
   loom_optim_opts oo = loom_optim_opts_default();
   if (k == W_GPT) {
     oo.kind = LOOM_OPTIM_ADAMW;
@@ -94,9 +92,8 @@ typedef struct w_batch {
   int32_t yy[4096];
 } w_batch;
 
-__attribute__((unused)) static void w_fill(w_kind k, uint64_t seed,
-                                          int64_t first, int64_t n,
-                                          w_batch *b) {
+__attribute__((unused)) static void
+w_fill(w_kind k, uint64_t seed, int64_t first, int64_t n, w_batch *b) {
   b->n = n;
   b->y = b->yy;
   for (int64_t r = 0; r < n; r++) {
@@ -137,12 +134,9 @@ __attribute__((unused)) static void w_fill(w_kind k, uint64_t seed,
 
 /* Forward, loss, backward (adding into the gradients) with the loss scaled
  * by `scale`; *loss_sum and *count (may be NULL) get the loss statistics. */
-__attribute__((unused)) static loom_status w_micro(loom_model *m,
-                                                  loom_xent *x,
-                                                  const w_batch *b,
-                                                  float scale,
-                                                  double *loss_sum,
-                                                  int64_t *count) {
+__attribute__((unused)) static loom_status
+w_micro(loom_model *m, loom_xent *x, const w_batch *b, float scale,
+        double *loss_sum, int64_t *count) {
   loom_tensor logits, dl;
   loom_xent_stats st;
   LOOM_TRY(loom_model_forward(m, &b->x, &logits));
@@ -160,7 +154,7 @@ __attribute__((unused)) static loom_status w_micro(loom_model *m,
 /* max |a - b| / max |b|: a relative distance between two parameter sets
  * that individual near-zero elements do not dominate. */
 __attribute__((unused)) static double w_reldiff(const float *a, const float *b,
-                                               int64_t n) {
+                                                int64_t n) {
   double md = 0, mb = 0;
   for (int64_t i = 0; i < n; i++) {
     double d = fabs((double)a[i] - (double)b[i]);

@@ -83,8 +83,8 @@ TT_TEST(one_rank_equals_plain) {
       TT_CHECK_OK(loom_ddp_step(d, oa, lr));
       loom_model_zero_grad(r);
       TT_CHECK_OK(w_micro(r, x, &b, 1.0f, NULL, NULL));
-      TT_CHECK_OK(loom_optim_step(orf, loom_model_params(r),
-                                  loom_model_grads(r), lr));
+      TT_CHECK_OK(
+          loom_optim_step(orf, loom_model_params(r), loom_model_grads(r), lr));
     }
     int64_t n = loom_model_num_params(a);
     TT_CHECK(memcmp(loom_model_params(a), loom_model_params(r),

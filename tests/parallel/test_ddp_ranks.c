@@ -74,8 +74,8 @@ static void equivalence(w_kind k, int acc, loom_dtype compress, double tol) {
       w_fill(k, 11, ((int64_t)s * acc + m) * gb, gb, &bt);
       TT_REQUIRE_OK(w_micro(r, x, &bt, 1.0f / (float)acc, NULL, NULL));
     }
-    TT_REQUIRE_OK(loom_optim_step(orf, loom_model_params(r),
-                                  loom_model_grads(r), lr));
+    TT_REQUIRE_OK(
+        loom_optim_step(orf, loom_model_params(r), loom_model_grads(r), lr));
   }
   const float *pa = loom_model_params(a), *pr = loom_model_params(r);
   double rd = w_reldiff(pa, pr, n);
@@ -283,8 +283,8 @@ TT_TEST(uneven_inputs_join) {
       w_fill(W_MLP, 17, ((int64_t)s * nranks + q) * B, B, &bt);
       TT_REQUIRE_OK(w_micro(r, x, &bt, 1.0f / (float)active, NULL, NULL));
     }
-    TT_REQUIRE_OK(loom_optim_step(orf, loom_model_params(r),
-                                  loom_model_grads(r), lr));
+    TT_REQUIRE_OK(
+        loom_optim_step(orf, loom_model_params(r), loom_model_grads(r), lr));
   }
   TT_CHECK_EQ(steps, 6);
   int64_t n = loom_model_num_params(a);
