@@ -95,8 +95,8 @@ out=$("$LOOM" run -n 2 --max-restarts 3 --restart-delay 0 sh -c '[ "$LOOM_RESTAR
 # loom bench comm prints the table, every element right, loom and MPI.
 for np in 1 3; do
   out=$("$LOOM" run -n $np "$LOOM" bench comm --op all --dtype bf16 --sizes 4K,1M --iters 2 --warmup 1 2>&1); rc=$?
-  rows=$(echo "$out" | grep -vc '^#')
-  wrong=$(echo "$out" | grep -v '^#' | awk -F'|' '{split($2,a," "); split($3,b," "); if (a[4] != 0 || (NF > 3 && b[4] != 0)) print}')
+  rows=$(echo "$out" | grep -cE '^ +[0-9]+ +[0-9]+ .*\|')
+  wrong=$(echo "$out" | grep -E '^ +[0-9]+ +[0-9]+ .*\|' | awk -F'|' '{split($2,a," "); split($3,b," "); if (a[4] != 0 || (NF > 3 && b[4] != 0)) print}')
   if [ $rc = 0 ] && [ "$rows" = 10 ] && [ -z "$wrong" ]; then ok "bench comm -n $np: $rows rows, none wrong"
   else bad "bench comm -n $np: rc $rc rows $rows"; echo "$out"; fi
 done
