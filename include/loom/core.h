@@ -202,6 +202,11 @@ typedef struct loom_rng {
   uint64_t seed;
   uint64_t stream;
   uint64_t counter;
+  /* The last Philox block computed (4 draws), so sequential draws cost one
+   * block per 4 values. Valid only for the (seed, stream, block + 1) it was
+   * made for: a zeroed struct or a changed seed or stream misses it. */
+  uint64_t cache_seed, cache_stream, cache_key;
+  uint32_t cache[4];
 } loom_rng;
 
 loom_rng loom_rng_init(uint64_t seed, uint64_t stream);

@@ -33,7 +33,7 @@ void loom_philox4x32(const uint32_t ctr[4], const uint32_t key[2],
 }
 
 loom_rng loom_rng_init(uint64_t seed, uint64_t stream) {
-  loom_rng r = {seed, stream, 0};
+  loom_rng r = {seed, stream, 0, 0, 0, 0, {0, 0, 0, 0}};
   return r;
 }
 
@@ -41,12 +41,17 @@ void loom_rng_seek(loom_rng *r, uint64_t counter) { r->counter = counter; }
 
 uint32_t loom_rng_u32(loom_rng *r) {
   uint64_t block = r->counter >> 2;
-  uint32_t ctr[4] = {(uint32_t)block, (uint32_t)(block >> 32),
-                     (uint32_t)r->stream, (uint32_t)(r->stream >> 32)};
-  uint32_t key[2] = {(uint32_t)r->seed, (uint32_t)(r->seed >> 32)};
-  uint32_t out[4];
-  loom_philox4x32(ctr, key, out);
-  uint32_t v = out[r->counter & 3];
+  if (r->cache_key != block + 1 || r->cache_seed != r->seed ||
+      r->cache_stream != r->stream) {
+    uint32_t ctr[4] = {(uint32_t)block, (uint32_t)(block >> 32),
+                       (uint32_t)r->stream, (uint32_t)(r->stream >> 32)};
+    uint32_t key[2] = {(uint32_t)r->seed, (uint32_t)(r->seed >> 32)};
+    loom_philox4x32(ctr, key, r->cache);
+    r->cache_key = block + 1;
+    r->cache_seed = r->seed;
+    r->cache_stream = r->stream;
+  }
+  uint32_t v = r->cache[r->counter & 3];
   r->counter++;
   return v;
 }

@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -72,7 +73,37 @@ static void crc_init(void) {
                         crc_table[0][crc_table[t - 1][i] & 0xff];
 }
 
+#if defined(__x86_64__)
+/* SSE4.2's crc32 instruction computes CRC32C: 8 bytes per instruction, about
+ * 3x the table version (checkpoint saves and loads are bound by it). */
+__attribute__((target("sse4.2"))) static uint32_t
+crc32c_hw(uint32_t crc, const unsigned char *p, size_t n) {
+  uint64_t c = ~crc;
+  while (n >= 8) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    c = __builtin_ia32_crc32di(c, v);
+    p += 8;
+    n -= 8;
+  }
+  uint32_t c32 = (uint32_t)c;
+  while (n--)
+    c32 = __builtin_ia32_crc32qi(c32, *p++);
+  return ~c32;
+}
+#endif
+
+static uint32_t crc32c_sw(uint32_t crc, const void *data, size_t n);
+
 uint32_t loom_crc32c(uint32_t crc, const void *data, size_t n) {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("sse4.2"))
+    return crc32c_hw(crc, data, n);
+#endif
+  return crc32c_sw(crc, data, n);
+}
+
+static uint32_t crc32c_sw(uint32_t crc, const void *data, size_t n) {
   pthread_once(&crc_once, crc_init);
   const unsigned char *p = data;
   crc = ~crc;

@@ -126,7 +126,8 @@ static loom_ckpt_meta make_meta(int64_t step, const loom_param *views, int nv) {
   m.lr = 0.1 + 1e-17 * (double)step; /* bitwise check of doubles */
   m.loss_scale = 65536.0;
   snprintf(rngs[0].name, sizeof rngs[0].name, "dropout");
-  rngs[0].state = (loom_rng){0xffffffffffffffffULL, 3, 123456789012345ULL};
+  rngs[0].state = loom_rng_init(0xffffffffffffffffULL, 3);
+  loom_rng_seek(&rngs[0].state, 123456789012345ULL);
   snprintf(rngs[1].name, sizeof rngs[1].name, "data");
   rngs[1].state = loom_rng_init(42, 9);
   m.rngs = rngs;
