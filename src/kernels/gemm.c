@@ -24,8 +24,6 @@ _Static_assert(sizeof backend_names / sizeof backend_names[0] ==
 
 static atomic_int g_backend = -1; /* -1: not decided yet */
 static atomic_int g_det = -1;
-/* Threads OpenBLAS was last told to use (0: never told). */
-static atomic_int g_ob_threads;
 
 const char *loom_gemm_backend_name(loom_gemm_backend b) {
   if ((int)b < 0 || b >= LOOM_GEMM_BACKEND_COUNT)
@@ -108,12 +106,10 @@ bool loom_gemm_get_deterministic(void) {
 
 /* OpenBLAS (the pthreads build) keeps its own pool: hold it to n threads,
  * and to 1 whenever OpenMP threads call it, so the two never oversubscribe
- * the cores. */
+ * the cores. Asked each time, not cached: a program may also set it. */
 static void ob_set_threads(int n) {
-  if (atomic_load(&g_ob_threads) != n) {
+  if (openblas_get_num_threads() != n)
     openblas_set_num_threads(n);
-    atomic_store(&g_ob_threads, n);
-  }
 }
 
 /* ------------------------------------------------------------- reference */

@@ -136,4 +136,24 @@ void loom_kern_gemm_serial(bool trans_a, bool trans_b, int M, int N, int K,
                            const float *B, int ldb, float beta, float *C,
                            int ldc);
 
+/* ---- convolution */
+
+/* Most chunks a convolution's batch is cut into: the parallelism a
+ * convolution offers, and what its scratch is sized for. */
+#define LOOM_CONV_SLOTS 16
+
+/* oneDNN convolution primitives (conv_dnnl.c): the scratch floats they need
+ * for these dims (0 when oneDNN is not built in or cannot do the shape), and
+ * forward/backward with loom_conv2d_*'s contract, minus the bias gradient.
+ * LOOM_ERR_UNSUPPORTED (with no message) means: use im2col. */
+int64_t loom_kern_conv_dnnl_floats(const loom_conv2d_dims *d);
+loom_status loom_kern_conv_dnnl_forward(float *out, float *col,
+                                        const float *inp, const float *weight,
+                                        const float *bias,
+                                        const loom_conv2d_dims *d);
+loom_status loom_kern_conv_dnnl_backward(float *dinp, float *dweight,
+                                         float *col, const float *dout,
+                                         const float *inp, const float *weight,
+                                         const loom_conv2d_dims *d);
+
 #endif /* LOOM_KERNELS_INTERNAL_H */

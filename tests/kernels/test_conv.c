@@ -1,7 +1,8 @@
 /* Convolution against the direct reference (forward) and a per-element
  * reference in double (backward), over strides, paddings, odd sizes, one
  * and many images per chunk and more chunks than slots, for every GEMM
- * backend. */
+ * backend. CTest runs it three times: LOOM_CONV unset (auto), =im2col and
+ * =dnnl, so both engines see every shape. */
 #include <stdlib.h>
 
 #include "kt.h"
@@ -16,6 +17,11 @@ static const int shapes[][9] = {
     {37, 2, 4, 4, 3, 2, 2, 2, 0},   /* one chunk of every image */
     {70, 2, 6, 6, 3, 3, 3, 1, 0},   /* chunks of 16, the last one short */
     {3, 1, 28, 28, 4, 5, 5, 1, 0},  /* the CNN's first layer, fewer maps */
+    /* C >= 4: oneDNN's primitives under the dnnl backend */
+    {5, 4, 7, 7, 6, 3, 3, 1, 1},    {3, 16, 6, 5, 8, 3, 2, 2, 0},
+    {33, 8, 5, 5, 4, 2, 2, 1, 0},   /* 11 chunks of 3 */
+    {17, 6, 4, 4, 3, 1, 1, 1, 0},   /* 9 chunks, the last of 1 image */
+    {18, 5, 9, 9, 7, 5, 5, 2, 2},   {2, 32, 12, 12, 16, 5, 5, 1, 0},
 };
 #define NSHAPES (int)(sizeof shapes / sizeof shapes[0])
 

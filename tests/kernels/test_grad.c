@@ -207,7 +207,8 @@ static double conv_loss(void *p) {
 
 TT_TEST(grad_conv2d) {
   const loom_conv2d_dims dims[] = {{3, 2, 7, 6, 4, 3, 3, 2, 1},
-                                   {2, 3, 5, 5, 2, 2, 3, 1, 0}};
+                                   {2, 3, 5, 5, 2, 2, 3, 1, 0},
+                                   {3, 6, 5, 6, 3, 3, 3, 1, 1}}; /* oneDNN */
   for (size_t k = 0; k < sizeof dims / sizeof dims[0]; k++) {
     const loom_conv2d_dims d = dims[k];
     const size_t nx = (size_t)d.N * d.C * d.H * d.W;
