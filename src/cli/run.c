@@ -222,7 +222,21 @@ static int parse_args(int argc, char **argv, run_opts *o) {
 typedef struct host_slots {
   int n;
   int slots[MAX_HOSTS];
+  char *names; /* "h1:s1,h2:s2": the list in hydra's -hosts form */
 } host_slots;
+
+/* Appends "name:slots" to hs->names. */
+static int add_host(host_slots *hs, const char *name, size_t len, int slots) {
+  size_t old = hs->names ? strlen(hs->names) : 0;
+  char *n = realloc(hs->names, old + len + 24);
+  if (!n)
+    return -1;
+  hs->names = n;
+  snprintf(n + old, len + 24, "%s%.*s:%d", old ? "," : "", (int)len, name,
+           slots);
+  hs->slots[hs->n++] = slots;
+  return 0;
+}
 
 /* "h1:2,h2,h3:4" -> slots per host (1 when not given). */
 static int parse_hosts(const char *s, host_slots *hs) {
@@ -244,8 +258,8 @@ static int parse_hosts(const char *s, host_slots *hs) {
       if (parse_int(num, "host slots", 1, &slots))
         return -1;
     }
-    if (len)
-      hs->slots[hs->n++] = slots;
+    if (len && add_host(hs, p, colon ? (size_t)(colon - p) : len, slots))
+      return -1;
     p = end ? end + 1 : p + len;
   }
   if (hs->n == 0) {
@@ -280,7 +294,11 @@ static int read_hostfile(const char *path, host_slots *hs) {
       slots = atoi(sl + 6);
     else if (colon)
       slots = atoi(colon + 1);
-    hs->slots[hs->n++] = slots > 0 ? slots : 1;
+    size_t len = colon ? (size_t)(colon - host) : strlen(host);
+    if (add_host(hs, host, len, slots > 0 ? slots : 1)) {
+      fclose(f);
+      return -1;
+    }
   }
   fclose(f);
   if (hs->n == 0) {
@@ -391,8 +409,10 @@ static void argv_free(argv_buf *a) {
  * ours (children inherit it). */
 static int build_plan(const run_opts *o, int attempt, argv_buf *cmd,
                       launcher *used) {
+  static host_slots hs;
+  free(hs.names);
+  memset(&hs, 0, sizeof hs);
   bool in_slurm = getenv("SLURM_JOB_ID") != NULL;
-  host_slots hs = {0};
   bool have_hosts = false;
   if (o->hosts) {
     if (parse_hosts(o->hosts, &hs))
@@ -478,14 +498,13 @@ static int build_plan(const run_opts *o, int attempt, argv_buf *cmd,
         impl == MPI_MPICH || strstr(mr, "mpich") || strstr(mr, "hydra");
     push(cmd, mr);
     if (hydra) {
+      /* Hydra binds nothing and passes the environment by default; its
+       * hostfile syntax differs from Open MPI's, so hosts go as a list. */
       push(cmd, "-n");
       push(cmd, buf);
-      if (o->hosts) {
+      if (have_hosts) {
         push(cmd, "-hosts");
-        push(cmd, o->hosts);
-      } else if (o->hostfile) {
-        push(cmd, "-f");
-        push(cmd, o->hostfile);
+        push(cmd, hs.names);
       }
       break;
     }

@@ -636,12 +636,21 @@ static int mpi_progress(loom_group *g, loom_op *op, bool *moved, bool *poll) {
       return 1;
     return data_start(g, op);
   case PH_CHECK_MPI: {
-    int flag = 0;
+    /* One MPI_Test each (not MPI_Testall): completed receives become
+     * MPI_REQUEST_NULL, which tells the watchdog who has arrived. */
+    bool all = true;
     *poll = true;
-    int rc = MPI_Testall(2 * g->size, mg->creqs, &flag, MPI_STATUSES_IGNORE);
-    if (rc != MPI_SUCCESS)
-      return fail_mpi(op, rc, "check header");
-    if (!flag)
+    for (int i = 0; i < 2 * g->size; i++) {
+      if (mg->creqs[i] == MPI_REQUEST_NULL)
+        continue;
+      int flag = 0;
+      int rc = MPI_Test(&mg->creqs[i], &flag, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS)
+        return fail_mpi(op, rc, "check header");
+      if (!flag)
+        all = false;
+    }
+    if (!all)
       return 0;
     *moved = true;
     mg->descs[g->rank] = mg->mine;
@@ -703,13 +712,7 @@ static void mpi_stuck(loom_group *g, loom_op *op, char *buf, size_t n) {
       for (int j = 0; j < g->size; j++) {
         if (j == g->rank)
           continue;
-        int done = 0;
-        MPI_Request *rr = &mg->creqs[2 * j];
-        if (*rr != MPI_REQUEST_NULL)
-          MPI_Test(rr, &done, MPI_STATUS_IGNORE);
-        else
-          done = 1;
-        flag[j] = !done;
+        flag[j] = mg->creqs[2 * j] != MPI_REQUEST_NULL;
       }
       char list[160];
       loom_comm_rank_list(flag, g->size, list, sizeof list);
@@ -725,6 +728,17 @@ static void mpi_stuck(loom_group *g, loom_op *op, char *buf, size_t n) {
     return;
   }
   snprintf(buf, n, "stalled");
+}
+
+static bool mpi_sleep(loom_group *g, loom_op *op, double seconds) {
+  mpi_group *mg = g->bg;
+  if (!mg || !mg->shm || (op->phase != PH_SHM && op->phase != PH_CHECK_SHM))
+    return false;
+  loom_comm_ctx *ctx = g->ctx;
+  atomic_store(&ctx->sleep_bell, loom_shm_bell(mg->shm));
+  loom_shm_sleep(mg->shm, seconds, &ctx->queued, ctx->q_seen);
+  atomic_store(&ctx->sleep_bell, NULL);
+  return true;
 }
 
 static void mpi_abort(loom_comm_ctx *ctx, int code) {
@@ -749,6 +763,7 @@ const loom_backend loom_backend_mpi = {
     .stuck = mpi_stuck,
     .abort = mpi_abort,
     .native = mpi_native,
+    .sleep = mpi_sleep,
 };
 
 #else /* !LOOM_HAVE_MPI */

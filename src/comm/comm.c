@@ -252,10 +252,24 @@ static void nap(long ns) {
   nanosleep(&ts, NULL);
 }
 
+/* Wakes the thread wherever it waits: on its condition variable (nothing
+ * in flight) or on a shared-memory bell (peers late). */
+static void kick(loom_comm_ctx *ctx) {
+  atomic_uint *b = atomic_load(&ctx->sleep_bell);
+  if (b)
+    loom_shm_ring(b);
+}
+
+/* Spins before sleeping in the kernel: a peer finishing its copy of a
+ * chunk takes microseconds, a futex round trip about as long. */
+#define SPIN_RELAX 64
+#define SPIN_YIELD 256
+
 static void run_loop(loom_comm_ctx *ctx) {
   long idle = 0;
   for (;;) {
     pthread_mutex_lock(&ctx->mu);
+    ctx->q_seen = atomic_load(&ctx->queued);
     if (ctx->q_head) {
       if (ctx->fl_tail)
         ctx->fl_tail->next = ctx->q_head;
@@ -284,9 +298,24 @@ static void run_loop(loom_comm_ctx *ctx) {
       continue;
     }
     /* Nothing moved: spin briefly, then give the core away (at once when
-     * ranks outnumber cores), then nap when only peers can make progress. */
+     * ranks outnumber cores), then sleep until a peer publishes (or nap
+     * when the backend cannot sleep that way). MPI requests in flight
+     * (poll) need MPI_Test calls to move: yield, never sleep. */
     idle++;
-    if (ctx->oversubscribed || idle > 32)
+    loom_op *first = ctx->fl_head;
+    bool oversub = ctx->oversubscribed;
+    if (!poll && first && first->started && ctx->be->sleep &&
+        idle > (oversub ? 4 : SPIN_YIELD)) {
+      double left =
+          ctx->opts.timeout_s > 0 ? first->deadline - loom_time_now() : 0.05;
+      if (left > 0.05)
+        left = 0.05;
+      if (left < 0)
+        left = 0;
+      if (ctx->be->sleep(first->group, first, left))
+        continue;
+    }
+    if (oversub || idle > SPIN_RELAX)
       sched_yield();
     else
       cpu_relax();
@@ -326,8 +355,10 @@ static void stop_thread(loom_comm_ctx *ctx, bool now) {
   pthread_mutex_lock(&ctx->mu);
   ctx->stop = true;
   ctx->stop_now = now;
+  atomic_fetch_add(&ctx->queued, 1);
   pthread_cond_signal(&ctx->cv);
   pthread_mutex_unlock(&ctx->mu);
+  kick(ctx);
   pthread_join(ctx->thread, NULL);
 }
 
@@ -397,6 +428,8 @@ loom_status loom_group_world(const loom_comm_opts *opts, loom_group **out) {
   atomic_init(&ctx->abort_code, -1);
   atomic_init(&ctx->abort_done, 0);
   atomic_init(&ctx->waiters, 0);
+  atomic_init(&ctx->queued, 0);
+  atomic_init(&ctx->sleep_bell, NULL);
   pthread_mutex_init(&ctx->mu, NULL);
   pthread_cond_init(&ctx->cv, NULL);
   pthread_mutex_init(&ctx->done_mu, NULL);
@@ -485,9 +518,11 @@ static loom_status enqueue(loom_op *op) {
   else
     ctx->q_head = op;
   ctx->q_tail = op;
+  atomic_fetch_add(&ctx->queued, 1);
   if (ctx->sleeping)
     pthread_cond_signal(&ctx->cv);
   pthread_mutex_unlock(&ctx->mu);
+  kick(ctx);
   return LOOM_OK;
 }
 
@@ -888,8 +923,10 @@ void loom_group_abort(loom_group *g, int code) {
   atomic_store(&ctx->abort_done, 0);
   atomic_store(&ctx->abort_code, code < 0 ? 1 : code);
   pthread_mutex_lock(&ctx->mu);
+  atomic_fetch_add(&ctx->queued, 1);
   pthread_cond_signal(&ctx->cv);
   pthread_mutex_unlock(&ctx->mu);
+  kick(ctx);
   /* With a job to kill this never returns; the self backend only marks the
    * world broken. */
   while (!atomic_load(&ctx->abort_done))

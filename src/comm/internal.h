@@ -105,6 +105,10 @@ struct loom_backend {
   /* Kills the whole job; may return (self). */
   void (*abort)(loom_comm_ctx *ctx, int code);
   void *(*native)(loom_group *g);
+  /* Optional: blocks up to `seconds` until op can move, publishing in
+   * ctx->sleep_bell the word that wakes it. Returns false when it cannot
+   * wait that way (then the thread naps). */
+  bool (*sleep)(loom_group *g, loom_op *op, double seconds);
 };
 
 extern const loom_backend loom_backend_self;
@@ -137,6 +141,10 @@ struct loom_comm_ctx {
   pthread_mutex_t done_mu;
   pthread_cond_t done_cv;
   atomic_int waiters;
+
+  _Atomic(atomic_uint *) sleep_bell; /* set while the thread sleeps there */
+  atomic_uint queued;                /* kicks: operations queued, stops */
+  unsigned q_seen; /* comm thread: `queued` when it last looked */
 
   atomic_int abort_code; /* -1: none requested */
   atomic_int abort_done;
@@ -180,6 +188,14 @@ bool loom_shm_supports(loom_comm_op kind);
 void loom_shm_enter(loom_shm *s, loom_op *op, const loom_comm_desc *d);
 int loom_shm_check(loom_shm *s, loom_group *g, loom_op *op);
 int loom_shm_run(loom_shm *s, loom_op *op, bool *moved);
+/* Sleeps in the kernel until a peer publishes what the last unfinished
+ * operation waits for, the bell is rung, or `seconds` pass; not at all when
+ * *queued moved past `seen` (new work). */
+bool loom_shm_sleep(loom_shm *s, double seconds, const atomic_uint *queued,
+                    unsigned seen);
+/* This rank's bell: ringing it wakes loom_shm_sleep (new work queued). */
+atomic_uint *loom_shm_bell(loom_shm *s);
+void loom_shm_ring(atomic_uint *bell);
 void loom_shm_stuck(loom_shm *s, loom_op *op, char *buf, size_t n);
 
 #endif /* LOOM_COMM_INTERNAL_H */

@@ -11,9 +11,13 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #define SHM_RING 4 /* descriptions kept per rank (check mode) */
@@ -24,6 +28,11 @@ typedef struct shm_rank {
   _Alignas(64) _Atomic uint64_t step;    /* pipeline barrier counter */
   _Alignas(64) _Atomic uint64_t entered; /* last collective sequence begun */
   loom_comm_desc desc[SHM_RING];         /* desc[seq % SHM_RING] */
+  /* A rank whose peers are late sleeps in the kernel on its bell (a futex
+   * word) instead of spinning on a core that its own compute thread needs;
+   * whoever publishes rings the bells of the sleepers. */
+  _Alignas(64) _Atomic uint32_t bell;
+  _Atomic uint32_t sleeping;
 } shm_rank;
 
 struct loom_shm {
@@ -36,6 +45,9 @@ struct loom_shm {
   uint64_t step;         /* last step this rank published */
   uint64_t parity;       /* chunks done: selects the slot of the next one */
   loom_comm_desc *descs; /* [P] scratch for the check */
+  /* What this rank waits for when an operation returns unfinished. */
+  enum { WAIT_NONE, WAIT_STEP, WAIT_ENTERED } wait_kind;
+  uint64_t wait_value;
 };
 
 /* Progress of one operation, kept in op->bstate. */
@@ -135,17 +147,39 @@ bool loom_shm_supports(loom_comm_op kind) {
 
 /* ----------------------------------------------------------- the board */
 
+static long futex(_Atomic uint32_t *addr, int op, uint32_t val,
+                  const struct timespec *ts) {
+  return syscall(SYS_futex, (uint32_t *)addr, op, val, ts, NULL, 0);
+}
+
+/* After a publication (sequentially consistent store): wake the peers that
+ * sleep. Their `sleeping` flag is set before they re-check, so either they
+ * see the new value or we see the flag. */
+static void ring_sleepers(loom_shm *s) {
+  for (int j = 0; j < s->size; j++) {
+    shm_rank *h = &s->hdr[j];
+    if (j != s->rank && atomic_load(&h->sleeping)) {
+      atomic_fetch_add(&h->bell, 1);
+      futex(&h->bell, FUTEX_WAKE, INT_MAX, NULL);
+    }
+  }
+}
+
 void loom_shm_enter(loom_shm *s, loom_op *op, const loom_comm_desc *d) {
   shm_rank *me = &s->hdr[s->rank];
   me->desc[op->seq % SHM_RING] = *d;
-  atomic_store_explicit(&me->entered, op->seq, memory_order_release);
+  atomic_store(&me->entered, op->seq);
+  ring_sleepers(s);
 }
 
 int loom_shm_check(loom_shm *s, loom_group *g, loom_op *op) {
+  s->wait_kind = WAIT_ENTERED;
+  s->wait_value = op->seq;
   for (int j = 0; j < s->size; j++)
     if (atomic_load_explicit(&s->hdr[j].entered, memory_order_acquire) <
         op->seq)
       return 0;
+  s->wait_kind = WAIT_NONE;
   for (int j = 0; j < s->size; j++)
     s->descs[j] = s->hdr[j].desc[op->seq % SHM_RING];
   loom_comm_check_descs(g, op, s->descs, s->size);
@@ -154,14 +188,63 @@ int loom_shm_check(loom_shm *s, loom_group *g, loom_op *op) {
 
 static void publish(loom_shm *s, uint64_t v) {
   s->step = v;
-  atomic_store_explicit(&s->hdr[s->rank].step, v, memory_order_release);
+  atomic_store(&s->hdr[s->rank].step, v);
+  ring_sleepers(s);
 }
 
 static bool all_reached(loom_shm *s, uint64_t v) {
   for (int j = 0; j < s->size; j++)
-    if (atomic_load_explicit(&s->hdr[j].step, memory_order_acquire) < v)
+    if (atomic_load_explicit(&s->hdr[j].step, memory_order_acquire) < v) {
+      s->wait_kind = WAIT_STEP;
+      s->wait_value = v;
       return false;
+    }
+  s->wait_kind = WAIT_NONE;
   return true;
+}
+
+static bool wait_over(loom_shm *s) {
+  switch (s->wait_kind) {
+  case WAIT_STEP:
+    for (int j = 0; j < s->size; j++)
+      if (atomic_load(&s->hdr[j].step) < s->wait_value)
+        return false;
+    return true;
+  case WAIT_ENTERED:
+    for (int j = 0; j < s->size; j++)
+      if (atomic_load(&s->hdr[j].entered) < s->wait_value)
+        return false;
+    return true;
+  default:
+    return true;
+  }
+}
+
+void loom_shm_ring(atomic_uint *bell) {
+  atomic_fetch_add(bell, 1);
+  futex((_Atomic uint32_t *)bell, FUTEX_WAKE, INT_MAX, NULL);
+}
+
+atomic_uint *loom_shm_bell(loom_shm *s) {
+  return (atomic_uint *)&s->hdr[s->rank].bell;
+}
+
+bool loom_shm_sleep(loom_shm *s, double seconds, const atomic_uint *queued,
+                    unsigned seen) {
+  shm_rank *me = &s->hdr[s->rank];
+  atomic_store(&me->sleeping, 1);
+  /* The bell is read before both checks: a ring after this read changes it
+   * and the futex returns at once. */
+  uint32_t v = atomic_load(&me->bell);
+  bool slept = false;
+  if (atomic_load(queued) == seen && !wait_over(s)) {
+    struct timespec ts = {(time_t)seconds,
+                          (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    futex(&me->bell, FUTEX_WAIT, v, &ts);
+    slept = true;
+  }
+  atomic_store(&me->sleeping, 0);
+  return slept;
 }
 
 void loom_shm_stuck(loom_shm *s, loom_op *op, char *buf, size_t n) {

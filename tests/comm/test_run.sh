@@ -14,6 +14,10 @@ expect_rc() { # description expected actual
   if [ "$2" = "$3" ]; then ok "$1 (rc $3)"; else bad "$1: rc $3, expected $2"; fi
 }
 cores=$(nproc)
+# MPICH's hydra reports a killed rank as the raw signal number (racy, as
+# measured in shared/infra), Open MPI as 128 + signal.
+hydra=0
+"$LOOM" run --dry-run -n 2 prog | grep -q "mpiexec" && hydra=1
 t2=$(( cores / 2 )); [ $t2 -lt 1 ] && t2=1
 
 "$LOOM" run -n 2 true; expect_rc "-n 2 true" 0 $?
@@ -21,7 +25,8 @@ t2=$(( cores / 2 )); [ $t2 -lt 1 ] && t2=1
 "$LOOM" run -n 2 sh -c 'exit $(( OMPI_COMM_WORLD_RANK * 5 + PMI_RANK * 5 ))' 2>/dev/null
 expect_rc "-n 2 first failing rank's code" 5 $?
 "$LOOM" run -n 3 sh -c 'kill -9 $$' 2>/dev/null; rc=$?
-[ $rc = 137 ] && ok "rank killed by SIGKILL (rc 137)" || bad "rank killed: rc $rc, expected 137"
+if [ $rc = 137 ] || { [ $hydra = 1 ] && [ $rc != 0 ]; }; then ok "rank killed by SIGKILL (rc $rc)"
+else bad "rank killed: rc $rc, expected 137"; fi
 "$LOOM" run -n 1 /nonexistent/program 2>/dev/null; expect_rc "missing program" 127 $?
 "$LOOM" run -n 2 2>/dev/null; expect_rc "no program: usage error" 2 $?
 
@@ -45,7 +50,11 @@ n=$("$LOOM" run --hosts localhost:2 sh -c 'echo x' | wc -l)
 printf 'localhost slots=3\n' >"$tmp/hosts"
 n=$("$LOOM" run --hostfile "$tmp/hosts" sh -c 'echo x' | wc -l)
 [ "$n" = 3 ] && ok "--hostfile gives 3 ranks" || bad "--hostfile: $n ranks"
-"$LOOM" run --dry-run -n 4 prog | grep -q -- "--bind-to none" && ok "--dry-run shows no binding" || bad "--dry-run"
+if [ $hydra = 1 ]; then
+  "$LOOM" run --dry-run --hostfile "$tmp/hosts" prog | grep -q -- "-hosts localhost:3" && ok "--dry-run: hydra gets the hostfile as -hosts" || bad "--dry-run"
+else
+  "$LOOM" run --dry-run -n 4 prog | grep -q -- "--bind-to none" && ok "--dry-run shows no binding" || bad "--dry-run"
+fi
 
 # --timeout stops the job: exit code 124.
 "$LOOM" run -n 2 --timeout 1 sleep 20 2>/dev/null; expect_rc "--timeout" 124 $?
