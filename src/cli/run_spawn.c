@@ -131,20 +131,42 @@ static int signal_session(pid_t sid, int sig) {
   return found;
 }
 
+/* Reaps exited children (orphans of the job land here: loom run is their
+ * subreaper) and says whether any child is still alive. */
+static bool reap_children(void) {
+  for (;;) {
+    pid_t w = waitpid(-1, NULL, WNOHANG);
+    if (w > 0)
+      continue;
+    return w == 0; /* 0: children alive; -1 (ECHILD): none left */
+  }
+}
+
+/* After the launcher exited: whatever it left behind (ranks that escaped
+ * mpirun's clean-up, a program's background children) is stopped. As the
+ * subreaper, loom run inherits those orphans, so "none left" is one
+ * waitpid, not a scan of /proc. */
 static void sweep_session(pid_t sid) {
-  if (!signal_session(sid, SIGTERM))
+  if (!reap_children())
     return;
+  signal_session(sid, SIGTERM);
   double end = loom_time_now() + 0.5;
   struct timespec ts = {0, 20 * 1000 * 1000};
-  while (signal_session(sid, 0) && loom_time_now() < end)
+  while ((reap_children() || signal_session(sid, 0)) && loom_time_now() < end)
     nanosleep(&ts, NULL);
   signal_session(sid, SIGKILL);
+  reap_children();
 }
 
 int loom_run_spawn(char *const *argv, double timeout_s, bool verbose,
                    loom_run_result *res) {
   memset(res, 0, sizeof *res);
   install_handlers();
+#ifdef __linux__
+  /* Orphans of the job become our children, not PID 1's: they are reaped
+   * at once and cannot escape the sweep below. */
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+#endif
   if (verbose) {
     fprintf(stderr, "loom run:");
     for (char *const *a = argv; *a; a++)
