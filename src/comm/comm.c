@@ -260,13 +260,12 @@ static void kick(loom_comm_ctx *ctx) {
     loom_shm_ring(b);
 }
 
-/* Spins before sleeping in the kernel: a peer finishing its copy of a
- * chunk takes microseconds, a futex round trip about as long. */
+/* Pause instructions before yielding while waiting for peers. */
 #define SPIN_RELAX 64
-#define SPIN_YIELD 256
 
 static void run_loop(loom_comm_ctx *ctx) {
   long idle = 0;
+  double idle_since = 0;
   for (;;) {
     pthread_mutex_lock(&ctx->mu);
     ctx->q_seen = atomic_load(&ctx->queued);
@@ -283,6 +282,23 @@ static void run_loop(loom_comm_ctx *ctx) {
       break;
     }
     if (!ctx->fl_head && atomic_load(&ctx->abort_code) < 0) {
+      /* Idle: linger a little first, since a training loop or a benchmark
+       * posts the next operation right away and waking a sleeping thread
+       * costs tens of microseconds (more in a VM). */
+      if (ctx->spin_s > 0 && idle >= 0) {
+        pthread_mutex_unlock(&ctx->mu);
+        double until = loom_time_now() + ctx->spin_s;
+        unsigned seen = ctx->q_seen;
+        bool more = false;
+        for (int i = 0; !more; i++) {
+          cpu_relax();
+          more = atomic_load(&ctx->queued) != seen;
+          if ((i & 63) == 63 && loom_time_now() > until)
+            break;
+        }
+        idle = more ? 0 : -1; /* -1: lingered in vain, sleep next time */
+        continue;
+      }
       ctx->sleeping = true;
       pthread_cond_wait(&ctx->cv, &ctx->mu);
       ctx->sleeping = false;
@@ -302,12 +318,14 @@ static void run_loop(loom_comm_ctx *ctx) {
      * when the backend cannot sleep that way). MPI requests in flight
      * (poll) need MPI_Test calls to move: yield, never sleep. */
     idle++;
+    double now = loom_time_now();
+    if (idle == 1)
+      idle_since = now;
     loom_op *first = ctx->fl_head;
     bool oversub = ctx->oversubscribed;
     if (!poll && first && first->started && ctx->be->sleep &&
-        idle > (oversub ? 4 : SPIN_YIELD)) {
-      double left =
-          ctx->opts.timeout_s > 0 ? first->deadline - loom_time_now() : 0.05;
+        (oversub ? idle > 4 : now - idle_since > ctx->spin_s)) {
+      double left = ctx->opts.timeout_s > 0 ? first->deadline - now : 0.05;
       if (left > 0.05)
         left = 0.05;
       if (left < 0)
@@ -327,6 +345,8 @@ static void run_loop(loom_comm_ctx *ctx) {
 static void *comm_main(void *arg) {
   loom_comm_ctx *ctx = arg;
   loom_status s = ctx->be->init(ctx, ctx->world);
+  if (ctx->oversubscribed)
+    ctx->spin_s = 0; /* a spinning thread takes a core another rank needs */
   pthread_mutex_lock(&ctx->done_mu);
   ctx->init_status = s;
   if (s != LOOM_OK)
@@ -422,6 +442,10 @@ loom_status loom_group_world(const loom_comm_opts *opts, loom_group **out) {
   }
   ctx->opts = o;
   ctx->be = be;
+  {
+    const char *v = getenv("LOOM_COMM_SPIN_US");
+    ctx->spin_s = (v ? atof(v) : 50) * 1e-6;
+  }
   ctx->world = w;
   ctx->groups = 1;
   ctx->owner_pid = (int)getpid();
@@ -751,12 +775,20 @@ loom_status loom_wait(loom_req *req) {
   int st = atomic_load_explicit(&op->state, memory_order_acquire);
   if (st == LOOM_REQ_EMPTY)
     return LOOM_OK;
-  for (int i = 0; i < 256 && st != LOOM_REQ_DONE; i++) {
+  loom_comm_ctx *ctx = op->group->ctx;
+  double until = 0;
+  for (int i = 0; st != LOOM_REQ_DONE; i++) {
     cpu_relax();
     st = atomic_load_explicit(&op->state, memory_order_acquire);
+    if ((i & 63) == 63) {
+      double now = loom_time_now();
+      if (until == 0)
+        until = now + ctx->spin_s;
+      else if (now > until)
+        break;
+    }
   }
   if (st != LOOM_REQ_DONE) {
-    loom_comm_ctx *ctx = op->group->ctx;
     pthread_mutex_lock(&ctx->done_mu);
     atomic_fetch_add(&ctx->waiters, 1);
     while (atomic_load(&op->state) != LOOM_REQ_DONE)

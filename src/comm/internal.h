@@ -123,6 +123,7 @@ struct loom_comm_ctx {
   loom_group *world;
   int groups;          /* live groups (guarded by the global lock) */
   bool oversubscribed; /* more ranks on this host than cores: yield at once */
+  double spin_s;       /* how long waiting threads spin before sleeping */
   pthread_t thread;
   int owner_pid;
 
