@@ -46,9 +46,9 @@ def parse():
     p.add_argument("--text", help="KJV text (default: random bytes, the same for every attempt)")
     p.add_argument("--max-restarts", type=int, default=3)
     p.add_argument("--monitor-interval", type=float, default=1.0)
-    p.add_argument("--rdzv", choices=["c10d", "static"], default="c10d",
-                   help="torchrun rendezvous: c10d on a free local port (what --standalone does, default) "
-                        "or static (--master_addr/--master_port)")
+    p.add_argument("--rdzv", choices=["static", "c10d"], default="static",
+                   help="torchrun rendezvous: static (torchrun's default, --master_addr/--master_port on a "
+                        "free local port; the faster one, default) or c10d (what --standalone does)")
     p.add_argument("--repeat", type=int, default=1,
                    help="launch: run the scenario N times, then print a summary line (median, min, max)")
     p.add_argument("--timeout", type=float, default=300, help="launch: seconds before torchrun is killed")
