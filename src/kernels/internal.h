@@ -10,6 +10,10 @@
 
 #include "loom/kernels.h"
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
 /* Elementwise loops fork threads only above this many elements: below it
  * the fork/join costs more than it saves. */
 #define LOOM_KERN_PAR_MIN 32768
@@ -60,40 +64,135 @@ static inline float loom_kern_tanhf(float x) {
   return copysignf((1.0f - t) / (1.0f + t), x);
 }
 
-/* Sum of x[0..n) in a fixed order: LOOM_KERN_LANES partial sums, a fixed
- * tree over them, then the tail. Vectorises without -ffast-math. */
+/* Fixed-order reductions: LOOM_KERN_LANES (16) partial sums, lane j
+ * taking x[j], x[j+16], ...; then a fixed tree (lanes j += j+8, j += j+4,
+ * j += j+2, j += j+1); then the tail in order. The result depends on n
+ * only, never on the thread count. The AVX2 code and the plain C code
+ * compute exactly the same sums (GCC keeps a float[16] accumulator in
+ * memory, a store-to-load chain per step, hence the intrinsics). */
+#if defined(__AVX2__) && defined(__FMA__)
+static inline float loom_kern_hsum16_(__m256 a, __m256 b) {
+  const __m256 s8 = _mm256_add_ps(a, b);
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  s4 = _mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1));
+  return _mm_cvtss_f32(s4);
+}
+
+static inline float loom_kern_sum(const float *x, int64_t n) {
+  __m256 a = _mm256_setzero_ps(), b = a;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a = _mm256_add_ps(a, _mm256_loadu_ps(x + i));
+    b = _mm256_add_ps(b, _mm256_loadu_ps(x + i + 8));
+  }
+  float s = loom_kern_hsum16_(a, b);
+  for (; i < n; i++)
+    s += x[i];
+  return s;
+}
+
+static inline float loom_kern_dot(const float *x, const float *y, int64_t n) {
+  __m256 a = _mm256_setzero_ps(), b = a;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), a);
+    b = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), b);
+  }
+  float s = loom_kern_hsum16_(a, b);
+  for (; i < n; i++)
+    s = fmaf(x[i], y[i], s);
+  return s;
+}
+
+/* sum((x - c)^2) */
+static inline float loom_kern_sqdev(const float *x, float c, int64_t n) {
+  const __m256 cv = _mm256_set1_ps(c);
+  __m256 a = _mm256_setzero_ps(), b = a;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 d0 = _mm256_sub_ps(_mm256_loadu_ps(x + i), cv);
+    const __m256 d1 = _mm256_sub_ps(_mm256_loadu_ps(x + i + 8), cv);
+    a = _mm256_fmadd_ps(d0, d0, a);
+    b = _mm256_fmadd_ps(d1, d1, b);
+  }
+  float s = loom_kern_hsum16_(a, b);
+  for (; i < n; i++) {
+    const float d = x[i] - c;
+    s = fmaf(d, d, s);
+  }
+  return s;
+}
+
+/* Maximum of x[0..n), n >= 1 (x > m ? x : m: a NaN is skipped unless it
+ * comes first). */
+static inline float loom_kern_max(const float *x, int64_t n) {
+  float m = x[0];
+  int64_t i = 0;
+  if (n >= 16) {
+    __m256 a = _mm256_loadu_ps(x), b = _mm256_loadu_ps(x + 8);
+    for (i = 16; i + 16 <= n; i += 16) {
+      a = _mm256_max_ps(_mm256_loadu_ps(x + i), a);
+      b = _mm256_max_ps(_mm256_loadu_ps(x + i + 8), b);
+    }
+    float lanes[16];
+    _mm256_storeu_ps(lanes, a);
+    _mm256_storeu_ps(lanes + 8, b);
+    for (int j = 0; j < 16; j++)
+      m = lanes[j] > m ? lanes[j] : m;
+  }
+  for (; i < n; i++)
+    m = x[i] > m ? x[i] : m;
+  return m;
+}
+#else
+static inline float loom_kern_hsum16_(float *acc) {
+  for (int w = LOOM_KERN_LANES / 2; w > 0; w /= 2)
+    for (int j = 0; j < w; j++)
+      acc[j] += acc[j + w];
+  return acc[0];
+}
+
 static inline float loom_kern_sum(const float *x, int64_t n) {
   float acc[LOOM_KERN_LANES] = {0};
   int64_t i = 0;
   for (; i + LOOM_KERN_LANES <= n; i += LOOM_KERN_LANES)
     for (int j = 0; j < LOOM_KERN_LANES; j++)
       acc[j] += x[i + j];
-  for (int w = LOOM_KERN_LANES / 2; w > 0; w /= 2)
-    for (int j = 0; j < w; j++)
-      acc[j] += acc[j + w];
-  float s = acc[0];
+  float s = loom_kern_hsum16_(acc);
   for (; i < n; i++)
     s += x[i];
   return s;
 }
 
-/* Dot product of x and y over n, fixed order as loom_kern_sum. */
 static inline float loom_kern_dot(const float *x, const float *y, int64_t n) {
   float acc[LOOM_KERN_LANES] = {0};
   int64_t i = 0;
   for (; i + LOOM_KERN_LANES <= n; i += LOOM_KERN_LANES)
     for (int j = 0; j < LOOM_KERN_LANES; j++)
       acc[j] = fmaf(x[i + j], y[i + j], acc[j]);
-  for (int w = LOOM_KERN_LANES / 2; w > 0; w /= 2)
-    for (int j = 0; j < w; j++)
-      acc[j] += acc[j + w];
-  float s = acc[0];
+  float s = loom_kern_hsum16_(acc);
   for (; i < n; i++)
     s = fmaf(x[i], y[i], s);
   return s;
 }
 
-/* Maximum of x[0..n), n >= 1 (NaNs are skipped unless all are NaN). */
+static inline float loom_kern_sqdev(const float *x, float c, int64_t n) {
+  float acc[LOOM_KERN_LANES] = {0};
+  int64_t i = 0;
+  for (; i + LOOM_KERN_LANES <= n; i += LOOM_KERN_LANES)
+    for (int j = 0; j < LOOM_KERN_LANES; j++) {
+      const float d = x[i + j] - c;
+      acc[j] = fmaf(d, d, acc[j]);
+    }
+  float s = loom_kern_hsum16_(acc);
+  for (; i < n; i++) {
+    const float d = x[i] - c;
+    s = fmaf(d, d, s);
+  }
+  return s;
+}
+
 static inline float loom_kern_max(const float *x, int64_t n) {
   float m = x[0];
   int64_t i = 0;
@@ -111,6 +210,7 @@ static inline float loom_kern_max(const float *x, int64_t n) {
     m = x[i] > m ? x[i] : m;
   return m;
 }
+#endif
 
 /* Threads for a loop over `work` units of roughly `grain` cost each: never
  * more than loom_threads(), never more than the work splits into. Only how

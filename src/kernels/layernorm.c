@@ -13,26 +13,6 @@
 #define LN_COLS 16
 #define LN_ROWS 64
 
-/* sum((x - mean)^2), fixed order. */
-static float sq_dev(const float *x, float mean, int n) {
-  float acc[LOOM_KERN_LANES] = {0};
-  int i = 0;
-  for (; i + LOOM_KERN_LANES <= n; i += LOOM_KERN_LANES)
-    for (int j = 0; j < LOOM_KERN_LANES; j++) {
-      const float d = x[i + j] - mean;
-      acc[j] = fmaf(d, d, acc[j]);
-    }
-  for (int w = LOOM_KERN_LANES / 2; w > 0; w /= 2)
-    for (int j = 0; j < w; j++)
-      acc[j] += acc[j + w];
-  float s = acc[0];
-  for (; i < n; i++) {
-    const float d = x[i] - mean;
-    s = fmaf(d, d, s);
-  }
-  return s;
-}
-
 void loom_layernorm_forward(float *out, float *mean, float *rstd,
                             const float *inp, const float *weight,
                             const float *bias, int N, int C) {
@@ -42,7 +22,7 @@ void loom_layernorm_forward(float *out, float *mean, float *rstd,
     const float *x = inp + (int64_t)n * C;
     float *o = out + (int64_t)n * C;
     const float m = loom_kern_sum(x, C) / (float)C;
-    const float r = 1.0f / sqrtf(sq_dev(x, m, C) / (float)C + LN_EPS);
+    const float r = 1.0f / sqrtf(loom_kern_sqdev(x, m, C) / (float)C + LN_EPS);
     for (int j = 0; j < C; j++)
       o[j] = fmaf((x[j] - m) * r, weight[j], bias[j]);
     mean[n] = m;

@@ -1,6 +1,6 @@
 /* Causal attention against a plain per-element reference in double, for
- * every GEMM backend and shapes around the query-block size (T = 1, odd
- * head sizes, T across block edges). */
+ * every GEMM backend and shapes around the query-block size (T = 1, odd T
+ * and head sizes, T across block edges, the GPT head size). */
 #include <stdlib.h>
 
 #include "kt.h"
@@ -77,10 +77,12 @@ static void att_backward_ref(double *dqkv, const float *dout, const float *qkv,
   free(datt);
 }
 
-static const int shapes[][4] = {/* B T C NH */
-                                {1, 1, 1, 1},   {1, 1, 4, 2},  {2, 5, 6, 3},
-                                {2, 7, 12, 2},  {1, 65, 8, 2}, {3, 17, 30, 5},
-                                {2, 130, 24, 3}};
+static const int shapes[][4] = {
+    /* B T C NH */
+    {1, 1, 1, 1}, {1, 1, 4, 2}, {2, 5, 6, 3}, {2, 7, 12, 2}, {1, 65, 8, 2},
+    {3, 17, 30, 5}, {2, 130, 24, 3},
+    {1, 1, 16, 1}, {2, 5, 32, 2}, {1, 67, 64, 2}, {2, 130, 96, 3},
+    {3, 17, 64, 1}, {1, 33, 128, 4}};
 
 static void check_shape(int B, int T, int C, int NH, uint64_t seed) {
   const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;

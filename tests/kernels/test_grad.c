@@ -176,8 +176,7 @@ static double att_loss(void *p) {
   return kt_dot_d(c->out, c->g, (size_t)c->B * c->T * c->C);
 }
 
-TT_TEST(grad_attention) {
-  const int B = 2, T = 70, C = 12, NH = 3; /* T crosses a query block */
+static void check_attention(int B, int T, int C, int NH) {
   const size_t nq = (size_t)B * T * 3 * C, na = (size_t)B * NH * T * T;
   att_ctx c = {kt_rand(nq, 50, -1, 1), kt_zeros((size_t)B * T * C), kt_zeros(na),
                kt_rand((size_t)B * T * C, 51, -1, 1), B, T, C, NH};
@@ -189,6 +188,11 @@ TT_TEST(grad_attention) {
   float *bufs[] = {c.qkv, c.out, c.att, c.g, grad, scratch};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
     loom_free(bufs[i]);
+}
+
+TT_TEST(grad_attention) {
+  check_attention(2, 70, 12, 3); /* T crosses a query block */
+  check_attention(2, 21, 32, 2); /* the GPT head size */
 }
 
 /* ---------------------------------------------------------- convolution */
