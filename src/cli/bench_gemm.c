@@ -73,18 +73,18 @@ typedef struct bench_args {
 } bench_args;
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: loom bench gemm [--threads N] [--backend all|dnnl|openblas|"
-          "naive] [--iters K]\n\n"
-          "GFLOP/s of loom_gemm (per backend) against raw dnnl_sgemm and raw\n"
-          "cblas_sgemm, at 1024^3 and at the GEMM shapes of the reference\n"
-          "workloads. Each cell is the best of 3 runs of up to K calls.\n\n"
-          "  --threads N   threads for loom, oneDNN and OpenBLAS (default: "
-          "LOOM_THREADS or all cores)\n"
-          "  --backend B   columns to measure (default all)\n"
-          "  --iters K     calls per run (default 10; a run stops after 0.3 s)\n"
-          "\nLOOM_GEMM_DETERMINISTIC=0 measures loom_gemm with the libraries'\n"
-          "own threading instead of loom's thread-count invariant grid.\n");
+  fprintf(
+      f, "usage: loom bench gemm [--threads N] [--backend all|dnnl|openblas|"
+         "naive] [--iters K]\n\n"
+         "GFLOP/s of loom_gemm (per backend) against raw dnnl_sgemm and raw\n"
+         "cblas_sgemm, at 1024^3 and at the GEMM shapes of the reference\n"
+         "workloads. Each cell is the best of 3 runs of up to K calls.\n\n"
+         "  --threads N   threads for loom, oneDNN and OpenBLAS (default: "
+         "LOOM_THREADS or all cores)\n"
+         "  --backend B   columns to measure (default all)\n"
+         "  --iters K     calls per run (default 10; a run stops after 0.3 s)\n"
+         "\nLOOM_GEMM_DETERMINISTIC=0 measures loom_gemm with the libraries'\n"
+         "own threading instead of loom's thread-count invariant grid.\n");
 }
 
 static int parse_int(const char *s, int lo, int *out) {
@@ -111,23 +111,26 @@ static int parse_args(int argc, char **argv, bench_args *a) {
     const char *v = argv[++i];
     if (strcmp(o, "--threads") == 0) {
       if (parse_int(v, 1, &a->threads) != 0) {
-        fprintf(stderr, "loom bench gemm: --threads wants a count >= 1, not "
-                        "'%s'\n",
+        fprintf(stderr,
+                "loom bench gemm: --threads wants a count >= 1, not "
+                "'%s'\n",
                 v);
         return -1;
       }
     } else if (strcmp(o, "--iters") == 0) {
       if (parse_int(v, 1, &a->iters) != 0) {
-        fprintf(stderr, "loom bench gemm: --iters wants a count >= 1, not "
-                        "'%s'\n",
+        fprintf(stderr,
+                "loom bench gemm: --iters wants a count >= 1, not "
+                "'%s'\n",
                 v);
         return -1;
       }
     } else if (strcmp(o, "--backend") == 0) {
       loom_gemm_backend b;
       if (strcmp(v, "all") != 0 && loom_gemm_backend_parse(v, &b) != LOOM_OK) {
-        fprintf(stderr, "loom bench gemm: --backend wants all, dnnl, openblas "
-                        "or naive, not '%s'\n",
+        fprintf(stderr,
+                "loom bench gemm: --backend wants all, dnnl, openblas "
+                "or naive, not '%s'\n",
                 v);
         return -1;
       }
@@ -142,12 +145,12 @@ static int parse_args(int argc, char **argv, bench_args *a) {
 
 /* One call of the column's GEMM; 0 on success. */
 static int call(const column *c, const gemm_shape *s, const float *A,
-               const float *B, float *C) {
+                const float *B, float *C) {
   const int lda = s->ta == 'N' ? s->K : s->M, ldb = s->tb == 'N' ? s->N : s->K;
   switch (c->kind) {
   case COL_LOOM:
-    return loom_gemm(s->ta == 'T', s->tb == 'T', s->M, s->N, s->K, 1.0f, A,
-                     lda, B, ldb, 0.0f, C, s->N) == LOOM_OK
+    return loom_gemm(s->ta == 'T', s->tb == 'T', s->M, s->N, s->K, 1.0f, A, lda,
+                     B, ldb, 0.0f, C, s->N) == LOOM_OK
                ? 0
                : -1;
   case COL_RAW_DNNL:
@@ -221,7 +224,8 @@ int loom_bench_gemm(int argc, char **argv) {
 #endif
   if (all || strcmp(a.backend, "openblas") == 0) {
     cols[ncols++] = (column){COL_LOOM, LOOM_GEMM_OPENBLAS, "loom:openblas"};
-    cols[ncols++] = (column){COL_RAW_OPENBLAS, LOOM_GEMM_OPENBLAS, "cblas_sgemm"};
+    cols[ncols++] =
+        (column){COL_RAW_OPENBLAS, LOOM_GEMM_OPENBLAS, "cblas_sgemm"};
   }
   if (all || strcmp(a.backend, "naive") == 0)
     cols[ncols++] = (column){COL_LOOM, LOOM_GEMM_NAIVE, "loom:naive"};

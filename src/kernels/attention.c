@@ -13,7 +13,6 @@
 #include "kernels/internal.h"
 #include "loom/kernels.h"
 
-
 /* Query rows per block: block r sees keys [0, (r+1) RB). Smaller blocks skip
  * more masked work but make smaller, less efficient GEMMs. */
 #define ATT_RB 64
@@ -77,10 +76,11 @@ loom_status loom_attention_forward(float *out, float *att, const float *qkv,
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int bh = 0; bh < tasks; bh++) {
     const int b = bh / NH, h = bh % NH;
-    const float *q = qkv + (int64_t)b * T * C3 + h * HS; /* (T, HS), stride 3C */
+    const float *q =
+        qkv + (int64_t)b * T * C3 + h * HS; /* (T, HS), stride 3C */
     const float *k = q + C, *v = q + 2 * C;
-    float *a = att + (int64_t)bh * T * T;                /* (T, T) */
-    float *o = out + (int64_t)b * T * C + h * HS;        /* (T, HS), stride C */
+    float *a = att + (int64_t)bh * T * T;         /* (T, T) */
+    float *o = out + (int64_t)b * T * C + h * HS; /* (T, HS), stride C */
     for (int r0 = 0; r0 < T; r0 += ATT_RB) {
       const int rows = T - r0 < ATT_RB ? T - r0 : ATT_RB, kend = r0 + rows;
       loom_kern_gemm_serial(false, true, rows, kend, HS, scale,
@@ -117,9 +117,9 @@ loom_status loom_attention_backward(float *dqkv, float *scratch,
     const int64_t tok = (int64_t)b * T;
     const float *q = qkv + tok * C3 + h * HS, *k = q + C, *v = q + 2 * C;
     float *dq = dqkv + tok * C3 + h * HS, *dk = dq + C, *dv = dq + 2 * C;
-    const float *dO = dout + tok * C + h * HS;    /* (T, HS), stride C */
-    const float *p = att + (int64_t)bh * T * T;   /* (T, T) */
-    float *ds = scratch + (int64_t)bh * T * T;    /* (T, T) */
+    const float *dO = dout + tok * C + h * HS;  /* (T, HS), stride C */
+    const float *p = att + (int64_t)bh * T * T; /* (T, T) */
+    float *ds = scratch + (int64_t)bh * T * T;  /* (T, T) */
     for (int r0 = 0; r0 < T; r0 += ATT_RB) {
       const int rows = T - r0 < ATT_RB ? T - r0 : ATT_RB, kend = r0 + rows;
       float *dsb = ds + (int64_t)r0 * T;

@@ -23,9 +23,9 @@
 
 typedef struct conv_plan {
   int OH, OW, P, CKK;
-  int nb;      /* images per chunk */
-  int nchunks; /* ceil(N / nb) */
-  int slots;   /* min(LOOM_CONV_SLOTS, nchunks) */
+  int nb;                                    /* images per chunk */
+  int nchunks;                               /* ceil(N / nb) */
+  int slots;                                 /* min(LOOM_CONV_SLOTS, nchunks) */
   int64_t col_floats, tmp_floats, dw_floats; /* per slot */
 } conv_plan;
 
@@ -63,16 +63,14 @@ static void conv_plan_make(const loom_conv2d_dims *d, conv_plan *p) {
   p->dw_floats = (int64_t)d->OC * p->CKK;
 }
 
-
-
 static loom_status conv_check(const char *what, const loom_conv2d_dims *d) {
   if (!d || !dims_ok(d))
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "conv2d %s: bad dims (N=%d C=%d H=%d W=%d OC=%d K=%dx%d "
                       "stride=%d pad=%d)",
                       what, d ? d->N : 0, d ? d->C : 0, d ? d->H : 0,
-                      d ? d->W : 0, d ? d->OC : 0, d ? d->KH : 0,
-                      d ? d->KW : 0, d ? d->stride : 0, d ? d->pad : 0);
+                      d ? d->W : 0, d ? d->OC : 0, d ? d->KH : 0, d ? d->KW : 0,
+                      d ? d->stride : 0, d ? d->pad : 0);
   return LOOM_OK;
 }
 
@@ -102,7 +100,8 @@ static void im2col(float *col, int64_t ld, int64_t off, const float *x,
           for (int ow = 0; ow < lo; ow++)
             o[ow] = 0.0f;
           if (S == 1 && hi > lo)
-            memcpy(o + lo, xr + lo - pad + kw, (size_t)(hi - lo) * sizeof(float));
+            memcpy(o + lo, xr + lo - pad + kw,
+                   (size_t)(hi - lo) * sizeof(float));
           else
             for (int ow = lo; ow < hi; ow++)
               o[ow] = xr[ow * S - pad + kw];
@@ -199,7 +198,8 @@ loom_status loom_conv2d_forward(float *out, float *col, const float *inp,
                                 const loom_conv2d_dims *d) {
   LOOM_TRY(conv_check("forward", d));
   if (use_dnnl(d)) {
-    loom_status st = loom_kern_conv_dnnl_forward(out, col, inp, weight, bias, d);
+    loom_status st =
+        loom_kern_conv_dnnl_forward(out, col, inp, weight, bias, d);
     if (st != LOOM_ERR_UNSUPPORTED)
       return st;
   }
@@ -228,8 +228,8 @@ loom_status loom_conv2d_forward(float *out, float *col, const float *inp,
           for (int oc = 0; oc < OC; oc++)
             for (int i = 0; i < P; i++)
               o[(int64_t)oc * P + i] = bias[oc];
-        loom_kern_gemm_serial(false, false, OC, P, CKK, 1.0f, weight, CKK,
-                              scol, (int)ld, bias ? 1.0f : 0.0f, o, P);
+        loom_kern_gemm_serial(false, false, OC, P, CKK, 1.0f, weight, CKK, scol,
+                              (int)ld, bias ? 1.0f : 0.0f, o, P);
         continue;
       }
       loom_kern_gemm_serial(false, false, OC, cols, CKK, 1.0f, weight, CKK,
@@ -250,8 +250,8 @@ loom_status loom_conv2d_forward(float *out, float *col, const float *inp,
 /* dbias[oc] += sum over images (in order) of the sum over its pixels. */
 static void conv_bias_grad(float *dbias, const float *dout,
                            const loom_conv2d_dims *d, int P) {
-  const int nt = loom_kern_nthreads((int64_t)d->N * d->OC * P,
-                                    LOOM_KERN_PAR_MIN);
+  const int nt =
+      loom_kern_nthreads((int64_t)d->N * d->OC * P, LOOM_KERN_PAR_MIN);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int oc = 0; oc < d->OC; oc++) {
     float s = 0.0f;
@@ -352,10 +352,11 @@ void loom_conv2d_forward_ref(float *out, const float *inp, const float *weight,
                 const int iw = ow * d->stride - d->pad + kw;
                 if (ih < 0 || ih >= d->H || iw < 0 || iw >= d->W)
                   continue;
-                s += (double)inp[(((int64_t)n * d->C + c) * d->H + ih) * d->W +
-                                 iw] *
-                     weight[(((int64_t)oc * d->C + c) * d->KH + kh) * d->KW +
-                            kw];
+                s +=
+                    (double)
+                        inp[(((int64_t)n * d->C + c) * d->H + ih) * d->W + iw] *
+                    weight[(((int64_t)oc * d->C + c) * d->KH + kh) * d->KW +
+                           kw];
               }
           out[(((int64_t)n * d->OC + oc) * OH + oh) * OW + ow] = (float)s;
         }

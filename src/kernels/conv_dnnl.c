@@ -10,8 +10,8 @@
 #include "kernels/internal.h"
 
 #ifdef LOOM_HAVE_DNNL
-#include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -33,7 +33,7 @@ typedef struct conv_set {
   dnnl_memory_desc_t src_u, dst_u, wei_u, bias; /* plain: nchw, oihw, x */
   dnnl_primitive_t fwd, bwd_d, bwd_w;
   dnnl_memory_desc_t pad_fwd, pad_bwd_d, pad_bwd_w; /* scratchpads */
-  conv_view f_src, f_wei, f_dst;   /* forward: in, in, out */
+  conv_view f_src, f_wei, f_dst;                    /* forward: in, in, out */
   conv_view d_ddst, d_wei, d_dsrc; /* backward data: in, in, out */
   conv_view w_src, w_ddst, w_dwei; /* backward weights: in, in, out */
   size_t pad_bytes;                /* the largest scratchpad */
@@ -97,9 +97,9 @@ static bool make_view(conv_view *v, dnnl_primitive_desc_t pd, dnnl_query_t what,
     return true;
   dnnl_primitive_attr_t attr = user_pad_attr();
   dnnl_primitive_desc_t rpd = NULL;
-  dnnl_status_t st = dnnl_reorder_primitive_desc_create(
-      &rpd, into ? plain : &v->md, g_engine, into ? &v->md : plain, g_engine,
-      attr);
+  dnnl_status_t st =
+      dnnl_reorder_primitive_desc_create(&rpd, into ? plain : &v->md, g_engine,
+                                         into ? &v->md : plain, g_engine, attr);
   dnnl_primitive_attr_destroy(attr);
   if (st != dnnl_success)
     return false;
@@ -150,21 +150,26 @@ static conv_set *set_build(const loom_conv2d_dims *d) {
   dnnl_dims_t strides = {d->stride, d->stride}, pad = {d->pad, d->pad};
   dnnl_memory_desc_t sa, wa, da;
   bool ok =
-      dnnl_memory_desc_init_by_tag(&s->src_u, 4, sd, dnnl_f32, dnnl_nchw) == 0 &&
-      dnnl_memory_desc_init_by_tag(&s->wei_u, 4, wd, dnnl_f32, dnnl_oihw) == 0 &&
+      dnnl_memory_desc_init_by_tag(&s->src_u, 4, sd, dnnl_f32, dnnl_nchw) ==
+          0 &&
+      dnnl_memory_desc_init_by_tag(&s->wei_u, 4, wd, dnnl_f32, dnnl_oihw) ==
+          0 &&
       dnnl_memory_desc_init_by_tag(&s->bias, 1, bd, dnnl_f32, dnnl_x) == 0 &&
-      dnnl_memory_desc_init_by_tag(&s->dst_u, 4, dd, dnnl_f32, dnnl_nchw) == 0 &&
-      dnnl_memory_desc_init_by_tag(&sa, 4, sd, dnnl_f32, dnnl_format_tag_any) == 0 &&
-      dnnl_memory_desc_init_by_tag(&wa, 4, wd, dnnl_f32, dnnl_format_tag_any) == 0 &&
-      dnnl_memory_desc_init_by_tag(&da, 4, dd, dnnl_f32, dnnl_format_tag_any) == 0;
+      dnnl_memory_desc_init_by_tag(&s->dst_u, 4, dd, dnnl_f32, dnnl_nchw) ==
+          0 &&
+      dnnl_memory_desc_init_by_tag(&sa, 4, sd, dnnl_f32, dnnl_format_tag_any) ==
+          0 &&
+      dnnl_memory_desc_init_by_tag(&wa, 4, wd, dnnl_f32, dnnl_format_tag_any) ==
+          0 &&
+      dnnl_memory_desc_init_by_tag(&da, 4, dd, dnnl_f32, dnnl_format_tag_any) ==
+          0;
   dnnl_primitive_attr_t attr = user_pad_attr();
   dnnl_primitive_desc_t fpd = NULL, bdpd = NULL, bwpd = NULL;
   dnnl_convolution_desc_t cd;
   ok = ok && attr &&
-       dnnl_convolution_forward_desc_init(&cd, dnnl_forward_training,
-                                          dnnl_convolution_direct, &sa, &wa,
-                                          &s->bias, &da, strides, pad,
-                                          pad) == dnnl_success &&
+       dnnl_convolution_forward_desc_init(
+           &cd, dnnl_forward_training, dnnl_convolution_direct, &sa, &wa,
+           &s->bias, &da, strides, pad, pad) == dnnl_success &&
        dnnl_primitive_desc_create(&fpd, &cd, attr, g_engine, NULL) ==
            dnnl_success &&
        dnnl_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct,
@@ -172,9 +177,9 @@ static conv_set *set_build(const loom_conv2d_dims *d) {
                                                 pad) == dnnl_success &&
        dnnl_primitive_desc_create(&bdpd, &cd, attr, g_engine, fpd) ==
            dnnl_success &&
-       dnnl_convolution_backward_weights_desc_init(
-           &cd, dnnl_convolution_direct, &sa, &wa, NULL, &da, strides, pad,
-           pad) == dnnl_success &&
+       dnnl_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct,
+                                                   &sa, &wa, NULL, &da, strides,
+                                                   pad, pad) == dnnl_success &&
        dnnl_primitive_desc_create(&bwpd, &cd, attr, g_engine, fpd) ==
            dnnl_success;
   if (attr)
@@ -188,18 +193,25 @@ static conv_set *set_build(const loom_conv2d_dims *d) {
     note_pad(fpd, &s->pad_fwd, &most);
     note_pad(bdpd, &s->pad_bwd_d, &most);
     note_pad(bwpd, &s->pad_bwd_w, &most);
-    ok = make_view(&s->f_src, fpd, dnnl_query_src_md, &s->src_u, true, &most) &&
-         make_view(&s->f_wei, fpd, dnnl_query_weights_md, &s->wei_u, true, &most) &&
-         make_view(&s->f_dst, fpd, dnnl_query_dst_md, &s->dst_u, false, &most) &&
-         make_view(&s->d_ddst, bdpd, dnnl_query_diff_dst_md, &s->dst_u, true, &most) &&
-         make_view(&s->d_wei, bdpd, dnnl_query_weights_md, &s->wei_u, true, &most) &&
-         make_view(&s->d_dsrc, bdpd, dnnl_query_diff_src_md, &s->src_u, false, &most) &&
-         make_view(&s->w_src, bwpd, dnnl_query_src_md, &s->src_u, true, &most) &&
-         make_view(&s->w_ddst, bwpd, dnnl_query_diff_dst_md, &s->dst_u, true, &most) &&
-         make_view(&s->w_dwei, bwpd, dnnl_query_diff_weights_md, &s->wei_u, false, &most) &&
-         dnnl_primitive_create(&s->fwd, fpd) == dnnl_success &&
-         dnnl_primitive_create(&s->bwd_d, bdpd) == dnnl_success &&
-         dnnl_primitive_create(&s->bwd_w, bwpd) == dnnl_success;
+    ok =
+        make_view(&s->f_src, fpd, dnnl_query_src_md, &s->src_u, true, &most) &&
+        make_view(&s->f_wei, fpd, dnnl_query_weights_md, &s->wei_u, true,
+                  &most) &&
+        make_view(&s->f_dst, fpd, dnnl_query_dst_md, &s->dst_u, false, &most) &&
+        make_view(&s->d_ddst, bdpd, dnnl_query_diff_dst_md, &s->dst_u, true,
+                  &most) &&
+        make_view(&s->d_wei, bdpd, dnnl_query_weights_md, &s->wei_u, true,
+                  &most) &&
+        make_view(&s->d_dsrc, bdpd, dnnl_query_diff_src_md, &s->src_u, false,
+                  &most) &&
+        make_view(&s->w_src, bwpd, dnnl_query_src_md, &s->src_u, true, &most) &&
+        make_view(&s->w_ddst, bwpd, dnnl_query_diff_dst_md, &s->dst_u, true,
+                  &most) &&
+        make_view(&s->w_dwei, bwpd, dnnl_query_diff_weights_md, &s->wei_u,
+                  false, &most) &&
+        dnnl_primitive_create(&s->fwd, fpd) == dnnl_success &&
+        dnnl_primitive_create(&s->bwd_d, bdpd) == dnnl_success &&
+        dnnl_primitive_create(&s->bwd_w, bwpd) == dnnl_success;
   }
   if (fpd)
     dnnl_primitive_desc_destroy(fpd);
@@ -288,14 +300,14 @@ static bool plan_make(const loom_conv2d_dims *d, dnnl_plan *p) {
   p->a_off = 0;
   p->b_off = p->a_off + max3(md_floats(&f->f_src.md), md_floats(&f->w_src.md),
                              md_floats(&f->d_dsrc.md));
-  p->b2_off = p->b_off + max3(md_floats(&f->f_dst.md),
-                              md_floats(&f->w_ddst.md), 0);
+  p->b2_off =
+      p->b_off + max3(md_floats(&f->f_dst.md), md_floats(&f->w_ddst.md), 0);
   p->xp_off = p->b2_off + md_floats(&f->d_ddst.md);
   p->wb_off = p->xp_off + md_floats(&f->src_u);
   p->wp_off = p->wb_off + md_floats(&f->w_dwei.md);
   p->pad_off = p->wp_off + md_floats(&f->wei_u);
-  size_t pad = f->pad_bytes > p->last->pad_bytes ? f->pad_bytes
-                                                 : p->last->pad_bytes;
+  size_t pad =
+      f->pad_bytes > p->last->pad_bytes ? f->pad_bytes : p->last->pad_bytes;
   p->per_slot = p->pad_off + ALIGN16((int64_t)(pad / sizeof(float)) + 16);
   return true;
 }
@@ -339,7 +351,8 @@ static void run(exec_ctx *c, dnnl_primitive_t p, const exec_arg *a, int n) {
     args[i].arg = a[i].arg;
     args[i].memory = mem[i];
   }
-  if (!c->failed && dnnl_primitive_execute(p, c->stream, n, args) != dnnl_success)
+  if (!c->failed &&
+      dnnl_primitive_execute(p, c->stream, n, args) != dnnl_success)
     c->failed = 1;
   for (int i = 0; i < made; i++)
     dnnl_memory_destroy(mem[i]);
@@ -374,6 +387,7 @@ static void view_out(exec_ctx *c, const conv_view *v,
 /* Runs the statement (with slot and ctx) for every chunk on
  * min(threads, chunks) threads, each with its own stream; oneDNN is held to
  * one thread per chunk. */
+/* clang-format off */
 #define CONV_PARALLEL(plan, failed, ...)                                       \
   do {                                                                         \
     const int cp_nt = loom_kern_nthreads((plan).nchunks, 1);                   \
@@ -381,14 +395,14 @@ static void view_out(exec_ctx *c, const conv_view *v,
     if (cp_nt == 1 && !omp_in_parallel() &&                                    \
         (cp_save = omp_get_max_threads()) > 1)                                 \
       omp_set_num_threads(1);                                                  \
-    _Pragma("omp parallel num_threads(cp_nt) if (cp_nt > 1)") {                \
+    _Pragma("omp parallel num_threads(cp_nt) if (cp_nt > 1)")                  \
+    {                                                                          \
       exec_ctx ctx = {NULL, 0};                                                \
       if (dnnl_stream_create(&ctx.stream, g_engine,                            \
                              dnnl_stream_default_flags) != dnnl_success)       \
         ctx.failed = 1;                                                        \
-      _Pragma("omp for schedule(static)") for (int slot = 0;                   \
-                                               slot < (plan).nchunks;          \
-                                               slot++) {                       \
+      _Pragma("omp for schedule(static)")                                      \
+      for (int slot = 0; slot < (plan).nchunks; slot++) {                      \
         __VA_ARGS__;                                                           \
       }                                                                        \
       if (ctx.stream) {                                                        \
@@ -402,13 +416,14 @@ static void view_out(exec_ctx *c, const conv_view *v,
     if (cp_save > 1)                                                           \
       omp_set_num_threads(cp_save);                                            \
   } while (0)
+/* clang-format on */
 
 /* Weights in view v's layout, shared read-only by all chunks: reordered
  * once into col at `off`, before the chunks run (so chunk 0's scratchpad is
  * free to use). */
 static const float *shared_weights(const dnnl_plan *p, const conv_view *v,
-                                   const float *weight, float *col,
-                                   int64_t off, int *failed) {
+                                   const float *weight, float *col, int64_t off,
+                                   int *failed) {
   if (!v->reorder)
     return weight;
   exec_ctx c = {NULL, 0};
@@ -434,8 +449,8 @@ loom_status loom_kern_conv_dnnl_forward(float *out, float *col,
   if (!plan_make(d, &p))
     return LOOM_ERR_UNSUPPORTED;
   int wfail = 0;
-  const float *wf = shared_weights(&p, &p.full->f_wei, weight, col, p.wf_off,
-                                   &wfail);
+  const float *wf =
+      shared_weights(&p, &p.full->f_wei, weight, col, p.wf_off, &wfail);
   if (!bias) { /* one primitive with a bias serves both cases */
     memset(col + p.zb_off, 0, (size_t)d->OC * sizeof(float));
     bias = col + p.zb_off;
@@ -504,11 +519,11 @@ loom_status loom_kern_conv_dnnl_backward(float *dinp, float *dweight,
        * input gradient goes to plain scratch xp, then is added in (a reorder
        * with a sum post-op would add in place, but oneDNN runs that through
        * a slow reference kernel). */
-      void *dyd = dyw && dnnl_memory_desc_equal(&s->d_ddst.md, &s->w_ddst.md)
-                      ? dyw
-                      : view_in(&ctx, &s->d_ddst, &s->dst_u, dy,
-                                sc + p.b2_off, pad);
-      float *xp = sc + p.xp_off; /* (mb, C, H, W) */
+      void *dyd =
+          dyw && dnnl_memory_desc_equal(&s->d_ddst.md, &s->w_ddst.md)
+              ? dyw
+              : view_in(&ctx, &s->d_ddst, &s->dst_u, dy, sc + p.b2_off, pad);
+      float *xp = sc + p.xp_off;                          /* (mb, C, H, W) */
       float *dxs = s->d_dsrc.reorder ? sc + p.a_off : xp; /* a is free now */
       exec_arg a[4] = {{DNNL_ARG_DIFF_DST, &s->d_ddst.md, dyd},
                        {DNNL_ARG_WEIGHTS, &s->d_wei.md, (void *)wd},

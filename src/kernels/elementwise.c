@@ -10,7 +10,9 @@
  * enough to balance. */
 #define EW_CHUNK 16384
 
-/* Runs the statement (using i0, i1) over [0, n) in chunks, in parallel when n is large. */
+/* Runs the statement (using i0, i1) over [0, n) in chunks, in parallel when n
+ * is large. */
+/* clang-format off */
 #define EW_PARALLEL(n, ...)                                                    \
   do {                                                                         \
     const int64_t ew_n_ = (n);                                                 \
@@ -20,9 +22,10 @@
     for (int64_t ew_c_ = 0; ew_c_ < ew_chunks_; ew_c_++) {                     \
       const int64_t i0 = ew_c_ * EW_CHUNK;                                     \
       const int64_t i1 = i0 + EW_CHUNK < ew_n_ ? i0 + EW_CHUNK : ew_n_;        \
-      __VA_ARGS__;                                                                \
+      __VA_ARGS__;                                                             \
     }                                                                          \
   } while (0)
+/* clang-format on */
 
 void loom_add_forward(float *out, const float *a, const float *b, int64_t n) {
   EW_PARALLEL(n, {
@@ -93,8 +96,8 @@ void loom_gelu_backward(float *dinp, const float *inp, const float *dout,
 
 /* Element i keeps its value when draw (counter + i) of the stream, as 24
  * bits, is >= ceil(p * 2^24): exactly loom_rng_uniform(r) >= p. */
-void loom_dropout_forward(float *out, uint8_t *mask, const float *inp,
-                          float p, loom_rng *rng, int64_t n) {
+void loom_dropout_forward(float *out, uint8_t *mask, const float *inp, float p,
+                          loom_rng *rng, int64_t n) {
   const uint64_t base = rng->counter;
   rng->counter += (uint64_t)n;
   if (!(p > 0.0f)) {
@@ -138,8 +141,8 @@ void loom_dropout_forward(float *out, uint8_t *mask, const float *inp,
   });
 }
 
-void loom_dropout_backward(float *dinp, const uint8_t *mask,
-                           const float *dout, float p, int64_t n) {
+void loom_dropout_backward(float *dinp, const uint8_t *mask, const float *dout,
+                           float p, int64_t n) {
   if (p >= 1.0f)
     return; /* every element was dropped */
   const float scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;

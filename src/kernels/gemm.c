@@ -114,9 +114,9 @@ static void ob_set_threads(int n) {
 
 /* ------------------------------------------------------------- reference */
 
-void loom_gemm_ref(bool trans_a, bool trans_b, int M, int N, int K,
-                   float alpha, const float *A, int lda, const float *B,
-                   int ldb, float beta, float *C, int ldc) {
+void loom_gemm_ref(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                   const float *A, int lda, const float *B, int ldb, float beta,
+                   float *C, int ldc) {
   for (int i = 0; i < M; i++)
     for (int j = 0; j < N; j++) {
       double s = 0;
@@ -168,7 +168,8 @@ static void naive_row(bool trans_a, bool trans_b, int i, int N, int K,
 static void naive_gemm(bool trans_a, bool trans_b, int M, int N, int K,
                        float alpha, const float *A, int lda, const float *B,
                        int ldb, float beta, float *C, int ldc, int nthreads) {
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+#pragma omp parallel for num_threads(nthreads)                                 \
+    schedule(static) if (nthreads > 1)
   for (int i = 0; i < M; i++)
     naive_row(trans_a, trans_b, i, N, K, alpha, A, lda, B, ldb, beta,
               C + (int64_t)i * ldc);
@@ -219,9 +220,8 @@ void loom_kern_gemm_serial_begin(void) {
 }
 
 void loom_kern_gemm_serial(bool trans_a, bool trans_b, int M, int N, int K,
-                           float alpha, const float *A, int lda,
-                           const float *B, int ldb, float beta, float *C,
-                           int ldc) {
+                           float alpha, const float *A, int lda, const float *B,
+                           int ldb, float beta, float *C, int ldc) {
   if (M <= 0 || N <= 0)
     return;
   (void)vendor_gemm_1t(loom_gemm_get_backend(), trans_a, trans_b, M, N, K,
@@ -327,8 +327,10 @@ static loom_status tiled_gemm(loom_gemm_backend be, bool ta, bool tb, int M,
     const int mm = M - i0 < p.tm ? M - i0 : p.tm;
     const int nn = N - j0 < p.tn ? N - j0 : p.tn;
     const int kk = K - k0 < p.kc ? K - k0 : p.kc;
-    const float *a = ta ? A + (int64_t)k0 * lda + i0 : A + (int64_t)i0 * lda + k0;
-    const float *b = tb ? B + (int64_t)j0 * ldb + k0 : B + (int64_t)k0 * ldb + j0;
+    const float *a =
+        ta ? A + (int64_t)k0 * lda + i0 : A + (int64_t)i0 * lda + k0;
+    const float *b =
+        tb ? B + (int64_t)j0 * ldb + k0 : B + (int64_t)k0 * ldb + j0;
     int rc;
     if (part)
       rc = vendor_gemm_1t(be, ta, tb, mm, nn, kk, alpha, a, lda, b, ldb, 0.0f,
@@ -354,8 +356,8 @@ static loom_status tiled_gemm(loom_gemm_backend be, bool ta, bool tb, int M,
   }
   loom_free(part);
   if (atomic_load(&failed))
-    return loom_error(LOOM_ERR_INTERNAL, "gemm %dx%dx%d: %s failed (%d)", M,
-                      N, K, backend_names[be], atomic_load(&failed));
+    return loom_error(LOOM_ERR_INTERNAL, "gemm %dx%dx%d: %s failed (%d)", M, N,
+                      K, backend_names[be], atomic_load(&failed));
   return LOOM_OK;
 }
 

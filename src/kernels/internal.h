@@ -50,7 +50,7 @@ static inline float loom_kern_expf(float x) {
   uint32_t tb;
   memcpy(&tb, &t, sizeof tb);
   uint32_t e = (tb - 0x4B400000u + 127u) << 23; /* 2^n */
-  e = x < -87.0f ? 0u : e; /* underflow flushes to +0 */
+  e = x < -87.0f ? 0u : e;                      /* underflow flushes to +0 */
   float s;
   memcpy(&s, &e, sizeof s);
   return p * s;
@@ -73,7 +73,8 @@ static inline float loom_kern_tanhf(float x) {
 #if defined(__AVX2__) && defined(__FMA__)
 static inline float loom_kern_hsum16_(__m256 a, __m256 b) {
   const __m256 s8 = _mm256_add_ps(a, b);
-  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  __m128 s4 =
+      _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
   s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   s4 = _mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1));
   return _mm_cvtss_f32(s4);
@@ -97,7 +98,8 @@ static inline float loom_kern_dot(const float *x, const float *y, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     a = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), a);
-    b = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), b);
+    b = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8),
+                        b);
   }
   float s = loom_kern_hsum16_(a, b);
   for (; i < n; i++)
@@ -232,9 +234,8 @@ static inline int loom_kern_nthreads(int64_t work, int64_t grain) {
  * argument checks. */
 void loom_kern_gemm_serial_begin(void);
 void loom_kern_gemm_serial(bool trans_a, bool trans_b, int M, int N, int K,
-                           float alpha, const float *A, int lda,
-                           const float *B, int ldb, float beta, float *C,
-                           int ldc);
+                           float alpha, const float *A, int lda, const float *B,
+                           int ldb, float beta, float *C, int ldc);
 
 /* ---- convolution */
 

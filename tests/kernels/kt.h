@@ -12,8 +12,8 @@
 #include "tt.h"
 
 /* A buffer of n floats uniform in [lo, hi) from a fixed seed. */
-__attribute__((unused)) static float *kt_rand(size_t n, uint64_t seed,
-                                              float lo, float hi) {
+__attribute__((unused)) static float *kt_rand(size_t n, uint64_t seed, float lo,
+                                              float hi) {
   float *x = loom_malloc((n ? n : 1) * sizeof(float));
   if (!x)
     return NULL;
@@ -47,16 +47,17 @@ __attribute__((unused)) static int kt_same_bits(const float *a, const float *b,
              memcmp(&(a)[kt_i_], &(b)[kt_i_], sizeof(float)) == 0)             \
         kt_i_++;                                                               \
       tt_fail_prefix(__FILE__, __LINE__);                                      \
-      fprintf(stderr, "%s and %s differ in bits, first at [%zu]: %.9g vs %.9g\n", \
-              #a, #b, kt_i_, (double)(a)[kt_i_], (double)(b)[kt_i_]);          \
+      fprintf(stderr,                                                          \
+              "%s and %s differ in bits, first at [%zu]: %.9g vs %.9g\n", #a,  \
+              #b, kt_i_, (double)(a)[kt_i_], (double)(b)[kt_i_]);              \
       tt_fail_done();                                                          \
     }                                                                          \
   } while (0)
 
 /* Loss for finite differences: sum(out * g) accumulated in double, so the
  * rounding of the sum does not drown the difference being measured. */
-__attribute__((unused)) static double kt_dot_d(const float *out,
-                                               const float *g, size_t n) {
+__attribute__((unused)) static double kt_dot_d(const float *out, const float *g,
+                                               size_t n) {
   double s = 0;
   for (size_t i = 0; i < n; i++)
     s += (double)out[i] * (double)g[i];
@@ -95,8 +96,8 @@ __attribute__((unused)) static int kt_fd(kt_loss_fn f, void *ctx, float *x,
   do {                                                                         \
     int64_t kt_idx_[256];                                                      \
     double kt_fd_[256];                                                        \
-    int kt_m_ = kt_fd((f), (ctx), (x), (n), (h), (count) > 256 ? 256 : (count), \
-                      kt_idx_, kt_fd_);                                        \
+    int kt_m_ = kt_fd((f), (ctx), (x), (n), (h),                               \
+                      (count) > 256 ? 256 : (count), kt_idx_, kt_fd_);         \
     int kt_bad_ = 0;                                                           \
     double kt_worst_ = 0;                                                      \
     for (int kt_k_ = 0; kt_k_ < kt_m_; kt_k_++) {                              \
@@ -104,13 +105,13 @@ __attribute__((unused)) static int kt_fd(kt_loss_fn f, void *ctx, float *x,
       double kt_d_ = fabs(kt_g_ - kt_fd_[kt_k_]);                              \
       if (kt_d_ > kt_worst_)                                                   \
         kt_worst_ = kt_d_;                                                     \
-      if (!(kt_d_ <= (atol) + (rtol) * fabs(kt_fd_[kt_k_]))) {                 \
+      if (!(kt_d_ <= (atol) + (rtol)*fabs(kt_fd_[kt_k_]))) {                   \
         if (!kt_bad_) {                                                        \
           tt_fail_prefix(__FILE__, __LINE__);                                  \
-          fprintf(stderr, "%s vs finite differences of %s:\n", #grad, #x);    \
+          fprintf(stderr, "%s vs finite differences of %s:\n", #grad, #x);     \
         }                                                                      \
         if (kt_bad_ < 5)                                                       \
-          fprintf(stderr, "    [%lld] analytic %.7g fd %.7g\n",               \
+          fprintf(stderr, "    [%lld] analytic %.7g fd %.7g\n",                \
                   (long long)kt_idx_[kt_k_], kt_g_, kt_fd_[kt_k_]);            \
         kt_bad_++;                                                             \
       }                                                                        \

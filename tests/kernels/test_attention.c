@@ -59,7 +59,8 @@ static void att_backward_ref(double *dqkv, const float *dout, const float *qkv,
           double s = 0;
           for (int i = 0; i < HS; i++) {
             s += (double)d[i] * v[i];
-            dqkv[((size_t)b * T + u) * 3 * C + 2 * C + h * HS + i] += a[u] * d[i];
+            dqkv[((size_t)b * T + u) * 3 * C + 2 * C + h * HS + i] +=
+                a[u] * d[i];
           }
           datt[u] = s;
           dot += a[u] * s;
@@ -79,19 +80,22 @@ static void att_backward_ref(double *dqkv, const float *dout, const float *qkv,
 
 static const int shapes[][4] = {
     /* B T C NH */
-    {1, 1, 1, 1}, {1, 1, 4, 2}, {2, 5, 6, 3}, {2, 7, 12, 2}, {1, 65, 8, 2},
-    {3, 17, 30, 5}, {2, 130, 24, 3},
-    {1, 1, 16, 1}, {2, 5, 32, 2}, {1, 67, 64, 2}, {2, 130, 96, 3},
-    {3, 17, 64, 1}, {1, 33, 128, 4}};
+    {1, 1, 1, 1},   {1, 1, 4, 2},   {2, 5, 6, 3},    {2, 7, 12, 2},
+    {1, 65, 8, 2},  {3, 17, 30, 5}, {2, 130, 24, 3}, {1, 1, 16, 1},
+    {2, 5, 32, 2},  {1, 67, 64, 2}, {2, 130, 96, 3}, {3, 17, 64, 1},
+    {1, 33, 128, 4}};
 
 static void check_shape(int B, int T, int C, int NH, uint64_t seed) {
   const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
   const size_t na = (size_t)B * NH * T * T;
-  float *qkv = kt_rand(nq, seed, -2, 2), *out = kt_zeros(no), *att = kt_zeros(na);
-  float *dout = kt_rand(no, seed + 1, -1, 1), *dqkv = kt_rand(nq, seed + 2, -1, 1);
+  float *qkv = kt_rand(nq, seed, -2, 2), *out = kt_zeros(no),
+        *att = kt_zeros(na);
+  float *dout = kt_rand(no, seed + 1, -1, 1),
+        *dqkv = kt_rand(nq, seed + 2, -1, 1);
   float *scratch = kt_zeros(na), *ro = kt_zeros(no), *ra = kt_zeros(na);
   float *rg = kt_zeros(nq);
-  double *dout_d = calloc(no, sizeof(double)), *att_d = calloc(na, sizeof(double));
+  double *dout_d = calloc(no, sizeof(double)),
+         *att_d = calloc(na, sizeof(double));
   double *dq_d = calloc(nq, sizeof(double));
   if (!qkv || !out || !att || !dout || !dqkv || !scratch || !ro || !ra || !rg ||
       !dout_d || !att_d || !dq_d) {
@@ -112,7 +116,8 @@ static void check_shape(int B, int T, int C, int NH, uint64_t seed) {
       !TT_CHECK_CLOSE(out, ro, no, 1e-5, 1e-5))
     fprintf(stderr, "    forward B=%d T=%d C=%d NH=%d backend %s\n", B, T, C,
             NH, loom_gemm_backend_name(loom_gemm_get_backend()));
-  TT_CHECK_OK(loom_attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH));
+  TT_CHECK_OK(
+      loom_attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH));
   att_backward_ref(dq_d, dout, qkv, att_d, B, T, C, NH);
   for (size_t i = 0; i < nq; i++)
     rg[i] = (float)dq_d[i];
@@ -139,7 +144,8 @@ TT_TEST(attention_matches_reference) {
 
 TT_TEST(attention_rejects_bad_shapes) {
   float x[12] = {0};
-  TT_CHECK_EQ(loom_attention_forward(x, x, x, 1, 1, 3, 2), LOOM_ERR_INVALID_ARG);
+  TT_CHECK_EQ(loom_attention_forward(x, x, x, 1, 1, 3, 2),
+              LOOM_ERR_INVALID_ARG);
   TT_CHECK_EQ(loom_attention_backward(x, x, x, x, x, 1, 1, 4, 0),
               LOOM_ERR_INVALID_ARG);
   TT_CHECK_OK(loom_attention_forward(x, x, x, 0, 5, 4, 2));

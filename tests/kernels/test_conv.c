@@ -9,19 +9,25 @@
 
 static const int shapes[][9] = {
     /* N C H W OC KH KW stride pad */
-    {1, 1, 1, 1, 1, 1, 1, 1, 0},    {2, 1, 5, 5, 3, 3, 3, 1, 0},
-    {3, 2, 7, 6, 4, 3, 2, 2, 1},    {2, 3, 8, 8, 5, 5, 5, 1, 2},
-    {1, 2, 9, 7, 3, 1, 1, 1, 0},    {5, 2, 6, 6, 7, 3, 3, 3, 1},
-    {4, 3, 10, 9, 2, 4, 3, 2, 2},   {1, 1, 3, 3, 2, 3, 3, 1, 3},
+    {1, 1, 1, 1, 1, 1, 1, 1, 0},
+    {2, 1, 5, 5, 3, 3, 3, 1, 0},
+    {3, 2, 7, 6, 4, 3, 2, 2, 1},
+    {2, 3, 8, 8, 5, 5, 5, 1, 2},
+    {1, 2, 9, 7, 3, 1, 1, 1, 0},
+    {5, 2, 6, 6, 7, 3, 3, 3, 1},
+    {4, 3, 10, 9, 2, 4, 3, 2, 2},
+    {1, 1, 3, 3, 2, 3, 3, 1, 3},
     {20, 1, 18, 18, 4, 3, 3, 1, 1}, /* one image per chunk, 20 chunks > slots */
     {37, 2, 4, 4, 3, 2, 2, 2, 0},   /* one chunk of every image */
     {70, 2, 6, 6, 3, 3, 3, 1, 0},   /* chunks of 16, the last one short */
     {3, 1, 28, 28, 4, 5, 5, 1, 0},  /* the CNN's first layer, fewer maps */
     /* C >= 4: oneDNN's primitives under the dnnl backend */
-    {5, 4, 7, 7, 6, 3, 3, 1, 1},    {3, 16, 6, 5, 8, 3, 2, 2, 0},
-    {33, 8, 5, 5, 4, 2, 2, 1, 0},   /* 11 chunks of 3 */
-    {17, 6, 4, 4, 3, 1, 1, 1, 0},   /* 9 chunks, the last of 1 image */
-    {18, 5, 9, 9, 7, 5, 5, 2, 2},   {2, 32, 12, 12, 16, 5, 5, 1, 0},
+    {5, 4, 7, 7, 6, 3, 3, 1, 1},
+    {3, 16, 6, 5, 8, 3, 2, 2, 0},
+    {33, 8, 5, 5, 4, 2, 2, 1, 0}, /* 11 chunks of 3 */
+    {17, 6, 4, 4, 3, 1, 1, 1, 0}, /* 9 chunks, the last of 1 image */
+    {18, 5, 9, 9, 7, 5, 5, 2, 2},
+    {2, 32, 12, 12, 16, 5, 5, 1, 0},
 };
 #define NSHAPES (int)(sizeof shapes / sizeof shapes[0])
 
@@ -32,8 +38,8 @@ static loom_conv2d_dims dims_of(const int *s) {
 
 /* gradients of sum(out * dout) in double, added to dx, dw, db. */
 static void conv_backward_ref(double *dx, double *dw, double *db,
-                              const float *dout, const float *x,
-                              const float *w, const loom_conv2d_dims *d) {
+                              const float *dout, const float *x, const float *w,
+                              const loom_conv2d_dims *d) {
   const int OH = loom_conv2d_out_h(d), OW = loom_conv2d_out_w(d);
   for (int n = 0; n < d->N; n++)
     for (int oc = 0; oc < d->OC; oc++)
@@ -48,8 +54,10 @@ static void conv_backward_ref(double *dx, double *dw, double *db,
                 const int iw = ow * d->stride - d->pad + kw;
                 if (ih < 0 || ih >= d->H || iw < 0 || iw >= d->W)
                   continue;
-                const size_t xi = (((size_t)n * d->C + c) * d->H + ih) * d->W + iw;
-                const size_t wi = (((size_t)oc * d->C + c) * d->KH + kh) * d->KW + kw;
+                const size_t xi =
+                    (((size_t)n * d->C + c) * d->H + ih) * d->W + iw;
+                const size_t wi =
+                    (((size_t)oc * d->C + c) * d->KH + kh) * d->KW + kw;
                 dx[xi] += g * w[wi];
                 dw[wi] += g * x[xi];
               }
@@ -64,7 +72,8 @@ static void check_shape(const loom_conv2d_dims *d, uint64_t seed) {
   const int64_t ncol = loom_conv2d_col_floats(d);
   TT_CHECK(ncol > 0);
   float *x = kt_rand(nx, seed, -1, 1), *w = kt_rand(nw, seed + 1, -1, 1);
-  float *b = kt_rand(d->OC, seed + 2, -1, 1), *y = kt_zeros(ny), *ry = kt_zeros(ny);
+  float *b = kt_rand(d->OC, seed + 2, -1, 1), *y = kt_zeros(ny),
+        *ry = kt_zeros(ny);
   float *col = kt_rand((size_t)ncol, seed + 3, -1e3f, 1e3f); /* garbage */
   float *dy = kt_rand(ny, seed + 4, -1, 1);
   float *gx = kt_rand(nx, seed + 5, -1, 1), *gw = kt_rand(nw, seed + 6, -1, 1);
@@ -111,12 +120,13 @@ static void check_shape(const loom_conv2d_dims *d, uint64_t seed) {
   KT_CHECK_SAME_BITS(gx2, gx3, nx);
   KT_CHECK_SAME_BITS(gw2, gw3, nw);
   if (bad)
-    fprintf(stderr, "    N=%d C=%d H=%d W=%d OC=%d K=%dx%d stride=%d pad=%d "
-                    "backend %s\n",
+    fprintf(stderr,
+            "    N=%d C=%d H=%d W=%d OC=%d K=%dx%d stride=%d pad=%d "
+            "backend %s\n",
             d->N, d->C, d->H, d->W, d->OC, d->KH, d->KW, d->stride, d->pad,
             loom_gemm_backend_name(loom_gemm_get_backend()));
-  float *bufs[] = {x, w, b, y, ry, col, dy, gx, gw, gb, fx, fw, fb, gx2, gw2,
-                   gx3, gw3, gb3};
+  float *bufs[] = {x,  w,  b,  y,  ry,  col, dy,  gx,  gw,
+                   gb, fx, fw, fb, gx2, gw2, gx3, gw3, gb3};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
     loom_free(bufs[i]);
   free(rx);
@@ -148,16 +158,17 @@ TT_TEST(conv_output_sizes) {
 TT_TEST(conv_rejects_bad_dims) {
   float buf[64] = {0};
   const loom_conv2d_dims bad[] = {
-      {0, 1, 4, 4, 1, 3, 3, 1, 0},  {1, 1, 4, 4, 1, 3, 3, 0, 0},
-      {1, 1, 2, 2, 1, 5, 5, 1, 0},  {1, 1, 4, 4, 1, 3, 3, 1, -1},
+      {0, 1, 4, 4, 1, 3, 3, 1, 0}, {1, 1, 4, 4, 1, 3, 3, 0, 0},
+      {1, 1, 2, 2, 1, 5, 5, 1, 0}, {1, 1, 4, 4, 1, 3, 3, 1, -1},
       {1, 1, 4, 4, 0, 3, 3, 1, 0},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     TT_CHECK_EQ(loom_conv2d_col_floats(&bad[i]), 0);
     TT_CHECK_EQ(loom_conv2d_forward(buf, buf, buf, buf, NULL, &bad[i]),
                 LOOM_ERR_INVALID_ARG);
-    TT_CHECK_EQ(loom_conv2d_backward(buf, buf, NULL, buf, buf, buf, buf, &bad[i]),
-                LOOM_ERR_INVALID_ARG);
+    TT_CHECK_EQ(
+        loom_conv2d_backward(buf, buf, NULL, buf, buf, buf, buf, &bad[i]),
+        LOOM_ERR_INVALID_ARG);
   }
   TT_CHECK_EQ(loom_conv2d_forward(buf, buf, buf, buf, NULL, NULL),
               LOOM_ERR_INVALID_ARG);

@@ -6,13 +6,13 @@
 
 #include "kt.h"
 
-enum { NE = 100000 };                          /* elementwise */
-enum { SN = 512, SC = 256 };                   /* softmax, cross-entropy */
-enum { LN = 1024, LC = 96 };                   /* layernorm */
-enum { FN = 512, FC = 784, FOC = 128 };        /* linear (an MLP layer) */
-enum { AB = 4, AT = 128, AC = 64, ANH = 4 };   /* attention */
-enum { PN = 16, PC = 8, PH = 24, PK = 2 };     /* maxpool */
-enum { EV = 50, EN = 4096, EC = 40 };          /* embedding */
+enum { NE = 100000 };                        /* elementwise */
+enum { SN = 512, SC = 256 };                 /* softmax, cross-entropy */
+enum { LN = 1024, LC = 96 };                 /* layernorm */
+enum { FN = 512, FC = 784, FOC = 128 };      /* linear (an MLP layer) */
+enum { AB = 4, AT = 128, AC = 64, ANH = 4 }; /* attention */
+enum { PN = 16, PC = 8, PH = 24, PK = 2 };   /* maxpool */
+enum { EV = 50, EN = 4096, EC = 40 };        /* embedding */
 static const loom_conv2d_dims CD = {40, 3, 12, 12, 8, 3, 3, 1, 1};
 /* C >= 4: oneDNN's primitives under the dnnl backend */
 static const loom_conv2d_dims CD2 = {37, 8, 9, 9, 6, 3, 3, 1, 1};
@@ -48,8 +48,8 @@ static size_t conv_floats(const loom_conv2d_dims *d) {
 
 /* Forward and backward of one convolution; the input gradient of the
  * forward output scaled by 0.5 stands in for dout. */
-static void run_conv(const loom_conv2d_dims *d, const float *x,
-                     const float *w, const float *b, outputs *o);
+static void run_conv(const loom_conv2d_dims *d, const float *x, const float *w,
+                     const float *b, outputs *o);
 
 static size_t outputs_size(void) {
   const size_t pooled = (size_t)PN * PC * (PH / PK) * (PH / PK);
@@ -101,31 +101,40 @@ static void run_all(const inputs *in, outputs *o) {
   loom_embedding_backward(take(o, (size_t)EV * EC), ey, in->ids, EN, EC);
 }
 
-static void run_conv(const loom_conv2d_dims *d, const float *x,
-                     const float *w, const float *b, outputs *o) {
+static void run_conv(const loom_conv2d_dims *d, const float *x, const float *w,
+                     const float *b, outputs *o) {
   float *col = take(o, (size_t)loom_conv2d_col_floats(d));
   float *y = take(o, conv_out(d));
   TT_CHECK_OK(loom_conv2d_forward(y, col, x, w, b, d));
   loom_scale(y, 0.5f, (int64_t)conv_out(d));
-  TT_CHECK_OK(loom_conv2d_backward(take(o, (size_t)d->N * d->C * d->H * d->W),
-                                   take(o, (size_t)d->OC * d->C * d->KH * d->KW),
-                                   take(o, d->OC), col, y, x, w, d));
+  TT_CHECK_OK(
+      loom_conv2d_backward(take(o, (size_t)d->N * d->C * d->H * d->W),
+                           take(o, (size_t)d->OC * d->C * d->KH * d->KW),
+                           take(o, d->OC), col, y, x, w, d));
 }
 
 TT_TEST(every_kernel_thread_count_invariant) {
-  inputs in = {
-      kt_rand(NE, 1, -3, 3),          kt_rand(NE, 2, -1, 1),
-      kt_rand((size_t)SN * SC, 3, -5, 5), kt_rand((size_t)SN * SC, 4, -1, 1),
-      kt_rand((size_t)LN * LC, 5, -2, 2), kt_rand(LC, 6, 0.5f, 1.5f),
-      kt_rand(LC, 7, -1, 1),          kt_rand((size_t)FN * FC, 8, -1, 1),
-      kt_rand((size_t)FOC * FC, 9, -0.1f, 0.1f), kt_rand(FOC, 10, -1, 1),
-      kt_rand((size_t)FN * FOC, 11, -1, 1), kt_rand((size_t)AB * AT * 3 * AC, 12, -1, 1),
-      kt_rand((size_t)AB * AT * AC, 13, -1, 1),
-      kt_rand(40000, 14, -1, 1), /* inputs of CD and CD2 */
-      kt_rand(1000, 15, -1, 1),   kt_rand(16, 16, -1, 1),
-      kt_rand((size_t)PN * PC * PH * PH, 18, -1, 1),
-      kt_rand((size_t)EV * EC, 19, -1, 1), NULL,
-      loom_malloc(SN * sizeof(int32_t)), loom_malloc(EN * sizeof(int32_t))};
+  inputs in = {kt_rand(NE, 1, -3, 3),
+               kt_rand(NE, 2, -1, 1),
+               kt_rand((size_t)SN * SC, 3, -5, 5),
+               kt_rand((size_t)SN * SC, 4, -1, 1),
+               kt_rand((size_t)LN * LC, 5, -2, 2),
+               kt_rand(LC, 6, 0.5f, 1.5f),
+               kt_rand(LC, 7, -1, 1),
+               kt_rand((size_t)FN * FC, 8, -1, 1),
+               kt_rand((size_t)FOC * FC, 9, -0.1f, 0.1f),
+               kt_rand(FOC, 10, -1, 1),
+               kt_rand((size_t)FN * FOC, 11, -1, 1),
+               kt_rand((size_t)AB * AT * 3 * AC, 12, -1, 1),
+               kt_rand((size_t)AB * AT * AC, 13, -1, 1),
+               kt_rand(40000, 14, -1, 1), /* inputs of CD and CD2 */
+               kt_rand(1000, 15, -1, 1),
+               kt_rand(16, 16, -1, 1),
+               kt_rand((size_t)PN * PC * PH * PH, 18, -1, 1),
+               kt_rand((size_t)EV * EC, 19, -1, 1),
+               NULL,
+               loom_malloc(SN * sizeof(int32_t)),
+               loom_malloc(EN * sizeof(int32_t))};
   TT_REQUIRE(in.x && in.d && in.sx && in.sd && in.lx && in.lw && in.lb &&
              in.fx && in.fw && in.fb && in.fd && in.qkv && in.ad && in.cx &&
              in.cw && in.cb && in.px && in.et && in.tgt && in.ids);
@@ -155,10 +164,9 @@ TT_TEST(every_kernel_thread_count_invariant) {
     KT_CHECK_SAME_BITS(o[0].buf, o[2].buf, total);
   }
   loom_set_threads(0);
-  float *bufs[] = {in.x,  in.d,  in.sx, in.sd, in.lx, in.lw, in.lb,
-                   in.fx, in.fw, in.fb, in.fd, in.qkv, in.ad, in.cx,
-                   in.cw, in.cb, in.px, in.et, o[0].buf, o[1].buf,
-                   o[2].buf};
+  float *bufs[] = {in.x,  in.d,  in.sx, in.sd, in.lx,    in.lw,    in.lb,
+                   in.fx, in.fw, in.fb, in.fd, in.qkv,   in.ad,    in.cx,
+                   in.cw, in.cb, in.px, in.et, o[0].buf, o[1].buf, o[2].buf};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
     loom_free(bufs[i]);
   loom_free(in.tgt);

@@ -44,11 +44,12 @@ static int check_one(bool ta, bool tb, int M, int N, int K, float alpha,
   const double atol = 1e-5 + 4e-7 * K * (fabs(alpha) + 0.1);
   ok = TT_CHECK_CLOSE(C, R, (size_t)M * ldc, atol, 1e-5);
   if (!ok)
-    fprintf(stderr, "    backend %s det %d %c%c M=%d N=%d K=%d alpha=%g "
-                    "beta=%g pad=%d\n",
+    fprintf(stderr,
+            "    backend %s det %d %c%c M=%d N=%d K=%d alpha=%g "
+            "beta=%g pad=%d\n",
             loom_gemm_backend_name(loom_gemm_get_backend()),
-            loom_gemm_get_deterministic(), ta ? 'T' : 'N', tb ? 'T' : 'N', M,
-            N, K, alpha, beta, pad);
+            loom_gemm_get_deterministic(), ta ? 'T' : 'N', tb ? 'T' : 'N', M, N,
+            K, alpha, beta, pad);
 done:
   loom_free(A);
   loom_free(B);
@@ -58,9 +59,9 @@ done:
 }
 
 static const int shapes[][3] = {
-    {1, 1, 1},    {1, 7, 3},     {5, 1, 9},      {3, 4, 1},
-    {17, 33, 65}, {64, 64, 64},  {127, 129, 31}, {130, 67, 300},
-    {9, 300, 17}, {40, 24, 5000}, /* small C, long K: the K-split grid */
+    {1, 1, 1},      {1, 7, 3},      {5, 1, 9},      {3, 4, 1},
+    {17, 33, 65},   {64, 64, 64},   {127, 129, 31}, {130, 67, 300},
+    {9, 300, 17},   {40, 24, 5000}, /* small C, long K: the K-split grid */
     {200, 3, 2500},
 };
 #define NSHAPES (int)(sizeof shapes / sizeof shapes[0])
@@ -99,7 +100,8 @@ TT_TEST(gemm_alpha_beta) {
 /* BLAS semantics: beta = 0 means C is not read, even if it holds NaN. */
 TT_TEST(gemm_beta0_ignores_c) {
   const int M = 37, N = 21, K = 13;
-  float *A = kt_rand((size_t)M * K, 1, -1, 1), *B = kt_rand((size_t)K * N, 2, -1, 1);
+  float *A = kt_rand((size_t)M * K, 1, -1, 1),
+        *B = kt_rand((size_t)K * N, 2, -1, 1);
   float *C = kt_zeros((size_t)M * N), *R = kt_zeros((size_t)M * N);
   TT_REQUIRE(A && B && C && R);
   loom_gemm_ref(false, false, M, N, K, 1, A, K, B, N, 0, R, N);

@@ -43,6 +43,32 @@ TT_TEST(expf_accuracy) {
   TT_CHECK(loom_kern_tanhf(-30.0f) == -1.0f);
 }
 
+/* The documented order of the fixed-order sums, written plainly: 16 lane
+ * sums, the tree j += j+8, j += j+4, j += j+2, j += j+1, then the tail.
+ * The kernels' AVX2 code must give exactly these bits (so a build without
+ * AVX2, which runs this very loop, agrees with one with). */
+static float lanes_sum(const float *x, const float *y, float c, int kind,
+                       int n) {
+  float acc[16] = {0};
+  int i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; j++) {
+      const float d = x[i + j] - c;
+      acc[j] = kind == 0   ? acc[j] + x[i + j]
+               : kind == 1 ? fmaf(x[i + j], y[i + j], acc[j])
+                           : fmaf(d, d, acc[j]);
+    }
+  for (int w = 8; w > 0; w /= 2)
+    for (int j = 0; j < w; j++)
+      acc[j] += acc[j + w];
+  float s = acc[0];
+  for (; i < n; i++) {
+    const float d = x[i] - c;
+    s = kind == 0 ? s + x[i] : kind == 1 ? fmaf(x[i], y[i], s) : fmaf(d, d, s);
+  }
+  return s;
+}
+
 TT_TEST(fixed_order_reductions) {
   for (int s = 0; s < NSIZES; s++) {
     const int n = sizes[s];
@@ -57,6 +83,13 @@ TT_TEST(fixed_order_reductions) {
     TT_CHECK_NEAR(loom_kern_sum(x, n), sum, 1e-5 * n);
     TT_CHECK_NEAR(loom_kern_dot(x, y, n), dot, 1e-5 * n);
     TT_CHECK(loom_kern_max(x, n) == (float)mx);
+    const float s0 = loom_kern_sum(x, n), s1 = loom_kern_dot(x, y, n);
+    const float s2 = loom_kern_sqdev(x, 0.3f, n);
+    const float r0 = lanes_sum(x, y, 0, 0, n), r1 = lanes_sum(x, y, 0, 1, n);
+    const float r2 = lanes_sum(x, y, 0.3f, 2, n);
+    TT_CHECK(memcmp(&s0, &r0, 4) == 0);
+    TT_CHECK(memcmp(&s1, &r1, 4) == 0);
+    TT_CHECK(memcmp(&s2, &r2, 4) == 0);
     loom_free(x);
     loom_free(y);
   }
@@ -128,7 +161,8 @@ TT_TEST(elementwise_ops) {
 TT_TEST(dropout_masks) {
   const int n = 100003;
   const float p = 0.3f;
-  float *x = kt_rand(n, 5, -1, 1), *out = kt_zeros(n), *g = kt_rand(n, 6, -1, 1);
+  float *x = kt_rand(n, 5, -1, 1), *out = kt_zeros(n),
+        *g = kt_rand(n, 6, -1, 1);
   float *g0 = kt_copy(g, n), *d = kt_rand(n, 7, -1, 1);
   uint8_t *mask = loom_malloc(n);
   TT_REQUIRE(x && out && g && g0 && d && mask);
@@ -183,7 +217,7 @@ TT_TEST(dropout_masks) {
 
 /* --------------------------------------------------- softmax family */
 
-static const int rowshapes[][2] = {{1, 1}, {1, 5}, {3, 1},   {4, 16},
+static const int rowshapes[][2] = {{1, 1},  {1, 5},   {3, 1},    {4, 16},
                                    {5, 17}, {2, 257}, {7, 1000}, {40, 33}};
 #define NROWSHAPES (int)(sizeof rowshapes / sizeof rowshapes[0])
 
@@ -192,7 +226,8 @@ TT_TEST(softmax_and_log_softmax) {
     const int N = rowshapes[s][0], C = rowshapes[s][1];
     const size_t nc = (size_t)N * C;
     /* large logits: a naive exp would overflow */
-    float *x = kt_rand(nc, 40 + s, -30, 30), *y = kt_zeros(nc), *r = kt_zeros(nc);
+    float *x = kt_rand(nc, 40 + s, -30, 30), *y = kt_zeros(nc),
+          *r = kt_zeros(nc);
     float *d = kt_rand(nc, 50 + s, -1, 1), *g0 = kt_rand(nc, 60, -1, 1);
     float *g = kt_copy(g0, nc);
     TT_REQUIRE(x && y && r && d && g0 && g);
@@ -215,7 +250,8 @@ TT_TEST(softmax_and_log_softmax) {
       for (int j = 0; j < C; j++)
         dot += (double)y[n * C + j] * d[n * C + j];
       for (int j = 0; j < C; j++)
-        r[n * C + j] = (float)(g0[n * C + j] + y[n * C + j] * (d[n * C + j] - dot));
+        r[n * C + j] =
+            (float)(g0[n * C + j] + y[n * C + j] * (d[n * C + j] - dot));
     }
     TT_CHECK_CLOSE(g, r, nc, 1e-6, 1e-5);
     /* log-softmax */
@@ -237,8 +273,8 @@ TT_TEST(softmax_and_log_softmax) {
       for (int j = 0; j < C; j++)
         sd += d[n * C + j];
       for (int j = 0; j < C; j++)
-        r[n * C + j] =
-            (float)(g0[n * C + j] + d[n * C + j] - exp((double)y[n * C + j]) * sd);
+        r[n * C + j] = (float)(g0[n * C + j] + d[n * C + j] -
+                               exp((double)y[n * C + j]) * sd);
     }
     TT_CHECK_CLOSE(g, r, nc, 1e-5, 1e-5);
     loom_free(x);
@@ -278,9 +314,9 @@ TT_TEST(crossentropy) {
       TT_CHECK_NEAR(loss[n], want, 1e-5 + 1e-6 * fabs(want));
       for (int j = 0; j < V; j++) {
         const double p = exp((double)x[n * V + j] - m) / sum;
-        r[n * V + j] = t[n] < 0 ? g0[n * V + j]
-                                : (float)(g0[n * V + j] +
-                                          (p - (j == t[n])) * dl[n]);
+        r[n * V + j] = t[n] < 0
+                           ? g0[n * V + j]
+                           : (float)(g0[n * V + j] + (p - (j == t[n])) * dl[n]);
       }
     }
     loom_crossentropy_backward(g, probs, t, dl, N, V);
@@ -316,7 +352,8 @@ TT_TEST(layernorm) {
     const size_t nc = (size_t)N * C;
     float *x = kt_rand(nc, 100 + s, -3, 5), *w = kt_rand(C, 101, 0.5f, 1.5f);
     float *b = kt_rand(C, 102, -1, 1), *y = kt_zeros(nc), *r = kt_zeros(nc);
-    float *mean = kt_zeros(N), *rstd = kt_zeros(N), *d = kt_rand(nc, 103, -1, 1);
+    float *mean = kt_zeros(N), *rstd = kt_zeros(N),
+          *d = kt_rand(nc, 103, -1, 1);
     float *gx0 = kt_rand(nc, 104, -1, 1), *gx = kt_copy(gx0, nc);
     float *gw0 = kt_rand(C, 105, -1, 1), *gw = kt_copy(gw0, C);
     float *gb0 = kt_rand(C, 106, -1, 1), *gb = kt_copy(gb0, C);
@@ -378,7 +415,8 @@ TT_TEST(layernorm) {
     free(dr);
     free(sw);
     free(sb);
-    float *bufs[] = {x, w, b, y, r, mean, rstd, d, gx0, gx, gw0, gw, gb0, gb, rw, rb};
+    float *bufs[] = {x,   w,  b,   y,  r,   mean, rstd, d,
+                     gx0, gx, gw0, gw, gb0, gb,   rw,   rb};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
       loom_free(bufs[i]);
   }
@@ -387,15 +425,19 @@ TT_TEST(layernorm) {
 /* --------------------------------------------------------------- linear */
 
 TT_TEST(linear) {
-  static const int sh[][3] = {{1, 1, 1}, {3, 5, 7}, {17, 33, 10}, {128, 64, 130}};
+  static const int sh[][3] = {
+      {1, 1, 1}, {3, 5, 7}, {17, 33, 10}, {128, 64, 130}};
   for (size_t s = 0; s < sizeof sh / sizeof sh[0]; s++) {
     const int N = sh[s][0], C = sh[s][1], OC = sh[s][2];
     float *x = kt_rand((size_t)N * C, 200 + s, -1, 1);
-    float *w = kt_rand((size_t)OC * C, 201, -1, 1), *b = kt_rand(OC, 202, -1, 1);
+    float *w = kt_rand((size_t)OC * C, 201, -1, 1),
+          *b = kt_rand(OC, 202, -1, 1);
     float *y = kt_zeros((size_t)N * OC), *r = kt_zeros((size_t)N * OC);
     float *d = kt_rand((size_t)N * OC, 203, -1, 1);
-    float *gx = kt_rand((size_t)N * C, 204, -1, 1), *rx = kt_copy(gx, (size_t)N * C);
-    float *gw = kt_rand((size_t)OC * C, 205, -1, 1), *rw = kt_copy(gw, (size_t)OC * C);
+    float *gx = kt_rand((size_t)N * C, 204, -1, 1),
+          *rx = kt_copy(gx, (size_t)N * C);
+    float *gw = kt_rand((size_t)OC * C, 205, -1, 1),
+          *rw = kt_copy(gw, (size_t)OC * C);
     float *gb = kt_rand(OC, 206, -1, 1), *rb = kt_copy(gb, OC);
     TT_REQUIRE(x && w && b && y && r && d && gx && rx && gw && rw && gb && rb);
     TT_CHECK_OK(loom_linear_forward(y, x, w, b, N, C, OC));
@@ -432,7 +474,8 @@ TT_TEST(linear) {
 
 TT_TEST(embedding) {
   const int V = 11, C = 37, N = 50;
-  float *table = kt_rand((size_t)V * C, 300, -1, 1), *out = kt_zeros((size_t)N * C);
+  float *table = kt_rand((size_t)V * C, 300, -1, 1),
+        *out = kt_zeros((size_t)N * C);
   float *d = kt_rand((size_t)N * C, 301, -1, 1);
   float *g = kt_rand((size_t)V * C, 302, -1, 1), *r = kt_copy(g, (size_t)V * C);
   int32_t ids[50];
@@ -468,7 +511,8 @@ TT_TEST(maxpool) {
     const int K = sh[s][4], S = sh[s][5];
     const int OH = (H - K) / S + 1, OW = (W - K) / S + 1;
     const size_t ni = (size_t)N * C * H * W, no = (size_t)N * C * OH * OW;
-    float *x = kt_rand(ni, 400 + s, -1, 1), *y = kt_zeros(no), *r = kt_zeros(no);
+    float *x = kt_rand(ni, 400 + s, -1, 1), *y = kt_zeros(no),
+          *r = kt_zeros(no);
     float *d = kt_rand(no, 401, -1, 1), *g = kt_rand(ni, 402, -1, 1);
     float *rg = kt_copy(g, ni);
     int32_t *am = loom_malloc(no * sizeof(int32_t));
