@@ -44,7 +44,8 @@ typedef struct conv_entry {
   conv_set *set;        /* NULL: oneDNN cannot do this shape */
 } conv_entry;
 
-#define CACHE_MAX 64
+/* Shapes (with their minibatch sizes) kept; a model has a few per layer. */
+#define CACHE_MAX 256
 static conv_entry g_cache[CACHE_MAX];
 static int g_ncache;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -242,7 +243,7 @@ static conv_set *set_get(const loom_conv2d_dims *d, int mb) {
       break;
   if (i < g_ncache) {
     found = g_cache[i].set;
-  } else {
+  } else if (g_ncache < CACHE_MAX) { /* full: im2col for new shapes */
     /* Some kernels fix their thread split when built (e.g. a barrier
      * between the threads of a weight-gradient reduction); we always run
      * them on one thread, so build them for one. */
@@ -250,11 +251,9 @@ static conv_set *set_get(const loom_conv2d_dims *d, int mb) {
     omp_set_num_threads(1);
     found = set_build(&key);
     omp_set_num_threads(save);
-    if (g_ncache < CACHE_MAX) { /* beyond that, rebuild each call (slow) */
-      g_cache[g_ncache].key = key;
-      g_cache[g_ncache].set = found;
-      g_ncache++;
-    }
+    g_cache[g_ncache].key = key;
+    g_cache[g_ncache].set = found; /* NULL too: do not try again */
+    g_ncache++;
   }
   pthread_mutex_unlock(&g_lock);
   return found;
