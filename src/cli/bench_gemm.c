@@ -103,9 +103,13 @@ static int parse_args(int argc, char **argv, bench_args *a) {
       usage(stdout);
       return 1;
     }
+    if (strcmp(o, "--threads") != 0 && strcmp(o, "--iters") != 0 &&
+        strcmp(o, "--backend") != 0) {
+      fprintf(stderr, "loom bench gemm: unknown option %s (try --help)\n", o);
+      return -1;
+    }
     if (i + 1 >= argc) {
-      fprintf(stderr, "loom bench gemm: unknown option or missing value: %s\n",
-              o);
+      fprintf(stderr, "loom bench gemm: %s needs a value\n", o);
       return -1;
     }
     const char *v = argv[++i];
@@ -135,9 +139,6 @@ static int parse_args(int argc, char **argv, bench_args *a) {
         return -1;
       }
       a->backend = v;
-    } else {
-      fprintf(stderr, "loom bench gemm: unknown option %s (try --help)\n", o);
-      return -1;
     }
   }
   return 0;
