@@ -5,33 +5,35 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "loom/comm.h"
 #include "loom/config.h"
 #include "loom/train.h"
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: loom train CONFIG [options]\n"
-          "\n"
-          "Trains the model CONFIG describes (see docs/config.md), printing\n"
-          "progress, writing RUN_DIR/metrics.jsonl and checkpoints.\n"
-          "\n"
-          "options:\n"
-          "  --set SECTION.KEY=VALUE  override a config key (repeatable)\n"
-          "  --resume auto|never|DIR  auto (default): continue from the newest\n"
-          "                           valid checkpoint of checkpoint.dir if any;\n"
-          "                           never: start fresh; DIR: that checkpoint\n"
-          "  --steps N                train for N optimizer steps in total\n"
-          "                           (same as --set train.steps=N)\n"
-          "  --stop-at N              stop after step N as if interrupted,\n"
-          "                           saving a checkpoint (the schedule still\n"
-          "                           runs to the configured end)\n"
-          "  --quiet                  no progress or eval lines\n"
-          "  --print-config           print the resolved config and exit\n"
-          "  -h, --help               this text\n"
-          "\n"
-          "Ctrl-C (SIGINT) or SIGTERM stops at the next step boundary after\n"
-          "saving a checkpoint. Exit codes: 0 done, 1 failed, 2 bad config or\n"
-          "command line, 130 stopped by a signal.\n");
+  fprintf(
+      f,
+      "usage: loom train CONFIG [options]\n"
+      "\n"
+      "Trains the model CONFIG describes (see docs/config.md), printing\n"
+      "progress, writing RUN_DIR/metrics.jsonl and checkpoints.\n"
+      "\n"
+      "options:\n"
+      "  --set SECTION.KEY=VALUE  override a config key (repeatable)\n"
+      "  --resume auto|never|DIR  auto (default): continue from the newest\n"
+      "                           valid checkpoint of checkpoint.dir if any;\n"
+      "                           never: start fresh; DIR: that checkpoint\n"
+      "  --steps N                train for N optimizer steps in total\n"
+      "                           (same as --set train.steps=N)\n"
+      "  --stop-at N              stop after step N as if interrupted,\n"
+      "                           saving a checkpoint (the schedule still\n"
+      "                           runs to the configured end)\n"
+      "  --quiet                  no progress or eval lines\n"
+      "  --print-config           print the resolved config and exit\n"
+      "  -h, --help               this text\n"
+      "\n"
+      "Ctrl-C (SIGINT) or SIGTERM stops at the next step boundary after\n"
+      "saving a checkpoint. Exit codes: 0 done, 1 failed, 2 bad config or\n"
+      "command line, 130 stopped by a signal.\n");
 }
 
 static int parse_i64(const char *s, int64_t *out) {
@@ -67,8 +69,9 @@ int loom_cmd_train(int argc, char **argv) {
     } else if (strcmp(a, "--steps") == 0 && has_next) {
       int64_t v;
       if (parse_i64(argv[++i], &v) != 0 || v < 1) {
-        fprintf(stderr, "loom train: --steps needs a positive integer, got "
-                        "'%s'\n",
+        fprintf(stderr,
+                "loom train: --steps needs a positive integer, got "
+                "'%s'\n",
                 argv[i]);
         return LOOM_EXIT_USAGE;
       }
@@ -78,8 +81,9 @@ int loom_cmd_train(int argc, char **argv) {
       sets[n_sets++] = steps_set;
     } else if (strcmp(a, "--stop-at") == 0 && has_next) {
       if (parse_i64(argv[++i], &opts.stop_at) != 0 || opts.stop_at < 1) {
-        fprintf(stderr, "loom train: --stop-at needs a positive integer, "
-                        "got '%s'\n",
+        fprintf(stderr,
+                "loom train: --stop-at needs a positive integer, "
+                "got '%s'\n",
                 argv[i]);
         return LOOM_EXIT_USAGE;
       }
@@ -88,8 +92,9 @@ int loom_cmd_train(int argc, char **argv) {
     } else if (strcmp(a, "--print-config") == 0) {
       print_config = true;
     } else if (a[0] == '-') {
-      fprintf(stderr, "loom train: unknown or incomplete option '%s' (see "
-                      "'loom train --help')\n",
+      fprintf(stderr,
+              "loom train: unknown or incomplete option '%s' (see "
+              "'loom train --help')\n",
               a);
       return LOOM_EXIT_USAGE;
     } else if (!config_path) {
@@ -121,26 +126,41 @@ int loom_cmd_train(int argc, char **argv) {
     return LOOM_EXIT_OK;
   }
 
+  /* Under `loom run -n N` every rank runs this; only rank 0 reports. The
+   * trainer holds the world group too: this reference only reads the rank. */
+  loom_group *world = NULL;
+  if (loom_group_world(NULL, &world) != LOOM_OK) {
+    fprintf(stderr, "loom train: %s\n", loom_last_error());
+    return LOOM_EXIT_FAIL;
+  }
+  int rank = loom_group_rank(world), nranks = loom_group_size(world);
+  char who[32] = "";
+  if (nranks > 1)
+    snprintf(who, sizeof who, "[rank %d] ", rank);
   loom_trainer *t = NULL;
   loom_status s = loom_trainer_new(&t, &cfg, &opts);
   if (s != LOOM_OK) {
-    fprintf(stderr, "loom train: %s\n", loom_last_error());
+    fprintf(stderr, "loom train: %s%s\n", who, loom_last_error());
+    loom_group_free(world);
     return s == LOOM_ERR_CONFIG ? LOOM_EXIT_USAGE : LOOM_EXIT_FAIL;
   }
   loom_train_result res;
   s = loom_trainer_run(t, &res);
   loom_trainer_free(t);
+  loom_group_free(world);
   if (s != LOOM_OK) {
-    fprintf(stderr, "loom train: %s\n", loom_last_error());
+    fprintf(stderr, "loom train: %s%s\n", who, loom_last_error());
     return LOOM_EXIT_FAIL;
   }
-  if (!opts.quiet) {
-    const char *unit =
-        cfg.data.dataset == LOOM_CFG_DATASET_FASHION_MNIST ? "samples"
-                                                            : "tokens";
+  if (!opts.quiet && rank == 0) {
+    const char *unit = cfg.data.dataset == LOOM_CFG_DATASET_FASHION_MNIST
+                           ? "samples"
+                           : "tokens";
     fprintf(stderr, "%s at step %lld: %.1f s, %.0f %s/s",
             res.interrupted ? "stopped" : "done", (long long)res.steps,
             res.seconds, res.throughput, unit);
+    if (nranks > 1)
+      fprintf(stderr, " (%d ranks)", nranks);
     if (!isnan(res.val_loss))
       fprintf(stderr, ", val_loss %.4f", res.val_loss);
     fputc('\n', stderr);

@@ -14,11 +14,6 @@
 #include "loom/train.h"
 #include "train/trainer.h"
 
-
-static volatile sig_atomic_t stop_requested;
-
-void loom_trainer_request_stop(void) { stop_requested = 1; }
-
 loom_train_opts loom_train_opts_default(void) {
   loom_train_opts o = {"auto", 0, false};
   return o;
@@ -93,10 +88,9 @@ static loom_status open_data(loom_trainer *t) {
   switch (dc->dataset) {
   case LOOM_CFG_DATASET_FASHION_MNIST: {
     loom_image_opts io = loom_image_opts_default();
-    LOOM_TRY(loom_dataset_open_fashion(&t->train_ds, path, LOOM_SPLIT_TRAIN,
-                                       &io));
     LOOM_TRY(
-        loom_dataset_open_fashion(&t->val_ds, path, LOOM_SPLIT_VAL, &io));
+        loom_dataset_open_fashion(&t->train_ds, path, LOOM_SPLIT_TRAIN, &io));
+    LOOM_TRY(loom_dataset_open_fashion(&t->val_ds, path, LOOM_SPLIT_VAL, &io));
     break;
   }
   case LOOM_CFG_DATASET_KJV: {
@@ -156,8 +150,8 @@ static loom_status make_loader(loom_trainer *t) {
   lo.sampler.shuffle = t->cfg.data.shuffle;
   lo.sampler.tail = (loom_tail)t->cfg.data.tail;
   lo.sampler.batch = t->batch;
-  lo.sampler.rank = 0;
-  lo.sampler.world = 1;
+  lo.sampler.rank = t->rank;
+  lo.sampler.world = t->nranks;
   lo.prefetch = (int)t->cfg.data.prefetch;
   LOOM_TRY(loom_loader_new(&t->train_loader, t->train_ds, &lo));
   int64_t nb = loom_loader_batches_per_epoch(t->train_loader);
@@ -174,7 +168,8 @@ static loom_status make_loader(loom_trainer *t) {
 static loom_status make_optim(loom_trainer *t) {
   const loom_config_optim *oc = &t->cfg.optim;
   loom_optim_opts oo = loom_optim_opts_default();
-  oo.kind = oc->name == LOOM_CFG_OPTIM_ADAMW ? LOOM_OPTIM_ADAMW : LOOM_OPTIM_SGD;
+  oo.kind =
+      oc->name == LOOM_CFG_OPTIM_ADAMW ? LOOM_OPTIM_ADAMW : LOOM_OPTIM_SGD;
   oo.momentum = oc->momentum;
   oo.nesterov = oc->nesterov;
   oo.beta1 = oc->beta1;
@@ -208,14 +203,19 @@ static loom_status make_optim(loom_trainer *t) {
       [LOOM_CFG_SCALING_LINEAR] = LOOM_LR_RULE_LINEAR,
       [LOOM_CFG_SCALING_SQRT] = LOOM_LR_RULE_SQRT,
   };
-  /* The scaling rule's base is the batch of one rank without accumulation:
-   * the config's lr is what that batch trains well with. */
-  int64_t global_batch = t->batch * t->accumulate * loom_train_world();
-  LOOM_TRY(loom_lr_scale(rules[sc->scaling], sd.lr, global_batch, t->batch,
-                         &sd.lr));
+  /* The scaling rule's base is the batch of one rank without accumulation
+   * (one virtual shard in deterministic mode): the config's lr is what that
+   * batch trains well with. */
+  int64_t base = t->cfg.train.batch_size;
+  int64_t global_batch = t->batch * t->accumulate * t->nranks;
+  LOOM_TRY(
+      loom_lr_scale(rules[sc->scaling], sd.lr, global_batch, base, &sd.lr));
   sd.warmup_steps = sc->warmup_steps;
   sd.total_steps = t->total_steps;
   sd.min_lr = (float)sc->min_lr;
+  if (sd.min_lr > 0)
+    LOOM_TRY(loom_lr_scale(rules[sc->scaling], sd.min_lr, global_batch, base,
+                           &sd.min_lr));
   sd.step_size = sc->step_size;
   sd.gamma = (float)sc->gamma;
   s = loom_sched_check(&sd);
@@ -223,6 +223,155 @@ static loom_status make_optim(loom_trainer *t) {
     return loom_error_context(LOOM_ERR_CONFIG, "schedule");
   t->sched = sd;
   return LOOM_OK;
+}
+
+/* ------------------------------------------------------ data parallelism */
+
+loom_status loom_train_agree(loom_trainer *t, loom_status mine,
+                             const char *what) {
+  if (!t->world || t->nranks == 1)
+    return mine;
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", mine != LOOM_OK ? loom_last_error() : "");
+  int32_t *all = loom_calloc((size_t)t->nranks, sizeof *all);
+  if (!all)
+    return LOOM_ERR_NOMEM;
+  int32_t me = (int32_t)mine;
+  loom_req r = LOOM_REQ_INIT;
+  loom_status s = loom_allgather(&me, all, 1, LOOM_I32, t->world, &r);
+  if (s == LOOM_OK)
+    s = loom_wait(&r);
+  if (s != LOOM_OK) {
+    loom_free(all);
+    return loom_error_context(s, "%s: agreeing on the outcome", what);
+  }
+  int first = -1;
+  for (int q = 0; q < t->nranks && first < 0; q++)
+    if (all[q] != LOOM_OK)
+      first = q;
+  loom_status other = first >= 0 ? (loom_status)all[first] : LOOM_OK;
+  loom_free(all);
+  if (mine != LOOM_OK)
+    return loom_error(mine, "%s", msg);
+  if (first < 0)
+    return LOOM_OK;
+  return loom_error(other == LOOM_ERR_CONFIG ? LOOM_ERR_CONFIG
+                                             : LOOM_ERR_REMOTE,
+                    "%s failed on rank %d (%s); its message says why", what,
+                    first, loom_status_str(other));
+}
+
+/* The world group, the strategy and the shape of a rank's batch. */
+static loom_status open_world(loom_trainer *t) {
+  const loom_config_parallel *pc = &t->cfg.parallel;
+  LOOM_TRY(loom_group_world(NULL, &t->world));
+  t->rank = loom_group_rank(t->world);
+  t->nranks = loom_group_size(t->world);
+  loom_train_set_world(t->rank, t->nranks);
+  if (t->nranks > 1)
+    loom_log_set_rank(t->rank);
+  t->shards = 1;
+  t->batch = t->cfg.train.batch_size;
+  t->shard_rows = t->batch;
+  t->units = 1;
+  switch (pc->strategy) {
+  case LOOM_CFG_STRATEGY_ZERO:
+    return loom_error(LOOM_ERR_UNSUPPORTED,
+                      "parallel.strategy 'zero' is not available in this "
+                      "build; use 'ddp'");
+  case LOOM_CFG_STRATEGY_NONE:
+    if (t->nranks > 1)
+      return loom_error(LOOM_ERR_CONFIG,
+                        "parallel.strategy 'none' with %d ranks: each would "
+                        "train alone; use 'ddp' or 'auto'",
+                        t->nranks);
+    if (pc->deterministic)
+      return loom_error(LOOM_ERR_CONFIG,
+                        "parallel.deterministic needs parallel.strategy "
+                        "'auto' or 'ddp'");
+    return LOOM_OK;
+  default:
+    break;
+  }
+  bool ddp = pc->strategy == LOOM_CFG_STRATEGY_DDP || t->nranks > 1 ||
+             pc->deterministic;
+  if (!ddp)
+    return LOOM_OK;
+  t->units = t->nranks;
+  if (pc->deterministic) {
+    int64_t v = pc->virtual_shards;
+    if ((v & (v - 1)) != 0 || v % t->nranks != 0 ||
+        (t->nranks & (t->nranks - 1)) != 0)
+      return loom_error(LOOM_ERR_CONFIG,
+                        "parallel.deterministic: %d ranks and "
+                        "parallel.virtual_shards %lld; both must be powers "
+                        "of two and the ranks must divide the shards",
+                        t->nranks, (long long)v);
+    /* batch_size is one shard's rows: the batch per rank when there are
+     * as many ranks as shards. */
+    t->shards = (int)(v / t->nranks);
+    t->batch = t->cfg.train.batch_size * t->shards;
+    t->units = (int)v;
+  }
+  return LOOM_OK;
+}
+
+static loom_status make_ddp(loom_trainer *t) {
+  const loom_config_parallel *pc = &t->cfg.parallel;
+  loom_ddp_opts o = loom_ddp_opts_default();
+  o.bucket_mb = pc->bucket_mb;
+  o.first_bucket_mb = pc->first_bucket_mb;
+  static const loom_dtype wire[] = {[LOOM_CFG_COMPRESS_NONE] = LOOM_F32,
+                                    [LOOM_CFG_COMPRESS_BF16] = LOOM_BF16,
+                                    [LOOM_CFG_COMPRESS_F16] = LOOM_F16};
+  o.compress = wire[pc->compress];
+  o.deterministic = pc->deterministic;
+  o.virtual_shards = (int)pc->virtual_shards;
+  o.check_config = true;
+  o.config_hash = loom_config_hash(&t->cfg);
+  LOOM_TRY(loom_ddp_new(&t->ddp, t->model, t->world, &o));
+  if (t->rank == 0 && !t->opts.quiet) {
+    int nb = loom_ddp_num_buckets(t->ddp);
+    if (pc->deterministic)
+      LOOM_INFO("data parallel: %d ranks x %d thread(s), %d gradient buckets, "
+                "deterministic over %lld virtual shards (%d per rank, %lld "
+                "rows each)",
+                t->nranks, loom_threads(), nb, (long long)pc->virtual_shards,
+                t->shards, (long long)t->cfg.train.batch_size);
+    else
+      LOOM_INFO("data parallel: %d ranks x %d thread(s), %d gradient buckets "
+                "(first %g MiB, then %g MiB), %s on the wire",
+                t->nranks, loom_threads(), nb, pc->first_bucket_mb,
+                pc->bucket_mb, loom_cfg_compress_names[pc->compress]);
+  }
+  return LOOM_OK;
+}
+
+/* Everything a rank builds on its own (no collective). */
+static loom_status setup_local(loom_trainer *t) {
+  LOOM_TRY(open_data(t));
+  LOOM_TRY(build_model(t));
+  LOOM_TRY(loom_xent_new(&t->xent));
+  LOOM_TRY(make_loader(t));
+  t->train_len = loom_dataset_len(t->train_ds);
+  t->total_steps = t->cfg.train.steps > 0
+                       ? t->cfg.train.steps
+                       : t->cfg.train.epochs * t->steps_per_epoch;
+  LOOM_TRY(make_optim(t));
+  /* Plan the largest forward now so the loop never allocates: a rank's
+   * batch, or one virtual shard of it. */
+  loom_dataset_info info;
+  loom_dataset_get_info(t->train_ds, &info);
+  int64_t rows = t->shards > 1 ? t->cfg.train.batch_size : t->batch;
+  loom_shape in;
+  if (t->is_text) {
+    int64_t d[2] = {rows, info.T};
+    in = loom_shape_make(LOOM_I32, 2, d);
+  } else {
+    int64_t d[4] = {rows, info.C, info.H, info.W};
+    in = loom_shape_make(LOOM_F32, 4, d);
+  }
+  return loom_model_plan(t->model, &in);
 }
 
 loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
@@ -239,33 +388,19 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   snprintf(t->resume, sizeof t->resume, "%s",
            t->opts.resume ? t->opts.resume : "auto");
   t->opts.resume = t->resume;
-  t->batch = cfg->train.batch_size;
   t->accumulate = cfg->train.accumulate;
   if (cfg->train.threads > 0)
     loom_set_threads((int)cfg->train.threads);
 
-  LOOM_TRY_GOTO(s, open_data(t), fail);
-  LOOM_TRY_GOTO(s, build_model(t), fail);
-  LOOM_TRY_GOTO(s, loom_xent_new(&t->xent), fail);
-  LOOM_TRY_GOTO(s, make_loader(t), fail);
-  t->total_steps = cfg->train.steps > 0
-                       ? cfg->train.steps
-                       : cfg->train.epochs * t->steps_per_epoch;
-  LOOM_TRY_GOTO(s, make_optim(t), fail);
-  /* Plan the largest batch now so the loop never allocates. */
-  {
-    loom_dataset_info info;
-    loom_dataset_get_info(t->train_ds, &info);
-    loom_shape in;
-    if (t->is_text) {
-      int64_t d[2] = {t->batch, info.T};
-      in = loom_shape_make(LOOM_I32, 2, d);
-    } else {
-      int64_t d[4] = {t->batch, info.C, info.H, info.W};
-      in = loom_shape_make(LOOM_F32, 4, d);
-    }
-    LOOM_TRY_GOTO(s, loom_model_plan(t->model, &in), fail);
-  }
+  /* Every rank gets through its own setup (a rank without the data fails
+   * here) before the first collective, and all learn whether all did. */
+  s = open_world(t);
+  if (s == LOOM_OK)
+    s = setup_local(t);
+  LOOM_TRY_GOTO(s, loom_train_agree(t, s, "setting up"), fail);
+  if (t->units > 1 || cfg->parallel.deterministic ||
+      cfg->parallel.strategy == LOOM_CFG_STRATEGY_DDP)
+    LOOM_TRY_GOTO(s, make_ddp(t), fail);
   LOOM_TRY_GOTO(s, loom_train_ckpt_resume(t), fail);
   *out = t;
   return LOOM_OK;
@@ -281,6 +416,7 @@ void loom_trainer_free(loom_trainer *t) {
     loom_ckpt_writer_wait(t->pending);
     loom_ckpt_writer_free(t->pending);
   }
+  loom_ddp_free(t->ddp);
   loom_progress_free(t->progress);
   loom_metrics_close(t->metrics);
   loom_optim_free(t->optim);
@@ -289,98 +425,202 @@ void loom_trainer_free(loom_trainer *t) {
   loom_dataset_free(t->val_ds);
   loom_xent_free(t->xent);
   loom_model_free(t->model);
+  loom_group_free(t->world);
   loom_free(t);
 }
 
 /* ------------------------------------------------------------- the loop */
 
-/* Forward, loss and backward of one micro-batch; adds into the gradients. */
-static loom_status micro_step(loom_trainer *t, const loom_batch *b,
-                              loom_xent_stats *st, loom_step_times *tm) {
+/* Rows of global micro-batch `idx` of an epoch, every rank's together. */
+static int64_t global_rows(const loom_trainer *t, int64_t idx) {
+  int64_t gb = t->batch * t->nranks;
+  if (t->cfg.data.tail == LOOM_CFG_TAIL_PARTIAL) {
+    int64_t left = t->train_len - idx * gb;
+    return left < gb ? left : gb;
+  }
+  return gb;
+}
+
+/* Forward and loss of rows [lo, lo + n) of batch b. */
+static loom_status forward_rows(loom_trainer *t, const loom_batch *b,
+                                int64_t lo, int64_t n, loom_xent_stats *st,
+                                loom_step_times *tm) {
   double t0 = loom_time_now();
-  /* Dropout keys: the global index of this rank's first sample, the same
-   * at any world size. */
+  /* Dropout keys: the global index of the first row, the same at any world
+   * size. */
   int64_t nb = loom_loader_batches_per_epoch(t->train_loader);
-  int64_t gb = b->capacity * loom_train_world();
-  uint64_t base = (uint64_t)((b->epoch * nb + b->index) * gb +
-                             loom_train_rank() * b->capacity);
+  int64_t gb = b->capacity * t->nranks;
+  uint64_t base =
+      (uint64_t)((b->epoch * nb + b->index) * gb + t->rank * b->capacity + lo);
   loom_model_set_step(t->model, (uint64_t)t->step, base);
+  loom_tensor x = b->x;
+  const int32_t *y = (const int32_t *)b->y.data;
+  if (lo != 0 || n != b->size) {
+    LOOM_TRY(loom_tensor_slice0(&b->x, lo, n, &x));
+    y += lo * (t->is_text ? b->y.shape[1] : 1);
+  }
   loom_tensor logits;
-  LOOM_TRY(loom_model_forward(t->model, &b->x, &logits));
-  LOOM_TRY(loom_xent_forward(t->xent, &logits, (const int32_t *)b->y.data,
-                             st));
-  double t1 = loom_time_now();
-  loom_tensor dlogits;
-  LOOM_TRY(loom_model_output_grad(t->model, &dlogits));
-  LOOM_TRY(loom_xent_backward(t->xent, &dlogits, 1.0f / (float)t->accumulate));
-  LOOM_TRY(loom_model_backward(t->model, NULL, NULL));
-  double t2 = loom_time_now();
-  tm->forward += t1 - t0;
-  tm->backward += t2 - t1;
+  LOOM_TRY(loom_model_forward(t->model, &x, &logits));
+  LOOM_TRY(loom_xent_forward(t->xent, &logits, y, st));
+  tm->forward += loom_time_now() - t0;
   return LOOM_OK;
 }
 
-/* Evaluates on at most max_batches batches of the validation split (0 or
- * less: all of it). */
-static loom_status evaluate(loom_trainer *t, int64_t max_batches, double *loss,
-                            double *accuracy) {
-  loom_loader_opts lo = loom_loader_opts_default();
-  lo.sampler.shuffle = false;
-  lo.sampler.tail = LOOM_TAIL_PARTIAL;
-  lo.sampler.batch = t->batch;
-  lo.prefetch = 0;
-  loom_loader *ld = NULL;
-  LOOM_TRY(loom_loader_new(&ld, t->val_ds, &lo));
-  int64_t nb = loom_loader_batches_per_epoch(ld);
-  if (max_batches > 0 && max_batches < nb)
-    nb = max_batches;
-  loom_model_set_training(t->model, false);
-  double loss_sum = 0;
-  int64_t count = 0, correct = 0;
-  loom_status s = LOOM_OK;
-  for (int64_t i = 0; i < nb; i++) {
+/* Backward of the last forward; scale weighs its mean loss in the step's
+ * (units x rows / rows of the whole step: 1/k for full batches). */
+static loom_status backward_rows(loom_trainer *t, float scale,
+                                 loom_step_times *tm) {
+  double t0 = loom_time_now();
+  loom_tensor dlogits;
+  LOOM_TRY(loom_model_output_grad(t->model, &dlogits));
+  LOOM_TRY(loom_xent_backward(t->xent, &dlogits, scale));
+  LOOM_TRY(loom_model_backward(t->model, NULL, NULL));
+  tm->backward += loom_time_now() - t0;
+  return LOOM_OK;
+}
+
+static volatile sig_atomic_t stop_requested;
+
+/* The micro-batches of one optimizer step, forward and backward; sums
+ * (SUM_N per local unit, S x SUM_N in deterministic mode) get the loss
+ * statistics. With data parallelism the sums are posted (before the last
+ * backward, so they travel ahead of the gradient buckets). */
+static loom_status step_micro(loom_trainer *t, double *sums,
+                              loom_step_times *tm, int64_t *epoch) {
+  int S = t->shards;
+  int64_t R = t->cfg.train.batch_size; /* rows of a virtual shard */
+  loom_loader_state ls;
+  loom_loader_get_state(t->train_loader, &ls);
+  int64_t nb = loom_loader_batches_per_epoch(t->train_loader);
+  int64_t total = 0;
+  for (int64_t m = 0; m < t->accumulate; m++)
+    total += global_rows(t, (ls.batch + m) % nb);
+  bool posted = false;
+  for (int64_t m = 0; m < t->accumulate; m++) {
     const loom_batch *b;
-    LOOM_TRY_GOTO(s, loom_loader_next(ld, &b), done);
-    if (b->size == 0)
+    LOOM_TRY(loom_loader_next(t->train_loader, &b));
+    tm->data += b->wait_s;
+    *epoch = b->epoch;
+    bool last = m == t->accumulate - 1;
+    if (t->ddp)
+      loom_ddp_set_sync(t->ddp, last);
+    for (int j = 0; j < S; j++) {
+      int64_t lo = S > 1 ? j * R : 0;
+      int64_t n = S > 1 ? b->size - lo : b->size;
+      n = n < 0 ? 0 : S > 1 && n > R ? R : n;
+      if (S > 1)
+        LOOM_TRY(loom_ddp_shard_begin(t->ddp, j));
+      if (n == 0)
+        continue; /* an empty share of a short last batch: adds nothing */
+      loom_xent_stats st;
+      LOOM_TRY(forward_rows(t, b, lo, n, &st, tm));
+      double *u = sums + (S > 1 ? j : 0) * SUM_N;
+      u[SUM_LOSS] += st.loss_sum;
+      u[SUM_COUNT] += (double)st.count;
+      u[SUM_CORRECT] += (double)st.correct;
+      if (t->ddp && last && j == S - 1) {
+        sums[SUM_STOP] = stop_requested ? 1 : 0;
+        LOOM_TRY(loom_ddp_sum_post(t->ddp, sums, SUM_N));
+        posted = true;
+      }
+      float scale = (float)((double)t->units * (double)n) / (float)total;
+      LOOM_TRY(backward_rows(t, scale, tm));
+    }
+  }
+  if (t->ddp && !posted) {
+    sums[SUM_STOP] = stop_requested ? 1 : 0;
+    LOOM_TRY(loom_ddp_sum_post(t->ddp, sums, SUM_N));
+  }
+  return LOOM_OK;
+}
+
+/* Evaluation is shared: rank r takes batches r, r + P, ... of a fixed batch
+ * size, and the per-batch sums are added in batch order, so the result does
+ * not depend on the number of ranks. */
+loom_status loom_trainer_evaluate(loom_trainer *t, double *loss,
+                                  double *accuracy) {
+  loom_sampler_opts so = loom_sampler_opts_default();
+  so.shuffle = false;
+  so.tail = LOOM_TAIL_PARTIAL;
+  so.batch = t->cfg.train.batch_size;
+  loom_sampler *sp = NULL;
+  LOOM_TRY(loom_sampler_new(&sp, loom_dataset_len(t->val_ds), &so));
+  int64_t nb = loom_sampler_num_batches(sp);
+  if (t->cfg.train.eval_batches > 0 && t->cfg.train.eval_batches < nb)
+    nb = t->cfg.train.eval_batches;
+  loom_batch b;
+  memset(&b, 0, sizeof b);
+  double *part = loom_calloc((size_t)nb * 3, sizeof(double)); /* (nb, 3) */
+  double *all = loom_calloc((size_t)nb * 3, sizeof(double));
+  int64_t *idx = loom_malloc((size_t)so.batch * sizeof(int64_t));
+  loom_status s = LOOM_OK;
+  if (!part || !all || !idx) {
+    s = LOOM_ERR_NOMEM;
+    goto done;
+  }
+  LOOM_TRY_GOTO(s, loom_batch_alloc(&b, t->val_ds, so.batch), done);
+  loom_model_set_training(t->model, false);
+  for (int64_t i = t->rank; i < nb; i += t->nranks) {
+    int64_t count;
+    LOOM_TRY_GOTO(s, loom_sampler_batch(sp, i, idx, &count), done);
+    if (count == 0)
       continue;
+    LOOM_TRY_GOTO(s, loom_dataset_fill(t->val_ds, 0, idx, count, &b), done);
     loom_tensor logits;
     loom_xent_stats st;
-    LOOM_TRY_GOTO(s, loom_model_forward(t->model, &b->x, &logits), done);
-    LOOM_TRY_GOTO(s,
-                  loom_xent_forward(t->xent, &logits,
-                                    (const int32_t *)b->y.data, &st),
-                  done);
-    loss_sum += st.loss_sum;
-    count += st.count;
-    correct += st.correct;
+    LOOM_TRY_GOTO(s, loom_model_forward(t->model, &b.x, &logits), done);
+    LOOM_TRY_GOTO(
+        s, loom_xent_forward(t->xent, &logits, (const int32_t *)b.y.data, &st),
+        done);
+    part[i * 3 + 0] = st.loss_sum;
+    part[i * 3 + 1] = (double)st.count;
+    part[i * 3 + 2] = (double)st.correct;
   }
-  *loss = count ? loss_sum / (double)count : NAN;
-  *accuracy = count ? (double)correct / (double)count : NAN;
 done:
   loom_model_set_training(t->model, true);
-  loom_loader_free(ld);
+  /* Agree even on failure: the other ranks are about to add the sums. */
+  s = loom_train_agree(t, s, "evaluation");
+  if (s == LOOM_OK && t->nranks > 1) {
+    /* Each batch has one rank's value and zeros: the sum is exact. */
+    loom_req r = LOOM_REQ_INIT;
+    s = loom_allreduce(part, all, (size_t)nb * 3, LOOM_F64, LOOM_SUM, t->world,
+                       &r);
+    if (s == LOOM_OK)
+      s = loom_wait(&r);
+  } else if (s == LOOM_OK) {
+    memcpy(all, part, (size_t)nb * 3 * sizeof(double));
+  }
+  if (s == LOOM_OK) {
+    double loss_sum = 0, count = 0, correct = 0;
+    for (int64_t i = 0; i < nb; i++) {
+      loss_sum += all[i * 3 + 0];
+      count += all[i * 3 + 1];
+      correct += all[i * 3 + 2];
+    }
+    *loss = count > 0 ? loss_sum / count : NAN;
+    *accuracy = count > 0 ? correct / count : NAN;
+  }
+  loom_batch_free(&b);
+  loom_free(idx);
+  loom_free(part);
+  loom_free(all);
+  loom_sampler_free(sp);
   return s;
 }
 
-loom_status loom_trainer_evaluate(loom_trainer *t, double *loss,
-                                  double *accuracy) {
-  return evaluate(t, t->cfg.train.eval_batches, loss, accuracy);
-}
+static bool is_rank0(const loom_trainer *t) { return t->rank == 0; }
 
-static bool is_rank0(void) { return loom_train_rank() == 0; }
-
-/* The last evaluation of a run covers the whole validation split. */
-static loom_status log_eval(loom_trainer *t, loom_train_result *res,
-                            bool last) {
+static loom_status log_eval(loom_trainer *t, loom_train_result *res) {
   double vl, va;
-  LOOM_TRY(evaluate(t, last ? 0 : t->cfg.train.eval_batches, &vl, &va));
+  LOOM_TRY(loom_trainer_evaluate(t, &vl, &va));
   res->val_loss = vl;
   res->val_accuracy = t->is_text ? NAN : va;
-  if (!is_rank0())
+  if (!is_rank0(t))
     return LOOM_OK;
   char line[256];
   if (t->is_text)
-    snprintf(line, sizeof line, "eval step %lld: val_loss %.4f (%.3f bits/byte)",
+    snprintf(line, sizeof line,
+             "eval step %lld: val_loss %.4f (%.3f bits/byte)",
              (long long)t->step, vl, vl / log(2.0));
   else
     snprintf(line, sizeof line,
@@ -405,6 +645,39 @@ static void on_signal(int sig) {
   stop_requested = 1;
 }
 
+void loom_trainer_request_stop(void) { stop_requested = 1; }
+
+/* The optimizer step after backward: the reduced gradient, clipped by its
+ * global norm when asked (which needs all of it first), else stepped bucket
+ * by bucket as the reductions complete. */
+static loom_status optim_step(loom_trainer *t, float lr, double *gnorm,
+                              loom_step_times *tm) {
+  double t0 = loom_time_now();
+  float *params = loom_model_params(t->model);
+  int64_t n = loom_model_num_params(t->model);
+  double clip = t->cfg.optim.grad_clip;
+  loom_ddp_stats ds;
+  if (t->ddp && clip <= 0) {
+    LOOM_TRY(loom_ddp_step(t->ddp, t->optim, lr));
+  } else {
+    if (t->ddp)
+      LOOM_TRY(loom_ddp_wait(t->ddp));
+    float *grads = loom_model_grads(t->model);
+    if (clip > 0)
+      LOOM_TRY(loom_grad_clip(grads, n, (float)clip, gnorm));
+    LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
+  }
+  double el = loom_time_now() - t0;
+  if (t->ddp) {
+    loom_ddp_get_stats(t->ddp, &ds);
+    tm->comm_wait += ds.last_wait_s;
+    tm->reduce += ds.last_reduce_s;
+    el -= ds.last_wait_s;
+  }
+  tm->optim += el;
+  return LOOM_OK;
+}
+
 loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
   memset(res, 0, sizeof *res);
   res->val_loss = NAN;
@@ -412,6 +685,7 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
   res->start_step = t->step;
   const loom_config *cfg = &t->cfg;
   loom_status s = LOOM_OK;
+  double *sums = NULL; /* (S, SUM_N) this step's loss statistics */
   stop_requested = 0;
   struct sigaction sa, old_int, old_term;
   memset(&sa, 0, sizeof sa);
@@ -419,61 +693,61 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
 
-  if (is_rank0()) {
+  if (is_rank0(t)) {
     if (cfg->log.metrics && cfg->log.run_dir[0])
-      LOOM_TRY_GOTO(s,
-                    loom_metrics_open(&t->metrics, cfg->log.run_dir,
-                                      t->step > 0),
-                    out);
+      s = loom_metrics_open(&t->metrics, cfg->log.run_dir, t->step > 0);
     loom_progress_mode pm = (loom_progress_mode)cfg->log.progress;
     if (t->opts.quiet)
       pm = LOOM_PROGRESS_OFF;
-    LOOM_TRY_GOTO(s,
-                  loom_progress_new(&t->progress, pm, stderr, t->step,
-                                    t->total_steps, (int)cfg->log.every,
-                                    t->is_text ? "tokens" : "samples"),
-                  out);
+    if (s == LOOM_OK)
+      s = loom_progress_new(&t->progress, pm, stderr, t->step, t->total_steps,
+                            (int)cfg->log.every,
+                            t->is_text ? "tokens" : "samples");
   }
+  LOOM_TRY_GOTO(s, loom_train_agree(t, s, "opening the run directory"), out);
   loom_dataset_info info;
   loom_dataset_get_info(t->train_ds, &info);
   double units_per_row = t->is_text ? (double)info.T : 1.0;
-  double units_per_step = units_per_row * (double)(t->batch * t->accumulate) *
-                          (double)loom_train_world();
-  float *params = loom_model_params(t->model);
-  float *grads = loom_model_grads(t->model);
-  int64_t n = loom_model_num_params(t->model);
+  /* Every rank's rows: the throughput is the job's. */
+  double units_per_step =
+      units_per_row * (double)(t->batch * t->accumulate) * (double)t->nranks;
   double t_start = loom_time_now();
+  double t_window = t_start;
   int64_t window_steps = 0;
   loom_step_times win = {0};
   int64_t stop_at = t->opts.stop_at;
+  sums = loom_calloc((size_t)t->shards * SUM_N, sizeof(double));
+  if (!sums) {
+    s = LOOM_ERR_NOMEM;
+    goto out;
+  }
+  if (t->ddp)
+    loom_ddp_reset_stats(t->ddp);
 
   while (t->step < t->total_steps) {
     loom_step_times tm = {0};
     double ts = loom_time_now();
-    loom_model_zero_grad(t->model);
-    double loss_sum = 0;
+    if (t->ddp)
+      LOOM_TRY_GOTO(s, loom_ddp_zero_grad(t->ddp), out);
+    else
+      loom_model_zero_grad(t->model);
+    memset(sums, 0, (size_t)t->shards * SUM_N * sizeof(double));
     int64_t epoch = 0;
-    for (int64_t k = 0; k < t->accumulate; k++) {
-      const loom_batch *b;
-      LOOM_TRY_GOTO(s, loom_loader_next(t->train_loader, &b), out);
-      tm.data += b->wait_s;
-      epoch = b->epoch;
-      loom_xent_stats st;
-      LOOM_TRY_GOTO(s, micro_step(t, b, &st, &tm), out);
-      loss_sum += st.loss;
-    }
-    double to = loom_time_now();
+    LOOM_TRY_GOTO(s, step_micro(t, sums, &tm, &epoch), out);
     double gnorm = NAN;
-    if (cfg->optim.grad_clip > 0)
-      LOOM_TRY_GOTO(s, loom_grad_clip(grads, n, (float)cfg->optim.grad_clip,
-                                      &gnorm),
-                    out);
     float lr = loom_sched_lr(&t->sched, t->step);
-    LOOM_TRY_GOTO(s, loom_optim_step(t->optim, params, grads, lr), out);
+    LOOM_TRY_GOTO(s, optim_step(t, lr, &gnorm, &tm), out);
+    double g[SUM_N];
+    if (t->ddp) {
+      LOOM_TRY_GOTO(s, loom_ddp_sum_wait(t->ddp, g), out);
+    } else {
+      memcpy(g, sums, sizeof g);
+      g[SUM_STOP] = stop_requested ? 1 : 0;
+    }
     t->step++;
-    tm.optim = loom_time_now() - to;
     tm.total = loom_time_now() - ts;
-    double loss = loss_sum / (double)t->accumulate;
+    double loss = g[SUM_COUNT] > 0 ? g[SUM_LOSS] / g[SUM_COUNT] : 0;
+    double acc = g[SUM_COUNT] > 0 ? g[SUM_CORRECT] / g[SUM_COUNT] : 0;
     if (!isfinite(loss)) {
       s = loom_error(LOOM_ERR_INTERNAL,
                      "the loss is %f at step %lld: training diverged (lower "
@@ -482,18 +756,19 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
       goto out;
     }
     t->loss_window_sum += loss;
+    t->acc_window_sum += acc;
     t->loss_window_n++;
     window_steps++;
     win.forward += tm.forward;
     win.backward += tm.backward;
+    win.comm_wait += tm.comm_wait;
+    win.reduce += tm.reduce;
     win.optim += tm.optim;
     win.data += tm.data;
 
-    /* Throughput over the steps of the window only: evaluation and
-     * checkpoints between them do not count. */
-    win.total += tm.total;
-    double rate = units_per_step * (double)window_steps / win.total;
-    if (is_rank0()) {
+    double now = loom_time_now();
+    double rate = units_per_step * (double)window_steps / (now - t_window);
+    if (is_rank0(t)) {
       loom_progress_info pi = {t->step, (int)epoch, (float)loss, lr, rate};
       loom_progress_update(t->progress, &pi);
     }
@@ -507,27 +782,41 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
         loom_metrics_int(t->metrics, "epoch", epoch);
         loom_metrics_num(t->metrics, "time", loom_time_wall());
         loom_metrics_num(t->metrics, "loss", res->train_loss);
+        if (!t->is_text)
+          loom_metrics_num(t->metrics, "accuracy",
+                           t->acc_window_sum / (double)t->loss_window_n);
         loom_metrics_num(t->metrics, "lr", lr);
         loom_metrics_num(t->metrics,
                          t->is_text ? "tokens_per_s" : "samples_per_s", rate);
-        loom_metrics_num(t->metrics, "step_s", win.total / w);
+        loom_metrics_int(t->metrics, "ranks", t->nranks);
+        loom_metrics_num(t->metrics, "step_s", (now - t_window) / w);
         loom_metrics_num(t->metrics, "data_wait_s", win.data / w);
         loom_metrics_num(t->metrics, "forward_s", win.forward / w);
         loom_metrics_num(t->metrics, "backward_s", win.backward / w);
+        if (t->ddp) {
+          loom_ddp_stats ds = {.reduce_s = win.reduce, .wait_s = win.comm_wait};
+          loom_metrics_num(t->metrics, "comm_wait_s", win.comm_wait / w);
+          loom_metrics_num(t->metrics, "reduce_s", win.reduce / w);
+          loom_metrics_num(t->metrics, "comm_hidden",
+                           loom_ddp_hidden_share(&ds));
+        }
         loom_metrics_num(t->metrics, "optim_s", win.optim / w);
         if (cfg->optim.grad_clip > 0)
           loom_metrics_num(t->metrics, "grad_norm", gnorm);
         LOOM_TRY_GOTO(s, loom_metrics_end(t->metrics), out);
       }
       t->loss_window_sum = 0;
+      t->acc_window_sum = 0;
       t->loss_window_n = 0;
+      t_window = now;
       window_steps = 0;
       memset(&win, 0, sizeof win);
     }
     if ((cfg->train.eval_every > 0 && t->step % cfg->train.eval_every == 0) ||
         last)
-      LOOM_TRY_GOTO(s, log_eval(t, res, last), out);
-    bool stop = stop_requested || (stop_at > 0 && t->step >= stop_at);
+      LOOM_TRY_GOTO(s, log_eval(t, res), out);
+    /* A stop seen by any rank stops all at this same step. */
+    bool stop = g[SUM_STOP] > 0 || (stop_at > 0 && t->step >= stop_at);
     if ((cfg->checkpoint.enabled && cfg->checkpoint.every > 0 &&
          t->step % cfg->checkpoint.every == 0) ||
         last || stop)
@@ -540,11 +829,12 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
   LOOM_TRY_GOTO(s, loom_train_ckpt_finish(t), out);
   res->steps = t->step;
   res->seconds = loom_time_now() - t_start;
-  res->throughput = res->seconds > 0
-                        ? units_per_step * (double)(t->step - res->start_step) /
-                              res->seconds
-                        : 0;
+  res->throughput =
+      res->seconds > 0
+          ? units_per_step * (double)(t->step - res->start_step) / res->seconds
+          : 0;
 out:
+  loom_free(sums);
   sigaction(SIGINT, &old_int, NULL);
   sigaction(SIGTERM, &old_term, NULL);
   loom_progress_free(t->progress);

@@ -7,8 +7,14 @@
 #include "loom/ckpt.h"
 #include "train/trainer.h"
 
-int loom_train_rank(void) { return 0; }
-int loom_train_world(void) { return 1; }
+static int g_rank = 0, g_world = 1;
+
+int loom_train_rank(void) { return g_rank; }
+int loom_train_world(void) { return g_world; }
+void loom_train_set_world(int rank, int world) {
+  g_rank = rank;
+  g_world = world;
+}
 
 /* Buffer names in the checkpoint: "params" and "optim.<state name>". */
 static void state_buffer_name(char *buf, size_t n, const char *state) {
@@ -21,7 +27,8 @@ static const char *sched_name(const loom_trainer *t) {
 
 static loom_status fill_meta(loom_trainer *t, loom_ckpt_meta *meta) {
   *meta = loom_ckpt_meta_default();
-  snprintf(meta->strategy, sizeof meta->strategy, "%s", "none");
+  snprintf(meta->strategy, sizeof meta->strategy, "%s",
+           t->ddp ? "ddp" : "none");
   meta->config_hash = loom_config_hash(&t->cfg);
   meta->n_views = loom_model_num_views(t->model);
   meta->views = loom_model_view(t->model, 0);
@@ -39,82 +46,122 @@ static loom_status fill_meta(loom_trainer *t, loom_ckpt_meta *meta) {
   return LOOM_OK;
 }
 
+/* After every rank's write (st): all agree, rank 0 commits (or removes the
+ * temporary directory), and every rank learns rank 0's outcome. */
+static loom_status conclude(loom_trainer *t, loom_ckpt_writer *w,
+                            loom_status st) {
+  st = loom_train_agree(t, st, "writing the checkpoint");
+  if (t->rank == 0 && w) {
+    if (st == LOOM_OK)
+      st = loom_ckpt_writer_commit(w);
+    else
+      loom_ckpt_writer_abort(w);
+  }
+  if (t->nranks > 1)
+    st = loom_train_agree(t, st, "committing the checkpoint");
+  loom_ckpt_writer_free(w);
+  return st;
+}
+
+/* checkpoint.on_error: stop, or warn and go on (the same on every rank:
+ * they all have the same outcome). */
+static loom_status outcome(loom_trainer *t, loom_status st, int64_t step) {
+  if (st == LOOM_OK)
+    return LOOM_OK;
+  if (t->cfg.checkpoint.on_error == LOOM_CFG_ON_ERROR_CONTINUE) {
+    if (t->rank == 0)
+      LOOM_WARN("checkpoint of step %lld not saved, training goes on: %s",
+                (long long)step, loom_last_error());
+    return LOOM_OK;
+  }
+  return loom_error_context(st, "saving the checkpoint of step %lld",
+                            (long long)step);
+}
+
+/* Completes an async save: on one rank the writer's thread commits; on
+ * several, every rank waits for its write and they conclude together. */
+static loom_status finish_pending(loom_trainer *t) {
+  if (!t->pending_active)
+    return LOOM_OK;
+  loom_ckpt_writer *w = t->pending;
+  loom_status st = t->pending_status;
+  int64_t step = t->pending_step;
+  t->pending = NULL;
+  t->pending_active = false;
+  if (t->nranks == 1) {
+    if (w) {
+      st = loom_ckpt_writer_wait(w);
+      loom_ckpt_writer_free(w);
+    }
+    return outcome(t, st, step);
+  }
+  if (st == LOOM_OK && w)
+    st = loom_ckpt_writer_wait(w);
+  return outcome(t, conclude(t, w, st), step);
+}
+
 loom_status loom_train_ckpt_save(loom_trainer *t) {
   const loom_config_checkpoint *cc = &t->cfg.checkpoint;
   if (!cc->enabled || !cc->dir[0])
     return LOOM_OK;
   /* The previous async save must be complete before the next starts. */
-  if (t->pending) {
-    loom_status ps = loom_ckpt_writer_wait(t->pending);
-    loom_ckpt_writer_free(t->pending);
-    t->pending = NULL;
-    if (ps != LOOM_OK && cc->on_error == LOOM_CFG_ON_ERROR_STOP)
-      return loom_error_context(ps, "saving a checkpoint");
-    if (ps != LOOM_OK)
-      LOOM_WARN("checkpoint not saved, training goes on: %s",
-                loom_last_error());
-  }
+  LOOM_TRY(finish_pending(t));
   double t0 = loom_time_now();
   loom_ckpt_writer_opts wo = loom_ckpt_writer_opts_default();
-  wo.rank = loom_train_rank();
-  wo.world = loom_train_world();
+  wo.rank = t->rank;
+  wo.world = t->nranks;
   wo.keep = (int)cc->keep;
   wo.copy = cc->async;
   loom_ckpt_writer *w = NULL;
   loom_ckpt_meta meta;
   int64_t n = loom_model_num_params(t->model);
+  /* Replicated buffers are cut in P contiguous slices, one per rank. */
+  int64_t lo = n * t->rank / t->nranks, hi = n * (t->rank + 1) / t->nranks;
   loom_status s;
-  LOOM_TRY_GOTO(s, loom_ckpt_writer_new(&w, cc->dir, t->step, &wo), fail);
+  LOOM_TRY_GOTO(s, loom_ckpt_writer_new(&w, cc->dir, t->step, &wo), done);
   LOOM_TRY_GOTO(s,
-                loom_ckpt_writer_add(w, "params", LOOM_F32, n, 0, n,
-                                     loom_model_params(t->model)),
-                fail);
+                loom_ckpt_writer_add(w, "params", LOOM_F32, n, lo, hi,
+                                     loom_model_params(t->model) + lo),
+                done);
   for (int i = 0; i < loom_optim_state_count(t->optim); i++) {
     loom_optim_state st;
     char name[LOOM_CKPT_NAME_MAX];
-    LOOM_TRY_GOTO(s, loom_optim_state_get(t->optim, i, &st), fail);
+    LOOM_TRY_GOTO(s, loom_optim_state_get(t->optim, i, &st), done);
     state_buffer_name(name, sizeof name, st.name);
     LOOM_TRY_GOTO(s,
-                  loom_ckpt_writer_add(w, name, LOOM_F32, n, st.begin,
-                                       st.begin + st.count, st.data),
-                  fail);
+                  loom_ckpt_writer_add(w, name, LOOM_F32, n, lo, hi,
+                                       st.data + (lo - st.begin)),
+                  done);
   }
-  LOOM_TRY_GOTO(s, fill_meta(t, &meta), fail);
-  LOOM_TRY_GOTO(s, loom_ckpt_writer_set_meta(w, &meta), fail);
+  LOOM_TRY_GOTO(s, fill_meta(t, &meta), done);
+  LOOM_TRY_GOTO(s, loom_ckpt_writer_set_meta(w, &meta), done);
   if (cc->async) {
-    LOOM_TRY_GOTO(s, loom_ckpt_writer_start(w, true), fail);
+    s = loom_ckpt_writer_start(w, t->nranks == 1);
+    /* Concluded at the next save or at the end, on every rank, even when
+     * this one failed already (the others must not wait for it alone). */
     t->pending = w;
+    t->pending_status = s;
+    t->pending_step = t->step;
+    t->pending_active = true;
     t->ckpt_seconds += loom_time_now() - t0;
     return LOOM_OK;
   }
-  LOOM_TRY_GOTO(s, loom_ckpt_writer_write(w), fail);
-  LOOM_TRY_GOTO(s, loom_ckpt_writer_commit(w), fail);
-  loom_ckpt_writer_free(w);
-  t->ckpt_seconds += loom_time_now() - t0;
-  return LOOM_OK;
-fail:
-  if (w) {
-    loom_ckpt_writer_abort(w);
-    loom_ckpt_writer_free(w);
-  }
-  if (cc->on_error == LOOM_CFG_ON_ERROR_CONTINUE) {
-    LOOM_WARN("checkpoint of step %lld not saved, training goes on: %s",
-              (long long)t->step, loom_last_error());
+  s = loom_ckpt_writer_write(w);
+done:
+  if (cc->async && s != LOOM_OK) {
+    t->pending = w;
+    t->pending_status = s;
+    t->pending_step = t->step;
+    t->pending_active = true;
     return LOOM_OK;
   }
-  return loom_error_context(s, "saving the checkpoint of step %lld",
-                            (long long)t->step);
+  s = outcome(t, conclude(t, w, s), t->step);
+  t->ckpt_seconds += loom_time_now() - t0;
+  return s;
 }
 
 loom_status loom_train_ckpt_finish(loom_trainer *t) {
-  if (!t->pending)
-    return LOOM_OK;
-  loom_status s = loom_ckpt_writer_wait(t->pending);
-  loom_ckpt_writer_free(t->pending);
-  t->pending = NULL;
-  if (s != LOOM_OK)
-    return loom_error_context(s, "saving a checkpoint");
-  return LOOM_OK;
+  return finish_pending(t);
 }
 
 static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
@@ -128,7 +175,8 @@ static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
                       "f32",
                       loom_ckpt_path(c), (long long)bi.count,
                       loom_dtype_name(bi.dtype), (long long)n);
-  LOOM_TRY(loom_ckpt_read_range(c, "params", 0, n, loom_model_params(t->model)));
+  LOOM_TRY(
+      loom_ckpt_read_range(c, "params", 0, n, loom_model_params(t->model)));
   if (strcmp(meta->optimizer, loom_cfg_optim_names[t->cfg.optim.name]) != 0)
     return loom_error(LOOM_ERR_MISMATCH,
                       "%s: saved with optimizer '%s', the config says '%s'",
@@ -139,8 +187,8 @@ static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
     char name[LOOM_CKPT_NAME_MAX];
     LOOM_TRY(loom_optim_state_get(t->optim, i, &st));
     state_buffer_name(name, sizeof name, st.name);
-    LOOM_TRY(loom_ckpt_read_range(c, name, st.begin, st.begin + st.count,
-                                  st.data));
+    LOOM_TRY(
+        loom_ckpt_read_range(c, name, st.begin, st.begin + st.count, st.data));
   }
   LOOM_TRY(loom_optim_set_step(t->optim, meta->optimizer_step));
   t->step = meta->step;
@@ -149,40 +197,72 @@ static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
   int64_t gb = ls.global_batch;
   ls.epoch = meta->data.epoch;
   ls.batch = meta->data.batch;
-  ls.global_batch = meta->data.batch > 0 ? meta->data.sample / meta->data.batch
-                                         : gb;
+  ls.global_batch =
+      meta->data.batch > 0 ? meta->data.sample / meta->data.batch : gb;
   LOOM_TRY(loom_loader_set_state(t->train_loader, &ls));
-  if (meta->config_hash != loom_config_hash(&t->cfg))
+  if (meta->config_hash != loom_config_hash(&t->cfg) && t->rank == 0)
     LOOM_WARN("%s was saved with a different config; resuming with the "
               "current one",
               loom_ckpt_path(c));
   return LOOM_OK;
 }
 
+/* Opens the checkpoint to resume from, the same on every rank: rank 0
+ * finds it (checking it fully), the others open that step with the light
+ * checks. *c = NULL when there is none. */
+static loom_status open_resume(loom_trainer *t, const loom_ckpt_open_opts *oo,
+                               loom_ckpt **c) {
+  const char *how = t->opts.resume;
+  const char *root = t->cfg.checkpoint.dir;
+  loom_ckpt_open_opts light = *oo;
+  light.verify = LOOM_CKPT_VERIFY_META;
+  *c = NULL;
+  if (strcmp(how, "auto") != 0) {
+    loom_status s = loom_ckpt_open(c, how, t->rank == 0 ? oo : &light);
+    return loom_train_agree(t, s, "opening the checkpoint to resume from");
+  }
+  char dir[LOOM_CONFIG_STR_MAX + 64];
+  int64_t step = -1;
+  loom_status s = LOOM_OK;
+  if (t->rank == 0)
+    s = loom_ckpt_find_latest_valid(root, oo, dir, sizeof dir, &step);
+  s = loom_train_agree(t, s, "finding the latest checkpoint");
+  if (s != LOOM_OK)
+    return loom_error_context(s, "resuming from %s", root);
+  if (t->nranks > 1) {
+    loom_req r = LOOM_REQ_INIT;
+    LOOM_TRY(loom_broadcast(&step, &step, 1, LOOM_I64, 0, t->world, &r));
+    LOOM_TRY(loom_wait(&r));
+  }
+  if (step < 0)
+    return LOOM_OK; /* nothing saved yet: a fresh start */
+  s = loom_ckpt_dir_name(root, step, dir, sizeof dir);
+  if (s == LOOM_OK)
+    s = loom_ckpt_open(c, dir, &light);
+  return loom_train_agree(t, s, "opening the checkpoint to resume from");
+}
+
 loom_status loom_train_ckpt_resume(loom_trainer *t) {
   const char *how = t->opts.resume;
   if (strcmp(how, "never") == 0)
+    return LOOM_OK;
+  if (strcmp(how, "auto") == 0 &&
+      (!t->cfg.checkpoint.enabled || !t->cfg.checkpoint.dir[0]))
     return LOOM_OK;
   loom_ckpt_open_opts oo = loom_ckpt_open_opts_default();
   oo.layout_hash = loom_ckpt_layout_hash(loom_model_view(t->model, 0),
                                          loom_model_num_views(t->model));
   loom_ckpt *c = NULL;
-  if (strcmp(how, "auto") == 0) {
-    if (!t->cfg.checkpoint.enabled || !t->cfg.checkpoint.dir[0])
-      return LOOM_OK;
-    loom_status s =
-        loom_ckpt_open_latest_valid(&c, t->cfg.checkpoint.dir, &oo);
-    if (s != LOOM_OK)
-      return loom_error_context(s, "resuming from %s", t->cfg.checkpoint.dir);
-    if (!c)
-      return LOOM_OK; /* nothing saved yet: a fresh start */
-  } else {
-    LOOM_TRY(loom_ckpt_open(&c, how, &oo));
-  }
+  LOOM_TRY(open_resume(t, &oo, &c));
+  if (!c)
+    return LOOM_OK;
   loom_status s = restore(t, c);
-  if (s == LOOM_OK && loom_train_rank() == 0 && !t->opts.quiet)
-    LOOM_INFO("resuming from %s (step %lld)", loom_ckpt_path(c),
-              (long long)t->step);
+  s = loom_train_agree(t, s, "resuming");
+  if (s == LOOM_OK && t->rank == 0 && !t->opts.quiet)
+    LOOM_INFO("resuming from %s (step %lld, written by %d rank%s)",
+              loom_ckpt_path(c), (long long)t->step,
+              loom_ckpt_get_meta(c)->world_size,
+              loom_ckpt_get_meta(c)->world_size == 1 ? "" : "s");
   loom_ckpt_close(c);
   if (s != LOOM_OK)
     return loom_error_context(s, "resuming");

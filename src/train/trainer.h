@@ -4,16 +4,23 @@
 #define LOOM_TRAIN_TRAINER_H
 
 #include "loom/ckpt.h"
+#include "loom/comm.h"
 #include "loom/config.h"
 #include "loom/data.h"
 #include "loom/nn.h"
 #include "loom/optim.h"
+#include "loom/parallel.h"
 #include "loom/train.h"
 
-/* Seconds of one step (or a window of steps) by phase. */
+/* Seconds of one step (or a window of steps) by phase. comm_wait is the
+ * time blocked on gradient reductions after backward; reduce the
+ * communication thread's time on them (hidden = reduce - comm_wait). */
 typedef struct loom_step_times {
-  double data, forward, backward, optim, total;
+  double data, forward, backward, comm_wait, optim, reduce, total;
 } loom_step_times;
+
+/* What every rank sums each step: loss, rows, correct rows, stop request. */
+enum { SUM_LOSS, SUM_COUNT, SUM_CORRECT, SUM_STOP, SUM_N };
 
 struct loom_trainer {
   loom_config cfg;
@@ -32,23 +39,45 @@ struct loom_trainer {
   int64_t accumulate; /* micro-batches per optimizer step */
   int64_t steps_per_epoch;
   int64_t total_steps;
-  int64_t step; /* optimizer steps done */
-  loom_ckpt_writer *pending; /* an async save in flight */
-  double ckpt_seconds;        /* step time spent saving, in total */
+  int64_t step;               /* optimizer steps done */
+  loom_ckpt_writer *pending;  /* an async save in flight */
+  bool pending_active;        /* a save (maybe failed) waits to conclude */
+  loom_status pending_status; /* how its start went on this rank */
+  int64_t pending_step;
+  double ckpt_seconds; /* step time spent saving, in total */
   double loss_window_sum;
   int64_t loss_window_n;
+  double acc_window_sum; /* train accuracy (classification) */
+
+  /* Data parallelism. */
+  loom_group *world;
+  int rank, nranks;
+  loom_ddp *ddp;      /* NULL: plain training on one rank */
+  int shards;         /* S: virtual shards per rank (1 unless deterministic) */
+  int64_t shard_rows; /* rows of a virtual shard (deterministic) */
+  int units;          /* reduction units: ranks, or virtual shards */
+  int64_t train_len;  /* samples in the training set */
 };
 
-/* This process's rank and the world size (1 until data parallel lands). */
+/* This process's rank and the world size (0 and 1 before a trainer is
+ * made, or without MPI). */
 int loom_train_rank(void);
 int loom_train_world(void);
+void loom_train_set_world(int rank, int world);
+
+/* Every rank passes its status; all get LOOM_OK only when every rank had
+ * LOOM_OK, else the first failing rank's status (its own message when it is
+ * this rank, else one naming that rank). No rank is left in a collective
+ * that another skipped. */
+loom_status loom_train_agree(loom_trainer *t, loom_status mine,
+                             const char *what);
 
 /* Restores the state from a checkpoint as opts.resume says (a no-op for
- * "never" or when "auto" finds none). */
+ * "never" or when "auto" finds none). Collective. */
 loom_status loom_train_ckpt_resume(loom_trainer *t);
-/* Saves the state after step t->step into checkpoint.dir. */
+/* Saves the state after step t->step into checkpoint.dir. Collective. */
 loom_status loom_train_ckpt_save(loom_trainer *t);
-/* Waits for an async save in flight; its status. */
+/* Waits for an async save in flight; its status. Collective. */
 loom_status loom_train_ckpt_finish(loom_trainer *t);
 
 #endif
