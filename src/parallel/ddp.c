@@ -565,6 +565,9 @@ static uint64_t opts_hash(const loom_ddp_opts *o) {
   return loom_hash64(LOOM_HASH64_INIT, &h, sizeof h);
 }
 
+/* Words each rank contributes to the start-up check. */
+enum { CK_CONFIG, CK_LAYOUT, CK_OPTS, CK_NUMEL, CK_STATUS, CK_WORDS };
+
 /* Writes the ranks whose word w differs from rank 0's as "1, 3-5". */
 static int differing(const uint64_t *all, int world, int w, char *buf,
                      size_t n) {
@@ -572,10 +575,10 @@ static int differing(const uint64_t *all, int world, int w, char *buf,
   size_t len = 0;
   buf[0] = '\0';
   for (int r = 1; r < world; r++) {
-    if (all[r * 4 + w] == all[w])
+    if (all[r * CK_WORDS + w] == all[w])
       continue;
     int e = r;
-    while (e + 1 < world && all[(e + 1) * 4 + w] != all[w])
+    while (e + 1 < world && all[(e + 1) * CK_WORDS + w] != all[w])
       e++;
     if (len < n)
       len += (size_t)snprintf(buf + len, n - len, "%s%d", count ? ", " : "", r);
@@ -587,47 +590,62 @@ static int differing(const uint64_t *all, int world, int w, char *buf,
   return count;
 }
 
-/* Every rank gathers every rank's (config, layout, options, N) and checks
- * them against rank 0's; all ranks see the same table, so all fail alike
- * and none is left waiting in a later collective. */
-static loom_status check_ranks(loom_ddp *d) {
-  uint64_t mine[4] = {d->opts.check_config ? d->opts.config_hash : 0,
-                      loom_model_layout_hash(d->model), opts_hash(&d->opts),
-                      (uint64_t)d->n};
-  uint64_t *all = loom_calloc((size_t)d->world * 4, sizeof(uint64_t));
+/* Every rank gathers every rank's (config, layout, options, N, status of
+ * its own setup) and checks them against rank 0's; all ranks see the same
+ * table, so all fail alike and none is left waiting in a later collective.
+ * `mine` is this rank's setup status, its message in loom_last_error(). */
+static loom_status check_ranks(loom_ddp *d, loom_status mine) {
+  char own[400];
+  snprintf(own, sizeof own, "%s", mine != LOOM_OK ? loom_last_error() : "");
+  uint64_t me[CK_WORDS] = {[CK_CONFIG] =
+                               d->opts.check_config ? d->opts.config_hash : 0,
+                           [CK_LAYOUT] = loom_model_layout_hash(d->model),
+                           [CK_OPTS] = opts_hash(&d->opts),
+                           [CK_NUMEL] = (uint64_t)d->n,
+                           [CK_STATUS] = (uint64_t)(int64_t)mine};
+  uint64_t *all = loom_calloc((size_t)d->world * CK_WORDS, sizeof(uint64_t));
   if (!all)
     return LOOM_ERR_NOMEM;
   loom_req req = LOOM_REQ_INIT;
-  loom_status s = loom_allgather(mine, all, 4, LOOM_I64, d->group, &req);
+  loom_status s = loom_allgather(me, all, CK_WORDS, LOOM_I64, d->group, &req);
   if (s == LOOM_OK)
     s = loom_wait(&req);
   if (s != LOOM_OK) {
     loom_free(all);
     return loom_error_context(s, "ddp: exchanging hashes at start");
   }
-  static const char *const what[4] = {
-      "config (loom_config_hash)",
-      "model layout (parameter names, shapes, offsets)",
-      "data-parallel options (bucket sizes, compression, deterministic "
-      "mode)",
-      "number of parameters"};
+  static const char *const what[CK_STATUS] = {
+      [CK_CONFIG] = "config (loom_config_hash)",
+      [CK_LAYOUT] = "model layout (parameter names, shapes, offsets)",
+      [CK_OPTS] = "data-parallel options (bucket sizes, compression, "
+                  "deterministic mode)",
+      [CK_NUMEL] = "number of parameters"};
   char ranks[160];
-  for (int w = 0; w < 4; w++) {
+  for (int w = 0; w < CK_STATUS && s == LOOM_OK; w++) {
     int c = differing(all, d->world, w, ranks, sizeof ranks);
     if (c > 0) {
       int r0 = -1;
       for (int r = 1; r < d->world && r0 < 0; r++)
-        if (all[r * 4 + w] != all[w])
+        if (all[r * CK_WORDS + w] != all[w])
           r0 = r;
       s = loom_error(LOOM_ERR_MISMATCH,
                      "ddp: the %s of rank%s %s differs from rank 0's "
                      "(%016llx vs %016llx): every rank must run the same "
                      "config and model",
                      what[w], c > 1 ? "s" : "", ranks,
-                     (unsigned long long)all[r0 * 4 + w],
+                     (unsigned long long)all[r0 * CK_WORDS + w],
                      (unsigned long long)all[w]);
-      break;
     }
+  }
+  if (s == LOOM_OK && mine != LOOM_OK)
+    s = loom_error(mine, "%s", own);
+  for (int r = 0; r < d->world && s == LOOM_OK; r++) {
+    loom_status rs = (loom_status)(int64_t)all[r * CK_WORDS + CK_STATUS];
+    if (rs != LOOM_OK)
+      s = loom_error(LOOM_ERR_REMOTE,
+                     "ddp: rank %d could not set up (%s); its message says "
+                     "why",
+                     r, loom_status_str(rs));
   }
   loom_free(all);
   return s;
@@ -685,6 +703,11 @@ static loom_status make_deterministic(loom_ddp *d) {
     if (!d->pair)
       return LOOM_ERR_NOMEM;
   }
+  return LOOM_OK;
+}
+
+/* Collective: the groups of two of each tree level. */
+static loom_status make_pairs(loom_ddp *d) {
   /* Level l joins subtrees 2^l ranks apart: ranks r and r ^ 2^l, the lower
    * one first (the left subtree). */
   for (int l = 0; l < d->levels; l++) {
@@ -693,6 +716,20 @@ static loom_status make_deterministic(loom_ddp *d) {
     if (!d->pair[l] || loom_group_size(d->pair[l]) != 2)
       return loom_error(LOOM_ERR_INTERNAL, "ddp: tree level %d group", l);
   }
+  return LOOM_OK;
+}
+
+/* Options, buckets and buffers: no communication. */
+static loom_status setup_local(loom_ddp *d) {
+  LOOM_TRY(check_opts(&d->opts, d->world));
+  LOOM_TRY(make_buckets(d));
+  if (d->opts.deterministic)
+    LOOM_TRY(make_deterministic(d));
+  int rows = d->opts.deterministic ? d->opts.virtual_shards : 1;
+  d->sum_send = loom_calloc((size_t)rows * LOOM_DDP_SUM_MAX, sizeof(double));
+  d->sum_recv = loom_calloc((size_t)rows * LOOM_DDP_SUM_MAX, sizeof(double));
+  if (!d->sum_send || !d->sum_recv)
+    return LOOM_ERR_NOMEM;
   return LOOM_OK;
 }
 
@@ -716,27 +753,11 @@ loom_status loom_ddp_new(loom_ddp **out, loom_model *model, loom_group *g,
   d->shard_count = 1;
   d->shard_first = 0;
   loom_status s;
-  /* Options first, but agree on them before failing: a bad option on one
-   * rank only would otherwise leave the others waiting. */
-  loom_status so = check_opts(&d->opts, d->world);
-  char msg[400] = "";
-  if (so != LOOM_OK)
-    snprintf(msg, sizeof msg, "%s", loom_last_error());
-  LOOM_TRY_GOTO(s, check_ranks(d), fail);
-  if (so != LOOM_OK) {
-    s = loom_error(so, "%s", msg);
-    goto fail;
-  }
-  LOOM_TRY_GOTO(s, make_buckets(d), fail);
+  /* Everything local first; the ranks then agree on the outcome before
+   * any other collective, so a failure on one rank stops them all. */
+  LOOM_TRY_GOTO(s, check_ranks(d, setup_local(d)), fail);
   if (d->opts.deterministic)
-    LOOM_TRY_GOTO(s, make_deterministic(d), fail);
-  int rows = d->opts.deterministic ? d->opts.virtual_shards : 1;
-  d->sum_send = loom_calloc((size_t)rows * LOOM_DDP_SUM_MAX, sizeof(double));
-  d->sum_recv = loom_calloc((size_t)rows * LOOM_DDP_SUM_MAX, sizeof(double));
-  if (!d->sum_send || !d->sum_recv) {
-    s = LOOM_ERR_NOMEM;
-    goto fail;
-  }
+    LOOM_TRY_GOTO(s, make_pairs(d), fail);
   if (d->opts.broadcast && d->world > 1) {
     float *p = loom_model_params(model);
     loom_req r = LOOM_REQ_INIT;

@@ -234,6 +234,21 @@ TT_TEST(mismatch_is_an_error) {
   s = loom_ddp_new(&d, m, world, &o);
   TT_CHECK(s == LOOM_ERR_MISMATCH);
   TT_CHECK(strstr(loom_last_error(), "data-parallel options") != NULL);
+  /* Rank 1 runs out of memory while setting up: it says so, the others
+   * name it, and nobody waits for it in a collective. */
+  if (rank == 1)
+    loom_alloc_fail_after(2); /* the struct, then the first bucket table */
+  o = loom_ddp_opts_default();
+  s = loom_ddp_new(&d, m, world, &o);
+  loom_alloc_fail_after(0);
+  if (rank == 1) {
+    TT_CHECK(s == LOOM_ERR_NOMEM);
+  } else {
+    TT_CHECK(s == LOOM_ERR_REMOTE);
+    TT_CHECK(strstr(loom_last_error(), "rank 1 could not set up") != NULL);
+  }
+  if (rank == 0)
+    printf("setup failure on rank 1: %s\n", loom_last_error());
   /* And the group still works afterwards. */
   TT_REQUIRE_OK(loom_ddp_new(&d, m, world, NULL));
   loom_ddp_free(d);

@@ -9,6 +9,10 @@ LOOM=${LOOM_BIN:?LOOM_BIN must name the loom executable}
 HASH=${1:?usage: test_ddp_train.sh DDP_CKPT_HASH}
 SRC=${LOOM_SRC:?}
 export LOOM_THREADS=1 OMP_NUM_THREADS=1 LOOM_COMM_TIMEOUT=60 LOOM_LOG=warn
+# Sanitizer builds: Open MPI's own allocations live until exit (full stacks
+# so that the suppressions see its libraries).
+here=$(cd "$(dirname "$0")" && pwd)
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$here/lsan_mpi.supp:fast_unwind_on_malloc=0:print_suppressions=0}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0
