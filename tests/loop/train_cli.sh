@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# loom train from the command line: each bad config is one exact line and
+# exit code 2 with nothing written; --stop-at then --resume auto finishes
+# the run from its checkpoint; --print-config; metrics.jsonl lines.
+set -u
+LOOM=${LOOM_BIN:?}
+SRC=${LOOM_SRC:?}
+T=$(mktemp -d /tmp/loom_train_cli.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+cd "$T"
+passes=0
+fails=0
+check() {
+  local name=$1
+  shift
+  if "$@"; then passes=$((passes + 1)); else
+    echo "FAIL: $name (rc=$rc, output: $out)" >&2
+    fails=$((fails + 1))
+  fi
+}
+run() {
+  out=$("$@" 2>&1)
+  rc=$?
+}
+
+# A table of bad configs: file text | the exact message.
+bad() {
+  local name=$1 text=$2 want=$3
+  printf '%b' "$text" >"$name.yaml"
+  run "$LOOM" train "$name.yaml" --set "log.run_dir=$T/run_$name"
+  check "$name exit code" test "$rc" -eq 2
+  check "$name message" test "$out" = "loom train: $want"
+  check "$name writes nothing" test ! -e "$T/run_$name"
+}
+bad unknown 'optim:\n  lrr: 0.1\n' \
+  "unknown.yaml:2:3: key 'optim.lrr': unknown key (did you mean 'optim.lr'?)"
+bad type 'train:\n  batch_size: abc\n' \
+  "type.yaml:2:15: key 'train.batch_size': expected an integer, got 'abc'"
+bad range 'optim:\n  lr: -1\n' \
+  "range.yaml:2:7: key 'optim.lr': -1 is out of range (must be in (0, 1000])"
+bad syntax 'optim:\n  lr: [1\n' \
+  "syntax.yaml:3:1: YAML syntax error: did not find expected ',' or ']' (while parsing a flow sequence)"
+run "$LOOM" train missing.yaml
+check "missing file" test "$rc" -eq 2 -a "$out" = "loom train: missing.yaml: cannot open config: No such file or directory"
+run "$LOOM" train "$SRC/examples/small_mlp.yaml" --set optim.lr=x
+check "bad --set" test "$rc" -eq 2 -a "$out" = "loom train: --set optim.lr=x: key 'optim.lr': expected a number, got 'x'"
+run "$LOOM" train "$SRC/examples/small_mlp.yaml" --bogus
+check "bad option" test "$rc" -eq 2
+run "$LOOM" train
+check "no config" test "$rc" -eq 2
+run "$LOOM" train --help
+check "help" grep -q -- "--resume auto|never|DIR" <<<"$out"
+run "$LOOM" train "$SRC/examples/small_mlp.yaml" --print-config --set optim.lr=0.125
+check "print-config" grep -q "lr: 0.125" <<<"$out"
+
+# Interrupted at step 7, then resumed to the end (20 steps).
+ARGS=("$SRC/examples/small_mlp.yaml" --set "log.run_dir=$T/run" --set log.progress=lines)
+run "$LOOM" train "${ARGS[@]}" --resume never --stop-at 7
+check "stop-at exit" test "$rc" -eq 0
+check "stopped at 7" grep -q "stopped at step 7" <<<"$out"
+check "checkpoint of step 7" test -d "$T/run/ckpt/step_00000007"
+run "$LOOM" train "${ARGS[@]}" --resume auto
+check "resume exit" test "$rc" -eq 0
+check "resumed from 7" grep -q "resuming from .*step_00000007 (step 7" <<<"$out"
+check "done at 20" grep -q "done at step 20" <<<"$out"
+check "test accuracy printed" grep -q "^test accuracy: [0-9.]*%$" <<<"$out"
+run "$LOOM" ckpt verify "$T/run/ckpt"
+check "final checkpoint verifies" test "$rc" -eq 0
+check "metrics lines" test "$(grep -c '"loss"' "$T/run/metrics.jsonl")" -eq 4
+check "eval lines" test "$(grep -c '"val_accuracy"' "$T/run/metrics.jsonl")" -ge 2
+
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]
