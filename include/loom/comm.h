@@ -80,7 +80,9 @@ loom_status loom_redop_parse(const char *name, loom_redop *out);
   X(LOOM_COMM_RECV, "recv")                                                    \
   X(LOOM_COMM_CALL, "call")                                                    \
   X(LOOM_COMM_SPLIT, "split")                                                  \
-  X(LOOM_COMM_FREE, "free")
+  X(LOOM_COMM_FREE, "free")                                                    \
+  X(LOOM_COMM_MEM_ALLOC, "mem_alloc")                                          \
+  X(LOOM_COMM_MEM_FREE, "mem_free")
 
 typedef enum {
 #define LOOM_X_ENUM(name, text) name,
@@ -180,6 +182,23 @@ loom_status loom_group_error(loom_group *g);
  * communication thread); for the self backend it only marks the group
  * broken and returns. Used by tests on a failed check so no rank hangs. */
 void loom_group_abort(loom_group *g, int code);
+
+/* -------------------------------------------------------- shared memory */
+
+/* Memory that the group's ranks on this host share. A collective whose
+ * buffers lie in such memory on every rank moves data directly between the
+ * ranks' buffers instead of staging it through loom's segment: all-reduce
+ * reads each segment from every rank and writes the result into every
+ * rank's buffer, all-gather writes each block straight into every rank's
+ * output (one copy instead of three). Registered are: send and recv for
+ * all-reduce, send for reduce-scatter, recv for all-gather(-v), broadcast
+ * and all-to-all (not in place). Other buffers work as usual.
+ * Collective over g (every member calls it, in order with the group's other
+ * collectives; sizes may differ). Without a shared-memory path (self backend,
+ * a group across hosts, LOOM_COMM_SHM=0) it is plain loom_malloc memory.
+ * 64-byte aligned, zeroed. Release with loom_group_mem_free (collective). */
+loom_status loom_group_mem_alloc(loom_group *g, size_t bytes, void **out);
+void loom_group_mem_free(loom_group *g, void *p);
 
 /* ------------------------------------------------------------ operations */
 

@@ -24,7 +24,8 @@ typedef struct bench_args {
   double factor;
   const char *sizes; /* explicit list, overrides min/max */
   int iters, warmup;
-  bool mpi; /* measure plain MPI too */
+  bool mpi;    /* measure plain MPI too */
+  bool shared; /* buffers from loom_group_mem_alloc */
 } bench_args;
 
 static void usage(FILE *f) {
@@ -42,6 +43,10 @@ static void usage(FILE *f) {
           "  --iters K      timed iterations per size (default 20, fewer for "
           "large sizes)\n"
           "  --warmup W     untimed iterations first (default 5)\n"
+          "  --shared       buffers from loom_group_mem_alloc (memory shared "
+          "by the ranks\n"
+          "                 of a host: loom's direct path; MPI gets the same "
+          "buffers)\n"
           "  --no-mpi       skip the plain-MPI columns\n\n"
           "Sizes are those of nccl-tests: the full buffer (all-gather: the "
           "gathered\nbuffer; reduce-scatter and all-to-all: the send buffer). "
@@ -87,6 +92,10 @@ static int parse_args(int argc, char **argv, bench_args *a) {
     }
     if (strcmp(k, "--no-mpi") == 0) {
       a->mpi = false;
+      continue;
+    }
+    if (strcmp(k, "--shared") == 0) {
+      a->shared = true;
       continue;
     }
     if (!v) {
@@ -437,10 +446,11 @@ static void print_header(const bench_args *a, loom_group *g, bool mpi) {
   if (loom_group_rank(g) != 0)
     return;
   printf("# loom bench comm: %s, %s, %s, %d ranks (backend %s, shared "
-         "memory %s)\n",
+         "memory %s%s)\n",
          loom_comm_op_name(a->op), loom_dtype_name(a->dtype),
          loom_redop_name(a->redop), loom_group_size(g), loom_group_backend(g),
-         loom_group_shm(g) ? "on" : "off");
+         loom_group_shm(g) ? "on" : "off",
+         a->shared ? ", buffers from loom_group_mem_alloc" : "");
   printf("# %11s %12s %5s %5s | %10s %8s %8s %6s", "size(B)", "count", "type",
          "redop", "loom(us)", "algbw", "busbw", "#wrong");
   if (mpi)
@@ -460,8 +470,14 @@ static loom_status bench_size(const bench_args *a, size_t bytes, loom_group *g,
   size_t nbytes = s.recv_elems * e; /* the size nccl-tests reports */
   if (a->op == LOOM_COMM_REDUCE_SCATTER || a->op == LOOM_COMM_ALLTOALL)
     nbytes = s.send_elems * e;
-  void *send = loom_malloc(s.send_elems * e + 64);
-  void *recv = loom_malloc(s.recv_elems * e + 64);
+  void *send = NULL, *recv = NULL;
+  if (a->shared) {
+    LOOM_TRY(loom_group_mem_alloc(g, s.send_elems * e + 64, &send));
+    LOOM_TRY(loom_group_mem_alloc(g, s.recv_elems * e + 64, &recv));
+  } else {
+    send = loom_malloc(s.send_elems * e + 64);
+    recv = loom_malloc(s.recv_elems * e + 64);
+  }
   if (!send || !recv) {
     loom_free(send);
     loom_free(recv);
@@ -478,16 +494,17 @@ static loom_status bench_size(const bench_args *a, size_t bytes, loom_group *g,
   loom_status st = LOOM_OK;
   double tl = 0, tm = 0, t;
   long wl = 0, wm = 0;
-  /* Warm-up, then two alternating rounds of each, so drift on a busy
-   * machine hits both columns alike. */
+  /* Warm-up, then up to four alternating rounds of each, so drift on a
+   * busy machine hits both columns alike. */
   LOOM_TRY_GOTO(st, time_loom(a, send, recv, &s, g, warm, &t), done);
 #ifdef LOOM_HAVE_MPI
   if (mpi)
     LOOM_TRY_GOTO(st, time_mpi(a, send, recv, &s, g, warm, &t), done);
 #endif
-  int half = iters / 2 > 0 ? iters / 2 : 1;
-  for (int round = 0; round < 2; round++) {
-    int k = round == 0 ? half : iters - half;
+  int rounds = iters < 4 ? iters : 4, done_iters = 0;
+  for (int round = 0; round < rounds; round++) {
+    int k = (iters - done_iters) / (rounds - round);
+    done_iters += k;
     if (k <= 0)
       continue;
     LOOM_TRY_GOTO(st, time_loom(a, send, recv, &s, g, k, &t), done);
@@ -517,8 +534,13 @@ static loom_status bench_size(const bench_args *a, size_t bytes, loom_group *g,
     fflush(stdout);
   }
 done:
-  loom_free(send);
-  loom_free(recv);
+  if (a->shared) {
+    loom_group_mem_free(g, send);
+    loom_group_mem_free(g, recv);
+  } else {
+    loom_free(send);
+    loom_free(recv);
+  }
   return st;
 }
 

@@ -39,6 +39,12 @@ typedef struct mpi_group {
   int pair[2];
   void *tmp; /* in-place reduce-scatter and all-to-all */
   size_t tmp_bytes;
+  /* loom_group_mem_alloc: every rank's object name and size. */
+  struct mem_rec {
+    char name[56];
+    uint64_t bytes;
+  } mine_rec, *recs; /* recs: [P] */
+  int mem_allocs;    /* allocations made, the same count on every rank */
 } mpi_group;
 
 enum { PH_START, PH_CHECK_SHM, PH_CHECK_MPI, PH_DATA, PH_SHM };
@@ -164,6 +170,7 @@ static void group_release(mpi_group *mg) {
   loom_free(mg->counts);
   loom_free(mg->displs);
   loom_free(mg->tmp);
+  loom_free(mg->recs);
   loom_free(mg);
 }
 
@@ -245,7 +252,9 @@ static loom_status setup_group(loom_comm_ctx *ctx, loom_group *g,
   mg->ibuf = loom_calloc(2 * p, sizeof *mg->ibuf);
   mg->counts = loom_calloc(p, sizeof *mg->counts);
   mg->displs = loom_calloc(p, sizeof *mg->displs);
-  if (!mg->descs || !mg->creqs || !mg->ibuf || !mg->counts || !mg->displs) {
+  mg->recs = loom_calloc(p, sizeof *mg->recs);
+  if (!mg->descs || !mg->creqs || !mg->ibuf || !mg->counts || !mg->displs ||
+      !mg->recs) {
     s = LOOM_ERR_NOMEM;
     goto fail;
   }
@@ -396,6 +405,86 @@ static int do_split(loom_comm_ctx *ctx, loom_group *g, loom_op *op) {
   return 1;
 }
 
+/* loom_group_mem_alloc, first half: this rank's object, then everyone's
+ * name and size (nonblocking, under the watchdog). */
+static int mem_alloc_start(loom_group *g, loom_op *op) {
+  mpi_group *mg = g->bg;
+  mpi_state *ms = ms_of(op);
+  size_t bytes = (op->count + 4095) / 4096 * 4096;
+  if (!bytes)
+    bytes = 4096;
+  op->recv = NULL;
+  if (!mg->shm) {
+    op->recv = loom_calloc(1, bytes);
+    if (!op->recv)
+      loom_comm_op_fail(op, LOOM_ERR_NOMEM, "mem_alloc of %zu bytes",
+                        op->count);
+    return 1;
+  }
+  memset(&mg->mine_rec, 0, sizeof mg->mine_rec);
+  snprintf(mg->mine_rec.name, sizeof mg->mine_rec.name, "/loom-%d-m%llu",
+           (int)getpid(), (unsigned long long)G.shm_made++);
+  mg->mine_rec.bytes = bytes;
+  if (loom_shm_map(mg->mine_rec.name, bytes, true, &op->recv) != LOOM_OK) {
+    LOOM_WARN("comm: no shared memory for mem_alloc on group %s: %s", g->label,
+              loom_last_error());
+    mg->mine_rec.name[0] = '\0';
+  }
+  int rc = MPI_Iallgather(&mg->mine_rec, (int)sizeof mg->mine_rec, MPI_BYTE,
+                          mg->recs, (int)sizeof mg->mine_rec, MPI_BYTE,
+                          mg->comm, &ms->req[0]);
+  if (rc != MPI_SUCCESS) {
+    if (op->recv) {
+      loom_shm_unmap(op->recv, bytes);
+      loom_shm_unlink(mg->mine_rec.name);
+      op->recv = NULL;
+    }
+    return fail_mpi(op, rc, "mem_alloc");
+  }
+  return 0;
+}
+
+/* Second half: map every rank's object; all agree, or all fall back to
+ * private memory. */
+static int mem_alloc_finish(loom_group *g, loom_op *op) {
+  mpi_group *mg = g->bg;
+  int p = g->size, me = g->rank;
+  int id = mg->mem_allocs++;
+  void **base = loom_calloc((size_t)p, sizeof *base);
+  size_t *bytes = loom_calloc((size_t)p, sizeof *bytes);
+  int ok = base && bytes && op->recv;
+  for (int j = 0; ok && j < p; j++) {
+    bytes[j] = mg->recs[j].bytes;
+    if (j == me)
+      base[j] = op->recv;
+    else if (!mg->recs[j].name[0] || loom_shm_map(mg->recs[j].name, bytes[j],
+                                                  false, &base[j]) != LOOM_OK)
+      ok = 0;
+  }
+  bool added = ok && loom_shm_region_add(mg->shm, id, base, bytes) >= 0;
+  ok = added;
+  int all = 0;
+  if (MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, mg->comm) != MPI_SUCCESS)
+    all = 0;
+  if (mg->mine_rec.name[0])
+    loom_shm_unlink(mg->mine_rec.name); /* everyone mapped it, or gave up */
+  if (!all) {
+    if (added) {
+      loom_shm_region_remove(mg->shm, op->recv);
+    } else {
+      for (int j = 0; base && bytes && j < p; j++)
+        loom_shm_unmap(base[j], bytes[j]);
+    }
+    op->recv = loom_calloc(1, op->count ? op->count : 1);
+    if (!op->recv)
+      loom_comm_op_fail(op, LOOM_ERR_NOMEM, "mem_alloc of %zu bytes",
+                        op->count);
+  }
+  loom_free(base);
+  loom_free(bytes);
+  return 1;
+}
+
 /* The data phase: everything is known to match (or is not checked). */
 static int data_start(loom_group *g, loom_op *op) {
   mpi_group *mg = g->bg;
@@ -415,7 +504,7 @@ static int data_start(loom_group *g, loom_op *op) {
   const char *what = loom_comm_op_name(op->kind);
   bool inplace = op->send == op->recv;
   if (op->kind != LOOM_COMM_ALLREDUCE && op->kind != LOOM_COMM_ALLGATHERV &&
-      !fits_int(op->count)) {
+      op->kind != LOOM_COMM_MEM_ALLOC && !fits_int(op->count)) {
     loom_comm_op_fail(op, LOOM_ERR_UNSUPPORTED,
                       "%s of %zu elements: more than MPI's int counts allow "
                       "between hosts; split it",
@@ -513,6 +602,12 @@ static int data_start(loom_group *g, loom_op *op) {
     group_release(mg);
     g->bg = NULL;
     return 1;
+  case LOOM_COMM_MEM_ALLOC:
+    return mem_alloc_start(g, op);
+  case LOOM_COMM_MEM_FREE:
+    if (!mg->shm || !loom_shm_region_remove(mg->shm, (void *)op->send))
+      loom_free((void *)(uintptr_t)op->send);
+    return 1;
   default:
     loom_comm_op_fail(op, LOOM_ERR_UNSUPPORTED, "mpi: unsupported op %s", what);
     return 1;
@@ -545,6 +640,8 @@ static int data_finish(loom_group *g, loom_op *op) {
     break;
   case LOOM_COMM_SPLIT:
     return do_split(g->ctx, g, op);
+  case LOOM_COMM_MEM_ALLOC:
+    return mem_alloc_finish(g, op);
   default:
     break;
   }
@@ -766,7 +863,17 @@ const loom_backend loom_backend_mpi = {
     .sleep = mpi_sleep,
 };
 
+void loom_comm_path_counts(loom_group *g, uint64_t *direct, uint64_t *staged) {
+  mpi_group *mg = g && g->ctx->be == &loom_backend_mpi ? g->bg : NULL;
+  loom_shm_counts(mg ? mg->shm : NULL, direct, staged);
+}
+
 #else /* !LOOM_HAVE_MPI */
+
+void loom_comm_path_counts(loom_group *g, uint64_t *direct, uint64_t *staged) {
+  (void)g;
+  *direct = *staged = 0;
+}
 
 loom_status loom_comm_mpi_types(loom_dtype dt, loom_redop op, void *mpi_dtype,
                                 void *mpi_op) {

@@ -104,6 +104,15 @@ static int self_start(loom_group *g, loom_op *op) {
     if (op->status != LOOM_OK)
       snprintf(op->err, sizeof op->err, "out of memory");
     return 1;
+  case LOOM_COMM_MEM_ALLOC:
+    op->recv = loom_calloc(1, op->count ? op->count : 1);
+    if (!op->recv)
+      loom_comm_op_fail(op, LOOM_ERR_NOMEM, "mem_alloc of %zu bytes",
+                        op->count);
+    return 1;
+  case LOOM_COMM_MEM_FREE:
+    loom_free((void *)(uintptr_t)op->send);
+    return 1;
   case LOOM_COMM_FREE:
     loom_free(sg);
     g->bg = NULL;

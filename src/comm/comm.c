@@ -243,7 +243,8 @@ static void handle_abort(loom_comm_ctx *ctx) {
   ctx->be->abort(ctx, code); /* returns only for backends without a job */
   char msg[64];
   snprintf(msg, sizeof msg, "aborted with code %d", code);
-  mark_broken(ctx->world, LOOM_ERR_REMOTE, msg);
+  if (ctx->world)
+    mark_broken(ctx->world, LOOM_ERR_REMOTE, msg);
   atomic_store(&ctx->abort_done, 1);
 }
 
@@ -744,6 +745,35 @@ loom_status loom_send(const void *buf, size_t count, loom_dtype dt, int peer,
 loom_status loom_recv(void *buf, size_t count, loom_dtype dt, int peer, int tag,
                       loom_group *g, loom_req *req) {
   return p2p(LOOM_COMM_RECV, buf, count, dt, peer, tag, g, req);
+}
+
+loom_status loom_group_mem_alloc(loom_group *g, size_t bytes, void **out) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_group_mem_alloc: out NULL");
+  *out = NULL;
+  loom_req req = LOOM_REQ_INIT;
+  loom_op *o;
+  LOOM_TRY(prepare(&req, g, LOOM_COMM_MEM_ALLOC, &o));
+  o->count = bytes;
+  o->dtype = LOOM_U8;
+  enqueue(o);
+  LOOM_TRY(loom_wait(&req));
+  *out = o->recv;
+  return LOOM_OK;
+}
+
+void loom_group_mem_free(loom_group *g, void *p) {
+  if (!p || !g)
+    return;
+  loom_req req = LOOM_REQ_INIT;
+  loom_op *o;
+  if (prepare(&req, g, LOOM_COMM_MEM_FREE, &o) != LOOM_OK)
+    return;
+  o->send = p;
+  o->dtype = LOOM_U8;
+  enqueue(o);
+  if (loom_wait(&req) != LOOM_OK)
+    LOOM_WARN("comm: loom_group_mem_free: %s", loom_last_error());
 }
 
 loom_status loom_group_call(loom_comm_fn fn, void *ctx, loom_group *g,

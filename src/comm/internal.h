@@ -179,6 +179,16 @@ size_t loom_comm_op_bytes(const loom_op *op, int size);
 /* ---- shm.c: the intra-host data path over one shared segment per group */
 #define LOOM_SHM_MAX_RANKS 256 /* ranks of one host on the shared path */
 /* Maps (creating when `create`) the segment `name` for `size` ranks. */
+/* Creates (create) or maps the POSIX shared-memory object `name`. */
+loom_status loom_shm_map(const char *name, size_t bytes, bool create,
+                         void **out);
+void loom_shm_unmap(void *p, size_t bytes);
+/* Registers memory of loom_group_mem_alloc: rank j's part is mapped here at
+ * base[j]. The region owns the mappings. Returns id, or -1 (no memory). */
+int loom_shm_region_add(loom_shm *s, int id, void *const *base,
+                        const size_t *bytes);
+/* Unmaps the region whose local part starts at `local`; false if none. */
+bool loom_shm_region_remove(loom_shm *s, void *local);
 loom_status loom_shm_open(loom_shm **out, const char *name, bool create,
                           int rank, int size, size_t chunk, bool yield);
 void loom_shm_unlink(const char *name);
@@ -198,5 +208,11 @@ bool loom_shm_sleep(loom_shm *s, double seconds, const atomic_uint *queued,
 atomic_uint *loom_shm_bell(loom_shm *s);
 void loom_shm_ring(atomic_uint *bell);
 void loom_shm_stuck(loom_shm *s, loom_op *op, char *buf, size_t n);
+void loom_shm_counts(const loom_shm *s, uint64_t *direct, uint64_t *staged);
+
+/* Collectives of g so far on the shared-memory path, direct and staged
+ * (0, 0 without it). Read it on the communication thread or when the
+ * group is idle (tests). */
+void loom_comm_path_counts(loom_group *g, uint64_t *direct, uint64_t *staged);
 
 #endif /* LOOM_COMM_INTERNAL_H */

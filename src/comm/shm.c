@@ -28,12 +28,26 @@ typedef struct shm_rank {
   _Alignas(64) _Atomic uint64_t step;    /* pipeline barrier counter */
   _Alignas(64) _Atomic uint64_t entered; /* last collective sequence begun */
   loom_comm_desc desc[SHM_RING];         /* desc[seq % SHM_RING] */
+  /* Where the operation's buffers lie in registered memory (-1: not). */
+  struct shm_reg {
+    int32_t ok; /* this rank's buffers allow the direct path */
+    int32_t send_id, recv_id;
+    uint64_t send_off, recv_off;
+  } reg[SHM_RING];
   /* A rank whose peers are late sleeps in the kernel on its bell (a futex
    * word) instead of spinning on a core that its own compute thread needs;
    * whoever publishes rings the bells of the sleepers. */
   _Alignas(64) _Atomic uint32_t bell;
   _Atomic uint32_t sleeping;
 } shm_rank;
+
+/* Memory from loom_group_mem_alloc: rank j's part mapped at base[j]. */
+typedef struct shm_region {
+  int id;        /* the same on every rank: allocations are collective */
+  char **base;   /* [P] */
+  size_t *bytes; /* [P] */
+  struct shm_region *next;
+} shm_region;
 
 struct loom_shm {
   void *base;
@@ -48,6 +62,9 @@ struct loom_shm {
   /* What this rank waits for when an operation returns unfinished. */
   enum { WAIT_NONE, WAIT_STEP, WAIT_ENTERED } wait_kind;
   uint64_t wait_value;
+  shm_region *regions;
+  char **psend, **precv;       /* [P] the direct path's view of every buffer */
+  uint64_t n_direct, n_staged; /* collectives by path (tests, profiles) */
 };
 
 /* Progress of one operation, kept in op->bstate. */
@@ -59,7 +76,10 @@ typedef struct shm_state {
   size_t cm;       /* elements per chunk (per piece for blocked layouts) */
   size_t maxc;     /* all-gather-v: largest count */
   int phase;
+  int mode; /* MODE_*: staged through the slots, or direct */
 } shm_state;
+
+enum { MODE_SLOTS = 0, MODE_DECIDE, MODE_DIRECT };
 _Static_assert(sizeof(shm_state) <= sizeof(((loom_op *)0)->bstate),
                "shm state fits the request");
 
@@ -67,14 +87,9 @@ static shm_state *st_of(loom_op *op) { return (shm_state *)(void *)op->bstate; }
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-loom_status loom_shm_open(loom_shm **out, const char *name, bool create,
-                          int rank, int size, size_t chunk, bool yield) {
-  (void)yield;
+loom_status loom_shm_map(const char *name, size_t bytes, bool create,
+                         void **out) {
   *out = NULL;
-  size_t hdr = round_up((size_t)size * sizeof(shm_rank), 4096);
-  size_t slot =
-      round_up(chunk > (size_t)size * 64 ? chunk : (size_t)size * 64, 4096);
-  size_t bytes = hdr + (size_t)size * 2 * slot;
   int fd = shm_open(name, create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
   if (fd < 0)
     return loom_error(LOOM_ERR_IO, "shm_open(%s): %s", name, strerror(errno));
@@ -94,15 +109,41 @@ loom_status loom_shm_open(loom_shm **out, const char *name, bool create,
   }
   void *base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
-  if (base == MAP_FAILED)
+  if (base == MAP_FAILED) {
+    if (create)
+      shm_unlink(name);
     return loom_error(LOOM_ERR_IO, "mmap of %s (%zu bytes): %s", name, bytes,
                       strerror(errno));
+  }
+  *out = base;
+  return LOOM_OK;
+}
+
+void loom_shm_unmap(void *p, size_t bytes) {
+  if (p)
+    munmap(p, bytes);
+}
+
+loom_status loom_shm_open(loom_shm **out, const char *name, bool create,
+                          int rank, int size, size_t chunk, bool yield) {
+  (void)yield;
+  *out = NULL;
+  size_t hdr = round_up((size_t)size * sizeof(shm_rank), 4096);
+  size_t slot =
+      round_up(chunk > (size_t)size * 64 ? chunk : (size_t)size * 64, 4096);
+  size_t bytes = hdr + (size_t)size * 2 * slot;
+  void *base;
+  LOOM_TRY(loom_shm_map(name, bytes, create, &base));
   loom_shm *s = loom_calloc(1, sizeof *s);
   loom_comm_desc *descs = loom_calloc((size_t)size, sizeof *descs);
-  if (!s || !descs) {
+  char **ps = loom_calloc((size_t)size, sizeof *ps);
+  char **pr = loom_calloc((size_t)size, sizeof *pr);
+  if (!s || !descs || !ps || !pr) {
     munmap(base, bytes);
     loom_free(s);
     loom_free(descs);
+    loom_free(ps);
+    loom_free(pr);
     return LOOM_ERR_NOMEM;
   }
   s->base = base;
@@ -113,6 +154,8 @@ loom_status loom_shm_open(loom_shm **out, const char *name, bool create,
   s->rank = rank;
   s->size = size;
   s->descs = descs;
+  s->psend = ps;
+  s->precv = pr;
   /* Fault our own slots in now rather than in the first collective. */
   memset(s->slots + (size_t)rank * 2 * slot, 0, 2 * slot);
   *out = s;
@@ -121,12 +164,126 @@ loom_status loom_shm_open(loom_shm **out, const char *name, bool create,
 
 void loom_shm_unlink(const char *name) { shm_unlink(name); }
 
+static void region_release(shm_region *r, int p) {
+  for (int j = 0; j < p; j++)
+    loom_shm_unmap(r->base[j], r->bytes[j]);
+  loom_free(r->base);
+  loom_free(r->bytes);
+  loom_free(r);
+}
+
 void loom_shm_close(loom_shm *s) {
   if (!s)
     return;
+  while (s->regions) {
+    shm_region *r = s->regions;
+    s->regions = r->next;
+    region_release(r, s->size);
+  }
   munmap(s->base, s->bytes);
   loom_free(s->descs);
+  loom_free(s->psend);
+  loom_free(s->precv);
   loom_free(s);
+}
+
+int loom_shm_region_add(loom_shm *s, int id, void *const *base,
+                        const size_t *bytes) {
+  shm_region *r = loom_calloc(1, sizeof *r);
+  char **b = loom_calloc((size_t)s->size, sizeof *b);
+  size_t *n = loom_calloc((size_t)s->size, sizeof *n);
+  if (!r || !b || !n) {
+    loom_free(r);
+    loom_free(b);
+    loom_free(n);
+    return -1;
+  }
+  for (int j = 0; j < s->size; j++) {
+    b[j] = base[j];
+    n[j] = bytes[j];
+  }
+  r->id = id;
+  r->base = b;
+  r->bytes = n;
+  r->next = s->regions;
+  s->regions = r;
+  return r->id;
+}
+
+bool loom_shm_region_remove(loom_shm *s, void *local) {
+  for (shm_region **pp = &s->regions; *pp; pp = &(*pp)->next) {
+    shm_region *r = *pp;
+    if (r->base[s->rank] == local) {
+      *pp = r->next;
+      region_release(r, s->size);
+      return true;
+    }
+  }
+  return false;
+}
+
+/* Which registered region holds [p, p + len) of this rank, and where. */
+static bool find_region(loom_shm *s, const void *p, size_t len, int32_t *id,
+                        uint64_t *off) {
+  uintptr_t a = (uintptr_t)p;
+  for (shm_region *r = s->regions; r && p; r = r->next) {
+    uintptr_t b = (uintptr_t)r->base[s->rank];
+    if (a >= b && len <= r->bytes[s->rank] &&
+        a - b <= r->bytes[s->rank] - len) {
+      *id = r->id;
+      *off = a - b;
+      return true;
+    }
+  }
+  return false;
+}
+
+static char *region_ptr(loom_shm *s, int32_t id, int rank, uint64_t off) {
+  for (shm_region *r = s->regions; r; r = r->next)
+    if (r->id == id)
+      return r->base[rank] + off;
+  return NULL;
+}
+
+/* Can this rank's buffers take the direct path? Fills the board entry. */
+static void reg_info(loom_shm *s, const loom_op *op, struct shm_reg *r) {
+  size_t e = loom_dtype_size(op->dtype), p = (size_t)s->size;
+  size_t send_len = 0, recv_len = 0;
+  memset(r, 0, sizeof *r);
+  r->send_id = r->recv_id = -1;
+  switch (op->kind) {
+  case LOOM_COMM_ALLREDUCE:
+    send_len = recv_len = op->count * e;
+    break;
+  case LOOM_COMM_REDUCE_SCATTER:
+    send_len = p * op->count * e;
+    break;
+  case LOOM_COMM_ALLGATHER:
+    recv_len = p * op->count * e;
+    break;
+  case LOOM_COMM_ALLGATHERV:
+    for (size_t j = 0; j < p; j++)
+      recv_len += op->counts[j] * e;
+    break;
+  case LOOM_COMM_BROADCAST:
+    recv_len = op->count * e;
+    break;
+  case LOOM_COMM_ALLTOALL:
+    /* In place, a rank would overwrite blocks its owner has yet to read. */
+    if (op->send != op->recv)
+      recv_len = p * op->count * e;
+    break;
+  default:
+    return;
+  }
+  if (!send_len && !recv_len)
+    return;
+  bool ok = true;
+  if (send_len)
+    ok = find_region(s, op->send, send_len, &r->send_id, &r->send_off);
+  if (ok && recv_len)
+    ok = find_region(s, op->recv, recv_len, &r->recv_id, &r->recv_off);
+  r->ok = ok;
 }
 
 bool loom_shm_supports(loom_comm_op kind) {
@@ -168,6 +325,11 @@ static void ring_sleepers(loom_shm *s) {
 void loom_shm_enter(loom_shm *s, loom_op *op, const loom_comm_desc *d) {
   shm_rank *me = &s->hdr[s->rank];
   me->desc[op->seq % SHM_RING] = *d;
+  struct shm_reg *r = &me->reg[op->seq % SHM_RING];
+  reg_info(s, op, r);
+  /* Registered buffers: wait for everyone's entry to decide; otherwise the
+   * slots, and the others will see why on the board. */
+  st_of(op)->mode = r->ok ? MODE_DECIDE : MODE_SLOTS;
   atomic_store(&me->entered, op->seq);
   ring_sleepers(s);
 }
@@ -497,14 +659,157 @@ static int run_blocked(loom_shm *s, loom_op *op, shm_state *st, bool *moved) {
   return st->c == st->K;
 }
 
+/* ------------------------------------------------------ the direct path */
+
+/* Elements handled between two looks at the rest of the world (~256 KiB of
+ * f32: a block stays in L2 between the reduction and the copies). */
+#define DIRECT_BLOCK (64u << 10)
+
+/* Every rank's registered buffers are known: rank r reduces segment r of
+ * every rank's input and writes it into every rank's output, or copies its
+ * own block into every rank's output. One pass, no staging. Returns true
+ * when this rank's share is done. */
+static bool direct_work(loom_shm *s, loom_op *op, shm_state *st) {
+  size_t e = loom_dtype_size(op->dtype);
+  int p = s->size, me = s->rank;
+  const void *in[LOOM_SHM_MAX_RANKS];
+  for (int budget = 0; budget < 16; budget++) {
+    size_t c = st->c, m;
+    switch (op->kind) {
+    case LOOM_COMM_ALLREDUCE: {
+      size_t n = op->count;
+      size_t seg = round_up((n + (size_t)p - 1) / (size_t)p, 64 / e);
+      size_t lo = min_sz((size_t)me * seg, n), hi = min_sz(lo + seg, n);
+      if (lo + c >= hi)
+        return true;
+      m = min_sz(DIRECT_BLOCK, hi - lo - c);
+      size_t at = (lo + c) * e;
+      for (int j = 0; j < p; j++)
+        in[j] = s->psend[j] + at;
+      loom_comm_reduce(s->precv[me] + at, in, p, m, op->dtype, op->redop, p);
+      for (int j = 0; j < p; j++)
+        if (j != me)
+          memcpy(s->precv[j] + at, s->precv[me] + at, m * e);
+      break;
+    }
+    case LOOM_COMM_REDUCE_SCATTER: {
+      if (c >= op->count)
+        return true;
+      m = min_sz(DIRECT_BLOCK, op->count - c);
+      for (int j = 0; j < p; j++)
+        in[j] = s->psend[j] + ((size_t)me * op->count + c) * e;
+      loom_comm_reduce((char *)op->recv + c * e, in, p, m, op->dtype, op->redop,
+                       p);
+      break;
+    }
+    case LOOM_COMM_ALLGATHER:
+    case LOOM_COMM_ALLGATHERV: {
+      size_t mine = count_of(op, me);
+      size_t d = op->kind == LOOM_COMM_ALLGATHER ? (size_t)me * op->count
+                                                 : displ_of(op, me);
+      if (c >= mine)
+        return true;
+      m = min_sz(DIRECT_BLOCK, mine - c);
+      const char *src = (const char *)op->send + c * e;
+      for (int j = 0; j < p; j++)
+        copy(s->precv[j] + (d + c) * e, src, m * e);
+      break;
+    }
+    case LOOM_COMM_BROADCAST: {
+      if (me != op->root || c >= op->count)
+        return true;
+      m = min_sz(DIRECT_BLOCK, op->count - c);
+      for (int j = 0; j < p; j++)
+        copy(s->precv[j] + c * e, (const char *)op->send + c * e, m * e);
+      break;
+    }
+    case LOOM_COMM_ALLTOALL: {
+      if (c >= op->count)
+        return true;
+      m = min_sz(DIRECT_BLOCK, op->count - c);
+      for (int j = 0; j < p; j++)
+        memcpy(s->precv[j] + ((size_t)me * op->count + c) * e,
+               (const char *)op->send + ((size_t)j * op->count + c) * e, m * e);
+      break;
+    }
+    default:
+      return true;
+    }
+    st->c += m;
+  }
+  return false;
+}
+
+/* Waits for every rank's board entry, then chooses the direct path when
+ * all of them registered their buffers. Returns 0 while waiting. */
+static int decide(loom_shm *s, loom_op *op, shm_state *st) {
+  s->wait_kind = WAIT_ENTERED;
+  s->wait_value = op->seq;
+  for (int j = 0; j < s->size; j++)
+    if (atomic_load_explicit(&s->hdr[j].entered, memory_order_acquire) <
+        op->seq)
+      return 0;
+  s->wait_kind = WAIT_NONE;
+  st->mode = MODE_DIRECT;
+  for (int j = 0; j < s->size; j++) {
+    const struct shm_reg *r = &s->hdr[j].reg[op->seq % SHM_RING];
+    if (!r->ok) {
+      st->mode = MODE_SLOTS;
+      return 1;
+    }
+    s->psend[j] =
+        r->send_id >= 0 ? region_ptr(s, r->send_id, j, r->send_off) : NULL;
+    s->precv[j] =
+        r->recv_id >= 0 ? region_ptr(s, r->recv_id, j, r->recv_off) : NULL;
+  }
+  st->c = 0;
+  st->phase = 0;
+  return 1;
+}
+
+static int run_direct(loom_shm *s, loom_op *op, shm_state *st, bool *moved) {
+  if (st->phase == 0) {
+    bool finished = direct_work(s, op, st);
+    *moved = true;
+    if (!finished)
+      return 0;
+    /* Nobody leaves before everyone has written (and read) its share. */
+    publish(s, st->base + 1);
+    st->phase = 1;
+  }
+  st->wait = st->base + 1;
+  return all_reached(s, st->wait);
+}
+
 int loom_shm_run(loom_shm *s, loom_op *op, bool *moved) {
   shm_state *st = st_of(op);
+  if (st->mode == MODE_DECIDE) {
+    if (!decide(s, op, st))
+      return 0;
+    *moved = true;
+    if (st->mode == MODE_DIRECT) {
+      st->base = s->step;
+      st->K = 1;
+    }
+  }
+  if (st->mode == MODE_DIRECT) {
+    int done = run_direct(s, op, st, moved);
+    s->n_direct += (uint64_t)done;
+    return done;
+  }
   if (!st->K)
     setup(s, op, st);
   int done = op->kind == LOOM_COMM_ALLREDUCE || op->kind == LOOM_COMM_REDUCE
                  ? run_allreduce(s, op, st, moved)
                  : run_blocked(s, op, st, moved);
-  if (done)
+  if (done) {
     s->parity = st->parity + st->K;
+    s->n_staged++;
+  }
   return done;
+}
+
+void loom_shm_counts(const loom_shm *s, uint64_t *direct, uint64_t *staged) {
+  *direct = s ? s->n_direct : 0;
+  *staged = s ? s->n_staged : 0;
 }

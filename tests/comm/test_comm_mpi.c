@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/internal.h"
 #include "loom/comm.h"
 #include "tt.h"
 
@@ -132,6 +133,41 @@ static void fill_red(void *buf, const tgroup *t, loom_dtype dt, loom_redop op,
 
 static int nbad;
 
+/* Buffers of the collectives under test: private memory, memory from
+ * loom_group_mem_alloc (the direct path), or registered everywhere but
+ * rank 0 (which must make every rank take the staged path). */
+enum { MEM_PRIVATE, MEM_SHARED, MEM_MIXED };
+static int mem_mode;
+
+typedef struct tbuf {
+  char *p;        /* what the test uses */
+  void *shared;   /* from loom_group_mem_alloc, if any */
+  bool private_p; /* p is malloc'd */
+} tbuf;
+
+static tbuf talloc(loom_group *g, size_t bytes) {
+  tbuf b = {0};
+  if (mem_mode != MEM_PRIVATE) {
+    if (loom_group_mem_alloc(g, bytes, &b.shared) != LOOM_OK) {
+      tt_fail_prefix(__FILE__, __LINE__);
+      fprintf(stderr, "mem_alloc: %s\n", loom_last_error());
+      tt_fail_done();
+    }
+    b.p = b.shared;
+  }
+  if (mem_mode == MEM_PRIVATE || (mem_mode == MEM_MIXED && R == 0)) {
+    b.p = malloc(bytes);
+    b.private_p = true;
+  }
+  return b;
+}
+
+static void tfree(loom_group *g, tbuf *b) {
+  if (b->private_p)
+    free(b->p);
+  loom_group_mem_free(g, b->shared);
+}
+
 static void expect_equal(const char *what, loom_dtype dt, const void *got,
                          const void *want, size_t n, int line) {
   size_t e = loom_dtype_size(dt);
@@ -153,8 +189,8 @@ static void ops_once(const tgroup *t, loom_dtype dt, size_t n, bool big) {
   size_t e = loom_dtype_size(dt);
   int p = t->size, me = t->rank, wme = t->members[me];
   size_t cap = n * (size_t)p + (size_t)p * (size_t)p + 1;
-  char *send = malloc(cap * e), *recv = malloc(cap * e),
-       *want = malloc(cap * e);
+  tbuf sb = talloc(t->g, cap * e), rb = talloc(t->g, cap * e);
+  char *send = sb.p, *recv = rb.p, *want = malloc(cap * e);
   loom_req r = LOOM_REQ_INIT;
   int salt = (int)n % 11;
   for (int inplace = 0; inplace < 2; inplace++) {
@@ -217,13 +253,14 @@ static void ops_once(const tgroup *t, loom_dtype dt, size_t n, bool big) {
       fill_in(want + total * e, dt, counts[k], t->members[k], salt, false, 0);
       total += counts[k];
     }
-    char *vrecv = malloc((total + 1) * e);
+    tbuf vb = talloc(t->g, (total + 1) * e);
+    char *vrecv = vb.p;
     src = inplace ? vrecv + mine_at * e : send;
     fill_in(src, dt, counts[me], wme, salt, false, 0);
     TT_CHECK_OK(loom_allgatherv(src, vrecv, counts, dt, t->g, &r));
     TT_CHECK_OK(loom_wait(&r));
     expect_equal("allgatherv", dt, vrecv, want, total, __LINE__);
-    free(vrecv);
+    tfree(t->g, &vb);
     /* all-to-all: block j of rank k's send goes to rank j */
     for (int j = 0; j < p; j++) {
       fill_in(send + (size_t)j * n * e, dt, n, wme * 64 + j, salt, false, 0);
@@ -237,8 +274,8 @@ static void ops_once(const tgroup *t, loom_dtype dt, size_t n, bool big) {
   }
   TT_CHECK_OK(loom_barrier(t->g, &r));
   TT_CHECK_OK(loom_wait(&r));
-  free(send);
-  free(recv);
+  tfree(t->g, &sb);
+  tfree(t->g, &rb);
   free(want);
 }
 
@@ -261,6 +298,34 @@ TT_TEST(test_world_ops) {
   for (int k = 0; k < P; k++)
     t.members[k] = k;
   all_ops(&t, true);
+}
+
+/* The same on memory from loom_group_mem_alloc (every rank's buffers
+ * registered: direct path), and with rank 0's buffers private (staged). */
+TT_TEST(test_shared_memory_ops) {
+  tgroup t = {.g = world, .rank = R, .size = P};
+  for (int k = 0; k < P; k++)
+    t.members[k] = k;
+  uint64_t d0, s0, d1, s1, d2, s2;
+  loom_comm_path_counts(world, &d0, &s0);
+  mem_mode = MEM_SHARED;
+  all_ops(&t, true);
+  loom_comm_path_counts(world, &d1, &s1);
+  mem_mode = MEM_MIXED;
+  all_ops(&t, false);
+  loom_comm_path_counts(world, &d2, &s2);
+  mem_mode = MEM_PRIVATE;
+  if (loom_group_shm(world)) {
+    TT_CHECK(d1 - d0 > 300); /* registered buffers went direct */
+    TT_CHECK_EQ(d2, d1);     /* one private rank: everyone staged */
+    TT_CHECK(s2 - s1 > 300);
+  }
+  /* The memory is shared with the other ranks of the host. */
+  void *m = NULL;
+  TT_REQUIRE_OK(loom_group_mem_alloc(world, 1000, &m));
+  TT_CHECK(m != NULL && ((uintptr_t)m & 63) == 0);
+  TT_CHECK(((char *)m)[999] == 0);
+  loom_group_mem_free(world, m);
 }
 
 /* Non-integer data: results close to a double reference, and bitwise equal
@@ -476,6 +541,7 @@ int main(void) {
       printf("%-16s %6.2f s\n", #t, loom_time_now() - t0);                     \
   } while (0)
   RUN_TIMED(test_world_ops);
+  RUN_TIMED(test_shared_memory_ops);
   RUN_TIMED(test_random_sum);
   RUN_TIMED(test_split);
   RUN_TIMED(test_p2p);
