@@ -26,6 +26,7 @@ typedef struct bench_args {
   int iters, warmup;
   bool mpi;    /* measure plain MPI too */
   bool shared; /* buffers from loom_group_mem_alloc */
+  bool sync;   /* wait for each operation before posting the next */
 } bench_args;
 
 static void usage(FILE *f) {
@@ -47,6 +48,10 @@ static void usage(FILE *f) {
           "by the ranks\n"
           "                 of a host: loom's direct path; MPI gets the same "
           "buffers)\n"
+          "  --sync         wait for each operation before posting the next "
+          "(default:\n"
+          "                 post the iterations back to back, wait once, as "
+          "nccl-tests)\n"
           "  --no-mpi       skip the plain-MPI columns\n\n"
           "Sizes are those of nccl-tests: the full buffer (all-gather: the "
           "gathered\nbuffer; reduce-scatter and all-to-all: the send buffer). "
@@ -96,6 +101,10 @@ static int parse_args(int argc, char **argv, bench_args *a) {
     }
     if (strcmp(k, "--shared") == 0) {
       a->shared = true;
+      continue;
+    }
+    if (strcmp(k, "--sync") == 0) {
+      a->sync = true;
       continue;
     }
     if (!v) {
@@ -337,22 +346,35 @@ static loom_status post(const bench_args *a, const void *send, void *recv,
   }
 }
 
-/* Seconds for `iters` back-to-back loom operations (each posted, then
- * waited for), the slowest rank's. */
+/* Seconds for `iters` loom operations, the slowest rank's. As nccl-tests
+ * launches its iterations on a stream and then synchronises once, they are
+ * posted back to back and waited for together (the way training posts its
+ * buckets); with --sync each is waited for before the next is posted. */
 static loom_status time_loom(const bench_args *a, const void *send, void *recv,
                              const sizes_of *s, loom_group *g, int iters,
                              double *secs) {
   loom_req r = LOOM_REQ_INIT;
-  LOOM_TRY(loom_barrier(g, &r));
-  LOOM_TRY(loom_wait(&r));
+  loom_req *reqs = loom_calloc((size_t)(iters > 0 ? iters : 1), sizeof *reqs);
+  if (!reqs)
+    return LOOM_ERR_NOMEM;
+  loom_status st = LOOM_OK;
+  LOOM_TRY_GOTO(st, loom_barrier(g, &r), out);
+  LOOM_TRY_GOTO(st, loom_wait(&r), out);
   double t0 = loom_time_now();
   for (int i = 0; i < iters; i++) {
-    LOOM_TRY(post(a, send, recv, s, g, &r));
-    LOOM_TRY(loom_wait(&r));
+    LOOM_TRY_GOTO(st, post(a, send, recv, s, g, &reqs[i]), out);
+    if (a->sync)
+      LOOM_TRY_GOTO(st, loom_wait(&reqs[i]), out);
   }
+  LOOM_TRY_GOTO(st, loom_wait_all(reqs, (size_t)iters), out);
   double t = loom_time_now() - t0;
-  LOOM_TRY(loom_allreduce(&t, secs, 1, LOOM_F64, LOOM_MAX, g, &r));
-  return loom_wait(&r);
+  LOOM_TRY_GOTO(st, loom_allreduce(&t, secs, 1, LOOM_F64, LOOM_MAX, g, &r),
+                out);
+  st = loom_wait(&r);
+out:
+  loom_wait_all(reqs, (size_t)iters); /* nothing may stay in flight */
+  loom_free(reqs);
+  return st;
 }
 
 #ifdef LOOM_HAVE_MPI
