@@ -6,7 +6,9 @@
 #   defaults: build  2,4  1M,16M,64M,256M  allreduce,reducescatter,allgather
 # Environment: DTYPE (f32), ITERS (loom bench comm's --iters), REPEAT (runs
 # per configuration, default 1; the summary keeps each side's best busbw),
-# RAW=FILE (keep the full tables).
+# SHARED=1 (buffers from loom_group_mem_alloc: loom's direct path), SYNC=1
+# (wait for each operation before posting the next), RAW=FILE (keep the full
+# tables).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 BUILD=${1:-$LOOM_ROOT/build}
@@ -23,12 +25,13 @@ for n in ${RANKS//,/ }; do
   for op in ${OPS//,/ }; do
     for _ in $(seq "${REPEAT:-1}"); do
       "$LOOM" run -n "$n" "$LOOM" bench comm --op "$op" --dtype "${DTYPE:-f32}" \
-        --sizes "$SIZES" ${ITERS:+--iters "$ITERS"} | tee -a "$out"
+        --sizes "$SIZES" ${ITERS:+--iters "$ITERS"} \
+        ${SHARED:+--shared} ${SYNC:+--sync} | tee -a "$out"
     done
   done
 done
 echo
-echo "# bus bandwidth (GB/s), loom vs plain MPI (Open MPI's MPI_Allreduce, MPI_Reduce_scatter_block, MPI_Allgather)"
+echo "# bus bandwidth (GB/s), loom vs plain MPI (MPI_Allreduce, MPI_Reduce_scatter_block, MPI_Allgather)${SHARED:+, shared buffers}"
 echo "# load average $(bench_loadavg) on $(nproc) cores"
 awk '
   /^# loom bench comm:/ { op = $5; sub(",", "", op); ranks = $8 }
