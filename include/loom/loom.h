@@ -7,6 +7,7 @@
 #include "loom/nn.h"
 #include "loom/optim.h"
 #include "loom/comm.h"
+#include "loom/parallel.h"
 #include "loom/data.h"
 #include "loom/config.h"
 #include "loom/ckpt.h"
