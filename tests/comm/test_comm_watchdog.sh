@@ -3,7 +3,8 @@
 # watchdog must fire, name the operation and the missing rank, and end the
 # job with exit code 75 well before the test's timeout, leaving no process
 # behind. Three ways of knowing who is missing: the shared-memory board with
-# and without checks, and check headers over MPI.
+# and without checks, and check headers over MPI. Then the same job under
+# loom run --max-restarts 1 completes on its second start.
 set -u
 BIN=$1
 LOOM=${LOOM_BIN:?LOOM_BIN must name the loom executable}
@@ -33,5 +34,15 @@ for mode in "LOOM_COMM_CHECK=1" "LOOM_COMM_CHECK=0" "LOOM_COMM_CHECK=1 LOOM_COMM
   [ -z "$left" ]; check "$mode: processes left behind: $left" $?
   [ -n "$left" ] && kill -9 $left 2>/dev/null
 done
+# The launcher restarts the group after the watchdog ended it; the second
+# start (LOOM_RESTART_COUNT=1) completes.
+echo "== --max-restarts 1"
+LOOM_COMM_TIMEOUT=2 "$LOOM" run -n 3 --timeout 60 --max-restarts 1 --restart-delay 0 "$BIN" >"$out" 2>&1
+rc=$?
+grep "loom run:" "$out"
+[ "$rc" = 0 ]; check "restart: exit code $rc, expected 0" $?
+grep -q "job failed (exit code 75: the communication watchdog fired) .* restart 1 of 1" "$out"
+check "restart: no restart message" $?
+
 [ $fail = 0 ] && echo "comm_watchdog: all passed"
 exit $fail

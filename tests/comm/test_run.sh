@@ -56,6 +56,13 @@ else
   "$LOOM" run --dry-run -n 4 prog | grep -q -- "--bind-to none" && ok "--dry-run shows no binding" || bad "--dry-run"
 fi
 
+# Inside a SLURM allocation: srun, with the PMI that matches loom's MPI and
+# the task count of the allocation (only the command line: no SLURM here).
+out=$(SLURM_JOB_ID=7 SLURM_NTASKS=3 SLURM_NNODES=1 SLURM_CPUS_ON_NODE=6 "$LOOM" run --dry-run prog 2>&1)
+if echo "$out" | grep -q "command: srun -n 3 --kill-on-bad-exit=1 --mpi=pmi" && echo "$out" | grep -q "LOOM_THREADS=2 "; then
+  ok "SLURM: srun -n 3, 2 threads per rank"
+else bad "SLURM dry run: $out"; fi
+
 # --timeout stops the job: exit code 124.
 "$LOOM" run -n 2 --timeout 1 sleep 20 2>/dev/null; expect_rc "--timeout" 124 $?
 
