@@ -19,7 +19,7 @@ typedef struct ddp_bucket {
   int level;     /* deterministic: tree level of the posted request */
   loom_req req;
   const void *posted_buf; /* buffer the persistent request was made for */
-  void *wire;             /* compressed copy (n), NULL for f32 */
+  void *wire;             /* its part of the compressed copy, or NULL */
 } ddp_bucket;
 
 struct loom_ddp {
@@ -28,7 +28,11 @@ struct loom_ddp {
   loom_group *group;
   int rank, world;
   int64_t n;    /* N */
-  float *grads; /* (N) the model's own gradient buffer: the result */
+  float *grads; /* (N) the buffer the model's gradients are bound to: the
+                   result; memory shared by the host's ranks when there are
+                   several, so that the all-reduce reads it directly */
+  void *shared; /* grads when made by loom_group_mem_alloc */
+  void *wire;   /* (N) 16-bit copy of the gradients when compressing */
   int nbuckets;
   ddp_bucket *buckets;
   int *param_bucket; /* (nviews) bucket of each parameter */
@@ -249,7 +253,7 @@ loom_status loom_ddp_finish_backward(loom_ddp *d) {
   }
   loom_status s = launch_ready(d);
   if (d->opts.deterministic)
-    loom_model_bind_grads(d->model, NULL);
+    loom_model_bind_grads(d->model, d->grads);
   return s;
 }
 
@@ -387,7 +391,7 @@ loom_status loom_ddp_zero_grad(loom_ddp *d) {
   for (int j = 1; j < d->shard_count; j++)
     memset(d->shard[j], 0, (size_t)d->n * sizeof(float));
   d->cur_shard = 0;
-  loom_model_bind_grads(d->model, NULL);
+  loom_model_bind_grads(d->model, d->grads);
   return s;
 }
 
@@ -402,7 +406,7 @@ loom_status loom_ddp_shard_begin(loom_ddp *d, int j) {
                       "ddp: local shard %d out of range (this rank has %d)", j,
                       d->shard_count);
   d->cur_shard = j;
-  loom_model_bind_grads(d->model, j == 0 ? NULL : d->shard[j]);
+  loom_model_bind_grads(d->model, d->shard[j]);
   return LOOM_OK;
 }
 
@@ -535,12 +539,6 @@ static loom_status make_buckets(loom_ddp *d) {
     if (i > 0 && b->end != d->buckets[i - 1].begin)
       return loom_error(LOOM_ERR_INTERNAL,
                         "ddp: the model's views are not contiguous");
-    if (d->opts.compress != LOOM_F32 && d->world > 1) {
-      b->wire = loom_malloc((size_t)(b->end - b->begin) *
-                            loom_dtype_size(d->opts.compress));
-      if (!b->wire)
-        return LOOM_ERR_NOMEM;
-    }
   }
   if (d->buckets[0].end != d->n || d->buckets[nb - 1].begin != 0)
     return loom_error(LOOM_ERR_INTERNAL,
@@ -719,6 +717,53 @@ static loom_status make_pairs(loom_ddp *d) {
   return LOOM_OK;
 }
 
+/* All ranks learn whether every rank got LOOM_OK (mine, with its message
+ * in loom_last_error()); the first failing rank is named. */
+static loom_status agree(loom_ddp *d, loom_status mine, const char *what) {
+  if (d->world == 1)
+    return mine;
+  char own[400];
+  snprintf(own, sizeof own, "%s", mine != LOOM_OK ? loom_last_error() : "");
+  int32_t me = (int32_t)mine, *all = loom_calloc((size_t)d->world, 4);
+  if (!all)
+    return LOOM_ERR_NOMEM;
+  loom_req r = LOOM_REQ_INIT;
+  loom_status s = loom_allgather(&me, all, 1, LOOM_I32, d->group, &r);
+  if (s == LOOM_OK)
+    s = loom_wait(&r);
+  if (s == LOOM_OK && mine != LOOM_OK)
+    s = loom_error(mine, "%s", own);
+  for (int q = 0; q < d->world && s == LOOM_OK; q++)
+    if (all[q] != LOOM_OK)
+      s = loom_error(LOOM_ERR_REMOTE, "ddp: %s failed on rank %d (%s)", what, q,
+                     loom_status_str((loom_status)all[q]));
+  loom_free(all);
+  return s;
+}
+
+/* Collective: the gradient buffer (and the compressed copy) in memory that
+ * the host's ranks share, the model's gradients bound to it. */
+static loom_status make_shared(loom_ddp *d) {
+  if (d->world == 1)
+    return LOOM_OK;
+  size_t bytes = (size_t)d->n * sizeof(float);
+  loom_status s = loom_group_mem_alloc(d->group, bytes, &d->shared);
+  if (s == LOOM_OK) {
+    memcpy(d->shared, d->grads, bytes);
+    d->grads = d->shared;
+    if (d->shard)
+      d->shard[0] = d->grads;
+    loom_model_bind_grads(d->model, d->grads);
+  }
+  if (s == LOOM_OK && d->opts.compress != LOOM_F32) {
+    size_t e = loom_dtype_size(d->opts.compress);
+    s = loom_group_mem_alloc(d->group, (size_t)d->n * e, &d->wire);
+    for (int i = 0; s == LOOM_OK && i < d->nbuckets; i++)
+      d->buckets[i].wire = (char *)d->wire + (size_t)d->buckets[i].begin * e;
+  }
+  return agree(d, s, "allocating the shared gradient buffer");
+}
+
 /* Options, buckets and buffers: no communication. */
 static loom_status setup_local(loom_ddp *d) {
   LOOM_TRY(check_opts(&d->opts, d->world));
@@ -756,6 +801,7 @@ loom_status loom_ddp_new(loom_ddp **out, loom_model *model, loom_group *g,
   /* Everything local first; the ranks then agree on the outcome before
    * any other collective, so a failure on one rank stops them all. */
   LOOM_TRY_GOTO(s, check_ranks(d, setup_local(d)), fail);
+  LOOM_TRY_GOTO(s, make_shared(d), fail);
   if (d->opts.deterministic)
     LOOM_TRY_GOTO(s, make_pairs(d), fail);
   if (d->opts.broadcast && d->world > 1) {
@@ -792,9 +838,11 @@ void loom_ddp_free(loom_ddp *d) {
     for (int j = 1; j < d->shard_count; j++)
       loom_free(d->shard[j]);
   loom_free(d->shard);
-  if (d->buckets)
-    for (int i = 0; i < d->nbuckets; i++)
-      loom_free(d->buckets[i].wire);
+  if (d->shared || d->wire) {
+    /* Collective: every rank frees its DDP alike. */
+    loom_group_mem_free(d->group, d->wire);
+    loom_group_mem_free(d->group, d->shared);
+  }
   loom_free(d->buckets);
   loom_free(d->param_bucket);
   loom_free(d->sum_send);
