@@ -61,6 +61,11 @@ typedef struct loom_ddp loom_ddp;
 typedef struct loom_ddp_opts {
   double bucket_mb;       /* MiB per bucket (25, as PyTorch); 0 = one bucket */
   double first_bucket_mb; /* MiB of the first bucket (1); 0 = bucket_mb */
+  /* Buckets close once they reach 1/min_buckets of the model when that is
+   * less than bucket_mb (8): about that many buckets, so that a small
+   * model's reduction overlaps backward too (25 MiB buckets are made for
+   * models of gigabytes). 0 or 1: bucket_mb alone decides. */
+  int min_buckets;
   /* Element type on the wire: LOOM_F32 (no compression), LOOM_BF16 or
    * LOOM_F16 (buckets converted before and after the all-reduce). */
   loom_dtype compress;

@@ -66,6 +66,7 @@ struct loom_ddp {
 loom_ddp_opts loom_ddp_opts_default(void) {
   loom_ddp_opts o = {.bucket_mb = 25,
                      .first_bucket_mb = 1,
+                     .min_buckets = 8,
                      .compress = LOOM_F32,
                      .deterministic = false,
                      .virtual_shards = 8,
@@ -514,6 +515,11 @@ static loom_status make_buckets(loom_ddp *d) {
   double cap = d->opts.bucket_mb > 0 ? d->opts.bucket_mb * mib : INFINITY;
   double first =
       d->opts.first_bucket_mb > 0 ? d->opts.first_bucket_mb * mib : cap;
+  if (d->opts.min_buckets > 1) {
+    double most = (double)d->n / d->opts.min_buckets;
+    cap = cap < most ? cap : most;
+    first = first < cap ? first : cap;
+  }
   int nb = 0;
   int64_t size = 0;
   /* Reverse parameter order: the order in which backward finalises them. A
@@ -550,7 +556,8 @@ static loom_status make_buckets(loom_ddp *d) {
 static uint64_t opts_hash(const loom_ddp_opts *o) {
   struct {
     double bucket_mb, first_bucket_mb;
-    int32_t compress, deterministic, virtual_shards, uneven, broadcast, pad;
+    int32_t compress, deterministic, virtual_shards, uneven, broadcast,
+        min_buckets;
   } h;
   memset(&h, 0, sizeof h);
   h.bucket_mb = o->bucket_mb;
@@ -560,6 +567,7 @@ static uint64_t opts_hash(const loom_ddp_opts *o) {
   h.virtual_shards = o->deterministic ? o->virtual_shards : 0;
   h.uneven = o->uneven;
   h.broadcast = o->broadcast;
+  h.min_buckets = o->min_buckets;
   return loom_hash64(LOOM_HASH64_INIT, &h, sizeof h);
 }
 
@@ -650,9 +658,10 @@ static loom_status check_ranks(loom_ddp *d, loom_status mine) {
 }
 
 static loom_status check_opts(const loom_ddp_opts *o, int world) {
-  if (!(o->bucket_mb >= 0) || !(o->first_bucket_mb >= 0))
+  if (!(o->bucket_mb >= 0) || !(o->first_bucket_mb >= 0) || o->min_buckets < 0)
     return loom_error(LOOM_ERR_INVALID_ARG,
-                      "ddp: bucket sizes must be >= 0 MiB");
+                      "ddp: bucket sizes must be >= 0 MiB and min_buckets "
+                      ">= 0");
   if (o->compress != LOOM_F32 && o->compress != LOOM_BF16 &&
       o->compress != LOOM_F16)
     return loom_error(LOOM_ERR_INVALID_ARG,

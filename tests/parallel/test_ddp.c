@@ -52,10 +52,45 @@ TT_TEST(buckets_reference_mlp) {
   }
   loom_ddp_free(d);
 
-  /* bucket_mb 0: one bucket for everything. */
+  /* bucket_mb 0 and no minimum count: one bucket for everything. */
   o = opts_mb(0, 0);
+  o.min_buckets = 0;
   TT_REQUIRE_OK(loom_ddp_new(&d, m, world, &o));
   TT_CHECK_EQ(loom_ddp_num_buckets(d), 1);
+  loom_ddp_free(d);
+  loom_model_free(m);
+}
+
+/* kjv-gpt (842,496 parameters, 3.4 MB): 25 MiB buckets would leave all but
+ * the first MiB to reduce after backward; buckets of about an eighth of the
+ * model (min_buckets 8) cut it finely, and the last bucket (the tied token
+ * embedding, final last) stays small. */
+TT_TEST(buckets_reference_gpt) {
+  loom_model *m = NULL;
+  TT_REQUIRE_OK(loom_gpt_new(&m, NULL, NULL));
+  loom_ddp *d = NULL;
+  TT_REQUIRE_OK(loom_ddp_new(&d, m, world, NULL));
+  int nb = loom_ddp_num_buckets(d);
+  TT_CHECK(nb >= 7); /* a bucket closes once it reaches an eighth */
+  int64_t most = 0, b, e, prev = loom_model_num_params(m);
+  for (int i = 0; i < nb; i++) {
+    TT_CHECK_OK(loom_ddp_bucket(d, i, &b, &e, NULL));
+    TT_CHECK_EQ(e, prev); /* contiguous, from the end of the buffer */
+    prev = b;
+    if (e - b > most)
+      most = e - b;
+  }
+  TT_CHECK_EQ(prev, 0);
+  /* At most an eighth of the model plus one parameter. */
+  TT_CHECK(most <= 842496 / 8 + 65536);
+  TT_CHECK_OK(loom_ddp_bucket(d, nb - 1, &b, &e, NULL));
+  TT_CHECK(e - b <= 842496 / 8 + 65536);
+  loom_ddp_free(d);
+  /* min_buckets 0: PyTorch's rule alone, 1 MiB then the rest. */
+  loom_ddp_opts o = loom_ddp_opts_default();
+  o.min_buckets = 0;
+  TT_REQUIRE_OK(loom_ddp_new(&d, m, world, &o));
+  TT_CHECK_EQ(loom_ddp_num_buckets(d), 2);
   loom_ddp_free(d);
   loom_model_free(m);
 }
@@ -251,6 +286,7 @@ int main(void) {
     return 1;
   }
   TT_RUN(buckets_reference_mlp);
+  TT_RUN(buckets_reference_gpt);
   TT_RUN(one_rank_equals_plain);
   TT_RUN(second_sync_backward_is_an_error);
   TT_RUN(bad_options);
