@@ -520,6 +520,12 @@ static int build_plan(const run_opts *o, int attempt, argv_buf *cmd,
     set_default("OMPI_MCA_mpi_yield_when_idle", per_host > cores ? "1" : "0");
     /* A failed rank takes the job down in ~0.03 s instead of 1 s. */
     set_default("OMPI_MCA_odls_base_sigkill_timeout", "0");
+    /* On one host the ob1 PML (over shared memory) is what Open MPI picks
+     * anyway; naming it skips probing the others and halves MPI_Init
+     * (0.40 s -> 0.22 s for 2 ranks here). Between hosts the choice (UCX on
+     * InfiniBand, say) stays Open MPI's. */
+    if (!have_hosts)
+      set_default("OMPI_MCA_pml", "ob1");
     push(cmd, "--oversubscribe");
     push(cmd, "--bind-to");
     push(cmd, "none");
