@@ -537,8 +537,8 @@ static loom_status step_micro(loom_trainer *t, double *sums,
 /* Evaluation is shared: rank r takes batches r, r + P, ... of a fixed batch
  * size, and the per-batch sums are added in batch order, so the result does
  * not depend on the number of ranks. */
-loom_status loom_trainer_evaluate(loom_trainer *t, double *loss,
-                                  double *accuracy) {
+static loom_status evaluate(loom_trainer *t, int64_t max_batches,
+                            double *loss, double *accuracy) {
   loom_sampler_opts so = loom_sampler_opts_default();
   so.shuffle = false;
   so.tail = LOOM_TAIL_PARTIAL;
@@ -546,8 +546,8 @@ loom_status loom_trainer_evaluate(loom_trainer *t, double *loss,
   loom_sampler *sp = NULL;
   LOOM_TRY(loom_sampler_new(&sp, loom_dataset_len(t->val_ds), &so));
   int64_t nb = loom_sampler_num_batches(sp);
-  if (t->cfg.train.eval_batches > 0 && t->cfg.train.eval_batches < nb)
-    nb = t->cfg.train.eval_batches;
+  if (max_batches > 0 && max_batches < nb)
+    nb = max_batches;
   loom_batch b;
   memset(&b, 0, sizeof b);
   double *part = loom_calloc((size_t)nb * 3, sizeof(double)); /* (nb, 3) */
@@ -608,11 +608,19 @@ done:
   return s;
 }
 
+loom_status loom_trainer_evaluate(loom_trainer *t, double *loss,
+                                  double *accuracy) {
+  return evaluate(t, t->cfg.train.eval_batches, loss, accuracy);
+}
+
 static bool is_rank0(const loom_trainer *t) { return t->rank == 0; }
 
-static loom_status log_eval(loom_trainer *t, loom_train_result *res) {
+/* Periodic evaluations take train.eval_batches batches; the last one of a
+ * run covers the whole validation split. */
+static loom_status log_eval(loom_trainer *t, loom_train_result *res,
+                            bool last) {
   double vl, va;
-  LOOM_TRY(loom_trainer_evaluate(t, &vl, &va));
+  LOOM_TRY(evaluate(t, last ? 0 : t->cfg.train.eval_batches, &vl, &va));
   res->val_loss = vl;
   res->val_accuracy = t->is_text ? NAN : va;
   if (!is_rank0(t))
@@ -814,7 +822,7 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
     }
     if ((cfg->train.eval_every > 0 && t->step % cfg->train.eval_every == 0) ||
         last)
-      LOOM_TRY_GOTO(s, log_eval(t, res), out);
+      LOOM_TRY_GOTO(s, log_eval(t, res, last), out);
     /* A stop seen by any rank stops all at this same step. */
     bool stop = g[SUM_STOP] > 0 || (stop_at > 0 && t->step >= stop_at);
     if ((cfg->checkpoint.enabled && cfg->checkpoint.every > 0 &&
