@@ -59,7 +59,7 @@ run "$LOOM" train "${ARGS[@]}" --resume never --stop-at 7
 check "stop-at exit" test "$rc" -eq 0
 check "stopped at 7" grep -q "stopped at step 7" <<<"$out"
 check "checkpoint of step 7" test -d "$T/run/ckpt/step_00000007"
-run "$LOOM" train "${ARGS[@]}" --resume auto
+LOOM_LOG=info run "$LOOM" train "${ARGS[@]}" --resume auto
 check "resume exit" test "$rc" -eq 0
 check "resumed from 7" grep -q "resuming from .*step_00000007 (step 7" <<<"$out"
 check "done at 20" grep -q "done at step 20" <<<"$out"
