@@ -46,6 +46,7 @@ struct loom_ddp {
   float **shard;     /* (S) buffers (N); shard[0] == grads */
   int levels;        /* log2(P): tree levels between ranks */
   loom_group **pair; /* (levels) groups of two ranks 2^l apart */
+  int *up;           /* (levels) next bucket to post at each level */
 
   /* Uneven inputs: number of ranks still training, summed each step. */
   loom_req ctl_req;
@@ -278,6 +279,30 @@ static void account(loom_ddp *d, const loom_req *r) {
     d->step_reduce += fin - st;
 }
 
+/* Deterministic mode with several tree levels: posts level l of every
+ * bucket whose level l - 1 has completed, in bucket order at each level (the
+ * order every rank uses on that level's group), so the levels of different
+ * buckets pipeline on the communication thread. */
+static loom_status advance(loom_ddp *d) {
+  for (int l = 1; l < d->levels; l++)
+    while (d->up[l] < d->next_launch) {
+      ddp_bucket *b = &d->buckets[d->up[l]];
+      bool done = false;
+      if (b->level != l - 1)
+        break;
+      loom_status s = loom_test(&b->req, &done);
+      if (!done)
+        break;
+      if (s != LOOM_OK)
+        return loom_error_context(s, "ddp: bucket %d, tree level %d", d->up[l],
+                                  l - 1);
+      account(d, &b->req);
+      LOOM_TRY(post_bucket(d, b, l));
+      d->up[l]++;
+    }
+  return LOOM_OK;
+}
+
 loom_status loom_ddp_wait_bucket(loom_ddp *d, int i) {
   if (i < 0 || i >= d->nbuckets)
     return loom_error(LOOM_ERR_INVALID_ARG, "ddp: no bucket %d (of %d)", i,
@@ -288,16 +313,25 @@ loom_status loom_ddp_wait_bucket(loom_ddp *d, int i) {
   if (b->done)
     return LOOM_OK;
   bool comm = d->opts.deterministic ? d->levels > 0 : d->world > 1;
+  /* Several tree levels climb in bucket order (advance): the buckets before
+   * this one go first. */
+  for (int j = 0; d->levels > 1 && j < i; j++)
+    LOOM_TRY(loom_ddp_wait_bucket(d, j));
   if (comm) {
     for (;;) {
+      if (d->levels > 1)
+        LOOM_TRY(advance(d));
+      bool last = !d->opts.deterministic || b->level + 1 >= d->levels;
       loom_status s = wait_req(d, &b->req);
-      account(d, &b->req);
       if (s != LOOM_OK)
         return loom_error_context(s, "ddp: bucket %d [%lld, %lld)", i,
                                   (long long)b->begin, (long long)b->end);
-      if (!d->opts.deterministic || b->level + 1 >= d->levels)
+      if (last) {
+        account(d, &b->req);
         break;
-      LOOM_TRY(post_bucket(d, b, b->level + 1));
+      }
+      /* Its level is done: advance() posts the next one (the buckets
+       * before it are complete, so it is next in line at every level). */
     }
     if (b->wire)
       from_wire(d->opts.compress, d->grads + b->begin, b->wire,
@@ -335,6 +369,8 @@ static void end_step(loom_ddp *d) {
     b->done = false;
   }
   d->next_launch = 0;
+  for (int l = 0; l < d->levels; l++)
+    d->up[l] = 0;
   d->active = false;
   d->ctl_posted = false;
 }
@@ -707,7 +743,8 @@ static loom_status make_deterministic(loom_ddp *d) {
     d->levels++;
   if (d->levels > 0) {
     d->pair = loom_calloc((size_t)d->levels, sizeof(loom_group *));
-    if (!d->pair)
+    d->up = loom_calloc((size_t)d->levels, sizeof(int));
+    if (!d->pair || !d->up)
       return LOOM_ERR_NOMEM;
   }
   return LOOM_OK;
@@ -843,6 +880,7 @@ void loom_ddp_free(loom_ddp *d) {
   for (int l = 0; l < d->levels && d->pair; l++)
     loom_group_free(d->pair[l]);
   loom_free(d->pair);
+  loom_free(d->up);
   if (d->shard)
     for (int j = 1; j < d->shard_count; j++)
       loom_free(d->shard[j]);
