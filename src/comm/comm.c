@@ -106,8 +106,12 @@ static bool launched_by_mpi(void) {
 
 /* ------------------------------------------------------ the thread loop */
 
-static void wake_waiters(loom_comm_ctx *ctx) {
-  if (atomic_load(&ctx->waiters) > 0) {
+/* After op's DONE store (op itself is not touched: only its address is
+ * compared). A lone waiter names the operation it sleeps on, so finishing a
+ * batch of operations wakes it once, not once per operation. */
+static void wake_waiters(loom_comm_ctx *ctx, const loom_op *op) {
+  int n = atomic_load(&ctx->waiters);
+  if (n > 1 || (n == 1 && atomic_load(&ctx->wait_op) == op)) {
     pthread_mutex_lock(&ctx->done_mu);
     pthread_cond_broadcast(&ctx->done_cv);
     pthread_mutex_unlock(&ctx->done_mu);
@@ -123,7 +127,7 @@ static void finish(loom_comm_ctx *ctx, loom_op *op) {
     g->active = NULL;
   op->t_end = loom_time_now();
   atomic_store(&op->state, LOOM_REQ_DONE);
-  wake_waiters(ctx);
+  wake_waiters(ctx, op);
 }
 
 static void mark_broken(loom_group *g, loom_status s, const char *msg) {
@@ -319,13 +323,14 @@ static void run_loop(loom_comm_ctx *ctx) {
      * when the backend cannot sleep that way). MPI requests in flight
      * (poll) need MPI_Test calls to move: yield, never sleep. */
     idle++;
-    double now = loom_time_now();
+    bool timed = idle == 1 || (idle & 15) == 0; /* the clock costs too */
+    double now = timed ? loom_time_now() : 0;
     if (idle == 1)
       idle_since = now;
     loom_op *first = ctx->fl_head;
     bool oversub = ctx->oversubscribed;
     if (!poll && first && first->started && ctx->be->sleep &&
-        (oversub ? idle > 4 : now - idle_since > ctx->spin_s)) {
+        (oversub ? idle > 4 : timed && now - idle_since > ctx->spin_s)) {
       double left = ctx->opts.timeout_s > 0 ? first->deadline - now : 0.05;
       if (left > 0.05)
         left = 0.05;
@@ -453,6 +458,7 @@ loom_status loom_group_world(const loom_comm_opts *opts, loom_group **out) {
   atomic_init(&ctx->abort_code, -1);
   atomic_init(&ctx->abort_done, 0);
   atomic_init(&ctx->waiters, 0);
+  atomic_init(&ctx->wait_op, NULL);
   atomic_init(&ctx->queued, 0);
   atomic_init(&ctx->sleep_bell, NULL);
   pthread_mutex_init(&ctx->mu, NULL);
@@ -807,7 +813,10 @@ loom_status loom_wait(loom_req *req) {
     return LOOM_OK;
   loom_comm_ctx *ctx = op->group->ctx;
   double until = 0;
-  for (int i = 0; st != LOOM_REQ_DONE; i++) {
+  /* Spin only where latency matters: a large operation takes longer than
+   * the spin, and the spinning thread would take a core from the ranks. */
+  bool spin = loom_comm_op_bytes(op, op->group->size) <= (64u << 10);
+  for (int i = 0; spin && st != LOOM_REQ_DONE; i++) {
     cpu_relax();
     st = atomic_load_explicit(&op->state, memory_order_acquire);
     if ((i & 63) == 63) {
@@ -821,9 +830,16 @@ loom_status loom_wait(loom_req *req) {
   if (st != LOOM_REQ_DONE) {
     pthread_mutex_lock(&ctx->done_mu);
     atomic_fetch_add(&ctx->waiters, 1);
-    while (atomic_load(&op->state) != LOOM_REQ_DONE)
+    while (atomic_load(&op->state) != LOOM_REQ_DONE) {
+      atomic_store(&ctx->wait_op, op);
+      if (atomic_load(&op->state) == LOOM_REQ_DONE)
+        break;
       pthread_cond_wait(&ctx->done_cv, &ctx->done_mu);
-    atomic_fetch_sub(&ctx->waiters, 1);
+    }
+    /* Another waiter may have named its own operation meanwhile: wake the
+     * others so that they name theirs again. */
+    if (atomic_fetch_sub(&ctx->waiters, 1) > 1)
+      pthread_cond_broadcast(&ctx->done_cv);
     pthread_mutex_unlock(&ctx->done_mu);
   }
   return op_result(op);
@@ -849,9 +865,11 @@ loom_status loom_test(loom_req *req, bool *done) {
 loom_status loom_wait_all(loom_req *reqs, size_t n) {
   loom_status first = LOOM_OK;
   char msg[LOOM_OP_ERR_MAX] = "";
-  for (size_t i = 0; i < n; i++) {
+  /* Last first: operations complete roughly in posting order, so this
+   * sleeps once for a batch. */
+  for (size_t i = n; i-- > 0;) {
     loom_status s = loom_wait(&reqs[i]);
-    if (s != LOOM_OK && first == LOOM_OK) {
+    if (s != LOOM_OK) { /* keeps the error of the lowest index */
       first = s;
       snprintf(msg, sizeof msg, "%s", loom_last_error());
     }

@@ -142,6 +142,7 @@ struct loom_comm_ctx {
   pthread_mutex_t done_mu;
   pthread_cond_t done_cv;
   atomic_int waiters;
+  _Atomic(const loom_op *) wait_op; /* what a lone waiter sleeps on */
 
   _Atomic(atomic_uint *) sleep_bell; /* set while the thread sleeps there */
   atomic_uint queued;                /* kicks: operations queued, stops */
