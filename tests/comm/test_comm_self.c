@@ -230,6 +230,47 @@ TT_TEST(test_overlap) {
   free(b);
 }
 
+/* Several threads post and wait at once; each must wake for its own
+ * operation whatever the order of completion. */
+typedef struct waiter {
+  int tag, got;
+  loom_status st;
+} waiter;
+
+static void *wait_recv(void *p) {
+  waiter *w = p;
+  loom_req r = LOOM_REQ_INIT;
+  w->st = loom_recv(&w->got, 1, LOOM_I32, 0, w->tag, world, &r);
+  if (w->st == LOOM_OK)
+    w->st = loom_wait(&r);
+  return NULL;
+}
+
+TT_TEST(test_threads) {
+  enum { T = 4 };
+  for (int round = 0; round < 20; round++) {
+    waiter w[T];
+    pthread_t th[T];
+    for (int i = 0; i < T; i++) {
+      w[i] = (waiter){.tag = 100 + i, .got = -1};
+      pthread_create(&th[i], NULL, wait_recv, &w[i]);
+    }
+    int vals[T];
+    loom_req s[T];
+    for (int i = T - 1; i >= 0; i--) { /* reverse order of the waiters */
+      vals[i] = round * 10 + i;
+      s[i] = (loom_req)LOOM_REQ_INIT;
+      TT_CHECK_OK(loom_send(&vals[i], 1, LOOM_I32, 0, 100 + i, world, &s[i]));
+    }
+    TT_CHECK_OK(loom_wait_all(s, T));
+    for (int i = 0; i < T; i++) {
+      pthread_join(th[i], NULL);
+      TT_CHECK_OK(w[i].st);
+      TT_CHECK_EQ(w[i].got, round * 10 + i);
+    }
+  }
+}
+
 /* ------------------------------------------------------ reduce kernels */
 
 TT_TEST(test_reduce_kernels) {
@@ -415,6 +456,7 @@ int main(void) {
   TT_RUN(test_split);
   TT_RUN(test_call);
   TT_RUN(test_overlap);
+  TT_RUN(test_threads);
   TT_RUN(test_reduce_kernels);
   TT_RUN(test_names);
   TT_RUN(test_watchdog);
