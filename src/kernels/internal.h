@@ -126,6 +126,26 @@ static inline float loom_kern_sqdev(const float *x, float c, int64_t n) {
   return s;
 }
 
+/* sum((x * y) * (z - c)) */
+static inline float loom_kern_dot3c(const float *x, const float *y,
+                                    const float *z, float c, int64_t n) {
+  const __m256 cv = _mm256_set1_ps(c);
+  __m256 a = _mm256_setzero_ps(), b = a;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 p0 =
+        _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i));
+    const __m256 p1 =
+        _mm256_mul_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8));
+    a = _mm256_fmadd_ps(p0, _mm256_sub_ps(_mm256_loadu_ps(z + i), cv), a);
+    b = _mm256_fmadd_ps(p1, _mm256_sub_ps(_mm256_loadu_ps(z + i + 8), cv), b);
+  }
+  float s = loom_kern_hsum16_(a, b);
+  for (; i < n; i++)
+    s = fmaf(x[i] * y[i], z[i] - c, s);
+  return s;
+}
+
 /* Maximum of x[0..n), n >= 1 (x > m ? x : m: a NaN is skipped unless it
  * comes first). */
 static inline float loom_kern_max(const float *x, int64_t n) {
@@ -192,6 +212,19 @@ static inline float loom_kern_sqdev(const float *x, float c, int64_t n) {
     const float d = x[i] - c;
     s = fmaf(d, d, s);
   }
+  return s;
+}
+
+static inline float loom_kern_dot3c(const float *x, const float *y,
+                                    const float *z, float c, int64_t n) {
+  float acc[LOOM_KERN_LANES] = {0};
+  int64_t i = 0;
+  for (; i + LOOM_KERN_LANES <= n; i += LOOM_KERN_LANES)
+    for (int j = 0; j < LOOM_KERN_LANES; j++)
+      acc[j] = fmaf(x[i + j] * y[i + j], z[i + j] - c, acc[j]);
+  float s = loom_kern_hsum16_(acc);
+  for (; i < n; i++)
+    s = fmaf(x[i] * y[i], z[i] - c, s);
   return s;
 }
 

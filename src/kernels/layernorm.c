@@ -41,27 +41,10 @@ static void ln_dinp(float *dinp, const float *dout, const float *inp,
     const float *x = inp + (int64_t)n * C, *d = dout + (int64_t)n * C;
     float *di = dinp + (int64_t)n * C;
     const float m = mean[n], r = rstd[n];
-    float a1[LOOM_KERN_LANES] = {0}, a2[LOOM_KERN_LANES] = {0};
-    int j = 0;
-    for (; j + LOOM_KERN_LANES <= C; j += LOOM_KERN_LANES)
-      for (int l = 0; l < LOOM_KERN_LANES; l++) {
-        const float dn = d[j + l] * weight[j + l];
-        a1[l] += dn;
-        a2[l] = fmaf(dn, (x[j + l] - m) * r, a2[l]);
-      }
-    for (int w = LOOM_KERN_LANES / 2; w > 0; w /= 2)
-      for (int l = 0; l < w; l++) {
-        a1[l] += a1[l + w];
-        a2[l] += a2[l + w];
-      }
-    float s1 = a1[0], s2 = a2[0];
-    for (; j < C; j++) {
-      const float dn = d[j] * weight[j];
-      s1 += dn;
-      s2 = fmaf(dn, (x[j] - m) * r, s2);
-    }
-    const float mean_dn = s1 / (float)C, mean_dnn = s2 / (float)C;
-    for (j = 0; j < C; j++) {
+    /* mean(dnorm) and mean(dnorm * norm), dnorm = d * w, norm = (x-m) r */
+    const float mean_dn = loom_kern_dot(d, weight, C) / (float)C;
+    const float mean_dnn = r * loom_kern_dot3c(d, weight, x, m, C) / (float)C;
+    for (int j = 0; j < C; j++) {
       const float norm = (x[j] - m) * r;
       const float dn = d[j] * weight[j];
       di[j] = fmaf(r, dn - mean_dn - norm * mean_dnn, di[j]);
@@ -70,7 +53,8 @@ static void ln_dinp(float *dinp, const float *dout, const float *inp,
 }
 
 /* dweight += sum_n norm * dout, dbias += sum_n dout: threads own blocks of
- * LN_COLS columns and walk every row in order. */
+ * LN_COLS columns and walk every row in order (sums of LN_ROWS rows, then
+ * of those). The AVX2 code does the loop's operations in its order. */
 static void ln_dparams(float *dweight, float *dbias, const float *dout,
                        const float *inp, const float *mean, const float *rstd,
                        int N, int C) {
@@ -81,21 +65,54 @@ static void ln_dparams(float *dweight, float *dbias, const float *dout,
     const int c0 = cb * LN_COLS;
     const int w = C - c0 < LN_COLS ? C - c0 : LN_COLS;
     float tw[LN_COLS] = {0}, tb[LN_COLS] = {0};
-    for (int n0 = 0; n0 < N; n0 += LN_ROWS) {
-      const int n1 = n0 + LN_ROWS < N ? n0 + LN_ROWS : N;
-      float pw[LN_COLS] = {0}, pb[LN_COLS] = {0};
-      for (int n = n0; n < n1; n++) {
-        const float *x = inp + (int64_t)n * C + c0;
-        const float *d = dout + (int64_t)n * C + c0;
-        const float m = mean[n], r = rstd[n];
-        for (int j = 0; j < w; j++) {
-          pw[j] = fmaf((x[j] - m) * r, d[j], pw[j]);
-          pb[j] += d[j];
+#if defined(__AVX2__) && defined(__FMA__)
+    if (w == LN_COLS) {
+      __m256 tw0 = _mm256_setzero_ps(), tw1 = tw0, tb0 = tw0, tb1 = tw0;
+      for (int n0 = 0; n0 < N; n0 += LN_ROWS) {
+        const int n1 = n0 + LN_ROWS < N ? n0 + LN_ROWS : N;
+        __m256 pw0 = _mm256_setzero_ps(), pw1 = pw0, pb0 = pw0, pb1 = pw0;
+        for (int n = n0; n < n1; n++) {
+          const float *x = inp + (int64_t)n * C + c0;
+          const float *d = dout + (int64_t)n * C + c0;
+          const __m256 m = _mm256_set1_ps(mean[n]), r = _mm256_set1_ps(rstd[n]);
+          const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
+          const __m256 x0 =
+              _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x), m), r);
+          const __m256 x1 =
+              _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + 8), m), r);
+          pw0 = _mm256_fmadd_ps(x0, d0, pw0);
+          pw1 = _mm256_fmadd_ps(x1, d1, pw1);
+          pb0 = _mm256_add_ps(pb0, d0);
+          pb1 = _mm256_add_ps(pb1, d1);
         }
+        tw0 = _mm256_add_ps(tw0, pw0);
+        tw1 = _mm256_add_ps(tw1, pw1);
+        tb0 = _mm256_add_ps(tb0, pb0);
+        tb1 = _mm256_add_ps(tb1, pb1);
       }
-      for (int j = 0; j < LN_COLS; j++) {
-        tw[j] += pw[j];
-        tb[j] += pb[j];
+      _mm256_storeu_ps(tw, tw0);
+      _mm256_storeu_ps(tw + 8, tw1);
+      _mm256_storeu_ps(tb, tb0);
+      _mm256_storeu_ps(tb + 8, tb1);
+    } else
+#endif
+    {
+      for (int n0 = 0; n0 < N; n0 += LN_ROWS) {
+        const int n1 = n0 + LN_ROWS < N ? n0 + LN_ROWS : N;
+        float pw[LN_COLS] = {0}, pb[LN_COLS] = {0};
+        for (int n = n0; n < n1; n++) {
+          const float *x = inp + (int64_t)n * C + c0;
+          const float *d = dout + (int64_t)n * C + c0;
+          const float m = mean[n], r = rstd[n];
+          for (int j = 0; j < w; j++) {
+            pw[j] = fmaf((x[j] - m) * r, d[j], pw[j]);
+            pb[j] += d[j];
+          }
+        }
+        for (int j = 0; j < LN_COLS; j++) {
+          tw[j] += pw[j];
+          tb[j] += pb[j];
+        }
       }
     }
     for (int j = 0; j < w; j++) {
