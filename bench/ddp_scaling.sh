@@ -5,7 +5,8 @@
 # hidden behind backward.
 #   usage: bench/ddp_scaling.sh [BUILD_DIR] [MODELS] [PROCS]
 #   MODELS: all (default) or a comma list of fashion-mlp, fashion-cnn, kjv-gpt
-# Environment: STEPS (timed steps; default per model), LOOM_DDP_ARGS (more
+# Environment: STEPS (timed steps; default per model), REPEAT (rounds of loom's
+# 1-rank and P-rank runs, medians kept; default 3), LOOM_DDP_ARGS (more
 # ddp_bench options, e.g. "--bucket-mb 5 --compress bf16"), NO_TORCH=1 (loom
 # only), RAW=FILE (keep the JSON result lines).
 set -euo pipefail
@@ -40,30 +41,47 @@ ranks() {
 
 steps=()
 [ -n "${STEPS:-}" ] && steps=(--steps "$STEPS")
+REPEAT=${REPEAT:-3}
 IFS=, read -ra models <<<"$MODELS"
 for m in "${models[@]}"; do
-  # shellcheck disable=SC2086
-  one=$(ranks 1 --model "$m" "${steps[@]}" | grep '^{')
-  # shellcheck disable=SC2086
-  many=$(ranks "$PROCS" --model "$m" "${steps[@]}" --nosync ${LOOM_DDP_ARGS:-} | grep '^{')
-  echo "$one" >>"$out"
-  # The efficiency against the 1-rank line of the same run, and a note.
-  "$TORCH_PYTHON" - "$one" "$many" >>"$out" <<'EOF'
+  # Rounds of (1 rank, P ranks) one after the other, so that slow phases of a
+  # shared machine hit both sides; each side's median round is kept.
+  ones=() manys=()
+  for ((r = 0; r < REPEAT; r++)); do
+    ones+=("$(ranks 1 --model "$m" "${steps[@]}" | grep '^{')")
+    # shellcheck disable=SC2086
+    manys+=("$(ranks "$PROCS" --model "$m" "${steps[@]}" --nosync ${LOOM_DDP_ARGS:-} | grep '^{')")
+  done
+  # The efficiency of the medians, and a note.
+  "$TORCH_PYTHON" - "${#ones[@]}" "${ones[@]}" "${manys[@]}" >>"$out" <<'EOF'
 import json, sys
-one, many = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+k = int(sys.argv[1])
+runs = [json.loads(a) for a in sys.argv[2:]]
+def median(rs):
+    rs = sorted(rs, key=lambda r: r["throughput"])
+    return rs[len(rs) // 2]
+one, many = median(runs[:k]), median(runs[k:])
 p = many["procs"]
+for r in (one, many):
+    r["rounds"] = k
+    r["round_throughputs"] = [x["throughput"] for x in (runs[:k] if r is one else runs[k:])]
 many["baseline_throughput"] = one["throughput"]
 many["scaling_efficiency"] = round(many["throughput"] / (p * one["throughput"]), 3)
 if "throughput_nosync" in many:
     many["efficiency_nosync"] = round(many["throughput_nosync"] / (p * one["throughput"]), 3)
+    # steps with and without reduction alternate in one job: what the
+    # reduction costs, apart from what sharing the machine costs
+    many["comm_efficiency"] = round(many["throughput"] / many["throughput_nosync"], 3)
+print(json.dumps(one))
 print(json.dumps(many))
 r = many
-ms = lambda k: f"{1e3 * r[k]:.2f}"
+ms = lambda key: f"{1e3 * r[key]:.2f}"
 print(f"[bench] loom {r['model']}: {p} ranks {r['throughput']:,.0f} {r['unit']} vs 1 rank "
-      f"{one['throughput']:,.0f}: efficiency {r['scaling_efficiency']} (without reduction "
-      f"{r.get('efficiency_nosync')}), hidden {100 * r['hidden_share']:.0f}%; per step (ms) "
-      f"forward {ms('forward_s')}, backward {ms('backward_s')}, waiting for reduction "
-      f"{ms('comm_wait_s')}, optimizer {ms('optim_s')}; reduction on the comm thread "
+      f"{one['throughput']:,.0f} (medians of {k} rounds): efficiency {r['scaling_efficiency']} "
+      f"(without reduction {r.get('efficiency_nosync')}; with / without reduction "
+      f"{r.get('comm_efficiency')}), hidden {100 * r['hidden_share']:.0f}%; "
+      f"per step (ms) forward {ms('forward_s')}, backward {ms('backward_s')}, waiting for "
+      f"reduction {ms('comm_wait_s')}, optimizer {ms('optim_s')}; reduction on the comm thread "
       f"{ms('reduce_s')} in {r['buckets']} buckets", file=sys.stderr)
 EOF
   if [ "${NO_TORCH:-0}" != 1 ]; then
