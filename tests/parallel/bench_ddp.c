@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 
 #include "loom/comm.h"
 #include "loom/nn.h"
@@ -131,9 +130,6 @@ int main(int argc, char **argv) {
   loom_group *world = NULL;
   CHECK("world group", loom_group_world(NULL, &world));
   int rank = loom_group_rank(world), P = loom_group_size(world);
-  const char *nice_env = getenv("DDP_BENCH_NICE");
-  if (nice_env && atoi(nice_env) > 0)
-    setpriority(PRIO_PROCESS, 0, atoi(nice_env)); /* experiment */
   loom_log_set_rank(rank);
   bool use_ddp = P > 1 || a.ddp || a.deterministic > 0;
 
