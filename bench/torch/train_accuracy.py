@@ -18,8 +18,8 @@ def parse():
     p.add_argument("--val-windows", type=int, default=0,
                    help="GPT: evaluate on the first N held-out windows (default 0 = all)")
     p.add_argument("--batch", type=int, help="per step; default 128 images / 32 windows")
-    p.add_argument("--text", help="KJV plain text (e.g. loom's `loom data kjv` cache); "
-                   "default: printed by Debian's `bible`")
+    p.add_argument("--text", help="KJV plain text; default: loom's `loom data kjv` cache "
+                   "($LOOM_DATA_DIR/kjv.txt or data/kjv.txt) if present, else printed by Debian's `bible`")
     p.add_argument("--data-dir", help="Fashion-MNIST IDX files (default /usr/share/datasets/fashion-mnist)")
     p.add_argument("--seed", type=int, default=1234)
     return p.parse_args()
@@ -62,10 +62,12 @@ def fashion(args, torch, workloads, base):
 
 def gpt(args, torch, workloads, base):
     T = workloads.GPT_T
+    src = args.text or workloads.kjv_cached_path() or "bible -f -m 8192 Gen1:1-Rev22:21"
     text = workloads.kjv_text(args.text)
+    base["text"] = src
     split = len(text) - len(text) // 10  # last 10% of the bytes held out
     train, val = text[:split], text[split:]
-    peerenv.note(f"text {len(text):,} bytes: train {len(train):,}, val {len(val):,}")
+    peerenv.note(f"text from {src}: {len(text):,} bytes: train {len(train):,}, val {len(val):,}")
     # validation: non-overlapping windows of T+1 bytes at stride T, all T targets scored
     nwin = (len(val) - 1) // T
     if args.val_windows:

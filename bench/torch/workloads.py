@@ -227,8 +227,18 @@ def kjv_bytes_from_bible():
     return b"".join(l.split(b" ", 1)[1] + b"\n" if b" " in l else l + b"\n" for l in lines)
 
 
+def kjv_cached_path():
+    """loom's `loom data kjv` output if it exists: $LOOM_DATA_DIR/kjv.txt, else data/kjv.txt of the repo."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for d in (os.environ.get("LOOM_DATA_DIR"), os.path.join(root, "data")):
+        if d and os.path.isfile(os.path.join(d, "kjv.txt")):
+            return os.path.join(d, "kjv.txt")
+    return None
+
+
 def kjv_text(path=None):
-    """The text as a uint8 tensor: from `path` (loom's cached file) or from `bible`."""
+    """The text as a uint8 tensor: from `path`, else loom's cached file, else printed by `bible`."""
+    path = path or kjv_cached_path()
     if path:
         with open(path, "rb") as f:
             raw = f.read()
