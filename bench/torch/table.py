@@ -51,7 +51,7 @@ def show(title, header, rows):
         return
     w = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
     print(title)
-    print("  " + "  ".join(str(h).ljust(w[i]) for i, h in enumerate(header)))
+    print(("  " + "  ".join(str(h).ljust(w[i]) for i, h in enumerate(header))).rstrip())
     for r in rows:
         print("  " + "  ".join(str(c).rjust(w[i]) if i else str(c).ljust(w[i]) for i, c in enumerate(r)))
     print()
@@ -122,11 +122,14 @@ def recovery_table(recs):
         rs = sorted(r["recovery_s"] for r in runs)
         med = rs[len(rs) // 2] if len(rs) % 2 else (rs[len(rs) // 2 - 1] + rs[len(rs) // 2]) / 2
         last = runs[-1]
+        summ = [r for r in recs if r.get("bench") == "recovery" and r.get("impl") == impl and r.get("summary")]
+        # median parts when the runs came with a summary line, else the last run's
+        src = summ[-1].get("parts_median") if summ else last.get("parts")
         parts = ", ".join(f"{k[:-2] if k.endswith('_s') else k} {v:.2f}"
-                          for k, v in (last.get("parts") or {}).items() if v is not None)
+                          for k, v in (src or {}).items() if v is not None)
         rows.append([impl, last.get("launcher", "-"), len(rs), f"{med:.3f}", f"{rs[0]:.3f}", f"{rs[-1]:.3f}",
                      load_of(last), parts])
-    show("recovery (seconds from the kill to the first completed step after the restart; parts of the last run)",
+    show("recovery (seconds from the kill to the first completed step after the restart; median parts)",
          ["impl", "launcher", "runs", "median s", "min s", "max s", "load", "parts (s)"], rows)
 
 
