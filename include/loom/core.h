@@ -250,6 +250,57 @@ uint32_t loom_crc32c(uint32_t crc, const void *data, size_t n);
 uint64_t loom_hash64(uint64_t h, const void *data, size_t n);
 #define LOOM_HASH64_INIT 0xcbf29ce484222325ULL
 
+/* ------------------------------------------------------------ run status */
+
+/* Run status: what a rank tells its supervisor (loom run). When LOOM_RUN_DIR is set
+ * each rank keeps a small file there, rewritten in place; otherwise every call is a no-op. */
+#define LOOM_RUNSTAT_PHASE_LIST(X)                                             \
+  X(LOOM_RUNSTAT_START, "start")                                               \
+  X(LOOM_RUNSTAT_COMM_READY, "comm_ready")                                     \
+  X(LOOM_RUNSTAT_LOADED, "loaded")                                             \
+  X(LOOM_RUNSTAT_TRAINING, "training")                                         \
+  X(LOOM_RUNSTAT_DONE, "done")
+
+typedef enum {
+#define LOOM_X_ENUM(name, text) name,
+  LOOM_RUNSTAT_PHASE_LIST(LOOM_X_ENUM)
+#undef LOOM_X_ENUM
+      LOOM_RUNSTAT_PHASE_COUNT
+} loom_run_phase; /* not loom_runstat_phase: C gives a type and a function
+                     one name space, and the function keeps that name */
+
+void loom_runstat_init(void);                 /* idempotent; reads LOOM_RUN_DIR and the rank */
+void loom_runstat_phase(loom_run_phase p);     /* records the phase and its wall-clock time */
+void loom_runstat_step(int64_t step);          /* a completed step (first one timestamped); one pwrite */
+void loom_runstat_note(const char *what);      /* e.g. "fault injected: segv at step 37", "watchdog: ..." */
+void loom_runstat_exit(int code);              /* the exit code the process is about to return */
+void loom_runstat_fatal_signals(void);         /* SIGSEGV/SIGBUS/SIGFPE/SIGILL/SIGABRT: record signal + time (async-signal-safe), then re-raise with the default action */
+
+/* "start", "comm_ready", ...; "?" out of range. */
+const char *loom_runstat_phase_name(loom_run_phase p);
+
+/* One rank's file as read back (by loom run and tests). Times are seconds
+ * since the Unix epoch (CLOCK_REALTIME), 0 when not recorded. */
+#define LOOM_RUNSTAT_NOTE_MAX 200
+typedef struct loom_runstat_record {
+  int rank;
+  int pid;
+  char host[64];
+  int phase; /* the last phase recorded, -1 none */
+  double t_phase[LOOM_RUNSTAT_PHASE_COUNT];
+  int64_t step; /* the last completed step, -1 none */
+  double t_step, t_first_step;
+  int exit_code; /* -1: none recorded */
+  int signal;    /* fatal signal caught, 0 none */
+  double t_exit; /* when the exit code or signal was recorded */
+  char note[LOOM_RUNSTAT_NOTE_MAX + 1];
+} loom_runstat_record;
+
+/* Reads the file of `rank` in `dir`. LOOM_ERR_IO when it does not exist (yet),
+ * LOOM_ERR_CORRUPT when it is incomplete (read while written: read again). */
+loom_status loom_runstat_read(const char *dir, int rank,
+                              loom_runstat_record *out);
+
 /* Library version string ("0.1.0"). */
 const char *loom_version(void);
 

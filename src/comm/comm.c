@@ -189,6 +189,9 @@ static void watchdog_fire(loom_comm_ctx *ctx, loom_op *op) {
   LOOM_LOG_ERROR("%s", op->err);
   mark_broken(g, LOOM_ERR_TIMEOUT, op->err);
   if (ctx->opts.abort_on_timeout && g->size > 1) {
+    /* Told to loom run before the abort, which takes this process down. */
+    loom_runstat_note(op->err);
+    loom_runstat_exit(LOOM_COMM_EXIT_TIMEOUT);
     LOOM_LOG_ERROR("comm: aborting the job (exit code %d) so that it can be "
                    "restarted; LOOM_COMM_ABORT=0 keeps it alive",
                    LOOM_COMM_EXIT_TIMEOUT);
