@@ -34,6 +34,7 @@ struct loom_nn_visit {
   char prefix[LOOM_PARAM_NAME_MAX]; /* path of the module being listed */
   uint64_t rng_ids;
   const loom_module *last_owner; /* module whose params came last */
+  int refs; /* parameters listed or tied so far (a tied view counts) */
 };
 
 void loom_nn_visit_init(loom_nn_visit *v);

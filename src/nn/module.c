@@ -329,6 +329,7 @@ loom_status loom_nn_visit_param(loom_nn_visit *v, loom_module *m,
   m->param_count++;
   v->last_owner = m;
   v->count++;
+  v->refs++;
   v->numel += numel;
   return LOOM_OK;
 }
@@ -341,6 +342,7 @@ loom_status loom_nn_visit_view(loom_nn_visit *v, const loom_module *owner,
                       "tied weight: its owner must be part of the model and "
                       "come earlier in forward order");
   *view = &v->entries[owner->param_first + k].view;
+  v->refs++;
   return LOOM_OK;
 }
 
