@@ -288,9 +288,11 @@ typedef struct loom_runstat_record {
   char host[64];
   int phase; /* the last phase recorded, -1 none */
   double t_phase[LOOM_RUNSTAT_PHASE_COUNT];
-  int64_t step; /* the last completed step, -1 none */
+  int64_t step;       /* the last completed step, -1 none */
+  int64_t first_step; /* the first step this process completed, -1 none */
   double t_step, t_first_step;
-  int exit_code; /* -1: none recorded */
+  int exit_code; /* -1: none recorded; -2: left through exit() without
+                    loom_runstat_exit (code unknown) */
   int signal;    /* fatal signal caught, 0 none */
   double t_exit; /* when the exit code or signal was recorded */
   char note[LOOM_RUNSTAT_NOTE_MAX + 1];

@@ -3,11 +3,18 @@
  * with what users trip on handled (root, more ranks than cores, binding,
  * threads per rank, the environment), and supervises the group: signals
  * stop every rank, the exit code is the first failing rank's, and a failed
- * group can be started again (--max-restarts) with LOOM_RESTART_COUNT set. */
+ * group can be started again (--max-restarts) with LOOM_RESTART_COUNT set.
+ * Through the ranks' run status files (LOOM_RUN_DIR) it knows which rank
+ * failed first and how, stops the others at once, times the recovery, and
+ * writes it all to --report; --min-np/--max-np restart on what the hostfile
+ * offers at that moment. */
+#include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -64,6 +71,8 @@ typedef struct run_opts {
   const char *mpirun; /* launcher binary override */
   int threads;        /* 0: cores / ranks on this host */
   int max_restarts;
+  int min_np, max_np; /* elastic bounds (0: none) */
+  const char *report; /* JSON lines of the supervision events */
   double restart_delay;
   double timeout;
   bool dry_run;
@@ -95,6 +104,14 @@ static void usage(FILE *f) {
           "failure, up to K\n"
           "                         times (default 0)\n"
           "      --restart-delay S  seconds before a restart (default 1)\n"
+          "      --min-np A         with --hostfile: fail rather than (re)start on "
+          "fewer\n"
+          "                         than A slots\n"
+          "      --max-np B         with --hostfile: start at most B ranks "
+          "(np = min(slots, B))\n"
+          "      --report FILE      write the supervision events (start, "
+          "failure, restart,\n"
+          "                         recovered, end) as JSON lines\n"
           "      --timeout S        stop the job after S seconds (exit code "
           "124)\n"
           "      --dry-run          print what would run\n"
@@ -103,7 +120,8 @@ static void usage(FILE *f) {
           "OPENBLAS_NUM_THREADS (unless\nset), LOOM_RESTART_COUNT and the "
           "rest of the environment. Ctrl-C or SIGTERM\nstops every rank; "
           "the exit code is the first failing rank's (%d: the\n"
-          "communication watchdog fired).\n",
+          "communication watchdog fired). Exit code 2 (a configuration or "
+          "command-line\nerror) is never restarted.\n",
           LOOM_COMM_EXIT_TIMEOUT);
 }
 
@@ -191,6 +209,14 @@ static int parse_args(int argc, char **argv, run_opts *o) {
     } else if (strcmp(a, "--max-restarts") == 0) {
       if (parse_int(v, "--max-restarts", 0, &o->max_restarts))
         return -1;
+    } else if (strcmp(a, "--min-np") == 0) {
+      if (parse_int(v, "--min-np", 1, &o->min_np))
+        return -1;
+    } else if (strcmp(a, "--max-np") == 0) {
+      if (parse_int(v, "--max-np", 1, &o->max_np))
+        return -1;
+    } else if (strcmp(a, "--report") == 0) {
+      o->report = v;
     } else if (strcmp(a, "--restart-delay") == 0) {
       if (parse_secs(v, "--restart-delay", &o->restart_delay))
         return -1;
@@ -210,6 +236,22 @@ static int parse_args(int argc, char **argv, run_opts *o) {
   if (o->hosts && o->hostfile) {
     fprintf(stderr, "loom run: give --hosts or --hostfile, not both\n");
     return -1;
+  }
+  if (o->min_np || o->max_np) {
+    if (!o->hosts && !o->hostfile) {
+      fprintf(stderr, "loom run: --min-np and --max-np need --hostfile (or "
+                      "--hosts)\n");
+      return -1;
+    }
+    if (o->np) {
+      fprintf(stderr, "loom run: give -n or --min-np/--max-np, not both\n");
+      return -1;
+    }
+    if (o->max_np && o->min_np > o->max_np) {
+      fprintf(stderr, "loom run: --min-np %d is above --max-np %d\n",
+              o->min_np, o->max_np);
+      return -1;
+    }
   }
   o->prog = argv + i;
   return 0;
@@ -308,22 +350,61 @@ static int read_hostfile(const char *path, host_slots *hs) {
   return 0;
 }
 
-/* The most ranks any host gets when np ranks fill the slots in order and
- * the rest are spread round-robin (mpirun's by-slot mapping). */
-static int max_ranks_per_host(const host_slots *hs, int np) {
-  int placed[MAX_HOSTS] = {0};
+/* Ranks per host when np ranks fill the slots in order and the rest are
+ * spread round-robin (mpirun's by-slot mapping). */
+static void place_ranks(const host_slots *hs, int np, int *placed) {
   int left = np;
-  for (int h = 0; h < hs->n && left > 0; h++) {
+  for (int h = 0; h < hs->n; h++) {
     placed[h] = hs->slots[h] < left ? hs->slots[h] : left;
     left -= placed[h];
   }
   for (int h = 0; left > 0; h = (h + 1) % hs->n, left--)
     placed[h]++;
+}
+
+/* The most ranks any host gets. */
+static int max_ranks_per_host(const host_slots *hs, int np) {
+  static int placed[MAX_HOSTS];
+  place_ranks(hs, np, placed);
   int m = 1;
   for (int h = 0; h < hs->n; h++)
     if (placed[h] > m)
       m = placed[h];
   return m;
+}
+
+/* Whether a host name means this machine. */
+static bool is_local_host(const char *name, size_t len) {
+  char me[256] = "";
+  gethostname(me, sizeof me - 1);
+  size_t ml = strlen(me);
+  char *dot = strchr(me, '.');
+  size_t short_len = dot ? (size_t)(dot - me) : ml;
+  return (len == 9 && strncmp(name, "localhost", 9) == 0) ||
+         (len == 9 && strncmp(name, "127.0.0.1", 9) == 0) ||
+         (len == ml && strncmp(name, me, len) == 0) ||
+         (len == short_len && strncmp(name, me, len) == 0);
+}
+
+/* Ranks placed on this machine; sets *all_local when no other host has any. */
+static int local_ranks(const host_slots *hs, int np, bool *all_local) {
+  static int placed[MAX_HOSTS];
+  place_ranks(hs, np, placed);
+  int n = 0;
+  *all_local = true;
+  const char *p = hs->names;
+  for (int h = 0; h < hs->n && p && *p; h++) {
+    const char *colon = strchr(p, ':');
+    if (!colon)
+      break;
+    if (is_local_host(p, (size_t)(colon - p)))
+      n += placed[h];
+    else if (placed[h] > 0)
+      *all_local = false;
+    const char *comma = strchr(colon, ',');
+    p = comma ? comma + 1 : NULL;
+  }
+  return n;
 }
 
 static bool in_path(const char *name) {
@@ -405,10 +486,17 @@ static void argv_free(argv_buf *a) {
   memset(a, 0, sizeof *a);
 }
 
+/* What a plan decided: ranks, slots offered, ranks on this machine. */
+typedef struct plan_info {
+  int np;
+  int slots; /* of --hosts/--hostfile, 0 without */
+  int local; /* ranks on this machine, 0 when unknown */
+} plan_info;
+
 /* Builds the command of one attempt and sets the ranks' environment in
  * ours (children inherit it). */
 static int build_plan(const run_opts *o, int attempt, argv_buf *cmd,
-                      launcher *used) {
+                      launcher *used, plan_info *pi) {
   static host_slots hs;
   free(hs.names);
   memset(&hs, 0, sizeof hs);
@@ -424,14 +512,26 @@ static int build_plan(const run_opts *o, int attempt, argv_buf *cmd,
     have_hosts = true;
   }
   int np = o->np;
+  int slots = 0;
+  for (int h = 0; have_hosts && h < hs.n; h++)
+    slots += hs.slots[h];
   if (np == 0) {
     if (have_hosts)
-      for (int h = 0; h < hs.n; h++)
-        np += hs.slots[h];
+      np = slots;
     else if (in_slurm && getenv("SLURM_NTASKS"))
       np = atoi(getenv("SLURM_NTASKS"));
     if (np <= 0)
       np = 1;
+  }
+  /* Elastic bounds: as many ranks as the hosts offer now, within them. */
+  if (o->max_np && np > o->max_np)
+    np = o->max_np;
+  if (o->min_np && np < o->min_np) {
+    fprintf(stderr,
+            "loom run: %s offers %d slot(s), fewer than --min-np %d; not "
+            "starting\n",
+            o->hostfile ? o->hostfile : "--hosts", slots, o->min_np);
+    return -1;
   }
   launcher l = o->launch;
   if (l == LAUNCH_AUTO) {
@@ -447,6 +547,14 @@ static int build_plan(const run_opts *o, int attempt, argv_buf *cmd,
     return -1;
   }
   *used = l;
+  bool all_local = !have_hosts;
+  pi->np = np;
+  pi->slots = slots;
+  pi->local = 0;
+  if (l == LAUNCH_DIRECT || (l == LAUNCH_MPIRUN && !have_hosts))
+    pi->local = np;
+  else if (have_hosts && l == LAUNCH_MPIRUN)
+    pi->local = local_ranks(&hs, np, &all_local);
 
   /* Threads per rank: this host's cores shared by the ranks it runs. */
   int per_host = np;
@@ -524,7 +632,7 @@ static int build_plan(const run_opts *o, int attempt, argv_buf *cmd,
      * anyway; naming it skips probing the others and halves MPI_Init
      * (0.40 s -> 0.22 s for 2 ranks here). Between hosts the choice (UCX on
      * InfiniBand, say) stays Open MPI's. */
-    if (!have_hosts)
+    if (all_local)
       set_default("OMPI_MCA_pml", "ob1");
     push(cmd, "--oversubscribe");
     push(cmd, "--bind-to");
@@ -538,7 +646,7 @@ static int build_plan(const run_opts *o, int attempt, argv_buf *cmd,
       push(cmd, "--hostfile");
       push(cmd, o->hostfile);
     }
-    if (have_hosts) {
+    if (have_hosts && !all_local) {
       /* Ranks on other hosts get the environment only through -x. */
       for (char **e = environ; *e; e++) {
         if (local_only(*e))
@@ -578,18 +686,228 @@ static void describe_failure(const loom_run_result *r, char *buf, size_t n) {
     snprintf(buf, n, "exit code %d", r->code);
 }
 
+/* ------------------------------------------------------- supervision */
+
+/* The job's state across attempts: the report file, and the failure that
+ * the next attempt recovers from. */
+typedef struct job {
+  FILE *report;
+  int attempt;
+  bool recovering;       /* the previous attempt failed; time the recovery */
+  loom_run_failure fail; /* that failure (times filled even when no rank was
+                            identified: then the launcher's exit) */
+} job;
+
+static void report_emit(job *jb, cJSON *ev) {
+  if (jb->report) {
+    char *line = cJSON_PrintUnformatted(ev);
+    if (line) {
+      fprintf(jb->report, "%s\n", line);
+      fflush(jb->report);
+      cJSON_free(line);
+    }
+  }
+  cJSON_Delete(ev);
+}
+
+static cJSON *report_event(const char *name, int attempt) {
+  cJSON *ev = cJSON_CreateObject();
+  cJSON_AddStringToObject(ev, "event", name);
+  cJSON_AddNumberToObject(ev, "attempt", attempt);
+  cJSON_AddNumberToObject(ev, "time", loom_time_wall());
+  return ev;
+}
+
+/* Called when every local rank of a restarted group completed its first
+ * step: the recovery, in parts that add up to the total (docs/run.md). */
+static void on_recovered(void *ctx, const loom_run_progress *p) {
+  job *jb = ctx;
+  if (!jb->recovering)
+    return;
+  jb->recovering = false;
+  const loom_run_failure *f = &jb->fail;
+  /* A phase a program does not record counts with the one after it. */
+  double cr = p->t_comm_ready > 0 ? p->t_comm_ready : p->t_spawn;
+  double ld = p->t_loaded > 0 ? p->t_loaded : cr;
+  double detect = f->t_detect - f->t_fail, stop = f->t_stopped - f->t_detect;
+  double delay = p->t_spawn - f->t_stopped, start = cr - p->t_spawn;
+  double load = ld - cr, first = p->t_first_step - ld;
+  double total = p->t_first_step - f->t_fail;
+  fprintf(stderr,
+          "loom run: recovered in %.2f s (detect %.2f, stop %.2f, delay "
+          "%.2f, start %.2f, load %.2f, first step %.2f) at step %lld\n",
+          total, detect, stop, delay, start, load, first,
+          (long long)p->first_step);
+  cJSON *ev = report_event("recovered", jb->attempt);
+  cJSON_AddNumberToObject(ev, "step", (double)p->first_step);
+  cJSON_AddNumberToObject(ev, "ranks", p->ranks);
+  cJSON_AddNumberToObject(ev, "total_s", total);
+  cJSON_AddNumberToObject(ev, "detect_s", detect);
+  cJSON_AddNumberToObject(ev, "stop_s", stop);
+  cJSON_AddNumberToObject(ev, "delay_s", delay);
+  cJSON_AddNumberToObject(ev, "start_s", start);
+  cJSON_AddNumberToObject(ev, "load_s", load);
+  cJSON_AddNumberToObject(ev, "first_step_s", first);
+  cJSON_AddNumberToObject(ev, "t_fail", f->t_fail);
+  cJSON_AddNumberToObject(ev, "t_detect", f->t_detect);
+  cJSON_AddNumberToObject(ev, "t_stopped", f->t_stopped);
+  cJSON_AddNumberToObject(ev, "t_spawn", p->t_spawn);
+  cJSON_AddNumberToObject(ev, "t_comm_ready", p->t_comm_ready);
+  cJSON_AddNumberToObject(ev, "t_loaded", p->t_loaded);
+  cJSON_AddNumberToObject(ev, "t_first_step", p->t_first_step);
+  report_emit(jb, ev);
+}
+
+/* The exit code loom run reports for a failed attempt: the failing rank's
+ * own when a local rank was identified, else the launcher's. */
+static int failure_code(const loom_run_failure *f, const loom_run_result *r) {
+  if (f->found && f->signal > 0)
+    return 128 + f->signal;
+  if (f->found && f->code > 0)
+    return f->code;
+  return r->code;
+}
+
+/* One line: which rank, where, how, when, and how fast the rest stopped. */
+static void describe_rank_failure(const loom_run_failure *f,
+                                  const loom_run_result *r, int np, char *buf,
+                                  size_t n) {
+  size_t k = 0;
+#define OUT(...)                                                               \
+  do {                                                                         \
+    if (k < n)                                                                 \
+      k += (size_t)snprintf(buf + k, n - k, __VA_ARGS__);                      \
+  } while (0)
+  if (f->watchdog)
+    OUT("the communication watchdog fired on rank %d (host %s, pid %d)",
+        f->rank, f->host, f->pid);
+  else
+    OUT("rank %d (host %s, pid %d)", f->rank, f->host, f->pid);
+  int sig = f->signal;
+  if (!sig && !f->recorded && r->code > 128 && r->code < 160)
+    sig = r->code - 128; /* the launcher saw it die */
+  if (f->watchdog)
+    ;
+  else if (sig)
+    OUT(" died from signal %d (%s)", sig, loom_signal_name(sig));
+  else if (f->code >= 0)
+    OUT(" exited with code %d", f->code);
+  else
+    OUT(" died without an exit record (killed from outside: SIGKILL, the "
+        "OOM killer?)");
+  if (f->last_step >= 0)
+    OUT(" after step %lld", (long long)f->last_step);
+  else
+    OUT(" before its first step");
+  if (f->note[0])
+    OUT(f->watchdog ? ": %s" : " (%s)", f->note);
+  if (np > 1)
+    OUT("; stopped the other %d rank(s) in %.2f s", np - 1,
+        f->t_stopped - f->t_detect);
+#undef OUT
+}
+
+static void report_failure(job *jb, const loom_run_failure *f, int np,
+                           int code, const char *why) {
+  cJSON *ev = report_event("failure", jb->attempt);
+  cJSON_AddNumberToObject(ev, "np", np);
+  cJSON_AddNumberToObject(ev, "code", code);
+  cJSON_AddStringToObject(ev, "why", why);
+  cJSON_AddBoolToObject(ev, "rank_known", f->found);
+  if (f->found) {
+    cJSON_AddNumberToObject(ev, "rank", f->rank);
+    cJSON_AddStringToObject(ev, "host", f->host);
+    cJSON_AddNumberToObject(ev, "pid", f->pid);
+    if (f->code >= 0)
+      cJSON_AddNumberToObject(ev, "exit_code", f->code);
+    else
+      cJSON_AddNullToObject(ev, "exit_code");
+    if (f->signal > 0 || (code > 128 && code < 160 && f->code < 0))
+      cJSON_AddNumberToObject(ev, "signal",
+                              f->signal > 0 ? f->signal : code - 128);
+    else
+      cJSON_AddNullToObject(ev, "signal");
+    cJSON_AddBoolToObject(ev, "recorded", f->recorded);
+    cJSON_AddBoolToObject(ev, "watchdog", f->watchdog);
+    cJSON_AddNumberToObject(ev, "last_step", (double)f->last_step);
+    cJSON_AddStringToObject(ev, "note", f->note);
+  }
+  cJSON_AddNumberToObject(ev, "t_fail", f->t_fail);
+  cJSON_AddNumberToObject(ev, "t_detect", f->t_detect);
+  cJSON_AddNumberToObject(ev, "t_stopped", f->t_stopped);
+  cJSON_AddNumberToObject(ev, "detect_s", f->t_detect - f->t_fail);
+  cJSON_AddNumberToObject(ev, "stop_s", f->t_stopped - f->t_detect);
+  report_emit(jb, ev);
+}
+
+/* Removes a directory of plain files (the run status files). */
+static void remove_dir(const char *path) {
+  DIR *d = opendir(path);
+  if (d) {
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+      if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+        continue;
+      char p[4200];
+      snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+      if (unlink(p) != 0 && errno == EISDIR)
+        remove_dir(p);
+    }
+    closedir(d);
+  }
+  rmdir(path);
+}
+
 int loom_cmd_run(int argc, char **argv) {
   run_opts o;
   int pr = parse_args(argc, argv, &o);
   if (pr != 0)
     return pr > 0 ? LOOM_EXIT_OK : LOOM_EXIT_USAGE;
+  job jb;
+  memset(&jb, 0, sizeof jb);
+  /* The ranks' status files: a fresh directory per job, one per attempt
+   * inside it, all removed at the end. */
+  char jobdir[4096] = "";
+  if (!o.dry_run) {
+    const char *tmp = getenv("TMPDIR");
+    snprintf(jobdir, sizeof jobdir, "%s/loom-run-XXXXXX",
+             tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(jobdir)) {
+      fprintf(stderr, "loom run: cannot make a directory in %s: %s\n",
+              tmp && *tmp ? tmp : "/tmp", strerror(errno));
+      return LOOM_EXIT_FAIL;
+    }
+    if (o.report) {
+      jb.report = fopen(o.report, "w");
+      if (!jb.report) {
+        fprintf(stderr, "loom run: cannot write %s: %s\n", o.report,
+                strerror(errno));
+        rmdir(jobdir);
+        return LOOM_EXIT_USAGE;
+      }
+    }
+  }
+  double t_job = loom_time_now();
+  int rc = 0, prev_np = 0;
   /* The supervise loop: start the group, wait, classify, maybe again. */
   for (int attempt = 0;; attempt++) {
+    jb.attempt = attempt;
+    char adir[4200] = "";
+    if (!o.dry_run) {
+      snprintf(adir, sizeof adir, "%s/attempt-%d", jobdir, attempt);
+      mkdir(adir, 0755);
+      setenv("LOOM_RUN_DIR", adir, 1);
+    }
     argv_buf cmd = {0};
     launcher used;
-    if (build_plan(&o, attempt, &cmd, &used)) {
+    plan_info pi;
+    if (build_plan(&o, attempt, &cmd, &used, &pi)) {
       argv_free(&cmd);
-      return LOOM_EXIT_USAGE;
+      /* A restart that cannot be planned (the hostfile shrank below
+       * --min-np) ends the job with the failure it was restarting from. */
+      if (attempt == 0)
+        rc = LOOM_EXIT_USAGE;
+      break;
     }
     if (o.dry_run) {
       printf("launcher: %s\n", launcher_names[used]);
@@ -602,19 +920,74 @@ int loom_cmd_run(int argc, char **argv) {
       argv_free(&cmd);
       return LOOM_EXIT_OK;
     }
+    if (attempt > 0 && pi.np != prev_np)
+      fprintf(stderr,
+              "loom run: restart %d of %d on %d ranks (was %d): %s now has "
+              "%d slot(s)\n",
+              attempt, o.max_restarts, pi.np, prev_np,
+              o.hostfile ? "the hostfile" : "--hosts", pi.slots);
+    cJSON *ev = report_event(attempt ? "restart" : "start", attempt);
+    cJSON_AddNumberToObject(ev, "np", pi.np);
+    if (attempt)
+      cJSON_AddNumberToObject(ev, "prev_np", prev_np);
+    if (pi.slots)
+      cJSON_AddNumberToObject(ev, "slots", pi.slots);
+    report_emit(&jb, ev);
+    prev_np = pi.np;
+
+    loom_run_watch w;
+    loom_watch_init(&w);
+    w.dir = adir;
+    w.expect_local = pi.local;
+    w.want_progress = jb.recovering;
+    w.on_first_step = on_recovered;
+    w.ctx = &jb;
     loom_run_result r;
-    int s = loom_run_spawn(cmd.v, o.timeout, o.verbose, &r);
+    int s = loom_run_spawn(cmd.v, o.timeout, o.verbose, &w, &r);
     argv_free(&cmd);
-    if (s != 0)
-      return LOOM_EXIT_FAIL;
-    if (r.code == 0)
-      return 0;
-    char why[160];
-    describe_failure(&r, why, sizeof why);
+    loom_watch_free(&w);
+    remove_dir(adir);
+    if (s != 0) {
+      rc = LOOM_EXIT_FAIL;
+      break;
+    }
+    if (r.code == 0) {
+      rc = 0;
+      break;
+    }
     if (r.stopped_by || r.timed_out) {
       fprintf(stderr, "loom run: job stopped (%s) after %.1f s\n",
               r.timed_out ? "time limit" : "signal", r.seconds);
-      return r.code;
+      rc = r.code;
+      break;
+    }
+    /* A failed attempt. */
+    loom_run_failure f = w.fail;
+    if (!f.found) {
+      /* No local rank told us (remote ranks, a program that keeps no
+       * status): the launcher's exit is all there is. */
+      double now = loom_time_wall();
+      f.t_fail = f.t_detect = f.t_stopped = now;
+    }
+    rc = failure_code(&f, &r);
+    loom_run_result rr = r;
+    rr.code = rc;
+    char why[160];
+    describe_failure(&rr, why, sizeof why);
+    if (f.found) {
+      char line[1024];
+      describe_rank_failure(&f, &r, pi.np, line, sizeof line);
+      fprintf(stderr, "loom run: %s\n", line);
+    }
+    report_failure(&jb, &f, pi.np, rc, why);
+    jb.recovering = false;
+    if (rc == LOOM_EXIT_USAGE) {
+      fprintf(stderr,
+              "loom run: job failed (exit code 2: a configuration or "
+              "command-line error) after %.1f s; not restarted, since it "
+              "would fail the same way\n",
+              r.seconds);
+      break;
     }
     if (attempt >= o.max_restarts) {
       if (o.max_restarts > 0)
@@ -622,17 +995,29 @@ int loom_cmd_run(int argc, char **argv) {
                 "loom run: job failed (%s) after %.1f s; no restart "
                 "left (--max-restarts %d)\n",
                 why, r.seconds, o.max_restarts);
-      else if (o.verbose)
+      else
         fprintf(stderr, "loom run: job failed (%s) after %.1f s\n", why,
                 r.seconds);
-      return r.code;
+      break;
     }
     fprintf(stderr,
             "loom run: job failed (%s) after %.1f s; restart %d of "
             "%d in %g s\n",
             why, r.seconds, attempt + 1, o.max_restarts, o.restart_delay);
+    jb.fail = f;
+    jb.recovering = true;
     loom_run_sleep(o.restart_delay);
-    if (loom_run_stop_requested())
-      return 128 + 2;
+    if (loom_run_stop_requested()) {
+      rc = 128 + 2;
+      break;
+    }
   }
+  cJSON *ev = report_event("end", jb.attempt);
+  cJSON_AddNumberToObject(ev, "code", rc);
+  cJSON_AddNumberToObject(ev, "seconds", loom_time_now() - t_job);
+  report_emit(&jb, ev);
+  if (jb.report)
+    fclose(jb.report);
+  remove_dir(jobdir);
+  return rc;
 }

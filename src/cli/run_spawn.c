@@ -158,8 +158,14 @@ static void sweep_session(pid_t sid) {
   reap_children();
 }
 
+/* After loom run stopped the ranks of a failed attempt, the launcher should
+ * exit at once; one still there after this long (tearing down remote ranks,
+ * say) is killed with its session. */
+#define FAIL_GRACE_S 2.0
+#define MAX_WATCH_FDS 512
+
 int loom_run_spawn(char *const *argv, double timeout_s, bool verbose,
-                   loom_run_result *res) {
+                   loom_run_watch *watch, loom_run_result *res) {
   memset(res, 0, sizeof *res);
   install_handlers();
 #ifdef __linux__
@@ -174,6 +180,8 @@ int loom_run_spawn(char *const *argv, double timeout_s, bool verbose,
     fprintf(stderr, "\n");
   }
   double t0 = loom_time_now();
+  if (watch)
+    watch->prog.t_spawn = loom_time_wall();
   fflush(stdout);
   fflush(stderr);
   pid_t parent = getpid();
@@ -218,6 +226,9 @@ int loom_run_spawn(char *const *argv, double timeout_s, bool verbose,
   int forwarded = 0;  /* stop signals forwarded so far */
   double stop_at = 0; /* when we first asked the job to stop */
   bool killed = false;
+  double fail_at = 0; /* when a rank's failure was seen */
+  static struct pollfd fds[1 + MAX_WATCH_FDS];
+  int nfds = 0; /* rank pidfds in fds[1..] */
   for (;;) {
     pid_t w = waitpid(pid, &status, WNOHANG);
     if (w == pid)
@@ -227,6 +238,21 @@ int loom_run_spawn(char *const *argv, double timeout_s, bool verbose,
       break;
     }
     double now = loom_time_now();
+    if (watch) {
+      if (loom_watch_update(watch, fds + 1, nfds, loom_time_wall(), false) &&
+          fail_at == 0) {
+        /* Stop the rest now rather than wait for the launcher to notice. */
+        fail_at = now;
+        watch->fail.stopped = loom_watch_stop_others(watch);
+      }
+      if (watch->want_progress && watch->on_first_step &&
+          loom_watch_progress(watch))
+        watch->on_first_step(watch->ctx, &watch->prog);
+      if (fail_at > 0 && !killed && now - fail_at > FAIL_GRACE_S) {
+        signal_session(pid, SIGKILL);
+        killed = true;
+      }
+    }
     if (timeout_s > 0 && !res->timed_out && now - t0 > timeout_s) {
       res->timed_out = true;
       fprintf(stderr,
@@ -256,10 +282,33 @@ int loom_run_spawn(char *const *argv, double timeout_s, bool verbose,
       signal_session(pid, SIGKILL);
       killed = true;
     }
-    wait_event(0.2);
+    /* Sleep until a signal (SIGCHLD: the launcher exited), a rank's death,
+     * or the next look at the status files. */
+    fds[0].fd = wake_pipe[0];
+    fds[0].events = POLLIN;
+    fds[0].revents = 0;
+    nfds = watch ? loom_watch_fds(watch, fds + 1, MAX_WATCH_FDS) : 0;
+    double wait_s = 0.2;
+    if (watch && loom_watch_scanning(watch))
+      wait_s = 0.05;
+    if (fail_at > 0)
+      wait_s = 0.01;
+    if (poll(fds, (nfds_t)(1 + nfds), (int)(wait_s * 1000)) > 0 &&
+        fds[0].revents)
+      drain();
   }
   /* Ranks that escaped mpirun's own clean-up (or a program's children). */
   sweep_session(pid);
+  if (watch) {
+    /* Everything of the attempt is gone now: the last verdicts. */
+    double wall = loom_time_wall();
+    loom_watch_update(watch, NULL, 0, wall, true);
+    if (watch->fail.found)
+      watch->fail.t_stopped = wall;
+    if (watch->want_progress && watch->on_first_step &&
+        loom_watch_progress(watch))
+      watch->on_first_step(watch->ctx, &watch->prog);
+  }
   res->seconds = loom_time_now() - t0;
   res->stopped_by = stop_sig;
   if (WIFSIGNALED(status)) {

@@ -5,6 +5,9 @@
 #define LOOM_CLI_RUN_SPAWN_H
 
 #include <stdbool.h>
+#include <stdint.h>
+
+#include "loom/core.h"
 
 /* How one attempt of the job ended. */
 typedef struct loom_run_result {
@@ -15,12 +18,82 @@ typedef struct loom_run_result {
   double seconds; /* wall time of the attempt */
 } loom_run_result;
 
+/* The first failure of an attempt among the local ranks, as their run
+ * status files and pidfds tell it (run_watch.c). Times are wall-clock
+ * seconds (CLOCK_REALTIME), comparable with the ranks' records. */
+typedef struct loom_run_failure {
+  bool found;     /* a local rank was identified */
+  int rank, pid;
+  char host[64];
+  int code;       /* exit code, -1 when it died from a signal or unknown */
+  int signal;     /* 0 when none known */
+  bool recorded;  /* the rank (or /proc) said how it ended */
+  bool watchdog;  /* the note is the communication watchdog's */
+  int64_t last_step;
+  char note[LOOM_RUNSTAT_NOTE_MAX + 1];
+  double t_fail;    /* its record's time, or when its death was seen */
+  double t_detect;  /* when loom run knew */
+  double t_stopped; /* every process of the attempt gone */
+  int stopped;      /* other local ranks loom run killed */
+} loom_run_failure;
+
+/* When the ranks of an attempt reached each phase: the latest local rank's
+ * time for each (the group is ready when its last rank is). */
+typedef struct loom_run_progress {
+  double t_spawn; /* the launcher was started */
+  double t_comm_ready, t_loaded, t_first_step; /* 0: not recorded */
+  int64_t first_step; /* the step number of the first step completed */
+  int ranks;
+} loom_run_progress;
+
+typedef struct loom_watch_rank loom_watch_rank;
+
+/* What loom_run_spawn watches: the attempt's LOOM_RUN_DIR. */
+typedef struct loom_run_watch {
+  const char *dir;
+  int expect_local;   /* local ranks expected, 0 when unknown */
+  bool want_progress; /* call on_first_step when the group completes a step */
+  void (*on_first_step)(void *ctx, const loom_run_progress *p);
+  void *ctx;
+  loom_run_failure fail; /* out */
+  loom_run_progress prog; /* out */
+  /* private */
+  loom_watch_rank *ranks;
+  int n, cap;
+  double next_scan;
+  bool first_step_told;
+} loom_run_watch;
+
+struct pollfd;
+void loom_watch_init(loom_run_watch *w);
+void loom_watch_free(loom_run_watch *w);
+/* Pidfds of the live local ranks to poll for POLLIN. */
+int loom_watch_fds(const loom_run_watch *w, struct pollfd *fds, int max);
+/* Takes in what poll saw (and scans for new rank files every 50 ms);
+ * returns 1 when a failure was just identified (w->fail). final: the
+ * launcher has exited and every process of the attempt is gone. */
+int loom_watch_update(loom_run_watch *w, const struct pollfd *fds, int nfds,
+                      double now, bool final);
+/* Whether new rank files or phases are still awaited (poll often). */
+bool loom_watch_scanning(const loom_run_watch *w);
+/* SIGKILLs every live local rank; returns how many. */
+int loom_watch_stop_others(loom_run_watch *w);
+/* Local ranks known and still alive. */
+int loom_watch_alive(const loom_run_watch *w);
+int loom_watch_local(const loom_run_watch *w);
+/* True once, when every local rank has completed its first step (w->prog). */
+bool loom_watch_progress(loom_run_watch *w);
+/* "SIGKILL", "SIGSEGV", ...; "signal" for others. */
+const char *loom_signal_name(int sig);
+
 /* Starts argv (argv[0] looked up in PATH) in a session of its own, waits
  * for it, forwards SIGINT / SIGTERM / SIGHUP / SIGQUIT to it, stops it after
  * timeout_s (0 = never), and kills whatever is left of its session
- * afterwards, so no rank outlives the job. */
+ * afterwards, so no rank outlives the job. With a watch, the local ranks'
+ * status files are followed: the first rank to fail is identified and the
+ * others are stopped at once, without waiting for the launcher's teardown. */
 int loom_run_spawn(char *const *argv, double timeout_s, bool verbose,
-                   loom_run_result *res);
+                   loom_run_watch *watch, loom_run_result *res);
 /* A signal asked loom run to stop (then no restart is attempted). */
 bool loom_run_stop_requested(void);
 /* Sleeps, returning early when a stop signal arrives. */

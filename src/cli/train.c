@@ -45,7 +45,7 @@ static int parse_i64(const char *s, int64_t *out) {
   return 0;
 }
 
-int loom_cmd_train(int argc, char **argv) {
+static int train_main(int argc, char **argv) {
   const char *config_path = NULL;
   const char *sets[64];
   char steps_set[64];
@@ -172,4 +172,14 @@ int loom_cmd_train(int argc, char **argv) {
   if (res.interrupted && opts.stop_at == 0)
     return 130;
   return LOOM_EXIT_OK;
+}
+
+/* Under loom run, the rank's status file records how it ended: an exit code
+ * here, a fatal signal from the handler. */
+int loom_cmd_train(int argc, char **argv) {
+  loom_runstat_init();
+  loom_runstat_fatal_signals();
+  int rc = train_main(argc, argv);
+  loom_runstat_exit(rc);
+  return rc;
 }

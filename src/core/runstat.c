@@ -28,8 +28,11 @@ const char *loom_runstat_phase_name(loom_run_phase p) {
 /* The record is one block of "key value" lines, each value padded to a fixed
  * width, so any field can be rewritten in place at a known offset and a
  * reader never sees a shorter file. The fields updated together sit next to
- * each other: a step is one pwrite of (t_first_step, step, t_step), a fatal
- * signal one of (exit, signal, t_exit). "end" closes a complete record. */
+ * each other: a step is one pwrite of (first_step .. t_step), a fatal
+ * signal one of (exit, signal, t_exit). "end" closes a complete record.
+ * exit is "-" while the process runs and "?" once it went through exit()
+ * without saying its code (an atexit hook), so loom run can tell a process
+ * that ended normally from one killed without a word (SIGKILL, OOM). */
 #define FIELD_LIST(X)                                                          \
   X(F_RANK, "rank", 10)                                                        \
   X(F_PID, "pid", 10)                                                          \
@@ -40,6 +43,7 @@ const char *loom_runstat_phase_name(loom_run_phase p) {
   X(F_T_LOADED, "t_loaded", 17)                                                \
   X(F_T_TRAINING, "t_training", 17)                                            \
   X(F_T_DONE, "t_done", 17)                                                    \
+  X(F_FIRST_STEP, "first_step", 20)                                            \
   X(F_T_FIRST_STEP, "t_first_step", 17)                                        \
   X(F_STEP, "step", 20)                                                        \
   X(F_T_STEP, "t_step", 17)                                                    \
@@ -150,6 +154,20 @@ static void write_range(field first, field last) {
   (void)w; /* the status file is advice: a failed write must not stop training */
 }
 
+static bool exit_recorded;
+
+static void at_exit(void) {
+  if (rs.fd < 0)
+    return;
+  pthread_mutex_lock(&rs.mu);
+  if (!exit_recorded) {
+    set_str(F_EXIT, "?");
+    set_now(F_T_EXIT);
+    write_range(F_EXIT, F_T_EXIT);
+  }
+  pthread_mutex_unlock(&rs.mu);
+}
+
 static int env_rank(void) {
   static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK",
                                      "PMI_RANK", "SLURM_PROCID"};
@@ -213,6 +231,7 @@ static void init_once(void) {
     return;
   }
   rs.fd = fd;
+  atexit(at_exit);
 }
 
 void loom_runstat_init(void) { pthread_once(&rs.once, init_once); }
@@ -236,11 +255,12 @@ void loom_runstat_step(int64_t step) {
   set_i64(F_STEP, step);
   set_now(F_T_STEP);
   if (!rs.first_step_done) {
+    set_i64(F_FIRST_STEP, step);
     memcpy(rs.buf + rs.off[F_T_FIRST_STEP], rs.buf + rs.off[F_T_STEP],
            (size_t)field_width[F_T_STEP]);
     rs.first_step_done = true;
   }
-  write_range(F_T_FIRST_STEP, F_T_STEP);
+  write_range(F_FIRST_STEP, F_T_STEP);
   pthread_mutex_unlock(&rs.mu);
 }
 
@@ -261,6 +281,7 @@ void loom_runstat_exit(int code) {
   pthread_mutex_lock(&rs.mu);
   set_i64(F_EXIT, code);
   set_now(F_T_EXIT);
+  exit_recorded = true;
   write_range(F_EXIT, F_T_EXIT);
   pthread_mutex_unlock(&rs.mu);
 }
@@ -346,6 +367,7 @@ loom_status loom_runstat_read(const char *dir, int rank,
   memset(out, 0, sizeof *out);
   out->phase = -1;
   out->step = -1;
+  out->first_step = -1;
   out->exit_code = -1;
   char path[4096];
   snprintf(path, sizeof path, "%s/rank-%d", dir, rank);
@@ -406,6 +428,9 @@ loom_status loom_runstat_read(const char *dir, int rank,
         case F_T_DONE:
           out->t_phase[f - F_T_START] = parse_time(v);
           break;
+        case F_FIRST_STEP:
+          out->first_step = none ? -1 : strtoll(v, NULL, 10);
+          break;
         case F_T_FIRST_STEP:
           out->t_first_step = parse_time(v);
           break;
@@ -416,7 +441,7 @@ loom_status loom_runstat_read(const char *dir, int rank,
           out->t_step = parse_time(v);
           break;
         case F_EXIT:
-          out->exit_code = none ? -1 : atoi(v);
+          out->exit_code = none ? -1 : strcmp(v, "?") == 0 ? -2 : atoi(v);
           break;
         case F_SIGNAL:
           out->signal = none ? 0 : atoi(v);

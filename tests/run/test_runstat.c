@@ -100,6 +100,7 @@ TT_TEST(full_record) {
     TT_CHECK(r.t_phase[p] >= r.t_phase[p - 1]);
   TT_CHECK(r.t_phase[LOOM_RUNSTAT_DONE] <= t1 + 0.001);
   TT_CHECK_EQ(r.step, 120);
+  TT_CHECK_EQ(r.first_step, 21);
   TT_CHECK(r.t_first_step >= r.t_phase[LOOM_RUNSTAT_TRAINING]);
   TT_CHECK(r.t_step >= r.t_first_step);
   TT_CHECK(r.t_step <= r.t_phase[LOOM_RUNSTAT_DONE]);
@@ -161,6 +162,32 @@ TT_TEST(rank_from_environment) {
   TT_CHECK_OK(loom_runstat_read(dir, 2, &r));
   TT_CHECK_OK(loom_runstat_read(dir, 0, &r));
   TT_CHECK_EQ(count_files(), 3);
+}
+
+static void child_exit_unsaid(void) {
+  clear_env();
+  loom_runstat_init();
+  exit(0);
+}
+static void child_exit_said(void) {
+  clear_env();
+  loom_runstat_init();
+  loom_runstat_exit(0);
+  exit(0);
+}
+
+/* exit() without a recorded code leaves "?", told apart from a process
+ * that vanished without a word (-1) and from a recorded code. */
+TT_TEST(exit_without_code) {
+  empty_dir();
+  loom_runstat_record r;
+  TT_REQUIRE(in_child(child_exit_unsaid, NULL) == 0);
+  TT_REQUIRE_OK(loom_runstat_read(dir, 0, &r));
+  TT_CHECK_EQ(r.exit_code, -2);
+  TT_CHECK(r.t_exit > 0);
+  TT_REQUIRE(in_child(child_exit_said, NULL) == 0);
+  TT_REQUIRE_OK(loom_runstat_read(dir, 0, &r));
+  TT_CHECK_EQ(r.exit_code, 0);
 }
 
 static void child_off(void) {
@@ -290,6 +317,7 @@ int main(void) {
   TT_RUN(full_record);
   TT_RUN(fresh_after_restart);
   TT_RUN(rank_from_environment);
+  TT_RUN(exit_without_code);
   TT_RUN(off_without_dir);
   TT_RUN(missing_dir_is_harmless);
   TT_RUN(fatal_signals);

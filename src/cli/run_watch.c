@@ -1,0 +1,385 @@
+/* loom run: watching the local ranks of one attempt through their run status
+ * files (LOOM_RUN_DIR) and pidfds: who died first and how, and when the
+ * restarted group reached each phase. */
+#define _GNU_SOURCE
+#include "cli/run_spawn.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "loom/core.h"
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_send_signal
+#define SYS_pidfd_send_signal 424
+#endif
+
+struct loom_watch_rank {
+  int rank;
+  bool local;  /* on this host: its pid is ours to watch */
+  int pidfd;   /* -1 when none (remote, or pidfd_open failed) */
+  bool dead;   /* seen gone */
+  double t_seen; /* wall time its death was seen */
+  int wstatus; /* from /proc while it was a zombie; -1 unknown */
+  loom_runstat_record rec;
+};
+
+const char *loom_signal_name(int sig) {
+  switch (sig) {
+  case SIGHUP: return "SIGHUP";
+  case SIGINT: return "SIGINT";
+  case SIGQUIT: return "SIGQUIT";
+  case SIGILL: return "SIGILL";
+  case SIGTRAP: return "SIGTRAP";
+  case SIGABRT: return "SIGABRT";
+  case SIGBUS: return "SIGBUS";
+  case SIGFPE: return "SIGFPE";
+  case SIGKILL: return "SIGKILL";
+  case SIGUSR1: return "SIGUSR1";
+  case SIGSEGV: return "SIGSEGV";
+  case SIGUSR2: return "SIGUSR2";
+  case SIGPIPE: return "SIGPIPE";
+  case SIGALRM: return "SIGALRM";
+  case SIGTERM: return "SIGTERM";
+  case SIGXCPU: return "SIGXCPU";
+  case SIGXFSZ: return "SIGXFSZ";
+  default: return "signal";
+  }
+}
+
+static bool same_host(const char *h) {
+  static char me[256];
+  if (!me[0] && gethostname(me, sizeof me - 1) != 0)
+    strcpy(me, "?");
+  return strcmp(h, me) == 0;
+}
+
+void loom_watch_init(loom_run_watch *w) {
+  w->ranks = NULL;
+  w->n = 0;
+  w->cap = 0;
+  w->next_scan = 0;
+  w->first_step_told = false;
+  memset(&w->fail, 0, sizeof w->fail);
+  w->fail.rank = -1;
+  memset(&w->prog, 0, sizeof w->prog);
+  w->prog.first_step = -1;
+}
+
+void loom_watch_free(loom_run_watch *w) {
+  for (int i = 0; i < w->n; i++)
+    if (w->ranks[i].pidfd >= 0)
+      close(w->ranks[i].pidfd);
+  free(w->ranks);
+  w->ranks = NULL;
+  w->n = w->cap = 0;
+}
+
+static loom_watch_rank *find(loom_run_watch *w, int rank) {
+  for (int i = 0; i < w->n; i++)
+    if (w->ranks[i].rank == rank)
+      return &w->ranks[i];
+  return NULL;
+}
+
+/* The exit status of a zombie, from field 52 of /proc/PID/stat; -1 when the
+ * process is gone (reaped) or not a zombie. Its parent (mpirun) reaps it
+ * within moments, so this is a best effort that often wins the race. */
+static int zombie_status(int pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return -1;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  char *p = strrchr(buf, ')');
+  if (!p || p[1] != ' ' || p[2] != 'Z')
+    return -1;
+  /* p + 2 is field 3 (state); field 52 is 49 fields further on. */
+  char *tok = p + 2;
+  for (int field = 3; field < 52; field++) {
+    tok = strchr(tok, ' ');
+    if (!tok)
+      return -1;
+    tok++;
+  }
+  return atoi(tok);
+}
+
+static void mark_dead(loom_watch_rank *r, double now) {
+  if (r->dead)
+    return;
+  r->dead = true;
+  r->t_seen = now;
+  r->wstatus = zombie_status(r->rec.pid);
+  if (r->pidfd >= 0) {
+    close(r->pidfd);
+    r->pidfd = -1;
+  }
+}
+
+/* Reads the record of a known rank again; keeps the old one when the file
+ * is being rewritten at this moment. */
+static void refresh(const loom_run_watch *w, loom_watch_rank *r) {
+  loom_runstat_record rec;
+  if (loom_runstat_read(w->dir, r->rank, &rec) == LOOM_OK)
+    r->rec = rec;
+}
+
+/* Finds rank files not seen before and starts watching their processes;
+ * returns whether one of them was already gone. */
+static bool scan(loom_run_watch *w, double now) {
+  DIR *d = opendir(w->dir);
+  if (!d)
+    return false;
+  bool gone = false;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    int rank;
+    char tail;
+    if (sscanf(e->d_name, "rank-%d%c", &rank, &tail) != 1 || rank < 0)
+      continue;
+    if (find(w, rank))
+      continue;
+    loom_runstat_record rec;
+    if (loom_runstat_read(w->dir, rank, &rec) != LOOM_OK)
+      continue; /* being written: next scan */
+    if (w->n == w->cap) {
+      int cap = w->cap ? 2 * w->cap : 16;
+      loom_watch_rank *nr = realloc(w->ranks, (size_t)cap * sizeof *nr);
+      if (!nr)
+        break;
+      w->ranks = nr;
+      w->cap = cap;
+    }
+    loom_watch_rank *r = &w->ranks[w->n++];
+    memset(r, 0, sizeof *r);
+    r->rank = rank;
+    r->rec = rec;
+    r->pidfd = -1;
+    r->wstatus = -1;
+    /* A shared file system may show other hosts' files: their pids are not
+     * ours to watch. */
+    r->local = same_host(rec.host);
+    if (r->local && rec.pid > 0) {
+      r->pidfd = (int)syscall(SYS_pidfd_open, rec.pid, 0);
+      if (r->pidfd < 0 && errno == ESRCH) {
+        mark_dead(r, now);
+        gone = true;
+      }
+    }
+  }
+  closedir(d);
+  return gone;
+}
+
+int loom_watch_local(const loom_run_watch *w) {
+  int n = 0;
+  for (int i = 0; i < w->n; i++)
+    n += w->ranks[i].local;
+  return n;
+}
+
+int loom_watch_fds(const loom_run_watch *w, struct pollfd *fds, int max) {
+  int k = 0;
+  for (int i = 0; i < w->n && k < max; i++)
+    if (w->ranks[i].pidfd >= 0) {
+      fds[k].fd = w->ranks[i].pidfd;
+      fds[k].events = POLLIN;
+      fds[k].revents = 0;
+      k++;
+    }
+  return k;
+}
+
+/* How a dead (or dying) rank ended, from its record or its zombie status:
+ * 1 abnormal, 0 normal, -1 not known yet. */
+static int judge(const loom_watch_rank *r, int *code, int *sig, double *t,
+                 bool *recorded) {
+  const loom_runstat_record *rec = &r->rec;
+  *code = -1;
+  *sig = 0;
+  *recorded = true;
+  if (rec->signal > 0) {
+    *sig = rec->signal;
+    *t = rec->t_exit;
+    return 1;
+  }
+  if (rec->exit_code >= 0) {
+    *code = rec->exit_code;
+    *t = rec->t_exit;
+    return rec->exit_code != 0;
+  }
+  if (!r->dead)
+    return 0;
+  *recorded = false;
+  *t = r->t_seen;
+  if (r->wstatus >= 0) {
+    if (WIFSIGNALED(r->wstatus)) {
+      *sig = WTERMSIG(r->wstatus);
+      return 1;
+    }
+    *code = WEXITSTATUS(r->wstatus);
+    return *code != 0;
+  }
+  /* Gone without a word: killed outright (SIGKILL, the OOM killer, an
+   * MPI_Abort elsewhere). A process that went through exit() but did not
+   * say its code (-2) is left to the launcher's verdict. */
+  return rec->exit_code == -1 ? 1 : -1;
+}
+
+/* The failure is the earliest abnormal end among the local ranks: a rank
+ * whose watchdog fired records exit code 75 before the job is aborted, so
+ * it comes before the ranks the abort kills. */
+static bool pick_failure(loom_run_watch *w, double now) {
+  int best = -1;
+  double best_t = 0;
+  int best_code = -1, best_sig = 0;
+  bool best_rec = false;
+  for (int i = 0; i < w->n; i++) {
+    loom_watch_rank *r = &w->ranks[i];
+    if (!r->local)
+      continue;
+    int code, sig;
+    double t;
+    bool recorded;
+    if (judge(r, &code, &sig, &t, &recorded) != 1)
+      continue;
+    if (best < 0 || t < best_t) {
+      best = i;
+      best_t = t;
+      best_code = code;
+      best_sig = sig;
+      best_rec = recorded;
+    }
+  }
+  if (best < 0)
+    return false;
+  loom_watch_rank *r = &w->ranks[best];
+  loom_run_failure *f = &w->fail;
+  f->found = true;
+  f->rank = r->rank;
+  f->pid = r->rec.pid;
+  snprintf(f->host, sizeof f->host, "%s", r->rec.host);
+  f->code = best_code;
+  f->signal = best_sig;
+  f->recorded = best_rec; /* the rank said it itself */
+  f->last_step = r->rec.step;
+  snprintf(f->note, sizeof f->note, "%s", r->rec.note);
+  f->watchdog = strncmp(r->rec.note, "watchdog", 8) == 0;
+  f->t_fail = best_t;
+  f->t_detect = now;
+  if (f->t_fail > now)
+    f->t_fail = now;
+  return true;
+}
+
+int loom_watch_update(loom_run_watch *w, const struct pollfd *fds, int nfds,
+                      double now, bool final) {
+  /* Deaths first: a pidfd turns readable when its process exits. After the
+   * launcher is gone and its session swept (final), every rank is. */
+  bool died = false;
+  for (int i = 0; i < w->n; i++) {
+    loom_watch_rank *r = &w->ranks[i];
+    if (r->pidfd < 0)
+      continue;
+    bool gone = final;
+    for (int k = 0; k < nfds && !gone; k++)
+      gone = fds[k].fd == r->pidfd && fds[k].revents != 0;
+    if (gone) {
+      mark_dead(r, now);
+      refresh(w, r); /* its last words */
+      died = true;
+    }
+  }
+  /* On a death, look for files not seen yet at once: the rank that failed
+   * first may be one of them. */
+  if (now >= w->next_scan || final || died) {
+    if (scan(w, now))
+      died = true;
+    w->next_scan = now + 0.05;
+    if (!died) /* phases and steps, for the recovery figures */
+      for (int i = 0; i < w->n; i++)
+        if (!w->ranks[i].dead && w->ranks[i].local)
+          refresh(w, &w->ranks[i]);
+  }
+  if ((died || final) && !w->fail.found) {
+    /* Who else has spoken: a watchdog rank may not be dead yet. */
+    for (int i = 0; i < w->n; i++)
+      if (!w->ranks[i].dead && w->ranks[i].local)
+        refresh(w, &w->ranks[i]);
+    if (pick_failure(w, now))
+      return 1;
+  }
+  return 0;
+}
+
+bool loom_watch_scanning(const loom_run_watch *w) {
+  return w->expect_local <= 0 || loom_watch_local(w) < w->expect_local ||
+         (w->want_progress && !w->first_step_told);
+}
+
+int loom_watch_stop_others(loom_run_watch *w) {
+  int n = 0;
+  for (int i = 0; i < w->n; i++) {
+    loom_watch_rank *r = &w->ranks[i];
+    if (r->dead || !r->local || r->pidfd < 0)
+      continue;
+    /* SIGKILL: they are stuck in or heading into collectives with a dead
+     * peer, and checkpoints are written atomically, so nothing is lost
+     * that a graceful stop would have kept. */
+    if (syscall(SYS_pidfd_send_signal, r->pidfd, SIGKILL, NULL, 0) == 0)
+      n++;
+  }
+  return n;
+}
+
+int loom_watch_alive(const loom_run_watch *w) {
+  int n = 0;
+  for (int i = 0; i < w->n; i++)
+    n += w->ranks[i].local && !w->ranks[i].dead && w->ranks[i].pidfd >= 0;
+  return n;
+}
+
+bool loom_watch_progress(loom_run_watch *w) {
+  if (w->first_step_told || w->n == 0)
+    return false;
+  if (w->expect_local > 0 && loom_watch_local(w) < w->expect_local)
+    return false;
+  loom_run_progress p = w->prog;
+  p.t_comm_ready = p.t_loaded = p.t_first_step = 0;
+  p.first_step = -1;
+  p.ranks = 0;
+  for (int i = 0; i < w->n; i++) {
+    const loom_watch_rank *r = &w->ranks[i];
+    if (!r->local)
+      continue;
+    if (r->rec.t_first_step <= 0)
+      return false; /* the group's first step is its last rank's */
+    const double *tp = r->rec.t_phase;
+    if (tp[LOOM_RUNSTAT_COMM_READY] > p.t_comm_ready)
+      p.t_comm_ready = tp[LOOM_RUNSTAT_COMM_READY];
+    if (tp[LOOM_RUNSTAT_LOADED] > p.t_loaded)
+      p.t_loaded = tp[LOOM_RUNSTAT_LOADED];
+    if (r->rec.t_first_step > p.t_first_step) {
+      p.t_first_step = r->rec.t_first_step;
+      p.first_step = r->rec.first_step;
+    }
+    p.ranks++;
+  }
+  w->prog = p;
+  w->first_step_told = true;
+  return true;
+}

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# loom run's supervision with a stand-in rank (run_fake_rank): the failure
+# line for an exit code, a fatal signal, a SIGKILL from outside and the
+# communication watchdog; the exit status of --max-restarts 0; no restart for
+# exit code 2; a restart that recovers (the parts of the recovered line add
+# up); --min-np/--max-np with a hostfile rewritten between attempts; the
+# --report JSON lines; no process left behind.
+set -u
+FAKE=${1:?usage: test_supervise.sh RUN_FAKE_RANK}
+LOOM=${LOOM_BIN:?LOOM_BIN must name the loom executable}
+tmp=$(mktemp -d)
+marker="loom_supervise_$$"
+cleanup() {
+  pkill -9 -f "$marker" 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail=0 n_ok=0 n_bad=0
+ok() { echo "ok: $1"; n_ok=$((n_ok + 1)); }
+bad() { echo "FAILED: $1"; fail=1; n_bad=$((n_bad + 1)); }
+host=$(hostname)
+# MPICH's hydra reports ranks differently; these tests read Open MPI's.
+if "$LOOM" run --dry-run -n 2 prog | grep -q mpiexec; then
+  echo "skipped: built with MPICH"; echo "0 passed, 0 failed"; exit 0
+fi
+# Nothing of the job may survive it (zombies waiting for PID 1 aside).
+no_leftovers() { # description
+  sleep 0.3
+  left=$(pgrep -f "$marker" | while read -r p; do
+    [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" = Z ] || echo "$p"; done)
+  [ -z "$left" ] && ok "$1: no process left" || { bad "$1: left behind: $left"; kill -9 $left 2>/dev/null; }
+}
+# The value of a numeric field of the first JSON line of an event.
+field() { # file event key
+  grep "\"event\":\"$2\"" "$1" | head -1 | grep -o "\"$3\":[-0-9.e+]*" | head -1 | cut -d: -f2
+}
+runs_before=$(ls -d "${TMPDIR:-/tmp}"/loom-run-* 2>/dev/null | wc -l)
+
+# 1. A rank exits with a code: the line names it, the job fails with its
+#    code (--max-restarts 0), the report has the failure.
+"$LOOM" run -n 2 --report "$tmp/r1" "$FAKE" --fault 1:5:exit "$marker" 2>"$tmp/e1"; rc=$?
+line=$(grep "^loom run: rank" "$tmp/e1")
+want="loom run: rank 1 (host $host, pid [0-9]*) exited with code 3 after step 5 (fault injected: exit at step 5); stopped the other 1 rank(s) in [0-9.]* s"
+[ $rc = 3 ] && ok "exit code 3 passed on" || bad "exit: rc $rc"
+echo "$line" | grep -qx "$want" && ok "exit line: $line" || { bad "exit line"; cat "$tmp/e1"; }
+grep -q "^loom run: job failed (exit code 3) after" "$tmp/e1" && ok "--max-restarts 0: job failed line" || bad "no job failed line"
+f=$(grep '"event":"failure"' "$tmp/r1")
+for kv in '"rank":1' "\"host\":\"$host\"" '"exit_code":3' '"signal":null' '"last_step":5' '"code":3' '"recorded":true' '"note":"fault injected: exit at step 5"'; do
+  echo "$f" | grep -qF "$kv" || bad "report failure lacks $kv: $f"
+done
+[ "$(grep -c '"event"' "$tmp/r1")" = 3 ] && grep -q '"event":"start".*"np":2' "$tmp/r1" && grep -q '"event":"end".*"code":3' "$tmp/r1" \
+  && ok "report: start, failure, end" || { bad "report events"; cat "$tmp/r1"; }
+no_leftovers "exit"
+
+# 2. A fatal signal, recorded by the rank's handler.
+"$LOOM" run -n 3 "$FAKE" --fault 2:4:segv "$marker" 2>"$tmp/e2"; rc=$?
+[ $rc = 139 ] && ok "segv: rc 139" || bad "segv: rc $rc"
+grep -q "^loom run: rank 2 (host $host, pid [0-9]*) died from signal 11 (SIGSEGV) after step 4 (fault injected: segv at step 4); stopped the other 2 rank(s) in" "$tmp/e2" \
+  && ok "segv line" || { bad "segv line"; cat "$tmp/e2"; }
+no_leftovers "segv"
+
+# 3. SIGKILL from outside: no record at all; the launcher's verdict names
+#    the signal. The test kills rank 1 once it is training.
+mkdir -p "$tmp/pids"
+"$LOOM" run -n 2 --report "$tmp/r3" "$FAKE" --steps 100000 --step-ms 5 --pids "$tmp/pids" "$marker" 2>"$tmp/e3" &
+job=$!
+for _ in $(seq 100); do [ -s "$tmp/pids/rank-1.pid" ] && break; sleep 0.05; done
+sleep 0.2
+kill -9 "$(cat "$tmp/pids/rank-1.pid")"
+wait $job; rc=$?
+[ $rc = 137 ] && ok "SIGKILL from outside: rc 137" || bad "SIGKILL from outside: rc $rc"
+grep -q "^loom run: rank 1 (host $host, pid $(cat "$tmp/pids/rank-1.pid")) died from signal 9 (SIGKILL) after step [0-9]*; stopped the other 1 rank(s) in" "$tmp/e3" \
+  && ok "SIGKILL line: $(grep '^loom run: rank' "$tmp/e3")" || { bad "SIGKILL line"; cat "$tmp/e3"; }
+grep '"event":"failure"' "$tmp/r3" | grep -q '"rank":1,.*"exit_code":null,"signal":9,"recorded":false' \
+  && ok "report: signal 9, not recorded by the rank" || { bad "report SIGKILL"; cat "$tmp/r3"; }
+no_leftovers "SIGKILL from outside"
+
+# 4. Exit code 2 (configuration error) is not restarted.
+"$LOOM" run -n 2 --max-restarts 3 --restart-delay 0 --report "$tmp/r4" "$FAKE" --fault 0:2:usage "$marker" 2>"$tmp/e4"; rc=$?
+[ $rc = 2 ] && ok "usage error: rc 2" || bad "usage error: rc $rc"
+grep -q "not restarted, since it would fail the same way" "$tmp/e4" && ! grep -q '"event":"restart"' "$tmp/r4" \
+  && ok "exit code 2: no restart" || { bad "exit code 2 restarted"; cat "$tmp/e4"; }
+no_leftovers "usage error"
+
+# 5. The watchdog: rank 1 stops taking part; another rank's watchdog fires
+#    and names it; exit code 75.
+LOOM_COMM_TIMEOUT=1 "$LOOM" run -n 3 --timeout 60 "$FAKE" --comm --fault 1:3:hang "$marker" 2>"$tmp/e5"; rc=$?
+[ $rc = 75 ] && ok "watchdog: rc 75" || bad "watchdog: rc $rc"
+grep -q "^loom run: the communication watchdog fired on rank [02] (host $host, pid [0-9]*) after step 3: watchdog: allreduce #4 .*ranks not arrived: 1; stopped the other 2 rank(s) in" "$tmp/e5" \
+  && ok "watchdog line" || { bad "watchdog line"; cat "$tmp/e5"; }
+no_leftovers "watchdog"
+
+# 6. A restart that recovers: the recovered line and its parts.
+"$LOOM" run -n 2 --max-restarts 2 --restart-delay 0.2 --report "$tmp/r6" "$FAKE" --fault 1:5:abort --resume 4 --steps 8 --load-ms 50 "$marker" 2>"$tmp/e6"; rc=$?
+[ $rc = 0 ] && ok "restart: job finished" || { bad "restart: rc $rc"; cat "$tmp/e6"; }
+grep -q "^loom run: rank 1 .* died from signal 6 (SIGABRT) after step 5" "$tmp/e6" && grep -q "restart 1 of 2 in 0.2 s" "$tmp/e6" \
+  && ok "restart after SIGABRT" || { bad "restart lines"; cat "$tmp/e6"; }
+rec=$(grep "^loom run: recovered in" "$tmp/e6")
+echo "$rec" | grep -qE "^loom run: recovered in [0-9.]+ s \(detect [0-9.]+, stop [0-9.]+, delay [0-9.]+, start [0-9.]+, load [0-9.]+, first step [0-9.]+\) at step 5$" \
+  && ok "recovered line: $rec" || { bad "recovered line: '$rec'"; cat "$tmp/e6"; }
+sum=$(awk -v t="$(field "$tmp/r6" recovered total_s)" -v a="$(field "$tmp/r6" recovered detect_s)" -v b="$(field "$tmp/r6" recovered stop_s)" \
+  -v c="$(field "$tmp/r6" recovered delay_s)" -v d="$(field "$tmp/r6" recovered start_s)" -v e="$(field "$tmp/r6" recovered load_s)" \
+  -v f="$(field "$tmp/r6" recovered first_step_s)" \
+  'BEGIN { s = a + b + c + d + e + f; d2 = s - t; if (d2 < 0) d2 = -d2;
+           print (d2 < 1e-6 && c >= 0.2 && e >= 0.05 && t > 0) ? "ok" : "bad " s " vs " t }')
+[ "$sum" = ok ] && ok "report: recovery parts add up (delay >= 0.2, load >= 0.05)" || { bad "recovery parts: $sum"; cat "$tmp/r6"; }
+[ "$(field "$tmp/r6" recovered step)" = 5 ] && [ "$(field "$tmp/r6" recovered ranks)" = 2 ] \
+  && ok "report: recovered at step 5 on 2 ranks" || bad "report recovered: $(grep recovered "$tmp/r6")"
+no_leftovers "restart"
+
+# 7. Elastic: 4 slots, rank 3 fails, the hostfile shrinks to 2 slots during
+#    the restart delay; the group restarts on 2 ranks and finishes.
+printf 'localhost slots=4\n' >"$tmp/hosts"
+"$LOOM" run --hostfile "$tmp/hosts" --min-np 2 --max-np 8 --max-restarts 1 --restart-delay 1 --report "$tmp/r7" \
+  "$FAKE" --fault 3:3:exit --steps 6 --resume 2 "$marker" 2>"$tmp/e7" &
+job=$!
+for _ in $(seq 200); do grep -q "restart 1 of 1" "$tmp/e7" && break; sleep 0.05; done
+printf '# one host went away\nlocalhost slots=2\n' >"$tmp/hosts"
+wait $job; rc=$?
+[ $rc = 0 ] && ok "elastic: job finished" || { bad "elastic: rc $rc"; cat "$tmp/e7"; }
+grep -q "^loom run: restart 1 of 1 on 2 ranks (was 4): the hostfile now has 2 slot(s)" "$tmp/e7" \
+  && ok "elastic: restart line names the new np" || { bad "elastic restart line"; cat "$tmp/e7"; }
+grep '"event":"start"' "$tmp/r7" | grep -q '"np":4' && grep '"event":"restart"' "$tmp/r7" | grep -q '"np":2,"prev_np":4,"slots":2' \
+  && [ "$(field "$tmp/r7" recovered ranks)" = 2 ] && ok "elastic: report 4 -> 2 ranks, recovered on 2" || { bad "elastic report"; cat "$tmp/r7"; }
+no_leftovers "elastic"
+
+# --max-np caps the ranks; --min-np refuses too few slots.
+n=$("$LOOM" run --hostfile "$tmp/hosts" --max-np 1 sh -c "echo $marker" | wc -l)
+[ "$n" = 1 ] && ok "--max-np 1 on 2 slots: 1 rank" || bad "--max-np: $n ranks"
+"$LOOM" run --hostfile "$tmp/hosts" --min-np 3 true 2>"$tmp/e8"; rc=$?
+[ $rc = 2 ] && grep -q "offers 2 slot(s), fewer than --min-np 3" "$tmp/e8" && ok "--min-np 3 on 2 slots: refused" || { bad "--min-np: rc $rc"; cat "$tmp/e8"; }
+"$LOOM" run -n 2 --max-np 2 true 2>/dev/null; [ $? = 2 ] && ok "--max-np without a hostfile: usage error" || bad "--max-np without hosts"
+# The hostfile shrinks below --min-np: the job ends with the failure.
+printf 'localhost slots=2\n' >"$tmp/hosts"
+"$LOOM" run --hostfile "$tmp/hosts" --min-np 2 --max-restarts 1 --restart-delay 1 "$FAKE" --fault 1:2:exit "$marker" 2>"$tmp/e9" &
+job=$!
+for _ in $(seq 200); do grep -q "restart 1 of 1" "$tmp/e9" && break; sleep 0.05; done
+printf 'localhost slots=1\n' >"$tmp/hosts"
+wait $job; rc=$?
+[ $rc = 3 ] && grep -q "offers 1 slot(s), fewer than --min-np 2; not starting" "$tmp/e9" \
+  && ok "elastic: too few slots at restart ends the job with the rank's code" || { bad "elastic below min: rc $rc"; cat "$tmp/e9"; }
+no_leftovers "elastic below min"
+
+# One rank, no MPI: the same supervision.
+"$LOOM" run -n 1 "$FAKE" --fault 0:2:segv "$marker" 2>"$tmp/e10"; rc=$?
+[ $rc = 139 ] && grep -q "^loom run: rank 0 (host $host, pid [0-9]*) died from signal 11 (SIGSEGV) after step 2 (fault injected: segv at step 2)$" "$tmp/e10" \
+  && ok "-n 1: segv line" || { bad "-n 1 segv: rc $rc"; cat "$tmp/e10"; }
+
+# The run status directories are gone.
+runs_after=$(ls -d "${TMPDIR:-/tmp}"/loom-run-* 2>/dev/null | wc -l)
+[ "$runs_after" -le "$runs_before" ] && ok "no loom-run-* directory left" || bad "loom-run-* directories left: $runs_before -> $runs_after"
+
+echo "$n_ok passed, $n_bad failed"
+exit $fail
