@@ -285,6 +285,21 @@ void loom_loader_get_state(const loom_loader *l, loom_loader_state *st);
  * have seen. Batches already returned become invalid. */
 loom_status loom_loader_set_state(loom_loader *l, const loom_loader_state *st);
 int64_t loom_loader_batches_per_epoch(const loom_loader *l);
+/* Continues at sample `sample` of `epoch`: samples of it consumed by all
+ * ranks together (as loom_ckpt_data_pos.sample). When that is not a whole
+ * number of this loader's global batches (a run resumed with another world
+ * size), the rest of that epoch is cut into global batches from there, the
+ * last one following the tail rule, so no sample of the epoch is skipped or
+ * repeated; later epochs are as usual. */
+loom_status loom_loader_seek(loom_loader *l, int64_t epoch, int64_t sample);
+/* Samples of its epoch before the next batch (all ranks): what to save. */
+int64_t loom_loader_sample(const loom_loader *l);
+/* Global batches of `epoch` (batches_per_epoch, except in an epoch a seek
+ * entered mid-batch), and where global batch `batch` of it starts in the
+ * epoch's order of samples. */
+int64_t loom_loader_epoch_batches(const loom_loader *l, int64_t epoch);
+int64_t loom_loader_batch_first(const loom_loader *l, int64_t epoch,
+                                int64_t batch);
 /* Seconds callers of loom_loader_next waited in total, and batches served. */
 double loom_loader_wait_total(const loom_loader *l);
 int64_t loom_loader_served(const loom_loader *l);

@@ -116,6 +116,44 @@ void loom_trainer_request_stop(void);
 /* mkdir -p */
 loom_status loom_mkdirs(const char *path);
 
+/* ------------------------------------------------------ fault injection */
+
+/* LOOM_FAULT=RANK:STEP:KIND[:ARG][,...] makes the trainer of rank RANK
+ * misbehave right after completing optimizer step STEP (before that step's
+ * checkpoint), for tests and demos of recovery. Armed only in a job's first
+ * attempt (LOOM_RESTART_COUNT unset or 0), so a restarted job gets through.
+ * docs/training.md, "Faults". */
+#define LOOM_FAULT_KIND_LIST(X)                                                \
+  X(LOOM_FAULT_EXIT, "exit")       /* exit with code ARG (default 1) */        \
+  X(LOOM_FAULT_SEGV, "segv")       /* a real SIGSEGV */                        \
+  X(LOOM_FAULT_HANG, "hang")       /* stop participating, forever */           \
+  X(LOOM_FAULT_CORRUPT, "corrupt") /* damage own shard of the next             \
+                                      checkpoint once saved, then exit 1 */    \
+  X(LOOM_FAULT_SLOW, "slow")       /* sleep ARG s (0.2) after every step */
+
+typedef enum {
+#define LOOM_X_ENUM(name, text) name,
+  LOOM_FAULT_KIND_LIST(LOOM_X_ENUM)
+#undef LOOM_X_ENUM
+      LOOM_FAULT_KIND_COUNT
+} loom_fault_kind;
+
+const char *loom_fault_kind_name(loom_fault_kind k);
+
+typedef struct loom_fault {
+  int rank;
+  int64_t step; /* fires after this step (>= 1) */
+  loom_fault_kind kind;
+  double arg; /* exit code (exit), seconds (slow); 0 for the others */
+} loom_fault;
+
+#define LOOM_FAULT_MAX 16
+
+/* Parses a LOOM_FAULT value into at most `max` faults (*n of them);
+ * LOOM_ERR_CONFIG naming the bad item. An empty string is no fault. */
+loom_status loom_fault_parse(const char *spec, loom_fault *faults, int max,
+                             int *n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -50,6 +50,12 @@ loom_status loom_tokens_fill(const loom_dataset *ds, int64_t epoch,
                              const int64_t *idx, int64_t n, loom_batch *b);
 /* The window offset of `epoch` for a token set, in [0, T). */
 int64_t loom_tokens_epoch_offset(const loom_dataset *ds, int64_t epoch);
+/* An epoch entered mid-batch (loom_loader_seek): global batches of GB cut
+ * from entry `start` of the epoch list, the last following the tail rule.
+ * Their number, and this rank's rows of batch b. */
+int64_t loom_sampler_batches_from(const loom_sampler *s, int64_t start);
+loom_status loom_sampler_batch_from(const loom_sampler *s, int64_t start,
+                                    int64_t b, int64_t *idx, int64_t *count);
 /* A copy of s made with loom_malloc (NULL + LOOM_ERR_NOMEM on failure). */
 char *loom_data_strdup(const char *s);
 /* mkdir -p of the directory part of `path` (nothing when it has none). */

@@ -33,6 +33,9 @@ struct loom_loader {
   bool running;
   pthread_t thread;
   loom_loader_state prod; /* the worker's next position */
+  /* An epoch a seek entered mid-batch: its batches start at sample
+   * `start` (-1: none). Changed only while the worker is stopped. */
+  int64_t start_epoch, start;
 
   /* caller side */
   loom_loader_state next; /* position of the next batch returned */
@@ -49,8 +52,15 @@ loom_loader_opts loom_loader_opts_default(void) {
   return o;
 }
 
+/* Global batches of `epoch`: nb, but for an epoch entered mid-batch. */
+static int64_t epoch_nb(const loom_loader *l, int64_t epoch) {
+  return epoch == l->start_epoch
+             ? loom_sampler_batches_from(l->sampler, l->start)
+             : l->nb;
+}
+
 static void advance(const loom_loader *l, loom_loader_state *p) {
-  if (++p->batch >= l->nb) {
+  if (++p->batch >= epoch_nb(l, p->epoch)) {
     p->batch = 0;
     p->epoch++;
   }
@@ -61,7 +71,10 @@ static void advance(const loom_loader *l, loom_loader_state *p) {
 static void produce(loom_loader *l, slot *s, loom_loader_state pos) {
   int64_t count = 0;
   loom_status st = loom_sampler_set_epoch(l->sampler, pos.epoch);
-  if (st == LOOM_OK)
+  if (st == LOOM_OK && pos.epoch == l->start_epoch)
+    st = loom_sampler_batch_from(l->sampler, l->start, pos.batch, l->scratch,
+                                 &count);
+  else if (st == LOOM_OK)
     st = loom_sampler_batch(l->sampler, pos.batch, l->scratch, &count);
   if (st == LOOM_OK)
     st = loom_dataset_fill(l->ds, pos.epoch, l->scratch, count, &s->b);
@@ -73,7 +86,7 @@ static void produce(loom_loader *l, slot *s, loom_loader_state pos) {
   }
   s->b.epoch = pos.epoch;
   s->b.index = pos.batch;
-  s->b.last_in_epoch = pos.batch == l->nb - 1;
+  s->b.last_in_epoch = pos.batch == epoch_nb(l, pos.epoch) - 1;
   s->b.wait_s = 0.0;
 }
 
@@ -153,6 +166,7 @@ loom_status loom_loader_new(loom_loader **out, const loom_dataset *ds,
   LOOM_TRY_GOTO(st, loom_sampler_new(&l->sampler, ds->len, &o.sampler), fail);
   l->nb = loom_sampler_num_batches(l->sampler);
   l->gb = o.sampler.batch * o.sampler.world;
+  l->start_epoch = -1;
   l->nslots = o.prefetch + 1;
   l->slots = loom_calloc((size_t)l->nslots, sizeof *l->slots);
   l->scratch = loom_calloc((size_t)o.sampler.batch, sizeof *l->scratch);
@@ -294,9 +308,56 @@ loom_status loom_loader_set_state(loom_loader *l, const loom_loader_state *st) {
   }
   stop_worker(l);
   l->next = pos;
+  l->start_epoch = -1;
   l->failed = LOOM_OK;
   l->failed_msg[0] = '\0';
   return start_worker(l);
+}
+
+loom_status loom_loader_seek(loom_loader *l, int64_t epoch, int64_t sample) {
+  if (!l)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_loader_seek: NULL loader");
+  int64_t n = l->ds->len;
+  if (epoch < 0 || sample < 0 || sample > n)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loader: sample %lld of epoch %lld is outside the %lld "
+                      "samples of an epoch",
+                      (long long)sample, (long long)epoch, (long long)n);
+  loom_loader_state pos = {epoch, 0, l->gb};
+  int64_t start_epoch = -1;
+  if (sample % l->gb == 0) {
+    pos.batch = sample / l->gb;
+  } else if (loom_sampler_batches_from(l->sampler, sample) > 0) {
+    /* Saved with another global batch: the rest of this epoch is cut into
+     * ours from that sample on, so none is skipped or repeated. */
+    start_epoch = epoch;
+  } else {
+    pos.batch = l->nb; /* too little left for a batch: the epoch is over */
+  }
+  if (pos.batch >= l->nb) {
+    pos.epoch++;
+    pos.batch = 0;
+  }
+  stop_worker(l);
+  l->next = pos;
+  l->start_epoch = start_epoch;
+  l->start = start_epoch >= 0 ? sample : 0;
+  l->failed = LOOM_OK;
+  l->failed_msg[0] = '\0';
+  return start_worker(l);
+}
+
+int64_t loom_loader_batch_first(const loom_loader *l, int64_t epoch,
+                                int64_t batch) {
+  return (epoch == l->start_epoch ? l->start : 0) + batch * l->gb;
+}
+
+int64_t loom_loader_sample(const loom_loader *l) {
+  return loom_loader_batch_first(l, l->next.epoch, l->next.batch);
+}
+
+int64_t loom_loader_epoch_batches(const loom_loader *l, int64_t epoch) {
+  return epoch_nb(l, epoch);
 }
 
 int64_t loom_loader_batches_per_epoch(const loom_loader *l) { return l->nb; }

@@ -163,12 +163,12 @@ int64_t loom_sampler_epoch(const loom_sampler *s) { return s->epoch; }
 
 int64_t loom_sampler_num_batches(const loom_sampler *s) { return s->nb; }
 
-/* Entries [lo, hi) of the epoch list L, clipped to what the tail rule
- * uses; padding repeats the order from its start. */
+/* Entries [lo, hi) of the epoch list L, clipped to `limit` (what the tail
+ * rule uses); padding repeats the order from its start. */
 static int64_t copy_range(const loom_sampler *s, int64_t lo, int64_t hi,
-                          int64_t *idx) {
-  if (hi > s->limit)
-    hi = s->limit;
+                          int64_t limit, int64_t *idx) {
+  if (hi > limit)
+    hi = limit;
   int64_t k = 0;
   for (int64_t i = lo; i < hi; i++)
     idx[k++] = s->perm[i < s->n ? i : (i - s->n) % s->n];
@@ -182,7 +182,30 @@ loom_status loom_sampler_batch(const loom_sampler *s, int64_t b, int64_t *idx,
                       "sampler: batch %lld out of range [0, %lld)",
                       (long long)b, s ? (long long)s->nb : 0LL);
   int64_t lo = b * s->gb + (int64_t)s->o.rank * s->o.batch;
-  *count = lo < s->limit ? copy_range(s, lo, lo + s->o.batch, idx) : 0;
+  *count =
+      lo < s->limit ? copy_range(s, lo, lo + s->o.batch, s->limit, idx) : 0;
+  return LOOM_OK;
+}
+
+int64_t loom_sampler_batches_from(const loom_sampler *s, int64_t start) {
+  int64_t left = s->n - start;
+  if (left <= 0)
+    return 0;
+  return s->o.tail == LOOM_TAIL_DROP ? left / s->gb
+                                     : (left + s->gb - 1) / s->gb;
+}
+
+loom_status loom_sampler_batch_from(const loom_sampler *s, int64_t start,
+                                    int64_t b, int64_t *idx, int64_t *count) {
+  int64_t nb = loom_sampler_batches_from(s, start);
+  if (b < 0 || b >= nb)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "sampler: batch %lld out of range [0, %lld) of an "
+                      "epoch entered at sample %lld",
+                      (long long)b, (long long)nb, (long long)start);
+  int64_t limit = s->o.tail == LOOM_TAIL_PARTIAL ? s->n : start + nb * s->gb;
+  int64_t lo = start + b * s->gb + (int64_t)s->o.rank * s->o.batch;
+  *count = lo < limit ? copy_range(s, lo, lo + s->o.batch, limit, idx) : 0;
   return LOOM_OK;
 }
 
@@ -192,6 +215,6 @@ loom_status loom_sampler_global_batch(const loom_sampler *s, int64_t b,
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "sampler: batch %lld out of range [0, %lld)",
                       (long long)b, s ? (long long)s->nb : 0LL);
-  *count = copy_range(s, b * s->gb, (b + 1) * s->gb, idx);
+  *count = copy_range(s, b * s->gb, (b + 1) * s->gb, s->limit, idx);
   return LOOM_OK;
 }

@@ -349,6 +349,7 @@ static loom_status make_ddp(loom_trainer *t) {
 
 /* Everything a rank builds on its own (no collective). */
 static loom_status setup_local(loom_trainer *t) {
+  LOOM_TRY(loom_train_fault_init(t));
   LOOM_TRY(open_data(t));
   LOOM_TRY(build_model(t));
   LOOM_TRY(loom_xent_new(&t->xent));
@@ -371,7 +372,8 @@ static loom_status setup_local(loom_trainer *t) {
     int64_t d[4] = {rows, info.C, info.H, info.W};
     in = loom_shape_make(LOOM_F32, 4, d);
   }
-  return loom_model_plan(t->model, &in);
+  LOOM_TRY(loom_model_plan(t->model, &in));
+  return loom_train_ckpt_prepare(t);
 }
 
 loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
@@ -395,13 +397,16 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   /* Every rank gets through its own setup (a rank without the data fails
    * here) before the first collective, and all learn whether all did. */
   s = open_world(t);
-  if (s == LOOM_OK)
+  if (s == LOOM_OK) {
+    loom_runstat_phase(LOOM_RUNSTAT_COMM_READY);
     s = setup_local(t);
+  }
   LOOM_TRY_GOTO(s, loom_train_agree(t, s, "setting up"), fail);
   if (t->units > 1 || cfg->parallel.deterministic ||
       cfg->parallel.strategy == LOOM_CFG_STRATEGY_DDP)
     LOOM_TRY_GOTO(s, make_ddp(t), fail);
   LOOM_TRY_GOTO(s, loom_train_ckpt_resume(t), fail);
+  loom_runstat_phase(LOOM_RUNSTAT_LOADED);
   *out = t;
   return LOOM_OK;
 fail:
@@ -416,6 +421,7 @@ void loom_trainer_free(loom_trainer *t) {
     loom_ckpt_writer_wait(t->pending);
     loom_ckpt_writer_free(t->pending);
   }
+  loom_free(t->snap); /* the write thread read it until the wait above */
   loom_ddp_free(t->ddp);
   loom_progress_free(t->progress);
   loom_metrics_close(t->metrics);
@@ -431,11 +437,13 @@ void loom_trainer_free(loom_trainer *t) {
 
 /* ------------------------------------------------------------- the loop */
 
-/* Rows of global micro-batch `idx` of an epoch, every rank's together. */
-static int64_t global_rows(const loom_trainer *t, int64_t idx) {
+/* Rows of global micro-batch `batch` of `epoch`, every rank's together. */
+static int64_t global_rows(const loom_trainer *t, int64_t epoch,
+                           int64_t batch) {
   int64_t gb = t->batch * t->nranks;
   if (t->cfg.data.tail == LOOM_CFG_TAIL_PARTIAL) {
-    int64_t left = t->train_len - idx * gb;
+    int64_t left =
+        t->train_len - loom_loader_batch_first(t->train_loader, epoch, batch);
     return left < gb ? left : gb;
   }
   return gb;
@@ -450,8 +458,9 @@ static loom_status forward_rows(loom_trainer *t, const loom_batch *b,
    * size. */
   int64_t nb = loom_loader_batches_per_epoch(t->train_loader);
   int64_t gb = b->capacity * t->nranks;
+  int64_t first = loom_loader_batch_first(t->train_loader, b->epoch, b->index);
   uint64_t base =
-      (uint64_t)((b->epoch * nb + b->index) * gb + t->rank * b->capacity + lo);
+      (uint64_t)(b->epoch * nb * gb + first + t->rank * b->capacity + lo);
   loom_model_set_step(t->model, (uint64_t)t->step, base);
   loom_tensor x = b->x;
   const int32_t *y = (const int32_t *)b->y.data;
@@ -491,10 +500,14 @@ static loom_status step_micro(loom_trainer *t, double *sums,
   int64_t R = t->cfg.train.batch_size; /* rows of a virtual shard */
   loom_loader_state ls;
   loom_loader_get_state(t->train_loader, &ls);
-  int64_t nb = loom_loader_batches_per_epoch(t->train_loader);
   int64_t total = 0;
-  for (int64_t m = 0; m < t->accumulate; m++)
-    total += global_rows(t, (ls.batch + m) % nb);
+  for (int64_t m = 0; m < t->accumulate; m++) {
+    total += global_rows(t, ls.epoch, ls.batch);
+    if (++ls.batch >= loom_loader_epoch_batches(t->train_loader, ls.epoch)) {
+      ls.epoch++;
+      ls.batch = 0;
+    }
+  }
   bool posted = false;
   for (int64_t m = 0; m < t->accumulate; m++) {
     const loom_batch *b;
@@ -731,6 +744,7 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
   }
   if (t->ddp)
     loom_ddp_reset_stats(t->ddp);
+  loom_runstat_phase(LOOM_RUNSTAT_TRAINING);
 
   while (t->step < t->total_steps) {
     loom_step_times tm = {0};
@@ -753,6 +767,7 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
       g[SUM_STOP] = stop_requested ? 1 : 0;
     }
     t->step++;
+    loom_runstat_step(t->step);
     tm.total = loom_time_now() - ts;
     double loss = g[SUM_COUNT] > 0 ? g[SUM_LOSS] / g[SUM_COUNT] : 0;
     double acc = g[SUM_COUNT] > 0 ? g[SUM_CORRECT] / g[SUM_COUNT] : 0;
@@ -809,6 +824,9 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
                            loom_ddp_hidden_share(&ds));
         }
         loom_metrics_num(t->metrics, "optim_s", win.optim / w);
+        /* Not per step: what the saves since the last line took, whole. */
+        if (win.ckpt > 0)
+          loom_metrics_num(t->metrics, "ckpt_s", win.ckpt);
         if (cfg->optim.grad_clip > 0)
           loom_metrics_num(t->metrics, "grad_norm", gnorm);
         LOOM_TRY_GOTO(s, loom_metrics_end(t->metrics), out);
@@ -823,18 +841,25 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
     if ((cfg->train.eval_every > 0 && t->step % cfg->train.eval_every == 0) ||
         last)
       LOOM_TRY_GOTO(s, log_eval(t, res, last), out);
+    /* Injected faults land after the step, before its checkpoint. */
+    if (t->n_faults > 0)
+      loom_train_fault_after_step(t);
     /* A stop seen by any rank stops all at this same step. */
     bool stop = g[SUM_STOP] > 0 || (stop_at > 0 && t->step >= stop_at);
     if ((cfg->checkpoint.enabled && cfg->checkpoint.every > 0 &&
          t->step % cfg->checkpoint.every == 0) ||
-        last || stop)
+        last || stop) {
+      double t0 = loom_time_now();
       LOOM_TRY_GOTO(s, loom_train_ckpt_save(t), out);
+      win.ckpt += loom_time_now() - t0;
+    }
     if (stop && !last) {
       res->interrupted = true;
       break;
     }
   }
   LOOM_TRY_GOTO(s, loom_train_ckpt_finish(t), out);
+  loom_runstat_phase(LOOM_RUNSTAT_DONE);
   res->steps = t->step;
   res->seconds = loom_time_now() - t_start;
   res->throughput =

@@ -42,7 +42,7 @@ static loom_status fill_meta(loom_trainer *t, loom_ckpt_meta *meta) {
   loom_loader_get_state(t->train_loader, &ls);
   meta->data.epoch = ls.epoch;
   meta->data.batch = ls.batch;
-  meta->data.sample = ls.batch * ls.global_batch;
+  meta->data.sample = loom_loader_sample(t->train_loader);
   return LOOM_OK;
 }
 
@@ -78,6 +78,13 @@ static loom_status outcome(loom_trainer *t, loom_status st, int64_t step) {
                             (long long)step);
 }
 
+/* A save of `step` concluded with st on every rank. */
+static loom_status saved(loom_trainer *t, loom_status st, int64_t step) {
+  if (st == LOOM_OK && t->n_faults > 0)
+    loom_train_fault_after_save(t, step);
+  return outcome(t, st, step);
+}
+
 /* Completes an async save: on one rank the writer's thread commits; on
  * several, every rank waits for its write and they conclude together. */
 static loom_status finish_pending(loom_trainer *t) {
@@ -93,11 +100,49 @@ static loom_status finish_pending(loom_trainer *t) {
       st = loom_ckpt_writer_wait(w);
       loom_ckpt_writer_free(w);
     }
-    return outcome(t, st, step);
+    return saved(t, st, step);
   }
   if (st == LOOM_OK && w)
     st = loom_ckpt_writer_wait(w);
-  return outcome(t, conclude(t, w, st), step);
+  return saved(t, conclude(t, w, st), step);
+}
+
+/* This rank's slice [lo, hi) of the replicated flat buffers: P contiguous
+ * slices, one per rank. */
+static void my_slice(const loom_trainer *t, int64_t *lo, int64_t *hi) {
+  int64_t n = loom_model_num_params(t->model);
+  *lo = n * t->rank / t->nranks;
+  *hi = n * (t->rank + 1) / t->nranks;
+}
+
+loom_status loom_train_ckpt_prepare(loom_trainer *t) {
+  const loom_config_checkpoint *cc = &t->cfg.checkpoint;
+  if (!cc->enabled || !cc->dir[0] || !cc->async || t->snap)
+    return LOOM_OK;
+  int64_t lo, hi;
+  my_slice(t, &lo, &hi);
+  int64_t n = (hi - lo) * (1 + loom_optim_state_count(t->optim));
+  t->snap = loom_malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+  if (!t->snap)
+    return loom_error_context(LOOM_ERR_NOMEM,
+                              "checkpoint.async: a copy of the state");
+  /* Fault the pages in now, not at the first save. */
+  memset(t->snap, 0, (size_t)n * sizeof(float));
+  t->snap_n = n;
+  return LOOM_OK;
+}
+
+/* What a save hands the writer: the live buffer, or with async saves its
+ * copy in the snapshot at `*off` (the write thread reads it until the save
+ * is concluded, which comes before the next save overwrites it). */
+static const float *stage(loom_trainer *t, const float *src, int64_t count,
+                          int64_t *off) {
+  if (!t->cfg.checkpoint.async)
+    return src;
+  float *dst = t->snap + *off;
+  memcpy(dst, src, (size_t)count * sizeof(float));
+  *off += count;
+  return dst;
 }
 
 loom_status loom_train_ckpt_save(loom_trainer *t) {
@@ -111,17 +156,19 @@ loom_status loom_train_ckpt_save(loom_trainer *t) {
   wo.rank = t->rank;
   wo.world = t->nranks;
   wo.keep = (int)cc->keep;
-  wo.copy = cc->async;
   loom_ckpt_writer *w = NULL;
   loom_ckpt_meta meta;
   int64_t n = loom_model_num_params(t->model);
-  /* Replicated buffers are cut in P contiguous slices, one per rank. */
-  int64_t lo = n * t->rank / t->nranks, hi = n * (t->rank + 1) / t->nranks;
+  int64_t lo, hi, off = 0;
+  my_slice(t, &lo, &hi);
   loom_status s;
+  if (cc->async && !t->snap)
+    LOOM_TRY_GOTO(s, loom_train_ckpt_prepare(t), done);
   LOOM_TRY_GOTO(s, loom_ckpt_writer_new(&w, cc->dir, t->step, &wo), done);
   LOOM_TRY_GOTO(s,
-                loom_ckpt_writer_add(w, "params", LOOM_F32, n, lo, hi,
-                                     loom_model_params(t->model) + lo),
+                loom_ckpt_writer_add(
+                    w, "params", LOOM_F32, n, lo, hi,
+                    stage(t, loom_model_params(t->model) + lo, hi - lo, &off)),
                 done);
   for (int i = 0; i < loom_optim_state_count(t->optim); i++) {
     loom_optim_state st;
@@ -129,8 +176,9 @@ loom_status loom_train_ckpt_save(loom_trainer *t) {
     LOOM_TRY_GOTO(s, loom_optim_state_get(t->optim, i, &st), done);
     state_buffer_name(name, sizeof name, st.name);
     LOOM_TRY_GOTO(s,
-                  loom_ckpt_writer_add(w, name, LOOM_F32, n, lo, hi,
-                                       st.data + (lo - st.begin)),
+                  loom_ckpt_writer_add(
+                      w, name, LOOM_F32, n, lo, hi,
+                      stage(t, st.data + (lo - st.begin), hi - lo, &off)),
                   done);
   }
   LOOM_TRY_GOTO(s, fill_meta(t, &meta), done);
@@ -155,7 +203,7 @@ done:
     t->pending_active = true;
     return LOOM_OK;
   }
-  s = outcome(t, conclude(t, w, s), t->step);
+  s = saved(t, conclude(t, w, s), t->step);
   t->ckpt_seconds += loom_time_now() - t0;
   return s;
 }
@@ -192,14 +240,9 @@ static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
   }
   LOOM_TRY(loom_optim_set_step(t->optim, meta->optimizer_step));
   t->step = meta->step;
-  loom_loader_state ls;
-  loom_loader_get_state(t->train_loader, &ls);
-  int64_t gb = ls.global_batch;
-  ls.epoch = meta->data.epoch;
-  ls.batch = meta->data.batch;
-  ls.global_batch =
-      meta->data.batch > 0 ? meta->data.sample / meta->data.batch : gb;
-  LOOM_TRY(loom_loader_set_state(t->train_loader, &ls));
+  /* The data position in samples: exact at any world size. */
+  LOOM_TRY(
+      loom_loader_seek(t->train_loader, meta->data.epoch, meta->data.sample));
   if (meta->config_hash != loom_config_hash(&t->cfg) && t->rank == 0)
     LOOM_WARN("%s was saved with a different config; resuming with the "
               "current one",
@@ -259,10 +302,13 @@ loom_status loom_train_ckpt_resume(loom_trainer *t) {
   loom_status s = restore(t, c);
   s = loom_train_agree(t, s, "resuming");
   if (s == LOOM_OK && t->rank == 0 && !t->opts.quiet)
-    LOOM_INFO("resuming from %s (step %lld, written by %d rank%s)",
+    LOOM_INFO("resuming from %s (step %lld, written by %d rank%s; data: "
+              "epoch %lld from sample %lld)",
               loom_ckpt_path(c), (long long)t->step,
               loom_ckpt_get_meta(c)->world_size,
-              loom_ckpt_get_meta(c)->world_size == 1 ? "" : "s");
+              loom_ckpt_get_meta(c)->world_size == 1 ? "" : "s",
+              (long long)loom_ckpt_get_meta(c)->data.epoch,
+              (long long)loom_ckpt_get_meta(c)->data.sample);
   loom_ckpt_close(c);
   if (s != LOOM_OK)
     return loom_error_context(s, "resuming");

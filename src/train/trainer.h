@@ -17,6 +17,7 @@
  * communication thread's time on them (hidden = reduce - comm_wait). */
 typedef struct loom_step_times {
   double data, forward, backward, comm_wait, optim, reduce, total;
+  double ckpt; /* saving checkpoints at step boundaries */
 } loom_step_times;
 
 /* What every rank sums each step: loss, rows, correct rows, stop request. */
@@ -45,6 +46,11 @@ struct loom_trainer {
   loom_status pending_status; /* how its start went on this rank */
   int64_t pending_step;
   double ckpt_seconds; /* step time spent saving, in total */
+  /* Async saves copy this rank's share of the state here, (K, hi - lo) for
+   * params and each optimizer state: one allocation, touched once, reused,
+   * so a save costs a memcpy and no page faults. */
+  float *snap;
+  int64_t snap_n;
   double loss_window_sum;
   int64_t loss_window_n;
   double acc_window_sum; /* train accuracy (classification) */
@@ -57,6 +63,12 @@ struct loom_trainer {
   int64_t shard_rows; /* rows of a virtual shard (deterministic) */
   int units;          /* reduction units: ranks, or virtual shards */
   int64_t train_len;  /* samples in the training set */
+
+  /* Fault injection (LOOM_FAULT): this rank's faults, armed in a job's
+   * first attempt only. */
+  loom_fault faults[LOOM_FAULT_MAX];
+  int n_faults;
+  bool slow_noted; /* the slow fault was announced */
 };
 
 /* This process's rank and the world size (0 and 1 before a trainer is
@@ -75,9 +87,19 @@ loom_status loom_train_agree(loom_trainer *t, loom_status mine,
 /* Restores the state from a checkpoint as opts.resume says (a no-op for
  * "never" or when "auto" finds none). Collective. */
 loom_status loom_train_ckpt_resume(loom_trainer *t);
+/* Makes what saves need before the loop (the async snapshot). */
+loom_status loom_train_ckpt_prepare(loom_trainer *t);
 /* Saves the state after step t->step into checkpoint.dir. Collective. */
 loom_status loom_train_ckpt_save(loom_trainer *t);
 /* Waits for an async save in flight; its status. Collective. */
 loom_status loom_train_ckpt_finish(loom_trainer *t);
+
+/* Reads LOOM_FAULT and LOOM_RESTART_COUNT: keeps this rank's faults when
+ * armed; LOOM_ERR_CONFIG on a value that does not parse. */
+loom_status loom_train_fault_init(loom_trainer *t);
+/* After step t->step: exit, segv, hang or slow as asked. */
+void loom_train_fault_after_step(loom_trainer *t);
+/* After the checkpoint of `step` was committed: the corrupt fault. */
+void loom_train_fault_after_save(loom_trainer *t, int64_t step);
 
 #endif

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# LOOM_FAULT on rank 1 of 2, between checkpoints, under loom run: with
+# --max-restarts 2 each kind (exit, segv, hang, corrupt, slow) ends in a
+# finished job whose state equals the uninterrupted run's bit for bit, with
+# nothing left running; with --max-restarts 0 the job fails with the rank's
+# status. A LOOM_FAULT that does not parse is a clear error at the start.
+source "$(dirname "$0")/lib.sh"
+
+# -- a bad LOOM_FAULT: exit code 2 and one line naming the item, at once.
+for spec in "1:x:segv|step 'x' is not a step number" \
+  "1:5:melt|unknown kind 'melt'" "1:5|expected RANK:STEP:KIND" \
+  "0:5:exit:0|exit code '0' is not in 1..255" \
+  "0:5:segv:2|kind 'segv' takes no argument" \
+  "1:5:exit|rank 1 does not exist in a job of 1 rank"; do
+  LOOM_FAULT=${spec%%|*} "$LOOM" train "${job[@]}" --set "log.run_dir=$tmp/bad" \
+    >"$tmp/out" 2>&1
+  rc=$?
+  [ $rc = 2 ] && has "LOOM_FAULT: .*${spec#*|}" && [ ! -d "$tmp/bad/ckpt" ] &&
+    ok "LOOM_FAULT=${spec%%|*}: rc 2, '${spec#*|}'" ||
+    { bad "LOOM_FAULT=${spec%%|*}: rc $rc"; cat "$tmp/out"; }
+done
+# Not armed after a restart.
+LOOM_RESTART_COUNT=1 LOOM_FAULT=0:3:exit:9 "$LOOM" train "${job[@]}" \
+  --set train.steps=5 --set "log.run_dir=$tmp/restarted" >"$tmp/out" 2>&1
+rc=$?
+[ $rc = 0 ] && ! has "fault injected" && ok "LOOM_RESTART_COUNT=1: not armed" ||
+  { bad "LOOM_RESTART_COUNT=1: rc $rc"; cat "$tmp/out"; }
+
+# -- the uninterrupted run.
+run 2 "$tmp/ref"
+ref=$(digest "$tmp/ref/ckpt")
+[ $rc = 0 ] && [[ $ref == "step 30 "* ]] && ok "uninterrupted: $ref (${secs} s)" ||
+  { bad "uninterrupted run: rc $rc, $ref"; cat "$tmp/out"; }
+
+# -- each kind under --max-restarts 2.
+for spec in 1:14:exit:3 1:14:segv 1:14:hang 1:14:corrupt 1:24:slow:0.1; do
+  kind=$(echo "$spec" | cut -d: -f3)
+  dir="$tmp/k_$kind"
+  to=$LOOM_COMM_TIMEOUT
+  [ "$kind" = hang ] && to=2
+  # segv under ASan: the kernel's signal, not ASan's report of it.
+  ao=$ASAN_OPTIONS
+  [ "$kind" = segv ] && ao="$ao:handle_segv=0"
+  LOOM_FAULT=$spec LOOM_COMM_TIMEOUT=$to ASAN_OPTIONS=$ao \
+    run 2 "$dir" --max-restarts 2 --restart-delay 0
+  d=$(digest "$dir/ckpt")
+  why=""
+  [ $rc = 0 ] || why="$why rc $rc;"
+  has "fault injected: $kind" || why="$why no 'fault injected: $kind';"
+  if [ "$kind" = slow ]; then
+    has "restart" && why="$why restarted;"
+  else
+    has "restart 1 of 2" || why="$why no restart;"
+    has "restart 2 of 2" && why="$why restarted twice;"
+  fi
+  case $kind in
+  segv) has "signal 11" || why="$why signal 11 not reported;" ;;
+  hang) has "watchdog" || why="$why no watchdog;" ;;
+  corrupt)
+    has "step_00000020 is not usable.*shard_00001.bin.*checksum mismatch" ||
+      why="$why damage not named;"
+    has "using the older checkpoint .*step_00000010" || why="$why no fallback;" ;;
+  esac
+  [[ $d == "step 30 "* ]] && [ "$d" = "$ref" ] || why="$why state '$d' != '$ref';"
+  left_behind "$dir" && why="$why processes left behind;"
+  if [ -z "$why" ]; then
+    ok "$spec, --max-restarts 2: finished, same bits (${secs} s)"
+  else
+    bad "$spec:$why"
+    cat "$tmp/out"
+  fi
+done
+
+# -- --max-restarts 0: the failing rank's status, and a message.
+LOOM_FAULT=1:14:exit:3 run 2 "$tmp/n_exit" --max-restarts 0
+[ $rc = 3 ] && has "fault injected: exit 3 at step 14" && has "[Ee]xit code:? *3" &&
+  ! left_behind "$tmp/n_exit" &&
+  [ "$(digest "$tmp/n_exit/ckpt" | cut -d' ' -f2)" = 10 ] &&
+  ok "exit 3, --max-restarts 0: rc 3, step 10 kept" ||
+  { bad "exit 3, --max-restarts 0: rc $rc"; cat "$tmp/out"; }
+ASAN_OPTIONS="${ASAN_OPTIONS}:handle_segv=0" LOOM_FAULT=1:14:segv \
+  run 2 "$tmp/n_segv" --max-restarts 0
+[ $rc = 139 ] && has "fault injected: segv at step 14" &&
+  has "signal 11|[Ss]egmentation fault|SIGSEGV" && ! left_behind "$tmp/n_segv" &&
+  ok "segv, --max-restarts 0: rc 139" ||
+  { bad "segv, --max-restarts 0: rc $rc"; cat "$tmp/out"; }
+
+finish
