@@ -239,8 +239,10 @@ int loom_run_spawn(char *const *argv, double timeout_s, bool verbose,
     }
     double now = loom_time_now();
     if (watch) {
+      /* A job stopping on a signal or its time limit winds down by itself
+       * (each rank saving its checkpoint): its exits are no failure. */
       if (loom_watch_update(watch, fds + 1, nfds, loom_time_wall(), false) &&
-          fail_at == 0) {
+          fail_at == 0 && !stop_sig && !res->timed_out) {
         /* Stop the rest now rather than wait for the launcher to notice. */
         fail_at = now;
         watch->fail.stopped = loom_watch_stop_others(watch);

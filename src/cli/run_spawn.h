@@ -62,13 +62,15 @@ typedef struct loom_run_watch {
   int n, cap;
   double next_scan;
   bool first_step_told;
+  int ino; /* inotify on dir, -1 not yet, -2 unavailable */
 } loom_run_watch;
 
 struct pollfd;
 void loom_watch_init(loom_run_watch *w);
 void loom_watch_free(loom_run_watch *w);
-/* Pidfds of the live local ranks to poll for POLLIN. */
-int loom_watch_fds(const loom_run_watch *w, struct pollfd *fds, int max);
+/* The fds to poll for POLLIN: an inotify on dir and the pidfds of the live
+ * local ranks. */
+int loom_watch_fds(loom_run_watch *w, struct pollfd *fds, int max);
 /* Takes in what poll saw (and scans for new rank files every 50 ms);
  * returns 1 when a failure was just identified (w->fail). final: the
  * launcher has exited and every process of the attempt is gone. */
@@ -76,7 +78,8 @@ int loom_watch_update(loom_run_watch *w, const struct pollfd *fds, int nfds,
                       double now, bool final);
 /* Whether new rank files or phases are still awaited (poll often). */
 bool loom_watch_scanning(const loom_run_watch *w);
-/* SIGKILLs every live local rank; returns how many. */
+/* SIGKILLs every live local rank (the failing one too, if it said so and
+ * is still there); returns how many. */
 int loom_watch_stop_others(loom_run_watch *w);
 /* Local ranks known and still alive. */
 int loom_watch_alive(const loom_run_watch *w);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -70,6 +71,7 @@ void loom_watch_init(loom_run_watch *w) {
   w->cap = 0;
   w->next_scan = 0;
   w->first_step_told = false;
+  w->ino = -1;
   memset(&w->fail, 0, sizeof w->fail);
   w->fail.rank = -1;
   memset(&w->prog, 0, sizeof w->prog);
@@ -81,6 +83,9 @@ void loom_watch_free(loom_run_watch *w) {
     if (w->ranks[i].pidfd >= 0)
       close(w->ranks[i].pidfd);
   free(w->ranks);
+  if (w->ino >= 0)
+    close(w->ino);
+  w->ino = -1;
   w->ranks = NULL;
   w->n = w->cap = 0;
 }
@@ -192,8 +197,25 @@ int loom_watch_local(const loom_run_watch *w) {
   return n;
 }
 
-int loom_watch_fds(const loom_run_watch *w, struct pollfd *fds, int max) {
+int loom_watch_fds(loom_run_watch *w, struct pollfd *fds, int max) {
   int k = 0;
+  /* Every write to a status file (a step, a phase, an exit code) wakes us:
+   * a rank that says it failed is acted on before it is even gone, which
+   * matters when it hangs on its way out. */
+  if (w->ino < 0 && w->dir && w->dir[0]) {
+    w->ino = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (w->ino >= 0 &&
+        inotify_add_watch(w->ino, w->dir, IN_MODIFY | IN_MOVED_TO) < 0) {
+      close(w->ino);
+      w->ino = -2; /* do without: the periodic scan still reads the files */
+    }
+  }
+  if (w->ino >= 0 && k < max) {
+    fds[k].fd = w->ino;
+    fds[k].events = POLLIN;
+    fds[k].revents = 0;
+    k++;
+  }
   for (int i = 0; i < w->n && k < max; i++)
     if (w->ranks[i].pidfd >= 0) {
       fds[k].fd = w->ranks[i].pidfd;
@@ -304,9 +326,34 @@ int loom_watch_update(loom_run_watch *w, const struct pollfd *fds, int nfds,
       died = true;
     }
   }
+  /* Files written since: refresh those ranks (a new file: scan now). */
+  bool spoke = false, fresh = false;
+  for (int k = 0; k < nfds; k++) {
+    if (w->ino < 0 || fds[k].fd != w->ino || !fds[k].revents)
+      continue;
+    char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+    ssize_t len;
+    while ((len = read(w->ino, buf, sizeof buf)) > 0) {
+      for (char *p = buf; p < buf + len;) {
+        const struct inotify_event *ev = (const struct inotify_event *)p;
+        int rank;
+        char tail;
+        if (ev->len && sscanf(ev->name, "rank-%d%c", &rank, &tail) == 1) {
+          loom_watch_rank *r = find(w, rank);
+          if (!r)
+            fresh = true;
+          else if (!r->dead) {
+            refresh(w, r);
+            spoke = true;
+          }
+        }
+        p += sizeof *ev + ev->len;
+      }
+    }
+  }
   /* On a death, look for files not seen yet at once: the rank that failed
    * first may be one of them. */
-  if (now >= w->next_scan || final || died) {
+  if (now >= w->next_scan || final || died || fresh) {
     if (scan(w, now))
       died = true;
     w->next_scan = now + 0.05;
@@ -315,7 +362,15 @@ int loom_watch_update(loom_run_watch *w, const struct pollfd *fds, int nfds,
         if (!w->ranks[i].dead && w->ranks[i].local)
           refresh(w, &w->ranks[i]);
   }
-  if ((died || final) && !w->fail.found) {
+  /* A live rank that recorded a non-zero exit code or a fatal signal is
+   * failing now. */
+  bool said_failed = false;
+  for (int i = 0; spoke && i < w->n; i++) {
+    const loom_runstat_record *rec = &w->ranks[i].rec;
+    said_failed |= w->ranks[i].local && !w->ranks[i].dead &&
+                   (rec->exit_code > 0 || rec->signal > 0);
+  }
+  if ((died || final || said_failed) && !w->fail.found) {
     /* Who else has spoken: a watchdog rank may not be dead yet. */
     for (int i = 0; i < w->n; i++)
       if (!w->ranks[i].dead && w->ranks[i].local)
@@ -339,7 +394,9 @@ int loom_watch_stop_others(loom_run_watch *w) {
       continue;
     /* SIGKILL: they are stuck in or heading into collectives with a dead
      * peer, and checkpoints are written atomically, so nothing is lost
-     * that a graceful stop would have kept. */
+     * that a graceful stop would have kept. The failing rank itself, when
+     * it said so before leaving, goes too: it has had its say, and may be
+     * hanging on its way out. */
     if (syscall(SYS_pidfd_send_signal, r->pidfd, SIGKILL, NULL, 0) == 0)
       n++;
   }

@@ -7,7 +7,8 @@
  *
  * KIND: exit (code 3), usage (code 2), segv, abort, kill (SIGKILL to
  * itself: no exit record), hang (stops taking part; with --comm the
- * others' watchdog fires). The fault strikes after step STEP completes, on
+ * others' watchdog fires), stuck-exit (records exit code 3, then never
+ * leaves, as a process stuck in its exit handlers). The fault strikes after step STEP completes, on
  * the first start only (LOOM_RESTART_COUNT 0); a restart resumes at S.
  * --comm: an all-reduce per step through loom's comm layer. --pids: each
  * rank writes its pid to DIR/rank-R.pid (for kills from outside). */
@@ -124,6 +125,10 @@ int main(int argc, char **argv) {
         abort();
       } else if (strcmp(f_kind, "kill") == 0) {
         raise(SIGKILL);
+      } else if (strcmp(f_kind, "stuck-exit") == 0) {
+        loom_runstat_exit(3);
+        for (;;)
+          sleep_ms(1000);
       } else if (strcmp(f_kind, "hang") == 0) {
         for (;;)
           sleep_ms(1000);

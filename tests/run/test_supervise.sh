@@ -52,6 +52,15 @@ done
   && ok "report: start, failure, end" || { bad "report events"; cat "$tmp/r1"; }
 no_leftovers "exit"
 
+# 1b. A rank that records its exit code and then never leaves (stuck in its
+#     exit handlers): the record is acted on, the rank killed with the rest.
+t0=$(date +%s)
+"$LOOM" run -n 2 --timeout 60 "$FAKE" --steps 100000 --fault 1:3:stuck-exit "$marker" 2>"$tmp/e1b"; rc=$?
+t1=$(date +%s)
+[ $rc = 3 ] && [ $((t1 - t0)) -lt 30 ] && grep -q "^loom run: rank 1 (host $host, pid [0-9]*) exited with code 3 after step 3" "$tmp/e1b" \
+  && ok "exit recorded, process stuck: rc 3 in $((t1 - t0)) s" || { bad "stuck exit: rc $rc in $((t1 - t0)) s"; cat "$tmp/e1b"; }
+no_leftovers "stuck exit"
+
 # 2. A fatal signal, recorded by the rank's handler.
 "$LOOM" run -n 3 "$FAKE" --fault 2:4:segv "$marker" 2>"$tmp/e2"; rc=$?
 [ $rc = 139 ] && ok "segv: rc 139" || bad "segv: rc $rc"
