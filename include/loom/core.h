@@ -271,6 +271,9 @@ typedef enum {
 
 void loom_runstat_init(void);                 /* idempotent; reads LOOM_RUN_DIR and the rank */
 void loom_runstat_phase(loom_run_phase p);     /* records the phase and its wall-clock time */
+/* A rank of a standby group (loom run sets LOOM_RUN_GATE to a file's path)
+ * waits in loom_runstat_phase(LOOM_RUNSTAT_COMM_READY) until that file
+ * exists, then records the phase again with that time. */
 void loom_runstat_step(int64_t step);          /* a completed step (first one timestamped); one pwrite */
 void loom_runstat_note(const char *what);      /* e.g. "fault injected: segv at step 37", "watchdog: ..." */
 void loom_runstat_exit(int code);              /* the exit code the process is about to return */

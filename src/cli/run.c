@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,6 +74,7 @@ typedef struct run_opts {
   int max_restarts;
   int min_np, max_np; /* elastic bounds (0: none) */
   const char *report; /* JSON lines of the supervision events */
+  int standby;        /* -1 auto, 0 off, 1 on */
   double restart_delay;
   double timeout;
   bool dry_run;
@@ -112,6 +114,12 @@ static void usage(FILE *f) {
           "      --report FILE      write the supervision events (start, "
           "failure, restart,\n"
           "                         recovered, end) as JSON lines\n"
+          "      --standby M        auto, on or off: with restarts left, start "
+          "the next group\n"
+          "                         ahead of a failure, waiting at its "
+          "communication set-up\n"
+          "                         (auto: for loom train with every rank on "
+          "this host)\n"
           "      --timeout S        stop the job after S seconds (exit code "
           "124)\n"
           "      --dry-run          print what would run\n"
@@ -153,6 +161,7 @@ static int parse_secs(const char *s, const char *what, double *out) {
 static int parse_args(int argc, char **argv, run_opts *o) {
   memset(o, 0, sizeof *o);
   o->restart_delay = 1.0;
+  o->standby = -1;
   int i = 1;
   for (; i < argc; i++) {
     const char *a = argv[i];
@@ -217,6 +226,18 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         return -1;
     } else if (strcmp(a, "--report") == 0) {
       o->report = v;
+    } else if (strcmp(a, "--standby") == 0) {
+      if (strcmp(v, "auto") == 0)
+        o->standby = -1;
+      else if (strcmp(v, "on") == 0)
+        o->standby = 1;
+      else if (strcmp(v, "off") == 0)
+        o->standby = 0;
+      else {
+        fprintf(stderr, "loom run: --standby takes auto, on or off, not '%s'\n",
+                v);
+        return -1;
+      }
     } else if (strcmp(a, "--restart-delay") == 0) {
       if (parse_secs(v, "--restart-delay", &o->restart_delay))
         return -1;
@@ -691,8 +712,13 @@ static void describe_failure(const loom_run_result *r, char *buf, size_t n) {
 /* The job's state across attempts: the report file, and the failure that
  * the next attempt recovers from. */
 typedef struct job {
+  const run_opts *o;
+  const char *jobdir;
   FILE *report;
   int attempt;
+  bool standby_ok;      /* the program waits at the gate (loom train) */
+  int standby_attempt;  /* the attempt the standby group was started for */
+  char standby_cmd[8192]; /* its launch command, to compare with a new plan */
   bool recovering;       /* the previous attempt failed; time the recovery */
   loom_run_failure fail; /* that failure (times filled even when no rank was
                             identified: then the launcher's exit) */
@@ -718,10 +744,62 @@ static cJSON *report_event(const char *name, int attempt) {
   return ev;
 }
 
-/* Called when every local rank of a restarted group completed its first
- * step: the recovery, in parts that add up to the total (docs/run.md). */
+static void join_cmd(const argv_buf *cmd, char *out, size_t n) {
+  size_t k = 0;
+  out[0] = '\0';
+  for (int i = 0; i < cmd->n && k < n; i++)
+    k += (size_t)snprintf(out + k, n - k, "%s%s", i ? " " : "", cmd->v[i]);
+}
+
+/* Starts the group of the next attempt now, while this one trains: its
+ * ranks start, set up communication and wait at the gate (LOOM_RUN_GATE,
+ * see loom_runstat_phase), so that a restart skips the launch. */
+static void start_standby(job *jb) {
+  const run_opts *o = jb->o;
+  int next = jb->attempt + 1;
+  char adir[4200], gate[4300];
+  snprintf(adir, sizeof adir, "%s/attempt-%d", jb->jobdir, next);
+  snprintf(gate, sizeof gate, "%s/go", adir);
+  if (mkdir(adir, 0755) != 0 && errno != EEXIST)
+    return;
+  setenv("LOOM_RUN_DIR", adir, 1);
+  setenv("LOOM_RUN_GATE", gate, 1);
+  argv_buf cmd = {0};
+  launcher used;
+  plan_info pi;
+  /* Quietly: a hostfile that does not plan now gets its say at restart. */
+  FILE *saved = stderr;
+  FILE *null = fopen("/dev/null", "w");
+  if (null)
+    stderr = null;
+  int bad = build_plan(o, next, &cmd, &used, &pi);
+  stderr = saved;
+  if (null)
+    fclose(null);
+  if (!bad && pi.local == pi.np && used != LAUNCH_SRUN) {
+    join_cmd(&cmd, jb->standby_cmd, sizeof jb->standby_cmd);
+    pid_t pid = loom_run_start(cmd.v, false);
+    if (pid > 0) {
+      loom_run_standby_set(pid);
+      jb->standby_attempt = next;
+      cJSON *ev = report_event("standby", next);
+      cJSON_AddNumberToObject(ev, "np", pi.np);
+      cJSON_AddNumberToObject(ev, "pid", pid);
+      report_emit(jb, ev);
+    }
+  }
+  unsetenv("LOOM_RUN_GATE");
+  argv_free(&cmd);
+}
+
+/* Called when every local rank of an attempt completed its first step:
+ * after a restart, the recovery, in parts that add up to the total
+ * (docs/run.md); then the standby group for the next failure. */
 static void on_recovered(void *ctx, const loom_run_progress *p) {
   job *jb = ctx;
+  if (jb->standby_ok && jb->attempt < jb->o->max_restarts &&
+      jb->standby_attempt <= jb->attempt)
+    start_standby(jb);
   if (!jb->recovering)
     return;
   jb->recovering = false;
@@ -752,8 +830,12 @@ static void on_recovered(void *ctx, const loom_run_progress *p) {
   cJSON_AddNumberToObject(ev, "t_detect", f->t_detect);
   cJSON_AddNumberToObject(ev, "t_stopped", f->t_stopped);
   cJSON_AddNumberToObject(ev, "t_spawn", p->t_spawn);
+  /* Finer marks for a closer look (0 when the program records none):
+   * the last rank's process started; its training loop began. */
+  cJSON_AddNumberToObject(ev, "t_exec", p->t_exec);
   cJSON_AddNumberToObject(ev, "t_comm_ready", p->t_comm_ready);
   cJSON_AddNumberToObject(ev, "t_loaded", p->t_loaded);
+  cJSON_AddNumberToObject(ev, "t_training", p->t_training);
   cJSON_AddNumberToObject(ev, "t_first_step", p->t_first_step);
   report_emit(jb, ev);
 }
@@ -865,6 +947,15 @@ int loom_cmd_run(int argc, char **argv) {
     return pr > 0 ? LOOM_EXIT_OK : LOOM_EXIT_USAGE;
   job jb;
   memset(&jb, 0, sizeof jb);
+  jb.o = &o;
+  /* A standby group must wait at the gate, which loom train does (through
+   * loom_runstat_phase); any other program would simply run twice. */
+  const char *base = strrchr(o.prog[0], '/');
+  base = base ? base + 1 : o.prog[0];
+  bool is_train = strcmp(base, "loom") == 0 && o.prog[1] &&
+                  strcmp(o.prog[1], "train") == 0;
+  jb.standby_ok = o.max_restarts > 0 &&
+                  (o.standby == 1 || (o.standby == -1 && is_train));
   /* The ranks' status files: a fresh directory per job, one per attempt
    * inside it, all removed at the end. */
   char jobdir[4096] = "";
@@ -887,6 +978,7 @@ int loom_cmd_run(int argc, char **argv) {
       }
     }
   }
+  jb.jobdir = jobdir;
   double t_job = loom_time_now();
   int rc = 0, prev_np = 0;
   /* The supervise loop: start the group, wait, classify, maybe again. */
@@ -902,6 +994,7 @@ int loom_cmd_run(int argc, char **argv) {
     launcher used;
     plan_info pi;
     if (build_plan(&o, attempt, &cmd, &used, &pi)) {
+      loom_run_standby_kill();
       argv_free(&cmd);
       /* A restart that cannot be planned (the hostfile shrank below
        * --min-np) ends the job with the failure it was restarting from. */
@@ -926,12 +1019,25 @@ int loom_cmd_run(int argc, char **argv) {
               "%d slot(s)\n",
               attempt, o.max_restarts, pi.np, prev_np,
               o.hostfile ? "the hostfile" : "--hosts", pi.slots);
+    /* The standby group, when it was started for this attempt with this
+     * very plan (an elastic change of hosts discards it). */
+    bool standby = false;
+    if (attempt > 0 && jb.standby_attempt == attempt &&
+        loom_run_standby_alive()) {
+      char now_cmd[8192];
+      join_cmd(&cmd, now_cmd, sizeof now_cmd);
+      standby = strcmp(now_cmd, jb.standby_cmd) == 0;
+    }
+    if (!standby)
+      loom_run_standby_kill();
     cJSON *ev = report_event(attempt ? "restart" : "start", attempt);
     cJSON_AddNumberToObject(ev, "np", pi.np);
     if (attempt)
       cJSON_AddNumberToObject(ev, "prev_np", prev_np);
     if (pi.slots)
       cJSON_AddNumberToObject(ev, "slots", pi.slots);
+    if (attempt)
+      cJSON_AddBoolToObject(ev, "standby", standby);
     report_emit(&jb, ev);
     prev_np = pi.np;
 
@@ -939,11 +1045,24 @@ int loom_cmd_run(int argc, char **argv) {
     loom_watch_init(&w);
     w.dir = adir;
     w.expect_local = pi.local;
-    w.want_progress = jb.recovering;
+    w.want_progress = jb.recovering || jb.standby_ok;
     w.on_first_step = on_recovered;
     w.ctx = &jb;
     loom_run_result r;
-    int s = loom_run_spawn(cmd.v, o.timeout, o.verbose, &w, &r);
+    int s;
+    if (standby) {
+      /* Open the gate: the group's ranks go on from their communication
+       * set-up; the recovery's "start" begins now. */
+      char gate[4300];
+      snprintf(gate, sizeof gate, "%s/go", adir);
+      w.prog.t_spawn = loom_time_wall();
+      int fd = open(gate, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+      if (fd >= 0)
+        close(fd);
+      s = loom_run_wait(loom_run_standby_take(), o.timeout, &w, &r);
+    } else {
+      s = loom_run_spawn(cmd.v, o.timeout, o.verbose, &w, &r);
+    }
     argv_free(&cmd);
     loom_watch_free(&w);
     remove_dir(adir);
@@ -1012,6 +1131,7 @@ int loom_cmd_run(int argc, char **argv) {
       break;
     }
   }
+  loom_run_standby_kill();
   cJSON *ev = report_event("end", jb.attempt);
   cJSON_AddNumberToObject(ev, "code", rc);
   cJSON_AddNumberToObject(ev, "seconds", loom_time_now() - t_job);

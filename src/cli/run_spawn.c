@@ -131,31 +131,84 @@ static int signal_session(pid_t sid, int sig) {
   return found;
 }
 
+/* The standby group's launcher (see run.c): started ahead of a failure,
+ * in a session of its own, reaped here like any child. */
+static pid_t standby_pid;
+static bool standby_gone;
+
+static void note_reaped(pid_t w) {
+  if (w > 0 && w == standby_pid)
+    standby_gone = true;
+}
+
 /* Reaps exited children (orphans of the job land here: loom run is their
  * subreaper) and says whether any child is still alive. */
 static bool reap_children(void) {
   for (;;) {
     pid_t w = waitpid(-1, NULL, WNOHANG);
-    if (w > 0)
+    if (w > 0) {
+      note_reaped(w);
       continue;
+    }
     return w == 0; /* 0: children alive; -1 (ECHILD): none left */
   }
 }
 
 /* After the launcher exited: whatever it left behind (ranks that escaped
  * mpirun's clean-up, a program's background children) is stopped. As the
- * subreaper, loom run inherits those orphans, so "none left" is one
- * waitpid, not a scan of /proc. */
+ * subreaper, loom run inherits those orphans, so "none left" is usually one
+ * waitpid, not a scan of /proc (with a standby group alive, a scan). */
 static void sweep_session(pid_t sid) {
-  if (!reap_children())
+  if (!reap_children() || !signal_session(sid, 0))
     return;
   signal_session(sid, SIGTERM);
   double end = loom_time_now() + 0.5;
   struct timespec ts = {0, 20 * 1000 * 1000};
-  while ((reap_children() || signal_session(sid, 0)) && loom_time_now() < end)
+  while (signal_session(sid, 0) && loom_time_now() < end) {
+    reap_children();
     nanosleep(&ts, NULL);
+  }
   signal_session(sid, SIGKILL);
   reap_children();
+}
+
+void loom_run_standby_set(pid_t pid) {
+  standby_pid = pid;
+  standby_gone = false;
+}
+
+bool loom_run_standby_alive(void) {
+  if (standby_pid <= 0 || standby_gone)
+    return false;
+  if (waitpid(standby_pid, NULL, WNOHANG) == standby_pid)
+    standby_gone = true;
+  return !standby_gone;
+}
+
+pid_t loom_run_standby_take(void) {
+  pid_t pid = standby_gone ? 0 : standby_pid;
+  standby_pid = 0;
+  standby_gone = false;
+  return pid;
+}
+
+void loom_run_standby_kill(void) {
+  if (standby_pid <= 0)
+    return;
+  pid_t sid = standby_pid;
+  if (!standby_gone)
+    kill(sid, SIGKILL);
+  if (!standby_gone && waitpid(sid, NULL, 0) == sid)
+    standby_gone = true;
+  /* Its ranks, whose launcher can no longer take them down. */
+  double end = loom_time_now() + 2.0;
+  struct timespec ts = {0, 5 * 1000 * 1000};
+  while (signal_session(sid, SIGKILL) && loom_time_now() < end) {
+    reap_children();
+    nanosleep(&ts, NULL);
+  }
+  reap_children();
+  standby_pid = 0;
 }
 
 /* After loom run stopped the ranks of a failed attempt, the launcher should
@@ -164,9 +217,7 @@ static void sweep_session(pid_t sid) {
 #define FAIL_GRACE_S 2.0
 #define MAX_WATCH_FDS 512
 
-int loom_run_spawn(char *const *argv, double timeout_s, bool verbose,
-                   loom_run_watch *watch, loom_run_result *res) {
-  memset(res, 0, sizeof *res);
+pid_t loom_run_start(char *const *argv, bool verbose) {
   install_handlers();
 #ifdef __linux__
   /* Orphans of the job become our children, not PID 1's: they are reaped
@@ -179,9 +230,6 @@ int loom_run_spawn(char *const *argv, double timeout_s, bool verbose,
       fprintf(stderr, " %s", *a);
     fprintf(stderr, "\n");
   }
-  double t0 = loom_time_now();
-  if (watch)
-    watch->prog.t_spawn = loom_time_wall();
   fflush(stdout);
   fflush(stderr);
   pid_t parent = getpid();
@@ -221,7 +269,26 @@ int loom_run_spawn(char *const *argv, double timeout_s, bool verbose,
     fprintf(stderr, "loom run: cannot run %s: %s\n", argv[0], strerror(errno));
     _exit(127);
   }
+  return pid;
+}
 
+int loom_run_spawn(char *const *argv, double timeout_s, bool verbose,
+                   loom_run_watch *watch, loom_run_result *res) {
+  if (watch)
+    watch->prog.t_spawn = loom_time_wall();
+  pid_t pid = loom_run_start(argv, verbose);
+  if (pid < 0) {
+    memset(res, 0, sizeof *res);
+    return -1;
+  }
+  return loom_run_wait(pid, timeout_s, watch, res);
+}
+
+int loom_run_wait(pid_t pid, double timeout_s, loom_run_watch *watch,
+                  loom_run_result *res) {
+  memset(res, 0, sizeof *res);
+  install_handlers();
+  double t0 = loom_time_now();
   int status = 0;
   int forwarded = 0;  /* stop signals forwarded so far */
   double stop_at = 0; /* when we first asked the job to stop */
@@ -238,6 +305,8 @@ int loom_run_spawn(char *const *argv, double timeout_s, bool verbose,
       break;
     }
     double now = loom_time_now();
+    if (standby_pid > 0 && !standby_gone)
+      loom_run_standby_alive(); /* reaps it, if it ended */
     if (watch) {
       /* A job stopping on a signal or its time limit winds down by itself
        * (each rank saving its checkpoint): its exits are no failure. */

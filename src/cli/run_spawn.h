@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "loom/core.h"
 
@@ -41,7 +42,8 @@ typedef struct loom_run_failure {
  * time for each (the group is ready when its last rank is). */
 typedef struct loom_run_progress {
   double t_spawn; /* the launcher was started */
-  double t_comm_ready, t_loaded, t_first_step; /* 0: not recorded */
+  double t_exec;  /* the last rank's process started (runstat init) */
+  double t_comm_ready, t_loaded, t_training, t_first_step; /* 0: none */
   int64_t first_step; /* the step number of the first step completed */
   int ranks;
 } loom_run_progress;
@@ -97,6 +99,21 @@ const char *loom_signal_name(int sig);
  * others are stopped at once, without waiting for the launcher's teardown. */
 int loom_run_spawn(char *const *argv, double timeout_s, bool verbose,
                    loom_run_watch *watch, loom_run_result *res);
+/* The two halves of loom_run_spawn: start argv in a session of its own
+ * (its pid, -1 on failure), and supervise a started launcher to its end. */
+pid_t loom_run_start(char *const *argv, bool verbose);
+int loom_run_wait(pid_t pid, double timeout_s, loom_run_watch *watch,
+                  loom_run_result *res);
+
+/* The standby group: a launcher started ahead of a failure whose ranks wait
+ * at LOOM_RUN_GATE (run.c). Registered here so that reaping it is noticed
+ * and ending it takes its whole session. */
+void loom_run_standby_set(pid_t pid);
+bool loom_run_standby_alive(void);
+/* Hands the standby launcher over (it becomes the job's): its pid, 0 when
+ * there is none alive. */
+pid_t loom_run_standby_take(void);
+void loom_run_standby_kill(void);
 /* A signal asked loom run to stop (then no restart is attempted). */
 bool loom_run_stop_requested(void);
 /* Sleeps, returning early when a stop signal arrives. */

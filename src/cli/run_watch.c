@@ -416,7 +416,7 @@ bool loom_watch_progress(loom_run_watch *w) {
   if (w->expect_local > 0 && loom_watch_local(w) < w->expect_local)
     return false;
   loom_run_progress p = w->prog;
-  p.t_comm_ready = p.t_loaded = p.t_first_step = 0;
+  p.t_exec = p.t_comm_ready = p.t_loaded = p.t_training = p.t_first_step = 0;
   p.first_step = -1;
   p.ranks = 0;
   for (int i = 0; i < w->n; i++) {
@@ -426,6 +426,10 @@ bool loom_watch_progress(loom_run_watch *w) {
     if (r->rec.t_first_step <= 0)
       return false; /* the group's first step is its last rank's */
     const double *tp = r->rec.t_phase;
+    if (tp[LOOM_RUNSTAT_START] > p.t_exec)
+      p.t_exec = tp[LOOM_RUNSTAT_START];
+    if (tp[LOOM_RUNSTAT_TRAINING] > p.t_training)
+      p.t_training = tp[LOOM_RUNSTAT_TRAINING];
     if (tp[LOOM_RUNSTAT_COMM_READY] > p.t_comm_ready)
       p.t_comm_ready = tp[LOOM_RUNSTAT_COMM_READY];
     if (tp[LOOM_RUNSTAT_LOADED] > p.t_loaded)

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -236,6 +237,41 @@ static void init_once(void) {
 
 void loom_runstat_init(void) { pthread_once(&rs.once, init_once); }
 
+/* A standby rank (LOOM_RUN_GATE names a file) waits here until loom run
+ * creates that file: the group is started and its communication set up
+ * ahead of a failure, and goes on the moment it is needed. */
+static void wait_gate(void) {
+  const char *gate = getenv("LOOM_RUN_GATE");
+  if (!gate || !*gate)
+    return;
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s", gate);
+  char *slash = strrchr(dir, '/');
+  if (slash)
+    *slash = '\0';
+  else
+    strcpy(dir, ".");
+  int ino = inotify_init1(IN_CLOEXEC);
+  if (ino >= 0 && inotify_add_watch(ino, dir, IN_CREATE | IN_MOVED_TO) < 0) {
+    close(ino);
+    ino = -1;
+  }
+  /* Checked after the watch is set, so a gate opened in between is seen. */
+  while (access(gate, F_OK) != 0) {
+    if (ino >= 0) {
+      char buf[4096];
+      if (read(ino, buf, sizeof buf) < 0 && errno != EINTR)
+        break;
+    } else {
+      struct timespec ts = {0, 5 * 1000 * 1000};
+      nanosleep(&ts, NULL);
+    }
+  }
+  if (ino >= 0)
+    close(ino);
+  unsetenv("LOOM_RUN_GATE"); /* once; and not for this rank's children */
+}
+
 void loom_runstat_phase(loom_run_phase p) {
   loom_runstat_init();
   if (rs.fd < 0 || (unsigned)p >= LOOM_RUNSTAT_PHASE_COUNT)
@@ -245,6 +281,14 @@ void loom_runstat_phase(loom_run_phase p) {
   set_now((field)(F_T_START + (int)p));
   write_range(F_PHASE, F_T_DONE);
   pthread_mutex_unlock(&rs.mu);
+  if (p == LOOM_RUNSTAT_COMM_READY && getenv("LOOM_RUN_GATE")) {
+    wait_gate();
+    /* Ready when let through: what the recovery's parts measure. */
+    pthread_mutex_lock(&rs.mu);
+    set_now(F_T_COMM_READY);
+    write_range(F_PHASE, F_T_DONE);
+    pthread_mutex_unlock(&rs.mu);
+  }
 }
 
 void loom_runstat_step(int64_t step) {

@@ -190,6 +190,54 @@ TT_TEST(exit_without_code) {
   TT_CHECK_EQ(r.exit_code, 0);
 }
 
+static char gate[300];
+
+static void child_gate(void) {
+  clear_env();
+  setenv("LOOM_RUN_GATE", gate, 1);
+  loom_runstat_phase(LOOM_RUNSTAT_COMM_READY); /* waits for the gate */
+  if (getenv("LOOM_RUN_GATE"))
+    _exit(4); /* not for this process's children */
+  loom_runstat_phase(LOOM_RUNSTAT_LOADED);
+}
+
+/* A standby rank waits in COMM_READY until the gate file appears, then
+ * records the phase with the time it went on. */
+TT_TEST(standby_gate) {
+  empty_dir();
+  snprintf(gate, sizeof gate, "%s/go", dir);
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    child_gate();
+    _exit(0);
+  }
+  loom_runstat_record r;
+  double until = loom_time_now() + 10;
+  bool waiting = false;
+  while (!waiting && loom_time_now() < until) {
+    waiting = loom_runstat_read(dir, 0, &r) == LOOM_OK &&
+              r.phase == LOOM_RUNSTAT_COMM_READY;
+    usleep(2000);
+  }
+  TT_CHECK(waiting);
+  usleep(100 * 1000);
+  TT_CHECK_OK(loom_runstat_read(dir, 0, &r));
+  TT_CHECK_EQ(r.phase, LOOM_RUNSTAT_COMM_READY); /* still at the gate */
+  double t_open = loom_time_wall();
+  FILE *f = fopen(gate, "w");
+  TT_REQUIRE(f != NULL);
+  fclose(f);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  TT_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  TT_REQUIRE_OK(loom_runstat_read(dir, 0, &r));
+  TT_CHECK_EQ(r.phase, LOOM_RUNSTAT_LOADED);
+  TT_CHECK(r.t_phase[LOOM_RUNSTAT_COMM_READY] >= t_open - 0.001);
+  TT_CHECK(r.t_phase[LOOM_RUNSTAT_COMM_READY] < t_open + 5);
+  unlink(gate);
+}
+
 static void child_off(void) {
   clear_env();
   unsetenv("LOOM_RUN_DIR");
@@ -318,6 +366,7 @@ int main(void) {
   TT_RUN(fresh_after_restart);
   TT_RUN(rank_from_environment);
   TT_RUN(exit_without_code);
+  TT_RUN(standby_gate);
   TT_RUN(off_without_dir);
   TT_RUN(missing_dir_is_harmless);
   TT_RUN(fatal_signals);

@@ -4,7 +4,7 @@
 # communication watchdog; the exit status of --max-restarts 0; no restart for
 # exit code 2; a restart that recovers (the parts of the recovered line add
 # up); --min-np/--max-np with a hostfile rewritten between attempts; the
-# --report JSON lines; no process left behind.
+# --report JSON lines; the standby group; no process or directory left behind.
 set -u
 FAKE=${1:?usage: test_supervise.sh RUN_FAKE_RANK}
 LOOM=${LOOM_BIN:?LOOM_BIN must name the loom executable}
@@ -34,7 +34,9 @@ no_leftovers() { # description
 field() { # file event key
   grep "\"event\":\"$2\"" "$1" | head -1 | grep -o "\"$3\":[-0-9.e+]*" | head -1 | cut -d: -f2
 }
-runs_before=$(ls -d "${TMPDIR:-/tmp}"/loom-run-* 2>/dev/null | wc -l)
+# loom run's status directories go here, to be counted at the end.
+mkdir -p "$tmp/rt"
+export TMPDIR="$tmp/rt"
 
 # 1. A rank exits with a code: the line names it, the job fails with its
 #    code (--max-restarts 0), the report has the failure.
@@ -150,14 +152,50 @@ wait $job; rc=$?
   && ok "elastic: too few slots at restart ends the job with the rank's code" || { bad "elastic below min: rc $rc"; cat "$tmp/e9"; }
 no_leftovers "elastic below min"
 
+# 8. Standby: the next group is started ahead, waits at its communication
+#    set-up, and takes over at once; it is discarded when the hosts change,
+#    and never outlives the job (finished, or loom run killed).
+"$LOOM" run -n 2 --standby on --max-restarts 1 --restart-delay 0 --report "$tmp/r11" "$FAKE" --comm \
+  --fault 1:10:exit --steps 14 --step-ms 30 --resume 6 "$marker" 2>"$tmp/e11"; rc=$?
+[ $rc = 0 ] && grep -q '"event":"standby","attempt":1' "$tmp/r11" && grep '"event":"restart"' "$tmp/r11" | grep -q '"standby":true' \
+  && [ "$(field "$tmp/r11" recovered step)" = 7 ] && ok "standby: restart 1 taken by the standby group, recovered at step 7" \
+  || { bad "standby restart: rc $rc"; cat "$tmp/e11" "$tmp/r11"; }
+no_leftovers "standby restart"
+"$LOOM" run -n 2 --standby on --max-restarts 3 --report "$tmp/r12" "$FAKE" --comm --steps 10 --step-ms 20 "$marker" 2>"$tmp/e12"; rc=$?
+[ $rc = 0 ] && grep -q '"event":"standby"' "$tmp/r12" && ok "standby: job finished with its standby waiting" || { bad "standby unused: rc $rc"; cat "$tmp/e12"; }
+no_leftovers "standby unused"
+printf 'localhost slots=3\n' >"$tmp/hosts"
+"$LOOM" run --hostfile "$tmp/hosts" --standby on --max-restarts 1 --restart-delay 1 --report "$tmp/r13" \
+  "$FAKE" --comm --fault 2:8:exit --steps 12 --step-ms 30 --resume 4 "$marker" 2>"$tmp/e13" &
+job=$!
+for _ in $(seq 200); do grep -q "restart 1 of 1" "$tmp/e13" && break; sleep 0.05; done
+printf 'localhost slots=2\n' >"$tmp/hosts"
+wait $job; rc=$?
+[ $rc = 0 ] && grep '"event":"restart"' "$tmp/r13" | grep -q '"np":2,.*"standby":false' \
+  && ok "standby: discarded when the hostfile changed (3 -> 2 ranks)" || { bad "standby elastic: rc $rc"; cat "$tmp/e13" "$tmp/r13"; }
+no_leftovers "standby elastic"
+# (its status directory goes elsewhere: a killed loom run cannot remove it)
+mkdir -p "$tmp/killed"
+TMPDIR="$tmp/killed" "$LOOM" run -n 2 --standby on --max-restarts 1 --report "$tmp/r14" "$FAKE" --comm --steps 100000 --step-ms 20 "$marker" 2>/dev/null &
+job=$!
+for _ in $(seq 200); do grep -q '"event":"standby"' "$tmp/r14" 2>/dev/null && break; sleep 0.05; done
+sleep 0.5
+kill -KILL $job
+wait $job 2>/dev/null
+sleep 1.5
+no_leftovers "standby, loom run killed"
+# auto: only loom train waits at the gate; another program is never doubled.
+out=$("$LOOM" run -n 2 --max-restarts 1 --report "$tmp/r15" sh -c "sleep 0.3; echo $marker" 2>&1)
+[ "$(echo "$out" | grep -c "$marker")" = 2 ] && ! grep -q '"event":"standby"' "$tmp/r15" && ok "standby auto: off for another program" || bad "standby auto: $out"
+
 # One rank, no MPI: the same supervision.
 "$LOOM" run -n 1 "$FAKE" --fault 0:2:segv "$marker" 2>"$tmp/e10"; rc=$?
 [ $rc = 139 ] && grep -q "^loom run: rank 0 (host $host, pid [0-9]*) died from signal 11 (SIGSEGV) after step 2 (fault injected: segv at step 2)$" "$tmp/e10" \
   && ok "-n 1: segv line" || { bad "-n 1 segv: rc $rc"; cat "$tmp/e10"; }
 
 # The run status directories are gone.
-runs_after=$(ls -d "${TMPDIR:-/tmp}"/loom-run-* 2>/dev/null | wc -l)
-[ "$runs_after" -le "$runs_before" ] && ok "no loom-run-* directory left" || bad "loom-run-* directories left: $runs_before -> $runs_after"
+left=$(cd "$tmp/rt" && ls -d loom-run-* 2>/dev/null)
+[ -z "$left" ] && ok "no loom-run-* directory left" || bad "loom-run-* directories left: $left"
 
 echo "$n_ok passed, $n_bad failed"
 exit $fail
