@@ -273,7 +273,12 @@ void loom_runstat_init(void);                 /* idempotent; reads LOOM_RUN_DIR 
 void loom_runstat_phase(loom_run_phase p);     /* records the phase and its wall-clock time */
 /* A rank of a standby group (loom run sets LOOM_RUN_GATE to a file's path)
  * waits in loom_runstat_phase(LOOM_RUNSTAT_COMM_READY) until that file
- * exists, then records the phase again with that time. */
+ * exists, then records the phase again with that time. A program that can
+ * prepare more before it needs the checkpoint (data, model) calls
+ * loom_runstat_gate_defer() first and loom_runstat_gate() just before it
+ * reads the checkpoint: the wait moves there. Both are no-ops otherwise. */
+void loom_runstat_gate_defer(void);
+void loom_runstat_gate(void);
 void loom_runstat_step(int64_t step);          /* a completed step (first one timestamped); one pwrite */
 void loom_runstat_note(const char *what);      /* e.g. "fault injected: segv at step 37", "watchdog: ..." */
 void loom_runstat_exit(int code);              /* the exit code the process is about to return */

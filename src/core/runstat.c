@@ -272,6 +272,25 @@ static void wait_gate(void) {
   unsetenv("LOOM_RUN_GATE"); /* once; and not for this rank's children */
 }
 
+static bool gate_deferred, gate_passed;
+
+void loom_runstat_gate_defer(void) { gate_deferred = true; }
+
+void loom_runstat_gate(void) {
+  loom_runstat_init();
+  if (gate_passed || !getenv("LOOM_RUN_GATE"))
+    return;
+  gate_passed = true;
+  wait_gate();
+  if (rs.fd < 0)
+    return;
+  /* Ready when let through: what the recovery's parts measure. */
+  pthread_mutex_lock(&rs.mu);
+  set_now(F_T_COMM_READY);
+  write_range(F_PHASE, F_T_DONE);
+  pthread_mutex_unlock(&rs.mu);
+}
+
 void loom_runstat_phase(loom_run_phase p) {
   loom_runstat_init();
   if (rs.fd < 0 || (unsigned)p >= LOOM_RUNSTAT_PHASE_COUNT)
@@ -281,14 +300,8 @@ void loom_runstat_phase(loom_run_phase p) {
   set_now((field)(F_T_START + (int)p));
   write_range(F_PHASE, F_T_DONE);
   pthread_mutex_unlock(&rs.mu);
-  if (p == LOOM_RUNSTAT_COMM_READY && getenv("LOOM_RUN_GATE")) {
-    wait_gate();
-    /* Ready when let through: what the recovery's parts measure. */
-    pthread_mutex_lock(&rs.mu);
-    set_now(F_T_COMM_READY);
-    write_range(F_PHASE, F_T_DONE);
-    pthread_mutex_unlock(&rs.mu);
-  }
+  if (p == LOOM_RUNSTAT_COMM_READY && !gate_deferred)
+    loom_runstat_gate();
 }
 
 void loom_runstat_step(int64_t step) {

@@ -3,7 +3,8 @@
  * so the launcher's supervision is tested in a fraction of a second.
  *
  *   run_fake_rank [--comm] [--steps N] [--step-ms M] [--load-ms M]
- *                 [--resume S] [--fault RANK:STEP:KIND] [--pids DIR]
+ *                 [--late-gate] [--resume S] [--fault RANK:STEP:KIND]
+ *                 [--pids DIR]
  *
  * KIND: exit (code 3), usage (code 2), segv, abort, kill (SIGKILL to
  * itself: no exit record), hang (stops taking part; with --comm the
@@ -11,7 +12,9 @@
  * leaves, as a process stuck in its exit handlers). The fault strikes after step STEP completes, on
  * the first start only (LOOM_RESTART_COUNT 0); a restart resumes at S.
  * --comm: an all-reduce per step through loom's comm layer. --pids: each
- * rank writes its pid to DIR/rank-R.pid (for kills from outside). */
+ * rank writes its pid to DIR/rank-R.pid (for kills from outside).
+ * --late-gate: a standby rank waits after its --load-ms of preparation, not
+ * at COMM_READY (loom_runstat_gate_defer / loom_runstat_gate). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +39,7 @@ static int env_int(const char *name, int dflt) {
 int main(int argc, char **argv) {
   loom_runstat_init();
   loom_runstat_fatal_signals();
-  bool comm = false;
+  bool comm = false, late_gate = false;
   int steps = 20, step_ms = 5, load_ms = 0, resume = 0;
   int f_rank = -1, f_step = -1;
   char f_kind[16] = "";
@@ -45,6 +48,8 @@ int main(int argc, char **argv) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
     if (strcmp(a, "--comm") == 0)
       comm = true;
+    else if (strcmp(a, "--late-gate") == 0)
+      late_gate = true;
     else if (strcmp(a, "--steps") == 0 && ++i)
       steps = atoi(v);
     else if (strcmp(a, "--step-ms") == 0 && ++i)
@@ -62,6 +67,8 @@ int main(int argc, char **argv) {
       pids = v;
     /* anything else: a marker for pgrep */
   }
+  if (late_gate)
+    loom_runstat_gate_defer();
   loom_group *world = NULL;
   int rank = 0;
   if (comm) {
@@ -87,6 +94,7 @@ int main(int argc, char **argv) {
   bool restarted = env_int("LOOM_RESTART_COUNT", 0) > 0;
   int step = restarted ? resume : 0;
   sleep_ms(load_ms);
+  loom_runstat_gate(); /* with --late-gate: a standby rank waits here */
   loom_runstat_phase(LOOM_RUNSTAT_LOADED);
   loom_runstat_phase(LOOM_RUNSTAT_TRAINING);
   bool fault_here = !restarted && rank == f_rank;

@@ -161,6 +161,14 @@ no_leftovers "elastic below min"
   && [ "$(field "$tmp/r11" recovered step)" = 7 ] && ok "standby: restart 1 taken by the standby group, recovered at step 7" \
   || { bad "standby restart: rc $rc"; cat "$tmp/e11" "$tmp/r11"; }
 no_leftovers "standby restart"
+# A program that moves the gate after its preparation: the recovery's load
+# part no longer holds the preparation (--load-ms 400).
+"$LOOM" run -n 2 --standby on --max-restarts 1 --restart-delay 0 --report "$tmp/r16" "$FAKE" --comm --late-gate \
+  --load-ms 400 --fault 1:10:exit --steps 14 --step-ms 30 --resume 6 "$marker" 2>"$tmp/e16"; rc=$?
+load=$(field "$tmp/r16" recovered load_s)
+[ $rc = 0 ] && grep '"event":"restart"' "$tmp/r16" | grep -q '"standby":true' && awk -v l="$load" 'BEGIN { exit !(l < 0.3) }' \
+  && ok "standby with a late gate: load part $load s (preparation of 0.4 s done ahead)" || { bad "late gate: rc $rc load $load"; cat "$tmp/e16" "$tmp/r16"; }
+no_leftovers "late gate"
 "$LOOM" run -n 2 --standby on --max-restarts 3 --report "$tmp/r12" "$FAKE" --comm --steps 10 --step-ms 20 "$marker" 2>"$tmp/e12"; rc=$?
 [ $rc = 0 ] && grep -q '"event":"standby"' "$tmp/r12" && ok "standby: job finished with its standby waiting" || { bad "standby unused: rc $rc"; cat "$tmp/e12"; }
 no_leftovers "standby unused"
