@@ -768,14 +768,19 @@ static void start_standby(job *jb) {
   launcher used;
   plan_info pi;
   /* Quietly: a hostfile that does not plan now gets its say at restart. */
-  FILE *saved = stderr;
-  FILE *null = fopen("/dev/null", "w");
-  if (null)
-    stderr = null;
+  fflush(stderr);
+  int saved = dup(STDERR_FILENO);
+  int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+  if (saved >= 0 && null >= 0)
+    dup2(null, STDERR_FILENO);
   int bad = build_plan(o, next, &cmd, &used, &pi);
-  stderr = saved;
-  if (null)
-    fclose(null);
+  fflush(stderr);
+  if (saved >= 0) {
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+  }
+  if (null >= 0)
+    close(null);
   if (!bad && pi.local == pi.np && used != LAUNCH_SRUN) {
     join_cmd(&cmd, jb->standby_cmd, sizeof jb->standby_cmd);
     pid_t pid = loom_run_start(cmd.v, false);
