@@ -87,6 +87,6 @@ for w in dict.fromkeys(k[0] for k in by):
     if (w, "sync") in by and (w, "async") in by:
         (a, b, x), (c, d, y) = by[(w, "sync")], by[(w, "async")]
         print(f"{w}: a save blocks training {x:.2f} ms sync, {y:.2f} ms async; "
-              f"step time with a save +{b - a:.2f} ms sync, +{d - c:.2f} ms "
+              f"step time with a save {b - a:+.2f} ms sync, {d - c:+.2f} ms "
               f"async (median steps {a:.2f} / {c:.2f} ms)")
 EOF

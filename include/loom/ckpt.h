@@ -136,6 +136,10 @@ loom_status loom_ckpt_writer_wait(loom_ckpt_writer *w);
  * temporary directories. A failure before `latest` is replaced leaves the
  * previous checkpoint as it was. */
 loom_status loom_ckpt_writer_commit(loom_ckpt_writer *w);
+/* The same commit on a background thread (multi-rank async saves: rank 0
+ * need not hold up training for the manifest and its fsyncs); _test and
+ * _wait as for a write, which returns the commit's status. */
+loom_status loom_ckpt_writer_commit_start(loom_ckpt_writer *w);
 /* Rank 0 after a failed write anywhere: removes the temporary directory. */
 void loom_ckpt_writer_abort(loom_ckpt_writer *w);
 /* Waits for a started write, then frees; removes nothing. NULL is a no-op. */

@@ -1060,6 +1060,34 @@ loom_status loom_ckpt_writer_start(loom_ckpt_writer *w, bool commit) {
   return LOOM_OK;
 }
 
+static void *commit_thread(void *arg) {
+  loom_ckpt_writer *w = arg;
+  loom_status st = commit_impl(w);
+  w->bg_status = st;
+  if (st != LOOM_OK)
+    snprintf(w->bg_msg, sizeof w->bg_msg, "%s", loom_last_error());
+  atomic_store(&w->done, true);
+  return NULL;
+}
+
+loom_status loom_ckpt_writer_commit_start(loom_ckpt_writer *w) {
+  if (!w)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_ckpt_writer_commit_start: NULL");
+  if (w->opts.rank != 0 || w->thread_live || w->state != W_WRITTEN)
+    return loom_ckpt_writer_commit(w); /* its message says what is wrong */
+  w->bg_status = LOOM_OK;
+  w->bg_msg[0] = '\0';
+  atomic_store(&w->done, false);
+  int e = pthread_create(&w->thread, NULL, commit_thread, w);
+  if (e != 0)
+    return loom_error(LOOM_ERR_INTERNAL,
+                      "checkpoint %s: cannot start the commit thread: %s",
+                      w->final, strerror(e));
+  w->thread_live = true;
+  return LOOM_OK;
+}
+
 loom_status loom_ckpt_writer_test(loom_ckpt_writer *w, bool *done) {
   if (!w || !done)
     return loom_error(LOOM_ERR_INVALID_ARG, "loom_ckpt_writer_test: NULL");

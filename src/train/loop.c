@@ -421,6 +421,7 @@ void loom_trainer_free(loom_trainer *t) {
     loom_ckpt_writer_wait(t->pending);
     loom_ckpt_writer_free(t->pending);
   }
+  loom_ckpt_writer_free(t->committing); /* joins its thread */
   loom_free(t->snap); /* the write thread read it until the wait above */
   loom_ddp_free(t->ddp);
   loom_progress_free(t->progress);
@@ -533,6 +534,7 @@ static loom_status step_micro(loom_trainer *t, double *sums,
       u[SUM_CORRECT] += (double)st.correct;
       if (t->ddp && last && j == S - 1) {
         sums[SUM_STOP] = stop_requested ? 1 : 0;
+        loom_train_ckpt_flags(t, sums);
         LOOM_TRY(loom_ddp_sum_post(t->ddp, sums, SUM_N));
         posted = true;
       }
@@ -542,6 +544,7 @@ static loom_status step_micro(loom_trainer *t, double *sums,
   }
   if (t->ddp && !posted) {
     sums[SUM_STOP] = stop_requested ? 1 : 0;
+    loom_train_ckpt_flags(t, sums);
     LOOM_TRY(loom_ddp_sum_post(t->ddp, sums, SUM_N));
   }
   return LOOM_OK;
@@ -762,6 +765,7 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
     double g[SUM_N];
     if (t->ddp) {
       LOOM_TRY_GOTO(s, loom_ddp_sum_wait(t->ddp, g), out);
+      LOOM_TRY_GOTO(s, loom_train_ckpt_poll(t, g), out);
     } else {
       memcpy(g, sums, sizeof g);
       g[SUM_STOP] = stop_requested ? 1 : 0;

@@ -85,26 +85,164 @@ static loom_status saved(loom_trainer *t, loom_status st, int64_t step) {
   return outcome(t, st, step);
 }
 
-/* Completes an async save: on one rank the writer's thread commits; on
- * several, every rank waits for its write and they conclude together. */
-static loom_status finish_pending(loom_trainer *t) {
-  if (!t->pending_active)
-    return LOOM_OK;
+/* ------------------------------------------------------- async saves
+ *
+ * Multi-rank: at save k every rank copies its share and writes it on a
+ * thread. Each step, every rank adds to the step's sums whether its write
+ * has finished (and failed); the step at which all have, every rank knows
+ * it at once: on success rank 0 commits on a thread of its own, whose end
+ * the sums announce in turn. So in the usual case a save costs the training
+ * thread the copy alone. What is still open at the next save (or at the
+ * end) is concluded there with collectives, the commit before the next
+ * write starts, so the two never compete for the disk. */
+
+/* This rank's write outcome; waits for the write the first time. */
+static loom_status write_status(loom_trainer *t) {
+  if (!t->pending_done) {
+    loom_status st = t->pending_status;
+    if (st == LOOM_OK && t->pending)
+      st = loom_ckpt_writer_wait(t->pending);
+    if (st != LOOM_OK)
+      snprintf(t->pending_msg, sizeof t->pending_msg, "%s", loom_last_error());
+    t->pending_status = st;
+    t->pending_done = true;
+  }
+  if (t->pending_status != LOOM_OK)
+    return loom_error(t->pending_status, "%s", t->pending_msg);
+  return LOOM_OK;
+}
+
+/* Rank 0's commit outcome; waits for the commit thread the first time. */
+static loom_status commit_status(loom_trainer *t) {
+  if (!t->commit_done) {
+    loom_status st = t->commit_status;
+    if (st == LOOM_OK && t->committing)
+      st = loom_ckpt_writer_wait(t->committing);
+    if (st != LOOM_OK)
+      snprintf(t->commit_msg, sizeof t->commit_msg, "%s", loom_last_error());
+    t->commit_status = st;
+    t->commit_done = true;
+  }
+  if (t->commit_status != LOOM_OK)
+    return loom_error(t->commit_status, "%s", t->commit_msg);
+  return LOOM_OK;
+}
+
+static bool thread_done(loom_ckpt_writer *w) {
+  bool done = true;
+  if (w)
+    loom_ckpt_writer_test(w, &done);
+  return done;
+}
+
+/* Every rank, with the same st: the commit of commit_step is over. */
+static loom_status conclude_commit(loom_trainer *t, loom_status st) {
+  loom_ckpt_writer_free(t->committing);
+  t->committing = NULL;
+  t->commit_active = false;
+  return saved(t, st, t->commit_step);
+}
+
+/* Every rank, with the same st: every write of pending_step is over. On
+ * success rank 0 starts the commit. */
+static loom_status conclude_write(loom_trainer *t, loom_status st) {
   loom_ckpt_writer *w = t->pending;
-  loom_status st = t->pending_status;
   int64_t step = t->pending_step;
   t->pending = NULL;
   t->pending_active = false;
+  t->pending_done = false;
+  if (st != LOOM_OK) {
+    if (t->rank == 0 && w)
+      loom_ckpt_writer_abort(w);
+    loom_ckpt_writer_free(w);
+    return outcome(t, st, step);
+  }
+  t->commit_status = LOOM_OK;
+  t->commit_done = false;
+  if (t->rank == 0 && loom_ckpt_writer_commit_start(w) != LOOM_OK) {
+    t->commit_status = loom_ckpt_writer_commit(w); /* no thread: here */
+    if (t->commit_status != LOOM_OK)
+      snprintf(t->commit_msg, sizeof t->commit_msg, "%s", loom_last_error());
+    t->commit_done = true;
+  }
+  if (t->rank != 0) {
+    loom_ckpt_writer_free(w);
+    w = NULL;
+  }
+  t->committing = w;
+  t->commit_step = step;
+  t->commit_active = true;
+  return LOOM_OK;
+}
+
+/* Concludes an open commit now: rank 0 waits for it; all agree. */
+static loom_status finish_commit(loom_trainer *t) {
+  if (!t->commit_active)
+    return LOOM_OK;
+  loom_status st = t->rank == 0 ? commit_status(t) : LOOM_OK;
+  return conclude_commit(t,
+                         loom_train_agree(t, st, "committing the checkpoint"));
+}
+
+/* Concludes an open async save now: on one rank the writer's thread
+ * commits; on several, every rank waits for its write, they agree, and
+ * rank 0 commits (waited for by the finish_commit that follows). */
+static loom_status finish_pending(loom_trainer *t) {
+  if (!t->pending_active)
+    return LOOM_OK;
   if (t->nranks == 1) {
-    if (w) {
-      st = loom_ckpt_writer_wait(w);
-      loom_ckpt_writer_free(w);
-    }
+    loom_status st = write_status(t);
+    int64_t step = t->pending_step;
+    loom_ckpt_writer_free(t->pending);
+    t->pending = NULL;
+    t->pending_active = false;
+    t->pending_done = false;
     return saved(t, st, step);
   }
-  if (st == LOOM_OK && w)
-    st = loom_ckpt_writer_wait(w);
-  return saved(t, conclude(t, w, st), step);
+  return conclude_write(
+      t, loom_train_agree(t, write_status(t), "writing the checkpoint"));
+}
+
+void loom_train_ckpt_flags(loom_trainer *t, double *sums) {
+  if (t->nranks == 1)
+    return;
+  if (t->pending_active && (t->pending_done || t->pending_status != LOOM_OK ||
+                            thread_done(t->pending))) {
+    sums[SUM_WRITTEN] = 1;
+    sums[SUM_WRITE_FAILED] = write_status(t) != LOOM_OK;
+  }
+  if (t->rank == 0 && t->commit_active &&
+      (t->commit_done || thread_done(t->committing)))
+    sums[SUM_COMMITTED] = commit_status(t) == LOOM_OK ? 1 : 2;
+}
+
+loom_status loom_train_ckpt_poll(loom_trainer *t, const double *g) {
+  if (t->nranks == 1)
+    return LOOM_OK;
+  /* The commit first: one started below was not in these sums. */
+  if (t->commit_active && g[SUM_COMMITTED] != 0) {
+    loom_status st = LOOM_OK;
+    if (g[SUM_COMMITTED] != 1)
+      st = t->rank == 0
+               ? commit_status(t)
+               : loom_error(LOOM_ERR_REMOTE,
+                            "committing the checkpoint failed on rank 0; its "
+                            "message says why");
+    LOOM_TRY(conclude_commit(t, st));
+  }
+  if (t->pending_active && g[SUM_WRITTEN] == (double)t->nranks) {
+    loom_status st = LOOM_OK;
+    if (g[SUM_WRITE_FAILED] > 0) {
+      st = write_status(t);
+      if (st == LOOM_OK)
+        st = loom_error(LOOM_ERR_REMOTE,
+                        "writing the checkpoint failed on %.0f rank(s); "
+                        "their messages say why",
+                        g[SUM_WRITE_FAILED]);
+    }
+    LOOM_TRY(conclude_write(t, st));
+  }
+  return LOOM_OK;
 }
 
 /* This rank's slice [lo, hi) of the replicated flat buffers: P contiguous
@@ -150,7 +288,7 @@ loom_status loom_train_ckpt_save(loom_trainer *t) {
   if (!cc->enabled || !cc->dir[0])
     return LOOM_OK;
   /* The previous async save must be complete before the next starts. */
-  LOOM_TRY(finish_pending(t));
+  LOOM_TRY(loom_train_ckpt_finish(t));
   double t0 = loom_time_now();
   loom_ckpt_writer_opts wo = loom_ckpt_writer_opts_default();
   wo.rank = t->rank;
@@ -185,20 +323,19 @@ loom_status loom_train_ckpt_save(loom_trainer *t) {
   LOOM_TRY_GOTO(s, loom_ckpt_writer_set_meta(w, &meta), done);
   if (cc->async) {
     s = loom_ckpt_writer_start(w, t->nranks == 1);
-    /* Concluded at the next save or at the end, on every rank, even when
-     * this one failed already (the others must not wait for it alone). */
-    t->pending = w;
-    t->pending_status = s;
-    t->pending_step = t->step;
-    t->pending_active = true;
-    t->ckpt_seconds += loom_time_now() - t0;
-    return LOOM_OK;
+    goto done;
   }
   s = loom_ckpt_writer_write(w);
 done:
-  if (cc->async && s != LOOM_OK) {
+  if (cc->async) {
+    /* Concluded later on every rank, even when this one failed already
+     * (the others must not wait for it alone). */
+    t->ckpt_seconds += loom_time_now() - t0;
     t->pending = w;
     t->pending_status = s;
+    if (s != LOOM_OK)
+      snprintf(t->pending_msg, sizeof t->pending_msg, "%s", loom_last_error());
+    t->pending_done = false;
     t->pending_step = t->step;
     t->pending_active = true;
     return LOOM_OK;
@@ -209,7 +346,9 @@ done:
 }
 
 loom_status loom_train_ckpt_finish(loom_trainer *t) {
-  return finish_pending(t);
+  LOOM_TRY(finish_commit(t));
+  LOOM_TRY(finish_pending(t));
+  return finish_commit(t);
 }
 
 static loom_status restore(loom_trainer *t, const loom_ckpt *c) {

@@ -20,8 +20,20 @@ typedef struct loom_step_times {
   double ckpt; /* saving checkpoints at step boundaries */
 } loom_step_times;
 
-/* What every rank sums each step: loss, rows, correct rows, stop request. */
-enum { SUM_LOSS, SUM_COUNT, SUM_CORRECT, SUM_STOP, SUM_N };
+/* What every rank sums each step: loss, rows, correct rows, stop request,
+ * and where async saves stand (ranks whose write finished, of them failed;
+ * rank 0's commit: 1 done, 2 failed), so all conclude them at the same step
+ * without a collective of their own. */
+enum {
+  SUM_LOSS,
+  SUM_COUNT,
+  SUM_CORRECT,
+  SUM_STOP,
+  SUM_WRITTEN,
+  SUM_WRITE_FAILED,
+  SUM_COMMITTED,
+  SUM_N
+};
 
 struct loom_trainer {
   loom_config cfg;
@@ -41,10 +53,20 @@ struct loom_trainer {
   int64_t steps_per_epoch;
   int64_t total_steps;
   int64_t step;               /* optimizer steps done */
-  loom_ckpt_writer *pending;  /* an async save in flight */
+  /* Async saves. A write in flight, then (multi-rank) rank 0's commit on
+   * a thread; each concluded by all ranks at one step boundary. */
+  loom_ckpt_writer *pending;  /* the write in flight */
   bool pending_active;        /* a save (maybe failed) waits to conclude */
-  loom_status pending_status; /* how its start went on this rank */
+  bool pending_done;          /* its outcome on this rank is known */
+  loom_status pending_status; /* that outcome (or how its start went) */
+  char pending_msg[512];      /* and its message */
   int64_t pending_step;
+  loom_ckpt_writer *committing; /* rank 0: the commit thread's writer */
+  bool commit_active;           /* a commit waits to be concluded */
+  bool commit_done;             /* rank 0: it finished */
+  loom_status commit_status;    /* rank 0: its outcome (or how it started) */
+  char commit_msg[512];
+  int64_t commit_step;
   double ckpt_seconds; /* step time spent saving, in total */
   /* Async saves copy this rank's share of the state here, (K, hi - lo) for
    * params and each optimizer state: one allocation, touched once, reused,
@@ -93,6 +115,11 @@ loom_status loom_train_ckpt_prepare(loom_trainer *t);
 loom_status loom_train_ckpt_save(loom_trainer *t);
 /* Waits for an async save in flight; its status. Collective. */
 loom_status loom_train_ckpt_finish(loom_trainer *t);
+/* Each step, multi-rank async saves: this rank's part of the SUM_WRITTEN..
+ * SUM_COMMITTED entries before the sums are posted, and, once summed (g),
+ * the conclusions every rank draws from them at this same step. */
+void loom_train_ckpt_flags(loom_trainer *t, double *sums);
+loom_status loom_train_ckpt_poll(loom_trainer *t, const double *g);
 
 /* Reads LOOM_FAULT and LOOM_RESTART_COUNT: keeps this rank's faults when
  * armed; LOOM_ERR_CONFIG on a value that does not parse. */
