@@ -86,6 +86,12 @@ void loom_relu_backward(float *dinp, const float *inp, const float *dout,
 void loom_gelu_forward(float *out, const float *inp, int64_t n);
 void loom_gelu_backward(float *dinp, const float *inp, const float *dout,
                         int64_t n);
+/* The same two backward passes writing dinp instead of adding into it: the
+ * bits of the adding form into a zeroed dinp, without clearing it first. */
+void loom_relu_backward_to(float *dinp, const float *inp, const float *dout,
+                           int64_t n);
+void loom_gelu_backward_to(float *dinp, const float *inp, const float *dout,
+                           int64_t n);
 /* Inverted dropout: out = inp * mask / (1-p), mask(n) bytes of 0/1 drawn
  * from the counter-based stream `rng` (its counter advances by n). */
 void loom_dropout_forward(float *out, uint8_t *mask, const float *inp,
@@ -185,6 +191,11 @@ void loom_maxpool2d_forward(float *out, int32_t *argmax, const float *inp,
 void loom_maxpool2d_backward(float *dinp, const float *dout,
                              const int32_t *argmax, int N, int C, int H, int W,
                              int K, int S);
+/* Writes all of dinp (zeros where no maximum lies): the bits of the adding
+ * form into a zeroed dinp. */
+void loom_maxpool2d_backward_to(float *dinp, const float *dout,
+                                const int32_t *argmax, int N, int C, int H,
+                                int W, int K, int S);
 
 /* -------------------------------------------------------- CPU features */
 

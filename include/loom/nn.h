@@ -138,6 +138,12 @@ struct loom_module_ops {
   loom_status (*backward)(loom_module *m, loom_nn_ctx *ctx, const float *dout,
                           float *dinp);
   void (*free)(loom_module *m);
+  /* Optional: backward that WRITES every element of dinp (non-NULL)
+   * instead of adding, with the bits backward gives into a zeroed dinp.
+   * Callers use it through loom_module_backward_to for a buffer they would
+   * otherwise clear first: one pass over it instead of three. */
+  loom_status (*backward_to)(loom_module *m, loom_nn_ctx *ctx,
+                             const float *dout, float *dinp);
 };
 
 /* Called with a parameter's index in the model's views and its range of the
@@ -178,6 +184,11 @@ loom_status loom_module_forward(loom_module *m, loom_nn_ctx *ctx,
                                 const void *in, const float **out);
 loom_status loom_module_backward(loom_module *m, loom_nn_ctx *ctx,
                                  const float *dout, float *dinp);
+/* Backward into a dinp whose contents are garbage: the result is that of
+ * clearing dinp and calling loom_module_backward (the module's backward_to
+ * when it has one, else exactly that). */
+loom_status loom_module_backward_to(loom_module *m, loom_nn_ctx *ctx,
+                                    const float *dout, float *dinp);
 /* Frees m and its children; NULL is a no-op. */
 void loom_module_free(loom_module *m);
 const char *loom_module_type(const loom_module *m);

@@ -6,9 +6,9 @@
 #include "kernels/internal.h"
 #include "loom/kernels.h"
 
-/* Column block and row chunk of the bias-gradient sum, as in layernorm. */
-#define LIN_COLS 16
+/* Row chunk of the bias-gradient sum, and the widest column block. */
 #define LIN_ROWS 64
+#define LIN_COLS_MAX 256
 
 loom_status loom_linear_forward(float *out, const float *inp,
                                 const float *weight, const float *bias, int N,
@@ -29,24 +29,33 @@ loom_status loom_linear_forward(float *out, const float *inp,
   return st == LOOM_OK ? st : loom_error_context(st, "linear forward");
 }
 
-/* dbias(OC) += sum over the N rows of dout(N, OC), in row order per column. */
+/* dbias(OC) += sum over the N rows of dout(N, OC): per column, the rows of
+ * each chunk of LIN_ROWS added in order from zero, then the chunks' sums in
+ * order from zero. Each column's arithmetic is the same whatever the column
+ * blocks, so the blocks follow the thread count (one per thread, at most
+ * LIN_COLS_MAX wide: row segments long enough to stream, not a strided walk
+ * down 16-column strips). */
 static void bias_grad(float *dbias, const float *dout, int N, int OC) {
-  const int blocks = (OC + LIN_COLS - 1) / LIN_COLS;
   const int nt = loom_kern_nthreads((int64_t)N * OC, LOOM_KERN_PAR_MIN);
+  int bw = (OC + nt - 1) / nt;
+  bw = (bw + 15) / 16 * 16;
+  bw = bw < 16 ? 16 : bw > LIN_COLS_MAX ? LIN_COLS_MAX : bw;
+  const int blocks = (OC + bw - 1) / bw;
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int cb = 0; cb < blocks; cb++) {
-    const int c0 = cb * LIN_COLS;
-    const int w = OC - c0 < LIN_COLS ? OC - c0 : LIN_COLS;
-    float tot[LIN_COLS] = {0};
+    const int c0 = cb * bw;
+    const int w = OC - c0 < bw ? OC - c0 : bw;
+    float tot[LIN_COLS_MAX] = {0}, part[LIN_COLS_MAX];
     for (int n0 = 0; n0 < N; n0 += LIN_ROWS) {
       const int n1 = n0 + LIN_ROWS < N ? n0 + LIN_ROWS : N;
-      float part[LIN_COLS] = {0};
+      for (int j = 0; j < w; j++)
+        part[j] = 0.0f;
       for (int n = n0; n < n1; n++) {
         const float *d = dout + (int64_t)n * OC + c0;
         for (int j = 0; j < w; j++)
           part[j] += d[j];
       }
-      for (int j = 0; j < LIN_COLS; j++)
+      for (int j = 0; j < w; j++)
         tot[j] += part[j];
     }
     for (int j = 0; j < w; j++)

@@ -43,6 +43,14 @@ static loom_status gelu_backward(loom_module *m, loom_nn_ctx *ctx,
   return LOOM_OK;
 }
 
+static loom_status gelu_backward_to(loom_module *m, loom_nn_ctx *ctx,
+                                    const float *dout, float *dinp) {
+  gelu *r = (gelu *)m;
+  (void)ctx;
+  loom_gelu_backward_to(dinp, r->in, dout, r->n);
+  return LOOM_OK;
+}
+
 static void gelu_free(loom_module *m) { loom_free(m); }
 
 static const loom_module_ops gelu_ops = {
@@ -52,6 +60,7 @@ static const loom_module_ops gelu_ops = {
     .forward = gelu_forward,
     .backward = gelu_backward,
     .free = gelu_free,
+    .backward_to = gelu_backward_to,
 };
 
 loom_status loom_gelu_new(loom_module **out) {

@@ -58,6 +58,15 @@ static loom_status maxpool2d_backward(loom_module *m, loom_nn_ctx *ctx,
   return LOOM_OK;
 }
 
+static loom_status maxpool2d_backward_to(loom_module *m, loom_nn_ctx *ctx,
+                                         const float *dout, float *dinp) {
+  maxpool2d *mp = (maxpool2d *)m;
+  (void)ctx;
+  loom_maxpool2d_backward_to(dinp, dout, mp->argmax, mp->N, mp->C, mp->H,
+                             mp->W, mp->K, mp->S);
+  return LOOM_OK;
+}
+
 static void maxpool2d_free(loom_module *m) { loom_free(m); }
 
 static const loom_module_ops maxpool2d_ops = {
@@ -67,6 +76,7 @@ static const loom_module_ops maxpool2d_ops = {
     .forward = maxpool2d_forward,
     .backward = maxpool2d_backward,
     .free = maxpool2d_free,
+    .backward_to = maxpool2d_backward_to,
 };
 
 loom_status loom_maxpool2d_new(loom_module **out, int K, int S) {

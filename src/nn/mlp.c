@@ -67,8 +67,7 @@ static loom_status mlp_backward(loom_module *m, loom_nn_ctx *ctx,
   }
   memset(p->dg, 0, (size_t)NH * sizeof(float));
   LOOM_TRY(loom_module_backward(p->proj, ctx, dout, p->dg));
-  memset(p->dh, 0, (size_t)NH * sizeof(float));
-  loom_gelu_backward(p->dh, p->h, p->dg, NH);
+  loom_gelu_backward_to(p->dh, p->h, p->dg, NH);
   return loom_module_backward(p->fc, ctx, p->dh, dinp);
 }
 

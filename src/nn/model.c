@@ -406,8 +406,8 @@ loom_status loom_model_backward(loom_model *m, const loom_tensor *doutput,
                         loom_dtype_name(m->in_shape.dtype));
     LOOM_TRY(check_like("input gradient", dinput, &m->in_shape));
     di = dinput->data;
-    memset(di, 0, (size_t)loom_shape_numel(&m->in_shape) * sizeof(float));
   }
   loom_nn_ctx ctx = make_ctx(m);
-  return loom_module_backward(m->root, &ctx, g, di);
+  /* the input gradient is written (or cleared first) */
+  return loom_module_backward_to(m->root, &ctx, g, di);
 }

@@ -154,9 +154,8 @@ loom_status loom_module_forward(loom_module *m, loom_nn_ctx *ctx,
   return m->ops->forward(m, ctx, in, out);
 }
 
-loom_status loom_module_backward(loom_module *m, loom_nn_ctx *ctx,
-                                 const float *dout, float *dinp) {
-  LOOM_TRY(m->ops->backward(m, ctx, dout, dinp));
+/* Reports m's own parameters to the hook, last first. */
+static loom_status report_params(loom_module *m, loom_nn_ctx *ctx) {
   if (ctx->hook)
     for (int k = m->param_count - 1; k >= 0; k--) {
       int i = m->param_first + k;
@@ -164,6 +163,24 @@ loom_status loom_module_backward(loom_module *m, loom_nn_ctx *ctx,
                          ctx->views[i].numel));
     }
   return LOOM_OK;
+}
+
+loom_status loom_module_backward(loom_module *m, loom_nn_ctx *ctx,
+                                 const float *dout, float *dinp) {
+  LOOM_TRY(m->ops->backward(m, ctx, dout, dinp));
+  return report_params(m, ctx);
+}
+
+loom_status loom_module_backward_to(loom_module *m, loom_nn_ctx *ctx,
+                                    const float *dout, float *dinp) {
+  if (dinp && m->ops->backward_to) {
+    LOOM_TRY(m->ops->backward_to(m, ctx, dout, dinp));
+  } else {
+    if (dinp)
+      memset(dinp, 0, (size_t)loom_shape_numel(&m->in) * sizeof(float));
+    LOOM_TRY(m->ops->backward(m, ctx, dout, dinp));
+  }
+  return report_params(m, ctx);
 }
 
 void loom_module_free(loom_module *m) {

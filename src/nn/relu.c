@@ -43,6 +43,14 @@ static loom_status relu_backward(loom_module *m, loom_nn_ctx *ctx,
   return LOOM_OK;
 }
 
+static loom_status relu_backward_to(loom_module *m, loom_nn_ctx *ctx,
+                                    const float *dout, float *dinp) {
+  relu *r = (relu *)m;
+  (void)ctx;
+  loom_relu_backward_to(dinp, r->in, dout, r->n);
+  return LOOM_OK;
+}
+
 static void relu_free(loom_module *m) { loom_free(m); }
 
 static const loom_module_ops relu_ops = {
@@ -52,6 +60,7 @@ static const loom_module_ops relu_ops = {
     .forward = relu_forward,
     .backward = relu_backward,
     .free = relu_free,
+    .backward_to = relu_backward_to,
 };
 
 loom_status loom_relu_new(loom_module **out) {

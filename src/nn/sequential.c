@@ -89,10 +89,12 @@ static loom_status sequential_backward(loom_module *m, loom_nn_ctx *ctx,
     loom_module *kid = s->kids[i].m;
     float *dst = dinp;
     if (i > 0 && (dinp || i > s->lead)) {
+      /* a fresh buffer: written by the child, or cleared for it */
       dst = s->buf[i & 1];
-      memset(dst, 0, (size_t)loom_shape_numel(&kid->in) * sizeof(float));
+      LOOM_TRY(loom_module_backward_to(kid, ctx, g, dst));
+    } else {
+      LOOM_TRY(loom_module_backward(kid, ctx, g, dst));
     }
-    LOOM_TRY(loom_module_backward(kid, ctx, g, dst));
     if (!dst)
       break; /* nothing below needs a gradient */
     g = dst;
