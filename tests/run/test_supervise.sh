@@ -122,7 +122,7 @@ no_leftovers "restart"
 # 7. Elastic: 4 slots, rank 3 fails, the hostfile shrinks to 2 slots during
 #    the restart delay; the group restarts on 2 ranks and finishes.
 printf 'localhost slots=4\n' >"$tmp/hosts"
-"$LOOM" run --hostfile "$tmp/hosts" --min-np 2 --max-np 8 --max-restarts 1 --restart-delay 1 --report "$tmp/r7" \
+"$LOOM" run --hostfile "$tmp/hosts" --min-np 2 --max-np 8 --max-restarts 1 --restart-delay 2 --report "$tmp/r7" \
   "$FAKE" --fault 3:3:exit --steps 6 --resume 2 "$marker" 2>"$tmp/e7" &
 job=$!
 for _ in $(seq 200); do grep -q "restart 1 of 1" "$tmp/e7" && break; sleep 0.05; done
@@ -143,7 +143,7 @@ n=$("$LOOM" run --hostfile "$tmp/hosts" --max-np 1 sh -c "echo $marker" | wc -l)
 "$LOOM" run -n 2 --max-np 2 true 2>/dev/null; [ $? = 2 ] && ok "--max-np without a hostfile: usage error" || bad "--max-np without hosts"
 # The hostfile shrinks below --min-np: the job ends with the failure.
 printf 'localhost slots=2\n' >"$tmp/hosts"
-"$LOOM" run --hostfile "$tmp/hosts" --min-np 2 --max-restarts 1 --restart-delay 1 "$FAKE" --fault 1:2:exit "$marker" 2>"$tmp/e9" &
+"$LOOM" run --hostfile "$tmp/hosts" --min-np 2 --max-restarts 1 --restart-delay 2 "$FAKE" --fault 1:2:exit "$marker" 2>"$tmp/e9" &
 job=$!
 for _ in $(seq 200); do grep -q "restart 1 of 1" "$tmp/e9" && break; sleep 0.05; done
 printf 'localhost slots=1\n' >"$tmp/hosts"
@@ -173,7 +173,7 @@ no_leftovers "late gate"
 [ $rc = 0 ] && grep -q '"event":"standby"' "$tmp/r12" && ok "standby: job finished with its standby waiting" || { bad "standby unused: rc $rc"; cat "$tmp/e12"; }
 no_leftovers "standby unused"
 printf 'localhost slots=3\n' >"$tmp/hosts"
-"$LOOM" run --hostfile "$tmp/hosts" --standby on --max-restarts 1 --restart-delay 1 --report "$tmp/r13" \
+"$LOOM" run --hostfile "$tmp/hosts" --standby on --max-restarts 1 --restart-delay 2 --report "$tmp/r13" \
   "$FAKE" --comm --fault 2:8:exit --steps 12 --step-ms 30 --resume 4 "$marker" 2>"$tmp/e13" &
 job=$!
 for _ in $(seq 200); do grep -q "restart 1 of 1" "$tmp/e13" && break; sleep 0.05; done
