@@ -395,7 +395,10 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
     loom_set_threads((int)cfg->train.threads);
 
   /* Every rank gets through its own setup (a rank without the data fails
-   * here) before the first collective, and all learn whether all did. */
+   * here) before the first collective, and all learn whether all did. A
+   * standby rank (loom run) prepares all of this ahead and waits only
+   * before it reads the checkpoint, which must be the newest. */
+  loom_runstat_gate_defer();
   s = open_world(t);
   if (s == LOOM_OK) {
     loom_runstat_phase(LOOM_RUNSTAT_COMM_READY);
@@ -405,6 +408,7 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   if (t->units > 1 || cfg->parallel.deterministic ||
       cfg->parallel.strategy == LOOM_CFG_STRATEGY_DDP)
     LOOM_TRY_GOTO(s, make_ddp(t), fail);
+  loom_runstat_gate();
   LOOM_TRY_GOTO(s, loom_train_ckpt_resume(t), fail);
   loom_runstat_phase(LOOM_RUNSTAT_LOADED);
   *out = t;
