@@ -196,6 +196,18 @@ void loom_maxpool2d_backward(float *dinp, const float *dout,
 void loom_maxpool2d_backward_to(float *dinp, const float *dout,
                                 const int32_t *argmax, int N, int C, int H,
                                 int W, int K, int S);
+/* Max pooling of relu(inp), as loom_relu_forward then
+ * loom_maxpool2d_forward give it (values and argmax), without the ReLU's
+ * output; and the backward of the pair into relu's input gradient, written
+ * (the bits of loom_maxpool2d_backward_to then loom_relu_backward_to; inp
+ * is relu's input). One pass over the large tensor each way instead of
+ * three: conv, ReLU, pool stacks spend their time streaming it. */
+void loom_relu_maxpool2d_forward(float *out, int32_t *argmax,
+                                 const float *inp, int N, int C, int H, int W,
+                                 int K, int S);
+void loom_relu_maxpool2d_backward_to(float *dinp, const float *dout,
+                                     const int32_t *argmax, const float *inp,
+                                     int N, int C, int H, int W, int K, int S);
 
 /* -------------------------------------------------------- CPU features */
 

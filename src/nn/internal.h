@@ -64,4 +64,21 @@ static inline float *loom_nn_plan_scratch_floats(loom_nn_plan *p, int64_t n) {
   return (float *)loom_nn_plan_scratch(p, (size_t)n * sizeof(float));
 }
 
+/* A ReLU followed by max pooling, run as one (sequential does it): the
+ * pooling reads relu(x) from the ReLU's input as it goes and the ReLU's
+ * output is never written; the ReLU keeps its input for backward. Both
+ * modules planned, the pool on the ReLU's output shape. */
+bool loom_nn_relu_pool_fusable(const loom_module *relu,
+                               const loom_module *pool);
+loom_status loom_nn_relu_pool_forward(loom_module *relu, loom_module *pool,
+                                      const float *in, const float **out);
+/* The pair's backward into the ReLU's input gradient, written. */
+loom_status loom_nn_relu_pool_backward_to(loom_module *relu,
+                                          loom_module *pool,
+                                          const float *dout, float *dinp);
+/* The ReLU's side of it. */
+bool loom_nn_is_relu(const loom_module *m);
+void loom_nn_relu_set_input(loom_module *m, const float *in);
+const float *loom_nn_relu_input(const loom_module *m);
+
 #endif /* LOOM_NN_INTERNAL_H */

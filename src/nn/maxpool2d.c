@@ -79,6 +79,35 @@ static const loom_module_ops maxpool2d_ops = {
     .backward_to = maxpool2d_backward_to,
 };
 
+bool loom_nn_relu_pool_fusable(const loom_module *relu,
+                               const loom_module *pool) {
+  if (!loom_nn_is_relu(relu) || !pool || pool->ops != &maxpool2d_ops)
+    return false;
+  const loom_shape *a = &relu->out, *b = &pool->in;
+  return a->ndim == 4 && b->ndim == 4 && a->dtype == LOOM_F32 &&
+         memcmp(a->dim, b->dim, 4 * sizeof a->dim[0]) == 0;
+}
+
+loom_status loom_nn_relu_pool_forward(loom_module *relu, loom_module *pool,
+                                      const float *in, const float **out) {
+  maxpool2d *mp = (maxpool2d *)pool;
+  loom_nn_relu_set_input(relu, in);
+  loom_relu_maxpool2d_forward(mp->out, mp->argmax, in, mp->N, mp->C, mp->H,
+                              mp->W, mp->K, mp->S);
+  *out = mp->out;
+  return LOOM_OK;
+}
+
+loom_status loom_nn_relu_pool_backward_to(loom_module *relu,
+                                          loom_module *pool,
+                                          const float *dout, float *dinp) {
+  maxpool2d *mp = (maxpool2d *)pool;
+  loom_relu_maxpool2d_backward_to(dinp, dout, mp->argmax,
+                                  loom_nn_relu_input(relu), mp->N, mp->C,
+                                  mp->H, mp->W, mp->K, mp->S);
+  return LOOM_OK;
+}
+
 loom_status loom_maxpool2d_new(loom_module **out, int K, int S) {
   *out = NULL;
   if (K <= 0 || S <= 0)

@@ -63,6 +63,18 @@ static const loom_module_ops relu_ops = {
     .backward_to = relu_backward_to,
 };
 
+bool loom_nn_is_relu(const loom_module *m) {
+  return m && m->ops == &relu_ops;
+}
+
+void loom_nn_relu_set_input(loom_module *m, const float *in) {
+  ((relu *)m)->in = in;
+}
+
+const float *loom_nn_relu_input(const loom_module *m) {
+  return ((const relu *)m)->in;
+}
+
 loom_status loom_relu_new(loom_module **out) {
   *out = NULL;
   relu *r = loom_calloc(1, sizeof *r);

@@ -1,5 +1,6 @@
 /* Sequential: children run in order; backward in reverse through two
- * ping-pong gradient buffers in scratch. */
+ * ping-pong gradient buffers in scratch. A ReLU followed by max pooling
+ * runs as one pass each way (the ReLU's output is never written). */
 #include "nn/internal.h"
 
 #include <stdio.h>
@@ -7,6 +8,7 @@
 typedef struct seq_child {
   loom_module *m;
   char name[LOOM_PARAM_NAME_MAX];
+  bool fuse_next; /* a ReLU run together with the max pooling after it */
 } seq_child;
 
 typedef struct sequential {
@@ -64,6 +66,10 @@ static loom_status sequential_plan(loom_module *m, loom_nn_plan *p,
     loom_nn_plan_scratch_release(p, kid_mark);
   }
   loom_nn_plan_scratch_release(p, mark);
+  for (int i = 0; i < s->n; i++)
+    s->kids[i].fuse_next =
+        i + 1 < s->n && (i == 0 || !s->kids[i - 1].fuse_next) &&
+        loom_nn_relu_pool_fusable(s->kids[i].m, s->kids[i + 1].m);
   *out = x;
   return LOOM_OK;
 }
@@ -74,7 +80,13 @@ static loom_status sequential_forward(loom_module *m, loom_nn_ctx *ctx,
   const void *x = in;
   for (int i = 0; i < s->n; i++) {
     const float *y;
-    LOOM_TRY(loom_module_forward(s->kids[i].m, ctx, x, &y));
+    if (s->kids[i].fuse_next) {
+      LOOM_TRY(loom_nn_relu_pool_forward(s->kids[i].m, s->kids[i + 1].m, x,
+                                         &y));
+      i++;
+    } else {
+      LOOM_TRY(loom_module_forward(s->kids[i].m, ctx, x, &y));
+    }
     x = y;
   }
   *out = x;
@@ -85,14 +97,36 @@ static loom_status sequential_backward(loom_module *m, loom_nn_ctx *ctx,
                                        const float *dout, float *dinp) {
   sequential *s = (sequential *)m;
   const float *g = dout;
+  int cur = -1; /* the buffer g is in; the next fresh one is the other */
   for (int i = s->n - 1; i >= 0; i--) {
     loom_module *kid = s->kids[i].m;
     float *dst = dinp;
-    if (i > 0 && (dinp || i > s->lead)) {
+    /* the ReLU of a fused pair (i - 1, i) writing its input gradient */
+    int first = i >= 1 && s->kids[i - 1].fuse_next ? i - 1 : i;
+    if (first > 0 && (dinp || first > s->lead)) {
       /* a fresh buffer: written by the child, or cleared for it */
-      dst = s->buf[i & 1];
-      LOOM_TRY(loom_module_backward_to(kid, ctx, g, dst));
+      cur = cur == 0 ? 1 : 0;
+      dst = s->buf[cur];
+      if (first < i) {
+        LOOM_TRY(loom_nn_relu_pool_backward_to(s->kids[first].m, kid, g,
+                                               dst));
+        i = first;
+      } else {
+        LOOM_TRY(loom_module_backward_to(kid, ctx, g, dst));
+      }
+    } else if (first < i && !dinp) {
+      break; /* a ReLU and a pool first, nothing below needs a gradient */
     } else {
+      /* into the caller's dinp (adding) or the pair's pool first, apart */
+      if (first < i) {
+        cur = cur == 0 ? 1 : 0;
+        dst = s->buf[cur];
+        LOOM_TRY(loom_module_backward_to(kid, ctx, g, dst));
+        g = dst;
+        i = first;
+        kid = s->kids[i].m;
+        dst = dinp;
+      }
       LOOM_TRY(loom_module_backward(kid, ctx, g, dst));
     }
     if (!dst)

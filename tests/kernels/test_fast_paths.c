@@ -116,6 +116,51 @@ static void pool_case(int N, int C, int H, int W, int K, int S) {
   loom_free(dref);
 }
 
+/* ReLU then pooling, fused, against the two kernels one after the other. */
+static void relu_pool_case(int N, int C, int H, int W, int K, int S) {
+  const int OH = (H - K) / S + 1, OW = (W - K) / S + 1;
+  const size_t ni = (size_t)N * C * H * W, no = (size_t)N * C * OH * OW;
+  float *x = kt_rand(ni, 12, -1, 1);
+  salt(x, ni, 13);
+  float *d = kt_rand(no, 14, -1, 1);
+  salt(d, no, 15);
+  loom_set_threads(1);
+  float *r = garbage(ni), *ref = garbage(no), *pd = garbage(ni);
+  float *dref = garbage(ni);
+  int32_t *aref = loom_malloc(no * sizeof(int32_t));
+  loom_relu_forward(r, x, (int64_t)ni);
+  loom_maxpool2d_forward(ref, aref, r, N, C, H, W, K, S);
+  loom_maxpool2d_backward_to(pd, d, aref, N, C, H, W, K, S);
+  loom_relu_backward_to(dref, x, pd, (int64_t)ni);
+  for (int t = 0; t < 3; t++) {
+    loom_set_threads(threads[t]);
+    float *out = garbage(no), *dx = garbage(ni);
+    int32_t *am = loom_malloc(no * sizeof(int32_t));
+    loom_relu_maxpool2d_forward(out, am, x, N, C, H, W, K, S);
+    KT_CHECK_SAME_BITS(out, ref, no);
+    TT_CHECK(memcmp(am, aref, no * sizeof(int32_t)) == 0);
+    loom_relu_maxpool2d_backward_to(dx, d, am, x, N, C, H, W, K, S);
+    KT_CHECK_SAME_BITS(dx, dref, ni);
+    loom_free(out);
+    loom_free(dx);
+    loom_free(am);
+  }
+  loom_free(x);
+  loom_free(d);
+  loom_free(r);
+  loom_free(ref);
+  loom_free(pd);
+  loom_free(dref);
+  loom_free(aref);
+}
+
+TT_TEST(relu_maxpool_fused) {
+  relu_pool_case(4, 5, 24, 24, 2, 2);
+  relu_pool_case(2, 3, 9, 11, 2, 2);
+  relu_pool_case(2, 3, 13, 15, 3, 2); /* overlapping: the two-pass form */
+  relu_pool_case(2, 2, 12, 12, 3, 3);
+}
+
 /* 24 wide: one vector of 8 outputs and a tail of 4; 8 wide: tail only; 35:
  * odd width; 3x3 stride 2: overlapping windows. */
 TT_TEST(maxpool_forward_backward_to) {
@@ -172,6 +217,7 @@ TT_TEST(bias_gradient_order) {
 int main(void) {
   TT_RUN(relu_gelu_backward_to);
   TT_RUN(maxpool_forward_backward_to);
+  TT_RUN(relu_maxpool_fused);
   TT_RUN(bias_gradient_order);
   return tt_finish();
 }

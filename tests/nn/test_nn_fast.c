@@ -128,10 +128,95 @@ TT_TEST(cnn_written_gradients) {
   loom_free(buf);
 }
 
+/* conv, relu, pool, linear: the ReLU and pool run fused; with the pool
+ * wrapped in a sequential of its own they cannot be. The same bits. */
+static void conv_relu_pool(bool fusable, loom_model **out) {
+  loom_module *seq, *k, *wrap;
+  TT_REQUIRE_OK(loom_sequential_new(&seq));
+  TT_REQUIRE_OK(loom_conv2d_new(&k, 1, 3, 3, 1, 0, true));
+  TT_REQUIRE_OK(loom_sequential_add(seq, "conv", k));
+  TT_REQUIRE_OK(loom_relu_new(&k));
+  TT_REQUIRE_OK(loom_sequential_add(seq, "relu", k));
+  TT_REQUIRE_OK(loom_maxpool2d_new(&k, 2, 2));
+  if (fusable) {
+    TT_REQUIRE_OK(loom_sequential_add(seq, "pool", k));
+  } else {
+    TT_REQUIRE_OK(loom_sequential_new(&wrap));
+    TT_REQUIRE_OK(loom_sequential_add(wrap, "pool", k));
+    TT_REQUIRE_OK(loom_sequential_add(seq, "wrap", wrap));
+  }
+  TT_REQUIRE_OK(loom_flatten_new(&k));
+  TT_REQUIRE_OK(loom_sequential_add(seq, "flat", k));
+  TT_REQUIRE_OK(loom_linear_new(&k, 3 * 5 * 5, 4, true));
+  TT_REQUIRE_OK(loom_sequential_add(seq, "fc", k));
+  TT_REQUIRE_OK(loom_model_new(out, seq, NULL));
+}
+
+TT_TEST(relu_pool_fused_as_apart) {
+  loom_model *a = NULL, *b = NULL;
+  conv_relu_pool(true, &a);
+  conv_relu_pool(false, &b);
+  TT_REQUIRE(a && b);
+  int64_t n = loom_model_num_params(a);
+  TT_REQUIRE(n == loom_model_num_params(b));
+  memcpy(loom_model_params(b), loom_model_params(a),
+         (size_t)n * sizeof(float));
+  float *buf;
+  loom_tensor x = images(6, 1, 12, 12, &buf);
+  int64_t nx = loom_tensor_numel(&x);
+  float *ga = loom_malloc((size_t)n * sizeof(float));
+  float *gb = loom_malloc((size_t)n * sizeof(float));
+  float *da = loom_malloc((size_t)nx * sizeof(float));
+  float *db = loom_malloc((size_t)nx * sizeof(float));
+  loom_tensor oa, ob;
+  run(a, &x, ga, da, NAN);
+  TT_REQUIRE_OK(loom_model_forward(a, &x, &oa));
+  run(b, &x, gb, db, 0.0f);
+  TT_REQUIRE_OK(loom_model_forward(b, &x, &ob));
+  TT_CHECK(memcmp(oa.data, ob.data, (size_t)loom_tensor_numel(&oa) * 4) == 0);
+  TT_CHECK(memcmp(ga, gb, (size_t)n * sizeof(float)) == 0);
+  TT_CHECK(memcmp(da, db, (size_t)nx * sizeof(float)) == 0);
+  /* without the input gradient too */
+  run(a, &x, ga, NULL, 0.0f);
+  TT_CHECK(memcmp(ga, gb, (size_t)n * sizeof(float)) == 0);
+  loom_free(ga);
+  loom_free(gb);
+  loom_free(da);
+  loom_free(db);
+  loom_free(buf);
+  loom_model_free(a);
+  loom_model_free(b);
+}
+
+/* a ReLU and a pool first: nothing before them needs their gradient */
+TT_TEST(relu_pool_first) {
+  loom_module *seq, *k;
+  TT_REQUIRE_OK(loom_sequential_new(&seq));
+  TT_REQUIRE_OK(loom_relu_new(&k));
+  TT_REQUIRE_OK(loom_sequential_add(seq, "relu", k));
+  TT_REQUIRE_OK(loom_maxpool2d_new(&k, 2, 2));
+  TT_REQUIRE_OK(loom_sequential_add(seq, "pool", k));
+  TT_REQUIRE_OK(loom_conv2d_new(&k, 2, 3, 3, 1, 0, true));
+  TT_REQUIRE_OK(loom_sequential_add(seq, "conv", k));
+  TT_REQUIRE_OK(loom_flatten_new(&k));
+  TT_REQUIRE_OK(loom_sequential_add(seq, "flat", k));
+  TT_REQUIRE_OK(loom_linear_new(&k, 3 * 4 * 4, 4, true));
+  TT_REQUIRE_OK(loom_sequential_add(seq, "fc", k));
+  loom_model *m;
+  TT_REQUIRE_OK(loom_model_new(&m, seq, NULL));
+  float *buf;
+  loom_tensor x = images(3, 2, 12, 12, &buf);
+  check_model(m, &x);
+  loom_model_free(m);
+  loom_free(buf);
+}
+
 int main(void) {
   loom_set_threads(1);
   TT_RUN(mlp_skips_unneeded_input_gradient);
   TT_RUN(leading_children_without_parameters);
   TT_RUN(cnn_written_gradients);
+  TT_RUN(relu_pool_fused_as_apart);
+  TT_RUN(relu_pool_first);
   return tt_finish();
 }
