@@ -6,7 +6,9 @@
 #   usage: bench/ddp_scaling.sh [BUILD_DIR] [MODELS] [PROCS]
 #   MODELS: all (default) or a comma list of fashion-mlp, fashion-cnn, kjv-gpt
 # Environment: STEPS (timed steps; default per model), REPEAT (rounds of loom's
-# 1-rank and P-rank runs, medians kept; default 3), LOOM_DDP_ARGS (more
+# 1-rank and P-rank runs, medians kept; default 3), TORCH_REPEAT (rounds of
+# the PyTorch peer, run inside loom's rounds so that both see the same phases
+# of a shared machine, medians kept; default 1), LOOM_DDP_ARGS (more
 # ddp_bench options, e.g. "--bucket-mb 5 --compress bf16"), NO_TORCH=1 (loom
 # only), RAW=FILE (keep the JSON result lines).
 set -euo pipefail
@@ -42,15 +44,30 @@ ranks() {
 steps=()
 [ -n "${STEPS:-}" ] && steps=(--steps "$STEPS")
 REPEAT=${REPEAT:-3}
+TORCH_REPEAT=${TORCH_REPEAT:-1}
+[ "${NO_TORCH:-0}" = 1 ] && TORCH_REPEAT=0
+torch_round() {
+  bench_torch ddp_scaling --model "$1" --procs "$PROCS" --threads 1 --nosync \
+    ${STEPS:+--steps "$STEPS"} || bench_note "pytorch $1 failed"
+}
 IFS=, read -ra models <<<"$MODELS"
 for m in "${models[@]}"; do
-  # Rounds of (1 rank, P ranks) one after the other, so that slow phases of a
-  # shared machine hit both sides; each side's median round is kept.
-  ones=() manys=()
-  for ((r = 0; r < REPEAT; r++)); do
-    ones+=("$(ranks 1 --model "$m" "${steps[@]}" | grep '^{')")
-    # shellcheck disable=SC2086
-    manys+=("$(ranks "$PROCS" --model "$m" "${steps[@]}" --nosync ${LOOM_DDP_ARGS:-} | grep '^{')")
+  # Rounds of (1 rank, P ranks[, PyTorch]) one after the other, so that slow
+  # phases of a shared machine hit every side; each side's median round is
+  # kept.
+  ones=() manys=() torch_lines=()
+  rounds=$((REPEAT > TORCH_REPEAT ? REPEAT : TORCH_REPEAT))
+  for ((r = 0; r < rounds; r++)); do
+    if ((r < REPEAT)); then
+      ones+=("$(ranks 1 --model "$m" "${steps[@]}" | grep '^{')")
+      # shellcheck disable=SC2086
+      manys+=("$(ranks "$PROCS" --model "$m" "${steps[@]}" --nosync ${LOOM_DDP_ARGS:-} | grep '^{')")
+    fi
+    if ((r < TORCH_REPEAT)); then
+      while IFS= read -r line; do
+        torch_lines+=("$line")
+      done < <(torch_round "$m" | grep '^{')
+    fi
   done
   # The efficiency of the medians, and a note.
   "$TORCH_PYTHON" - "${#ones[@]}" "${ones[@]}" "${manys[@]}" >>"$out" <<'EOF'
@@ -84,9 +101,22 @@ print(f"[bench] loom {r['model']}: {p} ranks {r['throughput']:,.0f} {r['unit']} 
       f"reduction {ms('comm_wait_s')}, optimizer {ms('optim_s')}; reduction on the comm thread "
       f"{ms('reduce_s')} in {r['buckets']} buckets", file=sys.stderr)
 EOF
-  if [ "${NO_TORCH:-0}" != 1 ]; then
-    bench_torch ddp_scaling --model "$m" --procs "$PROCS" --threads 1 --nosync \
-      ${STEPS:+--steps "$STEPS"} >>"$out" || bench_note "pytorch $m failed"
+  if ((${#torch_lines[@]} > 0)); then
+    # the median round of each process count
+    "$TORCH_PYTHON" - "${torch_lines[@]}" >>"$out" <<'EOF'
+import json, sys
+by = {}
+for a in sys.argv[1:]:
+    r = json.loads(a)
+    by.setdefault(r.get("procs"), []).append(r)
+for rs in by.values():
+    rs.sort(key=lambda r: r.get("throughput", 0))
+    med = rs[len(rs) // 2]
+    if len(rs) > 1:
+        med["rounds"] = len(rs)
+        med["round_throughputs"] = [r.get("throughput") for r in rs]
+    print(json.dumps(med))
+EOF
   fi
 done
 bench_table "$out"
