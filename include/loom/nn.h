@@ -307,6 +307,10 @@ typedef struct loom_model_opts {
   loom_init_scheme init;   /* default torch */
   float init_std;          /* gpt2: 0.02 */
   int init_n_layer;        /* gpt2: residual projections / sqrt(2 n); 0 off */
+  /* Parameters left zero, drawn later (if at all) by loom_model_init_params
+   * with the same values: for a model about to be loaded from a checkpoint,
+   * whose draws would be thrown away (false). */
+  bool defer_init;
 } loom_model_opts;
 loom_model_opts loom_model_opts_default(void);
 

@@ -84,6 +84,14 @@ typedef struct loom_train_opts {
   int64_t stop_at;
   /* Print progress and eval lines (rank 0 only later). */
   bool quiet;
+  /* One forward and backward on a real batch before the checkpoint is
+   * read, every piece of state it touched restored after (the run's bits do
+   * not change): the new process's one-off costs (oneDNN's first calls,
+   * first touches of activation and gradient memory, the first
+   * collectives) are paid before the time counts. -1 (default): on a
+   * standby rank of loom run (LOOM_RUN_GATE set), which does it while it
+   * waits for a failure; 0 never; 1 always. */
+  int warm_up;
 } loom_train_opts;
 
 loom_train_opts loom_train_opts_default(void);

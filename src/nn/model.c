@@ -177,7 +177,10 @@ loom_status loom_model_new(loom_model **out, loom_module *root,
   m->entries = v.entries; /* taken over */
   v.entries = NULL;
   m->layout_hash = hash_layout(m->views, m->nviews);
-  LOOM_TRY_GOTO(st, loom_model_init_params(m, &o), fail);
+  if (o.defer_init)
+    memset(m->params, 0, (size_t)m->numel * sizeof(float));
+  else
+    LOOM_TRY_GOTO(st, loom_model_init_params(m, &o), fail);
   loom_nn_visit_release(&v);
   *out = m;
   return LOOM_OK;

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -15,7 +16,7 @@
 #include "train/trainer.h"
 
 loom_train_opts loom_train_opts_default(void) {
-  loom_train_opts o = {"auto", 0, false};
+  loom_train_opts o = {"auto", 0, false, -1};
   return o;
 }
 
@@ -27,6 +28,7 @@ static loom_status build_model(loom_trainer *t) {
   const loom_config_model *mc = &t->cfg.model;
   loom_model_opts mo = loom_model_opts_default();
   mo.seed = (uint64_t)t->cfg.train.seed;
+  mo.defer_init = t->init_deferred;
   switch (mc->name) {
   case LOOM_CFG_MODEL_MLP: {
     loom_fashion_mlp_opts o = loom_fashion_mlp_opts_default();
@@ -376,6 +378,103 @@ static loom_status setup_local(loom_trainer *t) {
   return loom_train_ckpt_prepare(t);
 }
 
+/* Whether loom_train_ckpt_resume may load a checkpoint (its early returns
+ * aside, it depends on what is on disk after the gate). */
+static bool may_resume(const loom_trainer *t) {
+  if (strcmp(t->resume, "never") == 0)
+    return false;
+  if (strcmp(t->resume, "auto") == 0)
+    return t->cfg.checkpoint.enabled && t->cfg.checkpoint.dir[0];
+  return true;
+}
+
+/* No checkpoint was loaded after all: the draws that loom_model_new skipped,
+ * the same values by construction (each parameter's stream is keyed by the
+ * seed and its index), and rank 0's replace the others' as DDP's set-up
+ * broadcast did. */
+static loom_status init_fresh(loom_trainer *t) {
+  LOOM_TRY(loom_model_init_params(t->model, NULL));
+  if (t->nranks > 1) {
+    float *p = loom_model_params(t->model);
+    loom_req r = LOOM_REQ_INIT;
+    LOOM_TRY(loom_broadcast(p, p, (size_t)loom_model_num_params(t->model),
+                            LOOM_F32, 0, t->world, &r));
+    LOOM_TRY(loom_wait(&r));
+  }
+  return LOOM_OK;
+}
+
+static loom_status forward_rows(loom_trainer *t, const loom_batch *b,
+                                int64_t lo, int64_t n, loom_xent_stats *st,
+                                loom_step_times *tm);
+static loom_status backward_rows(loom_trainer *t, float scale,
+                                 loom_step_times *tm);
+
+static bool wants_warm_up(const loom_trainer *t) {
+  if (t->opts.warm_up >= 0)
+    return t->opts.warm_up > 0;
+  /* A standby rank: loom_runstat_gate is about to wait for loom run. */
+  const char *gate = getenv("LOOM_RUN_GATE");
+  return gate && *gate;
+}
+
+/* One micro-batch through forward and backward, as the loop runs it (the
+ * same shapes, shards and gradient reductions), then the state put back:
+ * gradients zero, DDP's sync flag and statistics, the model's dropout keys.
+ * The loader is not used (the batch is filled directly) and the optimizer
+ * does not step, so nothing else changed. The reductions are collectives:
+ * every rank of the group warms up, or none. */
+static loom_status warm_up(loom_trainer *t) {
+  loom_batch b;
+  memset(&b, 0, sizeof b);
+  int64_t rows = t->batch < t->train_len ? t->batch : t->train_len;
+  int64_t *idx = loom_malloc((size_t)rows * sizeof *idx);
+  if (!idx)
+    return LOOM_ERR_NOMEM;
+  for (int64_t i = 0; i < rows; i++)
+    idx[i] = i;
+  loom_step_times tm = {0};
+  bool sync = t->ddp ? loom_ddp_get_sync(t->ddp) : true;
+  int S = t->shards;
+  int64_t R = t->cfg.train.batch_size;
+  loom_status s = LOOM_OK;
+  LOOM_TRY_GOTO(s, loom_batch_alloc(&b, t->train_ds, t->batch), done);
+  LOOM_TRY_GOTO(s, loom_dataset_fill(t->train_ds, 0, idx, rows, &b), done);
+  b.epoch = 0;
+  b.index = 0;
+  if (t->ddp) {
+    LOOM_TRY_GOTO(s, loom_ddp_zero_grad(t->ddp), done);
+    loom_ddp_set_sync(t->ddp, true);
+  } else {
+    loom_model_zero_grad(t->model);
+  }
+  for (int j = 0; j < S; j++) {
+    int64_t lo = S > 1 ? j * R : 0;
+    int64_t n = S > 1 ? b.size - lo : b.size;
+    n = n < 0 ? 0 : S > 1 && n > R ? R : n;
+    if (S > 1)
+      LOOM_TRY_GOTO(s, loom_ddp_shard_begin(t->ddp, j), done);
+    if (n == 0)
+      continue;
+    loom_xent_stats st;
+    LOOM_TRY_GOTO(s, forward_rows(t, &b, lo, n, &st, &tm), done);
+    LOOM_TRY_GOTO(s, backward_rows(t, 1.0f, &tm), done);
+  }
+  if (t->ddp) {
+    LOOM_TRY_GOTO(s, loom_ddp_wait(t->ddp), done);
+    LOOM_TRY_GOTO(s, loom_ddp_zero_grad(t->ddp), done);
+    loom_ddp_set_sync(t->ddp, sync);
+    loom_ddp_reset_stats(t->ddp);
+  } else {
+    loom_model_zero_grad(t->model);
+  }
+  loom_model_set_step(t->model, 0, 0);
+done:
+  loom_batch_free(&b);
+  loom_free(idx);
+  return s == LOOM_OK ? s : loom_error_context(s, "warming up");
+}
+
 loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
                              const loom_train_opts *opts) {
   *out = NULL;
@@ -391,6 +490,7 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
            t->opts.resume ? t->opts.resume : "auto");
   t->opts.resume = t->resume;
   t->accumulate = cfg->train.accumulate;
+  t->init_deferred = may_resume(t);
   if (cfg->train.threads > 0)
     loom_set_threads((int)cfg->train.threads);
 
@@ -408,8 +508,18 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   if (t->units > 1 || cfg->parallel.deterministic ||
       cfg->parallel.strategy == LOOM_CFG_STRATEGY_DDP)
     LOOM_TRY_GOTO(s, make_ddp(t), fail);
+  if (wants_warm_up(t)) {
+    double t0 = loom_time_now();
+    LOOM_TRY_GOTO(s, loom_train_agree(t, warm_up(t), "warming up"), fail);
+    if (t->rank == 0 && !t->opts.quiet)
+      LOOM_INFO("warmed up before the checkpoint read (one forward and "
+                "backward, state restored): %.2f s",
+                loom_time_now() - t0);
+  }
   loom_runstat_gate();
   LOOM_TRY_GOTO(s, loom_train_ckpt_resume(t), fail);
+  if (t->init_deferred && !t->resumed)
+    LOOM_TRY_GOTO(s, init_fresh(t), fail);
   loom_runstat_phase(LOOM_RUNSTAT_LOADED);
   *out = t;
   return LOOM_OK;

@@ -440,6 +440,7 @@ loom_status loom_train_ckpt_resume(loom_trainer *t) {
     return LOOM_OK;
   loom_status s = restore(t, c);
   s = loom_train_agree(t, s, "resuming");
+  t->resumed = s == LOOM_OK;
   if (s == LOOM_OK && t->rank == 0 && !t->opts.quiet)
     LOOM_INFO("resuming from %s (step %lld, written by %d rank%s; data: "
               "epoch %lld from sample %lld)",

@@ -86,6 +86,11 @@ struct loom_trainer {
   int units;          /* reduction units: ranks, or virtual shards */
   int64_t train_len;  /* samples in the training set */
 
+  /* Recovery. With a checkpoint to load, the model is built without its
+   * random draws; they are made only when none was loaded after all. */
+  bool init_deferred;
+  bool resumed; /* the state came from a checkpoint */
+
   /* Fault injection (LOOM_FAULT): this rank's faults, armed in a job's
    * first attempt only. */
   loom_fault faults[LOOM_FAULT_MAX];

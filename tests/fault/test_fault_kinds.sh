@@ -78,6 +78,16 @@ for item in 1:14:exit:3 1:14:segv 1:14:hang 1:14:corrupt 1:24:slow:0.1 \
   fi
 done
 
+# -- the standby group's ranks warm up (forward and backward, state restored)
+# before their gate: the restart ends with the same bits.
+LOOM_LOG=info LOOM_FAULT=1:14:exit:3 run 2 "$tmp/warm" --max-restarts 1 \
+  --restart-delay 0 --standby on
+d=$(digest "$tmp/warm/ckpt")
+[ $rc = 0 ] && has "restart 1 of 1" && has "warmed up before the checkpoint" &&
+  [ "$d" = "$ref" ] && ! left_behind "$tmp/warm" &&
+  ok "standby warmed up, restarted: same bits (${secs} s)" ||
+  { bad "standby warm-up: rc $rc, state '$d' != '$ref'"; cat "$tmp/out"; }
+
 # -- --max-restarts 0: the failing rank's status, and a message.
 LOOM_FAULT=1:14:exit:3 run 2 "$tmp/n_exit" --max-restarts 0
 [ $rc = 3 ] && has "fault injected: exit 3 at step 14" &&
