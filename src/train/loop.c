@@ -404,6 +404,22 @@ static loom_status init_fresh(loom_trainer *t) {
   return LOOM_OK;
 }
 
+/* Rows [lo, lo + n) of a batch of `size` rows that virtual shard j takes
+ * (train.batch_size each; a short last batch leaves later shards empty); the
+ * whole batch without virtual shards. */
+static void shard_rows(const loom_trainer *t, int64_t size, int j,
+                       int64_t *lo, int64_t *n) {
+  if (t->shards <= 1) {
+    *lo = 0;
+    *n = size;
+    return;
+  }
+  int64_t R = t->cfg.train.batch_size;
+  *lo = j * R;
+  int64_t left = size - *lo;
+  *n = left < 0 ? 0 : left > R ? R : left;
+}
+
 static loom_status forward_rows(loom_trainer *t, const loom_batch *b,
                                 int64_t lo, int64_t n, loom_xent_stats *st,
                                 loom_step_times *tm);
@@ -436,7 +452,6 @@ static loom_status warm_up(loom_trainer *t) {
   loom_step_times tm = {0};
   bool sync = t->ddp ? loom_ddp_get_sync(t->ddp) : true;
   int S = t->shards;
-  int64_t R = t->cfg.train.batch_size;
   loom_status s = LOOM_OK;
   LOOM_TRY_GOTO(s, loom_batch_alloc(&b, t->train_ds, t->batch), done);
   LOOM_TRY_GOTO(s, loom_dataset_fill(t->train_ds, 0, idx, rows, &b), done);
@@ -449,9 +464,8 @@ static loom_status warm_up(loom_trainer *t) {
     loom_model_zero_grad(t->model);
   }
   for (int j = 0; j < S; j++) {
-    int64_t lo = S > 1 ? j * R : 0;
-    int64_t n = S > 1 ? b.size - lo : b.size;
-    n = n < 0 ? 0 : S > 1 && n > R ? R : n;
+    int64_t lo, n;
+    shard_rows(t, b.size, j, &lo, &n);
     if (S > 1)
       LOOM_TRY_GOTO(s, loom_ddp_shard_begin(t->ddp, j), done);
     if (n == 0)
@@ -612,7 +626,6 @@ static volatile sig_atomic_t stop_requested;
 static loom_status step_micro(loom_trainer *t, double *sums,
                               loom_step_times *tm, int64_t *epoch) {
   int S = t->shards;
-  int64_t R = t->cfg.train.batch_size; /* rows of a virtual shard */
   loom_loader_state ls;
   loom_loader_get_state(t->train_loader, &ls);
   int64_t total = 0;
@@ -633,9 +646,8 @@ static loom_status step_micro(loom_trainer *t, double *sums,
     if (t->ddp)
       loom_ddp_set_sync(t->ddp, last);
     for (int j = 0; j < S; j++) {
-      int64_t lo = S > 1 ? j * R : 0;
-      int64_t n = S > 1 ? b->size - lo : b->size;
-      n = n < 0 ? 0 : S > 1 && n > R ? R : n;
+      int64_t lo, n;
+      shard_rows(t, b->size, j, &lo, &n);
       if (S > 1)
         LOOM_TRY(loom_ddp_shard_begin(t->ddp, j));
       if (n == 0)
