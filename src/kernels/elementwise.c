@@ -106,15 +106,18 @@ void loom_gelu_forward(float *out, const float *inp, int64_t n) {
 
 /* d/dx x s(2u) = s + 2 x s (1 - s) u', s = sigmoid(2u),
  * u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2). */
+static inline float gelu_slope(float x) {
+  const float u = GELU_S * fmaf(GELU_A * x * x, x, x);
+  const float sg = 1.0f / (1.0f + loom_kern_expf(-2.0f * u));
+  const float du = GELU_S * fmaf(3.0f * GELU_A, x * x, 1.0f);
+  return fmaf(2.0f * x * sg * (1.0f - sg), du, sg);
+}
+
 void loom_gelu_backward(float *dinp, const float *inp, const float *dout,
                         int64_t n) {
   EW_PARALLEL(n, {
     for (int64_t i = i0; i < i1; i++) {
-      const float x = inp[i];
-      const float u = GELU_S * fmaf(GELU_A * x * x, x, x);
-      const float sg = 1.0f / (1.0f + loom_kern_expf(-2.0f * u));
-      const float du = GELU_S * fmaf(3.0f * GELU_A, x * x, 1.0f);
-      const float d = fmaf(2.0f * x * sg * (1.0f - sg), du, sg);
+      const float d = gelu_slope(inp[i]);
       dinp[i] = fmaf(d, dout[i], dinp[i]);
     }
   });
@@ -124,11 +127,7 @@ void loom_gelu_backward_to(float *dinp, const float *inp, const float *dout,
                            int64_t n) {
   EW_PARALLEL(n, {
     for (int64_t i = i0; i < i1; i++) {
-      const float x = inp[i];
-      const float u = GELU_S * fmaf(GELU_A * x * x, x, x);
-      const float sg = 1.0f / (1.0f + loom_kern_expf(-2.0f * u));
-      const float du = GELU_S * fmaf(3.0f * GELU_A, x * x, 1.0f);
-      const float d = fmaf(2.0f * x * sg * (1.0f - sg), du, sg);
+      const float d = gelu_slope(inp[i]);
       dinp[i] = fmaf(d, dout[i], 0.0f);
     }
   });
