@@ -545,11 +545,11 @@ fail:
 void loom_trainer_free(loom_trainer *t) {
   if (!t)
     return;
-  if (t->pending) {
-    loom_ckpt_writer_wait(t->pending);
-    loom_ckpt_writer_free(t->pending);
+  if (t->save.w) {
+    loom_ckpt_writer_wait(t->save.w);
+    loom_ckpt_writer_free(t->save.w);
   }
-  loom_ckpt_writer_free(t->committing); /* joins its thread */
+  loom_ckpt_writer_free(t->commit.w); /* joins its thread */
   loom_free(t->snap); /* the write thread read it until the wait above */
   loom_ddp_free(t->ddp);
   loom_progress_free(t->progress);

@@ -96,35 +96,20 @@ static loom_status saved(loom_trainer *t, loom_status st, int64_t step) {
  * end) is concluded there with collectives, the commit before the next
  * write starts, so the two never compete for the disk. */
 
-/* This rank's write outcome; waits for the write the first time. */
-static loom_status write_status(loom_trainer *t) {
-  if (!t->pending_done) {
-    loom_status st = t->pending_status;
-    if (st == LOOM_OK && t->pending)
-      st = loom_ckpt_writer_wait(t->pending);
+/* A background job's outcome (this rank's write, rank 0's commit); waits
+ * for its thread the first time. */
+static loom_status bg_status(loom_ckpt_bg *bg) {
+  if (!bg->done) {
+    loom_status st = bg->status;
+    if (st == LOOM_OK && bg->w)
+      st = loom_ckpt_writer_wait(bg->w);
     if (st != LOOM_OK)
-      snprintf(t->pending_msg, sizeof t->pending_msg, "%s", loom_last_error());
-    t->pending_status = st;
-    t->pending_done = true;
+      snprintf(bg->msg, sizeof bg->msg, "%s", loom_last_error());
+    bg->status = st;
+    bg->done = true;
   }
-  if (t->pending_status != LOOM_OK)
-    return loom_error(t->pending_status, "%s", t->pending_msg);
-  return LOOM_OK;
-}
-
-/* Rank 0's commit outcome; waits for the commit thread the first time. */
-static loom_status commit_status(loom_trainer *t) {
-  if (!t->commit_done) {
-    loom_status st = t->commit_status;
-    if (st == LOOM_OK && t->committing)
-      st = loom_ckpt_writer_wait(t->committing);
-    if (st != LOOM_OK)
-      snprintf(t->commit_msg, sizeof t->commit_msg, "%s", loom_last_error());
-    t->commit_status = st;
-    t->commit_done = true;
-  }
-  if (t->commit_status != LOOM_OK)
-    return loom_error(t->commit_status, "%s", t->commit_msg);
+  if (bg->status != LOOM_OK)
+    return loom_error(bg->status, "%s", bg->msg);
   return LOOM_OK;
 }
 
@@ -135,51 +120,51 @@ static bool thread_done(loom_ckpt_writer *w) {
   return done;
 }
 
-/* Every rank, with the same st: the commit of commit_step is over. */
+/* Every rank, with the same st: the commit of commit.step is over. */
 static loom_status conclude_commit(loom_trainer *t, loom_status st) {
-  loom_ckpt_writer_free(t->committing);
-  t->committing = NULL;
-  t->commit_active = false;
-  return saved(t, st, t->commit_step);
+  loom_ckpt_writer_free(t->commit.w);
+  t->commit.w = NULL;
+  t->commit.active = false;
+  return saved(t, st, t->commit.step);
 }
 
-/* Every rank, with the same st: every write of pending_step is over. On
+/* Every rank, with the same st: every write of save.step is over. On
  * success rank 0 starts the commit. */
 static loom_status conclude_write(loom_trainer *t, loom_status st) {
-  loom_ckpt_writer *w = t->pending;
-  int64_t step = t->pending_step;
-  t->pending = NULL;
-  t->pending_active = false;
-  t->pending_done = false;
+  loom_ckpt_writer *w = t->save.w;
+  int64_t step = t->save.step;
+  t->save.w = NULL;
+  t->save.active = false;
+  t->save.done = false;
   if (st != LOOM_OK) {
     if (t->rank == 0 && w)
       loom_ckpt_writer_abort(w);
     loom_ckpt_writer_free(w);
     return outcome(t, st, step);
   }
-  t->commit_status = LOOM_OK;
-  t->commit_done = false;
+  t->commit.status = LOOM_OK;
+  t->commit.done = false;
   if (t->rank == 0 && loom_ckpt_writer_commit_start(w) != LOOM_OK) {
-    t->commit_status = loom_ckpt_writer_commit(w); /* no thread: here */
-    if (t->commit_status != LOOM_OK)
-      snprintf(t->commit_msg, sizeof t->commit_msg, "%s", loom_last_error());
-    t->commit_done = true;
+    t->commit.status = loom_ckpt_writer_commit(w); /* no thread: here */
+    if (t->commit.status != LOOM_OK)
+      snprintf(t->commit.msg, sizeof t->commit.msg, "%s", loom_last_error());
+    t->commit.done = true;
   }
   if (t->rank != 0) {
     loom_ckpt_writer_free(w);
     w = NULL;
   }
-  t->committing = w;
-  t->commit_step = step;
-  t->commit_active = true;
+  t->commit.w = w;
+  t->commit.step = step;
+  t->commit.active = true;
   return LOOM_OK;
 }
 
 /* Concludes an open commit now: rank 0 waits for it; all agree. */
 static loom_status finish_commit(loom_trainer *t) {
-  if (!t->commit_active)
+  if (!t->commit.active)
     return LOOM_OK;
-  loom_status st = t->rank == 0 ? commit_status(t) : LOOM_OK;
+  loom_status st = t->rank == 0 ? bg_status(&t->commit) : LOOM_OK;
   return conclude_commit(t,
                          loom_train_agree(t, st, "committing the checkpoint"));
 }
@@ -188,52 +173,52 @@ static loom_status finish_commit(loom_trainer *t) {
  * commits; on several, every rank waits for its write, they agree, and
  * rank 0 commits (waited for by the finish_commit that follows). */
 static loom_status finish_pending(loom_trainer *t) {
-  if (!t->pending_active)
+  if (!t->save.active)
     return LOOM_OK;
   if (t->nranks == 1) {
-    loom_status st = write_status(t);
-    int64_t step = t->pending_step;
-    loom_ckpt_writer_free(t->pending);
-    t->pending = NULL;
-    t->pending_active = false;
-    t->pending_done = false;
+    loom_status st = bg_status(&t->save);
+    int64_t step = t->save.step;
+    loom_ckpt_writer_free(t->save.w);
+    t->save.w = NULL;
+    t->save.active = false;
+    t->save.done = false;
     return saved(t, st, step);
   }
   return conclude_write(
-      t, loom_train_agree(t, write_status(t), "writing the checkpoint"));
+      t, loom_train_agree(t, bg_status(&t->save), "writing the checkpoint"));
 }
 
 void loom_train_ckpt_flags(loom_trainer *t, double *sums) {
   if (t->nranks == 1)
     return;
-  if (t->pending_active && (t->pending_done || t->pending_status != LOOM_OK ||
-                            thread_done(t->pending))) {
+  if (t->save.active && (t->save.done || t->save.status != LOOM_OK ||
+                            thread_done(t->save.w))) {
     sums[SUM_WRITTEN] = 1;
-    sums[SUM_WRITE_FAILED] = write_status(t) != LOOM_OK;
+    sums[SUM_WRITE_FAILED] = bg_status(&t->save) != LOOM_OK;
   }
-  if (t->rank == 0 && t->commit_active &&
-      (t->commit_done || thread_done(t->committing)))
-    sums[SUM_COMMITTED] = commit_status(t) == LOOM_OK ? 1 : 2;
+  if (t->rank == 0 && t->commit.active &&
+      (t->commit.done || thread_done(t->commit.w)))
+    sums[SUM_COMMITTED] = bg_status(&t->commit) == LOOM_OK ? 1 : 2;
 }
 
 loom_status loom_train_ckpt_poll(loom_trainer *t, const double *g) {
   if (t->nranks == 1)
     return LOOM_OK;
   /* The commit first: one started below was not in these sums. */
-  if (t->commit_active && g[SUM_COMMITTED] != 0) {
+  if (t->commit.active && g[SUM_COMMITTED] != 0) {
     loom_status st = LOOM_OK;
     if (g[SUM_COMMITTED] != 1)
       st = t->rank == 0
-               ? commit_status(t)
+               ? bg_status(&t->commit)
                : loom_error(LOOM_ERR_REMOTE,
                             "committing the checkpoint failed on rank 0; its "
                             "message says why");
     LOOM_TRY(conclude_commit(t, st));
   }
-  if (t->pending_active && g[SUM_WRITTEN] == (double)t->nranks) {
+  if (t->save.active && g[SUM_WRITTEN] == (double)t->nranks) {
     loom_status st = LOOM_OK;
     if (g[SUM_WRITE_FAILED] > 0) {
-      st = write_status(t);
+      st = bg_status(&t->save);
       if (st == LOOM_OK)
         st = loom_error(LOOM_ERR_REMOTE,
                         "writing the checkpoint failed on %.0f rank(s); "
@@ -331,13 +316,13 @@ done:
     /* Concluded later on every rank, even when this one failed already
      * (the others must not wait for it alone). */
     t->ckpt_seconds += loom_time_now() - t0;
-    t->pending = w;
-    t->pending_status = s;
+    t->save.w = w;
+    t->save.status = s;
     if (s != LOOM_OK)
-      snprintf(t->pending_msg, sizeof t->pending_msg, "%s", loom_last_error());
-    t->pending_done = false;
-    t->pending_step = t->step;
-    t->pending_active = true;
+      snprintf(t->save.msg, sizeof t->save.msg, "%s", loom_last_error());
+    t->save.done = false;
+    t->save.step = t->step;
+    t->save.active = true;
     return LOOM_OK;
   }
   s = saved(t, conclude(t, w, s), t->step);

@@ -35,6 +35,17 @@ enum {
   SUM_N
 };
 
+/* A checkpoint write or commit that runs on a thread and is concluded by
+ * all ranks at one step boundary. */
+typedef struct loom_ckpt_bg {
+  loom_ckpt_writer *w; /* its writer, NULL when none started */
+  bool active;         /* it (maybe failed) waits to be concluded */
+  bool done;           /* its outcome on this rank is known */
+  loom_status status;  /* that outcome (or how its start went) */
+  char msg[512];       /* and its message */
+  int64_t step;
+} loom_ckpt_bg;
+
 struct loom_trainer {
   loom_config cfg;
   loom_train_opts opts;
@@ -55,18 +66,8 @@ struct loom_trainer {
   int64_t step;               /* optimizer steps done */
   /* Async saves. A write in flight, then (multi-rank) rank 0's commit on
    * a thread; each concluded by all ranks at one step boundary. */
-  loom_ckpt_writer *pending;  /* the write in flight */
-  bool pending_active;        /* a save (maybe failed) waits to conclude */
-  bool pending_done;          /* its outcome on this rank is known */
-  loom_status pending_status; /* that outcome (or how its start went) */
-  char pending_msg[512];      /* and its message */
-  int64_t pending_step;
-  loom_ckpt_writer *committing; /* rank 0: the commit thread's writer */
-  bool commit_active;           /* a commit waits to be concluded */
-  bool commit_done;             /* rank 0: it finished */
-  loom_status commit_status;    /* rank 0: its outcome (or how it started) */
-  char commit_msg[512];
-  int64_t commit_step;
+  loom_ckpt_bg save;   /* the write in flight */
+  loom_ckpt_bg commit; /* rank 0: the commit thread */
   double ckpt_seconds; /* step time spent saving, in total */
   /* Async saves copy this rank's share of the state here, (K, hi - lo) for
    * params and each optimizer state: one allocation, touched once, reused,
