@@ -279,6 +279,8 @@ void loom_runstat_phase(loom_run_phase p);     /* records the phase and its wall
  * reads the checkpoint: the wait moves there. Both are no-ops otherwise. */
 void loom_runstat_gate_defer(void);
 void loom_runstat_gate(void);
+/* Whether this rank is a standby one still before its gate. */
+bool loom_runstat_standby(void);
 void loom_runstat_step(int64_t step);          /* a completed step (first one timestamped); one pwrite */
 void loom_runstat_note(const char *what);      /* e.g. "fault injected: segv at step 37", "watchdog: ..." */
 void loom_runstat_exit(int code);              /* the exit code the process is about to return */

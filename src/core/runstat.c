@@ -276,6 +276,11 @@ static bool gate_deferred, gate_passed;
 
 void loom_runstat_gate_defer(void) { gate_deferred = true; }
 
+bool loom_runstat_standby(void) {
+  const char *gate = getenv("LOOM_RUN_GATE");
+  return !gate_passed && gate && *gate;
+}
+
 void loom_runstat_gate(void) {
   loom_runstat_init();
   if (gate_passed || !getenv("LOOM_RUN_GATE"))

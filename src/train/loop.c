@@ -3,7 +3,6 @@
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -429,9 +428,7 @@ static loom_status backward_rows(loom_trainer *t, float scale,
 static bool wants_warm_up(const loom_trainer *t) {
   if (t->opts.warm_up >= 0)
     return t->opts.warm_up > 0;
-  /* A standby rank: loom_runstat_gate is about to wait for loom run. */
-  const char *gate = getenv("LOOM_RUN_GATE");
-  return gate && *gate;
+  return loom_runstat_standby(); /* loom_runstat_gate is about to wait */
 }
 
 /* One micro-batch through forward and backward, as the loop runs it (the
