@@ -1033,13 +1033,13 @@ int loom_cmd_run(int argc, char **argv) {
       join_cmd(&cmd, now_cmd, sizeof now_cmd);
       standby = strcmp(now_cmd, jb.standby_cmd) == 0;
     }
-    if (!standby && jb.standby_attempt == attempt) {
-      /* Discarded: its ranks' files must not pass for the new group's. */
+    if (!standby) {
       loom_run_standby_kill();
-      remove_dir(adir);
-      mkdir(adir, 0755);
-    } else if (!standby) {
-      loom_run_standby_kill();
+      if (jb.standby_attempt == attempt) {
+        /* Discarded: its ranks' files must not pass for the new group's. */
+        remove_dir(adir);
+        mkdir(adir, 0755);
+      }
     }
     cJSON *ev = report_event(attempt ? "restart" : "start", attempt);
     cJSON_AddNumberToObject(ev, "np", pi.np);
