@@ -37,6 +37,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+LOOM_API_BEGIN
 
 #define LOOM_CKPT_FORMAT_VERSION 1
 /* Bytes of the short names (buffers, strategy, optimizer, schedule, RNG
@@ -295,6 +296,7 @@ loom_status loom_ckpt_damage_parse(const char *s, loom_ckpt_damage_kind *out);
 loom_status loom_ckpt_damage(const char *dir, loom_ckpt_damage_kind kind,
                              int rank);
 
+LOOM_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -12,6 +12,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+LOOM_API_BEGIN
 
 /* ------------------------------------------------------------- concepts
  *
@@ -46,6 +47,19 @@ extern "C" {
 
 /* Exit status of a job aborted by the watchdog (EX_TEMPFAIL: try again). */
 #define LOOM_COMM_EXIT_TIMEOUT 75
+
+/* Told just before the watchdog aborts the job: `why` is the request's
+ * error text, `exit_code` LOOM_COMM_EXIT_TIMEOUT. Runs on the communication
+ * thread, so it must only record (the trainer passes it on to its
+ * supervisor through loom_runstat_note/exit, see loom/run.h); comm itself
+ * knows nothing of supervisors. One hook per process; NULL removes it. */
+typedef void (*loom_comm_abort_hook)(void *ctx, const char *why, int exit_code);
+void loom_comm_set_abort_hook(loom_comm_abort_hook fn, void *ctx);
+
+/* The MPI this library was built against: "openmpi", "mpich", "mpi" (another
+ * implementation) or "none"; its launcher must be the one that starts the
+ * ranks, or each starts as a one-rank job. */
+const char *loom_comm_mpi_impl(void);
 
 /* ------------------------------------------------------------ reductions */
 
@@ -252,6 +266,7 @@ loom_status loom_group_call(loom_comm_fn fn, void *ctx, loom_group *g,
 loom_status loom_comm_mpi_types(loom_dtype dt, loom_redop op, void *mpi_dtype,
                                 void *mpi_op);
 
+LOOM_API_END
 #ifdef __cplusplus
 }
 #endif

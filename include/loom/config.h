@@ -13,6 +13,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+LOOM_API_BEGIN
 
 /* ----------------------------------------------------------- value enums */
 
@@ -299,6 +300,7 @@ loom_status loom_config_format(const loom_config *cfg,
  * schema; *out is freed with loom_free. */
 loom_status loom_config_schema_markdown(char **out);
 
+LOOM_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -8,9 +8,27 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Symbol visibility. libloom is built with -fvisibility=hidden; everything
+ * declared between LOOM_API_BEGIN and LOOM_API_END in a public header (each
+ * header under include/loom/ wraps its declarations in them) is exported
+ * from the shared library, nothing else is: internal.h declarations stay
+ * private. A function added to a public header is exported without another
+ * marker to forget; LOOM_API marks a single declaration elsewhere.
+ * tests/arch/symbols.sh compares the exports with the headers. */
+#if defined(__GNUC__) || defined(__clang__)
+#define LOOM_API __attribute__((visibility("default")))
+#define LOOM_API_BEGIN _Pragma("GCC visibility push(default)")
+#define LOOM_API_END _Pragma("GCC visibility pop")
+#else
+#define LOOM_API
+#define LOOM_API_BEGIN
+#define LOOM_API_END
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+LOOM_API_BEGIN
 
 /* ---------------------------------------------------------------- status */
 
@@ -49,7 +67,8 @@ const char *loom_last_error(void);
  * `return loom_error(LOOM_ERR_IO, "cannot open %s", path);` reads well. */
 loom_status loom_error(loom_status s, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-loom_status loom_verror(loom_status s, const char *fmt, va_list ap);
+loom_status loom_verror(loom_status s, const char *fmt, va_list ap)
+    __attribute__((format(printf, 2, 0)));
 /* Prepends context ("loading checkpoint: ") to the current message. */
 loom_status loom_error_context(loom_status s, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
@@ -252,70 +271,10 @@ uint64_t loom_hash64(uint64_t h, const void *data, size_t n);
 
 /* ------------------------------------------------------------ run status */
 
-/* Run status: what a rank tells its supervisor (loom run). When LOOM_RUN_DIR is set
- * each rank keeps a small file there, rewritten in place; otherwise every call is a no-op. */
-#define LOOM_RUNSTAT_PHASE_LIST(X)                                             \
-  X(LOOM_RUNSTAT_START, "start")                                               \
-  X(LOOM_RUNSTAT_COMM_READY, "comm_ready")                                     \
-  X(LOOM_RUNSTAT_LOADED, "loaded")                                             \
-  X(LOOM_RUNSTAT_TRAINING, "training")                                         \
-  X(LOOM_RUNSTAT_DONE, "done")
-
-typedef enum {
-#define LOOM_X_ENUM(name, text) name,
-  LOOM_RUNSTAT_PHASE_LIST(LOOM_X_ENUM)
-#undef LOOM_X_ENUM
-      LOOM_RUNSTAT_PHASE_COUNT
-} loom_run_phase; /* not loom_runstat_phase: C gives a type and a function
-                     one name space, and the function keeps that name */
-
-void loom_runstat_init(void);                 /* idempotent; reads LOOM_RUN_DIR and the rank */
-void loom_runstat_phase(loom_run_phase p);     /* records the phase and its wall-clock time */
-/* A rank of a standby group (loom run sets LOOM_RUN_GATE to a file's path)
- * waits in loom_runstat_phase(LOOM_RUNSTAT_COMM_READY) until that file
- * exists, then records the phase again with that time. A program that can
- * prepare more before it needs the checkpoint (data, model) calls
- * loom_runstat_gate_defer() first and loom_runstat_gate() just before it
- * reads the checkpoint: the wait moves there. Both are no-ops otherwise. */
-void loom_runstat_gate_defer(void);
-void loom_runstat_gate(void);
-/* Whether this rank is a standby one still before its gate. */
-bool loom_runstat_standby(void);
-void loom_runstat_step(int64_t step);          /* a completed step (first one timestamped); one pwrite */
-void loom_runstat_note(const char *what);      /* e.g. "fault injected: segv at step 37", "watchdog: ..." */
-void loom_runstat_exit(int code);              /* the exit code the process is about to return */
-void loom_runstat_fatal_signals(void);         /* SIGSEGV/SIGBUS/SIGFPE/SIGILL/SIGABRT: record signal + time (async-signal-safe), then re-raise with the default action */
-
-/* "start", "comm_ready", ...; "?" out of range. */
-const char *loom_runstat_phase_name(loom_run_phase p);
-
-/* One rank's file as read back (by loom run and tests). Times are seconds
- * since the Unix epoch (CLOCK_REALTIME), 0 when not recorded. */
-#define LOOM_RUNSTAT_NOTE_MAX 200
-typedef struct loom_runstat_record {
-  int rank;
-  int pid;
-  char host[64];
-  int phase; /* the last phase recorded, -1 none */
-  double t_phase[LOOM_RUNSTAT_PHASE_COUNT];
-  int64_t step;       /* the last completed step, -1 none */
-  int64_t first_step; /* the first step this process completed, -1 none */
-  double t_step, t_first_step;
-  int exit_code; /* -1: none recorded; -2: left through exit() without
-                    loom_runstat_exit (code unknown) */
-  int signal;    /* fatal signal caught, 0 none */
-  double t_exit; /* when the exit code or signal was recorded */
-  char note[LOOM_RUNSTAT_NOTE_MAX + 1];
-} loom_runstat_record;
-
-/* Reads the file of `rank` in `dir`. LOOM_ERR_IO when it does not exist (yet),
- * LOOM_ERR_CORRUPT when it is incomplete (read while written: read again). */
-loom_status loom_runstat_read(const char *dir, int rank,
-                              loom_runstat_record *out);
-
 /* Library version string ("0.1.0"). */
 const char *loom_version(void);
 
+LOOM_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -11,6 +11,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+LOOM_API_BEGIN
 
 /* Dimension letters: N samples in a data set, B rows in a (local) batch,
  * GB rows in a global batch (B * world), C channels, H height, W width,
@@ -343,6 +344,7 @@ loom_status loom_kjv_default_path(char *buf, size_t cap);
 loom_status loom_kjv_prepare(const char *path, const loom_kjv_opts *opts,
                              loom_kjv_info *info);
 
+LOOM_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -16,6 +16,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+LOOM_API_BEGIN
 
 /* ------------------------------------------------------------------ GEMM */
 
@@ -217,6 +218,7 @@ typedef struct loom_cpu_features {
 /* Read once from CPUID (and, for AMX, whether the OS granted tile state). */
 const loom_cpu_features *loom_cpu_get_features(void);
 
+LOOM_API_END
 #ifdef __cplusplus
 }
 #endif

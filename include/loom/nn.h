@@ -11,6 +11,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+LOOM_API_BEGIN
 
 /* A parameter is a view into the model's flat buffers: the same offset
  * addresses its values in the parameter buffer, its gradient in the gradient
@@ -445,6 +446,7 @@ loom_gpt_opts loom_gpt_opts_default(void);
 loom_status loom_gpt_new(loom_model **out, const loom_gpt_opts *o,
                          const loom_model_opts *mo);
 
+LOOM_API_END
 #ifdef __cplusplus
 }
 #endif

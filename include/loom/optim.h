@@ -17,6 +17,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+LOOM_API_BEGIN
 
 /* ------------------------------------------------------------ optimizers */
 
@@ -228,6 +229,7 @@ bool loom_scaler_unscale(const loom_scaler *s, float *g, int64_t n);
  * (kept only if finite). */
 void loom_scaler_update(loom_scaler *s, bool found_inf);
 
+LOOM_API_END
 #ifdef __cplusplus
 }
 #endif

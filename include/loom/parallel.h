@@ -17,6 +17,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+LOOM_API_BEGIN
 
 /* ------------------------------------------------------------- concepts
  *
@@ -172,6 +173,7 @@ void loom_ddp_reset_stats(loom_ddp *d);
  * 1 - wait_s / reduce_s, clamped to [0, 1] (1 when nothing was reduced). */
 double loom_ddp_hidden_share(const loom_ddp_stats *s);
 
+LOOM_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -13,6 +13,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+LOOM_API_BEGIN
 
 /* ------------------------------------------------------------- progress */
 
@@ -162,6 +163,7 @@ typedef struct loom_fault {
 loom_status loom_fault_parse(const char *spec, loom_fault *faults, int max,
                              int *n);
 
+LOOM_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -6,7 +6,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "cli/cli.h"
+#include "cli.h"
 #include "loom/ckpt.h"
 
 static void usage(FILE *f) {

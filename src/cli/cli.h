@@ -2,6 +2,8 @@
 #ifndef LOOM_CLI_H
 #define LOOM_CLI_H
 
+#include "loom/run.h" /* loom_run_main: `loom run` */
+
 /* Exit codes of the tool. */
 #define LOOM_EXIT_OK 0
 #define LOOM_EXIT_FAIL 1  /* a run failed (I/O, numerical, remote rank) */
@@ -19,14 +21,13 @@ typedef struct loom_cli_cmd {
  * one-line help. */
 #define LOOM_CLI_COMMANDS(X)                                                   \
   X("train", loom_cmd_train, "train a model from a YAML config")             \
-  X("run", loom_cmd_run, "launch N ranks (mpirun or srun) and supervise them") \
+  X("run", loom_run_main, "launch N ranks (mpirun or srun) and supervise them") \
   X("data", loom_cmd_data, "prepare data sets (e.g. the KJV text)")           \
   X("ckpt", loom_cmd_ckpt, "inspect checkpoints")                             \
   X("config", loom_cmd_config, "check a config, show it resolved, list keys")  \
   X("bench", loom_cmd_bench, "measure kernels and collectives")
 
 int loom_cmd_train(int argc, char **argv); /* train.c */
-int loom_cmd_run(int argc, char **argv);   /* run.c */
 int loom_cmd_data(int argc, char **argv);  /* data.c */
 int loom_cmd_ckpt(int argc, char **argv);  /* ckpt.c */
 int loom_cmd_config(int argc, char **argv); /* config.c */

@@ -4,7 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli/cli.h"
+#include "cli.h"
+#include "loom/run.h"
 #include "loom/comm.h"
 #include "loom/config.h"
 #include "loom/train.h"

@@ -4,7 +4,7 @@
  * nonblocking MPI collectives, large all-reduces cut into pipelined chunks.
  * Check headers travel point to point on a duplicate communicator, so a
  * rank that never arrives is visible by name. */
-#include "comm/internal.h"
+#include "internal.h"
 
 #ifdef LOOM_HAVE_MPI
 
@@ -885,3 +885,16 @@ loom_status loom_comm_mpi_types(loom_dtype dt, loom_redop op, void *mpi_dtype,
 }
 
 #endif
+
+/* Which MPI the file was compiled against (mpi.h's own macros). */
+const char *loom_comm_mpi_impl(void) {
+#if defined(LOOM_HAVE_MPI) && defined(OPEN_MPI)
+  return "openmpi";
+#elif defined(LOOM_HAVE_MPI) && defined(MPICH_VERSION)
+  return "mpich";
+#elif defined(LOOM_HAVE_MPI)
+  return "mpi";
+#else
+  return "none";
+#endif
+}

@@ -1,6 +1,6 @@
 /* The `self` backend: a world of one rank, no MPI. Collectives are copies;
  * send and recv to oneself match by tag. */
-#include "comm/internal.h"
+#include "internal.h"
 
 #include <stdio.h>
 #include <string.h>

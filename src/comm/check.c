@@ -1,6 +1,6 @@
 /* Collective descriptions, their comparison across ranks (LOOM_COMM_CHECK)
  * and the texts of comm errors. */
-#include "comm/internal.h"
+#include "internal.h"
 
 #include <stdarg.h>
 #include <stdio.h>

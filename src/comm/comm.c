@@ -1,7 +1,7 @@
 /* The comm layer's front: world and split groups, posting operations to the
  * one communication thread of the process, requests, and that thread's loop
  * with its watchdog. */
-#include "comm/internal.h"
+#include "internal.h"
 
 #include <sched.h>
 #include <stdarg.h>
@@ -170,6 +170,21 @@ static int start_op(loom_comm_ctx *ctx, loom_op *op, double now) {
   return ctx->be->start(g, op);
 }
 
+/* The abort hook: set by the trainer, read by the communication thread. */
+static _Atomic(loom_comm_abort_hook) g_abort_fn;
+static void *_Atomic g_abort_ctx;
+
+void loom_comm_set_abort_hook(loom_comm_abort_hook fn, void *ctx) {
+  atomic_store(&g_abort_ctx, ctx);
+  atomic_store(&g_abort_fn, fn);
+}
+
+static void abort_hook_call(const char *why, int code) {
+  loom_comm_abort_hook fn = atomic_load(&g_abort_fn);
+  if (fn)
+    fn(atomic_load(&g_abort_ctx), why, code);
+}
+
 static void watchdog_fire(loom_comm_ctx *ctx, loom_op *op) {
   loom_group *g = op->group;
   char who[200], what[160];
@@ -190,8 +205,7 @@ static void watchdog_fire(loom_comm_ctx *ctx, loom_op *op) {
   mark_broken(g, LOOM_ERR_TIMEOUT, op->err);
   if (ctx->opts.abort_on_timeout && g->size > 1) {
     /* Told to loom run before the abort, which takes this process down. */
-    loom_runstat_note(op->err);
-    loom_runstat_exit(LOOM_COMM_EXIT_TIMEOUT);
+    abort_hook_call(op->err, LOOM_COMM_EXIT_TIMEOUT);
     LOOM_LOG_ERROR("comm: aborting the job (exit code %d) so that it can be "
                    "restarted; LOOM_COMM_ABORT=0 keeps it alive",
                    LOOM_COMM_EXIT_TIMEOUT);

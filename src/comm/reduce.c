@@ -1,6 +1,6 @@
 /* Reduction kernels of the comm layer: k inputs combined in a fixed order,
  * bf16 and f16 accumulated in f32 and rounded once. */
-#include "comm/internal.h"
+#include "internal.h"
 
 #include <string.h>
 

@@ -7,7 +7,7 @@
  * Why not MPI here: Debian's Open MPI 4.1 reaches ~1.2 GB/s bus bandwidth on
  * a 64 MB all-reduce between two ranks of one host while this path reaches
  * ~2.4 GB/s; MPI stays the path between hosts and the reference. */
-#include "comm/internal.h"
+#include "internal.h"
 
 #include <errno.h>
 #include <fcntl.h>

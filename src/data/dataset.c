@@ -1,5 +1,5 @@
 /* Data sets in general: name tables, info, batches, dispatch of fills. */
-#include "data/internal.h"
+#include "internal.h"
 
 #include <errno.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /* IDX files ((Fashion-)MNIST): gzip or plain through zlib, fully checked. */
-#include "data/internal.h"
+#include "internal.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /* Image data sets from IDX files (Fashion-MNIST): bytes in memory, batches
  * normalised to f32. */
-#include "data/internal.h"
+#include "internal.h"
 
 #include <stdio.h>
 #include <string.h>

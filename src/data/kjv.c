@@ -1,6 +1,6 @@
 /* The KJV preparation step: runs Debian's `bible`, strips the verse
  * references and caches the text (checked by size and CRC32C). */
-#include "data/internal.h"
+#include "internal.h"
 
 #include <ctype.h>
 #include <errno.h>

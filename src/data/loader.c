@@ -1,6 +1,6 @@
 /* The prefetching loader: a thread fills a ring of batch buffers in
  * sequence order while the caller computes; positions make it resumable. */
-#include "data/internal.h"
+#include "internal.h"
 
 #include <pthread.h>
 #include <stdio.h>

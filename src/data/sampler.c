@@ -1,6 +1,6 @@
 /* The distributed sampler: one shuffled order per epoch, keyed by (seed,
  * epoch), cut into global batches whose contiguous slices go to the ranks. */
-#include "data/internal.h"
+#include "internal.h"
 
 #include <string.h>
 

@@ -1,6 +1,6 @@
 /* Token data sets: byte-level text files and llm.c `.bin` shards, cut into
  * windows of T+1 tokens. */
-#include "data/internal.h"
+#include "internal.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -10,7 +10,7 @@
 #include <omp.h>
 #include <string.h>
 
-#include "kernels/internal.h"
+#include "internal.h"
 #include "loom/kernels.h"
 
 /* Query rows per block: block r sees keys [0, (r+1) RB). Smaller blocks skip

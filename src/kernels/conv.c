@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/internal.h"
+#include "internal.h"
 #include "loom/kernels.h"
 
 /* Columns one chunk's GEMM should reach (nb = ceil(CONV_COLS / P)). */

@@ -7,7 +7,7 @@
  * shape decides what is summed where: the bits do not depend on the thread
  * count. Primitives are built once per shape and cached. Scratch (blocked
  * copies, partials, oneDNN's scratchpad) lives in the caller's col buffer. */
-#include "kernels/internal.h"
+#include "internal.h"
 
 #ifdef LOOM_HAVE_DNNL
 #include <omp.h>

@@ -6,7 +6,7 @@
 #include <immintrin.h>
 #endif
 
-#include "kernels/internal.h"
+#include "internal.h"
 #include "loom/kernels.h"
 
 /* Elements per parallel chunk: big enough to amortise scheduling, small

@@ -4,7 +4,7 @@
 #include <omp.h>
 #include <string.h>
 
-#include "kernels/internal.h"
+#include "internal.h"
 #include "loom/kernels.h"
 
 #define EMB_COLS 16

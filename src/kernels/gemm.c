@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/internal.h"
+#include "internal.h"
 #include "loom/kernels.h"
 
 #ifdef LOOM_HAVE_DNNL

@@ -4,7 +4,7 @@
 #include <math.h>
 #include <omp.h>
 
-#include "kernels/internal.h"
+#include "internal.h"
 #include "loom/kernels.h"
 
 #define LN_EPS 1e-5f

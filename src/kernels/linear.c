@@ -3,7 +3,7 @@
 #include <omp.h>
 #include <string.h>
 
-#include "kernels/internal.h"
+#include "internal.h"
 #include "loom/kernels.h"
 
 /* Row chunk of the bias-gradient sum, and the widest column block. */

@@ -8,7 +8,7 @@
 #include <immintrin.h>
 #endif
 
-#include "kernels/internal.h"
+#include "internal.h"
 #include "loom/kernels.h"
 
 #if defined(__AVX2__)

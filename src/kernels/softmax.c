@@ -4,7 +4,7 @@
 #include <math.h>
 #include <omp.h>
 
-#include "kernels/internal.h"
+#include "internal.h"
 #include "loom/kernels.h"
 
 /* probs(C) = softmax(x); returns log(sum exp(x - max)) and the max. */

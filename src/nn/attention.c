@@ -1,6 +1,6 @@
 /* Causal multi-head self-attention: qkv projection, the attention kernel,
  * output projection. */
-#include "nn/internal.h"
+#include "internal.h"
 
 typedef struct attention {
   loom_module base;

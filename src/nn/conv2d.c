@@ -1,5 +1,5 @@
 /* 2-D convolution over (N,C,H,W) by the im2col kernels. */
-#include "nn/internal.h"
+#include "internal.h"
 
 typedef struct conv2d {
   loom_module base;

@@ -1,6 +1,6 @@
 /* Inverted dropout with counter-based masks keyed by (seed, module, step,
  * sample): the same masks whatever the thread count, rank or world size. */
-#include "nn/internal.h"
+#include "internal.h"
 
 /* "DROP": the purpose word of dropout streams (init uses another). */
 #define DROPOUT_PURPOSE 0x44524f5000000000ULL

@@ -1,5 +1,5 @@
 /* Token embedding, optionally plus a learned position embedding. */
-#include "nn/internal.h"
+#include "internal.h"
 
 typedef struct embedding {
   loom_module base;

@@ -1,5 +1,5 @@
 /* Flatten (N, d1, d2, ...) to (N, d1*d2*...): a view, no copy. */
-#include "nn/internal.h"
+#include "internal.h"
 
 typedef struct flatten {
   loom_module base;

@@ -1,5 +1,5 @@
 /* GELU (tanh form), elementwise over any f32 shape. */
-#include "nn/internal.h"
+#include "internal.h"
 
 typedef struct gelu {
   loom_module base;

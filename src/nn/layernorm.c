@@ -1,5 +1,5 @@
 /* LayerNorm over the last dimension (eps 1e-5), with or without bias. */
-#include "nn/internal.h"
+#include "internal.h"
 
 typedef struct layernorm {
   loom_module base;

@@ -1,6 +1,6 @@
 /* Linear layers: out = in @ weight^T + bias; also the weight-tied variant
  * (a GPT's output layer reusing the token embedding). */
-#include "nn/internal.h"
+#include "internal.h"
 
 typedef struct linear {
   loom_module base;

@@ -1,5 +1,5 @@
 /* Max pooling over (N,C,H,W), no padding. */
-#include "nn/internal.h"
+#include "internal.h"
 
 typedef struct maxpool2d {
   loom_module base;

@@ -1,5 +1,5 @@
 /* MLP of a transformer block: linear, GELU, linear, optional dropout. */
-#include "nn/internal.h"
+#include "internal.h"
 
 typedef struct mlp {
   loom_module base;

@@ -1,7 +1,7 @@
 /* Models: one flat parameter buffer and one flat gradient buffer in forward
  * order, parameter views, initialisation, the activation arena, forward and
  * backward with the gradient hook. */
-#include "nn/internal.h"
+#include "internal.h"
 
 #include <math.h>
 

@@ -1,5 +1,5 @@
 /* Builders of the reference models: fashion-mlp, fashion-cnn, kjv-gpt. */
-#include "nn/internal.h"
+#include "internal.h"
 
 #include <stdio.h>
 

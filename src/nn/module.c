@@ -1,6 +1,6 @@
 /* The module protocol: shapes, the activation plan, parameter listing and the
  * generic calls that wrap every module type's table. */
-#include "nn/internal.h"
+#include "internal.h"
 
 #include <stdio.h>
 

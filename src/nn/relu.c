@@ -1,5 +1,5 @@
 /* ReLU, elementwise over any f32 shape. */
-#include "nn/internal.h"
+#include "internal.h"
 
 typedef struct relu {
   loom_module base;

@@ -1,5 +1,5 @@
 /* Residual: out = in + f(in). */
-#include "nn/internal.h"
+#include "internal.h"
 
 typedef struct residual {
   loom_module base;

@@ -1,7 +1,7 @@
 /* Sequential: children run in order; backward in reverse through two
  * ping-pong gradient buffers in scratch. A ReLU followed by max pooling
  * runs as one pass each way (the ReLU's output is never written). */
-#include "nn/internal.h"
+#include "internal.h"
 
 #include <stdio.h>
 

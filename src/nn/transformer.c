@@ -1,5 +1,5 @@
 /* Pre-LN transformer block: r = x + attn(ln1(x)); out = r + mlp(ln2(r)). */
-#include "nn/internal.h"
+#include "internal.h"
 
 typedef struct block {
   loom_module base;

@@ -1,5 +1,5 @@
 /* Softmax cross-entropy loss with mean reduction, accuracy counts. */
-#include "nn/internal.h"
+#include "internal.h"
 
 struct loom_xent {
   int64_t cap; /* rows the buffers hold */

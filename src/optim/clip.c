@@ -9,7 +9,7 @@
 #include <immintrin.h>
 #endif
 
-#include "optim/internal.h"
+#include "internal.h"
 
 /* Chunks summed per parallel round: the partial sums fit on the stack. */
 #define ROUND_CHUNKS 512

@@ -9,7 +9,7 @@
 #include <immintrin.h>
 #endif
 
-#include "optim/internal.h"
+#include "internal.h"
 
 static const char *const kind_names[] = {
 #define LOOM_X_ROW(name, text) text,

@@ -5,7 +5,7 @@
 #include <omp.h>
 #include <string.h>
 
-#include "optim/internal.h"
+#include "internal.h"
 
 loom_scaler loom_scaler_default(void) {
   loom_scaler s;

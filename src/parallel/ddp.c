@@ -659,8 +659,8 @@ static loom_status check_ranks(loom_ddp *d, loom_status mine) {
   static const char *const what[CK_STATUS] = {
       [CK_CONFIG] = "config (loom_config_hash)",
       [CK_LAYOUT] = "model layout (parameter names, shapes, offsets)",
-      [CK_OPTS] = "data-parallel options (bucket sizes, compression, "
-                  "deterministic mode)",
+      [CK_OPTS] = ("data-parallel options (bucket sizes, compression, "
+                   "deterministic mode)"),
       [CK_NUMEL] = "number of parameters"};
   char ranks[160];
   for (int w = 0; w < CK_STATUS && s == LOOM_OK; w++) {

@@ -8,8 +8,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "loom/run.h"
 #include "loom/ckpt.h"
-#include "train/trainer.h"
+#include "trainer.h"
 
 static const char *const fault_names[] = {
 #define LOOM_X_NAME(name, text) text,

@@ -11,8 +11,9 @@
 #include "loom/data.h"
 #include "loom/nn.h"
 #include "loom/optim.h"
+#include "loom/run.h"
 #include "loom/train.h"
-#include "train/trainer.h"
+#include "trainer.h"
 
 loom_train_opts loom_train_opts_default(void) {
   loom_train_opts o = {"auto", 0, false, -1};
@@ -510,6 +511,8 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
    * standby rank (loom run) prepares all of this ahead and waits only
    * before it reads the checkpoint, which must be the newest. */
   loom_runstat_gate_defer();
+  /* A watchdog abort is told to loom run before it takes the process down. */
+  loom_comm_set_abort_hook(loom_runstat_on_abort, NULL);
   s = open_world(t);
   if (s == LOOM_OK) {
     loom_runstat_phase(LOOM_RUNSTAT_COMM_READY);

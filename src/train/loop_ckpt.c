@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "loom/ckpt.h"
-#include "train/trainer.h"
+#include "trainer.h"
 
 static int g_rank = 0, g_world = 1;
 

@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "loom/run.h"
 #include "loom/comm.h"
 #include "loom/core.h"
 
@@ -39,6 +40,7 @@ static int env_int(const char *name, int dflt) {
 int main(int argc, char **argv) {
   loom_runstat_init();
   loom_runstat_fatal_signals();
+  loom_comm_set_abort_hook(loom_runstat_on_abort, NULL); /* as the trainer */
   bool comm = false, late_gate = false;
   int steps = 20, step_ms = 5, load_ms = 0, resume = 0;
   int f_rank = -1, f_step = -1;

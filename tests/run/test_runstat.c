@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include <dirent.h>
 
+#include "loom/run.h"
 #include "loom/core.h"
 #include "tt.h"
 

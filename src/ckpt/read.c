@@ -13,7 +13,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "train/ckpt_internal.h"
+#include "internal.h"
 
 #define JSON_INT_MAX 9007199254740992LL /* 2^53 */
 #define MANIFEST_MAX ((size_t)1 << 30)

@@ -18,14 +18,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cli/cli.h"
-#include "cli/run_spawn.h"
+#include "internal.h"
 #include "loom/comm.h"
 #include "loom/core.h"
+#include "loom/run.h"
 
-#ifdef LOOM_HAVE_MPI
-#include <mpi.h>
-#endif
 
 extern char **environ;
 
@@ -55,13 +52,12 @@ _Static_assert(sizeof launcher_names / sizeof launcher_names[0] == LAUNCH_COUNT,
 typedef enum { MPI_NONE, MPI_OPENMPI, MPI_MPICH } mpi_impl;
 
 static mpi_impl built_mpi(void) {
-#if defined(LOOM_HAVE_MPI) && defined(OPEN_MPI)
-  return MPI_OPENMPI;
-#elif defined(LOOM_HAVE_MPI) && defined(MPICH_VERSION)
-  return MPI_MPICH;
-#else
+  const char *m = loom_comm_mpi_impl();
+  if (strcmp(m, "openmpi") == 0)
+    return MPI_OPENMPI;
+  if (strcmp(m, "mpich") == 0)
+    return MPI_MPICH;
   return MPI_NONE;
-#endif
 }
 
 typedef struct run_opts {
@@ -945,7 +941,7 @@ static void remove_dir(const char *path) {
   rmdir(path);
 }
 
-int loom_cmd_run(int argc, char **argv) {
+int loom_run_main(int argc, char **argv) {
   run_opts o;
   int pr = parse_args(argc, argv, &o);
   if (pr != 0)

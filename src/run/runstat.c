@@ -1,5 +1,6 @@
 /* Run status: each rank's small text file under LOOM_RUN_DIR (phases, last
  * step, exit code or fatal signal) that loom run reads to supervise it. */
+#include "loom/run.h"
 #include "loom/core.h"
 
 #include <errno.h>
@@ -526,4 +527,10 @@ loom_status loom_runstat_read(const char *dir, int rank,
       return loom_error(LOOM_ERR_CORRUPT, "%s: no '%s' line", path,
                         field_keys[f]);
   return LOOM_OK;
+}
+
+void loom_runstat_on_abort(void *ctx, const char *why, int exit_code) {
+  (void)ctx;
+  loom_runstat_note(why);
+  loom_runstat_exit(exit_code);
 }

@@ -1,14 +1,20 @@
-/* loom run internals: the launch plan and the spawn-and-supervise primitive
- * shared by run.c (options, plan, restarts) and run_spawn.c (processes and
- * signals). */
-#ifndef LOOM_CLI_RUN_SPAWN_H
-#define LOOM_CLI_RUN_SPAWN_H
+/* The run layer's internals: the launch plan and the spawn-and-supervise
+ * primitive shared by supervise.c (options, plan, restarts), spawn.c
+ * (processes and signals) and watch.c (the ranks' status files). */
+#ifndef LOOM_RUN_INTERNAL_H
+#define LOOM_RUN_INTERNAL_H
 
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
 #include "loom/core.h"
+#include "loom/run.h"
+
+/* Exit codes of `loom run` (the same as the tool's, src/cli/cli.h). */
+#define LOOM_EXIT_OK 0
+#define LOOM_EXIT_FAIL 1
+#define LOOM_EXIT_USAGE 2
 
 /* How one attempt of the job ended. */
 typedef struct loom_run_result {

@@ -1,7 +1,7 @@
 /* loom run: starts the launcher (mpirun, srun or the program itself) in a
  * session of its own, forwards stop signals to it, enforces --timeout, and
  * sweeps the session afterwards so no rank is left behind. */
-#include "cli/run_spawn.h"
+#include "internal.h"
 
 #include <dirent.h>
 #include <errno.h>

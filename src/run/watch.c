@@ -2,7 +2,7 @@
  * files (LOOM_RUN_DIR) and pidfds: who died first and how, and when the
  * restarted group reached each phase. */
 #define _GNU_SOURCE
-#include "cli/run_spawn.h"
+#include "internal.h"
 
 #include <dirent.h>
 #include <errno.h>

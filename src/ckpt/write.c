@@ -17,7 +17,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "train/ckpt_internal.h"
+#include "internal.h"
 
 #define JSON_INT_MAX 9007199254740992LL /* 2^53: exact in a JSON number */
 

@@ -14,7 +14,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "train/ckpt_internal.h"
+#include "internal.h"
 
 /* ------------------------------------------------------------ byte codec */
 
