@@ -217,6 +217,11 @@ typedef struct loom_cpu_features {
 } loom_cpu_features;
 /* Read once from CPUID (and, for AMX, whether the OS granted tile state). */
 const loom_cpu_features *loom_cpu_get_features(void);
+/* LOOM_OK when this CPU runs the vector code this library was built with
+ * (AVX2 and FMA by default, see LOOM_VECTOR_FLAGS in CMakeLists.txt); else
+ * LOOM_ERR_UNSUPPORTED naming what is missing and how to build without it.
+ * loom_trainer_new and the loom tool call it before any kernel runs. */
+loom_status loom_cpu_check(void);
 
 LOOM_API_END
 #ifdef __cplusplus

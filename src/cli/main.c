@@ -4,6 +4,7 @@
 
 #include "cli.h"
 #include "loom/core.h"
+#include "loom/kernels.h"
 
 static const loom_cli_cmd commands[] = {
 #define LOOM_X_CMD(name, fn, help) {name, fn, help},
@@ -17,7 +18,11 @@ static void usage(FILE *f) {
           loom_version());
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
-  fprintf(f, "\n'loom <command> --help' describes each command.\n");
+  fprintf(f, "  %-10s %s\n", "help CMD", "what CMD does and its options "
+                                          "(the same as loom CMD --help)");
+  fprintf(f, "\noptions:\n  --version  print loom's version\n  --help     "
+             "this text\n\n'loom help <command>' describes each command; "
+             "man loom-<command> (after make install) too.\n");
 }
 
 int main(int argc, char **argv) {
@@ -26,17 +31,32 @@ int main(int argc, char **argv) {
     return LOOM_EXIT_USAGE;
   }
   if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
-      strcmp(argv[1], "help") == 0) {
+      (strcmp(argv[1], "help") == 0 && argc == 2)) {
     usage(stdout);
     return 0;
+  }
+  if (strcmp(argv[1], "help") == 0) { /* loom help CMD: CMD --help */
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+      if (strcmp(argv[2], commands[i].name) == 0) {
+        char *hv[] = {argv[2], "--help", NULL};
+        return commands[i].fn(2, hv);
+      }
+    fprintf(stderr, "loom help: unknown command '%s'\n", argv[2]);
+    usage(stderr);
+    return LOOM_EXIT_USAGE;
   }
   if (strcmp(argv[1], "--version") == 0) {
     printf("loom %s\n", loom_version());
     return 0;
   }
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-    if (strcmp(argv[1], commands[i].name) == 0)
+    if (strcmp(argv[1], commands[i].name) == 0) {
+      if (loom_cpu_check() != LOOM_OK) {
+        fprintf(stderr, "loom: %s\n", loom_last_error());
+        return LOOM_EXIT_FAIL;
+      }
       return commands[i].fn(argc - 1, argv + 1);
+    }
   fprintf(stderr, "loom: unknown command '%s'\n", argv[1]);
   usage(stderr);
   return LOOM_EXIT_USAGE;

@@ -94,3 +94,24 @@ const loom_cpu_features *loom_cpu_get_features(void) {
   pthread_once(&g_once, detect_once);
   return &g_features;
 }
+
+loom_status loom_cpu_check(void) {
+  const loom_cpu_features *f = loom_cpu_get_features();
+  const char *missing = NULL;
+#if defined(LOOM_BUILT_AVX2)
+  if (!f->avx2)
+    missing = "AVX2";
+#endif
+#if defined(LOOM_BUILT_FMA)
+  if (!missing && !f->fma)
+    missing = "FMA";
+#endif
+  (void)f;
+  if (missing)
+    return loom_error(LOOM_ERR_UNSUPPORTED,
+                      "this CPU has no %s, which this build of loom's "
+                      "kernels uses; rebuild with -DLOOM_VECTOR_FLAGS= for a "
+                      "portable build",
+                      missing);
+  return LOOM_OK;
+}

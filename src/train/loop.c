@@ -9,6 +9,7 @@
 #include "loom/ckpt.h"
 #include "loom/config.h"
 #include "loom/data.h"
+#include "loom/kernels.h"
 #include "loom/nn.h"
 #include "loom/optim.h"
 #include "loom/run.h"
@@ -493,6 +494,7 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   loom_status s = loom_config_validate(cfg);
   if (s != LOOM_OK)
     return s;
+  LOOM_TRY(loom_cpu_check());
   loom_trainer *t = loom_calloc(1, sizeof *t);
   if (!t)
     return LOOM_ERR_NOMEM;
