@@ -3,13 +3,30 @@
 # Idempotent: installs only what is missing; safe to run again.
 set -euo pipefail
 
+# One line per package: what loom uses it for.
 PKGS=(
-  build-essential cmake pkg-config clang-format
-  libdnnl-dev libopenblas-dev libyaml-dev libcjson-dev zlib1g-dev
-  libopenmpi-dev openmpi-bin
-  dataset-fashion-mnist bible-kjv-text bible-kjv
+  build-essential        # gcc, make: the default compiler
+  cmake                  # the build (CMake + CTest)
+  pkg-config             # finds the libraries below; the install test uses it
+  clang                  # the second compiler CI builds with; libFuzzer harnesses
+  libclang-rt-14-dev     # clang's sanitizer and fuzzer runtimes
+  clang-format           # make format
+  clang-tidy             # make lint
+  psmisc                 # fuser: this script waits for another apt to finish
+  stress-ng              # load beside the suite, for the green-under-load check
+  libdnnl-dev            # oneDNN: GEMM, convolution, bf16 on AMX
+  libopenblas-dev        # BLAS fallback for GEMM
+  libyaml-dev            # YAML configs
+  libcjson-dev           # JSON: manifests, metrics, reports
+  zlib1g-dev             # gzip-compressed data files
+  libopenmpi-dev         # Open MPI, the default MPI (comm layer)
+  openmpi-bin            # mpirun, used by loom run
+  libmpich-dev           # MPICH, the second MPI CI builds against
+  mpich                  # MPICH's mpiexec (hydra)
+  dataset-fashion-mnist  # Fashion-MNIST images (fashion-mlp, fashion-cnn)
+  bible-kjv-text         # the King James Bible (kjv-gpt)
+  bible-kjv              # its reader, which prints the text
 )
-
 missing=()
 for p in "${PKGS[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -27,6 +44,7 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 # Wait for another apt/dpkg to finish rather than failing on the lock.
 for _ in $(seq 1 120); do
+  command -v fuser >/dev/null 2>&1 || break
   if ! fuser /var/lib/dpkg/lock-frontend >/dev/null 2>&1; then break; fi
   sleep 1
 done

@@ -183,6 +183,14 @@ void loom_group_free(loom_group *g);
 
 int loom_group_rank(const loom_group *g);
 int loom_group_size(const loom_group *g);
+
+/* Collective over g: each rank passes its own outcome of a step (`mine`,
+ * with its message in loom_last_error()); all learn whether every rank
+ * succeeded. Returns `mine` with its own message on a rank that failed;
+ * on the others LOOM_ERR_REMOTE (LOOM_ERR_CONFIG when the first failing
+ * rank's error was one) naming `what` and that rank. LOOM_OK only when all
+ * passed LOOM_OK. A group of one returns `mine`. */
+loom_status loom_comm_agree(loom_group *g, loom_status mine, const char *what);
 /* Rank among the members of the group on this host, and their number. */
 int loom_group_local_rank(const loom_group *g);
 int loom_group_local_size(const loom_group *g);

@@ -763,28 +763,12 @@ static loom_status make_pairs(loom_ddp *d) {
   return LOOM_OK;
 }
 
-/* All ranks learn whether every rank got LOOM_OK (mine, with its message
- * in loom_last_error()); the first failing rank is named. */
+/* All ranks learn whether every rank got LOOM_OK; the first failing rank
+ * is named. */
 static loom_status agree(loom_ddp *d, loom_status mine, const char *what) {
-  if (d->world == 1)
-    return mine;
-  char own[400];
-  snprintf(own, sizeof own, "%s", mine != LOOM_OK ? loom_last_error() : "");
-  int32_t me = (int32_t)mine, *all = loom_calloc((size_t)d->world, 4);
-  if (!all)
-    return LOOM_ERR_NOMEM;
-  loom_req r = LOOM_REQ_INIT;
-  loom_status s = loom_allgather(&me, all, 1, LOOM_I32, d->group, &r);
-  if (s == LOOM_OK)
-    s = loom_wait(&r);
-  if (s == LOOM_OK && mine != LOOM_OK)
-    s = loom_error(mine, "%s", own);
-  for (int q = 0; q < d->world && s == LOOM_OK; q++)
-    if (all[q] != LOOM_OK)
-      s = loom_error(LOOM_ERR_REMOTE, "ddp: %s failed on rank %d (%s)", what, q,
-                     loom_status_str((loom_status)all[q]));
-  loom_free(all);
-  return s;
+  char label[160];
+  snprintf(label, sizeof label, "ddp: %s", what);
+  return loom_comm_agree(d->world == 1 ? NULL : d->group, mine, label);
 }
 
 /* Collective: the gradient buffer (and the compressed copy) in memory that

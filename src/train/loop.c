@@ -234,34 +234,7 @@ loom_status loom_train_agree(loom_trainer *t, loom_status mine,
                              const char *what) {
   if (!t->world || t->nranks == 1)
     return mine;
-  char msg[512];
-  snprintf(msg, sizeof msg, "%s", mine != LOOM_OK ? loom_last_error() : "");
-  int32_t *all = loom_calloc((size_t)t->nranks, sizeof *all);
-  if (!all)
-    return LOOM_ERR_NOMEM;
-  int32_t me = (int32_t)mine;
-  loom_req r = LOOM_REQ_INIT;
-  loom_status s = loom_allgather(&me, all, 1, LOOM_I32, t->world, &r);
-  if (s == LOOM_OK)
-    s = loom_wait(&r);
-  if (s != LOOM_OK) {
-    loom_free(all);
-    return loom_error_context(s, "%s: agreeing on the outcome", what);
-  }
-  int first = -1;
-  for (int q = 0; q < t->nranks && first < 0; q++)
-    if (all[q] != LOOM_OK)
-      first = q;
-  loom_status other = first >= 0 ? (loom_status)all[first] : LOOM_OK;
-  loom_free(all);
-  if (mine != LOOM_OK)
-    return loom_error(mine, "%s", msg);
-  if (first < 0)
-    return LOOM_OK;
-  return loom_error(other == LOOM_ERR_CONFIG ? LOOM_ERR_CONFIG
-                                             : LOOM_ERR_REMOTE,
-                    "%s failed on rank %d (%s); its message says why", what,
-                    first, loom_status_str(other));
+  return loom_comm_agree(t->world, mine, what);
 }
 
 /* The world group, the strategy and the shape of a rank's batch. */

@@ -21,8 +21,22 @@ lib=$(ls -d "$tmp"/prefix/lib*/ | head -1); lib=${lib%/}
 for f in libloom.a libloom.so pkgconfig/loom.pc cmake/loom/loomConfig.cmake; do
   [ -e "$lib/$f" ] && ok "installed lib/$f" || bad "installed lib/$f"
 done
-if [ -d "$src/docs/man" ]; then
-  [ -e "$tmp/prefix/share/man/man1/loom.1" ] && ok "man page" || bad "man page"
+for f in share/man/man1/loom.1 share/man/man1/loom-run.1 share/bash-completion/completions/loom; do
+  [ -e "$tmp/prefix/$f" ] && ok "installed $f" || bad "installed $f"
+done
+if man -l "$tmp/prefix/share/man/man1/loom-train.1" 2>/dev/null | grep -q 'loom train CONFIG'; then
+  ok "man loom-train shows its usage"
+else
+  bad "man loom-train shows its usage"
+fi
+# The completion offers the commands and a command's options.
+if bash -c '. "$1"; COMP_WORDS=(loom r); COMP_CWORD=1; _loom; printf "%s\n" "${COMPREPLY[@]}"' _ \
+  "$tmp/prefix/share/bash-completion/completions/loom" | grep -qx run &&
+  PATH="$tmp/prefix/bin:$PATH" bash -c '. "$1"; COMP_WORDS=(loom run --max-r); COMP_CWORD=2; _loom; printf "%s\n" "${COMPREPLY[@]}"' _ \
+  "$tmp/prefix/share/bash-completion/completions/loom" | grep -qx -- --max-restarts; then
+  ok "bash completion: commands and options"
+else
+  bad "bash completion: commands and options"
 fi
 
 # pkg-config, against the shared library.
