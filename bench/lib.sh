@@ -11,8 +11,21 @@ bench_note() { echo "[bench] $*" >&2; }
 # "1-min 5-min 15-min" load averages.
 bench_loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
 
+# The CPU model and the flags that choose loom's kernels, above every table:
+# figures from different machines are never compared.
+bench_cpu_header() {
+  local model flags f have=""
+  model=$(awk -F': *' '/^model name/ {print $2; exit}' /proc/cpuinfo)
+  flags=$(awk -F': *' '/^flags/ {print $2; exit}' /proc/cpuinfo)
+  for f in avx2 fma avx512f avx512_bf16 amx_tile amx_bf16; do
+    case " $flags " in *" $f "*) have="$have $f" ;; esac
+  done
+  echo "# cpu: ${model:-unknown}, $(nproc) cores; flags:${have:- none of avx2 fma avx512f avx512_bf16 amx}"
+}
+
 # Refuse nothing, but say when the numbers will be low: load above the core count.
 bench_check_load() {
+  bench_cpu_header
   local l n
   l=$(cut -d' ' -f1 /proc/loadavg)
   n=$(nproc)
