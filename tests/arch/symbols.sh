@@ -8,7 +8,10 @@ lib=${1:?libloom.so}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-nm -D --defined-only "$lib" | awk '$2 ~ /^[TDBRVW]$/ {print $3}' | sort -u >"$tmp/exported"
+# C identifiers only: names the compiler makes for itself (clang's OpenMP
+# ".gomp_critical_user_.reduction.var") are not loom's API.
+nm -D --defined-only "$lib" | awk '$2 ~ /^[TDBRVW]$/ && $3 ~ /^[A-Za-z_][A-Za-z0-9_]*$/ {print $3}' |
+  sort -u >"$tmp/exported"
 # Declarations in the headers, comments removed; static inline functions
 # are the header's own and not exported.
 cat "$src"/include/loom/*.h | gcc -fpreprocessed -dD -E -P - 2>/dev/null | tr '\n' ' ' >"$tmp/text"
