@@ -165,8 +165,8 @@ TT_TEST(test_bad_configs) {
              "t.yaml:3:3: key 'model.vocab': data set kjv has 256 byte "
              "values, so model.vocab must be at least 256, got 100");
   EXPECT_ERR("model:\n  name: gpt\ndata:\n  dataset: bin\n",
-             "t.yaml:4:3: key 'data.dataset': 'bin' needs data.path (the "
-             "training .bin file)");
+             "t.yaml:4:3: key 'data.dataset': 'bin' needs data.path and "
+             "data.val_path (the training and validation .bin files)");
   EXPECT_ERR("train:\n  epochs: 0\n",
              "t.yaml:2:3: key 'train.epochs': train.epochs and train.steps "
              "are both 0: set one of them");
