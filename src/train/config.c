@@ -932,6 +932,80 @@ static loom_status parser_error(const yaml_parser_t *p, const char *text,
   return cfg_err(&l, key, "YAML syntax error: %s", prob);
 }
 
+/* Nesting deeper than any config needs (sections, keys, a list: 3) is an
+ * error before the document is built: libyaml's time grows with the square
+ * of the depth (40,000 levels: 12 s). One pass over the events, stopping at
+ * the first too deep. */
+#define CONFIG_DEPTH_MAX 64
+
+static loom_status check_depth(const char *text, size_t len,
+                               const cfg_loc *where, const char *key) {
+  yaml_parser_t p;
+  if (!yaml_parser_initialize(&p))
+    return loom_error(LOOM_ERR_NOMEM, "%s: out of memory",
+                      where->set ? where->set : where->file);
+  yaml_parser_set_input_string(&p, (const unsigned char *)text, len);
+  loom_status st = LOOM_OK;
+  int depth = 0;
+  /* The section and key being read, for the message: a mapping's nodes
+   * alternate key, value (depth 1: sections, 2: keys). */
+  char section[64] = "", name[192] = "";
+  bool is_map[3] = {false, false, false};
+  long nodes[3] = {0, 0, 0};
+  for (;;) {
+    yaml_event_t ev;
+    if (!yaml_parser_parse(&p, &ev)) {
+      st = parser_error(&p, text, len, where, key);
+      break;
+    }
+    yaml_event_type_t type = ev.type;
+    bool node = type == YAML_SCALAR_EVENT || type == YAML_ALIAS_EVENT ||
+                type == YAML_SEQUENCE_START_EVENT ||
+                type == YAML_MAPPING_START_EVENT;
+    if (node && depth >= 1 && depth <= 2) {
+      if (is_map[depth] && nodes[depth] % 2 == 0 &&
+          type == YAML_SCALAR_EVENT) {
+        const char *v = (const char *)ev.data.scalar.value;
+        if (depth == 1)
+          snprintf(section, sizeof section, "%s", v);
+        else
+          snprintf(name, sizeof name, "%s.%s", section, v);
+      }
+      nodes[depth]++;
+    }
+    if (type == YAML_SEQUENCE_START_EVENT || type == YAML_MAPPING_START_EVENT) {
+      depth++;
+      if (depth <= 2) {
+        is_map[depth] = type == YAML_MAPPING_START_EVENT;
+        nodes[depth] = 0;
+        if (depth == 2)
+          name[0] = '\0';
+      }
+    } else if (type == YAML_SEQUENCE_END_EVENT ||
+               type == YAML_MAPPING_END_EVENT) {
+      depth--;
+    }
+    if (depth > CONFIG_DEPTH_MAX) {
+      if (!key && depth > 2)
+        key = name[0] ? name : (section[0] ? section : NULL);
+      cfg_loc l = *where;
+      if (!l.set) {
+        l.line = (unsigned long)ev.start_mark.line + 1;
+        l.col = (unsigned long)ev.start_mark.column + 1;
+      }
+      st = cfg_err(&l, key,
+                   "nested more than %d levels deep; a config needs 3 "
+                   "(section, key, list)",
+                   CONFIG_DEPTH_MAX);
+    }
+    yaml_event_delete(&ev);
+    if (st != LOOM_OK || type == YAML_STREAM_END_EVENT)
+      break;
+  }
+  yaml_parser_delete(&p);
+  return st;
+}
+
 /* -------------------------------------------------------------- overrides */
 
 static loom_status apply_set(loom_config *cfg, cfg_origins *org,
@@ -966,6 +1040,7 @@ static loom_status apply_set(loom_config *cfg, cfg_origins *org,
   } else {
     yaml_parser_t p;
     yaml_document_t doc;
+    LOOM_TRY(check_depth(val, strlen(val), &loc, path));
     if (!yaml_parser_initialize(&p))
       return loom_error(LOOM_ERR_NOMEM, "--set %s: out of memory", arg);
     yaml_parser_set_input_string(&p, (const unsigned char *)val, strlen(val));
@@ -1090,7 +1165,8 @@ static loom_status check_sizes(const loom_config *cfg, const cfg_origins *org,
         key = "model.hidden";
         acc_tensor(&a, w * next, "a weight matrix");
       }
-      acc_tensor(&a, 2 * B * next, "a hidden layer's output");
+      acc_tensor(&a, B * next, "a hidden layer's output");
+      acc_tensor(&a, B * next, "a hidden layer's activation");
       w = next;
     }
     acc_tensor(&a, B * IMAGE_CLASSES, "the logits");
@@ -1112,7 +1188,8 @@ static loom_status check_sizes(const loom_config *cfg, const cfg_origins *org,
                        m->channels.n, (long long)m->kernel, (long long)m->pool,
                        IMAGE_HW, IMAGE_HW, i + 1);
       acc_tensor(&a, c * k * k * h * w, "a conv's im2col buffer");
-      acc_tensor(&a, 2 * B * oc * h * w, "a conv's output");
+      acc_tensor(&a, B * oc * h * w, "a conv's output");
+      acc_tensor(&a, B * oc * h * w, "a conv's activation");
       h = floor((h - p) / p) + 1;
       w = floor((w - p) / p) + 1;
       acc_tensor(&a, B * oc * h * w, "a max-pool's output");
@@ -1126,14 +1203,16 @@ static loom_status check_sizes(const loom_config *cfg, const cfg_origins *org,
     double NH = (double)m->heads, R = (double)m->mlp_ratio;
     acc_tensor(&a, V * C, "the token embedding");
     acc_tensor(&a, B * T * C, "the embedding output");
-    for (double l = 0; l < L && !a.big && a.act <= ACT_BYTES_MAX; l++) {
+    for (double l = 0; l < L && !a.big; l++) {
       acc_tensor(&a, 4 * B * T * C, "a block's layer norms and residuals");
       acc_tensor(&a, B * T * 3 * C, "a block's q, k, v");
-      acc_tensor(&a, 2 * B * NH * T * T, "a block's attention matrix");
+      acc_tensor(&a, B * NH * T * T, "a block's attention scores");
+      acc_tensor(&a, B * NH * T * T, "a block's attention weights");
       acc_tensor(&a, 3 * B * T * R * C, "a block's MLP");
       acc_tensor(&a, C * R * C, "a block's MLP weight");
     }
-    acc_tensor(&a, 2 * B * T * V, "the logits");
+    acc_tensor(&a, B * T * V, "the logits");
+    acc_tensor(&a, B * T * V, "the logits' gradient");
   }
   /* Name the size the file set: the batch, else a model size. */
   static const char *const gpt_keys[] = {"model.context", "model.d_model",
@@ -1153,9 +1232,9 @@ static loom_status check_sizes(const loom_config *cfg, const cfg_origins *org,
   if (m->name == LOOM_CFG_MODEL_GPT)
     snprintf(sizes, sizeof sizes,
              "train.batch_size %lld, model.context %lld, model.d_model %lld, "
-             "model.vocab %lld",
+             "model.layers %lld, model.vocab %lld",
              (long long)cfg->train.batch_size, (long long)m->context,
-             (long long)m->d_model, (long long)m->vocab);
+             (long long)m->d_model, (long long)m->layers, (long long)m->vocab);
   else
     snprintf(sizes, sizeof sizes, "train.batch_size %lld",
              (long long)cfg->train.batch_size);
@@ -1164,6 +1243,7 @@ static loom_status check_sizes(const loom_config *cfg, const cfg_origins *org,
                    "%s would hold %.0f elements (%s), more than a kernel can "
                    "index (2^31 - 1); use a smaller size",
                    a.big, a.big_n, sizes);
+  a.act *= 2; /* and the gradient of each */
   if (a.act * 4 > ACT_BYTES_MAX)
     return cfg_err(origin_of(org, key, none), key,
                    "a micro-batch needs about %.0f GiB of activations (%s), "
@@ -1341,6 +1421,7 @@ loom_status loom_config_load_string(loom_config *cfg, const char *text,
     yaml_parser_t p;
     yaml_document_t doc;
     cfg_loc where = {name, NULL, 0, 0};
+    LOOM_TRY_GOTO(st, check_depth(text, len, &where, NULL), done);
     if (!yaml_parser_initialize(&p)) {
       st = loom_error(LOOM_ERR_NOMEM, "%s: out of memory", name);
       goto done;
