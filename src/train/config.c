@@ -150,7 +150,7 @@ static const loom_config_key keys[] = {
          "$LOOM_DATA_DIR/kjv.txt, made on first use)"),
     KSTR("data.val_path", data.val_path, "\"\"", LO,
          "bin: the validation .bin file (required with bin)"),
-    KFLOAT("data.val_fraction", data.val_fraction, "0.1", 0, 1, MO,
+    KFLOAT("data.val_fraction", data.val_fraction, "0.1", 0, 1, MI | MO,
            "kjv: share of the bytes held out at the end for validation "
            "(fashion-mnist uses its test set, bin data.val_path)"),
     KBOOL("data.shuffle", data.shuffle, "true", 0,
