@@ -284,8 +284,8 @@ static const loom_config_key keys[] = {
           "bitwise identical results at any world size: gradients summed "
           "over parallel.virtual_shards in one fixed tree"),
     KINT("parallel.virtual_shards", parallel.virtual_shards, "8", 1, 65536, 0,
-         "deterministic: fixed shards of the global batch; the world size "
-         "must divide it"),
+         "deterministic: fixed shards of the global batch, a power of two; "
+         "the world size (a power of two) must divide it"),
     KINT_TODO("parallel.zero_stage", parallel.zero_stage, "1", 1, 3, 0,
               "zero: 1 shards optimizer state, 2 also gradients, 3 also "
               "parameters",
@@ -1332,6 +1332,13 @@ static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
     return cfg_err(origin_of(org, "data.dataset", &none), "data.dataset",
                    "'bin' needs data.path and data.val_path (the training and "
                    "validation .bin files)");
+  int64_t vs = cfg->parallel.virtual_shards;
+  if (cfg->parallel.deterministic && (vs & (vs - 1)) != 0)
+    return cfg_err(origin_of(org, "parallel.virtual_shards", &none),
+                   "parallel.virtual_shards",
+                   "%lld is not a power of two (parallel.deterministic sums "
+                   "the shards in a binary tree)",
+                   (long long)vs);
   if (cfg->parallel.deterministic &&
       cfg->parallel.strategy == LOOM_CFG_STRATEGY_NONE)
     return cfg_err(origin_of(org, "parallel.deterministic", &none),
