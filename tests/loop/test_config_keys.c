@@ -411,6 +411,53 @@ TT_TEST(issue10_regressions) {
   }
 }
 
+/* Trains a base config with extra --set values for 2 steps; the model's
+ * parameter count and the final training loss. */
+static void train_with(int base, const char *a, const char *b, int64_t *params,
+                       double *loss) {
+  char text[1024];
+  base_text(base, false, text, sizeof text);
+  const char *sets[2] = {a, b};
+  loom_config cfg;
+  *params = -1;
+  *loss = NAN;
+  TT_REQUIRE_OK(loom_config_load_string(&cfg, text, strlen(text), "m.yaml",
+                                        sets, b ? 2 : 1));
+  snprintf(cfg.log.run_dir, sizeof cfg.log.run_dir, "%s/honoured", tmp);
+  loom_train_opts o = loom_train_opts_default();
+  o.quiet = true;
+  o.resume = "never";
+  loom_trainer *t = NULL;
+  loom_train_result res;
+  TT_REQUIRE_OK(loom_trainer_new(&t, &cfg, &o));
+  *params = loom_model_num_params(loom_trainer_model(t));
+  TT_CHECK_OK(loom_trainer_run(t, &res));
+  loom_trainer_free(t);
+  *loss = res.train_loss;
+}
+
+/* The model options change the model: widths and layers by the parameter
+ * count, the activation by the loss (same seed, same data). */
+TT_TEST(model_options_are_honoured) {
+  int64_t p;
+  double relu, gelu;
+  train_with(BASE_MLP, "model.hidden=[16, 8]", NULL, &p, &relu);
+  TT_CHECK_EQ(p, (784 * 16 + 16) + (16 * 8 + 8) + (8 * 10 + 10));
+  train_with(BASE_MLP, "model.hidden=[]", NULL, &p, &relu);
+  TT_CHECK_EQ(p, 784 * 10 + 10);
+  train_with(BASE_MLP, "model.activation=relu", NULL, &p, &relu);
+  train_with(BASE_MLP, "model.activation=gelu", NULL, &p, &gelu);
+  TT_CHECK(isfinite(relu) && isfinite(gelu) && relu != gelu);
+  /* 28 -> conv3 26 -> pool 13 -> conv3 11 -> pool 5 -> conv3 3 -> pool 1 */
+  train_with(BASE_CNN, "model.channels=[2, 3, 4]", "model.kernel=3", &p,
+             &relu);
+  TT_CHECK_EQ(p, (2 * 9 + 2) + (3 * 2 * 9 + 3) + (4 * 3 * 9 + 4) +
+                     (4 * 1 * 1 * 10 + 10));
+  train_with(BASE_CNN, "model.activation=relu", NULL, &p, &relu);
+  train_with(BASE_CNN, "model.activation=gelu", NULL, &p, &gelu);
+  TT_CHECK(isfinite(relu) && isfinite(gelu) && relu != gelu);
+}
+
 /* train.eval_every 0 evaluates at the end of each epoch, as the schema
  * says (issue 10: only at the end). 64 images, batches of 16: 4 steps an
  * epoch, 3 epochs, 3 evaluations. */
@@ -465,6 +512,7 @@ int main(int argc, char **argv) {
   make_data();
   TT_RUN(every_key_honoured_or_rejected);
   TT_RUN(issue10_regressions);
+  TT_RUN(model_options_are_honoured);
   TT_RUN(eval_every_zero_is_each_epoch);
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
