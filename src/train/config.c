@@ -263,9 +263,10 @@ static const loom_config_key keys[] = {
     KBOOL("log.metrics", log.metrics, "true", LO,
           "write <log.run_dir>/metrics.jsonl (one JSON object per line)"),
     KBOOL_TODO("log.profile", log.profile, "false", 0,
-               "a profile of each step (a trace of every module and "
-               "collective). The metrics always hold the per-step timings "
-               "(data_wait_s, forward_s, backward_s, comm_wait_s, optim_s)",
+               "write a trace of the steps (Chrome/Perfetto JSON) into the "
+               "run directory. The metrics hold the per-step timings "
+               "(data_wait_s, forward_s, backward_s, comm_wait_s, optim_s) "
+               "either way",
                "the profiler comes in a later release"),
     /* parallel */
     KENUM_TODO("parallel.strategy", parallel.strategy, "auto",

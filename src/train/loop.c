@@ -1,6 +1,7 @@
 /* The training loop: model, data, optimizer, schedule, evaluation, metrics,
  * progress and checkpoints from one config. */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -854,7 +855,8 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
       pm = LOOM_PROGRESS_OFF;
     if (s == LOOM_OK)
       s = loom_progress_new(&t->progress, pm, stderr, t->step, t->total_steps,
-                            (int)cfg->log.every,
+                            cfg->log.every > INT_MAX ? INT_MAX
+                                                     : (int)cfg->log.every,
                             t->is_text ? "tokens" : "samples");
   }
   LOOM_TRY_GOTO(s, loom_train_agree(t, s, "opening the run directory"), out);
