@@ -30,6 +30,8 @@ static loom_status build_model(loom_trainer *t) {
   loom_model_opts mo = loom_model_opts_default();
   mo.seed = (uint64_t)t->cfg.train.seed;
   mo.defer_init = t->init_deferred;
+  _Static_assert((int)LOOM_CFG_ACT_COUNT == (int)LOOM_ACT_COUNT,
+                 "model.activation names every nn activation");
   static const loom_act acts[LOOM_CFG_ACT_COUNT] = {
       [LOOM_CFG_ACT_RELU] = LOOM_ACT_RELU, [LOOM_CFG_ACT_GELU] = LOOM_ACT_GELU};
   loom_act act = acts[mc->activation];
