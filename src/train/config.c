@@ -115,7 +115,8 @@ static const loom_config_key keys[] = {
           "mlp, cnn: activation after each hidden layer or conv"),
     KLIST("model.channels", model.channels, "[32, 64]", 1, 65536, 1, 0,
           "cnn: output channels of each conv; each conv is followed by the "
-          "activation and a max-pool"),
+          "activation and a max-pool; as many convs as the 28x28 image "
+          "holds"),
     KINT("model.kernel", model.kernel, "5", 1, 15, 0,
          "cnn: conv kernel size (square, stride 1, no padding)"),
     KINT("model.pool", model.pool, "2", 1, 8, 0,
