@@ -409,24 +409,52 @@ loom_status loom_xent_backward(loom_xent *x, loom_tensor *dlogits,
 
 /* ================================================== reference models */
 
-/* fashion-mlp: [flatten,] in -> hidden (ReLU) x n_hidden -> classes.
- * Defaults 784, 512, 2, 10: 669,706 parameters; torch init. Input (N,784)
- * or (N,1,28,28). Views "fc1.weight", "fc1.bias", ... "fc3.bias". */
+/* The activation of the reference MLP and CNN after each hidden layer or
+ * conv. GELU is the tanh form (GPT-2). */
+#define LOOM_ACT_LIST(X)                                                       \
+  X(LOOM_ACT_RELU, "relu")                                                     \
+  X(LOOM_ACT_GELU, "gelu")
+
+typedef enum {
+#define LOOM_X_ENUM(name, text) name,
+  LOOM_ACT_LIST(LOOM_X_ENUM)
+#undef LOOM_X_ENUM
+      LOOM_ACT_COUNT
+} loom_act;
+const char *loom_act_name(loom_act a);
+/* A module of that activation ("relu" or "gelu"). */
+loom_status loom_act_new(loom_module **out, loom_act a);
+
+/* fashion-mlp: [flatten,] in -> hidden layers (activation) -> classes.
+ * Defaults 784, 512, 2, 10, ReLU: 669,706 parameters; torch init. Input
+ * (N,784) or (N,1,28,28). Views "fc1.weight", "fc1.bias", ... "fc3.bias".
+ * widths, when not NULL, gives the n_hidden widths in order (hidden is then
+ * unused); n_hidden 0 is one linear layer (a linear model). */
 typedef struct loom_fashion_mlp_opts {
   int in, hidden, n_hidden, classes;
+  const int *widths; /* (n_hidden) or NULL: hidden for every layer */
+  loom_act act;
 } loom_fashion_mlp_opts;
 loom_fashion_mlp_opts loom_fashion_mlp_opts_default(void);
 loom_status loom_fashion_mlp_new(loom_model **out,
                                  const loom_fashion_mlp_opts *o,
                                  const loom_model_opts *mo);
 
-/* fashion-cnn: conv K (c1) ReLU maxpool P, conv K (c2) ReLU maxpool P,
- * flatten, linear -> classes; no padding. Defaults (1,28,28), 32, 64, 5, 2,
- * 10: 62,346 parameters; torch init. Input (N,C,H,W). */
+/* fashion-cnn: n_conv stages of conv K (activation) maxpool P, flatten,
+ * linear -> classes; no padding. Defaults (1,28,28), 32, 64, 5, 2, 10, ReLU:
+ * 62,346 parameters; torch init. Input (N,C,H,W). channels, when not NULL,
+ * gives the output channels of n_conv >= 1 convs (c1, c2 are then unused);
+ * NULL: two convs, c1 and c2. */
 typedef struct loom_fashion_cnn_opts {
   int in_c, in_h, in_w, c1, c2, kernel, pool, classes;
+  int n_conv;          /* convs when channels is set */
+  const int *channels; /* (n_conv) or NULL: c1, c2 */
+  loom_act act;
 } loom_fashion_cnn_opts;
 loom_fashion_cnn_opts loom_fashion_cnn_opts_default(void);
+/* The side (H, W) after the conv stages, or 0 when an image is too small
+ * for them: what the final linear layer sees per channel. */
+void loom_fashion_cnn_out_hw(const loom_fashion_cnn_opts *o, int *h, int *w);
 loom_status loom_fashion_cnn_new(loom_model **out,
                                  const loom_fashion_cnn_opts *o,
                                  const loom_model_opts *mo);

@@ -1,6 +1,7 @@
 /* Builders of the reference models: fashion-mlp, fashion-cnn, kjv-gpt. */
 #include "internal.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 
 /* Makes a module with `ctor` (which writes kid_) and appends it to seq;
@@ -15,9 +16,34 @@
       goto fail;                                                               \
   } while (0)
 
+static const char *const act_names[] = {
+#define LOOM_X_NAME(name, text) text,
+    LOOM_ACT_LIST(LOOM_X_NAME)
+#undef LOOM_X_NAME
+};
+_Static_assert(sizeof act_names / sizeof act_names[0] == LOOM_ACT_COUNT,
+               "one name per activation");
+
+const char *loom_act_name(loom_act a) {
+  return (unsigned)a < LOOM_ACT_COUNT ? act_names[a] : "unknown";
+}
+
+loom_status loom_act_new(loom_module **out, loom_act a) {
+  *out = NULL;
+  switch (a) {
+  case LOOM_ACT_RELU:
+    return loom_relu_new(out);
+  case LOOM_ACT_GELU:
+    return loom_gelu_new(out);
+  default:
+    return loom_error(LOOM_ERR_UNSUPPORTED, "activation %d: unknown", (int)a);
+  }
+}
+
 loom_fashion_mlp_opts loom_fashion_mlp_opts_default(void) {
   loom_fashion_mlp_opts o = {.in = 784, .hidden = 512, .n_hidden = 2,
-                             .classes = 10};
+                             .classes = 10, .widths = NULL,
+                             .act = LOOM_ACT_RELU};
   return o;
 }
 
@@ -28,11 +54,16 @@ loom_status loom_fashion_mlp_new(loom_model **out,
   loom_fashion_mlp_opts d = loom_fashion_mlp_opts_default();
   if (!o)
     o = &d;
-  if (o->in <= 0 || o->hidden <= 0 || o->n_hidden < 0 || o->classes <= 0)
+  bool ok = o->in > 0 && o->n_hidden >= 0 && o->classes > 0 &&
+            (unsigned)o->act < LOOM_ACT_COUNT &&
+            (o->widths || o->n_hidden == 0 || o->hidden > 0);
+  for (int i = 0; ok && o->widths && i < o->n_hidden; i++)
+    ok = o->widths[i] > 0;
+  if (!ok)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "fashion-mlp: bad sizes (in %d, hidden %d x %d, "
-                      "classes %d)",
-                      o->in, o->hidden, o->n_hidden, o->classes);
+                      "classes %d, activation %d)",
+                      o->in, o->hidden, o->n_hidden, o->classes, (int)o->act);
   loom_module *seq;
   LOOM_TRY(loom_sequential_new(&seq));
   loom_status st;
@@ -40,11 +71,12 @@ loom_status loom_fashion_mlp_new(loom_model **out,
   ADD("flatten", loom_flatten_new(&kid_));
   int width = o->in;
   for (int i = 0; i < o->n_hidden; i++) {
+    int next = o->widths ? o->widths[i] : o->hidden;
     snprintf(name, sizeof name, "fc%d", i + 1);
-    ADD(name, loom_linear_new(&kid_, width, o->hidden, true));
-    snprintf(name, sizeof name, "relu%d", i + 1);
-    ADD(name, loom_relu_new(&kid_));
-    width = o->hidden;
+    ADD(name, loom_linear_new(&kid_, width, next, true));
+    snprintf(name, sizeof name, "%s%d", act_names[o->act], i + 1);
+    ADD(name, loom_act_new(&kid_, o->act));
+    width = next;
   }
   snprintf(name, sizeof name, "fc%d", o->n_hidden + 1);
   ADD(name, loom_linear_new(&kid_, width, o->classes, true));
@@ -56,8 +88,28 @@ fail:
 
 loom_fashion_cnn_opts loom_fashion_cnn_opts_default(void) {
   loom_fashion_cnn_opts o = {.in_c = 1, .in_h = 28, .in_w = 28, .c1 = 32,
-                             .c2 = 64, .kernel = 5, .pool = 2, .classes = 10};
+                             .c2 = 64, .kernel = 5, .pool = 2, .classes = 10,
+                             .n_conv = 0, .channels = NULL,
+                             .act = LOOM_ACT_RELU};
   return o;
+}
+
+void loom_fashion_cnn_out_hw(const loom_fashion_cnn_opts *o, int *oh, int *ow) {
+  int k = o->kernel, p = o->pool;
+  int n = o->channels ? o->n_conv : 2;
+  int h = 0, w = 0;
+  if (k > 0 && p > 0 && n >= 1) {
+    h = o->in_h;
+    w = o->in_w;
+    for (int stage = 0; stage < n && h > 0 && w > 0; stage++) {
+      h -= k - 1;
+      w -= k - 1;
+      h = h >= p ? (h - p) / p + 1 : 0;
+      w = w >= p ? (w - p) / p + 1 : 0;
+    }
+  }
+  *oh = h > 0 && w > 0 ? h : 0;
+  *ow = h > 0 && w > 0 ? w : 0;
 }
 
 loom_status loom_fashion_cnn_new(loom_model **out,
@@ -67,36 +119,41 @@ loom_status loom_fashion_cnn_new(loom_model **out,
   loom_fashion_cnn_opts d = loom_fashion_cnn_opts_default();
   if (!o)
     o = &d;
+  int two[2] = {o->c1, o->c2};
+  const int *ch = o->channels ? o->channels : two;
+  int n = o->channels ? o->n_conv : 2;
   int k = o->kernel, p = o->pool;
+  bool ok = o->in_c > 0 && n >= 1 && o->classes > 0 &&
+            (unsigned)o->act < LOOM_ACT_COUNT;
+  for (int i = 0; ok && i < n; i++)
+    ok = ch[i] > 0;
   int h = 0, w = 0;
-  if (o->in_c > 0 && o->c1 > 0 && o->c2 > 0 && k > 0 && p > 0 &&
-      o->classes > 0) {
-    h = o->in_h;
-    w = o->in_w;
-    for (int stage = 0; stage < 2; stage++) {
-      h -= k - 1;
-      w -= k - 1;
-      h = h >= p ? (h - p) / p + 1 : 0;
-      w = w >= p ? (w - p) / p + 1 : 0;
-    }
-  }
+  if (ok)
+    loom_fashion_cnn_out_hw(o, &h, &w);
   if (h <= 0 || w <= 0)
     return loom_error(LOOM_ERR_INVALID_ARG,
-                      "fashion-cnn: bad sizes (input %dx%dx%d, channels %d "
-                      "%d, kernel %d, pool %d, classes %d)",
-                      o->in_c, o->in_h, o->in_w, o->c1, o->c2, k, p,
+                      "fashion-cnn: bad sizes (input %dx%dx%d, %d convs, "
+                      "first %d channels, kernel %d, pool %d, classes %d): "
+                      "the image is too small for the conv stages or a size "
+                      "is not positive",
+                      o->in_c, o->in_h, o->in_w, n, n > 0 ? ch[0] : 0, k, p,
                       o->classes);
   loom_module *seq;
   LOOM_TRY(loom_sequential_new(&seq));
   loom_status st;
-  ADD("conv1", loom_conv2d_new(&kid_, o->in_c, o->c1, k, 1, 0, true));
-  ADD("relu1", loom_relu_new(&kid_));
-  ADD("pool1", loom_maxpool2d_new(&kid_, p, p));
-  ADD("conv2", loom_conv2d_new(&kid_, o->c1, o->c2, k, 1, 0, true));
-  ADD("relu2", loom_relu_new(&kid_));
-  ADD("pool2", loom_maxpool2d_new(&kid_, p, p));
+  char name[32];
+  int c = o->in_c;
+  for (int i = 0; i < n; i++) {
+    snprintf(name, sizeof name, "conv%d", i + 1);
+    ADD(name, loom_conv2d_new(&kid_, c, ch[i], k, 1, 0, true));
+    snprintf(name, sizeof name, "%s%d", act_names[o->act], i + 1);
+    ADD(name, loom_act_new(&kid_, o->act));
+    snprintf(name, sizeof name, "pool%d", i + 1);
+    ADD(name, loom_maxpool2d_new(&kid_, p, p));
+    c = ch[i];
+  }
   ADD("flatten", loom_flatten_new(&kid_));
-  ADD("fc", loom_linear_new(&kid_, o->c2 * h * w, o->classes, true));
+  ADD("fc", loom_linear_new(&kid_, c * h * w, o->classes, true));
   return loom_model_new(out, seq, mo);
 fail:
   loom_module_free(seq);

@@ -1,5 +1,7 @@
 /* The training loop: model, data, optimizer, schedule, evaluation, metrics,
  * progress and checkpoints from one config. */
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -30,36 +32,33 @@ static loom_status build_model(loom_trainer *t) {
   loom_model_opts mo = loom_model_opts_default();
   mo.seed = (uint64_t)t->cfg.train.seed;
   mo.defer_init = t->init_deferred;
+  _Static_assert((int)LOOM_CFG_ACT_COUNT == (int)LOOM_ACT_COUNT,
+                 "model.activation names every nn activation");
+  static const loom_act acts[LOOM_CFG_ACT_COUNT] = {
+      [LOOM_CFG_ACT_RELU] = LOOM_ACT_RELU, [LOOM_CFG_ACT_GELU] = LOOM_ACT_GELU};
+  loom_act act = acts[mc->activation];
   switch (mc->name) {
   case LOOM_CFG_MODEL_MLP: {
+    /* The config's checks bound every width and count (loom config). */
     loom_fashion_mlp_opts o = loom_fashion_mlp_opts_default();
-    if (mc->hidden.n < 1)
-      return loom_error(LOOM_ERR_CONFIG, "model.hidden: at least one layer");
-    for (int i = 1; i < mc->hidden.n; i++)
-      if (mc->hidden.v[i] != mc->hidden.v[0])
-        return loom_error(LOOM_ERR_UNSUPPORTED,
-                          "model.hidden: layers of different widths are not "
-                          "supported yet (got %lld and %lld)",
-                          (long long)mc->hidden.v[0],
-                          (long long)mc->hidden.v[i]);
-    if (mc->activation != LOOM_CFG_ACT_RELU)
-      return loom_error(LOOM_ERR_UNSUPPORTED,
-                        "model.activation: the mlp supports relu only");
-    o.hidden = (int)mc->hidden.v[0];
+    int widths[LOOM_CONFIG_LIST_MAX];
+    for (int i = 0; i < mc->hidden.n; i++)
+      widths[i] = (int)mc->hidden.v[i];
+    o.widths = widths;
     o.n_hidden = mc->hidden.n;
+    o.act = act;
     return loom_fashion_mlp_new(&t->model, &o, &mo);
   }
   case LOOM_CFG_MODEL_CNN: {
     loom_fashion_cnn_opts o = loom_fashion_cnn_opts_default();
-    if (mc->channels.n != 2)
-      return loom_error(LOOM_ERR_UNSUPPORTED,
-                        "model.channels: the cnn has exactly two conv layers "
-                        "(got %d)",
-                        mc->channels.n);
-    o.c1 = (int)mc->channels.v[0];
-    o.c2 = (int)mc->channels.v[1];
+    int channels[LOOM_CONFIG_LIST_MAX];
+    for (int i = 0; i < mc->channels.n; i++)
+      channels[i] = (int)mc->channels.v[i];
+    o.channels = channels;
+    o.n_conv = mc->channels.n;
     o.kernel = (int)mc->kernel;
     o.pool = (int)mc->pool;
+    o.act = act;
     return loom_fashion_cnn_new(&t->model, &o, &mo);
   }
   case LOOM_CFG_MODEL_GPT: {
@@ -91,6 +90,10 @@ static loom_status open_data(loom_trainer *t) {
   switch (dc->dataset) {
   case LOOM_CFG_DATASET_FASHION_MNIST: {
     loom_image_opts io = loom_image_opts_default();
+    if (path && access(path, R_OK | X_OK) != 0)
+      return loom_error(LOOM_ERR_CONFIG,
+                        "data.path: cannot read the directory %s: %s", path,
+                        strerror(errno));
     LOOM_TRY(
         loom_dataset_open_fashion(&t->train_ds, path, LOOM_SPLIT_TRAIN, &io));
     LOOM_TRY(loom_dataset_open_fashion(&t->val_ds, path, LOOM_SPLIT_VAL, &io));
@@ -103,9 +106,15 @@ static loom_status open_data(loom_trainer *t) {
     } else {
       LOOM_TRY(loom_kjv_default_path(kjv, sizeof kjv));
     }
-    /* data.path may name any byte-level text; the KJV is prepared (once,
-     * cached) only where no file exists yet. */
-    if (!path || access(kjv, R_OK) != 0) {
+    /* data.path names any byte-level text, which must exist: loom writes
+     * only in the run directory and its data cache, so the KJV is prepared
+     * (once) only at its default place ($LOOM_DATA_DIR/kjv.txt). */
+    if (path && access(kjv, R_OK) != 0)
+      return loom_error(LOOM_ERR_CONFIG,
+                        "data.path: cannot read %s: %s (leave data.path empty "
+                        "to use the King James Bible prepared by loom)",
+                        kjv, strerror(errno));
+    if (!path) {
       loom_kjv_opts ko = loom_kjv_opts_default();
       loom_kjv_info info;
       LOOM_TRY(loom_kjv_prepare(kjv, &ko, &info));
@@ -826,7 +835,8 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
       pm = LOOM_PROGRESS_OFF;
     if (s == LOOM_OK)
       s = loom_progress_new(&t->progress, pm, stderr, t->step, t->total_steps,
-                            (int)cfg->log.every,
+                            cfg->log.every > INT_MAX ? INT_MAX
+                                                     : (int)cfg->log.every,
                             t->is_text ? "tokens" : "samples");
   }
   LOOM_TRY_GOTO(s, loom_train_agree(t, s, "opening the run directory"), out);
@@ -943,8 +953,10 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
       window_steps = 0;
       memset(&win, 0, sizeof win);
     }
-    if ((cfg->train.eval_every > 0 && t->step % cfg->train.eval_every == 0) ||
-        last)
+    /* eval_every 0: at the end of each epoch (steps_per_epoch >= 1). */
+    int64_t every = cfg->train.eval_every > 0 ? cfg->train.eval_every
+                                               : t->steps_per_epoch;
+    if (t->step % every == 0 || last)
       LOOM_TRY_GOTO(s, log_eval(t, res, last), out);
     /* Injected faults land after the step, before its checkpoint. */
     if (t->n_faults > 0)

@@ -40,6 +40,23 @@ bad range 'optim:\n  lr: -1\n' \
   "range.yaml:2:7: key 'optim.lr': -1 is out of range (must be in (0, 1000])"
 bad syntax 'optim:\n  lr: [1\n' \
   "syntax.yaml:3:1: YAML syntax error: did not find expected ',' or ']' (while parsing a flow sequence)"
+# Issue 10: a value this build does not implement fails before training,
+# as a config error (exit 2, never restarted by loom run).
+bad precision 'train:\n  precision: bf16\n' \
+  "precision.yaml:2:3: key 'train.precision': bf16 is not implemented yet; supported: f32 (mixed precision comes in a later release)"
+bad zero 'parallel:\n  strategy: zero\n' \
+  "zero.yaml:2:3: key 'parallel.strategy': zero is not implemented yet; supported: auto, none, ddp (ZeRO sharding comes in a later release)"
+# A data.path that does not exist is an error naming it; nothing is created
+# there (it used to make the directories and write 4 MB, exit 0).
+run "$LOOM" train "$SRC/examples/small_gpt.yaml" --set "data.path=$T/no/such/kjv.txt" \
+  --set "log.run_dir=$T/run_nokjv" --resume never
+check "missing kjv path exit code" test "$rc" -eq 2
+check "missing kjv path message" test "$out" = "loom train: data.path: cannot read $T/no/such/kjv.txt: No such file or directory (leave data.path empty to use the King James Bible prepared by loom)"
+check "missing kjv path creates nothing" test ! -e "$T/no"
+run "$LOOM" train "$SRC/examples/small_mlp.yaml" --set "data.path=$T/no/fashion" \
+  --set "log.run_dir=$T/run_nofashion" --resume never
+check "missing fashion path exit code" test "$rc" -eq 2
+check "missing fashion path message" test "$out" = "loom train: data.path: cannot read the directory $T/no/fashion: No such file or directory"
 run "$LOOM" train missing.yaml
 check "missing file" test "$rc" -eq 2 -a "$out" = "loom train: missing.yaml: cannot open config: No such file or directory"
 run "$LOOM" train "$SRC/examples/small_mlp.yaml" --set optim.lr=x

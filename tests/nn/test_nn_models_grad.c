@@ -66,6 +66,77 @@ TT_TEST(grad_fashion_cnn) {
   loom_model_free(m);
 }
 
+/* The mlp of any widths (issue 10: only equal widths and ReLU worked), a
+ * linear model (no hidden layer), ReLU and GELU. */
+static void check_mlp(const char *what, const int *widths, int n, loom_act act,
+                      int64_t want_params) {
+  loom_fashion_mlp_opts o = {.in = 12, .n_hidden = n, .classes = 5,
+                             .widths = widths, .act = act};
+  loom_model *m;
+  TT_REQUIRE_OK(loom_fashion_mlp_new(&m, &o, NULL));
+  TT_CHECK_EQ(loom_model_num_params(m), want_params);
+  loom_tensor in;
+  TT_REQUIRE_OK(loom_tensor_new(&in, LOOM_F32, 2, (int64_t[]){4, 12}));
+  gc_fill_normal(in.data, 48, 21, 1.0f);
+  int32_t t[4];
+  fill_targets(t, 4, 5, 22);
+  gc g;
+  TT_REQUIRE_OK(gc_init(&g, m, in, t));
+  g.h = 1e-3;
+  g.kinked = act == LOOM_ACT_RELU;
+  TT_CHECK_EQ(gc_check(&g, what), 0);
+  gc_release(&g);
+  loom_tensor_free(&in);
+  loom_model_free(m);
+}
+
+TT_TEST(grad_mlp_widths) {
+  const int w[3] = {9, 4, 7};
+  check_mlp("mlp 12-9-4-7-5 relu", w, 3, LOOM_ACT_RELU,
+            (12 * 9 + 9) + (9 * 4 + 4) + (4 * 7 + 7) + (7 * 5 + 5));
+  check_mlp("mlp 12-9-4-7-5 gelu", w, 3, LOOM_ACT_GELU,
+            (12 * 9 + 9) + (9 * 4 + 4) + (4 * 7 + 7) + (7 * 5 + 5));
+  check_mlp("mlp 12-5 linear", NULL, 0, LOOM_ACT_RELU, 12 * 5 + 5);
+}
+
+/* The cnn with three conv stages and GELU (issue 10: only two, ReLU):
+ * 22x22 -> conv3 20 -> pool 10 -> conv3 8 -> pool 4 -> conv3 2 -> pool 1 ->
+ * fc. */
+TT_TEST(grad_cnn_three_convs_gelu) {
+  const int ch[3] = {3, 4, 2};
+  loom_fashion_cnn_opts o = {.in_c = 1, .in_h = 22, .in_w = 22, .kernel = 3,
+                             .pool = 2, .classes = 5, .n_conv = 3,
+                             .channels = ch, .act = LOOM_ACT_GELU};
+  int h, w;
+  loom_fashion_cnn_out_hw(&o, &h, &w);
+  TT_CHECK_EQ(h, 1);
+  TT_CHECK_EQ(w, 1);
+  loom_model_opts mo = loom_model_opts_default();
+  mo.init = LOOM_INIT_HE_NORMAL;
+  loom_model *m;
+  TT_REQUIRE_OK(loom_fashion_cnn_new(&m, &o, &mo));
+  TT_CHECK_EQ(loom_model_num_params(m), (3 * 9 + 3) + (4 * 3 * 9 + 4) +
+                                            (2 * 4 * 9 + 2) + (2 * 5 + 5));
+  loom_tensor in;
+  TT_REQUIRE_OK(loom_tensor_new(&in, LOOM_F32, 4, (int64_t[]){2, 1, 22, 22}));
+  gc_fill_normal(in.data, 2 * 22 * 22, 31, 1.0f);
+  int32_t t[2];
+  fill_targets(t, 2, 5, 32);
+  gc g;
+  TT_REQUIRE_OK(gc_init(&g, m, in, t));
+  g.h = 1e-3;
+  g.kinked = true; /* max-pool picks */
+  TT_CHECK_EQ(gc_check(&g, "cnn 3 convs gelu"), 0);
+  gc_release(&g);
+  loom_tensor_free(&in);
+  loom_model_free(m);
+  /* Too many stages for the image: an error, not a crash. */
+  const int ch4[4] = {3, 4, 2, 2};
+  o.channels = ch4;
+  o.n_conv = 4;
+  TT_CHECK_EQ(loom_fashion_cnn_new(&m, &o, &mo), LOOM_ERR_INVALID_ARG);
+}
+
 static void check_gpt(const char *what, float dropout, bool bias) {
   loom_gpt_opts o = loom_gpt_opts_default();
   o.vocab = 11;
@@ -142,6 +213,8 @@ int main(void) {
   loom_set_threads(1); /* tiny shapes: threads would only add overhead */
   TT_RUN(grad_fashion_mlp);
   TT_RUN(grad_fashion_cnn);
+  TT_RUN(grad_mlp_widths);
+  TT_RUN(grad_cnn_three_convs_gelu);
   TT_RUN(grad_gpt);
   TT_RUN(grad_gpt_dropout);
   TT_RUN(grad_gpt_nobias);
