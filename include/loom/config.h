@@ -9,6 +9,9 @@
 #include <stdint.h>
 
 #include "loom/core.h"
+#include "loom/data.h"  /* loom_tail */
+#include "loom/nn.h"    /* loom_act */
+#include "loom/optim.h" /* loom_optim_kind, loom_sched_kind, loom_lr_rule */
 
 #ifdef __cplusplus
 extern "C" {
@@ -17,39 +20,24 @@ LOOM_API_BEGIN
 
 /* ----------------------------------------------------------- value enums */
 
-/* Every enum-valued key has an X-macro list here; its strings are what the
- * YAML file holds. They match the names used by the layers (optim's
- * loom_optim_kind_parse, loom_sched_kind_parse, data's loom_tail, train's
- * loom_progress_mode) so a value converts with those layers' parse
- * functions. The config keeps enums of its own (LOOM_CFG_ prefix) so that
- * it depends on core only. */
+/* An enum-valued key takes its values from the layer that owns the
+ * concept: model.activation is nn's loom_act, data.tail data's loom_tail,
+ * optim.name, schedule.name and schedule.scaling optim's loom_optim_kind,
+ * loom_sched_kind and loom_lr_rule; the schema reads those layers' name
+ * tables (loom_act_names, ...), so a value has one spelling and the config
+ * struct holds the layer's own enum, with no conversion between parallel
+ * enums. The lists below are the config's own: choices that belong to
+ * training as a whole (which model, data set, strategy, precision, what to
+ * do when a save fails, wire compression) and the progress display, whose
+ * enum the train layer uses from here. */
 #define LOOM_CFG_MODEL_LIST(X)                                                 \
   X(LOOM_CFG_MODEL_MLP, "mlp")                                                 \
   X(LOOM_CFG_MODEL_CNN, "cnn")                                                 \
   X(LOOM_CFG_MODEL_GPT, "gpt")
-#define LOOM_CFG_ACT_LIST(X)                                                   \
-  X(LOOM_CFG_ACT_RELU, "relu")                                                 \
-  X(LOOM_CFG_ACT_GELU, "gelu")
 #define LOOM_CFG_DATASET_LIST(X)                                               \
   X(LOOM_CFG_DATASET_FASHION_MNIST, "fashion-mnist")                           \
   X(LOOM_CFG_DATASET_KJV, "kjv")                                               \
   X(LOOM_CFG_DATASET_BIN, "bin")
-#define LOOM_CFG_TAIL_LIST(X)                                                  \
-  X(LOOM_CFG_TAIL_DROP, "drop")                                                \
-  X(LOOM_CFG_TAIL_PAD, "pad")                                                  \
-  X(LOOM_CFG_TAIL_PARTIAL, "partial")
-#define LOOM_CFG_OPTIM_LIST(X)                                                 \
-  X(LOOM_CFG_OPTIM_SGD, "sgd")                                                 \
-  X(LOOM_CFG_OPTIM_ADAMW, "adamw")
-#define LOOM_CFG_SCHED_LIST(X)                                                 \
-  X(LOOM_CFG_SCHED_CONSTANT, "constant")                                       \
-  X(LOOM_CFG_SCHED_STEP, "step")                                               \
-  X(LOOM_CFG_SCHED_COSINE, "cosine")                                           \
-  X(LOOM_CFG_SCHED_LINEAR, "linear")
-#define LOOM_CFG_SCALING_LIST(X)                                               \
-  X(LOOM_CFG_SCALING_NONE, "none")                                             \
-  X(LOOM_CFG_SCALING_LINEAR, "linear")                                         \
-  X(LOOM_CFG_SCALING_SQRT, "sqrt")
 #define LOOM_CFG_PRECISION_LIST(X)                                             \
   X(LOOM_CFG_PRECISION_F32, "f32")                                             \
   X(LOOM_CFG_PRECISION_BF16, "bf16")                                           \
@@ -57,11 +45,13 @@ LOOM_API_BEGIN
 #define LOOM_CFG_ON_ERROR_LIST(X)                                              \
   X(LOOM_CFG_ON_ERROR_STOP, "stop")                                            \
   X(LOOM_CFG_ON_ERROR_CONTINUE, "continue")
-#define LOOM_CFG_PROGRESS_LIST(X)                                              \
-  X(LOOM_CFG_PROGRESS_AUTO, "auto")                                            \
-  X(LOOM_CFG_PROGRESS_BAR, "bar")                                              \
-  X(LOOM_CFG_PROGRESS_LINES, "lines")                                          \
-  X(LOOM_CFG_PROGRESS_OFF, "off")
+/* The progress display of loom train (log.progress); train's progress
+ * printer takes this enum. */
+#define LOOM_PROGRESS_MODE_LIST(X)                                             \
+  X(LOOM_PROGRESS_AUTO, "auto")                                                \
+  X(LOOM_PROGRESS_BAR, "bar")                                                  \
+  X(LOOM_PROGRESS_LINES, "lines")                                              \
+  X(LOOM_PROGRESS_OFF, "off")
 #define LOOM_CFG_STRATEGY_LIST(X)                                              \
   X(LOOM_CFG_STRATEGY_AUTO, "auto")                                            \
   X(LOOM_CFG_STRATEGY_NONE, "none")                                            \
@@ -76,22 +66,9 @@ LOOM_API_BEGIN
 typedef enum {
   LOOM_CFG_MODEL_LIST(LOOM_X_ENUM) LOOM_CFG_MODEL_COUNT
 } loom_cfg_model;
-typedef enum { LOOM_CFG_ACT_LIST(LOOM_X_ENUM) LOOM_CFG_ACT_COUNT } loom_cfg_act;
 typedef enum {
   LOOM_CFG_DATASET_LIST(LOOM_X_ENUM) LOOM_CFG_DATASET_COUNT
 } loom_cfg_dataset;
-typedef enum {
-  LOOM_CFG_TAIL_LIST(LOOM_X_ENUM) LOOM_CFG_TAIL_COUNT
-} loom_cfg_tail;
-typedef enum {
-  LOOM_CFG_OPTIM_LIST(LOOM_X_ENUM) LOOM_CFG_OPTIM_COUNT
-} loom_cfg_optim;
-typedef enum {
-  LOOM_CFG_SCHED_LIST(LOOM_X_ENUM) LOOM_CFG_SCHED_COUNT
-} loom_cfg_sched;
-typedef enum {
-  LOOM_CFG_SCALING_LIST(LOOM_X_ENUM) LOOM_CFG_SCALING_COUNT
-} loom_cfg_scaling;
 typedef enum {
   LOOM_CFG_PRECISION_LIST(LOOM_X_ENUM) LOOM_CFG_PRECISION_COUNT
 } loom_cfg_precision;
@@ -99,28 +76,23 @@ typedef enum {
   LOOM_CFG_ON_ERROR_LIST(LOOM_X_ENUM) LOOM_CFG_ON_ERROR_COUNT
 } loom_cfg_on_error;
 typedef enum {
-  LOOM_CFG_PROGRESS_LIST(LOOM_X_ENUM) LOOM_CFG_PROGRESS_COUNT
-} loom_cfg_progress;
-typedef enum {
   LOOM_CFG_STRATEGY_LIST(LOOM_X_ENUM) LOOM_CFG_STRATEGY_COUNT
 } loom_cfg_strategy;
 typedef enum {
   LOOM_CFG_COMPRESS_LIST(LOOM_X_ENUM) LOOM_CFG_COMPRESS_COUNT
 } loom_cfg_compress;
+typedef enum {
+  LOOM_PROGRESS_MODE_LIST(LOOM_X_ENUM) LOOM_PROGRESS_MODE_COUNT
+} loom_progress_mode;
 #undef LOOM_X_ENUM
 
-/* Name tables, indexed by the enum value ("adamw" = loom_cfg_optim_names
- * [LOOM_CFG_OPTIM_ADAMW]). */
+/* Name tables, indexed by the enum value ("cnn" = loom_cfg_model_names
+ * [LOOM_CFG_MODEL_CNN]). */
+extern const char *const loom_progress_mode_names[LOOM_PROGRESS_MODE_COUNT];
 extern const char *const loom_cfg_model_names[LOOM_CFG_MODEL_COUNT];
-extern const char *const loom_cfg_act_names[LOOM_CFG_ACT_COUNT];
 extern const char *const loom_cfg_dataset_names[LOOM_CFG_DATASET_COUNT];
-extern const char *const loom_cfg_tail_names[LOOM_CFG_TAIL_COUNT];
-extern const char *const loom_cfg_optim_names[LOOM_CFG_OPTIM_COUNT];
-extern const char *const loom_cfg_sched_names[LOOM_CFG_SCHED_COUNT];
-extern const char *const loom_cfg_scaling_names[LOOM_CFG_SCALING_COUNT];
 extern const char *const loom_cfg_precision_names[LOOM_CFG_PRECISION_COUNT];
 extern const char *const loom_cfg_on_error_names[LOOM_CFG_ON_ERROR_COUNT];
-extern const char *const loom_cfg_progress_names[LOOM_CFG_PROGRESS_COUNT];
 extern const char *const loom_cfg_strategy_names[LOOM_CFG_STRATEGY_COUNT];
 extern const char *const loom_cfg_compress_names[LOOM_CFG_COMPRESS_COUNT];
 
@@ -139,7 +111,7 @@ typedef struct loom_config_ints {
 typedef struct loom_config_model {
   loom_cfg_model name;
   loom_config_ints hidden;   /* mlp: hidden layer widths */
-  loom_cfg_act activation;   /* mlp, cnn */
+  loom_act activation;   /* mlp, cnn */
   loom_config_ints channels; /* cnn: output channels of each conv */
   int64_t kernel, pool;      /* cnn */
   int64_t context, layers, d_model, heads, vocab, mlp_ratio; /* gpt */
@@ -152,21 +124,21 @@ typedef struct loom_config_data {
   char val_path[LOOM_CONFIG_STR_MAX];
   double val_fraction;
   bool shuffle;
-  loom_cfg_tail tail;
+  loom_tail tail;
   int64_t prefetch;
 } loom_config_data;
 
 typedef struct loom_config_optim {
-  loom_cfg_optim name;
+  loom_optim_kind name;
   double lr, momentum, weight_decay, beta1, beta2, eps, grad_clip;
   bool nesterov;
 } loom_config_optim;
 
 typedef struct loom_config_schedule {
-  loom_cfg_sched name;
+  loom_sched_kind name;
   int64_t warmup_steps, step_size;
   double min_lr, gamma;
-  loom_cfg_scaling scaling;
+  loom_lr_rule scaling;
 } loom_config_schedule;
 
 typedef struct loom_config_train {
@@ -187,7 +159,7 @@ typedef struct loom_config_checkpoint {
 typedef struct loom_config_log {
   char run_dir[LOOM_CONFIG_STR_MAX];
   int64_t every;
-  loom_cfg_progress progress;
+  loom_progress_mode progress;
   bool metrics, profile;
 } loom_config_log;
 

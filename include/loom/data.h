@@ -214,6 +214,9 @@ typedef enum {
       LOOM_TAIL_COUNT
 } loom_tail;
 const char *loom_tail_name(loom_tail t);
+/* The names, indexed by value: what configs and checkpoints hold (the
+ * config schema reads this table, so a value has one spelling). */
+extern const char *const loom_tail_names[LOOM_TAIL_COUNT];
 loom_status loom_tail_parse(const char *s, loom_tail *out);
 
 /* The order of epoch e is a permutation perm_e of [0, N) drawn with Philox

@@ -422,6 +422,9 @@ typedef enum {
       LOOM_ACT_COUNT
 } loom_act;
 const char *loom_act_name(loom_act a);
+/* The names, indexed by value: what configs and checkpoints hold (the
+ * config schema reads this table, so a value has one spelling). */
+extern const char *const loom_act_names[LOOM_ACT_COUNT];
 /* A module of that activation ("relu" or "gelu"). */
 loom_status loom_act_new(loom_module **out, loom_act a);
 

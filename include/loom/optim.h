@@ -33,6 +33,9 @@ typedef enum {
 } loom_optim_kind;
 
 const char *loom_optim_kind_name(loom_optim_kind k);
+/* The names, indexed by value: what configs and checkpoints hold (the
+ * config schema reads this table, so a value has one spelling). */
+extern const char *const loom_optim_kind_names[LOOM_OPTIM_KIND_COUNT];
 /* Parses "sgd" or "adamw"; LOOM_ERR_INVALID_ARG for anything else. */
 loom_status loom_optim_kind_parse(const char *name, loom_optim_kind *out);
 
@@ -129,6 +132,9 @@ typedef enum {
 } loom_sched_kind;
 
 const char *loom_sched_kind_name(loom_sched_kind k);
+/* The names, indexed by value: what configs and checkpoints hold (the
+ * config schema reads this table, so a value has one spelling). */
+extern const char *const loom_sched_kind_names[LOOM_SCHED_KIND_COUNT];
 loom_status loom_sched_kind_parse(const char *name, loom_sched_kind *out);
 
 /* The learning rate of step `step` (0 for the first optimizer step):
@@ -172,6 +178,9 @@ typedef enum {
 } loom_lr_rule;
 
 const char *loom_lr_rule_name(loom_lr_rule r);
+/* The names, indexed by value: what configs and checkpoints hold (the
+ * config schema reads this table, so a value has one spelling). */
+extern const char *const loom_lr_rule_names[LOOM_LR_RULE_COUNT];
 loom_status loom_lr_rule_parse(const char *name, loom_lr_rule *out);
 /* *out = lr * k (linear) or lr * sqrt(k) (sqrt) with k = global_batch /
  * base_batch; both batches must be >= 1. */

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "loom/config.h" /* loom_progress_mode */
 #include "loom/core.h"
 
 #ifdef __cplusplus
@@ -17,19 +18,7 @@ LOOM_API_BEGIN
 
 /* ------------------------------------------------------------- progress */
 
-#define LOOM_PROGRESS_MODE_LIST(X)                                             \
-  X(LOOM_PROGRESS_AUTO, "auto")                                                \
-  X(LOOM_PROGRESS_BAR, "bar")                                                  \
-  X(LOOM_PROGRESS_LINES, "lines")                                              \
-  X(LOOM_PROGRESS_OFF, "off")
-
-typedef enum {
-#define LOOM_X_ENUM(name, text) name,
-  LOOM_PROGRESS_MODE_LIST(LOOM_X_ENUM)
-#undef LOOM_X_ENUM
-      LOOM_PROGRESS_MODE_COUNT
-} loom_progress_mode;
-
+/* loom_progress_mode and its names live in loom/config.h (log.progress). */
 const char *loom_progress_mode_name(loom_progress_mode m);
 loom_status loom_progress_mode_parse(const char *s, loom_progress_mode *out);
 

@@ -15,20 +15,14 @@
 
 #define LOOM_X_NAME(name, text) text,
 const char *const loom_cfg_model_names[] = {LOOM_CFG_MODEL_LIST(LOOM_X_NAME)};
-const char *const loom_cfg_act_names[] = {LOOM_CFG_ACT_LIST(LOOM_X_NAME)};
 const char *const loom_cfg_dataset_names[] = {
     LOOM_CFG_DATASET_LIST(LOOM_X_NAME)};
-const char *const loom_cfg_tail_names[] = {LOOM_CFG_TAIL_LIST(LOOM_X_NAME)};
-const char *const loom_cfg_optim_names[] = {LOOM_CFG_OPTIM_LIST(LOOM_X_NAME)};
-const char *const loom_cfg_sched_names[] = {LOOM_CFG_SCHED_LIST(LOOM_X_NAME)};
-const char *const loom_cfg_scaling_names[] = {
-    LOOM_CFG_SCALING_LIST(LOOM_X_NAME)};
 const char *const loom_cfg_precision_names[] = {
     LOOM_CFG_PRECISION_LIST(LOOM_X_NAME)};
 const char *const loom_cfg_on_error_names[] = {
     LOOM_CFG_ON_ERROR_LIST(LOOM_X_NAME)};
-const char *const loom_cfg_progress_names[] = {
-    LOOM_CFG_PROGRESS_LIST(LOOM_X_NAME)};
+const char *const loom_progress_mode_names[] = {
+    LOOM_PROGRESS_MODE_LIST(LOOM_X_NAME)};
 const char *const loom_cfg_strategy_names[] = {
     LOOM_CFG_STRATEGY_LIST(LOOM_X_NAME)};
 const char *const loom_cfg_compress_names[] = {
@@ -38,18 +32,12 @@ static const char *const type_names[] = {LOOM_CFG_TYPE_LIST(LOOM_X_NAME)};
 
 #define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
 _Static_assert(COUNT_OF(loom_cfg_model_names) == LOOM_CFG_MODEL_COUNT, "");
-_Static_assert(COUNT_OF(loom_cfg_act_names) == LOOM_CFG_ACT_COUNT, "");
 _Static_assert(COUNT_OF(loom_cfg_dataset_names) == LOOM_CFG_DATASET_COUNT, "");
-_Static_assert(COUNT_OF(loom_cfg_tail_names) == LOOM_CFG_TAIL_COUNT, "");
-_Static_assert(COUNT_OF(loom_cfg_optim_names) == LOOM_CFG_OPTIM_COUNT, "");
-_Static_assert(COUNT_OF(loom_cfg_sched_names) == LOOM_CFG_SCHED_COUNT, "");
-_Static_assert(COUNT_OF(loom_cfg_scaling_names) == LOOM_CFG_SCALING_COUNT, "");
 _Static_assert(COUNT_OF(loom_cfg_precision_names) == LOOM_CFG_PRECISION_COUNT,
                "");
 _Static_assert(COUNT_OF(loom_cfg_on_error_names) == LOOM_CFG_ON_ERROR_COUNT,
                "");
-_Static_assert(COUNT_OF(loom_cfg_progress_names) == LOOM_CFG_PROGRESS_COUNT,
-               "");
+_Static_assert(COUNT_OF(loom_progress_mode_names) == LOOM_PROGRESS_MODE_COUNT, "");
 _Static_assert(COUNT_OF(loom_cfg_strategy_names) == LOOM_CFG_STRATEGY_COUNT,
                "");
 _Static_assert(COUNT_OF(loom_cfg_compress_names) == LOOM_CFG_COMPRESS_COUNT,
@@ -58,7 +46,12 @@ _Static_assert(COUNT_OF(type_names) == LOOM_CFG_TYPE_COUNT, "");
 /* Enum fields are read and written as int. */
 _Static_assert(sizeof(loom_cfg_model) == sizeof(int) &&
                    sizeof(loom_cfg_strategy) == sizeof(int) &&
-                   sizeof(loom_cfg_progress) == sizeof(int),
+                   sizeof(loom_progress_mode) == sizeof(int) &&
+                   sizeof(loom_act) == sizeof(int) &&
+                   sizeof(loom_tail) == sizeof(int) &&
+                   sizeof(loom_optim_kind) == sizeof(int) &&
+                   sizeof(loom_sched_kind) == sizeof(int) &&
+                   sizeof(loom_lr_rule) == sizeof(int),
                "enum fields must be int-sized");
 
 const char *loom_cfg_type_name(loom_cfg_type t) {
@@ -111,7 +104,7 @@ static const loom_config_key keys[] = {
           "then one linear layer) or gpt (decoder-only transformer)"),
     KLIST("model.hidden", model.hidden, "[512, 512]", 1, 1048576, 0, 0,
           "mlp: widths of the hidden layers, in order ([] = one linear layer)"),
-    KENUM("model.activation", model.activation, "relu", loom_cfg_act_names, 0,
+    KENUM("model.activation", model.activation, "relu", loom_act_names, 0,
           "mlp, cnn: activation after each hidden layer or conv"),
     KLIST("model.channels", model.channels, "[32, 64]", 1, 65536, 1, 0,
           "cnn: output channels of each conv; each conv is followed by the "
@@ -157,7 +150,7 @@ static const loom_config_key keys[] = {
     KBOOL("data.shuffle", data.shuffle, "true", 0,
           "shuffle the training samples every epoch (counter-based: the same "
           "order at any world size)"),
-    KENUM("data.tail", data.tail, "partial", loom_cfg_tail_names, 0,
+    KENUM("data.tail", data.tail, "partial", loom_tail_names, 0,
           "samples that do not fill the last batch of an epoch: drop (left "
           "out), pad (completed from the epoch's start) or partial (a short "
           "batch)"),
@@ -165,7 +158,7 @@ static const loom_config_key keys[] = {
          "batches the loader thread prepares ahead; 0 = load in the training "
          "thread"),
     /* optim */
-    KENUM("optim.name", optim.name, "sgd", loom_cfg_optim_names, 0,
+    KENUM("optim.name", optim.name, "sgd", loom_optim_kind_names, 0,
           "optimizer: sgd or adamw"),
     KFLOAT("optim.lr", optim.lr, "0.01", 0, 1000, MI,
            "learning rate (the peak, reached at the end of warmup)"),
@@ -185,7 +178,7 @@ static const loom_config_key keys[] = {
     KFLOAT("optim.grad_clip", optim.grad_clip, "0", 0, NOMAX, 0,
            "clip gradients to this global L2 norm; 0 = no clipping"),
     /* schedule */
-    KENUM("schedule.name", schedule.name, "constant", loom_cfg_sched_names, 0,
+    KENUM("schedule.name", schedule.name, "constant", loom_sched_kind_names, 0,
           "learning-rate schedule after warmup: constant, step (x gamma every "
           "step_size steps), cosine or linear (down to min_lr at the last "
           "step)"),
@@ -197,7 +190,7 @@ static const loom_config_key keys[] = {
          "step: optimizer steps between decays"),
     KFLOAT("schedule.gamma", schedule.gamma, "0.1", 0, 1, MI,
            "step: factor applied at each decay"),
-    KENUM("schedule.scaling", schedule.scaling, "none", loom_cfg_scaling_names,
+    KENUM("schedule.scaling", schedule.scaling, "none", loom_lr_rule_names,
           0,
           "scale optim.lr and schedule.min_lr with the number of ranks: none, "
           "linear (x world size) or sqrt (x its square root)"),
@@ -258,7 +251,7 @@ static const loom_config_key keys[] = {
          "runs/<config file name without .yaml>"),
     KINT("log.every", log.every, "50", 1, NOMAX, 0,
          "optimizer steps between console lines and metric records"),
-    KENUM("log.progress", log.progress, "auto", loom_cfg_progress_names, LO,
+    KENUM("log.progress", log.progress, "auto", loom_progress_mode_names, LO,
           "console output: auto (a bar on a terminal, lines otherwise), bar, "
           "lines or off"),
     KBOOL("log.metrics", log.metrics, "true", LO,
@@ -1346,8 +1339,8 @@ static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
     return cfg_err(origin_of(org, "parallel.deterministic", &none),
                    "parallel.deterministic",
                    "needs parallel.strategy 'auto' or 'ddp' (got 'none')");
-  if ((cfg->schedule.name == LOOM_CFG_SCHED_COSINE ||
-       cfg->schedule.name == LOOM_CFG_SCHED_LINEAR) &&
+  if ((cfg->schedule.name == LOOM_SCHED_COSINE ||
+       cfg->schedule.name == LOOM_SCHED_LINEAR) &&
       cfg->train.steps > 0 &&
       cfg->schedule.warmup_steps >= cfg->train.steps)
     return cfg_err(origin_of(org, "schedule.warmup_steps", &none),
@@ -1356,15 +1349,15 @@ static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
                    "nothing left to decay",
                    (long long)cfg->schedule.warmup_steps,
                    (long long)cfg->train.steps,
-                   loom_cfg_sched_names[cfg->schedule.name]);
+                   loom_sched_kind_names[cfg->schedule.name]);
   LOOM_TRY(check_sizes(cfg, org, &none));
-  if (cfg->optim.name == LOOM_CFG_OPTIM_SGD && cfg->optim.nesterov &&
+  if (cfg->optim.name == LOOM_OPTIM_SGD && cfg->optim.nesterov &&
       cfg->optim.momentum == 0)
     return cfg_err(origin_of(org, "optim.nesterov", &none), "optim.nesterov",
                    "needs optim.momentum > 0");
   if (cfg->schedule.min_lr > cfg->optim.lr &&
-      (cfg->schedule.name == LOOM_CFG_SCHED_COSINE ||
-       cfg->schedule.name == LOOM_CFG_SCHED_LINEAR))
+      (cfg->schedule.name == LOOM_SCHED_COSINE ||
+       cfg->schedule.name == LOOM_SCHED_LINEAR))
     return cfg_err(origin_of(org, "schedule.min_lr", &none), "schedule.min_lr",
                    "larger than optim.lr");
   return LOOM_OK;

@@ -4,21 +4,21 @@
 
 #include <string.h>
 
-static const char *const tail_names[] = {
+const char *const loom_tail_names[] = {
 #define LOOM_X_NAME(name, text) text,
     LOOM_TAIL_LIST(LOOM_X_NAME)
 #undef LOOM_X_NAME
 };
-_Static_assert(sizeof tail_names / sizeof tail_names[0] == LOOM_TAIL_COUNT,
+_Static_assert(sizeof loom_tail_names / sizeof loom_tail_names[0] == LOOM_TAIL_COUNT,
                "tail name table");
 
 const char *loom_tail_name(loom_tail t) {
-  return (unsigned)t < LOOM_TAIL_COUNT ? tail_names[t] : "?";
+  return (unsigned)t < LOOM_TAIL_COUNT ? loom_tail_names[t] : "?";
 }
 
 loom_status loom_tail_parse(const char *s, loom_tail *out) {
   for (int i = 0; s && i < LOOM_TAIL_COUNT; i++)
-    if (strcmp(s, tail_names[i]) == 0) {
+    if (strcmp(s, loom_tail_names[i]) == 0) {
       *out = (loom_tail)i;
       return LOOM_OK;
     }

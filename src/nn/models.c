@@ -16,16 +16,16 @@
       goto fail;                                                               \
   } while (0)
 
-static const char *const act_names[] = {
+const char *const loom_act_names[] = {
 #define LOOM_X_NAME(name, text) text,
     LOOM_ACT_LIST(LOOM_X_NAME)
 #undef LOOM_X_NAME
 };
-_Static_assert(sizeof act_names / sizeof act_names[0] == LOOM_ACT_COUNT,
+_Static_assert(sizeof loom_act_names / sizeof loom_act_names[0] == LOOM_ACT_COUNT,
                "one name per activation");
 
 const char *loom_act_name(loom_act a) {
-  return (unsigned)a < LOOM_ACT_COUNT ? act_names[a] : "unknown";
+  return (unsigned)a < LOOM_ACT_COUNT ? loom_act_names[a] : "unknown";
 }
 
 loom_status loom_act_new(loom_module **out, loom_act a) {
@@ -74,7 +74,7 @@ loom_status loom_fashion_mlp_new(loom_model **out,
     int next = o->widths ? o->widths[i] : o->hidden;
     snprintf(name, sizeof name, "fc%d", i + 1);
     ADD(name, loom_linear_new(&kid_, width, next, true));
-    snprintf(name, sizeof name, "%s%d", act_names[o->act], i + 1);
+    snprintf(name, sizeof name, "%s%d", loom_act_names[o->act], i + 1);
     ADD(name, loom_act_new(&kid_, o->act));
     width = next;
   }
@@ -146,7 +146,7 @@ loom_status loom_fashion_cnn_new(loom_model **out,
   for (int i = 0; i < n; i++) {
     snprintf(name, sizeof name, "conv%d", i + 1);
     ADD(name, loom_conv2d_new(&kid_, c, ch[i], k, 1, 0, true));
-    snprintf(name, sizeof name, "%s%d", act_names[o->act], i + 1);
+    snprintf(name, sizeof name, "%s%d", loom_act_names[o->act], i + 1);
     ADD(name, loom_act_new(&kid_, o->act));
     snprintf(name, sizeof name, "pool%d", i + 1);
     ADD(name, loom_maxpool2d_new(&kid_, p, p));

@@ -11,22 +11,22 @@
 
 #include "internal.h"
 
-static const char *const kind_names[] = {
+const char *const loom_optim_kind_names[] = {
 #define LOOM_X_ROW(name, text) text,
     LOOM_OPTIM_KIND_LIST(LOOM_X_ROW)
 #undef LOOM_X_ROW
 };
-_Static_assert(sizeof kind_names / sizeof kind_names[0] ==
+_Static_assert(sizeof loom_optim_kind_names / sizeof loom_optim_kind_names[0] ==
                    LOOM_OPTIM_KIND_COUNT,
                "optim kind table size");
 
 const char *loom_optim_kind_name(loom_optim_kind k) {
-  return (unsigned)k < LOOM_OPTIM_KIND_COUNT ? kind_names[k] : "?";
+  return (unsigned)k < LOOM_OPTIM_KIND_COUNT ? loom_optim_kind_names[k] : "?";
 }
 
 loom_status loom_optim_kind_parse(const char *name, loom_optim_kind *out) {
   for (int i = 0; i < LOOM_OPTIM_KIND_COUNT; i++)
-    if (name && strcmp(name, kind_names[i]) == 0) {
+    if (name && strcmp(name, loom_optim_kind_names[i]) == 0) {
       *out = (loom_optim_kind)i;
       return LOOM_OK;
     }

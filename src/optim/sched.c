@@ -5,30 +5,30 @@
 #include <math.h>
 #include <string.h>
 
-static const char *const sched_names[] = {
+const char *const loom_sched_kind_names[] = {
 #define LOOM_X_ROW(name, text) text,
     LOOM_SCHED_KIND_LIST(LOOM_X_ROW)
 #undef LOOM_X_ROW
 };
-_Static_assert(sizeof sched_names / sizeof sched_names[0] ==
+_Static_assert(sizeof loom_sched_kind_names / sizeof loom_sched_kind_names[0] ==
                    LOOM_SCHED_KIND_COUNT,
                "schedule kind table size");
 
-static const char *const rule_names[] = {
+const char *const loom_lr_rule_names[] = {
 #define LOOM_X_ROW(name, text) text,
     LOOM_LR_RULE_LIST(LOOM_X_ROW)
 #undef LOOM_X_ROW
 };
-_Static_assert(sizeof rule_names / sizeof rule_names[0] == LOOM_LR_RULE_COUNT,
+_Static_assert(sizeof loom_lr_rule_names / sizeof loom_lr_rule_names[0] == LOOM_LR_RULE_COUNT,
                "lr rule table size");
 
 const char *loom_sched_kind_name(loom_sched_kind k) {
-  return (unsigned)k < LOOM_SCHED_KIND_COUNT ? sched_names[k] : "?";
+  return (unsigned)k < LOOM_SCHED_KIND_COUNT ? loom_sched_kind_names[k] : "?";
 }
 
 loom_status loom_sched_kind_parse(const char *name, loom_sched_kind *out) {
   for (int i = 0; i < LOOM_SCHED_KIND_COUNT; i++)
-    if (name && strcmp(name, sched_names[i]) == 0) {
+    if (name && strcmp(name, loom_sched_kind_names[i]) == 0) {
       *out = (loom_sched_kind)i;
       return LOOM_OK;
     }
@@ -39,12 +39,12 @@ loom_status loom_sched_kind_parse(const char *name, loom_sched_kind *out) {
 }
 
 const char *loom_lr_rule_name(loom_lr_rule r) {
-  return (unsigned)r < LOOM_LR_RULE_COUNT ? rule_names[r] : "?";
+  return (unsigned)r < LOOM_LR_RULE_COUNT ? loom_lr_rule_names[r] : "?";
 }
 
 loom_status loom_lr_rule_parse(const char *name, loom_lr_rule *out) {
   for (int i = 0; i < LOOM_LR_RULE_COUNT; i++)
-    if (name && strcmp(name, rule_names[i]) == 0) {
+    if (name && strcmp(name, loom_lr_rule_names[i]) == 0) {
       *out = (loom_lr_rule)i;
       return LOOM_OK;
     }
@@ -100,7 +100,7 @@ loom_status loom_sched_check(const loom_sched *s) {
       return loom_error(LOOM_ERR_INVALID_ARG,
                         "schedule: %s needs total_steps (%lld) > "
                         "warmup_steps (%lld)",
-                        sched_names[s->kind], (long long)s->total_steps,
+                        loom_sched_kind_names[s->kind], (long long)s->total_steps,
                         (long long)s->warmup_steps);
     if (!(s->min_lr >= 0.0f && s->min_lr <= s->lr))
       return loom_error(LOOM_ERR_INVALID_ARG,

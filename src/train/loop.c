@@ -32,11 +32,7 @@ static loom_status build_model(loom_trainer *t) {
   loom_model_opts mo = loom_model_opts_default();
   mo.seed = (uint64_t)t->cfg.train.seed;
   mo.defer_init = t->init_deferred;
-  _Static_assert((int)LOOM_CFG_ACT_COUNT == (int)LOOM_ACT_COUNT,
-                 "model.activation names every nn activation");
-  static const loom_act acts[LOOM_CFG_ACT_COUNT] = {
-      [LOOM_CFG_ACT_RELU] = LOOM_ACT_RELU, [LOOM_CFG_ACT_GELU] = LOOM_ACT_GELU};
-  loom_act act = acts[mc->activation];
+  const loom_act act = mc->activation;
   switch (mc->name) {
   case LOOM_CFG_MODEL_MLP: {
     /* The config's checks bound every width and count (loom config). */
@@ -180,8 +176,7 @@ static loom_status make_loader(loom_trainer *t) {
 static loom_status make_optim(loom_trainer *t) {
   const loom_config_optim *oc = &t->cfg.optim;
   loom_optim_opts oo = loom_optim_opts_default();
-  oo.kind =
-      oc->name == LOOM_CFG_OPTIM_ADAMW ? LOOM_OPTIM_ADAMW : LOOM_OPTIM_SGD;
+  oo.kind = oc->name;
   oo.momentum = oc->momentum;
   oo.nesterov = oc->nesterov;
   oo.beta1 = oc->beta1;
@@ -202,31 +197,20 @@ static loom_status make_optim(loom_trainer *t) {
 
   const loom_config_schedule *sc = &t->cfg.schedule;
   loom_sched sd = loom_sched_default();
-  static const loom_sched_kind kinds[] = {
-      [LOOM_CFG_SCHED_CONSTANT] = LOOM_SCHED_CONSTANT,
-      [LOOM_CFG_SCHED_STEP] = LOOM_SCHED_STEP,
-      [LOOM_CFG_SCHED_COSINE] = LOOM_SCHED_COSINE,
-      [LOOM_CFG_SCHED_LINEAR] = LOOM_SCHED_LINEAR,
-  };
-  sd.kind = kinds[sc->name];
+  sd.kind = sc->name;
   sd.lr = (float)oc->lr;
-  static const loom_lr_rule rules[] = {
-      [LOOM_CFG_SCALING_NONE] = LOOM_LR_RULE_NONE,
-      [LOOM_CFG_SCALING_LINEAR] = LOOM_LR_RULE_LINEAR,
-      [LOOM_CFG_SCALING_SQRT] = LOOM_LR_RULE_SQRT,
-  };
   /* The scaling rule's base is the batch of one rank without accumulation
    * (one virtual shard in deterministic mode): the config's lr is what that
    * batch trains well with. */
   int64_t base = t->cfg.train.batch_size;
   int64_t global_batch = t->batch * t->accumulate * t->nranks;
   LOOM_TRY(
-      loom_lr_scale(rules[sc->scaling], sd.lr, global_batch, base, &sd.lr));
+      loom_lr_scale(sc->scaling, sd.lr, global_batch, base, &sd.lr));
   sd.warmup_steps = sc->warmup_steps;
   sd.total_steps = t->total_steps;
   sd.min_lr = (float)sc->min_lr;
   if (sd.min_lr > 0)
-    LOOM_TRY(loom_lr_scale(rules[sc->scaling], sd.min_lr, global_batch, base,
+    LOOM_TRY(loom_lr_scale(sc->scaling, sd.min_lr, global_batch, base,
                            &sd.min_lr));
   sd.step_size = sc->step_size;
   sd.gamma = (float)sc->gamma;
@@ -554,7 +538,7 @@ void loom_trainer_free(loom_trainer *t) {
 static int64_t global_rows(const loom_trainer *t, int64_t epoch,
                            int64_t batch) {
   int64_t gb = t->batch * t->nranks;
-  if (t->cfg.data.tail == LOOM_CFG_TAIL_PARTIAL) {
+  if (t->cfg.data.tail == LOOM_TAIL_PARTIAL) {
     int64_t left =
         t->train_len - loom_loader_batch_first(t->train_loader, epoch, batch);
     return left < gb ? left : gb;
@@ -830,7 +814,7 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
   if (is_rank0(t)) {
     if (cfg->log.metrics && cfg->log.run_dir[0])
       s = loom_metrics_open(&t->metrics, cfg->log.run_dir, t->step > 0);
-    loom_progress_mode pm = (loom_progress_mode)cfg->log.progress;
+    loom_progress_mode pm = cfg->log.progress;
     if (t->opts.quiet)
       pm = LOOM_PROGRESS_OFF;
     if (s == LOOM_OK)

@@ -22,7 +22,7 @@ static void state_buffer_name(char *buf, size_t n, const char *state) {
 }
 
 static const char *sched_name(const loom_trainer *t) {
-  return loom_cfg_sched_names[t->cfg.schedule.name];
+  return loom_sched_kind_name(t->cfg.schedule.name);
 }
 
 static loom_status fill_meta(loom_trainer *t, loom_ckpt_meta *meta) {
@@ -33,7 +33,7 @@ static loom_status fill_meta(loom_trainer *t, loom_ckpt_meta *meta) {
   meta->n_views = loom_model_num_views(t->model);
   meta->views = loom_model_view(t->model, 0);
   snprintf(meta->optimizer, sizeof meta->optimizer, "%s",
-           loom_cfg_optim_names[t->cfg.optim.name]);
+           loom_optim_kind_name(t->cfg.optim.name));
   meta->optimizer_step = loom_optim_get_step(t->optim);
   snprintf(meta->schedule, sizeof meta->schedule, "%s", sched_name(t));
   meta->schedule_step = t->step;
@@ -349,11 +349,11 @@ static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
                       loom_dtype_name(bi.dtype), (long long)n);
   LOOM_TRY(
       loom_ckpt_read_range(c, "params", 0, n, loom_model_params(t->model)));
-  if (strcmp(meta->optimizer, loom_cfg_optim_names[t->cfg.optim.name]) != 0)
+  if (strcmp(meta->optimizer, loom_optim_kind_name(t->cfg.optim.name)) != 0)
     return loom_error(LOOM_ERR_MISMATCH,
                       "%s: saved with optimizer '%s', the config says '%s'",
                       loom_ckpt_path(c), meta->optimizer,
-                      loom_cfg_optim_names[t->cfg.optim.name]);
+                      loom_optim_kind_name(t->cfg.optim.name));
   for (int i = 0; i < loom_optim_state_count(t->optim); i++) {
     loom_optim_state st;
     char name[LOOM_CKPT_NAME_MAX];

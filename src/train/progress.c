@@ -19,22 +19,13 @@ struct loom_progress {
   bool bar_drawn;
 };
 
-static const char *mode_names[] = {
-#define LOOM_X_NAME(name, text) text,
-    LOOM_PROGRESS_MODE_LIST(LOOM_X_NAME)
-#undef LOOM_X_NAME
-};
-_Static_assert(sizeof mode_names / sizeof mode_names[0] ==
-                   LOOM_PROGRESS_MODE_COUNT,
-               "progress mode table size");
-
 const char *loom_progress_mode_name(loom_progress_mode m) {
-  return (unsigned)m < LOOM_PROGRESS_MODE_COUNT ? mode_names[m] : "?";
+  return (unsigned)m < LOOM_PROGRESS_MODE_COUNT ? loom_progress_mode_names[m] : "?";
 }
 
 loom_status loom_progress_mode_parse(const char *s, loom_progress_mode *out) {
   for (int i = 0; i < LOOM_PROGRESS_MODE_COUNT; i++)
-    if (strcmp(s, mode_names[i]) == 0) {
+    if (strcmp(s, loom_progress_mode_names[i]) == 0) {
       *out = (loom_progress_mode)i;
       return LOOM_OK;
     }

@@ -24,16 +24,17 @@ done
 for f in share/man/man1/loom.1 share/man/man1/loom-run.1 share/bash-completion/completions/loom; do
   [ -e "$tmp/prefix/$f" ] && ok "installed $f" || bad "installed $f"
 done
-if man -l "$tmp/prefix/share/man/man1/loom-train.1" 2>/dev/null | grep -q 'loom train CONFIG'; then
+man -l "$tmp/prefix/share/man/man1/loom-train.1" >"$tmp/man.txt" 2>/dev/null || true
+if grep -q 'loom train CONFIG' "$tmp/man.txt"; then
   ok "man loom-train shows its usage"
 else
   bad "man loom-train shows its usage"
 fi
 # The completion offers the commands and a command's options.
 if bash -c '. "$1"; COMP_WORDS=(loom r); COMP_CWORD=1; _loom; printf "%s\n" "${COMPREPLY[@]}"' _ \
-  "$tmp/prefix/share/bash-completion/completions/loom" | grep -qx run &&
+  "$tmp/prefix/share/bash-completion/completions/loom" | grep -x run >/dev/null &&
   PATH="$tmp/prefix/bin:$PATH" bash -c '. "$1"; COMP_WORDS=(loom run --max-r); COMP_CWORD=2; _loom; printf "%s\n" "${COMPREPLY[@]}"' _ \
-  "$tmp/prefix/share/bash-completion/completions/loom" | grep -qx -- --max-restarts; then
+  "$tmp/prefix/share/bash-completion/completions/loom" | grep -x -- --max-restarts >/dev/null; then
   ok "bash completion: commands and options"
 else
   bad "bash completion: commands and options"
@@ -50,7 +51,10 @@ if cc -std=c11 $(pkg-config --cflags loom) "$src/examples/train_api.c" -o "$tmp/
     cat "$tmp/pc.out"; bad "train_api (pkg-config, shared) trained"
   fi
   # The program runs on the installed library, not on the build tree's.
-  if LD_LIBRARY_PATH="$lib" ldd "$tmp/api_pc" | grep -q "$lib/libloom.so"; then
+  # (ldd's output kept first: grep -q closing the pipe early would fail it
+  # under pipefail.)
+  LD_LIBRARY_PATH="$lib" ldd "$tmp/api_pc" >"$tmp/ldd.txt" 2>&1 || true
+  if grep -q "$lib/libloom.so" "$tmp/ldd.txt"; then
     ok "linked against the installed libloom.so"
   else
     bad "linked against the installed libloom.so"

@@ -392,14 +392,14 @@ TT_TEST(test_good_config_and_sets) {
   TT_CHECK_EQ(cfg.model.hidden.v[0], 64);
   TT_CHECK_EQ(cfg.data.dataset, LOOM_CFG_DATASET_KJV);
   TT_CHECK_STR(cfg.data.path, "/x y/z: w"); /* strings from --set verbatim */
-  TT_CHECK_EQ(cfg.optim.name, LOOM_CFG_OPTIM_ADAMW);
+  TT_CHECK_EQ(cfg.optim.name, LOOM_OPTIM_ADAMW);
   TT_CHECK(cfg.optim.lr == 0.002); /* the last --set wins */
   TT_CHECK(cfg.optim.eps == 1e-8);
   TT_CHECK_EQ(cfg.train.steps, 1000);
   TT_CHECK_EQ(cfg.train.epochs, 0);
-  TT_CHECK_EQ(cfg.log.progress, LOOM_CFG_PROGRESS_OFF);
+  TT_CHECK_EQ(cfg.log.progress, LOOM_PROGRESS_OFF);
   TT_CHECK_EQ(cfg.checkpoint.keep, 0);
-  TT_CHECK_EQ(cfg.schedule.name, LOOM_CFG_SCHED_CONSTANT);
+  TT_CHECK_EQ(cfg.schedule.name, LOOM_SCHED_CONSTANT);
   /* Paths left empty are resolved from the file name. */
   TT_CHECK_STR(cfg.log.run_dir, "runs/gpt");
   TT_CHECK_STR(cfg.checkpoint.dir, "runs/gpt/ckpt");
@@ -615,7 +615,7 @@ TT_TEST(test_schema) {
   }
   TT_CHECK(loom_config_key_find("optim.nope") == NULL);
   TT_CHECK(loom_config_key_find(NULL) == NULL);
-  TT_CHECK_STR(loom_cfg_optim_names[LOOM_CFG_OPTIM_ADAMW], "adamw");
+  TT_CHECK_STR(loom_optim_kind_names[LOOM_OPTIM_ADAMW], "adamw");
   TT_CHECK_STR(loom_cfg_dataset_names[LOOM_CFG_DATASET_FASHION_MNIST],
                "fashion-mnist");
   TT_CHECK_STR(loom_cfg_type_name(LOOM_CFG_INT_LIST), "int list");
