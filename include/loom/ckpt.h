@@ -32,7 +32,6 @@
 #include <stdint.h>
 
 #include "loom/core.h"
-#include "loom/nn.h" /* loom_param: the view type only */
 
 #ifdef __cplusplus
 extern "C" {

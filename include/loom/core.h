@@ -194,6 +194,22 @@ loom_status loom_tensor_reshape(const loom_tensor *t, int ndim,
 loom_status loom_tensor_slice0(const loom_tensor *t, int64_t start,
                                int64_t count, loom_tensor *out);
 
+/* ------------------------------------------------------------ parameters */
+
+/* A parameter is a view into the model's flat buffers: the same offset
+ * addresses its values in the parameter buffer, its gradient in the gradient
+ * buffer and its state in every optimizer buffer. Views are in forward
+ * order and contiguous: views[i+1].offset == views[i].offset + numel. */
+#define LOOM_PARAM_NAME_MAX 64
+typedef struct loom_param {
+  char name[LOOM_PARAM_NAME_MAX]; /* "blocks.0.attn.qkv.weight" */
+  int64_t offset;                 /* in elements, into the flat buffers */
+  int64_t numel;
+  int ndim;
+  int64_t shape[LOOM_MAX_DIMS];
+  bool decay; /* weight decay applies (false for biases and norms) */
+} loom_param;
+
 /* ---------------------------------------------------------------- arenas */
 
 /* A bump allocator over one block: many buffers, one allocation, one free. */

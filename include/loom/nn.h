@@ -13,19 +13,8 @@ extern "C" {
 #endif
 LOOM_API_BEGIN
 
-/* A parameter is a view into the model's flat buffers: the same offset
- * addresses its values in the parameter buffer, its gradient in the gradient
- * buffer and its state in every optimizer buffer. Views are in forward
- * order and contiguous: views[i+1].offset == views[i].offset + numel. */
-#define LOOM_PARAM_NAME_MAX 64
-typedef struct loom_param {
-  char name[LOOM_PARAM_NAME_MAX]; /* "blocks.0.attn.qkv.weight" */
-  int64_t offset;                 /* in elements, into the flat buffers */
-  int64_t numel;
-  int ndim;
-  int64_t shape[LOOM_MAX_DIMS];
-  bool decay; /* weight decay applies (false for biases and norms) */
-} loom_param;
+/* loom_param, the view of one parameter in the flat buffers, is in
+ * loom/core.h: optim, ckpt and parallel use it without the modules. */
 
 /* ============================================================== shapes */
 
