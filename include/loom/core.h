@@ -301,6 +301,10 @@ loom_status loom_fs_write_atomic(const char *dir, const char *name,
 loom_status loom_fs_write_atomic_hooked(const char *dir, const char *name,
                                         const void *data, size_t len,
                                         loom_fs_fault_fn fault);
+/* The same in the directory open as dfd (`dir`: its path, for messages). */
+loom_status loom_fs_write_atomic_at(int dfd, const char *dir, const char *name,
+                                    const void *data, size_t len,
+                                    loom_fs_fault_fn fault);
 
 /* Whether an entry may be removed: its name, whether it is a directory,
  * its depth (0: the entry named to loom_fs_remove_own, 1: inside it, ...). */
@@ -312,8 +316,9 @@ typedef bool (*loom_fs_own_fn)(const char *name, bool is_dir, int depth,
  * removed with unlinkat only when `own` says it is the caller's. A link,
  * an entry `own` refuses, a directory without write permission, another
  * file system mounted there, or an entry that cannot be removed is left in
- * place with a warning naming it (`shown`: the path to name in messages);
- * the directories holding it stay. *left (may be NULL) counts those
+ * place with a warning naming it (`shown`: the path to name in messages),
+ * and then nothing of the tree is removed (a first pass looks, a second
+ * removes, checking each entry again). *left (may be NULL) counts those
  * entries; a missing entry is nothing to do. LOOM_ERR_INVALID_ARG only for
  * a name that is not one component. */
 loom_status loom_fs_remove_own(int dirfd, const char *name, const char *shown,

@@ -152,9 +152,9 @@ static int write_all(int fd, const void *buf, size_t n) {
   return 0;
 }
 
-loom_status loom_fs_write_atomic_hooked(const char *dir, const char *name,
-                                        const void *data, size_t len,
-                                        loom_fs_fault_fn fault) {
+loom_status loom_fs_write_atomic_at(int dfd, const char *dir, const char *name,
+                                    const void *data, size_t len,
+                                    loom_fs_fault_fn fault) {
   char tmp[FS_PATH_MAX], tname[512];
   if (!dir || !name || !name[0] || strchr(name, '/'))
     return loom_error(LOOM_ERR_INVALID_ARG,
@@ -166,18 +166,11 @@ loom_status loom_fs_write_atomic_hooked(const char *dir, const char *name,
   int b = snprintf(tmp, sizeof tmp, "%s/%s", dir, tname);
   if (a < 0 || b < 0 || (size_t)a >= sizeof tname || (size_t)b >= sizeof tmp)
     return loom_error(LOOM_ERR_INVALID_ARG, "%s: path too long", dir);
-  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0)
-    return loom_error(LOOM_ERR_IO, "%s: cannot open directory: %s", dir,
-                      strerror(errno));
-  loom_status st = LOOM_OK;
   int fd = fault_now(fault) ? -1 : loom_fs_open_write_at(dfd, tname, O_TRUNC,
                                                            0644);
-  if (fd < 0) {
-    st = loom_error(LOOM_ERR_IO, "%s: cannot create: %s", tmp,
-                    loom_fs_strerror(errno));
-    goto done;
-  }
+  if (fd < 0)
+    return loom_error(LOOM_ERR_IO, "%s: cannot create: %s", tmp,
+                      loom_fs_strerror(errno));
   const char *what = NULL;
   if (fault_now(fault) || write_all(fd, data, len) != 0)
     what = "write";
@@ -199,8 +192,8 @@ loom_status loom_fs_write_atomic_hooked(const char *dir, const char *name,
   }
   if (what) {
     unlinkat(dfd, tname, 0);
-    st = loom_error(LOOM_ERR_IO, "%s: %s failed: %s", tmp, what, strerror(e));
-    goto done;
+    return loom_error(LOOM_ERR_IO, "%s: %s failed: %s", tmp, what,
+                      strerror(e));
   }
   struct stat lst;
   bool was_link =
@@ -209,16 +202,27 @@ loom_status loom_fs_write_atomic_hooked(const char *dir, const char *name,
   if (fault_now(fault) || renameat(dfd, tname, dfd, name) != 0) {
     e = errno;
     unlinkat(dfd, tname, 0);
-    st = loom_error(LOOM_ERR_IO, "%s: cannot rename to %s/%s: %s", tmp, dir,
-                    name, strerror(e));
-    goto done;
+    return loom_error(LOOM_ERR_IO, "%s: cannot rename to %s/%s: %s", tmp, dir,
+                      name, strerror(e));
   }
   if (was_link)
     LOOM_WARN("%s/%s was a symbolic link: replaced by a file, what it "
               "pointed to was not touched",
               dir, name);
-  st = fsync_fd_dir(dfd, dir, fault);
-done:
+  return fsync_fd_dir(dfd, dir, fault);
+}
+
+loom_status loom_fs_write_atomic_hooked(const char *dir, const char *name,
+                                        const void *data, size_t len,
+                                        loom_fs_fault_fn fault) {
+  if (!dir)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_fs_write_atomic: NULL dir");
+  /* The directory is the caller's path, followed as given. */
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0)
+    return loom_error(LOOM_ERR_IO, "%s: cannot open directory: %s", dir,
+                      strerror(errno));
+  loom_status st = loom_fs_write_atomic_at(dfd, dir, name, data, len, fault);
   close(dfd);
   return st;
 }
@@ -234,6 +238,7 @@ typedef struct remove_walk {
   loom_fs_own_fn own;
   void *ctx;
   int left;
+  bool dry; /* the first pass: look, report, remove nothing */
 } remove_walk;
 
 static void left_in_place(remove_walk *rw, const char *shown, const char *why) {
@@ -263,6 +268,8 @@ static bool remove_entry(remove_walk *rw, int dirfd, const char *name,
       left_in_place(rw, shown, "not a regular file");
       return false;
     }
+    if (rw->dry)
+      return true;
     if (unlinkat(dirfd, name, 0) != 0 && errno != ENOENT) {
       char why[256];
       snprintf(why, sizeof why, "cannot remove: %s", strerror(errno));
@@ -323,11 +330,13 @@ static bool remove_entry(remove_walk *rw, int dirfd, const char *name,
   }
   closedir(d);
   if (!all) {
-    LOOM_WARN("%s: kept, as it holds what loom did not write or could not "
-              "remove",
+    LOOM_WARN("%s: kept whole, as it holds what loom did not write or "
+              "cannot remove",
               shown);
     return false;
   }
+  if (rw->dry)
+    return true;
   if (unlinkat(dirfd, name, AT_REMOVEDIR) != 0 && errno != ENOENT) {
     char why[256];
     snprintf(why, sizeof why, "cannot remove directory: %s", strerror(errno));
@@ -346,7 +355,7 @@ loom_status loom_fs_remove_own(int dirfd, const char *name, const char *shown,
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "loom_fs_remove_own: '%s' is not one entry",
                       name ? name : "(null)");
-  remove_walk rw = {own, ctx, 0};
+  remove_walk rw = {own, ctx, 0, true};
   struct stat st;
   if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
     if (errno != ENOENT) {
@@ -356,7 +365,14 @@ loom_status loom_fs_remove_own(int dirfd, const char *name, const char *shown,
     }
     return LOOM_OK;
   }
+  /* Two passes: a tree holding anything that is not the caller's is left
+   * whole (a checkpoint with a stranger's file in it stays loadable), not
+   * half removed. The second pass checks every entry again as it goes. */
   remove_entry(&rw, dirfd, name, shown ? shown : name, &st, st.st_dev, 0);
+  if (rw.left == 0) {
+    rw.dry = false;
+    remove_entry(&rw, dirfd, name, shown ? shown : name, &st, st.st_dev, 0);
+  }
   if (left)
     *left = rw.left;
   return LOOM_OK;

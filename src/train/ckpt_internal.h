@@ -72,7 +72,9 @@ bool loom_ckpt_name_ok(const char *name);
 bool loom_ckpt_parse_step_name(const char *name, int64_t *step);
 
 /* ---- file-system calls through the fault hook (errno set on failure) */
-int loom_ckpt_io_open_write(const char *path);
+/* dirfd/name, created or truncated, never through a link (ELOOP) or into
+ * a file with other hard links (EMLINK). */
+int loom_ckpt_io_open_write_at(int dirfd, const char *name);
 int loom_ckpt_io_pwrite_all(int fd, const void *buf, size_t n, int64_t off);
 int loom_ckpt_io_fsync(int fd);
 int loom_ckpt_io_close(int fd);
@@ -100,6 +102,9 @@ void loom_ckpt_remove(const char *root, const char *name);
  * rename, fsync of DIR. */
 loom_status loom_ckpt_write_file_atomic(const char *dir, const char *name,
                                         const void *data, size_t n);
+loom_status loom_ckpt_write_file_atomic_at(int dfd, const char *dir,
+                                           const char *name, const void *data,
+                                           size_t n);
 /* Reads exactly n bytes at off; LOOM_ERR_CORRUPT on a short file. */
 loom_status loom_ckpt_pread_all(int fd, void *buf, size_t n, int64_t off,
                                 const char *path);

@@ -185,11 +185,11 @@ static bool io_fault(void) {
   return false;
 }
 
-int loom_ckpt_io_open_write(const char *path) {
+int loom_ckpt_io_open_write_at(int dirfd, const char *name) {
   if (io_fault())
     return -1;
   /* Never through a link or into a hard-linked file planted in its place. */
-  return loom_fs_open_write_at(AT_FDCWD, path, O_TRUNC, 0644);
+  return loom_fs_open_write_at(dirfd, name, O_TRUNC, 0644);
 }
 
 int loom_ckpt_io_pwrite_all(int fd, const void *buf, size_t n, int64_t off) {
@@ -355,6 +355,12 @@ void loom_ckpt_remove(const char *root, const char *name) {
 loom_status loom_ckpt_write_file_atomic(const char *dir, const char *name,
                                         const void *data, size_t n) {
   return loom_fs_write_atomic_hooked(dir, name, data, n, io_fault);
+}
+
+loom_status loom_ckpt_write_file_atomic_at(int dfd, const char *dir,
+                                           const char *name, const void *data,
+                                           size_t n) {
+  return loom_fs_write_atomic_at(dfd, dir, name, data, n, io_fault);
 }
 
 loom_status loom_ckpt_pread_all(int fd, void *buf, size_t n, int64_t off,

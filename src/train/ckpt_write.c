@@ -42,6 +42,11 @@ struct loom_ckpt_writer {
   char root[CKPT_PATH_MAX];
   char tmp[CKPT_PATH_MAX];   /* ROOT/.step_N.tmp */
   char final[CKPT_PATH_MAX]; /* ROOT/step_N */
+  /* The temporary directory as made (or found) by writer_new: shards and
+   * the manifest go into it through this descriptor, so a link swapped in
+   * for its name later never takes them elsewhere. */
+  int tmp_fd;
+  struct stat tmp_st;
   int64_t step;
   loom_ckpt_writer_opts opts;
   ckpt_part *parts;
@@ -138,6 +143,7 @@ loom_status loom_ckpt_writer_new(loom_ckpt_writer **out, const char *root,
     return loom_error_context(LOOM_ERR_NOMEM, "checkpoint writer");
   w->opts = o;
   w->step = step;
+  w->tmp_fd = -1;
   size_t rl = strlen(root);
   while (rl > 1 && root[rl - 1] == '/')
     rl--;
@@ -174,10 +180,19 @@ loom_status loom_ckpt_writer_new(loom_ckpt_writer **out, const char *root,
                     S_ISLNK(sb.st_mode) ? "a symbolic link" : "not a directory");
     goto fail;
   }
+  w->tmp_fd = loom_fs_open_dir(w->tmp);
+  if (w->tmp_fd < 0 || fstat(w->tmp_fd, &w->tmp_st) != 0 ||
+      w->tmp_st.st_ino != sb.st_ino || w->tmp_st.st_dev != sb.st_dev) {
+    st = loom_error(LOOM_ERR_IO, "%s: changed while being opened (%s)", w->tmp,
+                    w->tmp_fd < 0 ? strerror(errno) : "another directory");
+    goto fail;
+  }
   w->meta = loom_ckpt_meta_default();
   *out = w;
   return LOOM_OK;
 fail:
+  if (w->tmp_fd >= 0)
+    close(w->tmp_fd);
   loom_free(w);
   return st;
 }
@@ -410,7 +425,8 @@ static loom_status write_shard(loom_ckpt_writer *w) {
 
   const char *what = "create";
   int err = 0;
-  fd = loom_ckpt_io_open_write(path);
+  const char *fname = strrchr(path, '/') + 1;
+  fd = loom_ckpt_io_open_write_at(w->tmp_fd, fname);
   if (fd < 0)
     goto io_fail;
   what = "write";
@@ -451,7 +467,7 @@ io_fail:
   /* Only a file this call opened: a link or another's file that refused the
    * open stays as it was. */
   if (strcmp(what, "create") != 0)
-    unlink(path);
+    unlinkat(w->tmp_fd, fname, 0);
   st = loom_error(LOOM_ERR_IO, "%s: %s failed: %s", path, what,
                   loom_fs_strerror(err));
 done:
@@ -486,10 +502,14 @@ static loom_status read_summary(const loom_ckpt_writer *w, int rank,
                                 shard_summary *s) {
   char path[CKPT_PATH_MAX];
   LOOM_TRY(shard_path(path, sizeof path, w->tmp, rank));
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  int fd = openat(w->tmp_fd, strrchr(path, '/') + 1,
+                  O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0)
     return loom_error(LOOM_ERR_IO, "%s: %s (did rank %d write its shard?)",
-                      path, strerror(errno), rank);
+                      path,
+                      errno == ELOOP ? "a symbolic link, not followed"
+                                     : strerror(errno),
+                      rank);
   loom_status st = LOOM_OK;
   unsigned char head[CKPT_HEADER_BYTES], foot[CKPT_FOOTER_BYTES];
   unsigned char *index = NULL;
@@ -879,7 +899,8 @@ static int shard_rank_of(const char *name) {
  * a manifest temporary of a crashed commit): loom's own names only, never
  * through a link; anything else stays and is reported. */
 static void tidy_tmp(const loom_ckpt_writer *w) {
-  int fd = loom_fs_open_dir(w->tmp);
+  /* A new open file description: readdir's position is its own. */
+  int fd = openat(w->tmp_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0)
     return;
   DIR *d = fdopendir(fd);
@@ -931,7 +952,7 @@ static void prune(const loom_ckpt_writer *w) {
   int rootfd = loom_ckpt_open_root(w->root);
   if (rootfd < 0)
     return;
-  int lfd = dup(rootfd);
+  int lfd = openat(rootfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   DIR *d = lfd >= 0 ? fdopendir(lfd) : NULL;
   if (!d) {
     if (lfd >= 0)
@@ -1006,9 +1027,22 @@ static loom_status commit_impl(loom_ckpt_writer *w) {
   LOOM_TRY_GOTO(st, build_manifest(w, sums, &manifest), done);
   tidy_tmp(w);
   LOOM_TRY_GOTO(st,
-                loom_ckpt_write_file_atomic(w->tmp, CKPT_MANIFEST, manifest,
-                                            strlen(manifest)),
+                loom_ckpt_write_file_atomic_at(w->tmp_fd, w->tmp, CKPT_MANIFEST,
+                                               manifest, strlen(manifest)),
                 done);
+  /* The name must still be the directory written (not a link swapped in):
+   * the rename would make whatever it is the checkpoint. */
+  {
+    struct stat now;
+    if (lstat(w->tmp, &now) != 0 || now.st_ino != w->tmp_st.st_ino ||
+        now.st_dev != w->tmp_st.st_dev) {
+      st = loom_error(LOOM_ERR_IO,
+                      "%s: no longer the directory the shards were written to "
+                      "(replaced while saving); not committed",
+                      w->tmp);
+      goto done;
+    }
+  }
   /* The directory becomes a checkpoint in one rename. One of the same step
    * (say, written before a restart) is swapped out atomically, so there is
    * always a complete step_N. */
@@ -1194,6 +1228,8 @@ void loom_ckpt_writer_free(loom_ckpt_writer *w) {
     pthread_join(w->thread, NULL);
     w->thread_live = false;
   }
+  if (w->tmp_fd >= 0)
+    close(w->tmp_fd);
   for (int i = 0; i < w->n_parts; i++)
     loom_free(w->parts[i].owned);
   loom_free(w->parts);
