@@ -278,7 +278,7 @@ static bool remove_entry(remove_walk *rw, int dirfd, const char *name,
     }
     return true;
   }
-  if (depth > 0 && st->st_dev != parent_dev) {
+  if (st->st_dev != parent_dev) {
     left_in_place(rw, shown, "another file system is mounted there");
     return false;
   }
@@ -356,7 +356,10 @@ loom_status loom_fs_remove_own(int dirfd, const char *name, const char *shown,
                       "loom_fs_remove_own: '%s' is not one entry",
                       name ? name : "(null)");
   remove_walk rw = {own, ctx, 0, true};
-  struct stat st;
+  struct stat st, parent;
+  if (fstatat(dirfd, ".", &parent, 0) != 0)
+    return loom_error(LOOM_ERR_IO, "%s: cannot look at its directory: %s",
+                      shown ? shown : name, strerror(errno));
   if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
     if (errno != ENOENT) {
       left_in_place(&rw, shown ? shown : name, strerror(errno));
@@ -368,10 +371,10 @@ loom_status loom_fs_remove_own(int dirfd, const char *name, const char *shown,
   /* Two passes: a tree holding anything that is not the caller's is left
    * whole (a checkpoint with a stranger's file in it stays loadable), not
    * half removed. The second pass checks every entry again as it goes. */
-  remove_entry(&rw, dirfd, name, shown ? shown : name, &st, st.st_dev, 0);
+  remove_entry(&rw, dirfd, name, shown ? shown : name, &st, parent.st_dev, 0);
   if (rw.left == 0) {
     rw.dry = false;
-    remove_entry(&rw, dirfd, name, shown ? shown : name, &st, st.st_dev, 0);
+    remove_entry(&rw, dirfd, name, shown ? shown : name, &st, parent.st_dev, 0);
   }
   if (left)
     *left = rw.left;
