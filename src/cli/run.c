@@ -937,7 +937,7 @@ static bool run_own(const char *name, bool is_dir, int depth, void *ctx) {
   return depth == 0 || strncmp(name, "attempt-", 8) == 0;
 }
 
-/* Removes the job directory or one attempt's (link-safe, loom_fs_remove_own). */
+/* Removes the job directory or one attempt's (loom_fs_remove_own). */
 static void remove_dir(const char *path) {
   char parent[4200];
   snprintf(parent, sizeof parent, "%s", path);

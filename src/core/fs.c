@@ -49,7 +49,8 @@ loom_status loom_fs_mkdirs_hooked(const char *path, unsigned mode,
     struct stat st;
     /* stat, not lstat: the components are the caller's path. */
     if (stat(buf, &st) != 0) {
-      if (fault_now(fault) || (mkdir(buf, (mode_t)mode) != 0 && errno != EEXIST))
+      if (fault_now(fault) ||
+          (mkdir(buf, (mode_t)mode) != 0 && errno != EEXIST))
         return loom_error(LOOM_ERR_IO, "%s: cannot create directory: %s", buf,
                           strerror(errno));
     } else if (!S_ISDIR(st.st_mode)) {
@@ -115,8 +116,7 @@ int loom_fs_open_write_at(int dirfd, const char *name, int flags,
   return fd;
 }
 
-loom_status loom_fs_open_append(const char *path, bool truncate,
-                                FILE **out) {
+loom_status loom_fs_open_append(const char *path, bool truncate, FILE **out) {
   *out = NULL;
   int fd = loom_fs_open_write_at(AT_FDCWD, path,
                                  O_APPEND | (truncate ? O_TRUNC : 0), 0644);
@@ -166,8 +166,8 @@ loom_status loom_fs_write_atomic_at(int dfd, const char *dir, const char *name,
   int b = snprintf(tmp, sizeof tmp, "%s/%s", dir, tname);
   if (a < 0 || b < 0 || (size_t)a >= sizeof tname || (size_t)b >= sizeof tmp)
     return loom_error(LOOM_ERR_INVALID_ARG, "%s: path too long", dir);
-  int fd = fault_now(fault) ? -1 : loom_fs_open_write_at(dfd, tname, O_TRUNC,
-                                                           0644);
+  int fd =
+      fault_now(fault) ? -1 : loom_fs_open_write_at(dfd, tname, O_TRUNC, 0644);
   if (fd < 0)
     return loom_error(LOOM_ERR_IO, "%s: cannot create: %s", tmp,
                       loom_fs_strerror(errno));
@@ -192,12 +192,11 @@ loom_status loom_fs_write_atomic_at(int dfd, const char *dir, const char *name,
   }
   if (what) {
     unlinkat(dfd, tname, 0);
-    return loom_error(LOOM_ERR_IO, "%s: %s failed: %s", tmp, what,
-                      strerror(e));
+    return loom_error(LOOM_ERR_IO, "%s: %s failed: %s", tmp, what, strerror(e));
   }
   struct stat lst;
-  bool was_link =
-      fstatat(dfd, name, &lst, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(lst.st_mode);
+  bool was_link = fstatat(dfd, name, &lst, AT_SYMLINK_NOFOLLOW) == 0 &&
+                  S_ISLNK(lst.st_mode);
   /* rename replaces a link at `name` itself, never what it points to. */
   if (fault_now(fault) || renameat(dfd, tname, dfd, name) != 0) {
     e = errno;

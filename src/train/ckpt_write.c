@@ -173,11 +173,11 @@ loom_status loom_ckpt_writer_new(loom_ckpt_writer **out, const char *root,
     goto fail;
   }
   if (!S_ISDIR(sb.st_mode)) {
-    st = loom_error(LOOM_ERR_IO,
-                    "%s: %s in the place of loom's temporary directory; loom "
-                    "does not write through it (remove it)",
-                    w->tmp,
-                    S_ISLNK(sb.st_mode) ? "a symbolic link" : "not a directory");
+    st = loom_error(
+        LOOM_ERR_IO,
+        "%s: %s in the place of loom's temporary directory; loom "
+        "does not write through it (remove it)",
+        w->tmp, S_ISLNK(sb.st_mode) ? "a symbolic link" : "not a directory");
     goto fail;
   }
   w->tmp_fd = loom_fs_open_dir(w->tmp);
@@ -505,11 +505,10 @@ static loom_status read_summary(const loom_ckpt_writer *w, int rank,
   int fd = openat(w->tmp_fd, strrchr(path, '/') + 1,
                   O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0)
-    return loom_error(LOOM_ERR_IO, "%s: %s (did rank %d write its shard?)",
-                      path,
-                      errno == ELOOP ? "a symbolic link, not followed"
-                                     : strerror(errno),
-                      rank);
+    return loom_error(
+        LOOM_ERR_IO, "%s: %s (did rank %d write its shard?)", path,
+        errno == ELOOP ? "a symbolic link, not followed" : strerror(errno),
+        rank);
   loom_status st = LOOM_OK;
   unsigned char head[CKPT_HEADER_BYTES], foot[CKPT_FOOTER_BYTES];
   unsigned char *index = NULL;
@@ -993,7 +992,7 @@ static void prune(const loom_ckpt_writer *w) {
       *cp = nc;
     }
     (*v)[*cnt].step = s;
-    snprintf((*v)[*cnt].name, sizeof (*v)[*cnt].name, "%s", e->d_name);
+    snprintf((*v)[*cnt].name, sizeof(*v)[*cnt].name, "%s", e->d_name);
     (*cnt)++;
   }
   closedir(d);

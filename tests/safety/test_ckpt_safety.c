@@ -48,12 +48,13 @@ TT_TEST(test_prune) {
   /* step 1: a link to the victim directory (whose names are loom's). */
   TT_REQUIRE(symlink(v, at(p, sizeof p, "prune/step_00000001")) == 0);
   /* step 2: loom's, plus a link to the victim file and a stranger's file. */
-  TT_REQUIRE(symlink(vf, at(p, sizeof p, "prune/step_00000002/shard_00001.bin"))
-             == 0);
+  TT_REQUIRE(
+      symlink(vf, at(p, sizeof p, "prune/step_00000002/shard_00001.bin")) == 0);
   /* step 3: loom's, made read-only by its owner. */
   chmod(at(p, sizeof p, "prune/step_00000003"), 0555);
   /* step 4: loom's, with a stranger's file. */
-  put_file(at(p, sizeof p, "prune/step_00000004/notes.txt"), "mine, not loom's");
+  put_file(at(p, sizeof p, "prune/step_00000004/notes.txt"),
+           "mine, not loom's");
   /* step 5: a file in place of a directory; step_6: not loom's spelling. */
   put_file(at(p, sizeof p, "prune/step_00000005"), "a file");
   mkdir(at(p, sizeof p, "prune/step_6"), 0755);
@@ -134,8 +135,8 @@ TT_TEST(test_restart_from_scratch) {
   TT_REQUIRE(symlink(v, at(p, sizeof p, "restart/step_00000002")) == 0);
   put_file(at(p, sizeof p, "restart/step_00000004"), "a file");
   TT_REQUIRE_OK(save(root, 6, 0));
-  TT_REQUIRE(symlink(vf, at(p, sizeof p, "restart/step_00000006/shard_00003.bin"))
-             == 0);
+  TT_REQUIRE(symlink(vf, at(p, sizeof p,
+                            "restart/step_00000006/shard_00003.bin")) == 0);
   TT_REQUIRE_OK(save(root, 8, 0));
   chmod(at(p, sizeof p, "restart/step_00000008"), 0555);
   capture_begin();
@@ -172,8 +173,9 @@ TT_TEST(test_failed_save_cleanup) {
   o.world = 2;
   loom_ckpt_writer *w = NULL;
   TT_REQUIRE_OK(loom_ckpt_writer_new(&w, root, 2, &o));
-  TT_REQUIRE(symlink(vf, at(p, sizeof p, "failed/.step_00000002.tmp/"
-                                         "shard_00001.bin")) == 0);
+  TT_REQUIRE(symlink(vf, at(p, sizeof p,
+                            "failed/.step_00000002.tmp/"
+                            "shard_00001.bin")) == 0);
   put_file(at(p, sizeof p, "failed/.step_00000002.tmp/notes.txt"), "x");
   TT_CHECK_OK(loom_ckpt_writer_add(w, "params", LOOM_F32, N, 0, N / 2, params));
   loom_ckpt_fail_io_after(2, ENOSPC);
@@ -220,14 +222,16 @@ TT_TEST(test_failed_save_cleanup) {
                                "the place of loom's temporary directory");
   /* Rank 0's own shard name a link to the victim file. */
   TT_REQUIRE(mkdir(at(p, sizeof p, "failed/.step_00000005.tmp"), 0755) == 0);
-  TT_REQUIRE(symlink(vf, at(p, sizeof p, "failed/.step_00000005.tmp/"
-                                         "shard_00000.bin")) == 0);
+  TT_REQUIRE(symlink(vf, at(p, sizeof p,
+                            "failed/.step_00000005.tmp/"
+                            "shard_00000.bin")) == 0);
   capture_begin();
   TT_CHECK_EQ(save(root, 5, 0), LOOM_ERR_IO);
   out = capture_end();
   CHECK_HAS(out, "failed/.step_00000005.tmp/shard_00000.bin: a symbolic link");
-  TT_CHECK(is_link(at(p, sizeof p, "failed/.step_00000005.tmp/"
-                                   "shard_00000.bin")));
+  TT_CHECK(is_link(at(p, sizeof p,
+                      "failed/.step_00000005.tmp/"
+                      "shard_00000.bin")));
   TT_CHECK_EQ(crc_tree(v), cv);
   TT_CHECK_EQ(crc_tree(vf), cf);
   /* A read-only temporary of an earlier attempt, met by a later commit's

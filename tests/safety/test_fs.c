@@ -208,8 +208,7 @@ TT_TEST(test_mkdirs) {
   TT_CHECK(stat(p, &sb) == 0 && S_ISDIR(sb.st_mode));
   TT_CHECK_OK(loom_fs_mkdirs(p, 0755)); /* exists: fine */
   put_file(at(p, sizeof p, "m/file"), "x");
-  TT_CHECK_EQ(loom_fs_mkdirs(at(p, sizeof p, "m/file/sub"), 0755),
-              LOOM_ERR_IO);
+  TT_CHECK_EQ(loom_fs_mkdirs(at(p, sizeof p, "m/file/sub"), 0755), LOOM_ERR_IO);
   CHECK_HAS(loom_last_error(), "m/file: not a directory");
   TT_CHECK_EQ(loom_fs_mkdirs("", 0755), LOOM_ERR_INVALID_ARG);
   /* The directory opener refuses a link. */
