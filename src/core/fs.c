@@ -19,6 +19,22 @@
 
 static bool fault_now(loom_fs_fault_fn fault) { return fault && fault(); }
 
+/* The mount id of dirfd/name (not followed), 0 when the kernel does not
+ * say: a bind mount of the same file system has the same st_dev, only its
+ * mount id tells it apart. */
+static uint64_t mount_id(int dirfd, const char *name) {
+#ifdef STATX_MNT_ID
+  struct statx sx;
+  if (statx(dirfd, name, AT_SYMLINK_NOFOLLOW, STATX_MNT_ID, &sx) == 0 &&
+      (sx.stx_mask & STATX_MNT_ID))
+    return sx.stx_mnt_id;
+#else
+  (void)dirfd;
+  (void)name;
+#endif
+  return 0;
+}
+
 const char *loom_fs_strerror(int e) {
   switch (e) {
   case ELOOP:
@@ -249,7 +265,7 @@ static void left_in_place(remove_walk *rw, const char *shown, const char *why) {
  * gone. Every decision is made on what fstatat says of the entry itself. */
 static bool remove_entry(remove_walk *rw, int dirfd, const char *name,
                          const char *shown, const struct stat *st,
-                         dev_t parent_dev, int depth) {
+                         dev_t parent_dev, uint64_t parent_mnt, int depth) {
   if (S_ISLNK(st->st_mode)) {
     left_in_place(rw, shown, "a symbolic link, not followed");
     return false;
@@ -277,7 +293,8 @@ static bool remove_entry(remove_walk *rw, int dirfd, const char *name,
     }
     return true;
   }
-  if (st->st_dev != parent_dev) {
+  uint64_t mnt = mount_id(dirfd, name);
+  if (st->st_dev != parent_dev || (mnt && parent_mnt && mnt != parent_mnt)) {
     left_in_place(rw, shown, "another file system is mounted there");
     return false;
   }
@@ -324,7 +341,7 @@ static bool remove_entry(remove_walk *rw, int dirfd, const char *name,
       }
       continue;
     }
-    if (!remove_entry(rw, fd, e->d_name, sub, &es, st->st_dev, depth + 1))
+    if (!remove_entry(rw, fd, e->d_name, sub, &es, st->st_dev, mnt, depth + 1))
       all = false;
   }
   closedir(d);
@@ -359,6 +376,7 @@ loom_status loom_fs_remove_own(int dirfd, const char *name, const char *shown,
   if (fstatat(dirfd, ".", &parent, 0) != 0)
     return loom_error(LOOM_ERR_IO, "%s: cannot look at its directory: %s",
                       shown ? shown : name, strerror(errno));
+  uint64_t pmnt = mount_id(dirfd, ".");
   if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
     if (errno != ENOENT) {
       left_in_place(&rw, shown ? shown : name, strerror(errno));
@@ -370,10 +388,12 @@ loom_status loom_fs_remove_own(int dirfd, const char *name, const char *shown,
   /* Two passes: a tree holding anything that is not the caller's is left
    * whole (a checkpoint with a stranger's file in it stays loadable), not
    * half removed. The second pass checks every entry again as it goes. */
-  remove_entry(&rw, dirfd, name, shown ? shown : name, &st, parent.st_dev, 0);
+  remove_entry(&rw, dirfd, name, shown ? shown : name, &st, parent.st_dev, pmnt,
+               0);
   if (rw.left == 0) {
     rw.dry = false;
-    remove_entry(&rw, dirfd, name, shown ? shown : name, &st, parent.st_dev, 0);
+    remove_entry(&rw, dirfd, name, shown ? shown : name, &st, parent.st_dev,
+                 pmnt, 0);
   }
   if (left)
     *left = rw.left;

@@ -3,6 +3,8 @@
  * link or hard link; atomic replacement; mkdir -p. */
 #include "safety.h"
 
+#include <sys/mount.h>
+
 /* What test trees call their own: a top directory "own*", inside it
  * directories "d*" and files "f*". */
 static bool own_names(const char *name, bool is_dir, int depth, void *ctx) {
@@ -121,6 +123,31 @@ TT_TEST(test_remove_own_links_and_strangers) {
   close(fd);
 }
 
+/* A directory mounted inside a tree (a bind mount: same st_dev) is not
+ * entered. Needs the right to mount; skipped (said so) without it. */
+TT_TEST(test_remove_own_mount) {
+  char p[1200], v[1200];
+  make_victim_dir(at(v, sizeof v, "victim_mnt"));
+  uint32_t cv = crc_tree(v);
+  mkdir(at(p, sizeof p, "own7"), 0755);
+  put_file(at(p, sizeof p, "own7/f1"), "mine");
+  mkdir(at(p, sizeof p, "own7/d_mnt"), 0755);
+  if (mount(v, p, NULL, MS_BIND, NULL) != 0) {
+    printf("skipped: bind mount: %s\n", strerror(errno));
+    return;
+  }
+  int fd = open_base();
+  int left = 0;
+  capture_begin();
+  TT_CHECK_OK(loom_fs_remove_own(fd, "own7", "T/own7", own_names, NULL, &left));
+  const char *out = capture_end();
+  close(fd);
+  TT_CHECK(umount2(p, MNT_DETACH) == 0);
+  TT_CHECK_EQ(left, 1);
+  CHECK_HAS(out, "T/own7/d_mnt: another file system is mounted there");
+  TT_CHECK_EQ(crc_tree(v), cv);
+}
+
 TT_TEST(test_open_write_refuses_links) {
   char p[1200], vf[1200];
   put_file(at(vf, sizeof vf, "victim_w"), "precious file\n");
@@ -227,6 +254,7 @@ int main(void) {
   safety_mkbase("fs");
   TT_RUN(test_remove_own_all);
   TT_RUN(test_remove_own_links_and_strangers);
+  TT_RUN(test_remove_own_mount);
   TT_RUN(test_open_write_refuses_links);
   TT_RUN(test_write_atomic);
   TT_RUN(test_mkdirs);
