@@ -89,10 +89,14 @@ loom_status loom_ckpt_fsync_dir(const char *path);
 /* Whether `name` is a directory name loom writes in a checkpoint root,
  * exactly: step_NNNNNNNN (*kind 0), .step_NNNNNNNN.tmp (1), .old (2). */
 bool loom_ckpt_own_dir_name(const char *name, int64_t *step, int *kind);
+/* A temporary of `latest` left by a commit that crashed (another process's
+ * .latest.tmp.<pid>, or the .latest.tmp of older versions). */
+bool loom_ckpt_stale_latest_tmp(const char *name);
 /* Opens the checkpoint root for deletions in it, refusing a root that is a
  * symbolic link (a warning says so); -1 when it cannot be opened. */
 int loom_ckpt_open_root(const char *root);
-/* Removes ROOT/name, one of loom's step or temporary directories, and
+/* Removes ROOT/name, one of loom's step or temporary directories (or a
+ * stale temporary of `latest`), and
  * loom's files in it (manifest, its temporary, shards), never following a
  * link; anything else is left in place with a warning naming it, and the
  * directory then stays. */

@@ -319,10 +319,19 @@ static bool own_file_name(const char *name) {
          digits_between(name, "shard_", ".bin", 5, NULL);
 }
 
+bool loom_ckpt_stale_latest_tmp(const char *name) {
+  long long pid;
+  if (strcmp(name, "." CKPT_LATEST ".tmp") == 0)
+    return true;
+  return digits_between(name, "." CKPT_LATEST ".tmp.", "", 1, &pid) &&
+         pid != (long long)getpid();
+}
+
 static bool ckpt_own(const char *name, bool is_dir, int depth, void *ctx) {
   (void)ctx;
   if (depth == 0)
-    return is_dir && loom_ckpt_own_dir_name(name, NULL, NULL);
+    return is_dir ? loom_ckpt_own_dir_name(name, NULL, NULL)
+                  : loom_ckpt_stale_latest_tmp(name);
   return depth == 1 && !is_dir && own_file_name(name);
 }
 

@@ -943,7 +943,8 @@ static int cmp_step_ent(const void *a, const void *b) {
 }
 
 /* Deletes checkpoints older than the K - 1 newest before `step`, and
- * temporary directories of earlier steps, through one descriptor of the
+ * temporary directories of earlier steps and stale temporaries of
+ * `latest`, through one descriptor of the
  * root: never a link, never outside it, only loom's names (what else is
  * there is reported and kept). Failures only warn: the new checkpoint is
  * committed already. */
@@ -974,6 +975,9 @@ static void prune(const loom_ckpt_writer *w) {
     } else if (loom_ckpt_own_dir_name(e->d_name, &s, &kind) && kind > 0) {
       if (s > w->step || (s == w->step && kind == 1))
         continue;
+      v = &tmps, cnt = &nt, cp = &capt;
+    } else if (loom_ckpt_stale_latest_tmp(e->d_name)) {
+      s = 0;
       v = &tmps, cnt = &nt, cp = &capt;
     } else {
       continue;

@@ -59,6 +59,10 @@ TT_TEST(test_prune) {
   put_file(at(p, sizeof p, "prune/step_00000005"), "a file");
   mkdir(at(p, sizeof p, "prune/step_6"), 0755);
   put_file(at(p, sizeof p, "prune/step_6/manifest.json"), "{}");
+  /* A crashed commit's temporary of latest (loom's: removed), and one
+   * that is a link (not loom's: reported). */
+  put_file(at(p, sizeof p, "prune/.latest.tmp.999999999"), "step_00000001\n");
+  TT_REQUIRE(symlink(vf, at(p, sizeof p, "prune/.latest.tmp.999999998")) == 0);
   /* latest: a link out of the root. */
   unlink(at(p, sizeof p, "prune/latest"));
   TT_REQUIRE(symlink(vf, p) == 0);
@@ -82,6 +86,8 @@ TT_TEST(test_prune) {
   CHECK_HAS(out, "prune/step_00000005: a file loom did not write");
   CHECK_HAS(out, "prune/step_6: a directory loom did not write");
   CHECK_HAS(out, "prune/latest was a symbolic link: replaced by a file");
+  TT_CHECK(!exists_nofollow(at(p, sizeof p, "prune/.latest.tmp.999999999")));
+  CHECK_HAS(out, "prune/.latest.tmp.999999998: a symbolic link, not followed");
   /* What was kept is whole: the checkpoints still load. */
   TT_CHECK(is_link(at(p, sizeof p, "prune/step_00000001")));
   TT_CHECK(loads(root, 2));
