@@ -942,12 +942,11 @@ static int cmp_step_ent(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* Deletes checkpoints older than the K - 1 newest before `step`, and
+/* Deletes checkpoints older than the K - 1 newest before `step`, the
  * temporary directories of earlier steps and stale temporaries of
- * `latest`, through one descriptor of the
- * root: never a link, never outside it, only loom's names (what else is
- * there is reported and kept). Failures only warn: the new checkpoint is
- * committed already. */
+ * `latest`, through one descriptor of the root: never a link, never
+ * outside it, only loom's names (what else is there is reported and kept).
+ * Failures only warn: the new checkpoint is committed already. */
 static void prune(const loom_ckpt_writer *w) {
   int rootfd = loom_ckpt_open_root(w->root);
   if (rootfd < 0)
