@@ -90,12 +90,22 @@ check "earlier run trains" test "$rc" -eq 0
 C=$R/ckpt
 rm -r "$C/step_00000002" && ln -s "$V" "$C/step_00000002"
 ln -s "$VF" "$C/step_00000004/shard_00001.bin"
-train "$R" --resume never --set train.steps=4 --set checkpoint.keep=1
+echo mine >"$C/step_00000004/notes.txt"
+echo "a file" >"$C/step_00000006"
+mkdir "$C/step_00000003" && cp "$C/step_00000004/manifest.json" "$C/step_00000003/"
+chmod 555 "$C/step_00000003"
+rm "$C/latest" && ln -s "$VF" "$C/latest"
+train "$R" --resume never --set train.steps=6 --set checkpoint.keep=1
 check "restart: exit 0" test "$rc" -eq 0
 check "restart: victims intact" intact
 check "restart: old linked step reported" has "ckpt/.step_00000002.tmp: a symbolic link, not followed; left in place"
 check "restart: link inside an old step reported" has "ckpt/.step_00000004.tmp/shard_00001.bin: a symbolic link, not followed"
-check "restart: new steps saved" test -f "$C/step_00000004/manifest.json" -a ! -L "$C/step_00000004"
+check "restart: stranger's file in an old step reported" has "ckpt/.step_00000004.tmp/notes.txt: a file loom did not write"
+check "restart: file in place of a step reported" has "ckpt/.step_00000006.tmp: a file loom did not write"
+check "restart: read-only step reported" has "ckpt/step_00000003: a read-only directory; left in place"
+check "restart: latest replaced, reported" has "ckpt/latest was a symbolic link: replaced by a file"
+check "restart: new steps saved" test -f "$C/step_00000006/manifest.json" -a ! -L "$C/step_00000006"
+check "restart: latest names step 6" grep -qx step_00000006 "$C/latest"
 
 # ---- a failed save's clean-up: a stale temporary holding a link
 R=$T/failed
@@ -103,12 +113,22 @@ C=$R/ckpt
 mkdir -p "$C/.step_00000002.tmp"
 ln -s "$VF" "$C/.step_00000002.tmp/shard_00000.bin"
 echo mine >"$C/.step_00000002.tmp/notes.txt"
-train "$R" --set train.steps=4 --set checkpoint.keep=1 --set checkpoint.on_error=continue
+echo "a file" >"$C/step_00000001"
+mkdir "$C/step_00000000" && echo x >"$C/step_00000000/manifest.json"
+chmod 555 "$C/step_00000000"
+ln -s "$V" "$C/step_00000003"
+ln -s "$VF" "$C/latest"
+train "$R" --resume never --set train.steps=4 --set checkpoint.keep=1 \
+  --set checkpoint.on_error=continue
 check "failed save: the run goes on (exit 0)" test "$rc" -eq 0
 check "failed save: victims intact" intact
 check "failed save: the save names the link" has ".step_00000002.tmp/shard_00000.bin: create failed: a symbolic link is in its place"
 check "failed save: clean-up reports the link" has ".step_00000002.tmp/shard_00000.bin: a symbolic link, not followed; left in place"
 check "failed save: clean-up reports the stranger" has ".step_00000002.tmp/notes.txt: a file loom did not write"
+check "failed save: file in place of a step reported" has "ckpt/step_00000001: a file loom did not write"
+check "failed save: read-only step reported" has "ckpt/step_00000000: a read-only directory"
+check "failed save: linked step reported" has "ckpt/step_00000003: a symbolic link, not followed"
+check "failed save: latest replaced, reported" has "ckpt/latest was a symbolic link: replaced by a file"
 check "failed save: the next save works" test -f "$C/step_00000004/manifest.json"
 
 # ---- metrics.jsonl replaced by a link, or hard-linked to a victim
