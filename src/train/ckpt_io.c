@@ -730,7 +730,8 @@ loom_status loom_ckpt_damage(const char *dir, loom_ckpt_damage_kind kind,
     return LOOM_OK;
   }
   snprintf(path, sizeof path, "%s/shard_%05d.bin", dir, rank);
-  int fd = open(path, O_RDWR | O_CLOEXEC);
+  /* Damages loom's own shard, never a file a link there points to. */
+  int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0)
     return loom_error(LOOM_ERR_IO, "%s: cannot open: %s", path,
                       strerror(errno));
