@@ -1,5 +1,6 @@
 /* loom core: status codes and errors, logging, allocation, dtypes, tensors,
- * arenas, the counter-based RNG, timers and thread settings. */
+ * arenas, the counter-based RNG, timers, thread settings, link-safe file
+ * helpers and the run status files. */
 #ifndef LOOM_CORE_H
 #define LOOM_CORE_H
 
@@ -7,6 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* Symbol visibility. libloom is built with -fvisibility=hidden; everything
  * declared between LOOM_API_BEGIN and LOOM_API_END in a public header (each
@@ -284,6 +286,78 @@ uint32_t loom_crc32c(uint32_t crc, const void *data, size_t n);
 /* 64-bit FNV-1a, for config and layout hashes. */
 uint64_t loom_hash64(uint64_t h, const void *data, size_t n);
 #define LOOM_HASH64_INIT 0xcbf29ce484222325ULL
+
+/* ----------------------------------------------------------- file system */
+
+/* Link-safe file-system helpers (src/core/fs.c). A path the caller gives is
+ * resolved as usual (it is the user's choice); what loom finds below it is
+ * never followed: a symbolic link is never entered, written through or
+ * deleted, and only names the caller owns are removed. Messages name the
+ * path; what is left in place is reported with a warning. */
+
+/* Tests: called before each write-side call (create, write, fsync, close,
+ * mkdir, rename); returning true makes that call fail with errno set. */
+typedef bool (*loom_fs_fault_fn)(void);
+
+/* mkdir -p with `mode` for what it creates. An existing component must be a
+ * directory (or a link to one the caller's path goes through). */
+loom_status loom_fs_mkdirs(const char *path, unsigned mode);
+loom_status loom_fs_mkdirs_hooked(const char *path, unsigned mode,
+                                  loom_fs_fault_fn fault);
+
+/* Opens a directory for *at() calls: O_DIRECTORY, and O_NOFOLLOW, so a
+ * directory replaced by a symbolic link is refused (errno ELOOP/ENOTDIR).
+ * Returns the descriptor or -1 with errno set. */
+int loom_fs_open_dir(const char *path);
+/* fsync of a directory (renames in it made durable). */
+loom_status loom_fs_fsync_dir(const char *path);
+
+/* Opens dirfd/name for writing without following a symbolic link in its
+ * place (-1, errno ELOOP) and without writing into a file that has other
+ * hard links (-1, errno EMLINK) or is not a regular file (-1, errno
+ * EINVAL). flags: O_TRUNC and/or O_APPEND (O_WRONLY|O_CREAT|O_CLOEXEC|
+ * O_NOFOLLOW are added); dirfd may be AT_FDCWD. */
+int loom_fs_open_write_at(int dirfd, const char *name, int flags,
+                          unsigned mode);
+/* strerror(e), with the refusals above said plainly. */
+const char *loom_fs_strerror(int e);
+
+/* Opens path for appending (truncated first when `truncate`), refusing a
+ * symbolic link or hard link planted in its place with an error naming
+ * the file. */
+loom_status loom_fs_open_append(const char *path, bool truncate,
+                                FILE **out);
+
+/* Writes dir/name in one step: dir/.name.tmp.<pid>, write, fsync, rename
+ * over dir/name, fsync of dir. A symbolic link at dir/name is replaced as a
+ * link (its target untouched) and reported. */
+loom_status loom_fs_write_atomic(const char *dir, const char *name,
+                                 const void *data, size_t len);
+loom_status loom_fs_write_atomic_hooked(const char *dir, const char *name,
+                                        const void *data, size_t len,
+                                        loom_fs_fault_fn fault);
+/* The same in the directory open as dfd (`dir`: its path, for messages). */
+loom_status loom_fs_write_atomic_at(int dfd, const char *dir, const char *name,
+                                    const void *data, size_t len,
+                                    loom_fs_fault_fn fault);
+
+/* Whether an entry may be removed: its name, whether it is a directory,
+ * its depth (0: the entry named to loom_fs_remove_own, 1: inside it, ...). */
+typedef bool (*loom_fs_own_fn)(const char *name, bool is_dir, int depth,
+                               void *ctx);
+
+/* Removes dirfd/name and what is below it, never following a symbolic
+ * link: each entry is looked at with fstatat(AT_SYMLINK_NOFOLLOW) and
+ * removed with unlinkat only when `own` says it is the caller's. A link,
+ * an entry `own` refuses, a directory without write permission, another
+ * file system mounted there, or an entry that cannot be removed is left in
+ * place with a warning naming it (`shown`: the path to name in messages),
+ * and then nothing of the tree is removed (a first pass looks, a second
+ * removes, checking each entry again). *left (may be NULL) counts those
+ * entries; a missing entry is nothing to do. LOOM_ERR_INVALID_ARG only for
+ * a name that is not one component. */
+loom_status loom_fs_remove_own(int dirfd, const char *name, const char *shown,
+                               loom_fs_own_fn own, void *ctx, int *left);
 
 /* ------------------------------------------------------------ run status */
 

@@ -111,7 +111,7 @@ void loom_trainer_free(loom_trainer *t);
  * call from a signal handler). */
 void loom_trainer_request_stop(void);
 
-/* mkdir -p */
+/* mkdir -p: loom_fs_mkdirs(path, 0755) (kept for existing callers). */
 loom_status loom_mkdirs(const char *path);
 
 /* ------------------------------------------------------ fault injection */

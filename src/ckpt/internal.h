@@ -1,6 +1,6 @@
 /* Private to the checkpoint code: the shard file format, its encoders, and
  * the file-system helpers (every write-side call goes through the fault
- * hook of loom_ckpt_fail_io_after). */
+ * hook of loom_ckpt_fail_io_after; deletion is link-safe, own names only). */
 #ifndef LOOM_TRAIN_CKPT_INTERNAL_H
 #define LOOM_TRAIN_CKPT_INTERNAL_H
 
@@ -72,7 +72,9 @@ bool loom_ckpt_name_ok(const char *name);
 bool loom_ckpt_parse_step_name(const char *name, int64_t *step);
 
 /* ---- file-system calls through the fault hook (errno set on failure) */
-int loom_ckpt_io_open_write(const char *path);
+/* dirfd/name, created or truncated, never through a link (ELOOP) or into
+ * a file with other hard links (EMLINK). */
+int loom_ckpt_io_open_write_at(int dirfd, const char *name);
 int loom_ckpt_io_pwrite_all(int fd, const void *buf, size_t n, int64_t off);
 int loom_ckpt_io_fsync(int fd);
 int loom_ckpt_io_close(int fd);
@@ -84,12 +86,29 @@ int loom_ckpt_io_exchange(const char *a, const char *b);
 /* ---- helpers; each records a message naming the path on failure */
 loom_status loom_ckpt_mkdirs(const char *path);
 loom_status loom_ckpt_fsync_dir(const char *path);
-/* Removes a directory and the files in it (one level of subdirectories). */
-loom_status loom_ckpt_rmtree(const char *path);
-/* Writes a small file under a temporary name, fsyncs it, renames it into
- * place and fsyncs the directory. */
+/* Whether `name` is a directory name loom writes in a checkpoint root,
+ * exactly: step_NNNNNNNN (*kind 0), .step_NNNNNNNN.tmp (1), .old (2). */
+bool loom_ckpt_own_dir_name(const char *name, int64_t *step, int *kind);
+/* A temporary of `latest` left by a commit that crashed (another process's
+ * .latest.tmp.<pid>, or the .latest.tmp of older versions). */
+bool loom_ckpt_stale_latest_tmp(const char *name);
+/* Opens the checkpoint root for deletions in it, refusing a root that is a
+ * symbolic link (a warning says so); -1 when it cannot be opened. */
+int loom_ckpt_open_root(const char *root);
+/* Removes ROOT/name, one of loom's step or temporary directories (or a
+ * stale temporary of `latest`), and
+ * loom's files in it (manifest, its temporary, shards), never following a
+ * link; anything else is left in place with a warning naming it, and the
+ * directory then stays. */
+void loom_ckpt_remove_at(int rootfd, const char *root, const char *name);
+void loom_ckpt_remove(const char *root, const char *name);
+/* loom_fs_write_atomic through the fault hook: DIR/.NAME.tmp.<pid>, fsync,
+ * rename, fsync of DIR. */
 loom_status loom_ckpt_write_file_atomic(const char *dir, const char *name,
                                         const void *data, size_t n);
+loom_status loom_ckpt_write_file_atomic_at(int dfd, const char *dir,
+                                           const char *name, const void *data,
+                                           size_t n);
 /* Reads exactly n bytes at off; LOOM_ERR_CORRUPT on a short file. */
 loom_status loom_ckpt_pread_all(int fd, void *buf, size_t n, int64_t off,
                                 const char *path);

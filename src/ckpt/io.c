@@ -185,10 +185,11 @@ static bool io_fault(void) {
   return false;
 }
 
-int loom_ckpt_io_open_write(const char *path) {
+int loom_ckpt_io_open_write_at(int dirfd, const char *name) {
   if (io_fault())
     return -1;
-  return open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  /* Never through a link or into a hard-linked file planted in its place. */
+  return loom_fs_open_write_at(dirfd, name, O_TRUNC, 0644);
 }
 
 int loom_ckpt_io_pwrite_all(int fd, const void *buf, size_t n, int64_t off) {
@@ -251,30 +252,7 @@ int loom_ckpt_io_exchange(const char *a, const char *b) {
 /* ----------------------------------------------------------- directories */
 
 loom_status loom_ckpt_mkdirs(const char *path) {
-  char buf[CKPT_PATH_MAX];
-  size_t n = strlen(path);
-  if (n == 0 || n >= sizeof buf)
-    return loom_error(LOOM_ERR_INVALID_ARG,
-                      "checkpoint directory '%s': bad "
-                      "path",
-                      path);
-  memcpy(buf, path, n + 1);
-  for (size_t i = 1; i <= n; i++) {
-    if (buf[i] != '/' && buf[i] != '\0')
-      continue;
-    char c = buf[i];
-    buf[i] = '\0';
-    struct stat st;
-    if (stat(buf, &st) != 0) {
-      if (loom_ckpt_io_mkdir(buf) != 0 && errno != EEXIST)
-        return loom_error(LOOM_ERR_IO, "%s: cannot create directory: %s", buf,
-                          strerror(errno));
-    } else if (!S_ISDIR(st.st_mode)) {
-      return loom_error(LOOM_ERR_IO, "%s: not a directory", buf);
-    }
-    buf[i] = c;
-  }
-  return LOOM_OK;
+  return loom_fs_mkdirs_hooked(path, 0755, io_fault);
 }
 
 loom_status loom_ckpt_fsync_dir(const char *path) {
@@ -292,83 +270,106 @@ loom_status loom_ckpt_fsync_dir(const char *path) {
   return LOOM_OK;
 }
 
-static loom_status rmtree_depth(const char *path, int depth) {
-  DIR *d = opendir(path);
-  if (!d) {
-    if (errno == ENOENT)
-      return LOOM_OK;
-    if (errno == ENOTDIR) {
-      if (unlink(path) != 0)
-        return loom_error(LOOM_ERR_IO, "%s: cannot remove: %s", path,
-                          strerror(errno));
-      return LOOM_OK;
-    }
-    return loom_error(LOOM_ERR_IO, "%s: cannot open directory: %s", path,
-                      strerror(errno));
+/* "<prefix><digits><suffix>" with at least `min` digits; *v the number. */
+static bool digits_between(const char *name, const char *prefix,
+                           const char *suffix, size_t min, long long *v) {
+  size_t pl = strlen(prefix), sl = strlen(suffix), n = strlen(name);
+  if (n < pl + sl + min || strncmp(name, prefix, pl) != 0 ||
+      strcmp(name + n - sl, suffix) != 0 || n - pl - sl > 18)
+    return false;
+  long long x = 0;
+  for (size_t i = pl; i < n - sl; i++) {
+    if (name[i] < '0' || name[i] > '9')
+      return false;
+    x = x * 10 + (name[i] - '0');
   }
-  loom_status st = LOOM_OK;
-  struct dirent *e;
-  char sub[CKPT_PATH_MAX];
-  while ((e = readdir(d)) != NULL) {
-    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-      continue;
-    int n = snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
-    if (n < 0 || (size_t)n >= sizeof sub) {
-      st = loom_error(LOOM_ERR_IO, "%s: path too long", path);
-      continue;
-    }
-    if (unlink(sub) == 0)
-      continue;
-    if ((errno == EISDIR || errno == EPERM) && depth > 0) {
-      loom_status s2 = rmtree_depth(sub, depth - 1);
-      if (s2 != LOOM_OK)
-        st = s2;
-    } else {
-      st = loom_error(LOOM_ERR_IO, "%s: cannot remove: %s", sub,
-                      strerror(errno));
-    }
-  }
-  closedir(d);
-  if (rmdir(path) != 0 && errno != ENOENT && st == LOOM_OK)
-    st = loom_error(LOOM_ERR_IO, "%s: cannot remove directory: %s", path,
-                    strerror(errno));
-  return st;
+  if (v)
+    *v = x;
+  return true;
 }
 
-loom_status loom_ckpt_rmtree(const char *path) { return rmtree_depth(path, 1); }
+/* The names loom writes, exactly as it writes them: step_%08lld,
+ * .step_%08lld.tmp and .step_%08lld.old (so "step_1" or "step_x" are not
+ * loom's, whatever loom_ckpt_parse_step_name reads from them). */
+bool loom_ckpt_own_dir_name(const char *name, int64_t *step, int *kind) {
+  static const char *const suffix[] = {"", ".tmp", ".old"};
+  for (int k = 0; k < 3; k++) {
+    long long v;
+    if (!digits_between(name, k ? ".step_" : "step_", suffix[k], 8, &v))
+      continue;
+    char canon[64];
+    snprintf(canon, sizeof canon, "%sstep_%08lld%s", k ? "." : "", v,
+             suffix[k]);
+    if (strcmp(canon, name) != 0)
+      continue;
+    if (step)
+      *step = v;
+    if (kind)
+      *kind = k;
+    return true;
+  }
+  return false;
+}
+
+/* Inside a step directory: the manifest, its temporary, the shards. */
+static bool own_file_name(const char *name) {
+  return strcmp(name, CKPT_MANIFEST) == 0 ||
+         strcmp(name, "." CKPT_MANIFEST ".tmp") == 0 ||
+         digits_between(name, "." CKPT_MANIFEST ".tmp.", "", 1, NULL) ||
+         digits_between(name, "shard_", ".bin", 5, NULL);
+}
+
+bool loom_ckpt_stale_latest_tmp(const char *name) {
+  long long pid;
+  if (strcmp(name, "." CKPT_LATEST ".tmp") == 0)
+    return true;
+  return digits_between(name, "." CKPT_LATEST ".tmp.", "", 1, &pid) &&
+         pid != (long long)getpid();
+}
+
+static bool ckpt_own(const char *name, bool is_dir, int depth, void *ctx) {
+  (void)ctx;
+  if (depth == 0)
+    return is_dir ? loom_ckpt_own_dir_name(name, NULL, NULL)
+                  : loom_ckpt_stale_latest_tmp(name);
+  return depth == 1 && !is_dir && own_file_name(name);
+}
+
+int loom_ckpt_open_root(const char *root) {
+  int fd = loom_fs_open_dir(root);
+  if (fd < 0 && errno != ENOENT)
+    LOOM_WARN("checkpoint directory %s: %s; loom deletes nothing in it "
+              "(name the directory itself in checkpoint.dir)",
+              root,
+              errno == ELOOP || errno == ENOTDIR
+                  ? "a symbolic link or not a directory"
+                  : strerror(errno));
+  return fd;
+}
+
+void loom_ckpt_remove_at(int rootfd, const char *root, const char *name) {
+  char shown[CKPT_PATH_MAX];
+  snprintf(shown, sizeof shown, "%s/%s", root, name);
+  loom_fs_remove_own(rootfd, name, shown, ckpt_own, NULL, NULL);
+}
+
+void loom_ckpt_remove(const char *root, const char *name) {
+  int fd = loom_ckpt_open_root(root);
+  if (fd < 0)
+    return;
+  loom_ckpt_remove_at(fd, root, name);
+  close(fd);
+}
 
 loom_status loom_ckpt_write_file_atomic(const char *dir, const char *name,
                                         const void *data, size_t n) {
-  char tmp[CKPT_PATH_MAX], dst[CKPT_PATH_MAX];
-  int a = snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, name);
-  int b = snprintf(dst, sizeof dst, "%s/%s", dir, name);
-  if (a < 0 || b < 0 || (size_t)a >= sizeof tmp || (size_t)b >= sizeof dst)
-    return loom_error(LOOM_ERR_INVALID_ARG, "%s: path too long", dir);
-  int fd = loom_ckpt_io_open_write(tmp);
-  if (fd < 0)
-    return loom_error(LOOM_ERR_IO, "%s: cannot create: %s", tmp,
-                      strerror(errno));
-  const char *what = NULL;
-  if (loom_ckpt_io_pwrite_all(fd, data, n, 0) != 0)
-    what = "write";
-  else if (loom_ckpt_io_fsync(fd) != 0)
-    what = "fsync";
-  int e = errno;
-  if (loom_ckpt_io_close(fd) != 0 && !what) {
-    what = "close";
-    e = errno;
-  }
-  if (what) {
-    unlink(tmp);
-    return loom_error(LOOM_ERR_IO, "%s: %s failed: %s", tmp, what, strerror(e));
-  }
-  if (loom_ckpt_io_rename(tmp, dst) != 0) {
-    e = errno;
-    unlink(tmp);
-    return loom_error(LOOM_ERR_IO, "%s: cannot rename to %s: %s", tmp, dst,
-                      strerror(e));
-  }
-  return loom_ckpt_fsync_dir(dir);
+  return loom_fs_write_atomic_hooked(dir, name, data, n, io_fault);
+}
+
+loom_status loom_ckpt_write_file_atomic_at(int dfd, const char *dir,
+                                           const char *name, const void *data,
+                                           size_t n) {
+  return loom_fs_write_atomic_at(dfd, dir, name, data, n, io_fault);
 }
 
 loom_status loom_ckpt_pread_all(int fd, void *buf, size_t n, int64_t off,
@@ -646,10 +647,14 @@ loom_status loom_ckpt_read_latest(const char *root, int64_t *step) {
   int w = snprintf(path, sizeof path, "%s/%s", root, CKPT_LATEST);
   if (w < 0 || (size_t)w >= sizeof path)
     return loom_error(LOOM_ERR_INVALID_ARG, "%s: path too long", root);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* Not through a link: `latest` is loom's file in loom's directory (and a
+   * FIFO planted there would block the read). */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0)
     return loom_error(LOOM_ERR_IO, "%s: %s", path,
-                      errno == ENOENT ? "missing" : strerror(errno));
+                      errno == ENOENT  ? "missing"
+                      : errno == ELOOP ? "a symbolic link, not followed"
+                                       : strerror(errno));
   char buf[64];
   ssize_t r = read(fd, buf, sizeof buf - 1);
   close(fd);
@@ -725,7 +730,8 @@ loom_status loom_ckpt_damage(const char *dir, loom_ckpt_damage_kind kind,
     return LOOM_OK;
   }
   snprintf(path, sizeof path, "%s/shard_%05d.bin", dir, rank);
-  int fd = open(path, O_RDWR | O_CLOEXEC);
+  /* Damages loom's own shard, never a file a link there points to. */
+  int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0)
     return loom_error(LOOM_ERR_IO, "%s: cannot open: %s", path,
                       strerror(errno));

@@ -42,6 +42,11 @@ struct loom_ckpt_writer {
   char root[CKPT_PATH_MAX];
   char tmp[CKPT_PATH_MAX];   /* ROOT/.step_N.tmp */
   char final[CKPT_PATH_MAX]; /* ROOT/step_N */
+  /* The temporary directory as made (or found) by writer_new: shards and
+   * the manifest go into it through this descriptor, so a link swapped in
+   * for its name later never takes them elsewhere. */
+  int tmp_fd;
+  struct stat tmp_st;
   int64_t step;
   loom_ckpt_writer_opts opts;
   ckpt_part *parts;
@@ -138,6 +143,7 @@ loom_status loom_ckpt_writer_new(loom_ckpt_writer **out, const char *root,
     return loom_error_context(LOOM_ERR_NOMEM, "checkpoint writer");
   w->opts = o;
   w->step = step;
+  w->tmp_fd = -1;
   size_t rl = strlen(root);
   while (rl > 1 && root[rl - 1] == '/')
     rl--;
@@ -158,10 +164,35 @@ loom_status loom_ckpt_writer_new(loom_ckpt_writer **out, const char *root,
                     strerror(errno));
     goto fail;
   }
+  /* Made by another rank, or by an attempt before: it must be a directory,
+   * never a link that would take the shards (and, renamed, the checkpoint)
+   * somewhere else. */
+  struct stat sb;
+  if (lstat(w->tmp, &sb) != 0) {
+    st = loom_error(LOOM_ERR_IO, "%s: %s", w->tmp, strerror(errno));
+    goto fail;
+  }
+  if (!S_ISDIR(sb.st_mode)) {
+    st = loom_error(
+        LOOM_ERR_IO,
+        "%s: %s in the place of loom's temporary directory; loom "
+        "does not write through it (remove it)",
+        w->tmp, S_ISLNK(sb.st_mode) ? "a symbolic link" : "not a directory");
+    goto fail;
+  }
+  w->tmp_fd = loom_fs_open_dir(w->tmp);
+  if (w->tmp_fd < 0 || fstat(w->tmp_fd, &w->tmp_st) != 0 ||
+      w->tmp_st.st_ino != sb.st_ino || w->tmp_st.st_dev != sb.st_dev) {
+    st = loom_error(LOOM_ERR_IO, "%s: changed while being opened (%s)", w->tmp,
+                    w->tmp_fd < 0 ? strerror(errno) : "another directory");
+    goto fail;
+  }
   w->meta = loom_ckpt_meta_default();
   *out = w;
   return LOOM_OK;
 fail:
+  if (w->tmp_fd >= 0)
+    close(w->tmp_fd);
   loom_free(w);
   return st;
 }
@@ -394,7 +425,8 @@ static loom_status write_shard(loom_ckpt_writer *w) {
 
   const char *what = "create";
   int err = 0;
-  fd = loom_ckpt_io_open_write(path);
+  const char *fname = strrchr(path, '/') + 1;
+  fd = loom_ckpt_io_open_write_at(w->tmp_fd, fname);
   if (fd < 0)
     goto io_fail;
   what = "write";
@@ -432,8 +464,12 @@ io_fail:
   if (fd >= 0)
     close(fd);
   fd = -1;
-  unlink(path);
-  st = loom_error(LOOM_ERR_IO, "%s: %s failed: %s", path, what, strerror(err));
+  /* Only a file this call opened: a link or another's file that refused the
+   * open stays as it was. */
+  if (strcmp(what, "create") != 0)
+    unlinkat(w->tmp_fd, fname, 0);
+  st = loom_error(LOOM_ERR_IO, "%s: %s failed: %s", path, what,
+                  loom_fs_strerror(err));
 done:
   loom_free(ents);
   loom_free(src);
@@ -466,10 +502,13 @@ static loom_status read_summary(const loom_ckpt_writer *w, int rank,
                                 shard_summary *s) {
   char path[CKPT_PATH_MAX];
   LOOM_TRY(shard_path(path, sizeof path, w->tmp, rank));
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  int fd = openat(w->tmp_fd, strrchr(path, '/') + 1,
+                  O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0)
-    return loom_error(LOOM_ERR_IO, "%s: %s (did rank %d write its shard?)",
-                      path, strerror(errno), rank);
+    return loom_error(
+        LOOM_ERR_IO, "%s: %s (did rank %d write its shard?)", path,
+        errno == ELOOP ? "a symbolic link, not followed" : strerror(errno),
+        rank);
   loom_status st = LOOM_OK;
   unsigned char head[CKPT_HEADER_BYTES], foot[CKPT_FOOTER_BYTES];
   unsigned char *index = NULL;
@@ -839,13 +878,14 @@ static loom_status build_manifest(const loom_ckpt_writer *w,
   return LOOM_OK;
 }
 
-/* The rank of a file named shard_NNNNN.bin, or -1. */
+/* The rank of a file named shard_NNNNN.bin (5 digits or more), or -1. */
 static int shard_rank_of(const char *name) {
-  if (strlen(name) != 15 || strncmp(name, "shard_", 6) != 0 ||
-      strcmp(name + 11, ".bin") != 0)
+  size_t n = strlen(name);
+  if (n < 15 || n > 19 || strncmp(name, "shard_", 6) != 0 ||
+      strcmp(name + n - 4, ".bin") != 0)
     return -1;
   int r = 0;
-  for (int i = 6; i < 11; i++) {
+  for (size_t i = 6; i < n - 4; i++) {
     if (name[i] < '0' || name[i] > '9')
       return -1;
     r = r * 10 + (name[i] - '0');
@@ -854,66 +894,127 @@ static int shard_rank_of(const char *name) {
 }
 
 /* Removes what is not part of the checkpoint from the temporary directory
- * (say, shards of ranks beyond the world size from an abandoned attempt). */
+ * (say, shards of ranks beyond the world size from an abandoned attempt, or
+ * a manifest temporary of a crashed commit): loom's own names only, never
+ * through a link; anything else stays and is reported. */
 static void tidy_tmp(const loom_ckpt_writer *w) {
-  DIR *d = opendir(w->tmp);
-  if (!d)
+  /* A new open file description: readdir's position is its own. */
+  int fd = openat(w->tmp_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
     return;
+  DIR *d = fdopendir(fd);
+  if (!d) {
+    close(fd);
+    return;
+  }
   struct dirent *e;
-  char sub[CKPT_PATH_MAX];
   while ((e = readdir(d)) != NULL) {
     if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") ||
         !strcmp(e->d_name, CKPT_MANIFEST))
       continue;
+    struct stat sb;
+    if (fstatat(fd, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0)
+      continue;
     int r = shard_rank_of(e->d_name);
+    bool mine = S_ISREG(sb.st_mode) &&
+                (r >= 0 || strncmp(e->d_name, "." CKPT_MANIFEST ".tmp",
+                                   sizeof CKPT_MANIFEST + 4) == 0);
+    if (!mine) {
+      LOOM_WARN("checkpoint: %s/%s: %s; left in place", w->tmp, e->d_name,
+                S_ISLNK(sb.st_mode) ? "a symbolic link, not followed"
+                                    : "not a file loom wrote");
+      continue;
+    }
     if (r >= 0 && r < w->opts.world)
       continue;
-    if (snprintf(sub, sizeof sub, "%s/%s", w->tmp, e->d_name) < (int)sizeof sub)
-      unlink(sub);
+    unlinkat(fd, e->d_name, 0);
   }
   closedir(d);
 }
 
-/* Deletes checkpoints older than the K - 1 newest before `step`, and
- * temporary directories of earlier steps. Failures only warn: the new
- * checkpoint is committed already. */
+typedef struct step_ent {
+  int64_t step;
+  char name[64];
+} step_ent;
+
+static int cmp_step_ent(const void *a, const void *b) {
+  int64_t x = ((const step_ent *)a)->step, y = ((const step_ent *)b)->step;
+  return (x > y) - (x < y);
+}
+
+/* Deletes checkpoints older than the K - 1 newest before `step`, the
+ * temporary directories of earlier steps and stale temporaries of
+ * `latest`, through one descriptor of the root: never a link, never
+ * outside it, only loom's names (what else is there is reported and kept).
+ * Failures only warn: the new checkpoint is committed already. */
 static void prune(const loom_ckpt_writer *w) {
-  int64_t *steps = NULL;
-  int n = 0;
-  char path[CKPT_PATH_MAX];
-  if (w->opts.keep > 0 && loom_ckpt_list(w->root, &steps, &n) == LOOM_OK) {
+  int rootfd = loom_ckpt_open_root(w->root);
+  if (rootfd < 0)
+    return;
+  int lfd = openat(rootfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  DIR *d = lfd >= 0 ? fdopendir(lfd) : NULL;
+  if (!d) {
+    if (lfd >= 0)
+      close(lfd);
+    close(rootfd);
+    return;
+  }
+  step_ent *steps = NULL, *tmps = NULL;
+  int n = 0, cap = 0, nt = 0, capt = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    int64_t s;
+    int kind = 0;
+    step_ent **v;
+    int *cnt, *cp;
+    if (loom_ckpt_parse_step_name(e->d_name, &s)) {
+      /* Every step_N counts towards `keep`, as loading sees them all; one
+       * that is not loom's is reported when its turn to go comes. */
+      v = &steps, cnt = &n, cp = &cap;
+    } else if (loom_ckpt_own_dir_name(e->d_name, &s, &kind) && kind > 0) {
+      if (s > w->step || (s == w->step && kind == 1))
+        continue;
+      v = &tmps, cnt = &nt, cp = &capt;
+    } else if (loom_ckpt_stale_latest_tmp(e->d_name)) {
+      s = 0;
+      v = &tmps, cnt = &nt, cp = &capt;
+    } else {
+      continue;
+    }
+    if (strlen(e->d_name) >= sizeof steps[0].name)
+      continue;
+    if (*cnt == *cp) {
+      int nc = *cp ? *cp * 2 : 16;
+      step_ent *nv = loom_malloc((size_t)nc * sizeof *nv);
+      if (!nv)
+        break;
+      if (*v)
+        memcpy(nv, *v, (size_t)*cnt * sizeof *nv);
+      loom_free(*v);
+      *v = nv;
+      *cp = nc;
+    }
+    (*v)[*cnt].step = s;
+    snprintf((*v)[*cnt].name, sizeof(*v)[*cnt].name, "%s", e->d_name);
+    (*cnt)++;
+  }
+  closedir(d);
+  if (w->opts.keep > 0 && n > 0) {
+    qsort(steps, (size_t)n, sizeof *steps, cmp_step_ent);
     int older = 0;
     for (int i = n - 1; i >= 0; i--) {
-      if (steps[i] >= w->step)
+      if (steps[i].step >= w->step)
         continue;
       if (++older < w->opts.keep)
         continue;
-      if (loom_ckpt_dir_name(w->root, steps[i], path, sizeof path) == LOOM_OK &&
-          loom_ckpt_rmtree(path) != LOOM_OK)
-        LOOM_WARN("checkpoint: pruning: %s", loom_last_error());
+      loom_ckpt_remove_at(rootfd, w->root, steps[i].name);
     }
   }
+  for (int i = 0; i < nt; i++)
+    loom_ckpt_remove_at(rootfd, w->root, tmps[i].name);
   loom_free(steps);
-  DIR *d = opendir(w->root);
-  if (!d)
-    return;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL) {
-    long long s;
-    char kind[8] = "";
-    int used = 0;
-    if (sscanf(e->d_name, ".step_%lld.%4[a-z]%n", &s, kind, &used) != 2 ||
-        (size_t)used != strlen(e->d_name) ||
-        (strcmp(kind, "tmp") != 0 && strcmp(kind, "old") != 0))
-      continue;
-    if (s > w->step || (s == w->step && strcmp(kind, "tmp") == 0))
-      continue;
-    if (snprintf(path, sizeof path, "%s/%s", w->root, e->d_name) <
-            (int)sizeof path &&
-        loom_ckpt_rmtree(path) != LOOM_OK)
-      LOOM_WARN("checkpoint: removing stale %s: %s", path, loom_last_error());
-  }
-  closedir(d);
+  loom_free(tmps);
+  close(rootfd);
 }
 
 static loom_status commit_impl(loom_ckpt_writer *w) {
@@ -928,14 +1029,27 @@ static loom_status commit_impl(loom_ckpt_writer *w) {
   LOOM_TRY_GOTO(st, build_manifest(w, sums, &manifest), done);
   tidy_tmp(w);
   LOOM_TRY_GOTO(st,
-                loom_ckpt_write_file_atomic(w->tmp, CKPT_MANIFEST, manifest,
-                                            strlen(manifest)),
+                loom_ckpt_write_file_atomic_at(w->tmp_fd, w->tmp, CKPT_MANIFEST,
+                                               manifest, strlen(manifest)),
                 done);
+  /* The name must still be the directory written (not a link swapped in):
+   * the rename would make whatever it is the checkpoint. */
+  {
+    struct stat now;
+    if (lstat(w->tmp, &now) != 0 || now.st_ino != w->tmp_st.st_ino ||
+        now.st_dev != w->tmp_st.st_dev) {
+      st = loom_error(LOOM_ERR_IO,
+                      "%s: no longer the directory the shards were written to "
+                      "(replaced while saving); not committed",
+                      w->tmp);
+      goto done;
+    }
+  }
   /* The directory becomes a checkpoint in one rename. One of the same step
    * (say, written before a restart) is swapped out atomically, so there is
    * always a complete step_N. */
   struct stat sb;
-  if (stat(w->final, &sb) == 0) {
+  if (lstat(w->final, &sb) == 0) {
     if (loom_ckpt_io_exchange(w->tmp, w->final) != 0) {
       if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) {
         st = loom_error(LOOM_ERR_IO, "%s: cannot replace %s: %s", w->tmp,
@@ -947,16 +1061,19 @@ static loom_status commit_impl(loom_ckpt_writer *w) {
       char old[CKPT_PATH_MAX];
       LOOM_TRY_GOTO(st, step_path(old, sizeof old, w->root, w->step, "old"),
                     done);
-      loom_ckpt_rmtree(old);
+      const char *old_name = strrchr(old, '/') + 1;
+      loom_ckpt_remove(w->root, old_name);
       if (loom_ckpt_io_rename(w->final, old) != 0 ||
           loom_ckpt_io_rename(w->tmp, w->final) != 0) {
         st = loom_error(LOOM_ERR_IO, "%s: cannot replace %s: %s", w->tmp,
                         w->final, strerror(errno));
         goto done;
       }
-      loom_ckpt_rmtree(old);
+      loom_ckpt_remove(w->root, old_name);
     } else {
-      loom_ckpt_rmtree(w->tmp); /* now the old checkpoint */
+      /* Now the old one (whatever it was: a link or a file in place of a
+       * step directory is reported and kept, never followed). */
+      loom_ckpt_remove(w->root, strrchr(w->tmp, '/') + 1);
     }
   } else if (loom_ckpt_io_rename(w->tmp, w->final) != 0) {
     st = loom_error(LOOM_ERR_IO, "%s: cannot rename to %s: %s", w->tmp,
@@ -1010,8 +1127,7 @@ void loom_ckpt_writer_abort(loom_ckpt_writer *w) {
   snprintf(saved, sizeof saved, "%s", loom_last_error());
   (void)loom_ckpt_writer_wait(w);
   if (w->state != W_COMMITTED) {
-    if (loom_ckpt_rmtree(w->tmp) != LOOM_OK)
-      LOOM_WARN("checkpoint: cleaning up: %s", loom_last_error());
+    loom_ckpt_remove(w->root, strrchr(w->tmp, '/') + 1);
     w->state = W_ABORTED;
   }
   loom_error(LOOM_OK, "%s", saved);
@@ -1114,6 +1230,8 @@ void loom_ckpt_writer_free(loom_ckpt_writer *w) {
     pthread_join(w->thread, NULL);
     w->thread_live = false;
   }
+  if (w->tmp_fd >= 0)
+    close(w->tmp_fd);
   for (int i = 0; i < w->n_parts; i++)
     loom_free(w->parts[i].owned);
   loom_free(w->parts);

@@ -59,19 +59,7 @@ loom_status loom_data_mkdirs_for(const char *path) {
   if (!slash || slash == buf)
     return LOOM_OK;
   *slash = '\0';
-  for (char *p = buf + 1;; p++) {
-    if (*p == '/' || *p == '\0') {
-      char c = *p;
-      *p = '\0';
-      if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-        return loom_error(LOOM_ERR_IO, "cannot create directory %s: %s", buf,
-                          strerror(errno));
-      *p = c;
-      if (c == '\0')
-        break;
-    }
-  }
-  return LOOM_OK;
+  return loom_fs_mkdirs(buf, 0777);
 }
 
 void loom_dataset_get_info(const loom_dataset *ds, loom_dataset_info *info) {

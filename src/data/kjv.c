@@ -220,29 +220,27 @@ static loom_status strip_refs(buf *raw, int64_t *verses) {
   return LOOM_OK;
 }
 
+/* path's directory made if missing, then loom_fs_write_atomic (a temporary
+ * per process: ranks may fill the same cache at once). */
 static loom_status write_atomic(const char *path, const uint8_t *data,
                                 size_t n) {
-  char tmp[4200];
-  int k = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-  if (k < 0 || (size_t)k >= sizeof tmp)
+  char dir[4200];
+  int k = snprintf(dir, sizeof dir, "%s", path);
+  if (k < 0 || (size_t)k >= sizeof dir)
     return loom_error(LOOM_ERR_INVALID_ARG, "path too long: %s", path);
   LOOM_TRY(loom_data_mkdirs_for(path));
-  FILE *f = fopen(tmp, "wb");
-  if (!f)
-    return loom_error(LOOM_ERR_IO, "cannot create %s: %s", tmp,
-                      strerror(errno));
-  bool ok = fwrite(data, 1, n, f) == n;
-  ok = (fflush(f) == 0) && ok;
-  ok = (fsync(fileno(f)) == 0) && ok;
-  int err = errno;
-  ok = (fclose(f) == 0) && ok;
-  if (!ok || rename(tmp, path) != 0) {
-    if (ok)
-      err = errno;
-    unlink(tmp);
-    return loom_error(LOOM_ERR_IO, "cannot write %s: %s", path, strerror(err));
+  char *slash = strrchr(dir, '/');
+  const char *name = path;
+  if (slash == dir) {
+    name = path + 1;
+    dir[1] = '\0';
+  } else if (slash) {
+    *slash = '\0';
+    name = slash + 1;
+  } else {
+    snprintf(dir, sizeof dir, ".");
   }
-  return LOOM_OK;
+  return loom_fs_write_atomic(dir, name, data, n);
 }
 
 loom_status loom_kjv_prepare(const char *path, const loom_kjv_opts *opts,

@@ -153,10 +153,16 @@ loom_status loom_shard_write(const char *path, const uint16_t *tokens,
   if (n < 0 || (size_t)n >= sizeof tmp)
     return loom_error(LOOM_ERR_INVALID_ARG, "path too long: %s", path);
   LOOM_TRY(loom_data_mkdirs_for(path));
-  FILE *f = fopen(tmp, "wb");
-  if (!f)
+  /* Not through a link or into a hard-linked file planted at its name. */
+  int fd = loom_fs_open_write_at(AT_FDCWD, tmp, O_TRUNC, 0644);
+  FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+  if (!f) {
+    int e = errno;
+    if (fd >= 0)
+      close(fd);
     return loom_error(LOOM_ERR_IO, "cannot create %s: %s", tmp,
-                      strerror(errno));
+                      loom_fs_strerror(e));
+  }
   uint8_t hdr[SHARD_HEADER_BYTES] = {0};
   put_le32(hdr, LOOM_SHARD_MAGIC_U16);
   put_le32(hdr + 4, LOOM_SHARD_VERSION_U16);

@@ -223,7 +223,8 @@ static void init_once(void) {
    * and a stale file of an earlier process of this rank is replaced whole. */
   char tmp[4096 + 16];
   snprintf(tmp, sizeof tmp, "%s.%d", path, (int)getpid());
-  int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd =
+      open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0)
     return;
   if (pwrite(fd, rs.buf, (size_t)rs.len, 0) != rs.len ||

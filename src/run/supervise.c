@@ -923,22 +923,29 @@ static void report_failure(job *jb, const loom_run_failure *f, int np,
   report_emit(jb, ev);
 }
 
-/* Removes a directory of plain files (the run status files). */
+/* What loom run keeps in its job directory: attempt-N directories holding
+ * the ranks' status files (any plain file: the directory is mkdtemp's, only
+ * loom writes there). Links and other directories are never removed. */
+static bool run_own(const char *name, bool is_dir, int depth, void *ctx) {
+  (void)ctx;
+  if (!is_dir)
+    return depth > 0;
+  return depth == 0 || strncmp(name, "attempt-", 8) == 0;
+}
+
+/* Removes the job directory or one attempt's (loom_fs_remove_own). */
 static void remove_dir(const char *path) {
-  DIR *d = opendir(path);
-  if (d) {
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-      if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-        continue;
-      char p[4200];
-      snprintf(p, sizeof p, "%s/%s", path, e->d_name);
-      if (unlink(p) != 0 && errno == EISDIR)
-        remove_dir(p);
-    }
-    closedir(d);
-  }
-  rmdir(path);
+  char parent[4200];
+  snprintf(parent, sizeof parent, "%s", path);
+  char *slash = strrchr(parent, '/');
+  if (!slash || !slash[1])
+    return;
+  *slash = '\0';
+  int fd = open(parent[0] ? parent : "/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return;
+  loom_fs_remove_own(fd, slash + 1, path, run_own, NULL, NULL);
+  close(fd);
 }
 
 int loom_run_main(int argc, char **argv) {

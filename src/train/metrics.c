@@ -4,7 +4,6 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "loom/train.h"
 
@@ -16,38 +15,21 @@ struct loom_metrics {
   bool overflow;
 };
 
-/* mkdir -p */
-loom_status loom_mkdirs(const char *path) {
-  char buf[1024];
-  size_t n = strlen(path);
-  if (n == 0 || n >= sizeof buf)
-    return loom_error(LOOM_ERR_INVALID_ARG, "bad directory path '%s'", path);
-  memcpy(buf, path, n + 1);
-  for (size_t i = 1; i <= n; i++) {
-    if (buf[i] == '/' || buf[i] == '\0') {
-      char c = buf[i];
-      buf[i] = '\0';
-      if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-        return loom_error(LOOM_ERR_IO, "cannot create directory '%s': %s",
-                          buf, strerror(errno));
-      buf[i] = c;
-    }
-  }
-  return LOOM_OK;
-}
+loom_status loom_mkdirs(const char *path) { return loom_fs_mkdirs(path, 0755); }
 
 loom_status loom_metrics_open(loom_metrics **out, const char *run_dir,
                               bool append) {
   *out = NULL;
-  LOOM_TRY(loom_mkdirs(run_dir));
+  LOOM_TRY(loom_fs_mkdirs(run_dir, 0755));
   loom_metrics *m = loom_calloc(1, sizeof *m);
   if (!m)
     return LOOM_ERR_NOMEM;
   snprintf(m->path, sizeof m->path, "%s/metrics.jsonl", run_dir);
-  m->f = fopen(m->path, append ? "a" : "w");
-  if (!m->f) {
-    loom_status s = loom_error(LOOM_ERR_IO, "cannot open '%s': %s", m->path,
-                               strerror(errno));
+  /* A link planted in its place is refused, never written through (nor a
+   * file hard-linked to another's); a fresh run truncates only loom's own
+   * file. */
+  loom_status s = loom_fs_open_append(m->path, !append, &m->f);
+  if (s != LOOM_OK) {
     loom_free(m);
     return s;
   }

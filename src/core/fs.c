@@ -1,0 +1,401 @@
+/* Link-safe file-system helpers: mkdir -p, atomic small-file writes,
+ * opening for write or append without following a planted link, and the
+ * removal of a directory tree restricted to the caller's own names. */
+#define _GNU_SOURCE
+#include "loom/core.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define FS_PATH_MAX 4096
+/* Below this depth nothing is entered: loom writes at most two levels. */
+#define FS_REMOVE_DEPTH_MAX 8
+
+static bool fault_now(loom_fs_fault_fn fault) { return fault && fault(); }
+
+/* The mount id of dirfd/name (not followed), 0 when the kernel does not
+ * say: a bind mount of the same file system has the same st_dev, only its
+ * mount id tells it apart. */
+static uint64_t mount_id(int dirfd, const char *name) {
+#ifdef STATX_MNT_ID
+  struct statx sx;
+  if (statx(dirfd, name, AT_SYMLINK_NOFOLLOW, STATX_MNT_ID, &sx) == 0 &&
+      (sx.stx_mask & STATX_MNT_ID))
+    return sx.stx_mnt_id;
+#else
+  (void)dirfd;
+  (void)name;
+#endif
+  return 0;
+}
+
+const char *loom_fs_strerror(int e) {
+  switch (e) {
+  case ELOOP:
+    return "a symbolic link is in its place (loom does not write through "
+           "links)";
+  case EMLINK:
+    return "it has other hard links (loom does not overwrite it)";
+  default:
+    return strerror(e);
+  }
+}
+
+/* ---------------------------------------------------------- directories */
+
+loom_status loom_fs_mkdirs_hooked(const char *path, unsigned mode,
+                                  loom_fs_fault_fn fault) {
+  char buf[FS_PATH_MAX];
+  size_t n = path ? strlen(path) : 0;
+  if (n == 0 || n >= sizeof buf)
+    return loom_error(LOOM_ERR_INVALID_ARG, "directory '%s': bad path",
+                      path ? path : "(null)");
+  memcpy(buf, path, n + 1);
+  for (size_t i = 1; i <= n; i++) {
+    if (buf[i] != '/' && buf[i] != '\0')
+      continue;
+    char c = buf[i];
+    buf[i] = '\0';
+    struct stat st;
+    /* stat, not lstat: the components are the caller's path. */
+    if (stat(buf, &st) != 0) {
+      if (fault_now(fault) ||
+          (mkdir(buf, (mode_t)mode) != 0 && errno != EEXIST))
+        return loom_error(LOOM_ERR_IO, "%s: cannot create directory: %s", buf,
+                          strerror(errno));
+    } else if (!S_ISDIR(st.st_mode)) {
+      return loom_error(LOOM_ERR_IO, "%s: not a directory", buf);
+    }
+    buf[i] = c;
+  }
+  return LOOM_OK;
+}
+
+loom_status loom_fs_mkdirs(const char *path, unsigned mode) {
+  return loom_fs_mkdirs_hooked(path, mode, NULL);
+}
+
+int loom_fs_open_dir(const char *path) {
+  return open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+}
+
+static loom_status fsync_fd_dir(int fd, const char *path,
+                                loom_fs_fault_fn fault) {
+  if (fault_now(fault) || fsync(fd) != 0)
+    return loom_error(LOOM_ERR_IO, "%s: fsync of directory failed: %s", path,
+                      strerror(errno));
+  return LOOM_OK;
+}
+
+loom_status loom_fs_fsync_dir(const char *path) {
+  int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return loom_error(LOOM_ERR_IO, "%s: cannot open directory: %s", path,
+                      strerror(errno));
+  loom_status st = fsync_fd_dir(fd, path, NULL);
+  close(fd);
+  return st;
+}
+
+/* ---------------------------------------------------------------- write */
+
+int loom_fs_open_write_at(int dirfd, const char *name, int flags,
+                          unsigned mode) {
+  /* O_TRUNC would cut a file before we could look at it (a hard link to
+   * someone else's file): truncate only after the checks. */
+  bool trunc = (flags & O_TRUNC) != 0;
+  int f = O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | (flags & O_APPEND);
+  int fd = openat(dirfd, name, f, (mode_t)mode);
+  if (fd < 0)
+    return -1;
+  struct stat st;
+  int e = 0;
+  if (fstat(fd, &st) != 0)
+    e = errno;
+  else if (!S_ISREG(st.st_mode))
+    e = EINVAL;
+  else if (st.st_nlink > 1)
+    e = EMLINK;
+  else if (trunc && st.st_size > 0 && ftruncate(fd, 0) != 0)
+    e = errno;
+  if (e) {
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
+}
+
+loom_status loom_fs_open_append(const char *path, bool truncate, FILE **out) {
+  *out = NULL;
+  int fd = loom_fs_open_write_at(AT_FDCWD, path,
+                                 O_APPEND | (truncate ? O_TRUNC : 0), 0644);
+  if (fd < 0)
+    return loom_error(LOOM_ERR_IO, "%s: cannot open for writing: %s", path,
+                      loom_fs_strerror(errno));
+  FILE *f = fdopen(fd, "a");
+  if (!f) {
+    int e = errno;
+    close(fd);
+    return loom_error(LOOM_ERR_IO, "%s: %s", path, strerror(e));
+  }
+  *out = f;
+  return LOOM_OK;
+}
+
+static int write_all(int fd, const void *buf, size_t n) {
+  const char *p = buf;
+  while (n > 0) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR)
+        continue;
+      return -1;
+    }
+    if (w == 0) {
+      errno = EIO;
+      return -1;
+    }
+    p += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+loom_status loom_fs_write_atomic_at(int dfd, const char *dir, const char *name,
+                                    const void *data, size_t len,
+                                    loom_fs_fault_fn fault) {
+  char tmp[FS_PATH_MAX], tname[512];
+  if (!dir || !name || !name[0] || strchr(name, '/'))
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_fs_write_atomic: bad name '%s'",
+                      name ? name : "(null)");
+  /* The pid keeps processes that write the same file (ranks filling one
+   * cache) from writing into each other's temporary. */
+  int a = snprintf(tname, sizeof tname, ".%s.tmp.%ld", name, (long)getpid());
+  int b = snprintf(tmp, sizeof tmp, "%s/%s", dir, tname);
+  if (a < 0 || b < 0 || (size_t)a >= sizeof tname || (size_t)b >= sizeof tmp)
+    return loom_error(LOOM_ERR_INVALID_ARG, "%s: path too long", dir);
+  int fd =
+      fault_now(fault) ? -1 : loom_fs_open_write_at(dfd, tname, O_TRUNC, 0644);
+  if (fd < 0)
+    return loom_error(LOOM_ERR_IO, "%s: cannot create: %s", tmp,
+                      loom_fs_strerror(errno));
+  const char *what = NULL;
+  if (fault_now(fault) || write_all(fd, data, len) != 0)
+    what = "write";
+  else if (fault_now(fault) || fsync(fd) != 0)
+    what = "fsync";
+  int e = errno;
+  bool close_failed;
+  if (fault_now(fault)) {
+    int ce = errno;
+    close(fd); /* the descriptor is gone either way */
+    errno = ce;
+    close_failed = true;
+  } else {
+    close_failed = close(fd) != 0;
+  }
+  if (close_failed && !what) {
+    what = "close";
+    e = errno;
+  }
+  if (what) {
+    unlinkat(dfd, tname, 0);
+    return loom_error(LOOM_ERR_IO, "%s: %s failed: %s", tmp, what, strerror(e));
+  }
+  struct stat lst;
+  bool was_link = fstatat(dfd, name, &lst, AT_SYMLINK_NOFOLLOW) == 0 &&
+                  S_ISLNK(lst.st_mode);
+  /* rename replaces a link at `name` itself, never what it points to. */
+  if (fault_now(fault) || renameat(dfd, tname, dfd, name) != 0) {
+    e = errno;
+    unlinkat(dfd, tname, 0);
+    return loom_error(LOOM_ERR_IO, "%s: cannot rename to %s/%s: %s", tmp, dir,
+                      name, strerror(e));
+  }
+  if (was_link)
+    LOOM_WARN("%s/%s was a symbolic link: replaced by a file, what it "
+              "pointed to was not touched",
+              dir, name);
+  return fsync_fd_dir(dfd, dir, fault);
+}
+
+loom_status loom_fs_write_atomic_hooked(const char *dir, const char *name,
+                                        const void *data, size_t len,
+                                        loom_fs_fault_fn fault) {
+  if (!dir)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_fs_write_atomic: NULL dir");
+  /* The directory is the caller's path, followed as given. */
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0)
+    return loom_error(LOOM_ERR_IO, "%s: cannot open directory: %s", dir,
+                      strerror(errno));
+  loom_status st = loom_fs_write_atomic_at(dfd, dir, name, data, len, fault);
+  close(dfd);
+  return st;
+}
+
+loom_status loom_fs_write_atomic(const char *dir, const char *name,
+                                 const void *data, size_t len) {
+  return loom_fs_write_atomic_hooked(dir, name, data, len, NULL);
+}
+
+/* --------------------------------------------------------------- remove */
+
+typedef struct remove_walk {
+  loom_fs_own_fn own;
+  void *ctx;
+  int left;
+  bool dry; /* the first pass: look, report, remove nothing */
+} remove_walk;
+
+static void left_in_place(remove_walk *rw, const char *shown, const char *why) {
+  rw->left++;
+  LOOM_WARN("%s: %s; left in place", shown, why);
+}
+
+/* Removes dirfd/name (already looked at: *st) and returns whether it is
+ * gone. Every decision is made on what fstatat says of the entry itself. */
+static bool remove_entry(remove_walk *rw, int dirfd, const char *name,
+                         const char *shown, const struct stat *st,
+                         dev_t parent_dev, uint64_t parent_mnt, int depth) {
+  if (S_ISLNK(st->st_mode)) {
+    left_in_place(rw, shown, "a symbolic link, not followed");
+    return false;
+  }
+  bool is_dir = S_ISDIR(st->st_mode);
+  if (!rw->own(name, is_dir, depth, rw->ctx)) {
+    left_in_place(rw, shown,
+                  is_dir ? "a directory loom did not write"
+                         : (S_ISREG(st->st_mode) ? "a file loom did not write"
+                                                 : "not a file loom wrote"));
+    return false;
+  }
+  if (!is_dir) {
+    if (!S_ISREG(st->st_mode)) {
+      left_in_place(rw, shown, "not a regular file");
+      return false;
+    }
+    if (rw->dry)
+      return true;
+    if (unlinkat(dirfd, name, 0) != 0 && errno != ENOENT) {
+      char why[256];
+      snprintf(why, sizeof why, "cannot remove: %s", strerror(errno));
+      left_in_place(rw, shown, why);
+      return false;
+    }
+    return true;
+  }
+  uint64_t mnt = mount_id(dirfd, name);
+  if (st->st_dev != parent_dev || (mnt && parent_mnt && mnt != parent_mnt)) {
+    left_in_place(rw, shown, "another file system is mounted there");
+    return false;
+  }
+  /* A directory without write permission was made read-only on purpose
+   * (root could empty it anyway): it is kept, whoever runs loom. */
+  if ((st->st_mode & 0222) == 0) {
+    left_in_place(rw, shown, "a read-only directory");
+    return false;
+  }
+  if (depth >= FS_REMOVE_DEPTH_MAX) {
+    left_in_place(rw, shown, "nested too deep");
+    return false;
+  }
+  int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  struct stat now;
+  if (fd < 0 || fstat(fd, &now) != 0 || now.st_dev != st->st_dev ||
+      now.st_ino != st->st_ino) {
+    /* Replaced between the look and the open (a link swapped in). */
+    if (fd >= 0)
+      close(fd);
+    else if (errno == ENOENT)
+      return true;
+    left_in_place(rw, shown, "changed while being removed");
+    return false;
+  }
+  DIR *d = fdopendir(fd);
+  if (!d) {
+    close(fd);
+    left_in_place(rw, shown, "cannot be listed");
+    return false;
+  }
+  bool all = true;
+  struct dirent *e;
+  char sub[FS_PATH_MAX];
+  while ((e = readdir(d)) != NULL) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+      continue;
+    snprintf(sub, sizeof sub, "%s/%s", shown, e->d_name);
+    struct stat es;
+    if (fstatat(fd, e->d_name, &es, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno != ENOENT) {
+        left_in_place(rw, sub, strerror(errno));
+        all = false;
+      }
+      continue;
+    }
+    if (!remove_entry(rw, fd, e->d_name, sub, &es, st->st_dev, mnt, depth + 1))
+      all = false;
+  }
+  closedir(d);
+  if (!all) {
+    LOOM_WARN("%s: kept whole, as it holds what loom did not write or "
+              "cannot remove",
+              shown);
+    return false;
+  }
+  if (rw->dry)
+    return true;
+  if (unlinkat(dirfd, name, AT_REMOVEDIR) != 0 && errno != ENOENT) {
+    char why[256];
+    snprintf(why, sizeof why, "cannot remove directory: %s", strerror(errno));
+    left_in_place(rw, shown, why);
+    return false;
+  }
+  return true;
+}
+
+loom_status loom_fs_remove_own(int dirfd, const char *name, const char *shown,
+                               loom_fs_own_fn own, void *ctx, int *left) {
+  if (left)
+    *left = 0;
+  if (!name || !name[0] || strchr(name, '/') || !strcmp(name, ".") ||
+      !strcmp(name, "..") || !own)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_fs_remove_own: '%s' is not one entry",
+                      name ? name : "(null)");
+  remove_walk rw = {own, ctx, 0, true};
+  struct stat st, parent;
+  if (fstatat(dirfd, ".", &parent, 0) != 0)
+    return loom_error(LOOM_ERR_IO, "%s: cannot look at its directory: %s",
+                      shown ? shown : name, strerror(errno));
+  uint64_t pmnt = mount_id(dirfd, ".");
+  if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    if (errno != ENOENT) {
+      left_in_place(&rw, shown ? shown : name, strerror(errno));
+      if (left)
+        *left = rw.left;
+    }
+    return LOOM_OK;
+  }
+  /* Two passes: a tree holding anything that is not the caller's is left
+   * whole (a checkpoint with a stranger's file in it stays loadable), not
+   * half removed. The second pass checks every entry again as it goes. */
+  remove_entry(&rw, dirfd, name, shown ? shown : name, &st, parent.st_dev, pmnt,
+               0);
+  if (rw.left == 0) {
+    rw.dry = false;
+    remove_entry(&rw, dirfd, name, shown ? shown : name, &st, parent.st_dev,
+                 pmnt, 0);
+  }
+  if (left)
+    *left = rw.left;
+  return LOOM_OK;
+}
