@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The mpi backend's launch checks: a size announced by the launcher that MPI
+# does not see is an error naming both; ranks started without a thread
+# count divide the host's cores.
+set -u
+PROG=${1:?usage: test_comm_launch.sh PROGRAM}
+LOOM=${LOOM_BIN:?LOOM_BIN must name the loom executable}
+fail=0
+"$PROG" mismatch || fail=1
+# An empty LOOM_THREADS is kept by loom run and means "not set".
+LOOM_THREADS= OMP_NUM_THREADS= "$LOOM" run -n 2 "$PROG" threads || fail=1
+[ $fail = 0 ] && echo "2 passed, 0 failed" || echo "FAILED"
+exit $fail
