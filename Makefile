@@ -2,10 +2,13 @@
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
+FUZZ_BUILD ?= build-fuzz
+# Seconds each fuzz harness runs under `make fuzz`.
+FUZZ_TIME ?= 600
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build test asan tsan demo bench clean format
+.PHONY: all deps build test asan tsan fuzz demo bench clean format
 
 all: build
 
@@ -32,6 +35,14 @@ tsan: deps
 	cmake --build $(TSAN_BUILD) -j $(JOBS)
 	cd $(TSAN_BUILD) && ctest --output-on-failure -L tsan $(CTEST_ARGS)
 
+# Long fuzz runs: every harness of tests/fuzz for FUZZ_TIME seconds, one after
+# another; new inputs go to $(FUZZ_BUILD)/tests/fuzz/corpus/<name>, crashes
+# to $(FUZZ_BUILD)/tests/fuzz/artifacts/<name>.
+fuzz: deps
+	CC=clang cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_FUZZ=ON -DLOOM_FUZZ_TIME=$(FUZZ_TIME) $(CMAKE_FLAGS)
+	cmake --build $(FUZZ_BUILD) -j $(JOBS)
+	cd $(FUZZ_BUILD) && ctest --output-on-failure -L fuzz $(CTEST_ARGS)
+
 demo: deps build
 	bash scripts/demo.sh $(BUILD)
 
@@ -39,4 +50,4 @@ bench: deps build
 	bash bench/run_all.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)
