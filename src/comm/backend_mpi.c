@@ -294,6 +294,9 @@ static loom_status check_launcher_size(void) {
     int len = 0;
     MPI_Get_library_version(lib, &len);
     lib[strcspn(lib, "\n,")] = '\0';
+    for (char *c = lib; *c; c++) /* "MPICH Version:\t4.0.2" */
+      if (*c == '\t')
+        *c = ' ';
     return loom_error(LOOM_ERR_MISMATCH,
                       "the launcher started %ld ranks (%s=%s) but MPI sees a "
                       "world of %d: this loom is built with %s and was "

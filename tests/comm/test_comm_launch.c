@@ -1,7 +1,8 @@
 /* Launch environment checks of the mpi backend (issue 10, section 5):
- *   test_comm_launch mismatch   one rank told by PMI_SIZE / OMPI_COMM_WORLD_SIZE
- *                               that the launcher started more: the world
- *                               fails to start, naming both sizes
+ *   test_comm_launch mismatch VAR   one rank told by VAR (PMI_SIZE or
+ *                               OMPI_COMM_WORLD_SIZE: the other MPI's) that
+ *                               the launcher started 3: the world fails to
+ *                               start, naming both sizes
  *   test_comm_launch threads    under `LOOM_THREADS= loom run -n N` (no
  *                               binding, no thread count): the ranks of a
  *                               host divide its cores */
@@ -19,12 +20,13 @@ static loom_comm_opts mpi_opts(void) {
   return o;
 }
 
+static const char *fake_var = "PMI_SIZE";
+
 TT_TEST(launcher_size_mismatch) {
   /* A singleton that the environment says is one of 3: another MPI's
-   * launcher started it (PMI_SIZE: hydra's; Open MPI would read its own
-   * OMPI_ variables as a launch by its mpirun, so only PMI_SIZE is faked
-   * under Open MPI). */
-  setenv("PMI_SIZE", "3", 1);
+   * launcher started it. Each MPI would read its own launcher's variables
+   * as a real launch, so the script fakes the other MPI's. */
+  setenv(fake_var, "3", 1);
   loom_comm_opts o = mpi_opts();
   loom_group *w = NULL;
   loom_status st = loom_group_world(&o, &w);
@@ -32,7 +34,9 @@ TT_TEST(launcher_size_mismatch) {
   TT_CHECK(w == NULL);
   const char *m = loom_last_error();
   printf("message: %s\n", m);
-  TT_CHECK(strstr(m, "the launcher started 3 ranks (PMI_SIZE=3)") != NULL);
+  char want[96];
+  snprintf(want, sizeof want, "the launcher started 3 ranks (%s=3)", fake_var);
+  TT_CHECK(strstr(m, want) != NULL);
   TT_CHECK(strstr(m, "MPI sees a world of 1") != NULL);
   TT_CHECK(strstr(m, "another MPI's launcher") != NULL);
 }
@@ -55,12 +59,14 @@ TT_TEST(threads_divided) {
 }
 
 int main(int argc, char **argv) {
-  if (argc == 2 && strcmp(argv[1], "mismatch") == 0)
+  if (argc == 3 && strcmp(argv[1], "mismatch") == 0) {
+    fake_var = argv[2];
     TT_RUN(launcher_size_mismatch);
+  }
   else if (argc == 2 && strcmp(argv[1], "threads") == 0)
     TT_RUN(threads_divided);
   else {
-    fprintf(stderr, "usage: test_comm_launch mismatch|threads\n");
+    fprintf(stderr, "usage: test_comm_launch mismatch VAR | threads\n");
     return 2;
   }
   return tt_finish();
