@@ -321,6 +321,11 @@ static int parse_hosts(const char *s, host_slots *hs) {
       memcpy(num, colon + 1, k);
       if (parse_int(num, "host slots", 1, &slots))
         return -1;
+      if (slots > LOOM_HOSTFILE_MAX_SLOTS) {
+        fprintf(stderr, "loom run: host '%.*s': at most %d slots per host\n",
+                (int)len, p, LOOM_HOSTFILE_MAX_SLOTS);
+        return -1;
+      }
     }
     if (len && add_host(hs, p, colon ? (size_t)(colon - p) : len, slots))
       return -1;
