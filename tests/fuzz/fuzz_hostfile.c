@@ -30,5 +30,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     abort();
   if (st != LOOM_OK && st != LOOM_ERR_CONFIG)
     abort();
+  /* Every refusal names the file, and the line or that it has no host. */
+  if (st == LOOM_ERR_CONFIG &&
+      (strncmp(loom_last_error(), "fuzz.hosts: ", 12) != 0 ||
+       (!strstr(loom_last_error(), ": line ") &&
+        !strstr(loom_last_error(), "names no host"))))
+    abort();
   return 0;
 }
