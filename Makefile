@@ -2,6 +2,9 @@
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
+FUZZ_BUILD ?= build-fuzz
+# Seconds each fuzz harness runs under `make fuzz`.
+FUZZ_TIME ?= 600
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
@@ -13,7 +16,7 @@ MPICH_BUILD ?= build-mpich
 FORMAT_FILES = $(filter-out tests/optim/ref_torch.h,$(wildcard include/loom/*.h src/*/*.[ch] tests/*.h tests/*/*.[ch] examples/*.c))
 LINT_FILES = $(wildcard src/*/*.c)
 
-.PHONY: all deps build test asan tsan demo bench clean format format-check lint install clang mpich
+.PHONY: all deps build test asan tsan fuzz demo bench clean format format-check lint install clang mpich
 
 all: build
 
@@ -39,6 +42,14 @@ tsan: deps
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_SANITIZE=thread $(CMAKE_FLAGS)
 	cmake --build $(TSAN_BUILD) -j $(JOBS)
 	cd $(TSAN_BUILD) && ctest --output-on-failure -L tsan $(CTEST_ARGS)
+
+# Long fuzz runs: every harness of tests/fuzz for FUZZ_TIME seconds, one after
+# another; new inputs go to $(FUZZ_BUILD)/tests/fuzz/corpus/<name>, crashes
+# to $(FUZZ_BUILD)/tests/fuzz/artifacts/<name>.
+fuzz: deps
+	CC=clang cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_FUZZ=ON -DLOOM_FUZZ_TIME=$(FUZZ_TIME) $(CMAKE_FLAGS)
+	cmake --build $(FUZZ_BUILD) -j $(JOBS)
+	cd $(FUZZ_BUILD) && ctest --output-on-failure -L fuzz $(CTEST_ARGS)
 
 demo: deps build
 	bash scripts/demo.sh $(BUILD)
@@ -75,4 +86,4 @@ mpich: deps
 	cd $(MPICH_BUILD) && ctest --output-on-failure -j $(JOBS) -L mpi $(CTEST_ARGS)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(CLANG_BUILD) $(MPICH_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(CLANG_BUILD) $(MPICH_BUILD) $(FUZZ_BUILD)

@@ -275,6 +275,13 @@ double loom_time_wall(void);
  * this process may run on. loom_set_threads also sets OpenMP's count. */
 int loom_threads(void);
 void loom_set_threads(int n);
+/* Rank local_rank of local_size ranks on one host: when the thread count
+ * was not chosen (neither LOOM_THREADS nor loom_set_threads) and the ranks
+ * were not bound to disjoint cores, they divide this host's cores among
+ * them instead of each taking all (2 ranks x 2 threads on 2 cores ran 4x
+ * slower). Called by the communication layer once the world is known, on
+ * the calling thread (OpenMP's count is per thread). Returns the count. */
+int loom_threads_share(int local_rank, int local_size);
 /* Number of cores this process may run on (sched affinity). */
 int loom_cores(void);
 

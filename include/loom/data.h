@@ -174,6 +174,11 @@ loom_status loom_dataset_open_text(loom_dataset **out, const char *path,
  * random_offset false). */
 loom_status loom_dataset_open_shards(loom_dataset **out, const char *pattern,
                                      const loom_text_opts *opts);
+/* Every token a token set can serve is below `vocab`; otherwise
+ * LOOM_ERR_CONFIG naming the file, the token's position and its id (called
+ * on open, for the validation set too, so no bad id waits for evaluation).
+ * Image sets: LOOM_OK. */
+loom_status loom_dataset_check_vocab(const loom_dataset *ds, int64_t vocab);
 
 /* ------------------------------------------------------------------ batches */
 

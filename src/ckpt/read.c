@@ -470,6 +470,54 @@ done:
   return st;
 }
 
+/* The views against the buffers: each one inside "params" (the buffer they
+ * index), its numel the product of its shape, none overlapping another.
+ * Checked after the CRC, since a manifest can be consistent with its own
+ * checksum and still wrong. */
+static loom_status check_views(const loom_ckpt *c) {
+  const loom_ckpt_meta *m = &c->meta;
+  if (m->n_views == 0)
+    return LOOM_OK;
+  const rbuffer *params = NULL;
+  for (int i = 0; i < c->n_bufs; i++)
+    if (strcmp(c->bufs[i].name, "params") == 0)
+      params = &c->bufs[i];
+  if (!params)
+    return bad(c, "", "views", "views but no 'params' buffer for them");
+  char where[64];
+  int64_t end = 0; /* views are in buffer order (forward order) */
+  for (int i = 0; i < m->n_views; i++) {
+    const loom_param *v = &m->views[i];
+    snprintf(where, sizeof where, "views[%d]", i);
+    if (v->offset > params->count || v->numel > params->count - v->offset) {
+      char why[160];
+      snprintf(why, sizeof why,
+               "[%lld, %lld) lies beyond the 'params' buffer (%lld elements)",
+               (long long)v->offset, (long long)v->offset + v->numel,
+               (long long)params->count);
+      return bad(c, where, "offset", why);
+    }
+    if (v->offset < end)
+      return bad(c, where, "offset", "overlaps the view before it");
+    end = v->offset + v->numel;
+    if (v->ndim > 0) {
+      int64_t n = 1;
+      for (int d = 0; d < v->ndim; d++) {
+        if (v->shape[d] != 0 && n > params->count / v->shape[d]) {
+          n = -1;
+          break;
+        }
+        n *= v->shape[d];
+      }
+      if (n != v->numel)
+        return bad(c, where, "numel", "not the product of its shape");
+    } else if (v->numel != 1) {
+      return bad(c, where, "numel", "not 1 for a scalar (no shape)");
+    }
+  }
+  return LOOM_OK;
+}
+
 /* ------------------------------------------------------------ shard files */
 
 static loom_status file_path(const loom_ckpt *c, int i, char *buf, size_t n) {
@@ -737,6 +785,7 @@ loom_status loom_ckpt_open(loom_ckpt **out, const char *dir,
   }
   LOOM_TRY_GOTO(st, parse_files(c, root), fail);
   LOOM_TRY_GOTO(st, parse_buffers(c, root), fail);
+  LOOM_TRY_GOTO(st, check_views(c), fail);
   cJSON_Delete(root);
   root = NULL;
   for (int i = 0; i < c->n_files; i++)

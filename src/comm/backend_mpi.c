@@ -270,6 +270,43 @@ fail:
   return s;
 }
 
+/* The number of ranks the launcher announced in the environment, against
+ * the size MPI reports. They differ when the program was started by the
+ * launcher of another MPI (Debian ships Open MPI and MPICH side by side):
+ * each rank then comes up as a singleton and N one-rank jobs would train
+ * side by side into the same run directory. */
+static loom_status check_launcher_size(void) {
+  static const char *const vars[] = {
+      "OMPI_COMM_WORLD_SIZE", /* Open MPI's mpirun (ORTE/PRRTE) */
+      "PMI_SIZE",             /* MPICH's hydra (PMI-1/2), also Slurm's pmi2 */
+  };
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i]);
+    if (!v || !v[0])
+      continue;
+    char *end = NULL;
+    long n = strtol(v, &end, 10);
+    if (*end != '\0' || n < 1 || n == size)
+      continue;
+    char lib[MPI_MAX_LIBRARY_VERSION_STRING] = "";
+    int len = 0;
+    MPI_Get_library_version(lib, &len);
+    lib[strcspn(lib, "\n,")] = '\0';
+    for (char *c = lib; *c; c++) /* "MPICH Version:\t4.0.2" */
+      if (*c == '\t')
+        *c = ' ';
+    return loom_error(LOOM_ERR_MISMATCH,
+                      "the launcher started %ld ranks (%s=%s) but MPI sees a "
+                      "world of %d: this loom is built with %s and was "
+                      "started by another MPI's launcher; start it with the "
+                      "mpirun of that MPI, or with `loom run`",
+                      n, vars[i], v, size, lib[0] ? lib : "another MPI");
+  }
+  return LOOM_OK;
+}
+
 static loom_status mpi_init(loom_comm_ctx *ctx, loom_group *world) {
   int inited = 0, finalized = 0, provided = 0;
   MPI_Initialized(&inited);
@@ -299,6 +336,13 @@ static loom_status mpi_init(loom_comm_ctx *ctx, loom_group *world) {
                         "MPI_THREAD_SERIALIZED or higher (or let loom "
                         "initialise MPI)",
                         provided);
+  }
+  loom_status ls = check_launcher_size();
+  if (ls != LOOM_OK) {
+    if (G.we_init)
+      MPI_Finalize();
+    G.we_init = false;
+    return ls;
   }
   MPI_Type_contiguous(2, MPI_BYTE, &G.half[0]);
   MPI_Type_commit(&G.half[0]);

@@ -515,6 +515,8 @@ loom_status loom_group_world(const loom_comm_opts *opts, loom_group **out) {
   pthread_mutex_unlock(&g_lock);
   if (w->size > 1)
     loom_log_set_rank(w->rank);
+  /* Ranks started without binding (mpiexec alone) share the host's cores. */
+  loom_threads_share(w->local_rank, w->local_size);
   *out = w;
   return LOOM_OK;
 }

@@ -35,7 +35,13 @@ int loom_cores(void) {
   return n > 0 ? (int)n : 1;
 }
 
-static atomic_int thread_count; /* 0: not decided yet */
+static atomic_int thread_count;    /* 0: not decided yet */
+static atomic_int thread_explicit; /* set by LOOM_THREADS or loom_set_threads */
+
+static void set_count(int n) {
+  atomic_store(&thread_count, n);
+  omp_set_num_threads(n);
+}
 
 int loom_threads(void) {
   int n = atomic_load(&thread_count);
@@ -43,17 +49,37 @@ int loom_threads(void) {
     return n;
   const char *v = getenv("LOOM_THREADS");
   n = v ? atoi(v) : 0;
-  if (n <= 0)
+  if (n > 0)
+    atomic_store(&thread_explicit, 1);
+  else
     n = loom_cores();
-  loom_set_threads(n);
+  set_count(n);
   return n;
 }
 
 void loom_set_threads(int n) {
   if (n <= 0)
     n = loom_cores();
-  atomic_store(&thread_count, n);
-  omp_set_num_threads(n);
+  atomic_store(&thread_explicit, 1);
+  set_count(n);
+}
+
+int loom_threads_share(int local_rank, int local_size) {
+  int n = loom_threads();
+  if (atomic_load(&thread_explicit) || local_size <= 1 || local_rank < 0 ||
+      local_rank >= local_size)
+    return n;
+  int cores = loom_cores();
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  /* Ranks that the launcher bound to disjoint cores each see their own
+   * share already; ranks that all see the same cores split them. */
+  if (online > 0 && (long)cores * local_size <= online && cores < online)
+    return n;
+  n = cores / local_size + (local_rank < cores % local_size ? 1 : 0);
+  if (n < 1)
+    n = 1;
+  set_count(n);
+  return n;
 }
 
 /* CRC32C, reflected polynomial 0x82F63B78, slicing by 8 bytes. */

@@ -87,9 +87,13 @@ void loom_dataset_free(loom_dataset *ds) {
   loom_free(ds->labels);
   loom_free(ds->segs);
   loom_free(ds->text);
-  for (int i = 0; i < ds->nshards; i++)
+  for (int i = 0; i < ds->nshards; i++) {
     loom_shard_close(&ds->shards[i]);
+    if (ds->shard_paths)
+      loom_free(ds->shard_paths[i]);
+  }
   loom_free(ds->shards);
+  loom_free(ds->shard_paths);
   loom_free(ds->source);
   loom_free(ds);
 }

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 /* No real IDX file comes near this; it stops a corrupt header from asking
@@ -71,6 +72,13 @@ loom_status loom_idx_read(const char *path, loom_idx *out) {
   if (!path || !out)
     return loom_error(LOOM_ERR_INVALID_ARG, "loom_idx_read: NULL argument");
   memset(out, 0, sizeof *out);
+  /* A FIFO or a directory in the file's place is an error, not a hang. */
+  struct stat sb;
+  if (stat(path, &sb) != 0)
+    return loom_error(LOOM_ERR_IO, "cannot open %s: %s", path,
+                      strerror(errno));
+  if (!S_ISREG(sb.st_mode))
+    return loom_error(LOOM_ERR_IO, "%s: not a regular file", path);
   errno = 0;
   gzFile gz = gzopen(path, "rb");
   if (!gz)
@@ -139,12 +147,42 @@ loom_status loom_idx_read(const char *path, loom_idx *out) {
   }
   dims_str(out, dims, sizeof dims);
   out->bytes = (size_t)total;
-  out->data = loom_malloc(out->bytes);
-  if (!out->data) {
-    st = loom_error_context(LOOM_ERR_NOMEM, "reading %s", path);
+  /* A plain file: the header must describe the file's size exactly, checked
+   * before anything is allocated from it. */
+  int64_t hdr_bytes = 4 + 4 * (int64_t)ndim;
+  if (gzdirect(gz) && (int64_t)sb.st_size != hdr_bytes + total) {
+    st = loom_error(LOOM_ERR_CORRUPT,
+                    "%s: %s: the header (%s) needs %lld bytes of data, the "
+                    "file has %lld",
+                    path,
+                    (int64_t)sb.st_size < hdr_bytes + total ? "truncated"
+                                                            : "trailing data",
+                    dims, (long long)total,
+                    (long long)((int64_t)sb.st_size - hdr_bytes));
     goto done;
   }
-  LOOM_TRY_GOTO(st, gz_read_all(gz, path, out->data, out->bytes, &got), done);
+  /* gzip: the size is known only by inflating, so the buffer grows with
+   * the data that arrives instead of trusting the header's length. */
+  size_t cap = out->bytes < ((size_t)64 << 20) ? out->bytes : (size_t)64 << 20;
+  got = 0;
+  for (;;) {
+    uint8_t *grown = loom_malloc(cap);
+    if (!grown) {
+      st = loom_error_context(LOOM_ERR_NOMEM, "reading %s", path);
+      goto done;
+    }
+    if (got)
+      memcpy(grown, out->data, got);
+    loom_free(out->data);
+    out->data = grown;
+    size_t more = 0;
+    LOOM_TRY_GOTO(st, gz_read_all(gz, path, out->data + got, cap - got, &more),
+                  done);
+    got += more;
+    if (got < cap || cap == out->bytes)
+      break;
+    cap = cap > out->bytes / 2 ? out->bytes : cap * 2;
+  }
   if (got < out->bytes) {
     st = loom_error(LOOM_ERR_CORRUPT,
                     "%s: truncated: the header (%s) needs %zu bytes of data, "

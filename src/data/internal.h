@@ -42,6 +42,7 @@ struct loom_dataset {
   uint8_t *text;      /* the whole text file (text sets); owned */
   int nshards;
   loom_shard *shards; /* (nshards) (shard sets); owned */
+  char **shard_paths; /* (nshards) the file of each shard; owned */
 };
 
 loom_status loom_images_fill(const loom_dataset *ds, const int64_t *idx,

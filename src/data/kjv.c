@@ -122,6 +122,15 @@ static loom_status run_bible(const char *program, buf *out) {
   }
   loom_status st = LOOM_OK;
   for (;;) {
+    /* The text is 4 MB: a program that prints 16 times that is not the
+     * bible program loom knows, and memory is not given to it. */
+    if (out->n > (size_t)16 * LOOM_KJV_BYTES) {
+      st = loom_error(LOOM_ERR_IO,
+                      "%s printed more than %zu bytes: not the KJV text of "
+                      "%s",
+                      program, (size_t)16 * LOOM_KJV_BYTES, LOOM_KJV_PACKAGES);
+      break;
+    }
     if ((st = buf_reserve(out, 65536)) != LOOM_OK)
       break;
     ssize_t r = read(fds[0], out->p + out->n, out->cap - out->n);

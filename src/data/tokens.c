@@ -38,7 +38,8 @@ loom_status loom_shard_open(const char *path, loom_shard *out) {
   if (!path || !out)
     return loom_error(LOOM_ERR_INVALID_ARG, "loom_shard_open: NULL argument");
   memset(out, 0, sizeof *out);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: a FIFO in the data's place must not hang the open. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
     return loom_error(LOOM_ERR_IO, "cannot open %s: %s", path, strerror(errno));
   loom_status st = LOOM_OK;
@@ -46,6 +47,10 @@ loom_status loom_shard_open(const char *path, loom_shard *out) {
   uint8_t hdr[SHARD_HEADER_BYTES];
   if (fstat(fd, &sb) != 0) {
     st = loom_error(LOOM_ERR_IO, "cannot stat %s: %s", path, strerror(errno));
+    goto done;
+  }
+  if (!S_ISREG(sb.st_mode)) {
+    st = loom_error(LOOM_ERR_IO, "%s: not a regular file", path);
     goto done;
   }
   int64_t size = (int64_t)sb.st_size;
@@ -234,13 +239,23 @@ static loom_status check_text_opts(const loom_text_opts *o) {
 static loom_status read_file(const char *path, uint8_t **data, int64_t *n) {
   *data = NULL;
   *n = 0;
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return loom_error(LOOM_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+  /* O_NONBLOCK: a FIFO in the text's place must not hang the open. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+  if (!f) {
+    int err = errno;
+    if (fd >= 0)
+      close(fd);
+    return loom_error(LOOM_ERR_IO, "cannot open %s: %s", path, strerror(err));
+  }
   loom_status st = LOOM_OK;
   struct stat sb;
   if (fstat(fileno(f), &sb) != 0) {
     st = loom_error(LOOM_ERR_IO, "cannot stat %s: %s", path, strerror(errno));
+    goto done;
+  }
+  if (!S_ISREG(sb.st_mode)) {
+    st = loom_error(LOOM_ERR_IO, "%s: not a regular file", path);
     goto done;
   }
   *n = (int64_t)sb.st_size;
@@ -336,7 +351,8 @@ loom_status loom_dataset_open_shards(loom_dataset **out, const char *pattern,
   int count = (int)g.gl_pathc;
   if (!(ds->source = loom_data_strdup(pattern)) ||
       !(ds->shards = loom_calloc((size_t)count, sizeof *ds->shards)) ||
-      !(ds->segs = loom_calloc((size_t)count, sizeof *ds->segs))) {
+      !(ds->segs = loom_calloc((size_t)count, sizeof *ds->segs)) ||
+      !(ds->shard_paths = loom_calloc((size_t)count, sizeof(char *)))) {
     st = LOOM_ERR_NOMEM;
     goto fail;
   }
@@ -348,6 +364,10 @@ loom_status loom_dataset_open_shards(loom_dataset **out, const char *pattern,
   for (int i = 0; i < count; i++) {
     LOOM_TRY_GOTO(st, loom_shard_open(g.gl_pathv[i], &ds->shards[i]), fail);
     ds->nshards = i + 1;
+    if (!(ds->shard_paths[i] = loom_data_strdup(g.gl_pathv[i]))) {
+      st = LOOM_ERR_NOMEM;
+      goto fail;
+    }
     ds->segs[i].base = ds->shards[i].tokens;
     ds->segs[i].width = ds->shards[i].width;
     ds->segs[i].ntok = ds->shards[i].ntok;
@@ -365,6 +385,42 @@ fail:
   globfree(&g);
   loom_dataset_free(ds);
   return st;
+}
+
+loom_status loom_dataset_check_vocab(const loom_dataset *ds, int64_t vocab) {
+  if (!ds || vocab < 1)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_dataset_check_vocab: bad argument");
+  if (ds->kind != LOOM_DATASET_TOKENS || ds->classes <= vocab)
+    return LOOM_OK;
+  /* Text: the bytes of this split. */
+  for (int i = 0; ds->text && i < ds->nseg; i++) {
+    const loom_segment *sg = &ds->segs[i];
+    for (int64_t k = 0; k < sg->ntok; k++)
+      if (sg->base[k] >= vocab)
+        return loom_error(LOOM_ERR_CONFIG,
+                          "%s: byte %lld is %u, outside the vocabulary "
+                          "(model.vocab %lld)",
+                          ds->source, (long long)(sg->base + k - ds->text),
+                          sg->base[k], (long long)vocab);
+  }
+  for (int i = 0; i < ds->nshards; i++) {
+    const loom_shard *sh = &ds->shards[i];
+    if (sh->max_token < vocab)
+      continue;
+    for (int64_t k = 0; k < sh->ntok; k++) {
+      uint32_t t = loom_shard_token(sh, k);
+      if (t >= vocab)
+        return loom_error(LOOM_ERR_CONFIG,
+                          "%s: token %lld (byte %lld) is %u, outside the "
+                          "vocabulary (model.vocab %lld)",
+                          ds->shard_paths ? ds->shard_paths[i] : ds->source,
+                          (long long)k,
+                          (long long)(SHARD_HEADER_BYTES + k * sh->width), t,
+                          (long long)vocab);
+    }
+  }
+  return LOOM_OK;
 }
 
 int64_t loom_tokens_epoch_offset(const loom_dataset *ds, int64_t epoch) {

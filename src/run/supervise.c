@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "hostfile.h"
 #include "internal.h"
 #include "loom/comm.h"
 #include "loom/core.h"
@@ -316,6 +317,11 @@ static int parse_hosts(const char *s, host_slots *hs) {
       memcpy(num, colon + 1, k);
       if (parse_int(num, "host slots", 1, &slots))
         return -1;
+      if (slots > LOOM_HOSTFILE_MAX_SLOTS) {
+        fprintf(stderr, "loom run: host '%.*s': at most %d slots per host\n",
+                (int)len, p, LOOM_HOSTFILE_MAX_SLOTS);
+        return -1;
+      }
     }
     if (len && add_host(hs, p, colon ? (size_t)(colon - p) : len, slots))
       return -1;
@@ -328,40 +334,15 @@ static int parse_hosts(const char *s, host_slots *hs) {
   return 0;
 }
 
-/* Open MPI / MPICH hostfiles: "host", "host slots=N", "host:N"; '#'
- * comments. */
+static int add_host_cb(void *ctx, const char *name, size_t len, int slots) {
+  return add_host(ctx, name, len, slots);
+}
+
+/* Hostfiles are parsed strictly (src/run/hostfile.c). */
 static int read_hostfile(const char *path, host_slots *hs) {
-  FILE *f = fopen(path, "r");
-  if (!f) {
-    fprintf(stderr, "loom run: cannot read hostfile %s: %s\n", path,
-            strerror(errno));
-    return -1;
-  }
   hs->n = 0;
-  char line[512];
-  while (fgets(line, sizeof line, f) && hs->n < MAX_HOSTS) {
-    char *hash = strchr(line, '#');
-    if (hash)
-      *hash = '\0';
-    char host[256];
-    if (sscanf(line, "%255s", host) != 1)
-      continue;
-    int slots = 1;
-    const char *sl = strstr(line, "slots=");
-    char *colon = strchr(host, ':');
-    if (sl)
-      slots = atoi(sl + 6);
-    else if (colon)
-      slots = atoi(colon + 1);
-    size_t len = colon ? (size_t)(colon - host) : strlen(host);
-    if (add_host(hs, host, len, slots > 0 ? slots : 1)) {
-      fclose(f);
-      return -1;
-    }
-  }
-  fclose(f);
-  if (hs->n == 0) {
-    fprintf(stderr, "loom run: hostfile %s names no host\n", path);
+  if (loom_hostfile_read(path, add_host_cb, hs) != LOOM_OK) {
+    fprintf(stderr, "loom run: %s\n", loom_last_error());
     return -1;
   }
   return 0;

@@ -136,19 +136,18 @@ static loom_status open_data(loom_trainer *t) {
     return loom_error(LOOM_ERR_UNSUPPORTED, "data.dataset: unknown data set");
   }
   /* The data must fit the model. */
-  loom_dataset_info info;
-  loom_dataset_get_info(t->train_ds, &info);
   if (t->is_text && t->cfg.model.name != LOOM_CFG_MODEL_GPT)
     return loom_error(LOOM_ERR_CONFIG,
                       "data.dataset: text data needs model.name gpt");
   if (!t->is_text && t->cfg.model.name == LOOM_CFG_MODEL_GPT)
     return loom_error(LOOM_ERR_CONFIG,
                       "data.dataset: the gpt model needs text data");
-  if (t->is_text && info.classes > t->cfg.model.vocab)
-    return loom_error(LOOM_ERR_CONFIG,
-                      "model.vocab %lld is smaller than the data's largest "
-                      "token id + 1 (%lld)",
-                      (long long)t->cfg.model.vocab, (long long)info.classes);
+  /* Both sets, so a bad id in the validation data is an error now, naming
+   * the file and position, not at the first evaluation. */
+  if (t->is_text) {
+    LOOM_TRY(loom_dataset_check_vocab(t->train_ds, t->cfg.model.vocab));
+    LOOM_TRY(loom_dataset_check_vocab(t->val_ds, t->cfg.model.vocab));
+  }
   return LOOM_OK;
 }
 

@@ -1216,6 +1216,46 @@ TT_TEST(test_fuzz_manifest) {
   TT_CHECK_OK(open_dir(root, 1, LOOM_CKPT_VERIFY_FULL));
 }
 
+/* Views that lie beyond the params buffer, in a manifest whose own CRC is
+ * right (the writer takes views as given): refused with the reason, and
+ * the search for a checkpoint to resume from passes over it (issue 10). */
+TT_TEST(test_views_checked) {
+  char root[128], dir[512];
+  new_root(root, sizeof root);
+  static state s;
+  make_state(&s, 11);
+  TT_REQUIRE_OK(save_state(root, 1, &s, views_a, 3, 0));
+  loom_param bad[3];
+  memcpy(bad, views_a, sizeof bad);
+  bad[1].offset = 2000;
+  TT_REQUIRE_OK(save_state(root, 2, &s, bad, 3, 0));
+  loom_ckpt_dir_name(root, 2, dir, sizeof dir);
+  loom_ckpt *c = NULL;
+  TT_CHECK_EQ(loom_ckpt_open(&c, dir, NULL), LOOM_ERR_CORRUPT);
+  TT_CHECK(strstr(loom_last_error(),
+                  "views[1].offset: [2000, 2002) lies beyond the 'params' "
+                  "buffer (1003 elements)") != NULL);
+  memcpy(bad, views_a, sizeof bad);
+  bad[0].numel = 999;
+  TT_REQUIRE_OK(save_state(root, 3, &s, bad, 3, 0));
+  loom_ckpt_dir_name(root, 3, dir, sizeof dir);
+  TT_CHECK_EQ(loom_ckpt_open(&c, dir, NULL), LOOM_ERR_CORRUPT);
+  TT_CHECK(strstr(loom_last_error(),
+                  "views[0].numel: not the product of its shape") != NULL);
+  memcpy(bad, views_a, sizeof bad);
+  bad[1].offset = 999;
+  TT_REQUIRE_OK(save_state(root, 4, &s, bad, 3, 0));
+  loom_ckpt_dir_name(root, 4, dir, sizeof dir);
+  TT_CHECK_EQ(loom_ckpt_open(&c, dir, NULL), LOOM_ERR_CORRUPT);
+  TT_CHECK(strstr(loom_last_error(), "views[1].offset: overlaps") != NULL);
+  /* Resuming takes step 1, the newest whose views fit. */
+  char got[512];
+  int64_t step = -1;
+  loom_ckpt_open_opts oo = loom_ckpt_open_opts_default();
+  TT_CHECK_OK(loom_ckpt_find_latest_valid(root, &oo, got, sizeof got, &step));
+  TT_CHECK_EQ(step, 1);
+}
+
 int main(void) {
   loom_log_set_level(LOOM_LOG_WARN);
   snprintf(base_dir, sizeof base_dir, "/tmp/loom_test_ckpt_XXXXXX");
@@ -1236,6 +1276,7 @@ int main(void) {
   TT_RUN(test_alloc_failures);
   TT_RUN(test_misuse);
   TT_RUN(test_fuzz_manifest);
+  TT_RUN(test_views_checked);
   /* Remove the test's directories: base/rN/step_X/files and base/rN/... */
   char cmd[400];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", base_dir);

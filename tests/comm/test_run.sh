@@ -47,6 +47,13 @@ out=$("$LOOM" run -n 2 --threads 5 sh -c 'echo $LOOM_THREADS' | sort -u)
 # Hosts.
 n=$("$LOOM" run --hosts localhost:2 sh -c 'echo x' | wc -l)
 [ "$n" = 2 ] && ok "--hosts localhost:2 gives 2 ranks" || bad "--hosts: $n ranks"
+# Hosts are parsed strictly: slots bounded, a bad hostfile named with its
+# line, nothing started (exit 2).
+"$LOOM" run --hosts localhost:100000 true 2>/dev/null; expect_rc "--hosts with 100000 slots" 2 $?
+printf 'localhost slots=2\nnode2 slots=abc\n' >"$tmp/badhosts"
+"$LOOM" run --hostfile "$tmp/badhosts" true 2>"$tmp/hf.err"; rc=$?
+if [ $rc = 2 ] && grep -q "badhosts: line 2: 'slots=abc'" "$tmp/hf.err"; then ok "bad hostfile: file, line and reason (rc 2)"
+else bad "bad hostfile: rc $rc, '$(cat "$tmp/hf.err")'"; fi
 printf 'localhost slots=3\n' >"$tmp/hosts"
 n=$("$LOOM" run --hostfile "$tmp/hosts" sh -c 'echo x' | wc -l)
 [ "$n" = 3 ] && ok "--hostfile gives 3 ranks" || bad "--hostfile: $n ranks"

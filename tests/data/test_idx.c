@@ -92,6 +92,14 @@ TT_TEST(test_damage) {
     const char *p = tu_path(name);
     write_file(p, buf, idx_bytes(buf, 0x803, d3, 3, data, 59), gz);
     expect_fail(p, LOOM_ERR_CORRUPT, "truncated");
+    /* A header that asks for 0.9 TB over 16 bytes of data: an error, and
+     * the allocations stay small (at most 64 MiB for gzip, which is
+     * inflated to learn its size). */
+    snprintf(name, sizeof name, "huge%d", gz);
+    p = tu_path(name);
+    uint32_t huge[3] = {40000, 40000, 600};
+    write_file(p, buf, idx_bytes(buf, 0x803, huge, 3, data, 16), gz);
+    expect_fail(p, LOOM_ERR_CORRUPT, "truncated");
     /* header cut short */
     snprintf(name, sizeof name, "hdr%d", gz);
     p = tu_path(name);

@@ -137,6 +137,19 @@ TT_TEST(test_errors) {
   TT_CHECK_EQ(loom_kjv_prepare(out, &o, &info), LOOM_ERR_CORRUPT);
   TT_CHECK(tu_msg_has("line 2"));
 
+  /* a program that never stops printing: stopped at a bound, not given
+   * all the memory there is */
+  {
+    const char *p = tu_path("endless");
+    const char *script = "#!/bin/sh\nexec yes 'Ge1:1 In the beginning'\n";
+    tu_write(p, script, strlen(script));
+    chmod(p, 0755);
+    o.program = p;
+    TT_CHECK_EQ(loom_kjv_prepare(out, &o, &info), LOOM_ERR_IO);
+    TT_CHECK(tu_msg_has("printed more than"));
+    TT_CHECK(stat(out, &sb) != 0);
+  }
+
   /* another text: refused unless verification is off */
   o.program =
       fake_bible("short", "Ge1:1 Alpha.\\n\\n1Sm2:10 Beta gamma.\\n", 0);

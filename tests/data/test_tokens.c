@@ -269,6 +269,42 @@ TT_TEST(test_text_splits) {
   free(text);
 }
 
+/* A token outside the vocabulary, in a validation shard or in text, is an
+ * error on open naming the file and the position (issue 10: it was found
+ * only at evaluation, without the file). A FIFO is refused, not waited on. */
+TT_TEST(test_vocab_and_fifo) {
+  uint8_t tok[20] = {1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 6, 0, 0x60, 0xea, 8, 0};
+  const char *p = tu_path("val_000.bin");
+  write_raw_shard(p, 20240520, 1, 10, tok, 20);
+  loom_dataset *ds = NULL;
+  loom_text_opts o = loom_text_opts_default();
+  o.context = 2;
+  o.random_offset = false;
+  TT_REQUIRE_OK(loom_dataset_open_shards(&ds, tu_path("val_*.bin"), &o));
+  TT_CHECK_OK(loom_dataset_check_vocab(ds, 60001));
+  TT_CHECK_EQ(loom_dataset_check_vocab(ds, 50257), LOOM_ERR_CONFIG);
+  TT_CHECK(tu_msg_has(p));
+  TT_CHECK(tu_msg_has("token 6 (byte 1036) is 60000"));
+  TT_CHECK(tu_msg_has("model.vocab 50257"));
+  loom_dataset_free(ds);
+  tu_write(tu_path("t.txt"), "abcdefgh\x80ijklmnop", 17);
+  TT_REQUIRE_OK(loom_dataset_open_text(&ds, tu_path("t.txt"), LOOM_SPLIT_TRAIN,
+                                       &o));
+  TT_CHECK_OK(loom_dataset_check_vocab(ds, 256));
+  TT_CHECK_EQ(loom_dataset_check_vocab(ds, 128), LOOM_ERR_CONFIG);
+  TT_CHECK(tu_msg_has("t.txt: byte 8 is 128"));
+  loom_dataset_free(ds);
+  const char *fifo = tu_path("fifo.bin");
+  TT_REQUIRE(mkfifo(fifo, 0600) == 0);
+  expect_shard_fail(fifo, LOOM_ERR_IO, "not a regular file");
+  TT_CHECK_EQ(loom_dataset_open_text(&ds, fifo, LOOM_SPLIT_TRAIN, &o),
+              LOOM_ERR_IO);
+  TT_CHECK(tu_msg_has("not a regular file"));
+  loom_idx idx;
+  TT_CHECK_EQ(loom_idx_read(fifo, &idx), LOOM_ERR_IO);
+  unlink(fifo);
+}
+
 int main(void) {
   tu_tmpdir();
   TT_RUN(test_shard_roundtrip);
@@ -276,6 +312,7 @@ int main(void) {
   TT_RUN(test_shard_damage);
   TT_RUN(test_shard_windows);
   TT_RUN(test_text_splits);
+  TT_RUN(test_vocab_and_fifo);
   tu_cleanup();
   return tt_finish();
 }

@@ -1,0 +1,262 @@
+/* Hostfiles (Open MPI's syntax, plus MPICH's host:N): a strict parser over a
+ * buffer, and the reader of the file. */
+#include "hostfile.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "loom/core.h"
+
+static bool is_blank(char c) { return c == ' ' || c == '\t'; }
+
+static bool is_alnum(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+         (c >= '0' && c <= '9');
+}
+
+/* RFC 1123: dot-separated labels of 1..63 letters, digits and hyphens, not
+ * beginning or ending with a hyphen; 253 characters in all. IPv4 addresses
+ * pass as such names. */
+static const char *host_name_error(const char *s, size_t n) {
+  if (n == 0)
+    return "an empty host name";
+  if (n > LOOM_HOSTFILE_NAME_MAX)
+    return "a host name longer than 253 characters";
+  size_t label = 0;
+  for (size_t i = 0; i < n; i++) {
+    char c = s[i];
+    if (c == '.') {
+      if (label == 0 || s[i - 1] == '-')
+        return "a host name with an empty label or a label ending in '-'";
+      label = 0;
+      continue;
+    }
+    if (!is_alnum(c) && c != '-')
+      return "a host name with a character other than letters, digits, '-' "
+             "and '.'";
+    if (c == '-' && label == 0)
+      return "a host name with a label starting with '-'";
+    if (++label > 63)
+      return "a host name with a label longer than 63 characters";
+  }
+  if (label == 0 || s[n - 1] == '-')
+    return "a host name with an empty label or a label ending in '-'";
+  return NULL;
+}
+
+/* A count in [1, LOOM_HOSTFILE_MAX_SLOTS]: digits only. */
+static bool parse_count(const char *s, size_t n, int *out) {
+  if (n == 0 || n > 9)
+    return false;
+  long v = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] < '0' || s[i] > '9')
+      return false;
+    v = v * 10 + (s[i] - '0');
+  }
+  if (v < 1 || v > LOOM_HOSTFILE_MAX_SLOTS)
+    return false;
+  *out = (int)v;
+  return true;
+}
+
+static loom_status bad_line(const char *path, int line, const char *why,
+                            const char *tok, size_t tok_n) {
+  if (tok_n > 64)
+    tok_n = 64;
+  if (tok)
+    return loom_error(LOOM_ERR_CONFIG, "%s: line %d: %s: '%.*s'", path, line,
+                      why, (int)tok_n, tok);
+  return loom_error(LOOM_ERR_CONFIG, "%s: line %d: %s", path, line, why);
+}
+
+static loom_status bad_count(const char *path, int line, const char *tok,
+                             size_t tok_n) {
+  if (tok_n > 64)
+    tok_n = 64;
+  return loom_error(LOOM_ERR_CONFIG,
+                    "%s: line %d: '%.*s': slots must be a whole number from 1 "
+                    "to %d",
+                    path, line, (int)tok_n, tok, LOOM_HOSTFILE_MAX_SLOTS);
+}
+
+/* One line without its newline and comment; *hosts counts the hosts. */
+static loom_status parse_line(const char *path, int line, const char *s,
+                              size_t n, loom_hostfile_add_fn add, void *ctx,
+                              int *hosts) {
+  size_t i = 0;
+  while (i < n && is_blank(s[i]))
+    i++;
+  if (i == n)
+    return LOOM_OK;
+  const char *name = s + i;
+  while (i < n && !is_blank(s[i]))
+    i++;
+  size_t name_n = (size_t)(s + i - name);
+  int slots = 0, max_slots = 0;
+  const char *colon = memchr(name, ':', name_n);
+  if (colon) {
+    size_t k = name_n - (size_t)(colon + 1 - name);
+    if (memchr(colon + 1, ':', k))
+      return bad_line(path, line, "more than one ':' (write host:N)", name,
+                      name_n);
+    if (!parse_count(colon + 1, k, &slots))
+      return bad_count(path, line, name, name_n);
+    name_n = (size_t)(colon - name);
+  }
+  const char *why = host_name_error(name, name_n);
+  if (why)
+    return bad_line(path, line, why, name, name_n);
+  while (i < n) {
+    while (i < n && is_blank(s[i]))
+      i++;
+    if (i == n)
+      break;
+    const char *tok = s + i;
+    while (i < n && !is_blank(s[i]))
+      i++;
+    size_t tok_n = (size_t)(s + i - tok);
+    const char *eq = memchr(tok, '=', tok_n);
+    if (!eq)
+      return bad_line(path, line,
+                      "more than one host on a line (one host per line, then "
+                      "slots=N)",
+                      tok, tok_n);
+    size_t key_n = (size_t)(eq - tok);
+    const char *val = eq + 1;
+    size_t val_n = tok_n - key_n - 1;
+    int *dst = NULL;
+    if (key_n == 5 && memcmp(tok, "slots", 5) == 0)
+      dst = &slots;
+    else if (key_n == 9 && (memcmp(tok, "max_slots", 9) == 0 ||
+                            memcmp(tok, "max-slots", 9) == 0))
+      dst = &max_slots;
+    else
+      return bad_line(path, line,
+                      "unknown key (a host line takes slots=N and "
+                      "max_slots=N)",
+                      tok, tok_n);
+    if (*dst)
+      return bad_line(path, line, "slots given twice", tok, tok_n);
+    if (!parse_count(val, val_n, dst))
+      return bad_count(path, line, tok, tok_n);
+  }
+  if (slots == 0)
+    slots = 1;
+  if (max_slots && max_slots < slots)
+    return loom_error(LOOM_ERR_CONFIG,
+                      "%s: line %d: max_slots=%d is below slots=%d", path, line,
+                      max_slots, slots);
+  if (*hosts >= LOOM_HOSTFILE_MAX_HOSTS)
+    return loom_error(LOOM_ERR_CONFIG, "%s: line %d: more than %d hosts", path,
+                      line, LOOM_HOSTFILE_MAX_HOSTS);
+  if (add && add(ctx, name, name_n, slots) != 0)
+    return loom_error(LOOM_ERR_NOMEM, "%s: line %d: out of memory", path,
+                      line);
+  (*hosts)++;
+  return LOOM_OK;
+}
+
+loom_status loom_hostfile_parse(const char *path, const char *buf, size_t n,
+                                loom_hostfile_add_fn add, void *ctx) {
+  if (!path)
+    path = "hostfile";
+  if (!buf && n)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_hostfile_parse: NULL");
+  int hosts = 0, line = 0;
+  size_t at = 0;
+  while (at < n) {
+    line++;
+    const char *s = buf + at;
+    const char *nl = memchr(s, '\n', n - at);
+    size_t len = nl ? (size_t)(nl - s) : n - at;
+    at += len + (nl ? 1 : 0);
+    if (len > 0 && s[len - 1] == '\r')
+      len--;
+    if (len > LOOM_HOSTFILE_MAX_LINE)
+      return loom_error(LOOM_ERR_CONFIG,
+                        "%s: line %d: longer than %d bytes (one host per "
+                        "line)",
+                        path, line, LOOM_HOSTFILE_MAX_LINE);
+    /* Binary data and control characters, comments included: not a
+     * hostfile. Bytes above 127 may appear in comments. */
+    size_t body = len;
+    for (size_t i = 0; i < len; i++) {
+      unsigned char c = (unsigned char)s[i];
+      if ((c < 0x20 && c != '\t') || c == 0x7f)
+        return loom_error(LOOM_ERR_CONFIG,
+                          "%s: line %d: control byte 0x%02x at column %zu: "
+                          "not a text hostfile",
+                          path, line, c, i + 1);
+      if (c == '#' && body == len)
+        body = i;
+    }
+    LOOM_TRY(parse_line(path, line, s, body, add, ctx, &hosts));
+  }
+  if (hosts == 0)
+    return loom_error(LOOM_ERR_CONFIG,
+                      "%s: names no host (one per line: 'host', 'host "
+                      "slots=N' or 'host:N')",
+                      path);
+  return LOOM_OK;
+}
+
+loom_status loom_hostfile_read(const char *path, loom_hostfile_add_fn add,
+                               void *ctx) {
+  if (!path)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_hostfile_read: NULL");
+  /* O_NONBLOCK: a FIFO in its place must not hang the launcher. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0)
+    return loom_error(LOOM_ERR_IO, "cannot read hostfile %s: %s", path,
+                      strerror(errno));
+  loom_status st = LOOM_OK;
+  char *buf = NULL;
+  struct stat sb;
+  if (fstat(fd, &sb) != 0) {
+    st = loom_error(LOOM_ERR_IO, "cannot read hostfile %s: %s", path,
+                    strerror(errno));
+    goto done;
+  }
+  if (!S_ISREG(sb.st_mode)) {
+    st = loom_error(LOOM_ERR_CONFIG, "hostfile %s: %s, not a file", path,
+                    S_ISDIR(sb.st_mode) ? "a directory" : "a special file");
+    goto done;
+  }
+  if ((uint64_t)sb.st_size > LOOM_HOSTFILE_MAX_BYTES) {
+    st = loom_error(LOOM_ERR_CONFIG,
+                    "hostfile %s: %lld bytes; a hostfile has at most %zu",
+                    path, (long long)sb.st_size, LOOM_HOSTFILE_MAX_BYTES);
+    goto done;
+  }
+  size_t cap = (size_t)sb.st_size + 1, n = 0;
+  buf = malloc(cap);
+  if (!buf) {
+    st = loom_error(LOOM_ERR_NOMEM, "reading hostfile %s", path);
+    goto done;
+  }
+  /* Read what is there now, up to the size seen (it may shrink). */
+  while (n < cap - 1) {
+    ssize_t r = read(fd, buf + n, cap - 1 - n);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0) {
+      st = loom_error(LOOM_ERR_IO, "cannot read hostfile %s: %s", path,
+                      strerror(errno));
+      goto done;
+    }
+    if (r == 0)
+      break;
+    n += (size_t)r;
+  }
+  st = loom_hostfile_parse(path, buf, n, add, ctx);
+done:
+  free(buf);
+  close(fd);
+  return st;
+}

@@ -1,0 +1,16 @@
+/* Shared by the fuzz harnesses: a private temporary directory per process
+ * (removed at exit) and a file written into it from the input. */
+#ifndef LOOM_TESTS_FUZZ_H
+#define LOOM_TESTS_FUZZ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* The harness's own directory under $TMPDIR (created on first use). */
+const char *fuzz_dir(void);
+/* Writes data to fuzz_dir()/name and returns its path (static storage). */
+const char *fuzz_write(const char *name, const void *data, size_t size);
+
+#endif
