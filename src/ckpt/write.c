@@ -756,18 +756,16 @@ done:
   return st;
 }
 
-static loom_status build_manifest(const loom_ckpt_writer *w,
-                                  const shard_summary *sums, char **out) {
-  loom_ckpt_json_init();
+/* The manifest's header: format, versions, step, world, hashes, optimizer,
+ * schedule, loss scale and data position. */
+static bool add_header(const loom_ckpt_writer *w, cJSON *root) {
   const loom_ckpt_meta *m = &w->meta;
-  cJSON *root = cJSON_CreateObject();
-  bool ok = root != NULL;
   char created[32] = "";
   time_t now = time(NULL);
   struct tm tm;
   if (gmtime_r(&now, &tm))
     strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  ok = ok && cJSON_AddStringToObject(root, "format", "loom-checkpoint");
+  bool ok = cJSON_AddStringToObject(root, "format", "loom-checkpoint");
   ok = ok && add_i64(root, "version", LOOM_CKPT_FORMAT_VERSION);
   ok = ok && cJSON_AddStringToObject(root, "loom_version", loom_version());
   ok = ok && cJSON_AddStringToObject(root, "created", created);
@@ -785,11 +783,15 @@ static loom_status build_manifest(const loom_ckpt_writer *w,
        cJSON_AddNumberToObject(o, "lr", m->lr);
   ok = ok && cJSON_AddNumberToObject(root, "loss_scale", m->loss_scale);
   o = ok ? cJSON_AddObjectToObject(root, "data") : NULL;
-  ok = ok && o && add_i64(o, "epoch", m->data.epoch) &&
-       add_i64(o, "batch", m->data.batch) &&
-       add_i64(o, "sample", m->data.sample);
-  cJSON *a = ok ? cJSON_AddArrayToObject(root, "rng") : NULL;
-  ok = ok && a;
+  return ok && o && add_i64(o, "epoch", m->data.epoch) &&
+         add_i64(o, "batch", m->data.batch) &&
+         add_i64(o, "sample", m->data.sample);
+}
+
+/* "rng": each stream's name, seed, stream and counter. */
+static bool add_rngs(const loom_ckpt_meta *m, cJSON *root) {
+  cJSON *a = cJSON_AddArrayToObject(root, "rng");
+  bool ok = a != NULL;
   for (int i = 0; ok && i < m->n_rngs; i++) {
     cJSON *x = cJSON_CreateObject();
     ok = x && cJSON_AddItemToArray(a, x);
@@ -798,8 +800,13 @@ static loom_status build_manifest(const loom_ckpt_writer *w,
          add_hex64(x, "stream", m->rngs[i].state.stream) &&
          add_hex64(x, "counter", m->rngs[i].state.counter);
   }
-  a = ok ? cJSON_AddArrayToObject(root, "views") : NULL;
-  ok = ok && a;
+  return ok;
+}
+
+/* "views": name, offset, numel, shape and decay of every parameter. */
+static bool add_views(const loom_ckpt_meta *m, cJSON *root) {
+  cJSON *a = cJSON_AddArrayToObject(root, "views");
+  bool ok = a != NULL;
   for (int i = 0; ok && i < m->n_views; i++) {
     const loom_param *v = &m->views[i];
     cJSON *x = cJSON_CreateObject();
@@ -814,13 +821,14 @@ static loom_status build_manifest(const loom_ckpt_writer *w,
     }
     ok = ok && cJSON_AddBoolToObject(x, "decay", v->decay);
   }
-  loom_status st = LOOM_OK;
-  if (ok) {
-    st = add_buffers(w, root, sums);
-    ok = st == LOOM_OK;
-  }
-  a = ok ? cJSON_AddArrayToObject(root, "files") : NULL;
-  ok = ok && a;
+  return ok;
+}
+
+/* "files": each rank's shard with its size, block count and index CRC. */
+static bool add_files(const loom_ckpt_writer *w, const shard_summary *sums,
+                      cJSON *root) {
+  cJSON *a = cJSON_AddArrayToObject(root, "files");
+  bool ok = a != NULL;
   for (int r = 0; ok && r < w->opts.world; r++) {
     char file[32];
     snprintf(file, sizeof file, "shard_%05d.bin", r);
@@ -831,24 +839,14 @@ static loom_status build_manifest(const loom_ckpt_writer *w,
          add_i64(x, "blocks", sums[r].n) &&
          add_hex32(x, "index_crc32c", sums[r].index_crc);
   }
-  if (ok) {
-    cJSON *extra = cJSON_Parse(w->extra ? w->extra : "{}");
-    ok = extra && cJSON_AddItemToObject(root, "extra", extra);
-    if (extra && !ok)
-      cJSON_Delete(extra);
-  }
-  char *text = ok ? cJSON_Print(root) : NULL;
-  cJSON_Delete(root);
-  if (!text) {
-    if (st != LOOM_OK && st != LOOM_ERR_NOMEM)
-      return st;
-    return loom_error(LOOM_ERR_NOMEM,
-                      "%s: out of memory building the "
-                      "manifest",
-                      w->final);
-  }
-  /* The manifest checks itself: its last member is the CRC32C of the whole
-   * text with that member's 8 hex digits read as zeros. */
+  return ok;
+}
+
+/* The manifest checks itself: its last member is the CRC32C of the whole
+ * text with that member's 8 hex digits read as zeros. Takes `text` (cJSON's
+ * printout) and returns the sealed copy in *out. */
+static loom_status seal_manifest(const loom_ckpt_writer *w, char *text,
+                                 char **out) {
   size_t n = strlen(text);
   while (n > 0 && text[n - 1] != '}')
     n--;
@@ -862,9 +860,7 @@ static loom_status build_manifest(const loom_ckpt_writer *w,
   if (!full) {
     cJSON_free(text);
     return loom_error(LOOM_ERR_NOMEM,
-                      "%s: out of memory building the "
-                      "manifest",
-                      w->final);
+                      "%s: out of memory building the manifest", w->final);
   }
   memcpy(full, text, n);
   memcpy(full + n, tail, sizeof tail);
@@ -876,6 +872,35 @@ static loom_status build_manifest(const loom_ckpt_writer *w,
   memcpy(full + len - 12, hex, 8); /* the digits before "\"\n}\n" */
   *out = full;
   return LOOM_OK;
+}
+
+static loom_status build_manifest(const loom_ckpt_writer *w,
+                                  const shard_summary *sums, char **out) {
+  loom_ckpt_json_init();
+  cJSON *root = cJSON_CreateObject();
+  bool ok = root && add_header(w, root) && add_rngs(&w->meta, root) &&
+            add_views(&w->meta, root);
+  loom_status st = LOOM_OK;
+  if (ok) {
+    st = add_buffers(w, root, sums);
+    ok = st == LOOM_OK;
+  }
+  ok = ok && add_files(w, sums, root);
+  if (ok) {
+    cJSON *extra = cJSON_Parse(w->extra ? w->extra : "{}");
+    ok = extra && cJSON_AddItemToObject(root, "extra", extra);
+    if (extra && !ok)
+      cJSON_Delete(extra);
+  }
+  char *text = ok ? cJSON_Print(root) : NULL;
+  cJSON_Delete(root);
+  if (!text) {
+    if (st != LOOM_OK && st != LOOM_ERR_NOMEM)
+      return st;
+    return loom_error(LOOM_ERR_NOMEM,
+                      "%s: out of memory building the manifest", w->final);
+  }
+  return seal_manifest(w, text, out);
 }
 
 /* The rank of a file named shard_NNNNN.bin (5 digits or more), or -1. */
