@@ -356,42 +356,34 @@ const char *loom_ckpt_writer_path(const loom_ckpt_writer *w) {
 
 /* ------------------------------------------------------ the shard file */
 
-static loom_status write_shard(loom_ckpt_writer *w) {
-  char path[CKPT_PATH_MAX];
-  LOOM_TRY(shard_path(path, sizeof path, w->tmp, w->opts.rank));
-  /* Layout first: every block's offset is known before a byte is written. */
+/* Elements of one block of a part: block_bytes worth, at least one. */
+static int64_t part_block_elems(const loom_ckpt_writer *w, const ckpt_part *p) {
+  int64_t per = (int64_t)(w->opts.block_bytes / loom_dtype_size(p->dtype));
+  return per < 1 ? 1 : per;
+}
+
+/* Blocks of the shard: each part cut into blocks; an empty range still
+ * gets an entry, so that the buffer exists. */
+static int64_t count_blocks(const loom_ckpt_writer *w) {
   int64_t n_blocks = 0;
   for (int i = 0; i < w->n_parts; i++) {
     const ckpt_part *p = &w->parts[i];
-    int64_t es = (int64_t)loom_dtype_size(p->dtype);
-    int64_t per = (int64_t)(w->opts.block_bytes / (size_t)es);
-    if (per < 1)
-      per = 1;
-    /* An empty range still gets an entry, so that the buffer exists. */
+    const int64_t per = part_block_elems(w, p);
     n_blocks += p->end > p->begin ? (p->end - p->begin + per - 1) / per : 1;
   }
-  if (n_blocks > 100000000)
-    return loom_error(LOOM_ERR_INVALID_ARG,
-                      "%s: %lld blocks; raise "
-                      "block_bytes",
-                      path, (long long)n_blocks);
-  ckpt_entry *ents = loom_calloc((size_t)n_blocks + 1, sizeof *ents);
-  const void **src = loom_calloc((size_t)n_blocks + 1, sizeof *src);
-  size_t index_bytes = (size_t)n_blocks * CKPT_ENTRY_BYTES + CKPT_FOOTER_BYTES;
-  unsigned char *index = loom_malloc(index_bytes);
-  loom_status st = LOOM_OK;
-  int fd = -1;
-  if (!ents || !src || !index) {
-    st = loom_error_context(LOOM_ERR_NOMEM, "%s", path);
-    goto done;
-  }
+  return n_blocks;
+}
+
+/* The layout: each block's entry (name, range, aligned offset) and where
+ * its bytes come from, so every offset is known before a byte is written.
+ * Returns the end of the last payload. */
+static int64_t lay_out(const loom_ckpt_writer *w, ckpt_entry *ents,
+                       const void **src) {
   int64_t pos = CKPT_HEADER_BYTES, k = 0;
   for (int i = 0; i < w->n_parts; i++) {
     const ckpt_part *p = &w->parts[i];
-    int64_t es = (int64_t)loom_dtype_size(p->dtype);
-    int64_t per = (int64_t)(w->opts.block_bytes / (size_t)es);
-    if (per < 1)
-      per = 1;
+    const int64_t es = (int64_t)loom_dtype_size(p->dtype);
+    const int64_t per = part_block_elems(w, p);
     if (p->end == p->begin) {
       ckpt_entry *e = &ents[k];
       memcpy(e->name, p->name, sizeof e->name);
@@ -414,6 +406,27 @@ static loom_status write_shard(loom_ckpt_writer *w) {
       src[k] = (const char *)p->data + (size_t)(b - p->begin) * (size_t)es;
     }
   }
+  return pos;
+}
+
+static loom_status write_shard(loom_ckpt_writer *w) {
+  char path[CKPT_PATH_MAX];
+  LOOM_TRY(shard_path(path, sizeof path, w->tmp, w->opts.rank));
+  const int64_t n_blocks = count_blocks(w);
+  if (n_blocks > 100000000)
+    return loom_error(LOOM_ERR_INVALID_ARG, "%s: %lld blocks; raise block_bytes",
+                      path, (long long)n_blocks);
+  ckpt_entry *ents = loom_calloc((size_t)n_blocks + 1, sizeof *ents);
+  const void **src = loom_calloc((size_t)n_blocks + 1, sizeof *src);
+  size_t index_bytes = (size_t)n_blocks * CKPT_ENTRY_BYTES + CKPT_FOOTER_BYTES;
+  unsigned char *index = loom_malloc(index_bytes);
+  loom_status st = LOOM_OK;
+  int fd = -1;
+  if (!ents || !src || !index) {
+    st = loom_error_context(LOOM_ERR_NOMEM, "%s", path);
+    goto done;
+  }
+  const int64_t pos = lay_out(w, ents, src);
   ckpt_header h = {LOOM_CKPT_FORMAT_VERSION,
                    (uint32_t)w->opts.rank,
                    (uint32_t)w->opts.world,
