@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -696,8 +697,9 @@ static int build_plan(const run_opts *o, int attempt, argv_buf *cmd,
 static void describe_failure(const loom_run_result *r, char *buf, size_t n) {
   if (r->code == LOOM_COMM_EXIT_TIMEOUT)
     snprintf(buf, n, "exit code %d: the communication watchdog fired", r->code);
-  else if (r->signal)
-    snprintf(buf, n, "the launcher died from signal %d", r->signal);
+  else if (r->signal && r->launcher_killed)
+    snprintf(buf, n, "exit code %d: the launcher died from signal %d (%s)",
+             r->code, r->signal, loom_signal_name(r->signal));
   else if (r->code > 128 && r->code < 160)
     snprintf(buf, n, "exit code %d: a rank died from signal %d", r->code,
              r->code - 128);
@@ -894,6 +896,16 @@ static void describe_rank_failure(const loom_run_failure *f,
 #undef OUT
 }
 
+/* The first line when the launcher itself was killed. */
+static void describe_launcher_death(const loom_run_result *r, const char *name,
+                                    int np) {
+  fprintf(stderr,
+          "loom run: the launcher died: %s (pid %d) was killed by signal %d "
+          "(%s); its %d rank(s) were stopped\n",
+          name, (int)r->launcher_pid, r->signal, loom_signal_name(r->signal),
+          np);
+}
+
 static void report_failure(job *jb, const loom_run_failure *f, int np,
                            int code, const char *why) {
   cJSON *ev = report_event("failure", jb->attempt);
@@ -927,22 +939,156 @@ static void report_failure(job *jb, const loom_run_failure *f, int np,
   report_emit(jb, ev);
 }
 
-/* Removes a directory of plain files (the run status files). */
-static void remove_dir(const char *path) {
-  DIR *d = opendir(path);
-  if (d) {
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-      if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-        continue;
-      char p[4200];
-      snprintf(p, sizeof p, "%s/%s", path, e->d_name);
-      if (unlink(p) != 0 && errno == EISDIR)
-        remove_dir(p);
-    }
-    closedir(d);
+/* ------------------------------------------- the job's directory */
+
+/* The names loom run and the ranks write in a job directory: "owner" (the
+ * lock held for the job's life), "attempt-N" directories, and inside them
+ * "rank-N", its temporary "rank-N.PID" and the gate "go". */
+static bool own_name(const char *name, int depth) {
+  int n, len = -1;
+  if (depth == 0) {
+    if (strcmp(name, "owner") == 0)
+      return true;
+    return sscanf(name, "attempt-%d%n", &n, &len) == 1 &&
+           len == (int)strlen(name);
   }
-  rmdir(path);
+  if (strcmp(name, "go") == 0)
+    return true;
+  if (sscanf(name, "rank-%d%n", &n, &len) == 1 && len == (int)strlen(name))
+    return true;
+  int pid;
+  len = -1;
+  return sscanf(name, "rank-%d.%d%n", &n, &pid, &len) == 2 &&
+         len == (int)strlen(name);
+}
+
+/* Removes the job directory `name` under the directory dfd, link-safely:
+ * entries are opened relative to their parent with O_NOFOLLOW and checked
+ * with fstatat(AT_SYMLINK_NOFOLLOW), a symbolic link is never entered, and
+ * only names loom run writes are removed (anything else stays, and with it
+ * its directory). depth: 0 the job directory's entries, 1 an attempt's. */
+static bool remove_own_tree(int dfd, const char *name, int depth) {
+  int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return false;
+  DIR *d = fdopendir(fd);
+  if (!d) {
+    close(fd);
+    return false;
+  }
+  bool all = true;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+      continue;
+    struct stat st;
+    if (!own_name(e->d_name, depth) ||
+        fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      all = false;
+      continue;
+    }
+    if (S_ISDIR(st.st_mode) && depth == 0 &&
+        strncmp(e->d_name, "attempt-", 8) == 0)
+      all &= remove_own_tree(fd, e->d_name, 1);
+    else if (S_ISREG(st.st_mode))
+      all &= unlinkat(fd, e->d_name, 0) == 0;
+    else
+      all = false; /* a link or a device where a file should be: leave it */
+  }
+  closedir(d);
+  if (all)
+    all = unlinkat(dfd, name, AT_REMOVEDIR) == 0;
+  return all;
+}
+
+/* Removes a job or attempt directory (a path) that loom run made. */
+static void remove_dir(const char *path) {
+  char parent[4200];
+  snprintf(parent, sizeof parent, "%s", path);
+  char *slash = strrchr(parent, '/');
+  if (!slash || !slash[1])
+    return;
+  *slash = '\0';
+  int dfd = open(parent[0] ? parent : "/",
+                 O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0)
+    return;
+  bool attempt = strncmp(slash + 1, "attempt-", 8) == 0;
+  remove_own_tree(dfd, slash + 1, attempt ? 1 : 0);
+  close(dfd);
+}
+
+/* Job directories of loom runs that died without removing theirs (killed
+ * with SIGKILL): a live loom run holds a lock on its "owner" file for the
+ * whole job, so one that can be locked belongs to no one. Only
+ * loom-run-XXXXXX directories of this user are looked at. */
+static void remove_stale_jobdirs(const char *tmp) {
+  int dfd = open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0)
+    return;
+  int scan_fd = dup(dfd);
+  DIR *d = scan_fd >= 0 ? fdopendir(scan_fd) : NULL;
+  if (!d) {
+    if (scan_fd >= 0)
+      close(scan_fd);
+    close(dfd);
+    return;
+  }
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (strncmp(e->d_name, "loom-run-", 9) != 0 || strlen(e->d_name) != 15)
+      continue;
+    struct stat st;
+    if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !S_ISDIR(st.st_mode) || st.st_uid != geteuid())
+      continue;
+    int jfd = openat(dfd, e->d_name,
+                     O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (jfd < 0)
+      continue;
+    int ofd = openat(jfd, "owner", O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    close(jfd);
+    if (ofd < 0)
+      continue; /* not one of ours (or an older loom's): leave it */
+    bool stale = flock(ofd, LOCK_EX | LOCK_NB) == 0;
+    close(ofd);
+    if (stale && remove_own_tree(dfd, e->d_name, 0))
+      LOOM_INFO("loom run: removed %s/%s of a loom run that is gone", tmp,
+                    e->d_name);
+  }
+  closedir(d);
+  close(dfd);
+}
+
+/* Makes the job directory and takes its lock (held until loom run exits,
+ * however it exits); returns the lock's fd, -1 on failure. */
+static int make_jobdir(char *jobdir, size_t n) {
+  const char *tmp = getenv("TMPDIR");
+  tmp = tmp && *tmp ? tmp : "/tmp";
+  remove_stale_jobdirs(tmp);
+  snprintf(jobdir, n, "%s/loom-run-XXXXXX", tmp);
+  if (!mkdtemp(jobdir)) {
+    fprintf(stderr, "loom run: cannot make a directory in %s: %s\n", tmp,
+            strerror(errno));
+    return -1;
+  }
+  char owner[4200];
+  snprintf(owner, sizeof owner, "%s/owner", jobdir);
+  int fd = open(owner, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                0600);
+  if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0) {
+    char pid[32];
+    int len = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+    if (write(fd, pid, (size_t)len) != len) {
+      /* the pid is for people; the lock is what counts */
+    }
+    return fd;
+  }
+  if (fd >= 0)
+    close(fd);
+  fprintf(stderr, "loom run: cannot lock %s: %s\n", owner, strerror(errno));
+  remove_dir(jobdir);
+  return -1;
 }
 
 int loom_cmd_run(int argc, char **argv) {
@@ -964,21 +1110,18 @@ int loom_cmd_run(int argc, char **argv) {
   /* The ranks' status files: a fresh directory per job, one per attempt
    * inside it, all removed at the end. */
   char jobdir[4096] = "";
+  int owner_fd = -1;
   if (!o.dry_run) {
-    const char *tmp = getenv("TMPDIR");
-    snprintf(jobdir, sizeof jobdir, "%s/loom-run-XXXXXX",
-             tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(jobdir)) {
-      fprintf(stderr, "loom run: cannot make a directory in %s: %s\n",
-              tmp && *tmp ? tmp : "/tmp", strerror(errno));
+    owner_fd = make_jobdir(jobdir, sizeof jobdir);
+    if (owner_fd < 0)
       return LOOM_EXIT_FAIL;
-    }
     if (o.report) {
       jb.report = fopen(o.report, "w");
       if (!jb.report) {
         fprintf(stderr, "loom run: cannot write %s: %s\n", o.report,
                 strerror(errno));
-        rmdir(jobdir);
+        remove_dir(jobdir);
+        close(owner_fd);
         return LOOM_EXIT_USAGE;
       }
     }
@@ -1074,6 +1217,8 @@ int loom_cmd_run(int argc, char **argv) {
     } else {
       s = loom_run_spawn(cmd.v, o.timeout, o.verbose, &w, &r);
     }
+    char cmd0[256];
+    snprintf(cmd0, sizeof cmd0, "%s", cmd.n > 0 ? cmd.v[0] : "?");
     argv_free(&cmd);
     loom_watch_free(&w);
     remove_dir(adir);
@@ -1093,6 +1238,12 @@ int loom_cmd_run(int argc, char **argv) {
     }
     /* A failed attempt. */
     loom_run_failure f = w.fail;
+    if (r.launcher_killed && used != LAUNCH_DIRECT) {
+      /* mpirun itself died from a signal it did not get from us: the ranks
+       * went down with it (or were stopped by loom run), none is to blame. */
+      describe_launcher_death(&r, cmd0, pi.np);
+      f.found = false;
+    }
     if (!f.found) {
       /* No local rank told us (remote ranks, a program that keeps no
        * status): the launcher's exit is all there is. */
@@ -1150,5 +1301,7 @@ int loom_cmd_run(int argc, char **argv) {
   if (jb.report)
     fclose(jb.report);
   remove_dir(jobdir);
+  if (owner_fd >= 0)
+    close(owner_fd);
   return rc;
 }

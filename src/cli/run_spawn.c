@@ -287,6 +287,7 @@ int loom_run_spawn(char *const *argv, double timeout_s, bool verbose,
 int loom_run_wait(pid_t pid, double timeout_s, loom_run_watch *watch,
                   loom_run_result *res) {
   memset(res, 0, sizeof *res);
+  res->launcher_pid = pid;
   install_handlers();
   double t0 = loom_time_now();
   int status = 0;
@@ -368,12 +369,25 @@ int loom_run_wait(pid_t pid, double timeout_s, loom_run_watch *watch,
         fds[0].revents)
       drain();
   }
+  if (watch) {
+    /* The launcher is gone: first what the ranks did by themselves (the
+     * ends queued so far), then whatever is left is loom run's to stop. */
+    nfds = loom_watch_fds(watch, fds + 1, MAX_WATCH_FDS);
+    poll(fds + 1, (nfds_t)nfds, 0);
+    if (loom_watch_update(watch, fds + 1, nfds, loom_time_wall(), false) &&
+        fail_at == 0)
+      fail_at = loom_time_now();
+    loom_watch_mark_stopped(watch);
+  }
   /* Ranks that escaped mpirun's own clean-up (or a program's children). */
   sweep_session(pid);
   if (watch) {
     /* Everything of the attempt is gone now: the last verdicts. */
     double wall = loom_time_wall();
     loom_watch_update(watch, NULL, 0, wall, true);
+    loom_watch_settle(watch, WIFSIGNALED(status) ? 128 + WTERMSIG(status)
+                             : WIFEXITED(status) ? WEXITSTATUS(status)
+                                                 : -1);
     if (watch->fail.found)
       watch->fail.t_stopped = wall;
     if (watch->want_progress && watch->on_first_step &&
@@ -384,6 +398,7 @@ int loom_run_wait(pid_t pid, double timeout_s, loom_run_watch *watch,
   res->stopped_by = stop_sig;
   if (WIFSIGNALED(status)) {
     res->signal = WTERMSIG(status);
+    res->launcher_killed = !killed && !forwarded && !res->timed_out;
     res->code = 128 + res->signal;
   } else if (WIFEXITED(status)) {
     res->code = WEXITSTATUS(status);

@@ -14,6 +14,8 @@
 typedef struct loom_run_result {
   int code;       /* exit code loom run reports: status, or 128 + signal */
   int signal;     /* the launcher died from this signal (0 if it exited) */
+  bool launcher_killed; /* ... and not by loom run's hand */
+  pid_t launcher_pid;
   int stopped_by; /* loom run itself got this signal and stopped the job */
   bool timed_out; /* --timeout expired */
   double seconds; /* wall time of the attempt */
@@ -65,6 +67,9 @@ typedef struct loom_run_watch {
   double next_scan;
   bool first_step_told;
   int ino; /* inotify on dir, -1 not yet, -2 unavailable */
+  int64_t end_seq; /* ends of ranks seen so far, in the kernel's order */
+  double t_polled; /* wall time of the last poll's start */
+  bool detected;   /* the failure's candidates are fixed */
 } loom_run_watch;
 
 struct pollfd;
@@ -78,6 +83,13 @@ int loom_watch_fds(loom_run_watch *w, struct pollfd *fds, int max);
  * launcher has exited and every process of the attempt is gone. */
 int loom_watch_update(loom_run_watch *w, const struct pollfd *fds, int nfds,
                       double now, bool final);
+/* The final verdict, once the launcher is gone: the first among the ends
+ * seen when the failure was detected, with the launcher's exit code as
+ * evidence where their order is not known otherwise. */
+void loom_watch_settle(loom_run_watch *w, int launcher_code);
+/* Every local rank still alive is about to be stopped by loom run: what
+ * ends from now on is never the cause. */
+void loom_watch_mark_stopped(loom_run_watch *w);
 /* Whether new rank files or phases are still awaited (poll often). */
 bool loom_watch_scanning(const loom_run_watch *w);
 /* SIGKILLs every live local rank (the failing one too, if it said so and

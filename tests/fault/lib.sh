@@ -12,9 +12,20 @@ unset LOOM_FAULT LOOM_RESTART_COUNT
 # on purpose is no leak report.
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$SRC/tests/parallel/lsan_mpi.supp:print_suppressions=0}
 export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
-tmp=$(mktemp -d /tmp/loom_fault.XXXXXX)
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/loom_fault.XXXXXX")
 cleanup_extra=""
 trap 'eval "$cleanup_extra"; rm -rf "$tmp"' EXIT
+# Whatever loom run or the trainer put in TMPDIR goes with the test's own
+# directory (a loom run killed on purpose cannot remove its loom-run-*).
+mkdir -p "$tmp/tmp"
+export TMPDIR="$tmp/tmp"
+# A configuration these tests cannot run in is a skip (CTest
+# SKIP_RETURN_CODE 77), never a pass: they need the launcher loom run picks.
+skip_unless_launcher() {
+  local cmd
+  cmd=$("$LOOM" run --dry-run -n 2 prog | sed -n 's/^command: \([^ ]*\).*/\1/p')
+  command -v "$cmd" >/dev/null || { echo "skipped: no $cmd"; exit 77; }
+}
 passed=0
 failed=0
 ok() {

@@ -8,6 +8,7 @@
 # checkpoint intact and is reported; checkpoint.on_error stop ends the run
 # with the error (sync and async saves), continue warns and trains on.
 source "$(dirname "$0")/lib.sh"
+skip_unless_launcher
 
 run 2 "$tmp/ref"
 ref=$(digest "$tmp/ref/ckpt")
