@@ -6,6 +6,10 @@
 #define LOOM_EXIT_OK 0
 #define LOOM_EXIT_FAIL 1  /* a run failed (I/O, numerical, remote rank) */
 #define LOOM_EXIT_USAGE 2 /* bad command line or configuration */
+/* A save failed for lack of space (ENOSPC, EDQUOT) or on a read-only file
+ * system (EROFS): a restart would fail the same way, so loom run does not
+ * restart it (sysexits' EX_IOERR). */
+#define LOOM_EXIT_NOSPACE 74
 
 typedef int (*loom_cli_fn)(int argc, char **argv);
 

@@ -12,6 +12,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +79,7 @@ typedef struct run_opts {
   int standby;        /* -1 auto, 0 off, 1 on */
   double restart_delay;
   double timeout;
+  double stop_grace; /* seconds to finish the step and save after a stop */
   bool dry_run;
   bool verbose;
   char **prog; /* program and its arguments */
@@ -123,6 +125,10 @@ static void usage(FILE *f) {
           "this host)\n"
           "      --timeout S        stop the job after S seconds (exit code "
           "124)\n"
+          "      --stop-grace S     after a stop (a signal, --timeout), the "
+          "seconds the ranks\n"
+          "                         get to finish their step and save "
+          "(default 30)\n"
           "      --dry-run          print what would run\n"
           "  -v, --verbose          print the launch command\n\n"
           "Each rank gets LOOM_THREADS, OMP_NUM_THREADS and "
@@ -162,6 +168,7 @@ static int parse_secs(const char *s, const char *what, double *out) {
 static int parse_args(int argc, char **argv, run_opts *o) {
   memset(o, 0, sizeof *o);
   o->restart_delay = 1.0;
+  o->stop_grace = 30.0;
   o->standby = -1;
   int i = 1;
   for (; i < argc; i++) {
@@ -244,6 +251,9 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         return -1;
     } else if (strcmp(a, "--timeout") == 0) {
       if (parse_secs(v, "--timeout", &o->timeout))
+        return -1;
+    } else if (strcmp(a, "--stop-grace") == 0) {
+      if (parse_secs(v, "--stop-grace", &o->stop_grace))
         return -1;
     } else {
       fprintf(stderr, "loom run: unknown option '%s' (see loom run --help)\n",
@@ -896,6 +906,41 @@ static void describe_rank_failure(const loom_run_failure *f,
 #undef OUT
 }
 
+/* 128 + the signal the ranks named, else the launcher's code. */
+static int stop_code(const loom_run_stop *st, int code) {
+  static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+  for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+    if (strcmp(st->by, loom_signal_name(sigs[i])) == 0)
+      return 128 + sigs[i];
+  return code;
+}
+
+/* How a stop ended: "stopped by SIGTERM at step N, checkpoint saved". */
+static void describe_stop(const loom_run_result *r, const loom_run_stop *st) {
+  char by[64];
+  if (r->timed_out)
+    snprintf(by, sizeof by, "the time limit");
+  else if (r->stopped_by)
+    snprintf(by, sizeof by, "%s", loom_signal_name(r->stopped_by));
+  else
+    snprintf(by, sizeof by, "%s sent to the ranks",
+             st->by[0] ? st->by : "a signal");
+  if (st->stopped > 0 && st->stopped == st->ranks && !st->steps_differ)
+    fprintf(stderr, "loom run: stopped by %s at step %lld, %s (after %.1f s)\n",
+            by, (long long)st->step,
+            st->saved == st->ranks ? "checkpoint saved" : "no checkpoint saved",
+            r->seconds);
+  else if (st->stopped > 0)
+    fprintf(stderr,
+            "loom run: stopped by %s after %.1f s; %d of %d rank(s) stopped "
+            "at a step%s\n",
+            by, r->seconds, st->stopped, st->ranks,
+            st->steps_differ ? " (not the same step)" : "");
+  else
+    fprintf(stderr, "loom run: job stopped by %s after %.1f s\n", by,
+            r->seconds);
+}
+
 /* The first line when the launcher itself was killed. */
 static void describe_launcher_death(const loom_run_result *r, const char *name,
                                     int np) {
@@ -1105,6 +1150,7 @@ int loom_cmd_run(int argc, char **argv) {
   base = base ? base + 1 : o.prog[0];
   bool is_train = strcmp(base, "loom") == 0 && o.prog[1] &&
                   strcmp(o.prog[1], "train") == 0;
+  loom_run_set_stop_grace(o.stop_grace);
   jb.standby_ok = o.max_restarts > 0 &&
                   (o.standby == 1 || (o.standby == -1 && is_train));
   /* The ranks' status files: a fresh directory per job, one per attempt
@@ -1199,6 +1245,7 @@ int loom_cmd_run(int argc, char **argv) {
     loom_watch_init(&w);
     w.dir = adir;
     w.expect_local = pi.local;
+    w.all_local = pi.local == pi.np;
     w.want_progress = jb.recovering || jb.standby_ok;
     w.on_first_step = on_recovered;
     w.ctx = &jb;
@@ -1220,6 +1267,8 @@ int loom_cmd_run(int argc, char **argv) {
     char cmd0[256];
     snprintf(cmd0, sizeof cmd0, "%s", cmd.n > 0 ? cmd.v[0] : "?");
     argv_free(&cmd);
+    loom_run_stop stop;
+    loom_watch_stop_summary(&w, &stop);
     loom_watch_free(&w);
     remove_dir(adir);
     if (s != 0) {
@@ -1231,9 +1280,16 @@ int loom_cmd_run(int argc, char **argv) {
       break;
     }
     if (r.stopped_by || r.timed_out) {
-      fprintf(stderr, "loom run: job stopped (%s) after %.1f s\n",
-              r.timed_out ? "time limit" : "signal", r.seconds);
+      describe_stop(&r, &stop);
       rc = r.code;
+      break;
+    }
+    if (!w.fail.found && stop.stopped > 0 && stop.stopped == stop.ranks) {
+      /* Signalled directly (not through loom run): every rank stopped at
+       * an agreed step. Asked for, so not restarted; the code is 128 + the
+       * signal, whichever rank's exit the launcher passed on. */
+      describe_stop(&r, &stop);
+      rc = stop_code(&stop, r.code);
       break;
     }
     /* A failed attempt. */
@@ -1262,6 +1318,14 @@ int loom_cmd_run(int argc, char **argv) {
     }
     report_failure(&jb, &f, pi.np, rc, why);
     jb.recovering = false;
+    if (rc == LOOM_EXIT_NOSPACE) {
+      fprintf(stderr,
+              "loom run: job failed (exit code %d: a save found no space or a "
+              "read-only file system) after %.1f s; not restarted, since it "
+              "would fail the same way\n",
+              rc, r.seconds);
+      break;
+    }
     if (rc == LOOM_EXIT_USAGE) {
       fprintf(stderr,
               "loom run: job failed (exit code 2: a configuration or "

@@ -20,9 +20,23 @@
 
 #include "loom/core.h"
 
-/* Seconds between forwarding a stop signal and killing the whole session:
- * mpirun needs about 1 s to take its ranks down. */
-#define STOP_GRACE_S 5.0
+/* Seconds between asking the job to stop and killing the whole session:
+ * the ranks finish their step and save (--stop-grace). */
+static double stop_grace_s = 30.0;
+
+void loom_run_set_stop_grace(double seconds) { stop_grace_s = seconds; }
+
+/* Asks the job to stop. Where every rank runs here and is known, the
+ * signal goes to the ranks themselves: each finishes its step, they agree
+ * on the step to stop at, and save it (mpirun, given the signal, would kill
+ * them at once: nothing saved). Else, and for SIGQUIT, the launcher gets
+ * it and stops its ranks its own way. */
+static void stop_job(pid_t pid, loom_run_watch *watch, int sig) {
+  if (watch && sig != SIGQUIT && loom_watch_all_known(watch) &&
+      loom_watch_signal_all(watch, sig) > 0)
+    return;
+  kill(pid, sig);
+}
 
 static int wake_pipe[2] = {-1, -1};
 static volatile sig_atomic_t stop_sig; /* first stop signal received */
@@ -331,14 +345,14 @@ int loom_run_wait(pid_t pid, double timeout_s, loom_run_watch *watch,
               "loom run: time limit of %g s reached; stopping the "
               "job\n",
               timeout_s);
-      kill(pid, SIGTERM);
+      stop_job(pid, watch, SIGTERM);
       stop_at = now;
     }
     if (stop_sig && forwarded < stop_count) {
       /* The first signal is passed on (mpirun stops its ranks); a second
        * one kills the whole session at once. */
       if (forwarded == 0) {
-        kill(pid, stop_sig);
+        stop_job(pid, watch, stop_sig);
         stop_at = now;
       } else if (!killed) {
         signal_session(pid, SIGKILL);
@@ -346,11 +360,11 @@ int loom_run_wait(pid_t pid, double timeout_s, loom_run_watch *watch,
       }
       forwarded = stop_count;
     }
-    if (stop_at > 0 && !killed && now - stop_at > STOP_GRACE_S) {
+    if (stop_at > 0 && !killed && now - stop_at > stop_grace_s) {
       fprintf(stderr,
-              "loom run: the job did not stop within %g s; killing "
-              "it\n",
-              STOP_GRACE_S);
+              "loom run: the job did not stop within %g s (--stop-grace); "
+              "killing it\n",
+              stop_grace_s);
       signal_session(pid, SIGKILL);
       killed = true;
     }

@@ -52,10 +52,22 @@ typedef struct loom_run_progress {
 
 typedef struct loom_watch_rank loom_watch_rank;
 
+/* How the local ranks ended a stop, from their notes ("stopped by SIGTERM
+ * at step N, checkpoint saved"). */
+typedef struct loom_run_stop {
+  int ranks;   /* local ranks known */
+  int stopped; /* ... that said they stopped at a step */
+  int saved;   /* ... and saved it */
+  int64_t step; /* the step they stopped at, -1 none */
+  bool steps_differ;
+  char by[16]; /* "SIGTERM" when a rank named the signal it got */
+} loom_run_stop;
+
 /* What loom_run_spawn watches: the attempt's LOOM_RUN_DIR. */
 typedef struct loom_run_watch {
   const char *dir;
   int expect_local;   /* local ranks expected, 0 when unknown */
+  bool all_local;     /* every rank of the attempt runs on this host */
   bool want_progress; /* call on_first_step when the group completes a step */
   void (*on_first_step)(void *ctx, const loom_run_progress *p);
   void *ctx;
@@ -90,6 +102,12 @@ void loom_watch_settle(loom_run_watch *w, int launcher_code);
 /* Every local rank still alive is about to be stopped by loom run: what
  * ends from now on is never the cause. */
 void loom_watch_mark_stopped(loom_run_watch *w);
+/* Sends sig to every live local rank; returns how many. */
+int loom_watch_signal_all(loom_run_watch *w, int sig);
+/* Every rank runs here and each is known: a stop can be handed to them
+ * directly rather than to the launcher (which would kill them at once). */
+bool loom_watch_all_known(const loom_run_watch *w);
+void loom_watch_stop_summary(const loom_run_watch *w, loom_run_stop *st);
 /* Whether new rank files or phases are still awaited (poll often). */
 bool loom_watch_scanning(const loom_run_watch *w);
 /* SIGKILLs every live local rank (the failing one too, if it said so and
@@ -126,6 +144,9 @@ bool loom_run_standby_alive(void);
  * there is none alive. */
 pid_t loom_run_standby_take(void);
 void loom_run_standby_kill(void);
+/* Seconds the ranks get to finish their step and save after a stop
+ * (--stop-grace), before the job is killed. */
+void loom_run_set_stop_grace(double seconds);
 /* A signal asked loom run to stop (then no restart is attempted). */
 bool loom_run_stop_requested(void);
 /* Sleeps, returning early when a stop signal arrives. */

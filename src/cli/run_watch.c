@@ -262,9 +262,17 @@ static int judge(const loom_watch_rank *r, int *code, int *sig, double *t,
   if (rec->exit_code >= 0) {
     *code = rec->exit_code;
     *t = rec->t_exit;
+    /* Stopped by a signal at an agreed step (loom train's note): an end
+     * someone asked for, not a failure. */
+    if (rec->exit_code > 128 && strncmp(rec->note, "stopped ", 8) == 0)
+      return 0;
     return rec->exit_code != 0;
   }
   if (!r->dead)
+    return 0;
+  /* It stopped at an agreed step and said so; killed on its way out (the
+   * launcher takes the rest down when one rank exits non-zero). */
+  if (strncmp(rec->note, "stopped ", 8) == 0)
     return 0;
   *recorded = false;
   *t = r->t_seen;
@@ -469,7 +477,9 @@ int loom_watch_update(loom_run_watch *w, const struct pollfd *fds, int nfds,
   for (int i = 0; spoke && i < w->n; i++) {
     const loom_runstat_record *rec = &w->ranks[i].rec;
     said_failed |= w->ranks[i].local && !w->ranks[i].dead &&
-                   (rec->exit_code > 0 || rec->signal > 0);
+                   ((rec->exit_code > 0 &&
+                     strncmp(rec->note, "stopped ", 8) != 0) ||
+                    rec->signal > 0);
   }
   if ((died || final || said_failed) && !w->fail.found) {
     /* Who else has spoken: a watchdog rank may not be dead yet. */
@@ -545,4 +555,45 @@ bool loom_watch_progress(loom_run_watch *w) {
   w->prog = p;
   w->first_step_told = true;
   return true;
+}
+
+int loom_watch_signal_all(loom_run_watch *w, int sig) {
+  int n = 0;
+  for (int i = 0; i < w->n; i++) {
+    loom_watch_rank *r = &w->ranks[i];
+    if (!r->dead && r->local && r->pidfd >= 0 &&
+        syscall(SYS_pidfd_send_signal, r->pidfd, sig, NULL, 0) == 0)
+      n++;
+  }
+  return n;
+}
+
+bool loom_watch_all_known(const loom_run_watch *w) {
+  return w->all_local && w->expect_local > 0 &&
+         loom_watch_local(w) >= w->expect_local;
+}
+
+void loom_watch_stop_summary(const loom_run_watch *w, loom_run_stop *st) {
+  memset(st, 0, sizeof *st);
+  st->step = -1;
+  for (int i = 0; i < w->n; i++) {
+    const loom_watch_rank *r = &w->ranks[i];
+    if (!r->local)
+      continue;
+    st->ranks++;
+    const char *at = strstr(r->rec.note, " at step ");
+    long long step;
+    if (strncmp(r->rec.note, "stopped ", 8) != 0 || !at ||
+        sscanf(at, " at step %lld", &step) != 1)
+      continue;
+    st->stopped++;
+    if (strstr(at, "checkpoint saved"))
+      st->saved++;
+    if (strncmp(r->rec.note, "stopped by SIG", 14) == 0 && !st->by[0])
+      sscanf(r->rec.note + 11, "%15[A-Z]", st->by);
+    if (st->step < 0)
+      st->step = step;
+    else if (st->step != step)
+      st->steps_differ = true;
+  }
 }

@@ -1,5 +1,8 @@
 /* loom train: train a model from a YAML config. */
+#include <errno.h>
 #include <math.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +46,32 @@ static int parse_i64(const char *s, int64_t *out) {
     return -1;
   *out = v;
   return 0;
+}
+
+/* Whether a failure came from a file system that is full or read-only:
+ * the message carries strerror's text for the errno of the failed call. */
+static bool no_space(const char *msg) {
+  static const int codes[] = {ENOSPC, EDQUOT, EROFS};
+  for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
+    if (msg && strstr(msg, strerror(codes[i])))
+      return true;
+  return false;
+}
+
+/* A stop by a signal, in the rank's status file for loom run: "stopped by
+ * SIGTERM at step N, checkpoint saved" (every rank stops at the same
+ * step; a rank that got no signal itself stopped with the others). */
+static void note_stop(const loom_train_result *res) {
+  char note[LOOM_RUNSTAT_NOTE_MAX + 1];
+  const char *name = res->stop_signal == SIGINT    ? "SIGINT"
+                     : res->stop_signal == SIGTERM ? "SIGTERM"
+                     : res->stop_signal == SIGHUP  ? "SIGHUP"
+                                                   : NULL;
+  snprintf(note, sizeof note, "stopped %s%s at step %lld, %s",
+           name ? "by " : "with the other ranks", name ? name : "",
+           (long long)res->steps,
+           res->saved ? "checkpoint saved" : "no checkpoint");
+  loom_runstat_note(note);
 }
 
 static int train_main(int argc, char **argv) {
@@ -146,10 +175,19 @@ static int train_main(int argc, char **argv) {
   }
   loom_train_result res;
   s = loom_trainer_run(t, &res);
+  /* Before the world group goes (MPI_Finalize waits for every rank): each
+   * rank's note is written before any rank exits and the launcher, seeing
+   * a non-zero exit, takes the others down. */
+  if (s == LOOM_OK && res.interrupted && opts.stop_at == 0)
+    note_stop(&res);
   loom_trainer_free(t);
   loom_group_free(world);
   if (s != LOOM_OK) {
     fprintf(stderr, "loom train: %s%s\n", who, loom_last_error());
+    if (no_space(loom_last_error())) {
+      loom_runstat_note("no space left for the checkpoint (not restartable)");
+      return LOOM_EXIT_NOSPACE;
+    }
     return LOOM_EXIT_FAIL;
   }
   if (!opts.quiet && rank == 0) {
@@ -170,7 +208,7 @@ static int train_main(int argc, char **argv) {
       printf("validation loss: %.4f nats/byte\n", res.val_loss);
   }
   if (res.interrupted && opts.stop_at == 0)
-    return 130;
+    return res.stop_signal > 0 ? 128 + res.stop_signal : 130;
   return LOOM_EXIT_OK;
 }
 

@@ -66,8 +66,12 @@ static loom_status conclude(loom_trainer *t, loom_ckpt_writer *w,
 /* checkpoint.on_error: stop, or warn and go on (the same on every rank:
  * they all have the same outcome). */
 static loom_status outcome(loom_trainer *t, loom_status st, int64_t step) {
+  t->ckpt_last_step = step;
+  t->ckpt_last_failed = st != LOOM_OK;
   if (st == LOOM_OK)
     return LOOM_OK;
+  snprintf(t->ckpt_last_error, sizeof t->ckpt_last_error, "%s",
+           loom_last_error());
   if (t->cfg.checkpoint.on_error == LOOM_CFG_ON_ERROR_CONTINUE) {
     if (t->rank == 0)
       LOOM_WARN("checkpoint of step %lld not saved, training goes on: %s",
@@ -334,6 +338,20 @@ loom_status loom_train_ckpt_finish(loom_trainer *t) {
   LOOM_TRY(finish_commit(t));
   LOOM_TRY(finish_pending(t));
   return finish_commit(t);
+}
+
+loom_status loom_train_ckpt_final(loom_trainer *t) {
+  LOOM_TRY(loom_train_ckpt_finish(t));
+  const loom_config_checkpoint *cc = &t->cfg.checkpoint;
+  if (!cc->enabled || !cc->dir[0] || !t->ckpt_last_failed ||
+      t->ckpt_last_step != t->step)
+    return LOOM_OK;
+  /* checkpoint.on_error: continue lets training go on past a failed save;
+   * past the end there is nothing to go on to, and the state is lost. */
+  return loom_error(LOOM_ERR_IO,
+                    "the final checkpoint (step %lld) was not saved, so the "
+                    "trained state is lost: %s",
+                    (long long)t->step, t->ckpt_last_error);
 }
 
 static loom_status restore(loom_trainer *t, const loom_ckpt *c) {

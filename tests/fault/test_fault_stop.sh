@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Stops lose no work: loom run -n 2 ... loom train stopped by SIGTERM, SIGHUP
+# or --timeout, or with SIGTERM sent to one rank directly, ends with every
+# rank stopped at one agreed step and that step saved; loom run says so in
+# one line and exits 128 + signal (124 for --timeout); nothing is restarted
+# and nothing is left running.
+source "$(dirname "$0")/lib.sh"
+skip_unless_launcher
+long=("${job[@]}" --set train.steps=1000000 --set checkpoint.every=1000000)
+# Polls (never a fixed sleep) up to 60 s.
+wait_until() {
+  local i
+  for i in $(seq 1200); do "$@" && return 0; sleep 0.05; done
+  return 1
+}
+# Rank $1 of the running job has completed a step.
+stepped() {
+  local s
+  s=$(awk '$1 == "step" { print $2 }' "$TMPDIR"/loom-run-*/attempt-0/rank-"$1" 2>/dev/null | head -1)
+  [ -n "$s" ] && [ "$s" != - ]
+}
+# start DIR [loom run options]: the job in the background, its pid in $job.
+start() {
+  local dir=$1
+  shift
+  "$LOOM" run -n 2 "$@" "$LOOM" train "${long[@]}" --set "log.run_dir=$dir" >"$tmp/out" 2>&1 &
+  job=$!
+}
+check_stopped() { # name dir want_rc by
+  local name=$1 dir=$2 want=$3 by=$4 why="" step d
+  step=$(sed -n "s/^loom run: stopped by $by at step \([0-9]*\), checkpoint saved.*/\1/p" "$tmp/out")
+  [ "$rc" = "$want" ] || why="$why rc $rc;"
+  [ -n "$step" ] || why="$why no 'stopped by $by at step N, checkpoint saved' line;"
+  d=$(digest "$dir/ckpt")
+  [ -n "$step" ] && [[ $d == "step $step "* ]] || why="$why checkpoint '$d' is not of step $step;"
+  has "restart" && why="$why restarted;"
+  left_behind "$dir" && why="$why processes left behind;"
+  [ -z "$why" ] && ok "$name: rc $want, stopped at step $step, saved" || { bad "$name:$why"; cat "$tmp/out"; }
+}
+for sig in TERM HUP INT; do
+  dir="$tmp/sig_$sig"
+  start "$dir" --max-restarts 1
+  wait_until stepped 0 && wait_until stepped 1
+  kill -$sig $job
+  wait $job
+  rc=$?
+  case $sig in TERM) want=143 ;; HUP) want=129 ;; INT) want=130 ;; esac
+  check_stopped "SIG$sig to loom run" "$dir" $want "SIG$sig"
+done
+# --timeout: SIGTERM to the ranks when the time is up, exit code 124.
+dir="$tmp/timeout"
+start "$dir" --timeout 3
+wait $job
+rc=$?
+check_stopped "--timeout 3" "$dir" 124 "the time limit"
+# SIGTERM sent to one rank, not to loom run: all stop at one step and save;
+# asked for, so not a failure and not restarted.
+dir="$tmp/direct"
+start "$dir" --max-restarts 1
+wait_until stepped 1
+pid=$(awk '$1 == "pid" { print $2 }' "$TMPDIR"/loom-run-*/attempt-0/rank-1)
+kill -TERM "$pid"
+wait $job
+rc=$?
+check_stopped "SIGTERM sent to rank 1" "$dir" 143 "SIGTERM sent to the ranks"
+! has "died from signal" || bad "SIGTERM sent to rank 1: reported as a death"
+finish
