@@ -80,6 +80,7 @@ typedef struct run_opts {
   double restart_delay;
   double timeout;
   double stop_grace; /* seconds to finish the step and save after a stop */
+  double hang_timeout; /* no step for this long is a hang (0: derived) */
   bool dry_run;
   bool verbose;
   char **prog; /* program and its arguments */
@@ -129,6 +130,11 @@ static void usage(FILE *f) {
           "seconds the ranks\n"
           "                         get to finish their step and save "
           "(default 30)\n"
+          "      --hang-timeout S   a rank that completes no step for S "
+          "seconds has hung: the\n"
+          "                         job is stopped and restarted like after "
+          "a crash (default\n"
+          "                         max(60, 20 x the median step time))\n"
           "      --dry-run          print what would run\n"
           "  -v, --verbose          print the launch command\n\n"
           "Each rank gets LOOM_THREADS, OMP_NUM_THREADS and "
@@ -251,6 +257,9 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         return -1;
     } else if (strcmp(a, "--timeout") == 0) {
       if (parse_secs(v, "--timeout", &o->timeout))
+        return -1;
+    } else if (strcmp(a, "--hang-timeout") == 0) {
+      if (parse_secs(v, "--hang-timeout", &o->hang_timeout))
         return -1;
     } else if (strcmp(a, "--stop-grace") == 0) {
       if (parse_secs(v, "--stop-grace", &o->stop_grace))
@@ -705,7 +714,10 @@ static int build_plan(const run_opts *o, int attempt, argv_buf *cmd,
 }
 
 static void describe_failure(const loom_run_result *r, char *buf, size_t n) {
-  if (r->code == LOOM_COMM_EXIT_TIMEOUT)
+  if (r->code == LOOM_EXIT_HANG)
+    snprintf(buf, n, "exit code %d: no progress within the hang timeout",
+             r->code);
+  else if (r->code == LOOM_COMM_EXIT_TIMEOUT)
     snprintf(buf, n, "exit code %d: the communication watchdog fired", r->code);
   else if (r->signal && r->launcher_killed)
     snprintf(buf, n, "exit code %d: the launcher died from signal %d (%s)",
@@ -877,6 +889,19 @@ static void describe_rank_failure(const loom_run_failure *f,
     if (k < n)                                                                 \
       k += (size_t)snprintf(buf + k, n - k, __VA_ARGS__);                      \
   } while (0)
+  if (f->hang) {
+    /* Every rank still in the job waits for the slowest one in a collective,
+     * so all stall at about the same step: the one whose last step is
+     * oldest is named first. */
+    OUT("no progress for %.1f s (hang timeout %.0f s) on rank(s) %d (step "
+        "%lld)%s%s; rank %d (host %s, pid %d) stopped first",
+        f->idle_s, f->hang_timeout, f->rank, (long long)f->last_step,
+        f->stalled[0] ? ", " : "", f->stalled, f->rank, f->host, f->pid);
+    if (np > 1)
+      OUT("; stopped the other %d rank(s) in %.2f s", np - 1,
+          f->t_stopped - f->t_detect);
+    return;
+  }
   if (f->watchdog)
     OUT("the communication watchdog fired on rank %d (host %s, pid %d)",
         f->rank, f->host, f->pid);
@@ -973,6 +998,7 @@ static void report_failure(job *jb, const loom_run_failure *f, int np,
       cJSON_AddNullToObject(ev, "signal");
     cJSON_AddBoolToObject(ev, "recorded", f->recorded);
     cJSON_AddBoolToObject(ev, "watchdog", f->watchdog);
+    cJSON_AddBoolToObject(ev, "hang", f->hang);
     cJSON_AddNumberToObject(ev, "last_step", (double)f->last_step);
     cJSON_AddStringToObject(ev, "note", f->note);
   }
@@ -1246,6 +1272,7 @@ int loom_cmd_run(int argc, char **argv) {
     w.dir = adir;
     w.expect_local = pi.local;
     w.all_local = pi.local == pi.np;
+    w.hang_timeout = o.hang_timeout;
     w.want_progress = jb.recovering || jb.standby_ok;
     w.on_first_step = on_recovered;
     w.ctx = &jb;

@@ -10,6 +10,10 @@
 
 #include "loom/core.h"
 
+/* loom run's exit code when local ranks made no progress (no step
+ * completed) within the hang timeout; restarted like a crash. */
+#define LOOM_EXIT_HANG 76
+
 /* How one attempt of the job ended. */
 typedef struct loom_run_result {
   int code;       /* exit code loom run reports: status, or 128 + signal */
@@ -32,6 +36,10 @@ typedef struct loom_run_failure {
   int signal;     /* 0 when none known */
   bool recorded;  /* the rank (or /proc) said how it ended */
   bool watchdog;  /* the note is the communication watchdog's */
+  bool hang;      /* it made no progress within the hang timeout */
+  double hang_timeout; /* that timeout (s) */
+  double idle_s;  /* seconds since its last step, when found */
+  char stalled[128]; /* other ranks that stopped progressing: "0 (step 38)" */
   int64_t last_step;
   char note[LOOM_RUNSTAT_NOTE_MAX + 1];
   double t_fail;    /* its record's time, or when its death was seen */
@@ -68,6 +76,8 @@ typedef struct loom_run_watch {
   const char *dir;
   int expect_local;   /* local ranks expected, 0 when unknown */
   bool all_local;     /* every rank of the attempt runs on this host */
+  double hang_timeout; /* --hang-timeout: no step for this long is a hang;
+                          0: max(60 s, 20 x the median step) */
   bool want_progress; /* call on_first_step when the group completes a step */
   void (*on_first_step)(void *ctx, const loom_run_progress *p);
   void *ctx;
@@ -82,6 +92,8 @@ typedef struct loom_run_watch {
   int64_t end_seq; /* ends of ranks seen so far, in the kernel's order */
   double t_polled; /* wall time of the last poll's start */
   bool detected;   /* the failure's candidates are fixed */
+  double step_s[32]; /* recent step times seen (a ring), for the median */
+  int n_step_s;
 } loom_run_watch;
 
 struct pollfd;
@@ -118,6 +130,9 @@ int loom_watch_alive(const loom_run_watch *w);
 int loom_watch_local(const loom_run_watch *w);
 /* True once, when every local rank has completed its first step (w->prog). */
 bool loom_watch_progress(loom_run_watch *w);
+/* The hang timeout in force: --hang-timeout, else max(60 s, 20 x the
+ * median step time seen so far). */
+double loom_watch_hang_timeout(const loom_run_watch *w);
 /* "SIGKILL", "SIGSEGV", ...; "signal" for others. */
 const char *loom_signal_name(int sig);
 

@@ -42,6 +42,8 @@ struct loom_watch_rank {
   double t_end_read; /* when its end was read (an upper bound of it) */
   bool stopped;   /* loom run signalled it: never the cause */
   bool candidate; /* among the ends seen when the failure was detected */
+  int64_t hb_step; /* the heartbeat: the step last seen, and its time */
+  double hb_t;
   loom_runstat_record rec;
 };
 
@@ -85,6 +87,7 @@ void loom_watch_init(loom_run_watch *w) {
   w->end_seq = 0;
   w->t_polled = 0;
   w->detected = false;
+  w->n_step_s = 0;
   memset(&w->fail, 0, sizeof w->fail);
   w->fail.rank = -1;
   memset(&w->prog, 0, sizeof w->prog);
@@ -150,10 +153,95 @@ static void mark_dead(loom_watch_rank *r, double now) {
 
 /* Reads the record of a known rank again; keeps the old one when the file
  * is being rewritten at this moment. */
-static void refresh(const loom_run_watch *w, loom_watch_rank *r) {
+static void refresh(loom_run_watch *w, loom_watch_rank *r) {
   loom_runstat_record rec;
-  if (loom_runstat_read(w->dir, r->rank, &rec) == LOOM_OK)
-    r->rec = rec;
+  if (loom_runstat_read(w->dir, r->rank, &rec) != LOOM_OK)
+    return;
+  /* The heartbeat: each step completed moves it, and gives a step time. */
+  if (rec.step >= 0 && rec.step != r->hb_step && rec.t_step > 0) {
+    if (r->hb_step >= 0 && rec.step > r->hb_step && r->hb_t > 0 &&
+        rec.t_step > r->hb_t) {
+      double dt = (rec.t_step - r->hb_t) / (double)(rec.step - r->hb_step);
+      int cap = (int)(sizeof w->step_s / sizeof w->step_s[0]);
+      w->step_s[w->n_step_s % cap] = dt;
+      w->n_step_s++;
+    }
+    r->hb_step = rec.step;
+    r->hb_t = rec.t_step;
+  }
+  r->rec = rec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+double loom_watch_hang_timeout(const loom_run_watch *w) {
+  if (w->hang_timeout > 0)
+    return w->hang_timeout;
+  int cap = (int)(sizeof w->step_s / sizeof w->step_s[0]);
+  int n = w->n_step_s < cap ? w->n_step_s : cap;
+  double t = 60.0;
+  if (n > 0) {
+    double v[sizeof w->step_s / sizeof w->step_s[0]];
+    memcpy(v, w->step_s, (size_t)n * sizeof v[0]);
+    qsort(v, (size_t)n, sizeof v[0], cmp_double);
+    if (20.0 * v[n / 2] > t)
+      t = 20.0 * v[n / 2];
+  }
+  return t;
+}
+
+/* A hang: local ranks that completed a step once and none since for
+ * longer than the hang timeout (stuck outside a collective, stopped, or
+ * waiting for one that is). The cause named is the one that stopped
+ * first: the lowest step, then the oldest heartbeat; the others are listed.
+ * Returns whether one was found (then w->fail is it). */
+static bool find_hang(loom_run_watch *w, double now) {
+  double limit = loom_watch_hang_timeout(w);
+  int best = -1;
+  for (int i = 0; i < w->n; i++) {
+    loom_watch_rank *r = &w->ranks[i];
+    if (!r->local || r->dead || r->hb_step < 0 || now - r->hb_t <= limit ||
+        r->rec.phase == LOOM_RUNSTAT_DONE)
+      continue;
+    if (best < 0 || r->hb_step < w->ranks[best].hb_step ||
+        (r->hb_step == w->ranks[best].hb_step && r->hb_t < w->ranks[best].hb_t))
+      best = i;
+  }
+  if (best < 0)
+    return false;
+  loom_watch_rank *r = &w->ranks[best];
+  loom_run_failure *f = &w->fail;
+  f->found = true;
+  f->hang = true;
+  f->hang_timeout = limit;
+  f->idle_s = now - r->hb_t;
+  f->rank = r->rank;
+  f->pid = r->rec.pid;
+  snprintf(f->host, sizeof f->host, "%s", r->rec.host);
+  f->code = LOOM_EXIT_HANG;
+  f->signal = 0;
+  f->recorded = false;
+  f->last_step = r->hb_step;
+  snprintf(f->note, sizeof f->note, "%s", r->rec.note);
+  f->watchdog = false;
+  size_t k = 0;
+  f->stalled[0] = '\0';
+  for (int i = 0; i < w->n && k < sizeof f->stalled; i++) {
+    const loom_watch_rank *o = &w->ranks[i];
+    if (i == best || !o->local || o->dead || o->hb_step < 0 ||
+        now - o->hb_t <= limit)
+      continue;
+    k += (size_t)snprintf(f->stalled + k, sizeof f->stalled - k, "%s%d (step %lld)",
+                          k ? ", " : "", o->rank, (long long)o->hb_step);
+  }
+  f->t_fail = r->hb_t + limit;
+  f->t_detect = now;
+  w->detected = true;
+  r->candidate = true;
+  return true;
 }
 
 /* Finds rank files not seen before and starts watching their processes;
@@ -189,6 +277,7 @@ static bool scan(loom_run_watch *w, double now) {
     r->pidfd = -1;
     r->wstatus = -1;
     r->t_alive = w->t_polled;
+    r->hb_step = -1;
     /* A shared file system may show other hosts' files: their pids are not
      * ours to watch. */
     r->local = same_host(rec.host);
@@ -384,7 +473,7 @@ static bool pick_failure(loom_run_watch *w, double now, int launcher_code) {
 }
 
 void loom_watch_settle(loom_run_watch *w, int launcher_code) {
-  if (!w->detected)
+  if (!w->detected || w->fail.hang)
     return;
   double t_fail = w->fail.t_fail, t_detect = w->fail.t_detect;
   int stopped = w->fail.stopped;
@@ -489,6 +578,8 @@ int loom_watch_update(loom_run_watch *w, const struct pollfd *fds, int nfds,
     if (pick_failure(w, now, -1))
       return 1;
   }
+  if (!final && !w->fail.found && find_hang(w, now))
+    return 1;
   return 0;
 }
 

@@ -51,7 +51,8 @@ live_left() {
 no_leftovers() { # description
   local i left
   for i in $(seq 200); do left=$(live_left); [ -z "$left" ] && break; sleep 0.05; done
-  [ -z "$left" ] && ok "$1: no process left" || { bad "$1: left behind: $left"; kill -9 $left 2>/dev/null; }
+  [ -z "$left" ] && ok "$1: no process left" ||
+    { bad "$1: left behind: $(ps -o pid,ppid,stat,etime,args -p "$(echo $left | tr ' ' ,)" | tail -n +2)"; kill -9 $left 2>/dev/null; }
 }
 # The value of a numeric field of the first JSON line of an event.
 field() { # file event key
@@ -135,6 +136,28 @@ LOOM_COMM_TIMEOUT=1 "$LOOM" run -n 3 --timeout 60 "$FAKE" --comm --fault 1:3:han
 grep -q "^loom run: the communication watchdog fired on rank [02] (host $host, pid [0-9]*) after step 3: watchdog: allreduce #4 .*ranks not arrived: 1; stopped the other 2 rank(s) in" "$tmp/e5" \
   && ok "watchdog line" || { bad "watchdog line"; cat "$tmp/e5"; }
 no_leftovers "watchdog"
+
+# 5b. A hang: rank 1 stops taking part outside any collective, the others
+#    wait for it; no step for --hang-timeout 1 s: named, exit code 76,
+#    restarted like a crash, and the job finishes.
+LOOM_COMM_TIMEOUT=600 "$LOOM" run -n 2 --hang-timeout 1 --max-restarts 1 --restart-delay 0 --report "$tmp/r17" \
+  "$FAKE" --comm --fault 1:5:hang --steps 10 --step-ms 20 --resume 4 "$marker" 2>"$tmp/e17"; rc=$?
+[ $rc = 0 ] && grep -q "^loom run: no progress for [0-9.]* s (hang timeout 1 s) on rank(s) [01] (step 5), [01] (step 5); rank [01] (host $host, pid [0-9]*) stopped first; stopped the other 1 rank(s) in" "$tmp/e17" \
+  && grep -q "job failed (exit code 76: no progress within the hang timeout) after [0-9.]* s; restart 1 of 1" "$tmp/e17" \
+  && grep '"event":"failure"' "$tmp/r17" | grep -q '"code":76,.*"hang":true' \
+  && ok "hang: found within --hang-timeout 1, restarted, finished" || { bad "hang: rc $rc"; cat "$tmp/e17"; }
+no_leftovers "hang"
+# One rank stopped from outside (SIGSTOP): found the same way.
+rm -f "$tmp/pids"/*
+LOOM_COMM_TIMEOUT=600 "$LOOM" run -n 2 --hang-timeout 1 "$FAKE" --comm --steps 100000 --step-ms 5 --pids "$tmp/pids" "$marker" 2>"$tmp/e18" &
+job=$!
+wait_for_file "$tmp/pids/rank-1.pid"
+wait_until stepped 1 "$TMPDIR"
+kill -STOP "$(cat "$tmp/pids/rank-1.pid")"
+wait $job; rc=$?
+[ $rc = 76 ] && grep -q "^loom run: no progress for [0-9.]* s (hang timeout 1 s) on rank(s) " "$tmp/e18" \
+  && ok "SIGSTOP of rank 1: a hang, rc 76" || { bad "SIGSTOP: rc $rc"; cat "$tmp/e18"; }
+no_leftovers "SIGSTOP"
 
 # 6. A restart that recovers: the recovered line and its parts.
 "$LOOM" run -n 2 --max-restarts 2 --restart-delay 0.2 --report "$tmp/r6" "$FAKE" --fault 1:5:abort --resume 4 --steps 8 --load-ms 50 "$marker" 2>"$tmp/e6"; rc=$?
