@@ -23,6 +23,7 @@
 #include "cli/cli.h"
 #include "cli/run_spawn.h"
 #include "loom/comm.h"
+#include "loom/config.h"
 #include "loom/core.h"
 
 #ifdef LOOM_HAVE_MPI
@@ -1162,6 +1163,49 @@ static int make_jobdir(char *jobdir, size_t n) {
   return -1;
 }
 
+/* The launcher's own messages (Open MPI's banners, UCX backtraces) go to
+ * RUN/logs/launcher.log, RUN being the run directory of `loom train CFG
+ * [--set ...]` (log.run_dir as loom train resolves it). False when the
+ * program is something else or the config does not load (loom train will
+ * say why). */
+static bool run_dir_of(const run_opts *o, char *out, size_t n) {
+  const char *base = strrchr(o->prog[0], '/');
+  base = base ? base + 1 : o->prog[0];
+  if (strcmp(base, "loom") != 0 || !o->prog[1] ||
+      strcmp(o->prog[1], "train") != 0)
+    return false;
+  const char *cfg_path = NULL;
+  const char *sets[64];
+  int n_sets = 0;
+  for (int i = 2; o->prog[i]; i++) {
+    const char *a = o->prog[i];
+    if (strcmp(a, "--set") == 0 && o->prog[i + 1]) {
+      if (n_sets < 64)
+        sets[n_sets++] = o->prog[i + 1];
+      i++;
+    } else if (a[0] == '-') {
+      /* options with a value */
+      if ((strcmp(a, "--resume") == 0 || strcmp(a, "--steps") == 0 ||
+           strcmp(a, "--stop-at") == 0) &&
+          o->prog[i + 1])
+        i++;
+    } else if (!cfg_path) {
+      cfg_path = a;
+    }
+  }
+  if (!cfg_path)
+    return false;
+  loom_config *cfg = calloc(1, sizeof *cfg);
+  if (!cfg)
+    return false;
+  bool ok = loom_config_load(cfg, cfg_path, sets, n_sets) == LOOM_OK &&
+            cfg->log.run_dir[0];
+  if (ok)
+    snprintf(out, n, "%s/logs/launcher.log", cfg->log.run_dir);
+  free(cfg);
+  return ok;
+}
+
 int loom_cmd_run(int argc, char **argv) {
   run_opts o;
   int pr = parse_args(argc, argv, &o);
@@ -1177,6 +1221,24 @@ int loom_cmd_run(int argc, char **argv) {
   bool is_train = strcmp(base, "loom") == 0 && o.prog[1] &&
                   strcmp(o.prog[1], "train") == 0;
   loom_run_set_stop_grace(o.stop_grace);
+  /* "loom" is this loom, found where it is, not through PATH. */
+  char self[4096];
+  if (strcmp(o.prog[0], "loom") == 0) {
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len > 0) {
+      self[len] = '\0';
+      o.prog[0] = self;
+    }
+  }
+  /* A program that is not there is said so, not reported as a rank that
+   * died (where every rank runs here: another host may have it). */
+  if (!o.hosts && !o.hostfile && !o.dry_run && !in_path(o.prog[0])) {
+    fprintf(stderr, "loom run: program not found: %s\n", o.prog[0]);
+    return 127;
+  }
+  char launcher_log[4200] = "";
+  if (!o.dry_run && run_dir_of(&o, launcher_log, sizeof launcher_log))
+    loom_run_set_launcher_log(launcher_log, o.verbose);
   jb.standby_ok = o.max_restarts > 0 &&
                   (o.standby == 1 || (o.standby == -1 && is_train));
   /* The ranks' status files: a fresh directory per job, one per attempt

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -225,6 +226,209 @@ void loom_run_standby_kill(void) {
   standby_pid = 0;
 }
 
+
+/* ------------------------------------------------ the launcher's words
+ *
+ * With a launcher log (RUN/logs/launcher.log), the launcher's stderr comes
+ * through a pipe: what the ranks write passes to our stderr line by line
+ * ('\r' ends a line too, for progress bars); the launcher's and transport's
+ * own messages go to the log: Open MPI's help messages (framed by lines of
+ * dashes: "Primary job terminated normally...", "mpirun noticed that
+ * process..."), its "[host:pid] ..." lines (signal reports, backtraces) and
+ * UCX's "[time] [host:pid:tid] ..." lines and "==== backtrace" blocks.
+ * With -v they reach the console as well. */
+#define RELAY_MAX 4
+#define RELAY_LINE 4096
+
+typedef struct relay {
+  int fd; /* -1: unused */
+  pid_t pid;
+  size_t len;
+  bool in_banner, in_trace;
+  char buf[RELAY_LINE];
+} relay;
+
+static relay relays[RELAY_MAX] = {{.fd = -1}, {.fd = -1}, {.fd = -1}, {.fd = -1}};
+static char launcher_log_path[4200];
+static bool launcher_log_verbose;
+static int launcher_log_fd = -1;
+
+void loom_run_set_launcher_log(const char *path, bool verbose) {
+  snprintf(launcher_log_path, sizeof launcher_log_path, "%s", path);
+  launcher_log_verbose = verbose;
+}
+
+/* Opens the log the first time something goes there: its directory made,
+ * appended to, never through a link planted in its place. */
+static int log_fd(void) {
+  if (launcher_log_fd >= 0 || !launcher_log_path[0])
+    return launcher_log_fd;
+  char dir[4200];
+  snprintf(dir, sizeof dir, "%s", launcher_log_path);
+  char *slash = strrchr(dir, '/');
+  if (slash) {
+    *slash = '\0';
+    char *p = dir;
+    while ((p = strchr(p + 1, '/')) != NULL) {
+      *p = '\0';
+      mkdir(dir, 0755);
+      *p = '/';
+    }
+    mkdir(dir, 0755);
+  }
+  launcher_log_fd = open(launcher_log_path,
+                         O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC,
+                         0644);
+  if (launcher_log_fd < 0)
+    launcher_log_path[0] = '\0'; /* cannot: keep it on the console */
+  return launcher_log_fd;
+}
+
+static bool all_char(const char *s, size_t n, char c, size_t min) {
+  if (n < min)
+    return false;
+  for (size_t i = 0; i < n; i++)
+    if (s[i] != c)
+      return false;
+  return true;
+}
+
+/* Whether a line (without its terminator) is the launcher's own. */
+static bool launcher_line(relay *r, const char *s, size_t n) {
+  if (all_char(s, n, '-', 20)) {
+    r->in_banner = !r->in_banner;
+    return true;
+  }
+  if (r->in_banner)
+    return true;
+  if (n >= 14 && strncmp(s, "==== backtrace", 14) == 0) {
+    r->in_trace = true;
+    return true;
+  }
+  if (r->in_trace) {
+    if (all_char(s, n, '=', 10))
+      r->in_trace = false;
+    return true;
+  }
+  if (n > 1 && s[0] == '[') {
+    /* "[host:pid] ..." (Open MPI) or "[1700000000.1] [host:pid:tid]" (UCX) */
+    const char *end = memchr(s, ']', n);
+    if (end && memchr(s, ':', (size_t)(end - s)))
+      return true;
+    if (end && (size_t)(end - s) + 2 < n && end[1] == ' ' && end[2] == '[')
+      return true;
+  }
+  static const char *const starts[] = {"mpirun noticed", "mpirun.openmpi noticed",
+                                       "prterun noticed",
+                                       "Primary job  terminated",
+                                       "Primary job terminated"};
+  for (size_t i = 0; i < sizeof starts / sizeof starts[0]; i++)
+    if (n >= strlen(starts[i]) && strncmp(s, starts[i], strlen(starts[i])) == 0)
+      return true;
+  return false;
+}
+
+static void write_all(int fd, const char *s, size_t n) {
+  while (n > 0) {
+    ssize_t w = write(fd, s, n);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0)
+      return;
+    s += w;
+    n -= (size_t)w;
+  }
+}
+
+/* One line, terminator included (or a piece too long for the buffer). */
+static void relay_line(relay *r, const char *s, size_t n) {
+  size_t body = n;
+  while (body > 0 && (s[body - 1] == '\n' || s[body - 1] == '\r'))
+    body--;
+  if (launcher_line(r, s, body) && log_fd() >= 0) {
+    write_all(launcher_log_fd, s, n);
+    if (!launcher_log_verbose)
+      return;
+  }
+  write_all(STDERR_FILENO, s, n);
+}
+
+/* Reads what is there (non-blocking); at_end: the rest, even unterminated. */
+static void relay_read(relay *r, bool at_end) {
+  for (;;) {
+    ssize_t got = read(r->fd, r->buf + r->len, sizeof r->buf - r->len);
+    if (got > 0) {
+      r->len += (size_t)got;
+      size_t start = 0;
+      for (size_t i = 0; i < r->len; i++)
+        if (r->buf[i] == '\n' || r->buf[i] == '\r') {
+          relay_line(r, r->buf + start, i + 1 - start);
+          start = i + 1;
+        }
+      if (start == 0 && r->len == sizeof r->buf) {
+        relay_line(r, r->buf, r->len);
+        start = r->len;
+      }
+      memmove(r->buf, r->buf + start, r->len - start);
+      r->len -= start;
+      continue;
+    }
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got == 0 || at_end) {
+      if (r->len)
+        relay_line(r, r->buf, r->len);
+      r->len = 0;
+      if (got == 0) {
+        close(r->fd);
+        r->fd = -1;
+      }
+    }
+    return;
+  }
+}
+
+static void relay_all(bool at_end) {
+  for (int i = 0; i < RELAY_MAX; i++)
+    if (relays[i].fd >= 0)
+      relay_read(&relays[i], at_end);
+}
+
+/* The pipe for a launcher about to start: its write end, -1 without a log. */
+static int relay_open(int *read_end) {
+  *read_end = -1;
+  if (!launcher_log_path[0])
+    return -1;
+  int p[2];
+  if (pipe(p) != 0)
+    return -1;
+  for (int i = 0; i < RELAY_MAX; i++)
+    if (relays[i].fd < 0) {
+      fcntl(p[0], F_SETFL, fcntl(p[0], F_GETFL) | O_NONBLOCK);
+      fcntl(p[0], F_SETFD, FD_CLOEXEC);
+      relays[i].fd = p[0];
+      relays[i].len = 0;
+      relays[i].in_banner = relays[i].in_trace = false;
+      *read_end = p[0];
+      return p[1];
+    }
+  close(p[0]);
+  close(p[1]);
+  return -1;
+}
+
+static int relay_fds(struct pollfd *fds, int max) {
+  int k = 0;
+  for (int i = 0; i < RELAY_MAX && k < max; i++)
+    if (relays[i].fd >= 0) {
+      fds[k].fd = relays[i].fd;
+      fds[k].events = POLLIN;
+      fds[k].revents = 0;
+      k++;
+    }
+  return k;
+}
+
 /* After loom run stopped the ranks of a failed attempt, the launcher should
  * exit at once; one still there after this long (tearing down remote ranks,
  * say) is killed with its session. */
@@ -246,6 +450,8 @@ pid_t loom_run_start(char *const *argv, bool verbose) {
   }
   fflush(stdout);
   fflush(stderr);
+  int read_end;
+  int err_w = relay_open(&read_end);
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) {
@@ -253,6 +459,10 @@ pid_t loom_run_start(char *const *argv, bool verbose) {
     return -1;
   }
   if (pid == 0) {
+    if (err_w >= 0) {
+      dup2(err_w, STDERR_FILENO);
+      close(err_w);
+    }
     /* A session of its own: the terminal's signals reach loom run only
      * (which forwards them once), and every process of the job, whatever
      * its process group, can be found and stopped afterwards. */
@@ -283,6 +493,9 @@ pid_t loom_run_start(char *const *argv, bool verbose) {
     fprintf(stderr, "loom run: cannot run %s: %s\n", argv[0], strerror(errno));
     _exit(127);
   }
+  if (err_w >= 0)
+    close(err_w);
+  (void)read_end;
   return pid;
 }
 
@@ -373,15 +586,19 @@ int loom_run_wait(pid_t pid, double timeout_s, loom_run_watch *watch,
     fds[0].fd = wake_pipe[0];
     fds[0].events = POLLIN;
     fds[0].revents = 0;
-    nfds = watch ? loom_watch_fds(watch, fds + 1, MAX_WATCH_FDS) : 0;
+    nfds = watch ? loom_watch_fds(watch, fds + 1, MAX_WATCH_FDS - RELAY_MAX)
+                 : 0;
+    int nrel = relay_fds(fds + 1 + nfds, RELAY_MAX);
     double wait_s = 0.2;
     if (watch && loom_watch_scanning(watch))
       wait_s = 0.05;
     if (fail_at > 0)
       wait_s = 0.01;
-    if (poll(fds, (nfds_t)(1 + nfds), (int)(wait_s * 1000)) > 0 &&
+    if (poll(fds, (nfds_t)(1 + nfds + nrel), (int)(wait_s * 1000)) > 0 &&
         fds[0].revents)
       drain();
+    if (nrel)
+      relay_all(false);
   }
   if (watch) {
     /* The launcher is gone: first what the ranks did by themselves (the
@@ -395,6 +612,7 @@ int loom_run_wait(pid_t pid, double timeout_s, loom_run_watch *watch,
   }
   /* Ranks that escaped mpirun's own clean-up (or a program's children). */
   sweep_session(pid);
+  relay_all(true);
   if (watch) {
     /* Everything of the attempt is gone now: the last verdicts. */
     double wall = loom_time_wall();

@@ -162,6 +162,9 @@ void loom_run_standby_kill(void);
 /* Seconds the ranks get to finish their step and save after a stop
  * (--stop-grace), before the job is killed. */
 void loom_run_set_stop_grace(double seconds);
+/* The launcher's own messages go to this file (made when first needed),
+ * the ranks' output to stderr; verbose: the launcher's to stderr too. */
+void loom_run_set_launcher_log(const char *path, bool verbose);
 /* A signal asked loom run to stop (then no restart is attempted). */
 bool loom_run_stop_requested(void);
 /* Sleeps, returning early when a stop signal arrives. */

@@ -74,6 +74,26 @@ static void note_stop(const loom_train_result *res) {
   loom_runstat_note(note);
 }
 
+/* Rank 0's last words: how far, how fast, how good. */
+static void print_summary(const loom_config *cfg, const loom_train_result *res,
+                          int nranks) {
+  const char *unit =
+      cfg->data.dataset == LOOM_CFG_DATASET_FASHION_MNIST ? "samples"
+                                                          : "tokens";
+  fprintf(stderr, "%s at step %lld: %.1f s, %.0f %s/s",
+          res->interrupted ? "stopped" : "done", (long long)res->steps,
+          res->seconds, res->throughput, unit);
+  if (nranks > 1)
+    fprintf(stderr, " (%d ranks)", nranks);
+  if (!isnan(res->val_loss))
+    fprintf(stderr, ", val_loss %.4f", res->val_loss);
+  fputc('\n', stderr);
+  if (!isnan(res->val_accuracy))
+    printf("test accuracy: %.2f%%\n", 100.0 * res->val_accuracy);
+  else if (!isnan(res->val_loss))
+    printf("validation loss: %.4f nats/byte\n", res->val_loss);
+}
+
 static int train_main(int argc, char **argv) {
   const char *config_path = NULL;
   const char *sets[64];
@@ -175,38 +195,29 @@ static int train_main(int argc, char **argv) {
   }
   loom_train_result res;
   s = loom_trainer_run(t, &res);
-  /* Before the world group goes (MPI_Finalize waits for every rank): each
-   * rank's note is written before any rank exits and the launcher, seeing
-   * a non-zero exit, takes the others down. */
-  if (s == LOOM_OK && res.interrupted && opts.stop_at == 0)
-    note_stop(&res);
-  loom_trainer_free(t);
-  loom_group_free(world);
+  /* All said before the world group goes (MPI_Finalize waits for every
+   * rank): once one rank exits non-zero the launcher takes the others
+   * down, so each rank's note and rank 0's summary come first. */
+  int rc = LOOM_EXIT_OK;
   if (s != LOOM_OK) {
     fprintf(stderr, "loom train: %s%s\n", who, loom_last_error());
+    rc = LOOM_EXIT_FAIL;
     if (no_space(loom_last_error())) {
       loom_runstat_note("no space left for the checkpoint (not restartable)");
-      return LOOM_EXIT_NOSPACE;
+      rc = LOOM_EXIT_NOSPACE;
     }
-    return LOOM_EXIT_FAIL;
+  } else {
+    if (res.interrupted && opts.stop_at == 0)
+      note_stop(&res);
+    if (!opts.quiet && rank == 0)
+      print_summary(&cfg, &res, nranks);
   }
-  if (!opts.quiet && rank == 0) {
-    const char *unit = cfg.data.dataset == LOOM_CFG_DATASET_FASHION_MNIST
-                           ? "samples"
-                           : "tokens";
-    fprintf(stderr, "%s at step %lld: %.1f s, %.0f %s/s",
-            res.interrupted ? "stopped" : "done", (long long)res.steps,
-            res.seconds, res.throughput, unit);
-    if (nranks > 1)
-      fprintf(stderr, " (%d ranks)", nranks);
-    if (!isnan(res.val_loss))
-      fprintf(stderr, ", val_loss %.4f", res.val_loss);
-    fputc('\n', stderr);
-    if (!isnan(res.val_accuracy))
-      printf("test accuracy: %.2f%%\n", 100.0 * res.val_accuracy);
-    else if (!isnan(res.val_loss))
-      printf("validation loss: %.4f nats/byte\n", res.val_loss);
-  }
+  fflush(stdout);
+  fflush(stderr);
+  loom_trainer_free(t);
+  loom_group_free(world);
+  if (rc != LOOM_EXIT_OK)
+    return rc;
   if (res.interrupted && opts.stop_at == 0)
     return res.stop_signal > 0 ? 128 + res.stop_signal : 130;
   return LOOM_EXIT_OK;

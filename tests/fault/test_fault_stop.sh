@@ -19,12 +19,12 @@ stepped() {
   s=$(awk '$1 == "step" { print $2 }' "$TMPDIR"/loom-run-*/attempt-0/rank-"$1" 2>/dev/null | head -1)
   [ -n "$s" ] && [ "$s" != - ]
 }
-# start DIR [loom run options]: the job in the background, its pid in $job.
+# start DIR [loom run options]: the job in the background, its pid in $jobpid.
 start() {
   local dir=$1
   shift
   "$LOOM" run -n 2 "$@" "$LOOM" train "${long[@]}" --set "log.run_dir=$dir" >"$tmp/out" 2>&1 &
-  job=$!
+  jobpid=$!
 }
 check_stopped() { # name dir want_rc by
   local name=$1 dir=$2 want=$3 by=$4 why="" step d
@@ -41,16 +41,22 @@ for sig in TERM HUP INT; do
   dir="$tmp/sig_$sig"
   start "$dir" --max-restarts 1
   wait_until stepped 0 && wait_until stepped 1
-  kill -$sig $job
-  wait $job
+  kill -$sig $jobpid
+  wait $jobpid
   rc=$?
   case $sig in TERM) want=143 ;; HUP) want=129 ;; INT) want=130 ;; esac
   check_stopped "SIG$sig to loom run" "$dir" $want "SIG$sig"
+  # Open MPI's banners go to RUN/logs/launcher.log, not to the console.
+  if [ $sig = TERM ]; then
+    ! has "Primary job|mpirun.* detected that|^-----" && grep -q "Primary job" "$dir/logs/launcher.log" &&
+      ok "launcher banners in $dir/logs/launcher.log, not on the console" ||
+      { bad "launcher banners"; cat "$tmp/out"; }
+  fi
 done
 # --timeout: SIGTERM to the ranks when the time is up, exit code 124.
 dir="$tmp/timeout"
 start "$dir" --timeout 3
-wait $job
+wait $jobpid
 rc=$?
 check_stopped "--timeout 3" "$dir" 124 "the time limit"
 # SIGTERM sent to one rank, not to loom run: all stop at one step and save;
@@ -60,8 +66,21 @@ start "$dir" --max-restarts 1
 wait_until stepped 1
 pid=$(awk '$1 == "pid" { print $2 }' "$TMPDIR"/loom-run-*/attempt-0/rank-1)
 kill -TERM "$pid"
-wait $job
+wait $jobpid
 rc=$?
 check_stopped "SIGTERM sent to rank 1" "$dir" 143 "SIGTERM sent to the ranks"
 ! has "died from signal" || bad "SIGTERM sent to rank 1: reported as a death"
+
+# -- Faults told plainly.
+# The word loom is this loom: no need for it on PATH.
+(cd "$tmp" && PATH=/usr/bin:/bin "$LOOM" run -n 2 loom train "${job[@]}" --set train.steps=4 \
+  --set "log.run_dir=$tmp/nopath" >"$tmp/out" 2>&1)
+rc=$?
+[ $rc = 0 ] && has "done at step 4" && ok "loom not on PATH: loom run -n 2 loom train works" ||
+  { bad "loom not on PATH: rc $rc"; cat "$tmp/out"; }
+# A program that is not there.
+"$LOOM" run -n 2 no-such-program-xyz >"$tmp/out" 2>&1
+rc=$?
+[ $rc = 127 ] && has "^loom run: program not found: no-such-program-xyz$" && ! has "signal" &&
+  ok "program not found: rc 127, said so" || { bad "program not found: rc $rc"; cat "$tmp/out"; }
 finish
