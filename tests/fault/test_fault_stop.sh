@@ -72,6 +72,11 @@ check_stopped "SIGTERM sent to rank 1" "$dir" 143 "SIGTERM sent to the ranks"
 ! has "died from signal" || bad "SIGTERM sent to rank 1: reported as a death"
 
 # -- Faults told plainly.
+# loom ckpt inspect on a run directory finds its ckpt/ itself.
+"$LOOM" ckpt inspect "$tmp/sig_TERM" >"$tmp/out" 2>&1
+rc=$?
+[ $rc = 0 ] && has "^checkpoints in $tmp/sig_TERM/ckpt$" && has "training resumes from:" &&
+  ok "loom ckpt inspect RUN: looks in RUN/ckpt" || { bad "ckpt inspect RUN: rc $rc"; cat "$tmp/out"; }
 # The word loom is this loom: no need for it on PATH.
 (cd "$tmp" && PATH=/usr/bin:/bin "$LOOM" run -n 2 loom train "${job[@]}" --set train.steps=4 \
   --set "log.run_dir=$tmp/nopath" >"$tmp/out" 2>&1)
