@@ -926,7 +926,11 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
     double now = loom_time_now();
     double rate = units_per_step * (double)window_steps / (now - t_window);
     if (is_rank0(t)) {
-      loom_progress_info pi = {t->step, (int)epoch, (float)loss, lr, rate};
+      /* The console shows the quantity metrics.jsonl logs: the mean loss
+       * of the window (the steps since the last metrics line), so a line
+       * printed every log.every steps carries the same number. */
+      double wloss = t->loss_window_sum / (double)t->loss_window_n;
+      loom_progress_info pi = {t->step, (int)epoch, (float)wloss, lr, rate};
       loom_progress_update(t->progress, &pi);
     }
     bool last = t->step == t->total_steps;

@@ -83,6 +83,13 @@ rc=$?
 rc=$?
 [ $rc = 0 ] && has "done at step 4" && ok "loom not on PATH: loom run -n 2 loom train works" ||
   { bad "loom not on PATH: rc $rc"; cat "$tmp/out"; }
+# The console's loss is the metrics file's (the mean of the window).
+"$LOOM" train "${job[@]}" --set train.steps=4 --set log.every=2 --set log.progress=lines \
+  --set "log.run_dir=$tmp/lossq" >"$tmp/out" 2>&1
+c=$(sed -n 's/^step 4\/4 .*| loss \([0-9.]*\) |.*/\1/p' "$tmp/out")
+m=$(grep '"step":4,' "$tmp/lossq/metrics.jsonl" | grep -o '"loss":[-0-9.e+]*' | cut -d: -f2)
+[ -n "$c" ] && [ -n "$m" ] && [ "$(awk -v m="$m" 'BEGIN { printf "%.4f", m }')" = "$c" ] &&
+  ok "console loss $c = metrics loss $m at step 4" || { bad "console loss '$c' vs metrics '$m'"; cat "$tmp/out"; }
 # A program that is not there.
 "$LOOM" run -n 2 no-such-program-xyz >"$tmp/out" 2>&1
 rc=$?
