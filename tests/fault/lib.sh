@@ -78,12 +78,17 @@ digest() { "$DIGEST" "$1" 2>&1; }
 
 # Processes whose command line holds $1 (the run directory: unique to one
 # job), zombies aside; any found are killed so later tests are not disturbed.
+# (Polled for up to 10 s, not a fixed sleep: under load the last ones may
+# take a moment to go.)
 left_behind() {
-  local left
-  sleep 0.3
-  left=$(pgrep -f -- "$1" | while read -r p; do
-    [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" = Z ] || echo "$p"
-  done)
+  local left i
+  for i in $(seq 200); do
+    left=$(pgrep -f -- "$1" | while read -r p; do
+      [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" = Z ] || echo "$p"
+    done)
+    [ -z "$left" ] && break
+    sleep 0.05
+  done
   if [ -n "$left" ]; then
     echo "left behind: $(ps -o pid,args -p $(echo $left | tr ' ' ,) 2>/dev/null)"
     kill -9 $left 2>/dev/null
