@@ -76,6 +76,10 @@ static void install_handlers(void) {
     sigaction(stop_signals[i], &sa, NULL);
   sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
   sigaction(SIGCHLD, &sa, NULL);
+  /* A closed stderr (`loom run ... | head`) must not kill loom run while
+   * it relays the ranks' output: the write fails with EPIPE instead and the
+   * job goes on (the launcher is given the default back). */
+  signal(SIGPIPE, SIG_IGN);
 }
 
 bool loom_run_stop_requested(void) { return stop_sig != 0; }
@@ -480,6 +484,7 @@ pid_t loom_run_start(char *const *argv, bool verbose) {
     for (size_t i = 0; i < sizeof stop_signals / sizeof stop_signals[0]; i++)
       sigaction(stop_signals[i], &sa, NULL);
     sigaction(SIGCHLD, &sa, NULL);
+    sigaction(SIGPIPE, &sa, NULL);
     /* The job must not compete with the shell for the terminal's input;
      * pipes and files are passed on. */
     if (isatty(STDIN_FILENO)) {
