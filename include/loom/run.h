@@ -17,6 +17,19 @@ extern "C" {
 #endif
 LOOM_API_BEGIN
 
+/* Exit codes of the loom tool and of its ranks, as loom run reads them
+ * (docs/run.md has the whole table). */
+#define LOOM_EXIT_OK 0
+#define LOOM_EXIT_FAIL 1  /* a run failed (I/O, numerical, remote rank) */
+#define LOOM_EXIT_USAGE 2 /* bad command line or configuration: not restarted */
+/* A save failed for lack of space (ENOSPC, EDQUOT) or on a read-only file
+ * system (EROFS): a restart would fail the same way, so loom run does not
+ * restart it (sysexits' EX_IOERR). */
+#define LOOM_EXIT_NOSPACE 74
+/* loom run's exit code when local ranks made no progress (no step
+ * completed) within the hang timeout; restarted like a crash. */
+#define LOOM_EXIT_HANG 76
+
 /* Run status: what a rank tells its supervisor (loom run). When LOOM_RUN_DIR is set
  * each rank keeps a small file there, rewritten in place; otherwise every call is a no-op. */
 #define LOOM_RUNSTAT_PHASE_LIST(X)                                             \

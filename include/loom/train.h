@@ -95,6 +95,9 @@ typedef struct loom_train_result {
   double val_accuracy; /* last evaluation, classification only (NAN) */
   double throughput;   /* samples/s (tokens/s for text) over the run */
   bool interrupted;    /* stopped by stop_at or a signal */
+  bool saved;          /* the state of the last step is in a checkpoint */
+  int stop_signal;     /* the signal that stopped it (SIGINT, SIGTERM,
+                          SIGHUP), 0 for stop_at or loom_trainer_request_stop */
 } loom_train_result;
 
 /* Builds everything the config describes; a bad data path, a config that

@@ -1,4 +1,5 @@
 /* loom ckpt: inspect and verify checkpoints (docs/checkpoints.md). */
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -279,8 +280,33 @@ static int scan_root(const char *root, loom_ckpt_verify_level level) {
   return bad;
 }
 
+/* A run directory (log.run_dir) holds its checkpoints in ckpt/ (the
+ * default checkpoint.dir): given one, look there. Returns arg or buf. */
+static const char *run_ckpt_dir(const char *arg, char *buf, size_t n) {
+  struct stat st;
+  char probe[4200];
+  snprintf(probe, sizeof probe, "%s/latest", arg);
+  if (is_checkpoint(arg) || lstat(probe, &st) == 0)
+    return arg;
+  DIR *d = opendir(arg);
+  if (d) {
+    struct dirent *e;
+    bool steps = false;
+    while (!steps && (e = readdir(d)) != NULL)
+      steps = strncmp(e->d_name, "step_", 5) == 0;
+    closedir(d);
+    if (steps)
+      return arg;
+  }
+  snprintf(buf, n, "%s/ckpt", arg);
+  if (stat(buf, &st) == 0 && S_ISDIR(st.st_mode))
+    return buf;
+  return arg;
+}
+
 static int cmd_inspect(const char *arg, bool verify, bool json) {
-  char dir[4200];
+  char dir[4200], runck[4200];
+  arg = run_ckpt_dir(arg, runck, sizeof runck);
   if (resolve_latest_file(arg, dir, sizeof dir))
     return dir[0] ? inspect_one(dir, verify, json) : LOOM_EXIT_FAIL;
   if (is_checkpoint(arg))
@@ -313,7 +339,8 @@ static int cmd_inspect(const char *arg, bool verify, bool json) {
 }
 
 static int cmd_verify(const char *arg) {
-  char dir[4200];
+  char dir[4200], runck[4200];
+  arg = run_ckpt_dir(arg, runck, sizeof runck);
   if (resolve_latest_file(arg, dir, sizeof dir)) {
     if (!dir[0])
       return LOOM_EXIT_FAIL;

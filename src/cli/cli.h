@@ -4,10 +4,8 @@
 
 #include "loom/run.h" /* loom_run_main: `loom run` */
 
-/* Exit codes of the tool. */
-#define LOOM_EXIT_OK 0
-#define LOOM_EXIT_FAIL 1  /* a run failed (I/O, numerical, remote rank) */
-#define LOOM_EXIT_USAGE 2 /* bad command line or configuration */
+/* Exit codes of the tool: LOOM_EXIT_* in loom/run.h, the protocol between
+ * a rank and loom run. */
 
 typedef int (*loom_cli_fn)(int argc, char **argv);
 

@@ -1,5 +1,8 @@
 /* loom train: train a model from a YAML config. */
+#include <errno.h>
 #include <math.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +47,52 @@ static int parse_i64(const char *s, int64_t *out) {
     return -1;
   *out = v;
   return 0;
+}
+
+/* Whether a failure came from a file system that is full or read-only:
+ * the message carries strerror's text for the errno of the failed call. */
+static bool no_space(const char *msg) {
+  static const int codes[] = {ENOSPC, EDQUOT, EROFS};
+  for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
+    if (msg && strstr(msg, strerror(codes[i])))
+      return true;
+  return false;
+}
+
+/* A stop by a signal, in the rank's status file for loom run: "stopped by
+ * SIGTERM at step N, checkpoint saved" (every rank stops at the same
+ * step; a rank that got no signal itself stopped with the others). */
+static void note_stop(const loom_train_result *res) {
+  char note[LOOM_RUNSTAT_NOTE_MAX + 1];
+  const char *name = res->stop_signal == SIGINT    ? "SIGINT"
+                     : res->stop_signal == SIGTERM ? "SIGTERM"
+                     : res->stop_signal == SIGHUP  ? "SIGHUP"
+                                                   : NULL;
+  snprintf(note, sizeof note, "stopped %s%s at step %lld, %s",
+           name ? "by " : "with the other ranks", name ? name : "",
+           (long long)res->steps,
+           res->saved ? "checkpoint saved" : "no checkpoint");
+  loom_runstat_note(note);
+}
+
+/* Rank 0's last words: how far, how fast, how good. */
+static void print_summary(const loom_config *cfg, const loom_train_result *res,
+                          int nranks) {
+  const char *unit =
+      cfg->data.dataset == LOOM_CFG_DATASET_FASHION_MNIST ? "samples"
+                                                          : "tokens";
+  fprintf(stderr, "%s at step %lld: %.1f s, %.0f %s/s",
+          res->interrupted ? "stopped" : "done", (long long)res->steps,
+          res->seconds, res->throughput, unit);
+  if (nranks > 1)
+    fprintf(stderr, " (%d ranks)", nranks);
+  if (!isnan(res->val_loss))
+    fprintf(stderr, ", val_loss %.4f", res->val_loss);
+  fputc('\n', stderr);
+  if (!isnan(res->val_accuracy))
+    printf("test accuracy: %.2f%%\n", 100.0 * res->val_accuracy);
+  else if (!isnan(res->val_loss))
+    printf("validation loss: %.4f nats/byte\n", res->val_loss);
 }
 
 static int train_main(int argc, char **argv) {
@@ -147,31 +196,31 @@ static int train_main(int argc, char **argv) {
   }
   loom_train_result res;
   s = loom_trainer_run(t, &res);
-  loom_trainer_free(t);
-  loom_group_free(world);
+  /* All said before the world group goes (MPI_Finalize waits for every
+   * rank): once one rank exits non-zero the launcher takes the others
+   * down, so each rank's note and rank 0's summary come first. */
+  int rc = LOOM_EXIT_OK;
   if (s != LOOM_OK) {
     fprintf(stderr, "loom train: %s%s\n", who, loom_last_error());
-    return LOOM_EXIT_FAIL;
+    rc = LOOM_EXIT_FAIL;
+    if (no_space(loom_last_error())) {
+      loom_runstat_note("no space left for the checkpoint (not restartable)");
+      rc = LOOM_EXIT_NOSPACE;
+    }
+  } else {
+    if (res.interrupted && opts.stop_at == 0)
+      note_stop(&res);
+    if (!opts.quiet && rank == 0)
+      print_summary(&cfg, &res, nranks);
   }
-  if (!opts.quiet && rank == 0) {
-    const char *unit = cfg.data.dataset == LOOM_CFG_DATASET_FASHION_MNIST
-                           ? "samples"
-                           : "tokens";
-    fprintf(stderr, "%s at step %lld: %.1f s, %.0f %s/s",
-            res.interrupted ? "stopped" : "done", (long long)res.steps,
-            res.seconds, res.throughput, unit);
-    if (nranks > 1)
-      fprintf(stderr, " (%d ranks)", nranks);
-    if (!isnan(res.val_loss))
-      fprintf(stderr, ", val_loss %.4f", res.val_loss);
-    fputc('\n', stderr);
-    if (!isnan(res.val_accuracy))
-      printf("test accuracy: %.2f%%\n", 100.0 * res.val_accuracy);
-    else if (!isnan(res.val_loss))
-      printf("validation loss: %.4f nats/byte\n", res.val_loss);
-  }
+  fflush(stdout);
+  fflush(stderr);
+  loom_trainer_free(t);
+  loom_group_free(world);
+  if (rc != LOOM_EXIT_OK)
+    return rc;
   if (res.interrupted && opts.stop_at == 0)
-    return 130;
+    return res.stop_signal > 0 ? 128 + res.stop_signal : 130;
   return LOOM_EXIT_OK;
 }
 

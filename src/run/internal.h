@@ -11,15 +11,13 @@
 #include "loom/core.h"
 #include "loom/run.h"
 
-/* Exit codes of `loom run` (the same as the tool's, src/cli/cli.h). */
-#define LOOM_EXIT_OK 0
-#define LOOM_EXIT_FAIL 1
-#define LOOM_EXIT_USAGE 2
 
 /* How one attempt of the job ended. */
 typedef struct loom_run_result {
   int code;       /* exit code loom run reports: status, or 128 + signal */
   int signal;     /* the launcher died from this signal (0 if it exited) */
+  bool launcher_killed; /* ... and not by loom run's hand */
+  pid_t launcher_pid;
   int stopped_by; /* loom run itself got this signal and stopped the job */
   bool timed_out; /* --timeout expired */
   double seconds; /* wall time of the attempt */
@@ -36,6 +34,10 @@ typedef struct loom_run_failure {
   int signal;     /* 0 when none known */
   bool recorded;  /* the rank (or /proc) said how it ended */
   bool watchdog;  /* the note is the communication watchdog's */
+  bool hang;      /* it made no progress within the hang timeout */
+  double hang_timeout; /* that timeout (s) */
+  double idle_s;  /* seconds since its last step, when found */
+  char stalled[128]; /* other ranks that stopped progressing: "0 (step 38)" */
   int64_t last_step;
   char note[LOOM_RUNSTAT_NOTE_MAX + 1];
   double t_fail;    /* its record's time, or when its death was seen */
@@ -56,10 +58,24 @@ typedef struct loom_run_progress {
 
 typedef struct loom_watch_rank loom_watch_rank;
 
+/* How the local ranks ended a stop, from their notes ("stopped by SIGTERM
+ * at step N, checkpoint saved"). */
+typedef struct loom_run_stop {
+  int ranks;   /* local ranks known */
+  int stopped; /* ... that said they stopped at a step */
+  int saved;   /* ... and saved it */
+  int64_t step; /* the step they stopped at, -1 none */
+  bool steps_differ;
+  char by[16]; /* "SIGTERM" when a rank named the signal it got */
+} loom_run_stop;
+
 /* What loom_run_spawn watches: the attempt's LOOM_RUN_DIR. */
 typedef struct loom_run_watch {
   const char *dir;
   int expect_local;   /* local ranks expected, 0 when unknown */
+  bool all_local;     /* every rank of the attempt runs on this host */
+  double hang_timeout; /* --hang-timeout: no step for this long is a hang;
+                          0: max(60 s, 20 x the median step) */
   bool want_progress; /* call on_first_step when the group completes a step */
   void (*on_first_step)(void *ctx, const loom_run_progress *p);
   void *ctx;
@@ -71,6 +87,11 @@ typedef struct loom_run_watch {
   double next_scan;
   bool first_step_told;
   int ino; /* inotify on dir, -1 not yet, -2 unavailable */
+  int64_t end_seq; /* ends of ranks seen so far, in the kernel's order */
+  double t_polled; /* wall time of the last poll's start */
+  bool detected;   /* the failure's candidates are fixed */
+  double step_s[32]; /* recent step times seen (a ring), for the median */
+  int n_step_s;
 } loom_run_watch;
 
 struct pollfd;
@@ -84,6 +105,19 @@ int loom_watch_fds(loom_run_watch *w, struct pollfd *fds, int max);
  * launcher has exited and every process of the attempt is gone. */
 int loom_watch_update(loom_run_watch *w, const struct pollfd *fds, int nfds,
                       double now, bool final);
+/* The final verdict, once the launcher is gone: the first among the ends
+ * seen when the failure was detected, with the launcher's exit code as
+ * evidence where their order is not known otherwise. */
+void loom_watch_settle(loom_run_watch *w, int launcher_code);
+/* Every local rank still alive is about to be stopped by loom run: what
+ * ends from now on is never the cause. */
+void loom_watch_mark_stopped(loom_run_watch *w);
+/* Sends sig to every live local rank; returns how many. */
+int loom_watch_signal_all(loom_run_watch *w, int sig);
+/* Every rank runs here and each is known: a stop can be handed to them
+ * directly rather than to the launcher (which would kill them at once). */
+bool loom_watch_all_known(const loom_run_watch *w);
+void loom_watch_stop_summary(const loom_run_watch *w, loom_run_stop *st);
 /* Whether new rank files or phases are still awaited (poll often). */
 bool loom_watch_scanning(const loom_run_watch *w);
 /* SIGKILLs every live local rank (the failing one too, if it said so and
@@ -94,6 +128,9 @@ int loom_watch_alive(const loom_run_watch *w);
 int loom_watch_local(const loom_run_watch *w);
 /* True once, when every local rank has completed its first step (w->prog). */
 bool loom_watch_progress(loom_run_watch *w);
+/* The hang timeout in force: --hang-timeout, else max(60 s, 20 x the
+ * median step time seen so far). */
+double loom_watch_hang_timeout(const loom_run_watch *w);
 /* "SIGKILL", "SIGSEGV", ...; "signal" for others. */
 const char *loom_signal_name(int sig);
 
@@ -120,6 +157,12 @@ bool loom_run_standby_alive(void);
  * there is none alive. */
 pid_t loom_run_standby_take(void);
 void loom_run_standby_kill(void);
+/* Seconds the ranks get to finish their step and save after a stop
+ * (--stop-grace), before the job is killed. */
+void loom_run_set_stop_grace(double seconds);
+/* The launcher's own messages go to this file (made when first needed),
+ * the ranks' output to stderr; verbose: the launcher's to stderr too. */
+void loom_run_set_launcher_log(const char *path, bool verbose);
 /* A signal asked loom run to stop (then no restart is attempted). */
 bool loom_run_stop_requested(void);
 /* Sleeps, returning early when a stop signal arrives. */

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -20,9 +21,23 @@
 
 #include "loom/core.h"
 
-/* Seconds between forwarding a stop signal and killing the whole session:
- * mpirun needs about 1 s to take its ranks down. */
-#define STOP_GRACE_S 5.0
+/* Seconds between asking the job to stop and killing the whole session:
+ * the ranks finish their step and save (--stop-grace). */
+static double stop_grace_s = 30.0;
+
+void loom_run_set_stop_grace(double seconds) { stop_grace_s = seconds; }
+
+/* Asks the job to stop. Where every rank runs here and is known, the
+ * signal goes to the ranks themselves: each finishes its step, they agree
+ * on the step to stop at, and save it (mpirun, given the signal, would kill
+ * them at once: nothing saved). Else, and for SIGQUIT, the launcher gets
+ * it and stops its ranks its own way. */
+static void stop_job(pid_t pid, loom_run_watch *watch, int sig) {
+  if (watch && sig != SIGQUIT && loom_watch_all_known(watch) &&
+      loom_watch_signal_all(watch, sig) > 0)
+    return;
+  kill(pid, sig);
+}
 
 static int wake_pipe[2] = {-1, -1};
 static volatile sig_atomic_t stop_sig; /* first stop signal received */
@@ -61,6 +76,10 @@ static void install_handlers(void) {
     sigaction(stop_signals[i], &sa, NULL);
   sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
   sigaction(SIGCHLD, &sa, NULL);
+  /* A closed stderr (`loom run ... | head`) must not kill loom run while
+   * it relays the ranks' output: the write fails with EPIPE instead and the
+   * job goes on (the launcher is given the default back). */
+  signal(SIGPIPE, SIG_IGN);
 }
 
 bool loom_run_stop_requested(void) { return stop_sig != 0; }
@@ -211,6 +230,209 @@ void loom_run_standby_kill(void) {
   standby_pid = 0;
 }
 
+
+/* ------------------------------------------------ the launcher's words
+ *
+ * With a launcher log (RUN/logs/launcher.log), the launcher's stderr comes
+ * through a pipe: what the ranks write passes to our stderr line by line
+ * ('\r' ends a line too, for progress bars); the launcher's and transport's
+ * own messages go to the log: Open MPI's help messages (framed by lines of
+ * dashes: "Primary job terminated normally...", "mpirun noticed that
+ * process..."), its "[host:pid] ..." lines (signal reports, backtraces) and
+ * UCX's "[time] [host:pid:tid] ..." lines and "==== backtrace" blocks.
+ * With -v they reach the console as well. */
+#define RELAY_MAX 4
+#define RELAY_LINE 4096
+
+typedef struct relay {
+  int fd; /* -1: unused */
+  pid_t pid;
+  size_t len;
+  bool in_banner, in_trace;
+  char buf[RELAY_LINE];
+} relay;
+
+static relay relays[RELAY_MAX] = {{.fd = -1}, {.fd = -1}, {.fd = -1}, {.fd = -1}};
+static char launcher_log_path[4200];
+static bool launcher_log_verbose;
+static int launcher_log_fd = -1;
+
+void loom_run_set_launcher_log(const char *path, bool verbose) {
+  snprintf(launcher_log_path, sizeof launcher_log_path, "%s", path);
+  launcher_log_verbose = verbose;
+}
+
+/* Opens the log the first time something goes there: its directory made,
+ * appended to, never through a link planted in its place. */
+static int log_fd(void) {
+  if (launcher_log_fd >= 0 || !launcher_log_path[0])
+    return launcher_log_fd;
+  char dir[4200];
+  snprintf(dir, sizeof dir, "%s", launcher_log_path);
+  char *slash = strrchr(dir, '/');
+  if (slash) {
+    *slash = '\0';
+    char *p = dir;
+    while ((p = strchr(p + 1, '/')) != NULL) {
+      *p = '\0';
+      mkdir(dir, 0755);
+      *p = '/';
+    }
+    mkdir(dir, 0755);
+  }
+  launcher_log_fd = open(launcher_log_path,
+                         O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC,
+                         0644);
+  if (launcher_log_fd < 0)
+    launcher_log_path[0] = '\0'; /* cannot: keep it on the console */
+  return launcher_log_fd;
+}
+
+static bool all_char(const char *s, size_t n, char c, size_t min) {
+  if (n < min)
+    return false;
+  for (size_t i = 0; i < n; i++)
+    if (s[i] != c)
+      return false;
+  return true;
+}
+
+/* Whether a line (without its terminator) is the launcher's own. */
+static bool launcher_line(relay *r, const char *s, size_t n) {
+  if (all_char(s, n, '-', 20)) {
+    r->in_banner = !r->in_banner;
+    return true;
+  }
+  if (r->in_banner)
+    return true;
+  if (n >= 14 && strncmp(s, "==== backtrace", 14) == 0) {
+    r->in_trace = true;
+    return true;
+  }
+  if (r->in_trace) {
+    if (all_char(s, n, '=', 10))
+      r->in_trace = false;
+    return true;
+  }
+  if (n > 1 && s[0] == '[') {
+    /* "[host:pid] ..." (Open MPI) or "[1700000000.1] [host:pid:tid]" (UCX) */
+    const char *end = memchr(s, ']', n);
+    if (end && memchr(s, ':', (size_t)(end - s)))
+      return true;
+    if (end && (size_t)(end - s) + 2 < n && end[1] == ' ' && end[2] == '[')
+      return true;
+  }
+  static const char *const starts[] = {"mpirun noticed", "mpirun.openmpi noticed",
+                                       "prterun noticed",
+                                       "Primary job  terminated",
+                                       "Primary job terminated"};
+  for (size_t i = 0; i < sizeof starts / sizeof starts[0]; i++)
+    if (n >= strlen(starts[i]) && strncmp(s, starts[i], strlen(starts[i])) == 0)
+      return true;
+  return false;
+}
+
+static void write_all(int fd, const char *s, size_t n) {
+  while (n > 0) {
+    ssize_t w = write(fd, s, n);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0)
+      return;
+    s += w;
+    n -= (size_t)w;
+  }
+}
+
+/* One line, terminator included (or a piece too long for the buffer). */
+static void relay_line(relay *r, const char *s, size_t n) {
+  size_t body = n;
+  while (body > 0 && (s[body - 1] == '\n' || s[body - 1] == '\r'))
+    body--;
+  if (launcher_line(r, s, body) && log_fd() >= 0) {
+    write_all(launcher_log_fd, s, n);
+    if (!launcher_log_verbose)
+      return;
+  }
+  write_all(STDERR_FILENO, s, n);
+}
+
+/* Reads what is there (non-blocking); at_end: the rest, even unterminated. */
+static void relay_read(relay *r, bool at_end) {
+  for (;;) {
+    ssize_t got = read(r->fd, r->buf + r->len, sizeof r->buf - r->len);
+    if (got > 0) {
+      r->len += (size_t)got;
+      size_t start = 0;
+      for (size_t i = 0; i < r->len; i++)
+        if (r->buf[i] == '\n' || r->buf[i] == '\r') {
+          relay_line(r, r->buf + start, i + 1 - start);
+          start = i + 1;
+        }
+      if (start == 0 && r->len == sizeof r->buf) {
+        relay_line(r, r->buf, r->len);
+        start = r->len;
+      }
+      memmove(r->buf, r->buf + start, r->len - start);
+      r->len -= start;
+      continue;
+    }
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got == 0 || at_end) {
+      if (r->len)
+        relay_line(r, r->buf, r->len);
+      r->len = 0;
+      if (got == 0) {
+        close(r->fd);
+        r->fd = -1;
+      }
+    }
+    return;
+  }
+}
+
+static void relay_all(bool at_end) {
+  for (int i = 0; i < RELAY_MAX; i++)
+    if (relays[i].fd >= 0)
+      relay_read(&relays[i], at_end);
+}
+
+/* The pipe for a launcher about to start: its write end, -1 without a log. */
+static int relay_open(int *read_end) {
+  *read_end = -1;
+  if (!launcher_log_path[0])
+    return -1;
+  int p[2];
+  if (pipe(p) != 0)
+    return -1;
+  for (int i = 0; i < RELAY_MAX; i++)
+    if (relays[i].fd < 0) {
+      fcntl(p[0], F_SETFL, fcntl(p[0], F_GETFL) | O_NONBLOCK);
+      fcntl(p[0], F_SETFD, FD_CLOEXEC);
+      relays[i].fd = p[0];
+      relays[i].len = 0;
+      relays[i].in_banner = relays[i].in_trace = false;
+      *read_end = p[0];
+      return p[1];
+    }
+  close(p[0]);
+  close(p[1]);
+  return -1;
+}
+
+static int relay_fds(struct pollfd *fds, int max) {
+  int k = 0;
+  for (int i = 0; i < RELAY_MAX && k < max; i++)
+    if (relays[i].fd >= 0) {
+      fds[k].fd = relays[i].fd;
+      fds[k].events = POLLIN;
+      fds[k].revents = 0;
+      k++;
+    }
+  return k;
+}
+
 /* After loom run stopped the ranks of a failed attempt, the launcher should
  * exit at once; one still there after this long (tearing down remote ranks,
  * say) is killed with its session. */
@@ -232,6 +454,8 @@ pid_t loom_run_start(char *const *argv, bool verbose) {
   }
   fflush(stdout);
   fflush(stderr);
+  int read_end;
+  int err_w = relay_open(&read_end);
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) {
@@ -239,6 +463,10 @@ pid_t loom_run_start(char *const *argv, bool verbose) {
     return -1;
   }
   if (pid == 0) {
+    if (err_w >= 0) {
+      dup2(err_w, STDERR_FILENO);
+      close(err_w);
+    }
     /* A session of its own: the terminal's signals reach loom run only
      * (which forwards them once), and every process of the job, whatever
      * its process group, can be found and stopped afterwards. */
@@ -256,6 +484,7 @@ pid_t loom_run_start(char *const *argv, bool verbose) {
     for (size_t i = 0; i < sizeof stop_signals / sizeof stop_signals[0]; i++)
       sigaction(stop_signals[i], &sa, NULL);
     sigaction(SIGCHLD, &sa, NULL);
+    sigaction(SIGPIPE, &sa, NULL);
     /* The job must not compete with the shell for the terminal's input;
      * pipes and files are passed on. */
     if (isatty(STDIN_FILENO)) {
@@ -269,6 +498,9 @@ pid_t loom_run_start(char *const *argv, bool verbose) {
     fprintf(stderr, "loom run: cannot run %s: %s\n", argv[0], strerror(errno));
     _exit(127);
   }
+  if (err_w >= 0)
+    close(err_w);
+  (void)read_end;
   return pid;
 }
 
@@ -287,6 +519,7 @@ int loom_run_spawn(char *const *argv, double timeout_s, bool verbose,
 int loom_run_wait(pid_t pid, double timeout_s, loom_run_watch *watch,
                   loom_run_result *res) {
   memset(res, 0, sizeof *res);
+  res->launcher_pid = pid;
   install_handlers();
   double t0 = loom_time_now();
   int status = 0;
@@ -330,14 +563,14 @@ int loom_run_wait(pid_t pid, double timeout_s, loom_run_watch *watch,
               "loom run: time limit of %g s reached; stopping the "
               "job\n",
               timeout_s);
-      kill(pid, SIGTERM);
+      stop_job(pid, watch, SIGTERM);
       stop_at = now;
     }
     if (stop_sig && forwarded < stop_count) {
       /* The first signal is passed on (mpirun stops its ranks); a second
        * one kills the whole session at once. */
       if (forwarded == 0) {
-        kill(pid, stop_sig);
+        stop_job(pid, watch, stop_sig);
         stop_at = now;
       } else if (!killed) {
         signal_session(pid, SIGKILL);
@@ -345,11 +578,11 @@ int loom_run_wait(pid_t pid, double timeout_s, loom_run_watch *watch,
       }
       forwarded = stop_count;
     }
-    if (stop_at > 0 && !killed && now - stop_at > STOP_GRACE_S) {
+    if (stop_at > 0 && !killed && now - stop_at > stop_grace_s) {
       fprintf(stderr,
-              "loom run: the job did not stop within %g s; killing "
-              "it\n",
-              STOP_GRACE_S);
+              "loom run: the job did not stop within %g s (--stop-grace); "
+              "killing it\n",
+              stop_grace_s);
       signal_session(pid, SIGKILL);
       killed = true;
     }
@@ -358,22 +591,40 @@ int loom_run_wait(pid_t pid, double timeout_s, loom_run_watch *watch,
     fds[0].fd = wake_pipe[0];
     fds[0].events = POLLIN;
     fds[0].revents = 0;
-    nfds = watch ? loom_watch_fds(watch, fds + 1, MAX_WATCH_FDS) : 0;
+    nfds = watch ? loom_watch_fds(watch, fds + 1, MAX_WATCH_FDS - RELAY_MAX)
+                 : 0;
+    int nrel = relay_fds(fds + 1 + nfds, RELAY_MAX);
     double wait_s = 0.2;
     if (watch && loom_watch_scanning(watch))
       wait_s = 0.05;
     if (fail_at > 0)
       wait_s = 0.01;
-    if (poll(fds, (nfds_t)(1 + nfds), (int)(wait_s * 1000)) > 0 &&
+    if (poll(fds, (nfds_t)(1 + nfds + nrel), (int)(wait_s * 1000)) > 0 &&
         fds[0].revents)
       drain();
+    if (nrel)
+      relay_all(false);
+  }
+  if (watch) {
+    /* The launcher is gone: first what the ranks did by themselves (the
+     * ends queued so far), then whatever is left is loom run's to stop. */
+    nfds = loom_watch_fds(watch, fds + 1, MAX_WATCH_FDS);
+    poll(fds + 1, (nfds_t)nfds, 0);
+    if (loom_watch_update(watch, fds + 1, nfds, loom_time_wall(), false) &&
+        fail_at == 0)
+      fail_at = loom_time_now();
+    loom_watch_mark_stopped(watch);
   }
   /* Ranks that escaped mpirun's own clean-up (or a program's children). */
   sweep_session(pid);
+  relay_all(true);
   if (watch) {
     /* Everything of the attempt is gone now: the last verdicts. */
     double wall = loom_time_wall();
     loom_watch_update(watch, NULL, 0, wall, true);
+    loom_watch_settle(watch, WIFSIGNALED(status) ? 128 + WTERMSIG(status)
+                             : WIFEXITED(status) ? WEXITSTATUS(status)
+                                                 : -1);
     if (watch->fail.found)
       watch->fail.t_stopped = wall;
     if (watch->want_progress && watch->on_first_step &&
@@ -384,6 +635,7 @@ int loom_run_wait(pid_t pid, double timeout_s, loom_run_watch *watch,
   res->stopped_by = stop_sig;
   if (WIFSIGNALED(status)) {
     res->signal = WTERMSIG(status);
+    res->launcher_killed = !killed && !forwarded && !res->timed_out;
     res->code = 128 + res->signal;
   } else if (WIFEXITED(status)) {
     res->code = WEXITSTATUS(status);

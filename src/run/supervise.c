@@ -12,15 +12,18 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "hostfile.h"
 #include "internal.h"
 #include "loom/comm.h"
+#include "loom/config.h"
 #include "loom/core.h"
 #include "loom/run.h"
 
@@ -74,6 +77,8 @@ typedef struct run_opts {
   int standby;        /* -1 auto, 0 off, 1 on */
   double restart_delay;
   double timeout;
+  double stop_grace; /* seconds to finish the step and save after a stop */
+  double hang_timeout; /* no step for this long is a hang (0: derived) */
   bool dry_run;
   bool verbose;
   char **prog; /* program and its arguments */
@@ -119,6 +124,15 @@ static void usage(FILE *f) {
           "this host)\n"
           "      --timeout S        stop the job after S seconds (exit code "
           "124)\n"
+          "      --stop-grace S     after a stop (a signal, --timeout), the "
+          "seconds the ranks\n"
+          "                         get to finish their step and save "
+          "(default 30)\n"
+          "      --hang-timeout S   a rank that completes no step for S "
+          "seconds has hung: the\n"
+          "                         job is stopped and restarted like after "
+          "a crash (default\n"
+          "                         max(60, 20 x the median step time))\n"
           "      --dry-run          print what would run\n"
           "  -v, --verbose          print the launch command\n\n"
           "Each rank gets LOOM_THREADS, OMP_NUM_THREADS and "
@@ -158,6 +172,7 @@ static int parse_secs(const char *s, const char *what, double *out) {
 static int parse_args(int argc, char **argv, run_opts *o) {
   memset(o, 0, sizeof *o);
   o->restart_delay = 1.0;
+  o->stop_grace = 30.0;
   o->standby = -1;
   int i = 1;
   for (; i < argc; i++) {
@@ -240,6 +255,12 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         return -1;
     } else if (strcmp(a, "--timeout") == 0) {
       if (parse_secs(v, "--timeout", &o->timeout))
+        return -1;
+    } else if (strcmp(a, "--hang-timeout") == 0) {
+      if (parse_secs(v, "--hang-timeout", &o->hang_timeout))
+        return -1;
+    } else if (strcmp(a, "--stop-grace") == 0) {
+      if (parse_secs(v, "--stop-grace", &o->stop_grace))
         return -1;
     } else {
       fprintf(stderr, "loom run: unknown option '%s' (see loom run --help)\n",
@@ -671,10 +692,14 @@ static int build_plan(const run_opts *o, int attempt, argv_buf *cmd,
 }
 
 static void describe_failure(const loom_run_result *r, char *buf, size_t n) {
-  if (r->code == LOOM_COMM_EXIT_TIMEOUT)
+  if (r->code == LOOM_EXIT_HANG)
+    snprintf(buf, n, "exit code %d: no progress within the hang timeout",
+             r->code);
+  else if (r->code == LOOM_COMM_EXIT_TIMEOUT)
     snprintf(buf, n, "exit code %d: the communication watchdog fired", r->code);
-  else if (r->signal)
-    snprintf(buf, n, "the launcher died from signal %d", r->signal);
+  else if (r->signal && r->launcher_killed)
+    snprintf(buf, n, "exit code %d: the launcher died from signal %d (%s)",
+             r->code, r->signal, loom_signal_name(r->signal));
   else if (r->code > 128 && r->code < 160)
     snprintf(buf, n, "exit code %d: a rank died from signal %d", r->code,
              r->code - 128);
@@ -842,6 +867,19 @@ static void describe_rank_failure(const loom_run_failure *f,
     if (k < n)                                                                 \
       k += (size_t)snprintf(buf + k, n - k, __VA_ARGS__);                      \
   } while (0)
+  if (f->hang) {
+    /* Every rank still in the job waits for the slowest one in a collective,
+     * so all stall at about the same step: the one whose last step is
+     * oldest is named first. */
+    OUT("no progress for %.1f s (hang timeout %.0f s) on rank(s) %d (step "
+        "%lld)%s%s; rank %d (host %s, pid %d) stopped first",
+        f->idle_s, f->hang_timeout, f->rank, (long long)f->last_step,
+        f->stalled[0] ? ", " : "", f->stalled, f->rank, f->host, f->pid);
+    if (np > 1)
+      OUT("; stopped the other %d rank(s) in %.2f s", np - 1,
+          f->t_stopped - f->t_detect);
+    return;
+  }
   if (f->watchdog)
     OUT("the communication watchdog fired on rank %d (host %s, pid %d)",
         f->rank, f->host, f->pid);
@@ -871,6 +909,51 @@ static void describe_rank_failure(const loom_run_failure *f,
 #undef OUT
 }
 
+/* 128 + the signal the ranks named, else the launcher's code. */
+static int stop_code(const loom_run_stop *st, int code) {
+  static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+  for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+    if (strcmp(st->by, loom_signal_name(sigs[i])) == 0)
+      return 128 + sigs[i];
+  return code;
+}
+
+/* How a stop ended: "stopped by SIGTERM at step N, checkpoint saved". */
+static void describe_stop(const loom_run_result *r, const loom_run_stop *st) {
+  char by[64];
+  if (r->timed_out)
+    snprintf(by, sizeof by, "the time limit");
+  else if (r->stopped_by)
+    snprintf(by, sizeof by, "%s", loom_signal_name(r->stopped_by));
+  else
+    snprintf(by, sizeof by, "%s sent to the ranks",
+             st->by[0] ? st->by : "a signal");
+  if (st->stopped > 0 && st->stopped == st->ranks && !st->steps_differ)
+    fprintf(stderr, "loom run: stopped by %s at step %lld, %s (after %.1f s)\n",
+            by, (long long)st->step,
+            st->saved == st->ranks ? "checkpoint saved" : "no checkpoint saved",
+            r->seconds);
+  else if (st->stopped > 0)
+    fprintf(stderr,
+            "loom run: stopped by %s after %.1f s; %d of %d rank(s) stopped "
+            "at a step%s\n",
+            by, r->seconds, st->stopped, st->ranks,
+            st->steps_differ ? " (not the same step)" : "");
+  else
+    fprintf(stderr, "loom run: job stopped by %s after %.1f s\n", by,
+            r->seconds);
+}
+
+/* The first line when the launcher itself was killed. */
+static void describe_launcher_death(const loom_run_result *r, const char *name,
+                                    int np) {
+  fprintf(stderr,
+          "loom run: the launcher died: %s (pid %d) was killed by signal %d "
+          "(%s); its %d rank(s) were stopped\n",
+          name, (int)r->launcher_pid, r->signal, loom_signal_name(r->signal),
+          np);
+}
+
 static void report_failure(job *jb, const loom_run_failure *f, int np,
                            int code, const char *why) {
   cJSON *ev = report_event("failure", jb->attempt);
@@ -893,6 +976,7 @@ static void report_failure(job *jb, const loom_run_failure *f, int np,
       cJSON_AddNullToObject(ev, "signal");
     cJSON_AddBoolToObject(ev, "recorded", f->recorded);
     cJSON_AddBoolToObject(ev, "watchdog", f->watchdog);
+    cJSON_AddBoolToObject(ev, "hang", f->hang);
     cJSON_AddNumberToObject(ev, "last_step", (double)f->last_step);
     cJSON_AddStringToObject(ev, "note", f->note);
   }
@@ -904,17 +988,58 @@ static void report_failure(job *jb, const loom_run_failure *f, int np,
   report_emit(jb, ev);
 }
 
-/* What loom run keeps in its job directory: attempt-N directories holding
- * the ranks' status files (any plain file: the directory is mkdtemp's, only
- * loom writes there). Links and other directories are never removed. */
-static bool run_own(const char *name, bool is_dir, int depth, void *ctx) {
-  (void)ctx;
-  if (!is_dir)
-    return depth > 0;
-  return depth == 0 || strncmp(name, "attempt-", 8) == 0;
+/* ------------------------------------------- the job's directory */
+
+/* The names loom run and the ranks write in a job directory: "owner" (the
+ * lock held for the job's life), "attempt-N" directories, and inside them
+ * "rank-N", its temporary "rank-N.PID" and the gate "go". `level`: 0 the
+ * job directory itself, 1 its entries, 2 an attempt's. */
+static bool whole_name(const char *name, int len) {
+  return len == (int)strlen(name);
 }
 
-/* Removes the job directory or one attempt's (loom_fs_remove_own). */
+static bool own_name(const char *name, bool is_dir, int level) {
+  int n, pid, len = -1;
+  switch (level) {
+  case 0:
+    return is_dir;
+  case 1:
+    if (!is_dir)
+      return strcmp(name, "owner") == 0;
+    return sscanf(name, "attempt-%d%n", &n, &len) == 1 && whole_name(name, len);
+  case 2:
+    if (is_dir)
+      return false;
+    if (strcmp(name, "go") == 0)
+      return true;
+    if (sscanf(name, "rank-%d%n", &n, &len) == 1 && whole_name(name, len))
+      return true;
+    len = -1;
+    return sscanf(name, "rank-%d.%d%n", &n, &pid, &len) == 2 &&
+           whole_name(name, len);
+  default:
+    return false;
+  }
+}
+
+/* loom_fs_remove_own's predicate; ctx: the level of the entry removed (0
+ * for a job directory, 1 for an attempt's). */
+static bool run_own(const char *name, bool is_dir, int depth, void *ctx) {
+  return own_name(name, is_dir, depth + *(const int *)ctx);
+}
+
+/* Removes dfd/name, a job directory (level 0) or an attempt's (level 1),
+ * link-safely and only loom's names (loom_fs_remove_own); whether all of
+ * it went. */
+static bool remove_own_tree(int dfd, const char *name, const char *shown,
+                            int level) {
+  int left = 0;
+  return loom_fs_remove_own(dfd, name, shown, run_own, &level, &left) ==
+             LOOM_OK &&
+         left == 0;
+}
+
+/* Removes a job or attempt directory (a path) that loom run made. */
 static void remove_dir(const char *path) {
   char parent[4200];
   snprintf(parent, sizeof parent, "%s", path);
@@ -922,12 +1047,133 @@ static void remove_dir(const char *path) {
   if (!slash || !slash[1])
     return;
   *slash = '\0';
-  int fd = open(parent[0] ? parent : "/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0)
+  int dfd = open(parent[0] ? parent : "/",
+                 O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0)
     return;
-  loom_fs_remove_own(fd, slash + 1, path, run_own, NULL, NULL);
-  close(fd);
+  bool attempt = strncmp(slash + 1, "attempt-", 8) == 0;
+  remove_own_tree(dfd, slash + 1, path, attempt ? 1 : 0);
+  close(dfd);
 }
+
+/* Job directories of loom runs that died without removing theirs (killed
+ * with SIGKILL): a live loom run holds a lock on its "owner" file for the
+ * whole job, so one that can be locked belongs to no one. Only
+ * loom-run-XXXXXX directories of this user are looked at. */
+static void remove_stale_jobdirs(const char *tmp) {
+  int dfd = open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0)
+    return;
+  int scan_fd = dup(dfd);
+  DIR *d = scan_fd >= 0 ? fdopendir(scan_fd) : NULL;
+  if (!d) {
+    if (scan_fd >= 0)
+      close(scan_fd);
+    close(dfd);
+    return;
+  }
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (strncmp(e->d_name, "loom-run-", 9) != 0 || strlen(e->d_name) != 15)
+      continue;
+    struct stat st;
+    if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !S_ISDIR(st.st_mode) || st.st_uid != geteuid())
+      continue;
+    int jfd = openat(dfd, e->d_name,
+                     O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (jfd < 0)
+      continue;
+    int ofd = openat(jfd, "owner", O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    close(jfd);
+    if (ofd < 0)
+      continue; /* not one of ours (or an older loom's): leave it */
+    bool stale = flock(ofd, LOCK_EX | LOCK_NB) == 0;
+    close(ofd);
+    char shown[4200];
+    snprintf(shown, sizeof shown, "%s/%s", tmp, e->d_name);
+    if (stale && remove_own_tree(dfd, e->d_name, shown, 0))
+      LOOM_INFO("loom run: removed %s/%s of a loom run that is gone", tmp,
+                    e->d_name);
+  }
+  closedir(d);
+  close(dfd);
+}
+
+/* Makes the job directory and takes its lock (held until loom run exits,
+ * however it exits); returns the lock's fd, -1 on failure. */
+static int make_jobdir(char *jobdir, size_t n) {
+  const char *tmp = getenv("TMPDIR");
+  tmp = tmp && *tmp ? tmp : "/tmp";
+  remove_stale_jobdirs(tmp);
+  snprintf(jobdir, n, "%s/loom-run-XXXXXX", tmp);
+  if (!mkdtemp(jobdir)) {
+    fprintf(stderr, "loom run: cannot make a directory in %s: %s\n", tmp,
+            strerror(errno));
+    return -1;
+  }
+  char owner[4200];
+  snprintf(owner, sizeof owner, "%s/owner", jobdir);
+  int fd = open(owner, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                0600);
+  if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0) {
+    char pid[32];
+    int len = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+    if (write(fd, pid, (size_t)len) != len) {
+      /* the pid is for people; the lock is what counts */
+    }
+    return fd;
+  }
+  if (fd >= 0)
+    close(fd);
+  fprintf(stderr, "loom run: cannot lock %s: %s\n", owner, strerror(errno));
+  remove_dir(jobdir);
+  return -1;
+}
+
+/* The launcher's own messages (Open MPI's banners, UCX backtraces) go to
+ * RUN/logs/launcher.log, RUN being the run directory of `loom train CFG
+ * [--set ...]` (log.run_dir as loom train resolves it). False when the
+ * program is something else or the config does not load (loom train will
+ * say why). */
+static bool run_dir_of(const run_opts *o, char *out, size_t n) {
+  const char *base = strrchr(o->prog[0], '/');
+  base = base ? base + 1 : o->prog[0];
+  if (strcmp(base, "loom") != 0 || !o->prog[1] ||
+      strcmp(o->prog[1], "train") != 0)
+    return false;
+  const char *cfg_path = NULL;
+  const char *sets[64];
+  int n_sets = 0;
+  for (int i = 2; o->prog[i]; i++) {
+    const char *a = o->prog[i];
+    if (strcmp(a, "--set") == 0 && o->prog[i + 1]) {
+      if (n_sets < 64)
+        sets[n_sets++] = o->prog[i + 1];
+      i++;
+    } else if (a[0] == '-') {
+      /* options with a value */
+      if ((strcmp(a, "--resume") == 0 || strcmp(a, "--steps") == 0 ||
+           strcmp(a, "--stop-at") == 0) &&
+          o->prog[i + 1])
+        i++;
+    } else if (!cfg_path) {
+      cfg_path = a;
+    }
+  }
+  if (!cfg_path)
+    return false;
+  loom_config *cfg = calloc(1, sizeof *cfg);
+  if (!cfg)
+    return false;
+  bool ok = loom_config_load(cfg, cfg_path, sets, n_sets) == LOOM_OK &&
+            cfg->log.run_dir[0];
+  if (ok)
+    snprintf(out, n, "%s/logs/launcher.log", cfg->log.run_dir);
+  free(cfg);
+  return ok;
+}
+
 
 int loom_run_main(int argc, char **argv) {
   run_opts o;
@@ -943,26 +1189,42 @@ int loom_run_main(int argc, char **argv) {
   base = base ? base + 1 : o.prog[0];
   bool is_train = strcmp(base, "loom") == 0 && o.prog[1] &&
                   strcmp(o.prog[1], "train") == 0;
+  loom_run_set_stop_grace(o.stop_grace);
+  /* "loom" is this loom, found where it is, not through PATH. */
+  char self[4096];
+  if (strcmp(o.prog[0], "loom") == 0) {
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len > 0) {
+      self[len] = '\0';
+      o.prog[0] = self;
+    }
+  }
+  /* A program that is not there is said so, not reported as a rank that
+   * died (where every rank runs here: another host may have it). */
+  if (!o.hosts && !o.hostfile && !o.dry_run && !in_path(o.prog[0])) {
+    fprintf(stderr, "loom run: program not found: %s\n", o.prog[0]);
+    return 127;
+  }
+  char launcher_log[4200] = "";
+  if (!o.dry_run && run_dir_of(&o, launcher_log, sizeof launcher_log))
+    loom_run_set_launcher_log(launcher_log, o.verbose);
   jb.standby_ok = o.max_restarts > 0 &&
                   (o.standby == 1 || (o.standby == -1 && is_train));
   /* The ranks' status files: a fresh directory per job, one per attempt
    * inside it, all removed at the end. */
   char jobdir[4096] = "";
+  int owner_fd = -1;
   if (!o.dry_run) {
-    const char *tmp = getenv("TMPDIR");
-    snprintf(jobdir, sizeof jobdir, "%s/loom-run-XXXXXX",
-             tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(jobdir)) {
-      fprintf(stderr, "loom run: cannot make a directory in %s: %s\n",
-              tmp && *tmp ? tmp : "/tmp", strerror(errno));
+    owner_fd = make_jobdir(jobdir, sizeof jobdir);
+    if (owner_fd < 0)
       return LOOM_EXIT_FAIL;
-    }
     if (o.report) {
       jb.report = fopen(o.report, "w");
       if (!jb.report) {
         fprintf(stderr, "loom run: cannot write %s: %s\n", o.report,
                 strerror(errno));
-        rmdir(jobdir);
+        remove_dir(jobdir);
+        close(owner_fd);
         return LOOM_EXIT_USAGE;
       }
     }
@@ -1040,6 +1302,8 @@ int loom_run_main(int argc, char **argv) {
     loom_watch_init(&w);
     w.dir = adir;
     w.expect_local = pi.local;
+    w.all_local = pi.local == pi.np;
+    w.hang_timeout = o.hang_timeout;
     w.want_progress = jb.recovering || jb.standby_ok;
     w.on_first_step = on_recovered;
     w.ctx = &jb;
@@ -1058,7 +1322,11 @@ int loom_run_main(int argc, char **argv) {
     } else {
       s = loom_run_spawn(cmd.v, o.timeout, o.verbose, &w, &r);
     }
+    char cmd0[256];
+    snprintf(cmd0, sizeof cmd0, "%s", cmd.n > 0 ? cmd.v[0] : "?");
     argv_free(&cmd);
+    loom_run_stop stop;
+    loom_watch_stop_summary(&w, &stop);
     loom_watch_free(&w);
     remove_dir(adir);
     if (s != 0) {
@@ -1070,13 +1338,26 @@ int loom_run_main(int argc, char **argv) {
       break;
     }
     if (r.stopped_by || r.timed_out) {
-      fprintf(stderr, "loom run: job stopped (%s) after %.1f s\n",
-              r.timed_out ? "time limit" : "signal", r.seconds);
+      describe_stop(&r, &stop);
       rc = r.code;
+      break;
+    }
+    if (!w.fail.found && stop.stopped > 0 && stop.stopped == stop.ranks) {
+      /* Signalled directly (not through loom run): every rank stopped at
+       * an agreed step. Asked for, so not restarted; the code is 128 + the
+       * signal, whichever rank's exit the launcher passed on. */
+      describe_stop(&r, &stop);
+      rc = stop_code(&stop, r.code);
       break;
     }
     /* A failed attempt. */
     loom_run_failure f = w.fail;
+    if (r.launcher_killed && used != LAUNCH_DIRECT) {
+      /* mpirun itself died from a signal it did not get from us: the ranks
+       * went down with it (or were stopped by loom run), none is to blame. */
+      describe_launcher_death(&r, cmd0, pi.np);
+      f.found = false;
+    }
     if (!f.found) {
       /* No local rank told us (remote ranks, a program that keeps no
        * status): the launcher's exit is all there is. */
@@ -1095,6 +1376,14 @@ int loom_run_main(int argc, char **argv) {
     }
     report_failure(&jb, &f, pi.np, rc, why);
     jb.recovering = false;
+    if (rc == LOOM_EXIT_NOSPACE) {
+      fprintf(stderr,
+              "loom run: job failed (exit code %d: a save found no space or a "
+              "read-only file system) after %.1f s; not restarted, since it "
+              "would fail the same way\n",
+              rc, r.seconds);
+      break;
+    }
     if (rc == LOOM_EXIT_USAGE) {
       fprintf(stderr,
               "loom run: job failed (exit code 2: a configuration or "
@@ -1134,5 +1423,7 @@ int loom_run_main(int argc, char **argv) {
   if (jb.report)
     fclose(jb.report);
   remove_dir(jobdir);
+  if (owner_fd >= 0)
+    close(owner_fd);
   return rc;
 }

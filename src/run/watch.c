@@ -32,6 +32,18 @@ struct loom_watch_rank {
   bool dead;   /* seen gone */
   double t_seen; /* wall time its death was seen */
   int wstatus; /* from /proc while it was a zombie; -1 unknown */
+  /* The order of events. The kernel closes a process's files when it
+   * exits, before its pidfd turns readable: the IN_CLOSE_WRITE of the
+   * rank's status file is queued on our inotify in the order the ranks
+   * really ended, whenever loom run gets to read it (under load, often
+   * after several ranks are gone). end_seq is that order (0: not seen). */
+  int64_t end_seq;
+  double t_alive; /* last wall time it was known alive (before a poll) */
+  double t_end_read; /* when its end was read (an upper bound of it) */
+  bool stopped;   /* loom run signalled it: never the cause */
+  bool candidate; /* among the ends seen when the failure was detected */
+  int64_t hb_step; /* the heartbeat: the step last seen, and its time */
+  double hb_t;
   loom_runstat_record rec;
 };
 
@@ -72,6 +84,10 @@ void loom_watch_init(loom_run_watch *w) {
   w->next_scan = 0;
   w->first_step_told = false;
   w->ino = -1;
+  w->end_seq = 0;
+  w->t_polled = 0;
+  w->detected = false;
+  w->n_step_s = 0;
   memset(&w->fail, 0, sizeof w->fail);
   w->fail.rank = -1;
   memset(&w->prog, 0, sizeof w->prog);
@@ -137,10 +153,95 @@ static void mark_dead(loom_watch_rank *r, double now) {
 
 /* Reads the record of a known rank again; keeps the old one when the file
  * is being rewritten at this moment. */
-static void refresh(const loom_run_watch *w, loom_watch_rank *r) {
+static void refresh(loom_run_watch *w, loom_watch_rank *r) {
   loom_runstat_record rec;
-  if (loom_runstat_read(w->dir, r->rank, &rec) == LOOM_OK)
-    r->rec = rec;
+  if (loom_runstat_read(w->dir, r->rank, &rec) != LOOM_OK)
+    return;
+  /* The heartbeat: each step completed moves it, and gives a step time. */
+  if (rec.step >= 0 && rec.step != r->hb_step && rec.t_step > 0) {
+    if (r->hb_step >= 0 && rec.step > r->hb_step && r->hb_t > 0 &&
+        rec.t_step > r->hb_t) {
+      double dt = (rec.t_step - r->hb_t) / (double)(rec.step - r->hb_step);
+      int cap = (int)(sizeof w->step_s / sizeof w->step_s[0]);
+      w->step_s[w->n_step_s % cap] = dt;
+      w->n_step_s++;
+    }
+    r->hb_step = rec.step;
+    r->hb_t = rec.t_step;
+  }
+  r->rec = rec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+double loom_watch_hang_timeout(const loom_run_watch *w) {
+  if (w->hang_timeout > 0)
+    return w->hang_timeout;
+  int cap = (int)(sizeof w->step_s / sizeof w->step_s[0]);
+  int n = w->n_step_s < cap ? w->n_step_s : cap;
+  double t = 60.0;
+  if (n > 0) {
+    double v[sizeof w->step_s / sizeof w->step_s[0]];
+    memcpy(v, w->step_s, (size_t)n * sizeof v[0]);
+    qsort(v, (size_t)n, sizeof v[0], cmp_double);
+    if (20.0 * v[n / 2] > t)
+      t = 20.0 * v[n / 2];
+  }
+  return t;
+}
+
+/* A hang: local ranks that completed a step once and none since for
+ * longer than the hang timeout (stuck outside a collective, stopped, or
+ * waiting for one that is). The cause named is the one that stopped
+ * first: the lowest step, then the oldest heartbeat; the others are listed.
+ * Returns whether one was found (then w->fail is it). */
+static bool find_hang(loom_run_watch *w, double now) {
+  double limit = loom_watch_hang_timeout(w);
+  int best = -1;
+  for (int i = 0; i < w->n; i++) {
+    loom_watch_rank *r = &w->ranks[i];
+    if (!r->local || r->dead || r->hb_step < 0 || now - r->hb_t <= limit ||
+        r->rec.phase == LOOM_RUNSTAT_DONE)
+      continue;
+    if (best < 0 || r->hb_step < w->ranks[best].hb_step ||
+        (r->hb_step == w->ranks[best].hb_step && r->hb_t < w->ranks[best].hb_t))
+      best = i;
+  }
+  if (best < 0)
+    return false;
+  loom_watch_rank *r = &w->ranks[best];
+  loom_run_failure *f = &w->fail;
+  f->found = true;
+  f->hang = true;
+  f->hang_timeout = limit;
+  f->idle_s = now - r->hb_t;
+  f->rank = r->rank;
+  f->pid = r->rec.pid;
+  snprintf(f->host, sizeof f->host, "%s", r->rec.host);
+  f->code = LOOM_EXIT_HANG;
+  f->signal = 0;
+  f->recorded = false;
+  f->last_step = r->hb_step;
+  snprintf(f->note, sizeof f->note, "%s", r->rec.note);
+  f->watchdog = false;
+  size_t k = 0;
+  f->stalled[0] = '\0';
+  for (int i = 0; i < w->n && k < sizeof f->stalled; i++) {
+    const loom_watch_rank *o = &w->ranks[i];
+    if (i == best || !o->local || o->dead || o->hb_step < 0 ||
+        now - o->hb_t <= limit)
+      continue;
+    k += (size_t)snprintf(f->stalled + k, sizeof f->stalled - k, "%s%d (step %lld)",
+                          k ? ", " : "", o->rank, (long long)o->hb_step);
+  }
+  f->t_fail = r->hb_t + limit;
+  f->t_detect = now;
+  w->detected = true;
+  r->candidate = true;
+  return true;
 }
 
 /* Finds rank files not seen before and starts watching their processes;
@@ -175,6 +276,8 @@ static bool scan(loom_run_watch *w, double now) {
     r->rec = rec;
     r->pidfd = -1;
     r->wstatus = -1;
+    r->t_alive = w->t_polled;
+    r->hb_step = -1;
     /* A shared file system may show other hosts' files: their pids are not
      * ours to watch. */
     r->local = same_host(rec.host);
@@ -199,13 +302,19 @@ int loom_watch_local(const loom_run_watch *w) {
 
 int loom_watch_fds(loom_run_watch *w, struct pollfd *fds, int max) {
   int k = 0;
+  /* A rank whose pidfd is not readable after this poll was alive now. */
+  w->t_polled = loom_time_wall();
+  for (int i = 0; i < w->n; i++)
+    if (!w->ranks[i].dead && !w->ranks[i].end_seq)
+      w->ranks[i].t_alive = w->t_polled;
   /* Every write to a status file (a step, a phase, an exit code) wakes us:
    * a rank that says it failed is acted on before it is even gone, which
    * matters when it hangs on its way out. */
   if (w->ino < 0 && w->dir && w->dir[0]) {
     w->ino = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
     if (w->ino >= 0 &&
-        inotify_add_watch(w->ino, w->dir, IN_MODIFY | IN_MOVED_TO) < 0) {
+        inotify_add_watch(w->ino, w->dir,
+                          IN_MODIFY | IN_MOVED_TO | IN_CLOSE_WRITE) < 0) {
       close(w->ino);
       w->ino = -2; /* do without: the periodic scan still reads the files */
     }
@@ -242,9 +351,17 @@ static int judge(const loom_watch_rank *r, int *code, int *sig, double *t,
   if (rec->exit_code >= 0) {
     *code = rec->exit_code;
     *t = rec->t_exit;
+    /* Stopped by a signal at an agreed step (loom train's note): an end
+     * someone asked for, not a failure. */
+    if (rec->exit_code > 128 && strncmp(rec->note, "stopped ", 8) == 0)
+      return 0;
     return rec->exit_code != 0;
   }
   if (!r->dead)
+    return 0;
+  /* It stopped at an agreed step and said so; killed on its way out (the
+   * launcher takes the rest down when one rank exits non-zero). */
+  if (strncmp(rec->note, "stopped ", 8) == 0)
     return 0;
   *recorded = false;
   *t = r->t_seen;
@@ -262,50 +379,116 @@ static int judge(const loom_watch_rank *r, int *code, int *sig, double *t,
   return rec->exit_code == -1 ? 1 : -1;
 }
 
-/* The failure is the earliest abnormal end among the local ranks: a rank
- * whose watchdog fired records exit code 75 before the job is aborted, so
- * it comes before the ranks the abort kills. */
-static bool pick_failure(loom_run_watch *w, double now) {
-  int best = -1;
-  double best_t = 0;
-  int best_code = -1, best_sig = 0;
-  bool best_rec = false;
+/* One abnormal end, as pick_failure weighs it. */
+typedef struct end_info {
+  int i; /* index in w->ranks */
+  int code, sig;
+  double t; /* recorded: its record's time; else when its death was seen */
+  bool recorded;
+} end_info;
+
+/* Whether end a came before end b. A recorded end has an exact time; an
+ * unrecorded one (a SIGKILL) lies between the last poll that found the rank
+ * alive and the moment its end was read. Between two deaths the kernel's
+ * order (end_seq) decides; where times overlap and nothing else tells, the
+ * rank that said why it failed goes first, then the evidence of the
+ * launcher: its verdict names the signal of the first rank it reaped, the
+ * rank it reaped (gone from /proc) died before one still a zombie, and
+ * SIGTERM is what a launcher stops the others with. */
+static bool end_before(const loom_run_watch *w, const end_info *a,
+                       const end_info *b, int launcher_code) {
+  const loom_watch_rank *ra = &w->ranks[a->i], *rb = &w->ranks[b->i];
+  double a_lo = a->recorded ? a->t : ra->t_alive;
+  double a_hi = a->recorded ? a->t : (ra->end_seq ? ra->t_end_read : a->t);
+  double b_lo = b->recorded ? b->t : rb->t_alive;
+  double b_hi = b->recorded ? b->t : (rb->end_seq ? rb->t_end_read : b->t);
+  if (a->recorded && b->recorded)
+    return a->t < b->t || (a->t == b->t && ra->rank < rb->rank);
+  if (a_hi < b_lo)
+    return true;
+  if (b_hi < a_lo)
+    return false;
+  if (a->recorded != b->recorded)
+    return a->recorded;
+  if (ra->end_seq && rb->end_seq)
+    return ra->end_seq < rb->end_seq;
+  int lsig = launcher_code > 128 && launcher_code < 160 ? launcher_code - 128
+                                                         : 0;
+  if (lsig) {
+    bool am = a->sig == lsig || (a->sig == 0 && ra->wstatus < 0);
+    bool bm = b->sig == lsig || (b->sig == 0 && rb->wstatus < 0);
+    if (am != bm)
+      return am;
+  }
+  if ((ra->wstatus < 0) != (rb->wstatus < 0))
+    return ra->wstatus < 0; /* reaped first, so ended first */
+  if ((a->sig == SIGTERM) != (b->sig == SIGTERM))
+    return b->sig == SIGTERM;
+  return ra->rank < rb->rank;
+}
+
+/* The failure is the earliest abnormal end among the local ranks that
+ * loom run did not stop itself (after detection: among the ends seen at
+ * that moment). A rank whose watchdog fired records exit code 75 before
+ * the job is aborted, so it comes before the ranks the abort kills. */
+static bool pick_failure(loom_run_watch *w, double now, int launcher_code) {
+  end_info best = {.i = -1};
   for (int i = 0; i < w->n; i++) {
     loom_watch_rank *r = &w->ranks[i];
-    if (!r->local)
+    if (!r->local || (w->detected && !r->candidate))
       continue;
-    int code, sig;
-    double t;
-    bool recorded;
-    if (judge(r, &code, &sig, &t, &recorded) != 1)
+    end_info e = {.i = i};
+    if (judge(r, &e.code, &e.sig, &e.t, &e.recorded) != 1)
       continue;
-    if (best < 0 || t < best_t) {
-      best = i;
-      best_t = t;
-      best_code = code;
-      best_sig = sig;
-      best_rec = recorded;
-    }
+    /* Ended by loom run's own hand (and not before it said it failed). */
+    if (r->stopped && !r->candidate && !e.recorded)
+      continue;
+    if (!w->detected)
+      r->candidate = true;
+    if (best.i < 0 || end_before(w, &e, &best, launcher_code))
+      best = e;
   }
-  if (best < 0)
+  if (best.i < 0)
     return false;
-  loom_watch_rank *r = &w->ranks[best];
+  loom_watch_rank *r = &w->ranks[best.i];
   loom_run_failure *f = &w->fail;
   f->found = true;
   f->rank = r->rank;
   f->pid = r->rec.pid;
   snprintf(f->host, sizeof f->host, "%s", r->rec.host);
-  f->code = best_code;
-  f->signal = best_sig;
-  f->recorded = best_rec; /* the rank said it itself */
+  f->code = best.code;
+  f->signal = best.sig;
+  f->recorded = best.recorded; /* the rank said it itself */
   f->last_step = r->rec.step;
   snprintf(f->note, sizeof f->note, "%s", r->rec.note);
   f->watchdog = strncmp(r->rec.note, "watchdog", 8) == 0;
-  f->t_fail = best_t;
-  f->t_detect = now;
-  if (f->t_fail > now)
-    f->t_fail = now;
+  if (!w->detected) {
+    f->t_fail = best.t;
+    f->t_detect = now;
+    if (f->t_fail > now)
+      f->t_fail = now;
+  }
+  w->detected = true;
   return true;
+}
+
+void loom_watch_settle(loom_run_watch *w, int launcher_code) {
+  if (!w->detected || w->fail.hang)
+    return;
+  double t_fail = w->fail.t_fail, t_detect = w->fail.t_detect;
+  int stopped = w->fail.stopped;
+  double t_stopped = w->fail.t_stopped;
+  pick_failure(w, t_detect, launcher_code);
+  w->fail.t_fail = t_fail;
+  w->fail.t_detect = t_detect;
+  w->fail.stopped = stopped;
+  w->fail.t_stopped = t_stopped;
+}
+
+void loom_watch_mark_stopped(loom_run_watch *w) {
+  for (int i = 0; i < w->n; i++)
+    if (w->ranks[i].local && !w->ranks[i].dead)
+      w->ranks[i].stopped = true;
 }
 
 int loom_watch_update(loom_run_watch *w, const struct pollfd *fds, int nfds,
@@ -326,11 +509,13 @@ int loom_watch_update(loom_run_watch *w, const struct pollfd *fds, int nfds,
       died = true;
     }
   }
-  /* Files written since: refresh those ranks (a new file: scan now). */
+  /* Files written since: refresh those ranks (a new file: scan now); the
+   * queue is read whatever poll said, so that an end queued after poll
+   * looked at it is not read after a later death. */
   bool spoke = false, fresh = false;
-  for (int k = 0; k < nfds; k++) {
-    if (w->ino < 0 || fds[k].fd != w->ino || !fds[k].revents)
-      continue;
+  (void)fds;
+  (void)nfds;
+  if (w->ino >= 0) {
     char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
     ssize_t len;
     while ((len = read(w->ino, buf, sizeof buf)) > 0) {
@@ -340,9 +525,22 @@ int loom_watch_update(loom_run_watch *w, const struct pollfd *fds, int nfds,
         char tail;
         if (ev->len && sscanf(ev->name, "rank-%d%c", &rank, &tail) == 1) {
           loom_watch_rank *r = find(w, rank);
+          if (!r && (ev->mask & IN_CLOSE_WRITE)) {
+            /* It ended before we knew it: learn of it now, in order. */
+            if (scan(w, now))
+              died = true;
+            r = find(w, rank);
+          }
           if (!r)
             fresh = true;
-          else if (!r->dead) {
+          else if (ev->mask & IN_CLOSE_WRITE) {
+            if (!r->end_seq) {
+              r->end_seq = ++w->end_seq;
+              r->t_end_read = now;
+            }
+            refresh(w, r);
+            spoke = true;
+          } else if (!r->dead) {
             refresh(w, r);
             spoke = true;
           }
@@ -368,16 +566,20 @@ int loom_watch_update(loom_run_watch *w, const struct pollfd *fds, int nfds,
   for (int i = 0; spoke && i < w->n; i++) {
     const loom_runstat_record *rec = &w->ranks[i].rec;
     said_failed |= w->ranks[i].local && !w->ranks[i].dead &&
-                   (rec->exit_code > 0 || rec->signal > 0);
+                   ((rec->exit_code > 0 &&
+                     strncmp(rec->note, "stopped ", 8) != 0) ||
+                    rec->signal > 0);
   }
   if ((died || final || said_failed) && !w->fail.found) {
     /* Who else has spoken: a watchdog rank may not be dead yet. */
     for (int i = 0; i < w->n; i++)
       if (!w->ranks[i].dead && w->ranks[i].local)
         refresh(w, &w->ranks[i]);
-    if (pick_failure(w, now))
+    if (pick_failure(w, now, -1))
       return 1;
   }
+  if (!final && !w->fail.found && find_hang(w, now))
+    return 1;
   return 0;
 }
 
@@ -397,6 +599,7 @@ int loom_watch_stop_others(loom_run_watch *w) {
      * that a graceful stop would have kept. The failing rank itself, when
      * it said so before leaving, goes too: it has had its say, and may be
      * hanging on its way out. */
+    r->stopped = true;
     if (syscall(SYS_pidfd_send_signal, r->pidfd, SIGKILL, NULL, 0) == 0)
       n++;
   }
@@ -443,4 +646,45 @@ bool loom_watch_progress(loom_run_watch *w) {
   w->prog = p;
   w->first_step_told = true;
   return true;
+}
+
+int loom_watch_signal_all(loom_run_watch *w, int sig) {
+  int n = 0;
+  for (int i = 0; i < w->n; i++) {
+    loom_watch_rank *r = &w->ranks[i];
+    if (!r->dead && r->local && r->pidfd >= 0 &&
+        syscall(SYS_pidfd_send_signal, r->pidfd, sig, NULL, 0) == 0)
+      n++;
+  }
+  return n;
+}
+
+bool loom_watch_all_known(const loom_run_watch *w) {
+  return w->all_local && w->expect_local > 0 &&
+         loom_watch_local(w) >= w->expect_local;
+}
+
+void loom_watch_stop_summary(const loom_run_watch *w, loom_run_stop *st) {
+  memset(st, 0, sizeof *st);
+  st->step = -1;
+  for (int i = 0; i < w->n; i++) {
+    const loom_watch_rank *r = &w->ranks[i];
+    if (!r->local)
+      continue;
+    st->ranks++;
+    const char *at = strstr(r->rec.note, " at step ");
+    long long step;
+    if (strncmp(r->rec.note, "stopped ", 8) != 0 || !at ||
+        sscanf(at, " at step %lld", &step) != 1)
+      continue;
+    st->stopped++;
+    if (strstr(at, "checkpoint saved"))
+      st->saved++;
+    if (strncmp(r->rec.note, "stopped by SIG", 14) == 0 && !st->by[0])
+      sscanf(r->rec.note + 11, "%15[A-Z]", st->by);
+    if (st->step < 0)
+      st->step = step;
+    else if (st->step != step)
+      st->steps_differ = true;
+  }
 }

@@ -757,8 +757,11 @@ static loom_status log_eval(loom_trainer *t, loom_train_result *res,
   return LOOM_OK;
 }
 
+static volatile sig_atomic_t stop_signal; /* the first stop signal */
+
 static void on_signal(int sig) {
-  (void)sig;
+  if (!stop_signal)
+    stop_signal = sig;
   stop_requested = 1;
 }
 
@@ -804,11 +807,15 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
   loom_status s = LOOM_OK;
   double *sums = NULL; /* (S, SUM_N) this step's loss statistics */
   stop_requested = 0;
-  struct sigaction sa, old_int, old_term;
+  stop_signal = 0;
+  /* SIGINT, SIGTERM and SIGHUP (a closed terminal, or loom run passing any
+   * of them on) stop every rank at one agreed step, which is saved. */
+  struct sigaction sa, old_int, old_term, old_hup;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal;
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
+  sigaction(SIGHUP, &sa, &old_hup);
 
   if (is_rank0(t)) {
     if (cfg->log.metrics && cfg->log.run_dir[0])
@@ -890,7 +897,11 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
     double now = loom_time_now();
     double rate = units_per_step * (double)window_steps / (now - t_window);
     if (is_rank0(t)) {
-      loom_progress_info pi = {t->step, (int)epoch, (float)loss, lr, rate};
+      /* The console shows the quantity metrics.jsonl logs: the mean loss
+       * of the window (the steps since the last metrics line), so a line
+       * printed every log.every steps carries the same number. */
+      double wloss = t->loss_window_sum / (double)t->loss_window_n;
+      loom_progress_info pi = {t->step, (int)epoch, (float)wloss, lr, rate};
       loom_progress_update(t->progress, &pi);
     }
     bool last = t->step == t->total_steps;
@@ -955,10 +966,13 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
     }
     if (stop && !last) {
       res->interrupted = true;
+      res->stop_signal = stop_signal;
       break;
     }
   }
-  LOOM_TRY_GOTO(s, loom_train_ckpt_finish(t), out);
+  LOOM_TRY_GOTO(s, loom_train_ckpt_final(t), out);
+  res->saved = t->cfg.checkpoint.enabled && t->cfg.checkpoint.dir[0] &&
+               t->ckpt_last_step == t->step && !t->ckpt_last_failed;
   loom_runstat_phase(LOOM_RUNSTAT_DONE);
   res->steps = t->step;
   res->seconds = loom_time_now() - t_start;
@@ -970,6 +984,7 @@ out:
   loom_free(sums);
   sigaction(SIGINT, &old_int, NULL);
   sigaction(SIGTERM, &old_term, NULL);
+  sigaction(SIGHUP, &old_hup, NULL);
   loom_progress_free(t->progress);
   t->progress = NULL;
   return s;

@@ -1,5 +1,6 @@
 /* The trainer's checkpoints: what state is saved, and resuming from it so a
  * run continues bitwise as if never stopped. */
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -66,8 +67,12 @@ static loom_status conclude(loom_trainer *t, loom_ckpt_writer *w,
 /* checkpoint.on_error: stop, or warn and go on (the same on every rank:
  * they all have the same outcome). */
 static loom_status outcome(loom_trainer *t, loom_status st, int64_t step) {
+  t->ckpt_last_step = step;
+  t->ckpt_last_failed = st != LOOM_OK;
   if (st == LOOM_OK)
     return LOOM_OK;
+  snprintf(t->ckpt_last_error, sizeof t->ckpt_last_error, "%s",
+           loom_last_error());
   if (t->cfg.checkpoint.on_error == LOOM_CFG_ON_ERROR_CONTINUE) {
     if (t->rank == 0)
       LOOM_WARN("checkpoint of step %lld not saved, training goes on: %s",
@@ -336,6 +341,20 @@ loom_status loom_train_ckpt_finish(loom_trainer *t) {
   return finish_commit(t);
 }
 
+loom_status loom_train_ckpt_final(loom_trainer *t) {
+  LOOM_TRY(loom_train_ckpt_finish(t));
+  const loom_config_checkpoint *cc = &t->cfg.checkpoint;
+  if (!cc->enabled || !cc->dir[0] || !t->ckpt_last_failed ||
+      t->ckpt_last_step != t->step)
+    return LOOM_OK;
+  /* checkpoint.on_error: continue lets training go on past a failed save;
+   * past the end there is nothing to go on to, and the state is lost. */
+  return loom_error(LOOM_ERR_IO,
+                    "the final checkpoint (step %lld) was not saved, so the "
+                    "trained state is lost: %s",
+                    (long long)t->step, t->ckpt_last_error);
+}
+
 static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
   const loom_ckpt_meta *meta = loom_ckpt_get_meta(c);
   int64_t n = loom_model_num_params(t->model);
@@ -374,6 +393,19 @@ static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
   return LOOM_OK;
 }
 
+/* Whether root holds step directories (or their temporaries). */
+static bool has_step_dirs(const char *root) {
+  DIR *d = opendir(root);
+  if (!d)
+    return false;
+  bool any = false;
+  struct dirent *e;
+  while (!any && (e = readdir(d)) != NULL)
+    any = strncmp(e->d_name, "step_", 5) == 0;
+  closedir(d);
+  return any;
+}
+
 /* Opens the checkpoint to resume from, the same on every rank: rank 0
  * finds it (checking it fully), the others open that step with the light
  * checks. *c = NULL when there is none. */
@@ -401,8 +433,16 @@ static loom_status open_resume(loom_trainer *t, const loom_ckpt_open_opts *oo,
     LOOM_TRY(loom_broadcast(&step, &step, 1, LOOM_I64, 0, t->world, &r));
     LOOM_TRY(loom_wait(&r));
   }
-  if (step < 0)
-    return LOOM_OK; /* nothing saved yet: a fresh start */
+  if (step < 0) {
+    /* Nothing usable: a fresh start. When something was passed over (each
+     * named above, with why), say what happens now. */
+    if (t->rank == 0 && has_step_dirs(root))
+      LOOM_WARN("no usable checkpoint in %s (each one passed over is named "
+                "above with the reason); starting from scratch; use --resume "
+                "never to silence this",
+                root);
+    return LOOM_OK;
+  }
   s = loom_ckpt_dir_name(root, step, dir, sizeof dir);
   if (s == LOOM_OK)
     s = loom_ckpt_open(c, dir, &light);

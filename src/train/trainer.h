@@ -96,6 +96,12 @@ struct loom_trainer {
    * first attempt only. */
   loom_fault faults[LOOM_FAULT_MAX];
   int n_faults;
+  /* The last save concluded: its step and whether it failed (under
+   * checkpoint.on_error: continue a failure is only a warning, but the
+   * final save's must not go unnoticed). */
+  int64_t ckpt_last_step;
+  bool ckpt_last_failed;
+  char ckpt_last_error[256];
   bool slow_noted; /* the slow fault was announced */
 };
 
@@ -121,6 +127,9 @@ loom_status loom_train_ckpt_prepare(loom_trainer *t);
 loom_status loom_train_ckpt_save(loom_trainer *t);
 /* Waits for an async save in flight; its status. Collective. */
 loom_status loom_train_ckpt_finish(loom_trainer *t);
+/* The end of a run: loom_train_ckpt_finish, and an error when the save of
+ * the last step failed (even under checkpoint.on_error: continue). */
+loom_status loom_train_ckpt_final(loom_trainer *t);
 /* Each step, multi-rank async saves: this rank's part of the SUM_WRITTEN..
  * SUM_COMMITTED entries before the sums are posted, and, once summed (g),
  * the conclusions every rank draws from them at this same step. */

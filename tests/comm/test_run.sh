@@ -7,6 +7,9 @@ set -u
 LOOM=${LOOM_BIN:?LOOM_BIN must name the loom executable}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# loom run's job directories (one is left by the loom run killed below) go
+# with the test's own directory.
+export TMPDIR="$tmp"
 fail=0
 ok() { echo "ok: $1"; }
 bad() { echo "FAILED: $1"; fail=1; }

@@ -12,9 +12,20 @@ unset LOOM_FAULT LOOM_RESTART_COUNT
 # on purpose is no leak report.
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$SRC/tests/parallel/lsan_mpi.supp:print_suppressions=0}
 export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
-tmp=$(mktemp -d /tmp/loom_fault.XXXXXX)
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/loom_fault.XXXXXX")
 cleanup_extra=""
 trap 'eval "$cleanup_extra"; rm -rf "$tmp"' EXIT
+# Whatever loom run or the trainer put in TMPDIR goes with the test's own
+# directory (a loom run killed on purpose cannot remove its loom-run-*).
+mkdir -p "$tmp/tmp"
+export TMPDIR="$tmp/tmp"
+# A configuration these tests cannot run in is a skip (CTest
+# SKIP_RETURN_CODE 77), never a pass: they need the launcher loom run picks.
+skip_unless_launcher() {
+  local cmd
+  cmd=$("$LOOM" run --dry-run -n 2 prog | sed -n 's/^command: \([^ ]*\).*/\1/p')
+  command -v "$cmd" >/dev/null || { echo "skipped: no $cmd"; exit 77; }
+}
 passed=0
 failed=0
 ok() {
@@ -67,12 +78,17 @@ digest() { "$DIGEST" "$1" 2>&1; }
 
 # Processes whose command line holds $1 (the run directory: unique to one
 # job), zombies aside; any found are killed so later tests are not disturbed.
+# (Polled for up to 10 s, not a fixed sleep: under load the last ones may
+# take a moment to go.)
 left_behind() {
-  local left
-  sleep 0.3
-  left=$(pgrep -f -- "$1" | while read -r p; do
-    [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" = Z ] || echo "$p"
-  done)
+  local left i
+  for i in $(seq 200); do
+    left=$(pgrep -f -- "$1" | while read -r p; do
+      [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" = Z ] || echo "$p"
+    done)
+    [ -z "$left" ] && break
+    sleep 0.05
+  done
   if [ -n "$left" ]; then
     echo "left behind: $(ps -o pid,args -p $(echo $left | tr ' ' ,) 2>/dev/null)"
     kill -9 $left 2>/dev/null

@@ -5,6 +5,7 @@
 # nothing left running; with --max-restarts 0 the job fails with the rank's
 # status. A LOOM_FAULT that does not parse is a clear error at the start.
 source "$(dirname "$0")/lib.sh"
+skip_unless_launcher
 
 # -- a bad LOOM_FAULT: exit code 2 and one line naming the item, at once.
 for spec in "1:x:segv|step 'x' is not a step number" \

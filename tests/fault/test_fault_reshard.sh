@@ -6,6 +6,7 @@
 # on from sample 320 of the epoch (10 steps x 32), none skipped or repeated
 # (test_resume_data.c checks the order itself), then 2 ranks again.
 source "$(dirname "$0")/lib.sh"
+skip_unless_launcher
 export LOOM_LOG=info
 
 run 1 "$tmp/ref"

@@ -91,7 +91,12 @@ TT_TEST(test_metrics_jsonl) {
   TT_CHECK_STR(out, "{\"step\":3,\"loss\":0.5,\"bad\":null,"
                     "\"note\":\"a\\\"b\\u000a\"}\n{\"step\":4}\n");
   free(out);
-  unlink(path);
+  /* Leave nothing in /tmp: the file, then run/a, run and the directory. */
+  TT_CHECK(unlink(path) == 0);
+  TT_CHECK(rmdir(sub) == 0);
+  snprintf(sub, sizeof sub, "%s/run", dir);
+  TT_CHECK(rmdir(sub) == 0);
+  TT_CHECK(rmdir(dir) == 0);
   TT_CHECK_EQ(loom_metrics_open(&m, "/proc/no/such", false), LOOM_ERR_IO);
 }
 
