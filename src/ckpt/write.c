@@ -414,8 +414,9 @@ static loom_status write_shard(loom_ckpt_writer *w) {
   LOOM_TRY(shard_path(path, sizeof path, w->tmp, w->opts.rank));
   const int64_t n_blocks = count_blocks(w);
   if (n_blocks > 100000000)
-    return loom_error(LOOM_ERR_INVALID_ARG, "%s: %lld blocks; raise block_bytes",
-                      path, (long long)n_blocks);
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "%s: %lld blocks; raise block_bytes", path,
+                      (long long)n_blocks);
   ckpt_entry *ents = loom_calloc((size_t)n_blocks + 1, sizeof *ents);
   const void **src = loom_calloc((size_t)n_blocks + 1, sizeof *src);
   size_t index_bytes = (size_t)n_blocks * CKPT_ENTRY_BYTES + CKPT_FOOTER_BYTES;
@@ -476,7 +477,6 @@ io_fail:
   err = errno;
   if (fd >= 0)
     close(fd);
-  fd = -1;
   /* Only a file this call opened: a link or another's file that refused the
    * open stays as it was. */
   if (strcmp(what, "create") != 0)
@@ -723,7 +723,8 @@ static loom_status add_buffers(const loom_ckpt_writer *w, cJSON *root,
     return LOOM_ERR_NOMEM;
   /* Unique names: few (params, grads, optimizer states), so a list. */
   int cap = 16, nu = 0;
-  const ckpt_entry **uniq = loom_malloc((size_t)cap * sizeof *uniq);
+  const ckpt_entry **uniq =
+      loom_malloc((size_t)cap * sizeof(const ckpt_entry *));
   int *owner = loom_malloc((size_t)cap * sizeof *owner);
   shard_ref *refs = loom_calloc((size_t)W, sizeof *refs);
   loom_status st = LOOM_OK;
@@ -740,7 +741,8 @@ static loom_status add_buffers(const loom_ckpt_writer *w, cJSON *root,
       if (k < nu)
         continue;
       if (nu == cap) {
-        const ckpt_entry **nu2 = loom_malloc((size_t)cap * 2 * sizeof *nu2);
+        const ckpt_entry **nu2 =
+            loom_malloc((size_t)cap * 2 * sizeof(const ckpt_entry *));
         int *no2 = loom_malloc((size_t)cap * 2 * sizeof *no2);
         if (!nu2 || !no2) {
           loom_free(nu2);
@@ -748,7 +750,7 @@ static loom_status add_buffers(const loom_ckpt_writer *w, cJSON *root,
           st = LOOM_ERR_NOMEM;
           goto done;
         }
-        memcpy(nu2, uniq, (size_t)nu * sizeof *nu2);
+        memcpy(nu2, uniq, (size_t)nu * sizeof(const ckpt_entry *));
         memcpy(no2, owner, (size_t)nu * sizeof *no2);
         loom_free(uniq);
         loom_free(owner);
@@ -872,8 +874,8 @@ static loom_status seal_manifest(const loom_ckpt_writer *w, char *text,
   char *full = loom_malloc(n + sizeof tail);
   if (!full) {
     cJSON_free(text);
-    return loom_error(LOOM_ERR_NOMEM,
-                      "%s: out of memory building the manifest", w->final);
+    return loom_error(LOOM_ERR_NOMEM, "%s: out of memory building the manifest",
+                      w->final);
   }
   memcpy(full, text, n);
   memcpy(full + n, tail, sizeof tail);
@@ -910,8 +912,8 @@ static loom_status build_manifest(const loom_ckpt_writer *w,
   if (!text) {
     if (st != LOOM_OK && st != LOOM_ERR_NOMEM)
       return st;
-    return loom_error(LOOM_ERR_NOMEM,
-                      "%s: out of memory building the manifest", w->final);
+    return loom_error(LOOM_ERR_NOMEM, "%s: out of memory building the manifest",
+                      w->final);
   }
   return seal_manifest(w, text, out);
 }
@@ -1065,6 +1067,10 @@ static loom_status commit_impl(loom_ckpt_writer *w) {
   for (int r = 0; r < W; r++)
     LOOM_TRY_GOTO(st, read_summary(w, r, &sums[r]), done);
   LOOM_TRY_GOTO(st, build_manifest(w, sums, &manifest), done);
+  if (!manifest) { /* build_manifest sets it on success */
+    st = loom_error(LOOM_ERR_INTERNAL, "%s: no manifest built", w->final);
+    goto done;
+  }
   tidy_tmp(w);
   LOOM_TRY_GOTO(st,
                 loom_ckpt_write_file_atomic_at(w->tmp_fd, w->tmp, CKPT_MANIFEST,

@@ -1194,11 +1194,11 @@ static loom_status check_sizes(const loom_config *cfg, const cfg_origins *org,
     acc_tensor(&a, B * IMAGE_CLASSES, "the logits");
   } else {
     double T = (double)m->context, C = (double)m->d_model;
-    double L = (double)m->layers, V = (double)m->vocab;
+    double V = (double)m->vocab;
     double NH = (double)m->heads, R = (double)m->mlp_ratio;
     acc_tensor(&a, V * C, "the token embedding");
     acc_tensor(&a, B * T * C, "the embedding output");
-    for (double l = 0; l < L && !a.big; l++) {
+    for (int64_t l = 0; l < m->layers && !a.big; l++) {
       acc_tensor(&a, 4 * B * T * C, "a block's layer norms and residuals");
       acc_tensor(&a, B * T * 3 * C, "a block's q, k, v");
       acc_tensor(&a, B * NH * T * T, "a block's attention scores");
