@@ -147,6 +147,8 @@ loom_status loom_shm_open(loom_shm **out, const char *name, bool create,
   char **pr = loom_calloc((size_t)size, sizeof *pr);
   if (!s || !descs || !ps || !pr) {
     munmap(base, bytes);
+    if (create) /* as loom_shm_map does: the caller never learns the name */
+      shm_unlink(name);
     loom_free(s);
     loom_free(descs);
     loom_free(ps);
