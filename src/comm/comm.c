@@ -504,7 +504,7 @@ loom_status loom_group_world(const loom_comm_opts *opts, loom_group **out) {
   }
   ctx->opts = o;
   ctx->be = be;
-  { ctx->spin_s = env_number("LOOM_COMM_SPIN_US", 50) * 1e-6; }
+  ctx->spin_s = env_number("LOOM_COMM_SPIN_US", 50) * 1e-6;
   ctx->world = w;
   ctx->groups = 1;
   ctx->owner_pid = (int)getpid();
