@@ -3,6 +3,8 @@
  * operations beside the same operation through plain MPI called directly,
  * measured in the same run on the same buffers. Run it under loom run:
  *   loom run -n 2 loom bench comm --op allreduce --min 1M --max 256M */
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,10 +62,13 @@ static void usage(FILE *f) {
           "mismatching elements on all ranks.\n");
 }
 
+/* A size in bytes: a number with an optional K, M or G (powers of 1024)
+ * and an optional B; -1 when s is anything else. */
 static int parse_size(const char *s, size_t *out) {
   char *end;
+  errno = 0;
   double v = strtod(s, &end);
-  if (end == s || v < 0)
+  if (end == s || errno == ERANGE || !isfinite(v) || v < 0)
     return -1;
   if (*end == 'k' || *end == 'K')
     v *= 1024, end++;
@@ -73,9 +78,38 @@ static int parse_size(const char *s, size_t *out) {
     v *= 1024.0 * 1024 * 1024, end++;
   if (*end == 'B' || *end == 'b')
     end++;
-  if (*end)
+  /* 2^62 bytes: beyond any buffer, and the cast stays defined. */
+  if (*end || v >= 0x1p62)
     return -1;
   *out = (size_t)v;
+  return 0;
+}
+
+/* The next item of a --sizes list (comma-separated sizes); advances *p past
+ * it and its comma. -1 when the item is empty, too long or not a size. */
+static int next_size(const char **p, size_t *bytes) {
+  char item[32];
+  size_t len = strcspn(*p, ",");
+  if (len == 0 || len >= sizeof item)
+    return -1;
+  memcpy(item, *p, len);
+  item[len] = '\0';
+  if (parse_size(item, bytes))
+    return -1;
+  *p += len;
+  if (**p == ',')
+    (*p)++;
+  return 0;
+}
+
+/* A whole number in [lo, 2^20], nothing after it; -1 otherwise. */
+static int parse_count(const char *s, int lo, int *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (end == s || *end != '\0' || errno == ERANGE || v < lo || v > 1 << 20)
+    return -1;
+  *out = (int)v;
   return 0;
 }
 
@@ -143,25 +177,48 @@ static int parse_args(int argc, char **argv, bench_args *a) {
         return -1;
       }
     } else if (strcmp(k, "--min") == 0 || strcmp(k, "--max") == 0) {
-      if (parse_size(v, strcmp(k, "--min") == 0 ? &a->min : &a->max)) {
-        fprintf(stderr, "loom bench comm: bad size '%s'\n", v);
+      bool is_min = strcmp(k, "--min") == 0;
+      size_t bytes;
+      /* --min 0 would never grow by --factor: the sizes would not end. */
+      if (parse_size(v, &bytes) || (is_min && bytes == 0)) {
+        fprintf(stderr,
+                "loom bench comm: %s wants a size in bytes%s (K, M, G "
+                "suffixes), not '%s'\n",
+                k, is_min ? " > 0" : "", v);
         return -1;
       }
+      *(is_min ? &a->min : &a->max) = bytes;
     } else if (strcmp(k, "--factor") == 0) {
-      a->factor = atof(v);
-      if (a->factor <= 1) {
-        fprintf(stderr, "loom bench comm: --factor must be > 1\n");
+      char *end;
+      errno = 0;
+      double f = strtod(v, &end);
+      if (end == v || *end != '\0' || errno == ERANGE || !isfinite(f) ||
+          !(f > 1)) {
+        fprintf(stderr,
+                "loom bench comm: --factor wants a number > 1, not '%s'\n", v);
         return -1;
       }
+      a->factor = f;
     } else if (strcmp(k, "--sizes") == 0) {
+      const char *p = v;
+      do {
+        size_t bytes;
+        if (next_size(&p, &bytes)) {
+          fprintf(stderr,
+                  "loom bench comm: --sizes wants sizes in bytes separated "
+                  "by commas (e.g. 1M,16M), not '%s'\n",
+                  v);
+          return -1;
+        }
+      } while (*p);
       a->sizes = v;
     } else if (strcmp(k, "--iters") == 0 || strcmp(k, "--warmup") == 0) {
-      int n = atoi(v);
-      if (n < (strcmp(k, "--iters") == 0 ? 1 : 0)) {
-        fprintf(stderr, "loom bench comm: bad %s '%s'\n", k, v);
+      bool iters = strcmp(k, "--iters") == 0;
+      if (parse_count(v, iters ? 1 : 0, iters ? &a->iters : &a->warmup)) {
+        fprintf(stderr, "loom bench comm: %s wants a count >= %d, not '%s'\n",
+                k, iters ? 1 : 0, v);
         return -1;
       }
-      *(strcmp(k, "--iters") == 0 ? &a->iters : &a->warmup) = n;
     } else {
       fprintf(stderr, "loom bench comm: unknown option '%s'\n", k);
       return -1;
@@ -569,26 +626,23 @@ done:
 static loom_status bench_op(const bench_args *a, loom_group *g, bool mpi) {
   print_header(a, g, mpi);
   if (a->sizes) {
-    const char *p = a->sizes;
-    while (*p) {
-      char item[32];
-      size_t len = strcspn(p, ",");
-      if (len == 0 || len >= sizeof item)
-        return loom_error(LOOM_ERR_INVALID_ARG, "bad --sizes '%s'", a->sizes);
-      memcpy(item, p, len);
-      item[len] = '\0';
+    for (const char *p = a->sizes; *p;) {
       size_t bytes;
-      if (parse_size(item, &bytes))
-        return loom_error(LOOM_ERR_INVALID_ARG, "bad size '%s'", item);
+      if (next_size(&p, &bytes)) /* parse_args checked the list */
+        return loom_error(LOOM_ERR_INVALID_ARG, "bad --sizes '%s'", a->sizes);
       LOOM_TRY(bench_size(a, bytes, g, mpi));
-      p += len;
-      if (*p == ',')
-        p++;
     }
     return LOOM_OK;
   }
-  for (double b = (double)a->min; b <= (double)a->max * 1.0001; b *= a->factor)
+  /* min, min*factor, min*factor^2, ... up to max (with a margin for the
+   * rounding of the products). The size is kept in a double, as the
+   * product of the factors; the loop ends because min >= 1 and factor > 1
+   * (parse_args). */
+  double b = (double)a->min;
+  while (b <= (double)a->max * 1.0001) {
     LOOM_TRY(bench_size(a, (size_t)b, g, mpi));
+    b *= a->factor;
+  }
   return LOOM_OK;
 }
 

@@ -1,5 +1,6 @@
 /* loom bench train: single-process training throughput of the reference
  * workloads on synthetic data of the right shapes (median step). */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,10 +40,47 @@ static void usage(FILE *f) {
              "kjv-gpt|all] [--threads N]\n"
              "                        [--steps S] [--warmup W] [--json]\n"
              "\n"
+             "--threads 0 (default): LOOM_THREADS or all cores.\n"
+             "S timed steps (>= 1, default 30) after W untimed (default 5).\n"
+             "\n"
              "Times full training steps (forward, loss, backward, optimizer)\n"
              "of the reference workloads on synthetic data, fp32, one\n"
              "process, and prints the median-step throughput. --json prints\n"
              "one JSON line per workload (bench/train_throughput reads it).\n");
+}
+
+/* The 1, 5 and 15 minute load averages; all 0 when /proc/loadavg is
+ * missing or does not start with three numbers. */
+static void read_loadavg(double load[3]) {
+  char line[256];
+  FILE *f = fopen("/proc/loadavg", "r");
+  bool ok = f && fgets(line, sizeof line, f);
+  if (f)
+    fclose(f);
+  const char *p = line;
+  for (int i = 0; i < 3 && ok; i++) {
+    char *end;
+    load[i] = strtod(p, &end);
+    ok = end != p && (*end == ' ' || *end == '\n' || *end == '\0');
+    p = end;
+  }
+  if (!ok)
+    load[0] = load[1] = load[2] = 0;
+}
+
+/* A whole number in [lo, 2^20] for option opt, nothing after it; otherwise
+ * a message naming the option and -1. */
+static int parse_count(const char *opt, const char *s, int lo, int *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (end == s || *end != '\0' || errno == ERANGE || v < lo || v > 1 << 20) {
+    fprintf(stderr, "loom bench train: %s wants a count >= %d, not '%s'\n", opt,
+            lo, s);
+    return -1;
+  }
+  *out = (int)v;
+  return 0;
 }
 
 static loom_status build(const workload *w, loom_model **model,
@@ -135,12 +173,7 @@ static loom_status run_one(const workload *w, int threads, int steps,
   double tput = units / med;
   double gflops = tput * 3.0 * w->fwd_flops / 1e9;
   double load[3] = {0, 0, 0};
-  FILE *lf = fopen("/proc/loadavg", "r");
-  if (lf) {
-    if (fscanf(lf, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3)
-      load[0] = load[1] = load[2] = 0;
-    fclose(lf);
-  }
+  read_loadavg(load);
   if (json)
     printf("{\"bench\":\"train_throughput\",\"impl\":\"loom\",\"version\":"
            "\"%s\",\"model\":\"%s\",\"procs\":1,\"threads\":%d,\"unit\":"
@@ -172,13 +205,19 @@ int loom_bench_train(int argc, char **argv) {
     bool next = i + 1 < argc;
     if (strcmp(argv[i], "--model") == 0 && next)
       model = argv[++i];
-    else if (strcmp(argv[i], "--threads") == 0 && next)
-      threads = atoi(argv[++i]);
-    else if (strcmp(argv[i], "--steps") == 0 && next)
-      steps = atoi(argv[++i]);
-    else if (strcmp(argv[i], "--warmup") == 0 && next)
-      warmup = atoi(argv[++i]);
-    else if (strcmp(argv[i], "--json") == 0)
+    else if (strcmp(argv[i], "--threads") == 0 && next) {
+      if (parse_count(argv[i], argv[i + 1], 0, &threads))
+        return LOOM_EXIT_USAGE;
+      i++;
+    } else if (strcmp(argv[i], "--steps") == 0 && next) {
+      if (parse_count(argv[i], argv[i + 1], 1, &steps))
+        return LOOM_EXIT_USAGE;
+      i++;
+    } else if (strcmp(argv[i], "--warmup") == 0 && next) {
+      if (parse_count(argv[i], argv[i + 1], 0, &warmup))
+        return LOOM_EXIT_USAGE;
+      i++;
+    } else if (strcmp(argv[i], "--json") == 0)
       json = true;
     else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
       usage(stdout);
@@ -188,10 +227,6 @@ int loom_bench_train(int argc, char **argv) {
       usage(stderr);
       return LOOM_EXIT_USAGE;
     }
-  }
-  if (steps < 1 || warmup < 0) {
-    fprintf(stderr, "loom bench train: --steps must be >= 1\n");
-    return LOOM_EXIT_USAGE;
   }
   if (threads > 0)
     loom_set_threads(threads);

@@ -90,9 +90,14 @@ static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 loom_status loom_shm_map(const char *name, size_t bytes, bool create,
                          void **out) {
   *out = NULL;
+  /* Failures return LOOM_ERR_IO as a constant, not loom_error's result: the
+   * analyzer does not see into error.c, and would let callers go on with
+   * LOOM_OK and *out NULL. */
   int fd = shm_open(name, create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
-  if (fd < 0)
-    return loom_error(LOOM_ERR_IO, "shm_open(%s): %s", name, strerror(errno));
+  if (fd < 0) {
+    loom_error(LOOM_ERR_IO, "shm_open(%s): %s", name, strerror(errno));
+    return LOOM_ERR_IO;
+  }
   if (create) {
     /* Reserve the pages now: a full /dev/shm must fail here, not raise
      * SIGBUS in the middle of a collective. */
@@ -102,18 +107,20 @@ loom_status loom_shm_map(const char *name, size_t bytes, bool create,
     if (e != 0) {
       close(fd);
       shm_unlink(name);
-      return loom_error(LOOM_ERR_IO,
-                        "cannot size shared memory %s to %zu bytes: %s", name,
-                        bytes, strerror(e));
+      loom_error(LOOM_ERR_IO, "cannot size shared memory %s to %zu bytes: %s",
+                 name, bytes, strerror(e));
+      return LOOM_ERR_IO;
     }
   }
   void *base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int map_errno = errno; /* before close and shm_unlink can change it */
   close(fd);
   if (base == MAP_FAILED) {
     if (create)
       shm_unlink(name);
-    return loom_error(LOOM_ERR_IO, "mmap of %s (%zu bytes): %s", name, bytes,
-                      strerror(errno));
+    loom_error(LOOM_ERR_IO, "mmap of %s (%zu bytes): %s", name, bytes,
+               strerror(map_errno));
+    return LOOM_ERR_IO;
   }
   *out = base;
   return LOOM_OK;
@@ -140,6 +147,8 @@ loom_status loom_shm_open(loom_shm **out, const char *name, bool create,
   char **pr = loom_calloc((size_t)size, sizeof *pr);
   if (!s || !descs || !ps || !pr) {
     munmap(base, bytes);
+    if (create) /* as loom_shm_map does: the caller never learns the name */
+      shm_unlink(name);
     loom_free(s);
     loom_free(descs);
     loom_free(ps);
@@ -740,8 +749,16 @@ static bool direct_work(loom_shm *s, loom_op *op, shm_state *st) {
   return false;
 }
 
+/* Which of every rank's buffers direct_work reaches through psend and
+ * precv (reg_info registers the same ones). */
+static void direct_needs(loom_comm_op kind, bool *send, bool *recv) {
+  *send = kind == LOOM_COMM_ALLREDUCE || kind == LOOM_COMM_REDUCE_SCATTER;
+  *recv = kind != LOOM_COMM_REDUCE_SCATTER;
+}
+
 /* Waits for every rank's board entry, then chooses the direct path when
- * all of them registered their buffers. Returns 0 while waiting. */
+ * all of them registered their buffers. Returns 0 while waiting. Every rank
+ * reads the same board and holds the same regions, so all decide alike. */
 static int decide(loom_shm *s, loom_op *op, shm_state *st) {
   s->wait_kind = WAIT_ENTERED;
   s->wait_value = op->seq;
@@ -750,17 +767,25 @@ static int decide(loom_shm *s, loom_op *op, shm_state *st) {
         op->seq)
       return 0;
   s->wait_kind = WAIT_NONE;
+  bool need_send, need_recv;
+  direct_needs(op->kind, &need_send, &need_recv);
   st->mode = MODE_DIRECT;
   for (int j = 0; j < s->size; j++) {
     const struct shm_reg *r = &s->hdr[j].reg[op->seq % SHM_RING];
-    if (!r->ok) {
+    char *ps = r->ok && r->send_id >= 0
+                   ? region_ptr(s, r->send_id, j, r->send_off)
+                   : NULL;
+    char *pr = r->ok && r->recv_id >= 0
+                   ? region_ptr(s, r->recv_id, j, r->recv_off)
+                   : NULL;
+    /* r->ok means the buffers this kind needs are registered; checking the
+     * pointers themselves states it where direct_work relies on it. */
+    if (!r->ok || (need_send && !ps) || (need_recv && !pr)) {
       st->mode = MODE_SLOTS;
       return 1;
     }
-    s->psend[j] =
-        r->send_id >= 0 ? region_ptr(s, r->send_id, j, r->send_off) : NULL;
-    s->precv[j] =
-        r->recv_id >= 0 ? region_ptr(s, r->recv_id, j, r->recv_off) : NULL;
+    s->psend[j] = ps;
+    s->precv[j] = pr;
   }
   st->c = 0;
   st->phase = 0;

@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "loom/core.h"
 
+#include <errno.h>
 #include <omp.h>
 #include <pthread.h>
 #include <sched.h>
@@ -43,12 +44,29 @@ static void set_count(int n) {
   omp_set_num_threads(n);
 }
 
+/* LOOM_THREADS: a count in [0, 4096] (0, empty or unset: every core this
+ * process may use). Anything else is named in a warning, not taken as 0. */
+static int threads_from_env(void) {
+  const char *v = getenv("LOOM_THREADS");
+  if (!v || !*v)
+    return 0;
+  char *end;
+  errno = 0;
+  long n = strtol(v, &end, 10);
+  if (end == v || *end != '\0' || errno == ERANGE || n < 0 || n > 4096) {
+    LOOM_WARN("LOOM_THREADS='%s' is not a thread count in [0, 4096]; using "
+              "all %d cores",
+              v, loom_cores());
+    return 0;
+  }
+  return (int)n;
+}
+
 int loom_threads(void) {
   int n = atomic_load(&thread_count);
   if (n > 0)
     return n;
-  const char *v = getenv("LOOM_THREADS");
-  n = v ? atoi(v) : 0;
+  n = threads_from_env();
   if (n > 0)
     atomic_store(&thread_explicit, 1);
   else

@@ -102,10 +102,15 @@ loom_status loom_tensor_reshape(const loom_tensor *t, int ndim,
 
 loom_status loom_tensor_slice0(const loom_tensor *t, int64_t start,
                                int64_t count, loom_tensor *out) {
-  if (t->ndim < 1 || start < 0 || count < 0 || start + count > t->shape[0])
+  /* count > shape[0] - start, not start + count > shape[0]: the sum can
+   * overflow. */
+  if (t->ndim < 1 || start < 0 || count < 0 || start > t->shape[0] ||
+      count > t->shape[0] - start)
     return loom_error(LOOM_ERR_INVALID_ARG,
-                      "tensor slice: rows [%lld, %lld) out of range",
-                      (long long)start, (long long)(start + count));
+                      "tensor slice: %lld rows from row %lld out of range "
+                      "(%lld rows)",
+                      (long long)count, (long long)start,
+                      t->ndim < 1 ? 0LL : (long long)t->shape[0]);
   loom_tensor r = *t;
   r.owns = false;
   r.shape[0] = count;

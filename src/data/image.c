@@ -18,33 +18,39 @@ loom_status loom_dataset_open_idx(loom_dataset **out, const char *images,
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "loom_dataset_open_idx: NULL argument");
   *out = NULL;
+  /* Errors found here return a constant (or a status set to one), not
+   * loom_error's result: the analyzer does not see into error.c, and would
+   * let callers go on with LOOM_OK and *out NULL. */
   loom_image_opts o = opts ? *opts : loom_image_opts_default();
-  if (!(o.std > 0.0f) || o.mean != o.mean)
-    return loom_error(LOOM_ERR_INVALID_ARG,
-                      "image normalisation needs std > 0 (got mean %g, std %g)",
-                      (double)o.mean, (double)o.std);
+  if (!(o.std > 0.0f) || o.mean != o.mean) {
+    loom_error(LOOM_ERR_INVALID_ARG,
+               "image normalisation needs std > 0 (got mean %g, std %g)",
+               (double)o.mean, (double)o.std);
+    return LOOM_ERR_INVALID_ARG;
+  }
   loom_idx im = {0}, lb = {0};
   loom_dataset *ds = NULL;
   loom_status st = LOOM_OK;
   LOOM_TRY_GOTO(st, loom_idx_read(images, &im), fail);
   LOOM_TRY_GOTO(st, loom_idx_read(labels, &lb), fail);
   if (im.ndim != 3 && im.ndim != 4) {
-    st = loom_error(LOOM_ERR_CORRUPT,
-                    "%s: images need 3 dimensions (N, H, W) or 4 (N, C, H, "
-                    "W), the file has %d",
-                    images, im.ndim);
+    st = LOOM_ERR_CORRUPT;
+    loom_error(st,
+               "%s: images need 3 dimensions (N, H, W) or 4 (N, C, H, W), the "
+               "file has %d",
+               images, im.ndim);
     goto fail;
   }
   if (lb.ndim != 1) {
-    st = loom_error(LOOM_ERR_CORRUPT,
-                    "%s: labels need 1 dimension (N), the file has %d", labels,
-                    lb.ndim);
+    st = LOOM_ERR_CORRUPT;
+    loom_error(st, "%s: labels need 1 dimension (N), the file has %d", labels,
+               lb.ndim);
     goto fail;
   }
   if (im.dims[0] != lb.dims[0]) {
-    st = loom_error(LOOM_ERR_CORRUPT,
-                    "%s holds %lld images but %s holds %lld labels", images,
-                    (long long)im.dims[0], labels, (long long)lb.dims[0]);
+    st = LOOM_ERR_CORRUPT;
+    loom_error(st, "%s holds %lld images but %s holds %lld labels", images,
+               (long long)im.dims[0], labels, (long long)lb.dims[0]);
     goto fail;
   }
   ds = loom_calloc(1, sizeof *ds);

@@ -64,14 +64,18 @@ static void conv_plan_make(const loom_conv2d_dims *d, conv_plan *p) {
 }
 
 static loom_status conv_check(const char *what, const loom_conv2d_dims *d) {
-  if (!d || !dims_ok(d))
-    return loom_error(LOOM_ERR_INVALID_ARG,
-                      "conv2d %s: bad dims (N=%d C=%d H=%d W=%d OC=%d K=%dx%d "
-                      "stride=%d pad=%d)",
-                      what, d ? d->N : 0, d ? d->C : 0, d ? d->H : 0,
-                      d ? d->W : 0, d ? d->OC : 0, d ? d->KH : 0, d ? d->KW : 0,
-                      d ? d->stride : 0, d ? d->pad : 0);
-  return LOOM_OK;
+  if (d && dims_ok(d))
+    return LOOM_OK;
+  /* The error as a constant, not loom_error's result: the analyzer does not
+   * see into error.c, and would go on to plan bad dims (a division by
+   * P = 0). */
+  loom_error(LOOM_ERR_INVALID_ARG,
+             "conv2d %s: bad dims (N=%d C=%d H=%d W=%d OC=%d K=%dx%d "
+             "stride=%d pad=%d)",
+             what, d ? d->N : 0, d ? d->C : 0, d ? d->H : 0, d ? d->W : 0,
+             d ? d->OC : 0, d ? d->KH : 0, d ? d->KW : 0, d ? d->stride : 0,
+             d ? d->pad : 0);
+  return LOOM_ERR_INVALID_ARG;
 }
 
 /* col rows (c, kh, kw), columns [off, off + P) with row stride ld: the

@@ -73,7 +73,7 @@ loom_gemm_backend loom_gemm_get_backend(void) {
   loom_gemm_backend chosen = default_backend();
   const char *env = getenv("LOOM_GEMM");
   if (env && *env) {
-    loom_gemm_backend parsed;
+    loom_gemm_backend parsed = chosen;
     if (loom_gemm_backend_parse(env, &parsed) != LOOM_OK)
       LOOM_WARN("LOOM_GEMM=%s: unknown backend, using %s", env,
                 backend_names[chosen]);

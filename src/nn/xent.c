@@ -71,8 +71,8 @@ static loom_status grow(loom_xent *x, int64_t N, int64_t NV) {
 
 loom_status loom_xent_forward(loom_xent *x, const loom_tensor *logits,
                               const int32_t *targets, loom_xent_stats *stats) {
-  int64_t N;
-  int V;
+  int64_t N = 0; /* set: the analyzer cannot see that check_logits fails */
+  int V = 0;     /* whenever it leaves them */
   x->have = false;
   LOOM_TRY(check_logits(logits, &N, &V));
   if (!targets)
@@ -120,8 +120,8 @@ loom_status loom_xent_backward(loom_xent *x, loom_tensor *dlogits,
   if (!x->have)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "cross-entropy: backward needs a forward first");
-  int64_t N;
-  int V;
+  int64_t N = 0;
+  int V = 0;
   LOOM_TRY(check_logits(dlogits, &N, &V));
   if (N != x->N || V != x->V)
     return loom_error(LOOM_ERR_INVALID_ARG,

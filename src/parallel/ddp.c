@@ -481,15 +481,15 @@ loom_status loom_ddp_sum_post(loom_ddp *d, const double *local, int k) {
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "ddp: loom_ddp_sum_post twice without a wait");
   int rows = d->opts.deterministic ? d->shard_count : 1;
-  memcpy(d->sum_send, local, (size_t)(rows * k) * sizeof(double));
+  memcpy(d->sum_send, local, (size_t)rows * (size_t)k * sizeof(double));
   d->sum_k = k;
   d->sum_posted = true;
   if (d->world == 1) {
-    memcpy(d->sum_recv, local, (size_t)(rows * k) * sizeof(double));
+    memcpy(d->sum_recv, local, (size_t)rows * (size_t)k * sizeof(double));
     return LOOM_OK;
   }
   if (d->opts.deterministic)
-    return loom_allgather(d->sum_send, d->sum_recv, (size_t)(rows * k),
+    return loom_allgather(d->sum_send, d->sum_recv, (size_t)rows * (size_t)k,
                           LOOM_F64, d->group, &d->sum_req);
   return loom_allreduce(d->sum_send, d->sum_recv, (size_t)k, LOOM_F64, LOOM_SUM,
                         d->group, &d->sum_req);
