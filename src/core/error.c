@@ -46,7 +46,8 @@ loom_status loom_verror(loom_status s, const char *fmt, va_list ap) {
   return s;
 }
 
-loom_status(loom_error)(loom_status s, const char *fmt, ...) { /* (): not the analyzer macro */
+loom_status(loom_error)(loom_status s, const char *fmt,
+                        ...) { /* (): not the analyzer macro */
   va_list ap;
   va_start(ap, fmt);
   loom_verror(s, fmt, ap);
