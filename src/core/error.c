@@ -46,8 +46,9 @@ loom_status loom_verror(loom_status s, const char *fmt, va_list ap) {
   return s;
 }
 
-loom_status(loom_error)(loom_status s, const char *fmt,
-                        ...) { /* (): not the analyzer macro */
+/* The name in parentheses: not expanded by the static analyzer's macro
+ * (loom/core.h). */
+loom_status(loom_error)(loom_status s, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   loom_verror(s, fmt, ap);
