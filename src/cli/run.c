@@ -1090,6 +1090,43 @@ static void remove_dir(const char *path) {
   close(dfd);
 }
 
+/* Processes of a dead loom run's job still about (a launcher that hung in
+ * its teardown after loom run was killed): they carry LOOM_RUN_DIR inside
+ * that job's directory in their environment, which no other process can
+ * (the directory's name is unique while it exists). SIGKILLed. */
+static void kill_job_leftovers(const char *tmp, const char *name) {
+  char want[4200];
+  int wn = snprintf(want, sizeof want, "LOOM_RUN_DIR=%s/%s/", tmp, name);
+  if (wn <= 0 || wn >= (int)sizeof want)
+    return;
+  DIR *d = opendir("/proc");
+  if (!d)
+    return;
+  static char env[65536];
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] < '1' || e->d_name[0] > '9')
+      continue;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%.20s/environ", e->d_name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+      continue;
+    ssize_t n = read(fd, env, sizeof env - 1);
+    close(fd);
+    for (ssize_t i = 0; n > 0 && i < n;) {
+      const char *var = env + i;
+      size_t len = strnlen(var, (size_t)(n - i));
+      if (len >= (size_t)wn && strncmp(var, want, (size_t)wn) == 0) {
+        kill((pid_t)atoi(e->d_name), SIGKILL);
+        break;
+      }
+      i += (ssize_t)len + 1;
+    }
+  }
+  closedir(d);
+}
+
 /* Job directories of loom runs that died without removing theirs (killed
  * with SIGKILL): a live loom run holds a lock on its "owner" file for the
  * whole job, so one that can be locked belongs to no one. Only
@@ -1124,6 +1161,8 @@ static void remove_stale_jobdirs(const char *tmp) {
       continue; /* not one of ours (or an older loom's): leave it */
     bool stale = flock(ofd, LOCK_EX | LOCK_NB) == 0;
     close(ofd);
+    if (stale)
+      kill_job_leftovers(tmp, e->d_name);
     if (stale && remove_own_tree(dfd, e->d_name, 0))
       LOOM_INFO("loom run: removed %s/%s of a loom run that is gone", tmp,
                     e->d_name);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -38,6 +39,10 @@ static void stop_job(pid_t pid, loom_run_watch *watch, int sig) {
     return;
   kill(pid, sig);
 }
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
 
 static int wake_pipe[2] = {-1, -1};
 static volatile sig_atomic_t stop_sig; /* first stop signal received */
@@ -439,6 +444,46 @@ static int relay_fds(struct pollfd *fds, int max) {
 #define FAIL_GRACE_S 2.0
 #define MAX_WATCH_FDS 512
 
+/* Whether argv[0] is an MPI launcher (mpirun, mpiexec and their kin). */
+static bool is_mpi_launcher(const char *prog) {
+  const char *base = strrchr(prog, '/');
+  base = base ? base + 1 : prog;
+  return strncmp(base, "mpirun", 6) == 0 || strncmp(base, "mpiexec", 7) == 0;
+}
+
+/* If loom run dies (SIGKILL), the kernel sends the launcher SIGTERM
+ * (PR_SET_PDEATHSIG) and mpirun stops its ranks. But mpirun sometimes hangs
+ * in that teardown for good once its parent is gone (seen here about 1 time
+ * in 20 under load), and a program that is no MPI rank does not die with
+ * mpirun. So an MPI launcher gets a guard: a small process forked into its
+ * session just before the exec, holding pidfds of loom run and of the
+ * launcher. When the launcher ends, the guard leaves; when loom run dies
+ * first, the guard gives the launcher 3 s and then SIGKILLs whatever is
+ * left of the session, itself last. */
+static void start_guard(pid_t loom_pid) {
+  pid_t launcher = getpid();
+  pid_t g = fork();
+  if (g != 0)
+    return; /* the launcher (or no guard: fork failed) */
+  int lfd = (int)syscall(SYS_pidfd_open, loom_pid, 0);
+  int mfd = (int)syscall(SYS_pidfd_open, launcher, 0);
+  for (int fd = 0; fd < 1024; fd++)
+    if (fd != lfd && fd != mfd)
+      close(fd);
+  if (lfd < 0 || mfd < 0)
+    _exit(0);
+  struct pollfd p[2] = {{.fd = lfd, .events = POLLIN},
+                        {.fd = mfd, .events = POLLIN}};
+  while (poll(p, 2, -1) < 0 && errno == EINTR) {
+  }
+  if (p[1].revents || !p[0].revents)
+    _exit(0); /* the launcher ended: nothing to guard */
+  p[1].revents = 0;
+  poll(&p[1], 1, 3000);
+  signal_session(getsid(0), SIGKILL);
+  _exit(0);
+}
+
 pid_t loom_run_start(char *const *argv, bool verbose) {
   install_handlers();
 #ifdef __linux__
@@ -494,6 +539,8 @@ pid_t loom_run_start(char *const *argv, bool verbose) {
         close(fd);
       }
     }
+    if (is_mpi_launcher(argv[0]))
+      start_guard(parent);
     execvp(argv[0], argv);
     fprintf(stderr, "loom run: cannot run %s: %s\n", argv[0], strerror(errno));
     _exit(127);
