@@ -113,6 +113,11 @@ void loom_trainer_free(loom_trainer *t);
 /* Asks a running loop to stop at the next step boundary and save (safe to
  * call from a signal handler). */
 void loom_trainer_request_stop(void);
+/* Catches SIGINT, SIGTERM and SIGHUP from now on (before loom_trainer_new:
+ * data, model, checkpoint): a stop that comes while loading is not lost,
+ * the run stops after its first step and saves it. loom_trainer_run
+ * catches them anyway while it runs. */
+void loom_trainer_catch_stop_signals(void);
 
 /* mkdir -p: loom_fs_mkdirs(path, 0755) (kept for existing callers). */
 loom_status loom_mkdirs(const char *path);

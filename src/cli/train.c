@@ -227,6 +227,8 @@ static int train_main(int argc, char **argv) {
 /* Under loom run, the rank's status file records how it ended: an exit code
  * here, a fatal signal from the handler. */
 int loom_cmd_train(int argc, char **argv) {
+  /* From the start: a stop while MPI starts or data loads is not lost. */
+  loom_trainer_catch_stop_signals();
   loom_runstat_init();
   loom_runstat_fatal_signals();
   int rc = train_main(argc, argv);

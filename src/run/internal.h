@@ -74,6 +74,7 @@ typedef struct loom_run_watch {
   const char *dir;
   int expect_local;   /* local ranks expected, 0 when unknown */
   bool all_local;     /* every rank of the attempt runs on this host */
+  bool keeps_status;  /* the program keeps a status file (loom train) */
   double hang_timeout; /* --hang-timeout: no step for this long is a hang;
                           0: max(60 s, 20 x the median step) */
   bool want_progress; /* call on_first_step when the group completes a step */

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,16 +28,32 @@ static double stop_grace_s = 30.0;
 
 void loom_run_set_stop_grace(double seconds) { stop_grace_s = seconds; }
 
-/* Asks the job to stop. Where every rank runs here and is known, the
- * signal goes to the ranks themselves: each finishes its step, they agree
- * on the step to stop at, and save it (mpirun, given the signal, would kill
- * them at once: nothing saved). Else, and for SIGQUIT, the launcher gets
- * it and stops its ranks its own way. */
-static void stop_job(pid_t pid, loom_run_watch *watch, int sig) {
-  if (watch && sig != SIGQUIT && loom_watch_all_known(watch) &&
+/* Asks the job to stop; returns false while it waits. Where every rank
+ * runs here, the signal goes to the ranks themselves: each finishes its
+ * step, they agree on the step to stop at, and save it (mpirun, given the
+ * signal, would kill them at once: nothing saved). Ranks still starting
+ * (not all known from their status files yet) are waited for: loom train's
+ * for the grace period (it catches the signal from its first instruction
+ * and stops after its first step), another program's up to 2 s.
+ * Else, and for SIGQUIT, the launcher gets it and stops its ranks its own
+ * way. */
+#define STOP_WAIT_RANKS_S 2.0
+static bool stop_job(pid_t pid, loom_run_watch *watch, int sig,
+                     double waited) {
+  bool direct = watch && sig != SIGQUIT && watch->all_local &&
+                watch->expect_local > 0;
+  if (direct && loom_watch_all_known(watch) &&
       loom_watch_signal_all(watch, sig) > 0)
-    return;
+    return true;
+  /* A program known to keep status files (loom train) is waited for as
+   * long as the grace lasts; another only if some rank already has one. */
+  double wait = watch && watch->keeps_status   ? stop_grace_s
+                : watch && loom_watch_local(watch) > 0 ? STOP_WAIT_RANKS_S
+                                                       : 0;
+  if (direct && waited < wait)
+    return false;
   kill(pid, sig);
+  return true;
 }
 
 static int wake_pipe[2] = {-1, -1};
@@ -439,6 +456,46 @@ static int relay_fds(struct pollfd *fds, int max) {
 #define FAIL_GRACE_S 2.0
 #define MAX_WATCH_FDS 512
 
+/* Whether argv[0] is an MPI launcher (mpirun, mpiexec and their kin). */
+static bool is_mpi_launcher(const char *prog) {
+  const char *base = strrchr(prog, '/');
+  base = base ? base + 1 : prog;
+  return strncmp(base, "mpirun", 6) == 0 || strncmp(base, "mpiexec", 7) == 0;
+}
+
+/* If loom run dies (SIGKILL), the kernel sends the launcher SIGTERM
+ * (PR_SET_PDEATHSIG) and mpirun stops its ranks. But mpirun sometimes hangs
+ * in that teardown for good once its parent is gone (seen here about 1 time
+ * in 20 under load), and a program that is no MPI rank does not die with
+ * mpirun. So an MPI launcher gets a guard: a small process forked into its
+ * session just before the exec, holding pidfds of loom run and of the
+ * launcher. When the launcher ends, the guard leaves; when loom run dies
+ * first, the guard gives the launcher 3 s and then SIGKILLs whatever is
+ * left of the session, itself last. */
+static void start_guard(pid_t loom_pid) {
+  pid_t launcher = getpid();
+  pid_t g = fork();
+  if (g != 0)
+    return; /* the launcher (or no guard: fork failed) */
+  int lfd = (int)syscall(SYS_pidfd_open, loom_pid, 0);
+  int mfd = (int)syscall(SYS_pidfd_open, launcher, 0);
+  for (int fd = 0; fd < 1024; fd++)
+    if (fd != lfd && fd != mfd)
+      close(fd);
+  if (lfd < 0 || mfd < 0)
+    _exit(0);
+  struct pollfd p[2] = {{.fd = lfd, .events = POLLIN},
+                        {.fd = mfd, .events = POLLIN}};
+  while (poll(p, 2, -1) < 0 && errno == EINTR) {
+  }
+  if (p[1].revents || !p[0].revents)
+    _exit(0); /* the launcher ended: nothing to guard */
+  p[1].revents = 0;
+  poll(&p[1], 1, 3000);
+  signal_session(getsid(0), SIGKILL);
+  _exit(0);
+}
+
 pid_t loom_run_start(char *const *argv, bool verbose) {
   install_handlers();
 #ifdef __linux__
@@ -494,6 +551,8 @@ pid_t loom_run_start(char *const *argv, bool verbose) {
         close(fd);
       }
     }
+    if (is_mpi_launcher(argv[0]))
+      start_guard(parent);
     execvp(argv[0], argv);
     fprintf(stderr, "loom run: cannot run %s: %s\n", argv[0], strerror(errno));
     _exit(127);
@@ -516,6 +575,30 @@ int loom_run_spawn(char *const *argv, double timeout_s, bool verbose,
   return loom_run_wait(pid, timeout_s, watch, res);
 }
 
+/* The launcher is gone: first what the ranks did by themselves (the ends
+ * queued so far), then whatever is left is loom run's to stop. */
+static void watch_before_sweep(loom_run_watch *watch, struct pollfd *fds) {
+  int nfds = loom_watch_fds(watch, fds, MAX_WATCH_FDS);
+  poll(fds, (nfds_t)nfds, 0);
+  loom_watch_update(watch, fds, nfds, loom_time_wall(), false);
+  loom_watch_mark_stopped(watch);
+}
+
+/* Everything of the attempt is gone now: the last verdicts, with the
+ * launcher's exit status as evidence. */
+static void watch_after_sweep(loom_run_watch *watch, int status) {
+  double wall = loom_time_wall();
+  loom_watch_update(watch, NULL, 0, wall, true);
+  loom_watch_settle(watch, WIFSIGNALED(status)  ? 128 + WTERMSIG(status)
+                           : WIFEXITED(status) ? WEXITSTATUS(status)
+                                               : -1);
+  if (watch->fail.found)
+    watch->fail.t_stopped = wall;
+  if (watch->want_progress && watch->on_first_step &&
+      loom_watch_progress(watch))
+    watch->on_first_step(watch->ctx, &watch->prog);
+}
+
 int loom_run_wait(pid_t pid, double timeout_s, loom_run_watch *watch,
                   loom_run_result *res) {
   memset(res, 0, sizeof *res);
@@ -525,6 +608,7 @@ int loom_run_wait(pid_t pid, double timeout_s, loom_run_watch *watch,
   int status = 0;
   int forwarded = 0;  /* stop signals forwarded so far */
   double stop_at = 0; /* when we first asked the job to stop */
+  int pending_stop = 0; /* a stop signal not handed on yet */
   bool killed = false;
   double fail_at = 0; /* when a rank's failure was seen */
   static struct pollfd fds[1 + MAX_WATCH_FDS];
@@ -563,14 +647,15 @@ int loom_run_wait(pid_t pid, double timeout_s, loom_run_watch *watch,
               "loom run: time limit of %g s reached; stopping the "
               "job\n",
               timeout_s);
-      stop_job(pid, watch, SIGTERM);
+      pending_stop = SIGTERM;
       stop_at = now;
     }
     if (stop_sig && forwarded < stop_count) {
       /* The first signal is passed on (mpirun stops its ranks); a second
        * one kills the whole session at once. */
       if (forwarded == 0) {
-        stop_job(pid, watch, stop_sig);
+        if (!pending_stop)
+          pending_stop = stop_sig;
         stop_at = now;
       } else if (!killed) {
         signal_session(pid, SIGKILL);
@@ -578,6 +663,9 @@ int loom_run_wait(pid_t pid, double timeout_s, loom_run_watch *watch,
       }
       forwarded = stop_count;
     }
+    if (pending_stop && !killed &&
+        stop_job(pid, watch, pending_stop, now - stop_at))
+      pending_stop = 0;
     if (stop_at > 0 && !killed && now - stop_at > stop_grace_s) {
       fprintf(stderr,
               "loom run: the job did not stop within %g s (--stop-grace); "
@@ -605,32 +693,13 @@ int loom_run_wait(pid_t pid, double timeout_s, loom_run_watch *watch,
     if (nrel)
       relay_all(false);
   }
-  if (watch) {
-    /* The launcher is gone: first what the ranks did by themselves (the
-     * ends queued so far), then whatever is left is loom run's to stop. */
-    nfds = loom_watch_fds(watch, fds + 1, MAX_WATCH_FDS);
-    poll(fds + 1, (nfds_t)nfds, 0);
-    if (loom_watch_update(watch, fds + 1, nfds, loom_time_wall(), false) &&
-        fail_at == 0)
-      fail_at = loom_time_now();
-    loom_watch_mark_stopped(watch);
-  }
+  if (watch)
+    watch_before_sweep(watch, fds + 1);
   /* Ranks that escaped mpirun's own clean-up (or a program's children). */
   sweep_session(pid);
   relay_all(true);
-  if (watch) {
-    /* Everything of the attempt is gone now: the last verdicts. */
-    double wall = loom_time_wall();
-    loom_watch_update(watch, NULL, 0, wall, true);
-    loom_watch_settle(watch, WIFSIGNALED(status) ? 128 + WTERMSIG(status)
-                             : WIFEXITED(status) ? WEXITSTATUS(status)
-                                                 : -1);
-    if (watch->fail.found)
-      watch->fail.t_stopped = wall;
-    if (watch->want_progress && watch->on_first_step &&
-        loom_watch_progress(watch))
-      watch->on_first_step(watch->ctx, &watch->prog);
-  }
+  if (watch)
+    watch_after_sweep(watch, status);
   res->seconds = loom_time_now() - t0;
   res->stopped_by = stop_sig;
   if (WIFSIGNALED(status)) {

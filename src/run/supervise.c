@@ -719,6 +719,7 @@ typedef struct job {
   FILE *report;
   int attempt;
   bool standby_ok;      /* the program waits at the gate (loom train) */
+  bool is_train;        /* the program is loom train */
   int standby_attempt;  /* the attempt the standby group was started for */
   char standby_cmd[8192]; /* its launch command, to compare with a new plan */
   bool recovering;       /* the previous attempt failed; time the recovery */
@@ -1056,6 +1057,43 @@ static void remove_dir(const char *path) {
   close(dfd);
 }
 
+/* Processes of a dead loom run's job still about (a launcher that hung in
+ * its teardown after loom run was killed): they carry LOOM_RUN_DIR inside
+ * that job's directory in their environment, which no other process can
+ * (the directory's name is unique while it exists). SIGKILLed. */
+static void kill_job_leftovers(const char *tmp, const char *name) {
+  char want[4200];
+  int wn = snprintf(want, sizeof want, "LOOM_RUN_DIR=%s/%s/", tmp, name);
+  if (wn <= 0 || wn >= (int)sizeof want)
+    return;
+  DIR *d = opendir("/proc");
+  if (!d)
+    return;
+  static char env[65536];
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] < '1' || e->d_name[0] > '9')
+      continue;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%.20s/environ", e->d_name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+      continue;
+    ssize_t n = read(fd, env, sizeof env - 1);
+    close(fd);
+    for (ssize_t i = 0; n > 0 && i < n;) {
+      const char *var = env + i;
+      size_t len = strnlen(var, (size_t)(n - i));
+      if (len >= (size_t)wn && strncmp(var, want, (size_t)wn) == 0) {
+        kill((pid_t)atoi(e->d_name), SIGKILL);
+        break;
+      }
+      i += (ssize_t)len + 1;
+    }
+  }
+  closedir(d);
+}
+
 /* Job directories of loom runs that died without removing theirs (killed
  * with SIGKILL): a live loom run holds a lock on its "owner" file for the
  * whole job, so one that can be locked belongs to no one. Only
@@ -1092,6 +1130,8 @@ static void remove_stale_jobdirs(const char *tmp) {
     close(ofd);
     char shown[4200];
     snprintf(shown, sizeof shown, "%s/%s", tmp, e->d_name);
+    if (stale)
+      kill_job_leftovers(tmp, e->d_name);
     if (stale && remove_own_tree(dfd, e->d_name, shown, 0))
       LOOM_INFO("loom run: removed %s/%s of a loom run that is gone", tmp,
                     e->d_name);
@@ -1174,6 +1214,63 @@ static bool run_dir_of(const run_opts *o, char *out, size_t n) {
   return ok;
 }
 
+/* Before the first start: the word "loom" is this loom (found where it
+ * is, not through PATH); a program that is not there is said so, not
+ * reported as a rank that died (where every rank runs here: another host
+ * may have it); the launcher's log is set up. 0, or the exit code. */
+static int prepare_program(run_opts *o, char *self, size_t n) {
+  if (strcmp(o->prog[0], "loom") == 0) {
+    ssize_t len = readlink("/proc/self/exe", self, n - 1);
+    if (len > 0) {
+      self[len] = '\0';
+      o->prog[0] = self;
+    }
+  }
+  if (!o->hosts && !o->hostfile && !o->dry_run && !in_path(o->prog[0])) {
+    fprintf(stderr, "loom run: program not found: %s\n", o->prog[0]);
+    return 127;
+  }
+  char launcher_log[4200] = "";
+  if (!o->dry_run && run_dir_of(o, launcher_log, sizeof launcher_log))
+    loom_run_set_launcher_log(launcher_log, o->verbose);
+  return 0;
+}
+
+/* An attempt that ended on a stop asked for: by loom run (a signal, its
+ * --timeout), or by a signal sent to the ranks directly, every rank then
+ * stopped at an agreed step (not restarted; the code is 128 + the signal,
+ * whichever rank's exit the launcher passed on). Says so, sets *rc. */
+static bool ended_by_stop(const loom_run_result *r, const loom_run_stop *stop,
+                          const loom_run_failure *f, int *rc) {
+  if (r->stopped_by || r->timed_out) {
+    describe_stop(r, stop);
+    *rc = r->code;
+    return true;
+  }
+  if (!f->found && stop->stopped > 0 && stop->stopped == stop->ranks) {
+    describe_stop(r, stop);
+    *rc = stop_code(stop, r->code);
+    return true;
+  }
+  return false;
+}
+
+/* Failures a restart would meet again: a configuration or command-line
+ * error (2), a full or read-only file system (74). Says so. */
+static bool not_restartable(int rc, double seconds) {
+  const char *what = rc == LOOM_EXIT_USAGE    ? "a configuration or "
+                                                "command-line error"
+                     : rc == LOOM_EXIT_NOSPACE ? "a save found no space or a "
+                                                 "read-only file system"
+                                               : NULL;
+  if (!what)
+    return false;
+  fprintf(stderr,
+          "loom run: job failed (exit code %d: %s) after %.1f s; not "
+          "restarted, since it would fail the same way\n",
+          rc, what, seconds);
+  return true;
+}
 
 int loom_run_main(int argc, char **argv) {
   run_opts o;
@@ -1190,24 +1287,11 @@ int loom_run_main(int argc, char **argv) {
   bool is_train = strcmp(base, "loom") == 0 && o.prog[1] &&
                   strcmp(o.prog[1], "train") == 0;
   loom_run_set_stop_grace(o.stop_grace);
-  /* "loom" is this loom, found where it is, not through PATH. */
   char self[4096];
-  if (strcmp(o.prog[0], "loom") == 0) {
-    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (len > 0) {
-      self[len] = '\0';
-      o.prog[0] = self;
-    }
-  }
-  /* A program that is not there is said so, not reported as a rank that
-   * died (where every rank runs here: another host may have it). */
-  if (!o.hosts && !o.hostfile && !o.dry_run && !in_path(o.prog[0])) {
-    fprintf(stderr, "loom run: program not found: %s\n", o.prog[0]);
-    return 127;
-  }
-  char launcher_log[4200] = "";
-  if (!o.dry_run && run_dir_of(&o, launcher_log, sizeof launcher_log))
-    loom_run_set_launcher_log(launcher_log, o.verbose);
+  int bad = prepare_program(&o, self, sizeof self);
+  if (bad)
+    return bad;
+  jb.is_train = is_train;
   jb.standby_ok = o.max_restarts > 0 &&
                   (o.standby == 1 || (o.standby == -1 && is_train));
   /* The ranks' status files: a fresh directory per job, one per attempt
@@ -1303,6 +1387,7 @@ int loom_run_main(int argc, char **argv) {
     w.dir = adir;
     w.expect_local = pi.local;
     w.all_local = pi.local == pi.np;
+    w.keeps_status = jb.is_train;
     w.hang_timeout = o.hang_timeout;
     w.want_progress = jb.recovering || jb.standby_ok;
     w.on_first_step = on_recovered;
@@ -1337,19 +1422,8 @@ int loom_run_main(int argc, char **argv) {
       rc = 0;
       break;
     }
-    if (r.stopped_by || r.timed_out) {
-      describe_stop(&r, &stop);
-      rc = r.code;
+    if (ended_by_stop(&r, &stop, &w.fail, &rc))
       break;
-    }
-    if (!w.fail.found && stop.stopped > 0 && stop.stopped == stop.ranks) {
-      /* Signalled directly (not through loom run): every rank stopped at
-       * an agreed step. Asked for, so not restarted; the code is 128 + the
-       * signal, whichever rank's exit the launcher passed on. */
-      describe_stop(&r, &stop);
-      rc = stop_code(&stop, r.code);
-      break;
-    }
     /* A failed attempt. */
     loom_run_failure f = w.fail;
     if (r.launcher_killed && used != LAUNCH_DIRECT) {
@@ -1376,22 +1450,8 @@ int loom_run_main(int argc, char **argv) {
     }
     report_failure(&jb, &f, pi.np, rc, why);
     jb.recovering = false;
-    if (rc == LOOM_EXIT_NOSPACE) {
-      fprintf(stderr,
-              "loom run: job failed (exit code %d: a save found no space or a "
-              "read-only file system) after %.1f s; not restarted, since it "
-              "would fail the same way\n",
-              rc, r.seconds);
+    if (not_restartable(rc, r.seconds))
       break;
-    }
-    if (rc == LOOM_EXIT_USAGE) {
-      fprintf(stderr,
-              "loom run: job failed (exit code 2: a configuration or "
-              "command-line error) after %.1f s; not restarted, since it "
-              "would fail the same way\n",
-              r.seconds);
-      break;
-    }
     if (attempt >= o.max_restarts) {
       if (o.max_restarts > 0)
         fprintf(stderr,

@@ -767,6 +767,18 @@ static void on_signal(int sig) {
 
 void loom_trainer_request_stop(void) { stop_requested = 1; }
 
+static bool stop_caught_early;
+
+void loom_trainer_catch_stop_signals(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGHUP, &sa, NULL);
+  stop_caught_early = true;
+}
+
 /* The optimizer step after backward: the reduced gradient, clipped by its
  * global norm when asked (which needs all of it first), else stepped bucket
  * by bucket as the reductions complete. */
@@ -806,8 +818,10 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
   const loom_config *cfg = &t->cfg;
   loom_status s = LOOM_OK;
   double *sums = NULL; /* (S, SUM_N) this step's loss statistics */
-  stop_requested = 0;
-  stop_signal = 0;
+  if (!stop_caught_early) { /* else a stop while loading counts too */
+    stop_requested = 0;
+    stop_signal = 0;
+  }
   /* SIGINT, SIGTERM and SIGHUP (a closed terminal, or loom run passing any
    * of them on) stop every rank at one agreed step, which is saved. */
   struct sigaction sa, old_int, old_term, old_hup;

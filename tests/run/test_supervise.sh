@@ -255,6 +255,22 @@ no_leftovers "standby, loom run killed"
 TMPDIR="$tmp/killed" "$LOOM" run -n 1 true
 left=$(ls -d "$tmp"/killed/loom-run-* 2>/dev/null)
 [ -z "$left" ] && ok "a killed loom run's directory is removed by the next one" || bad "stale directory left: $left"
+# A stale job directory of a dead loom run: a process of its job still
+# about is stopped, its own files removed; a link in it is removed as a link
+# (its target untouched) and an unexpected file keeps the directory.
+mkdir -p "$tmp/stale/loom-run-abcdef/attempt-0" "$tmp/stale/loom-run-ghijkl" "$tmp/victim"
+echo keep >"$tmp/victim/precious"
+touch "$tmp/stale/loom-run-abcdef/owner" "$tmp/stale/loom-run-abcdef/attempt-0/rank-0"
+(LOOM_RUN_DIR="$tmp/stale/loom-run-abcdef/attempt-0" exec sleep "300.$$" &)
+touch "$tmp/stale/loom-run-ghijkl/owner" "$tmp/stale/loom-run-ghijkl/notes.txt"
+ln -s "$tmp/victim" "$tmp/stale/loom-run-ghijkl/attempt-0"
+wait_until pgrep -f "^sleep 300.$$$" >/dev/null
+TMPDIR="$tmp/stale" "$LOOM" run -n 1 true 2>"$tmp/e19"
+[ ! -e "$tmp/stale/loom-run-abcdef" ] && wait_until sh -c "! pgrep -f '^sleep 300.$$$' >/dev/null" \
+  && ok "stale job directory removed, its leftover process stopped" || { bad "stale job directory"; ls -R "$tmp/stale"; cat "$tmp/e19"; }
+[ "$(cat "$tmp/victim/precious" 2>/dev/null)" = keep ] && [ -e "$tmp/stale/loom-run-ghijkl/notes.txt" ] \
+  && ok "stale job directory with a link and a stranger: victim intact, stranger kept" || { bad "link-safe removal"; ls -lR "$tmp/stale" "$tmp/victim"; }
+
 # auto: only loom train waits at the gate; another program is never doubled.
 out=$("$LOOM" run -n 2 --max-restarts 1 --report "$tmp/r15" sh -c "sleep 0.3; echo $marker" 2>&1)
 [ "$(echo "$out" | grep -c "$marker")" = 2 ] && ! grep -q '"event":"standby"' "$tmp/r15" && ok "standby auto: off for another program" || bad "standby auto: $out"
