@@ -27,7 +27,6 @@
 #include "loom/core.h"
 #include "loom/run.h"
 
-
 extern char **environ;
 
 #define LAUNCHER_LIST(X)                                                       \
@@ -77,7 +76,7 @@ typedef struct run_opts {
   int standby;        /* -1 auto, 0 off, 1 on */
   double restart_delay;
   double timeout;
-  double stop_grace; /* seconds to finish the step and save after a stop */
+  double stop_grace;   /* seconds to finish the step and save after a stop */
   double hang_timeout; /* no step for this long is a hang (0: derived) */
   bool dry_run;
   bool verbose;
@@ -85,63 +84,64 @@ typedef struct run_opts {
 } run_opts;
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: loom run [options] [--] PROGRAM [ARGS...]\n\n"
-          "Starts PROGRAM as N ranks: through mpirun (or srun inside a SLURM "
-          "allocation),\nor directly when N is 1.\n\n"
-          "  -n, --np N             number of ranks (default: the slots of "
-          "--hosts/--hostfile,\n"
-          "                         SLURM_NTASKS in an allocation, else 1)\n"
-          "      --hosts H:S,...    hosts and their slots, e.g. "
-          "node1:2,node2:2\n"
-          "      --hostfile FILE    hosts, one per line: 'host slots=S' or "
-          "'host:S' (re-read\n"
-          "                         on every restart)\n"
-          "      --launcher L       auto, mpirun, srun or direct (default "
-          "auto)\n"
-          "      --mpirun CMD       the mpirun / mpiexec to use (default: the "
-          "one matching\n"
-          "                         loom's MPI; or LOOM_MPIRUN)\n"
-          "      --threads T        threads per rank (default: cores / ranks "
-          "on the host)\n"
-          "      --max-restarts K   start the whole group again after a "
-          "failure, up to K\n"
-          "                         times (default 0)\n"
-          "      --restart-delay S  seconds before a restart (default 1)\n"
-          "      --min-np A         with --hostfile: fail rather than (re)start on "
-          "fewer\n"
-          "                         than A slots\n"
-          "      --max-np B         with --hostfile: start at most B ranks "
-          "(np = min(slots, B))\n"
-          "      --report FILE      write the supervision events (start, "
-          "failure, restart,\n"
-          "                         recovered, end) as JSON lines\n"
-          "      --standby M        auto, on or off: with restarts left, start "
-          "the next group\n"
-          "                         ahead of a failure, waiting at its "
-          "communication set-up\n"
-          "                         (auto: for loom train with every rank on "
-          "this host)\n"
-          "      --timeout S        stop the job after S seconds (exit code "
-          "124)\n"
-          "      --stop-grace S     after a stop (a signal, --timeout), the "
-          "seconds the ranks\n"
-          "                         get to finish their step and save "
-          "(default 30)\n"
-          "      --hang-timeout S   a rank that completes no step for S "
-          "seconds has hung: the\n"
-          "                         job is stopped and restarted like after "
-          "a crash (default\n"
-          "                         max(60, 20 x the median step time))\n"
-          "      --dry-run          print what would run\n"
-          "  -v, --verbose          print the launch command\n\n"
-          "Each rank gets LOOM_THREADS, OMP_NUM_THREADS and "
-          "OPENBLAS_NUM_THREADS (unless\nset), LOOM_RESTART_COUNT and the "
-          "rest of the environment. Ctrl-C or SIGTERM\nstops every rank; "
-          "the exit code is the first failing rank's (%d: the\n"
-          "communication watchdog fired). Exit code 2 (a configuration or "
-          "command-line\nerror) is never restarted.\n",
-          LOOM_COMM_EXIT_TIMEOUT);
+  fprintf(
+      f,
+      "usage: loom run [options] [--] PROGRAM [ARGS...]\n\n"
+      "Starts PROGRAM as N ranks: through mpirun (or srun inside a SLURM "
+      "allocation),\nor directly when N is 1.\n\n"
+      "  -n, --np N             number of ranks (default: the slots of "
+      "--hosts/--hostfile,\n"
+      "                         SLURM_NTASKS in an allocation, else 1)\n"
+      "      --hosts H:S,...    hosts and their slots, e.g. "
+      "node1:2,node2:2\n"
+      "      --hostfile FILE    hosts, one per line: 'host slots=S' or "
+      "'host:S' (re-read\n"
+      "                         on every restart)\n"
+      "      --launcher L       auto, mpirun, srun or direct (default "
+      "auto)\n"
+      "      --mpirun CMD       the mpirun / mpiexec to use (default: the "
+      "one matching\n"
+      "                         loom's MPI; or LOOM_MPIRUN)\n"
+      "      --threads T        threads per rank (default: cores / ranks "
+      "on the host)\n"
+      "      --max-restarts K   start the whole group again after a "
+      "failure, up to K\n"
+      "                         times (default 0)\n"
+      "      --restart-delay S  seconds before a restart (default 1)\n"
+      "      --min-np A         with --hostfile: fail rather than (re)start on "
+      "fewer\n"
+      "                         than A slots\n"
+      "      --max-np B         with --hostfile: start at most B ranks "
+      "(np = min(slots, B))\n"
+      "      --report FILE      write the supervision events (start, "
+      "failure, restart,\n"
+      "                         recovered, end) as JSON lines\n"
+      "      --standby M        auto, on or off: with restarts left, start "
+      "the next group\n"
+      "                         ahead of a failure, waiting at its "
+      "communication set-up\n"
+      "                         (auto: for loom train with every rank on "
+      "this host)\n"
+      "      --timeout S        stop the job after S seconds (exit code "
+      "124)\n"
+      "      --stop-grace S     after a stop (a signal, --timeout), the "
+      "seconds the ranks\n"
+      "                         get to finish their step and save "
+      "(default 30)\n"
+      "      --hang-timeout S   a rank that completes no step for S "
+      "seconds has hung: the\n"
+      "                         job is stopped and restarted like after "
+      "a crash (default\n"
+      "                         max(60, 20 x the median step time))\n"
+      "      --dry-run          print what would run\n"
+      "  -v, --verbose          print the launch command\n\n"
+      "Each rank gets LOOM_THREADS, OMP_NUM_THREADS and "
+      "OPENBLAS_NUM_THREADS (unless\nset), LOOM_RESTART_COUNT and the "
+      "rest of the environment. Ctrl-C or SIGTERM\nstops every rank; "
+      "the exit code is the first failing rank's (%d: the\n"
+      "communication watchdog fired). Exit code 2 (a configuration or "
+      "command-line\nerror) is never restarted.\n",
+      LOOM_COMM_EXIT_TIMEOUT);
 }
 
 static int parse_int(const char *s, const char *what, int lo, int *out) {
@@ -287,8 +287,8 @@ static int parse_args(int argc, char **argv, run_opts *o) {
       return -1;
     }
     if (o->max_np && o->min_np > o->max_np) {
-      fprintf(stderr, "loom run: --min-np %d is above --max-np %d\n",
-              o->min_np, o->max_np);
+      fprintf(stderr, "loom run: --min-np %d is above --max-np %d\n", o->min_np,
+              o->max_np);
       return -1;
     }
   }
@@ -718,13 +718,13 @@ typedef struct job {
   const char *jobdir;
   FILE *report;
   int attempt;
-  bool standby_ok;      /* the program waits at the gate (loom train) */
-  bool is_train;        /* the program is loom train */
-  int standby_attempt;  /* the attempt the standby group was started for */
+  bool standby_ok;        /* the program waits at the gate (loom train) */
+  bool is_train;          /* the program is loom train */
+  int standby_attempt;    /* the attempt the standby group was started for */
   char standby_cmd[8192]; /* its launch command, to compare with a new plan */
-  bool recovering;       /* the previous attempt failed; time the recovery */
-  loom_run_failure fail; /* that failure (times filled even when no rank was
-                            identified: then the launcher's exit) */
+  bool recovering;        /* the previous attempt failed; time the recovery */
+  loom_run_failure fail;  /* that failure (times filled even when no rank was
+                             identified: then the launcher's exit) */
 } job;
 
 static void report_emit(job *jb, cJSON *ev) {
@@ -955,8 +955,8 @@ static void describe_launcher_death(const loom_run_result *r, const char *name,
           np);
 }
 
-static void report_failure(job *jb, const loom_run_failure *f, int np,
-                           int code, const char *why) {
+static void report_failure(job *jb, const loom_run_failure *f, int np, int code,
+                           const char *why) {
   cJSON *ev = report_event("failure", jb->attempt);
   cJSON_AddNumberToObject(ev, "np", np);
   cJSON_AddNumberToObject(ev, "code", code);
@@ -1048,8 +1048,7 @@ static void remove_dir(const char *path) {
   if (!slash || !slash[1])
     return;
   *slash = '\0';
-  int dfd = open(parent[0] ? parent : "/",
-                 O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int dfd = open(parent[0] ? parent : "/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0)
     return;
   bool attempt = strncmp(slash + 1, "attempt-", 8) == 0;
@@ -1118,8 +1117,8 @@ static void remove_stale_jobdirs(const char *tmp) {
     if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
         !S_ISDIR(st.st_mode) || st.st_uid != geteuid())
       continue;
-    int jfd = openat(dfd, e->d_name,
-                     O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int jfd =
+        openat(dfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (jfd < 0)
       continue;
     int ofd = openat(jfd, "owner", O_RDWR | O_NOFOLLOW | O_CLOEXEC);
@@ -1134,7 +1133,7 @@ static void remove_stale_jobdirs(const char *tmp) {
       kill_job_leftovers(tmp, e->d_name);
     if (stale && remove_own_tree(dfd, e->d_name, shown, 0))
       LOOM_INFO("loom run: removed %s/%s of a loom run that is gone", tmp,
-                    e->d_name);
+                e->d_name);
   }
   closedir(d);
   close(dfd);
@@ -1154,8 +1153,8 @@ static int make_jobdir(char *jobdir, size_t n) {
   }
   char owner[4200];
   snprintf(owner, sizeof owner, "%s/owner", jobdir);
-  int fd = open(owner, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                0600);
+  int fd =
+      open(owner, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0) {
     char pid[32];
     int len = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
@@ -1258,8 +1257,8 @@ static bool ended_by_stop(const loom_run_result *r, const loom_run_stop *stop,
 /* Failures a restart would meet again: a configuration or command-line
  * error (2), a full or read-only file system (74). Says so. */
 static bool not_restartable(int rc, double seconds) {
-  const char *what = rc == LOOM_EXIT_USAGE    ? "a configuration or "
-                                                "command-line error"
+  const char *what = rc == LOOM_EXIT_USAGE     ? "a configuration or "
+                                                 "command-line error"
                      : rc == LOOM_EXIT_NOSPACE ? "a save found no space or a "
                                                  "read-only file system"
                                                : NULL;
@@ -1270,6 +1269,182 @@ static bool not_restartable(int rc, double seconds) {
           "restarted, since it would fail the same way\n",
           rc, what, seconds);
   return true;
+}
+
+/* The job's directory for the ranks' status files (a fresh one per job,
+ * one per attempt inside it, all removed at the end) and the --report
+ * file. 0, or the exit code. */
+static int open_job(job *jb, char *jobdir, size_t n, int *owner_fd) {
+  const run_opts *o = jb->o;
+  *owner_fd = -1;
+  if (o->dry_run)
+    return 0;
+  *owner_fd = make_jobdir(jobdir, n);
+  if (*owner_fd < 0)
+    return LOOM_EXIT_FAIL;
+  if (o->report) {
+    jb->report = fopen(o->report, "w");
+    if (!jb->report) {
+      fprintf(stderr, "loom run: cannot write %s: %s\n", o->report,
+              strerror(errno));
+      remove_dir(jobdir);
+      close(*owner_fd);
+      *owner_fd = -1;
+      return LOOM_EXIT_USAGE;
+    }
+  }
+  return 0;
+}
+
+/* --dry-run: what would be started, and with which thread settings. */
+static void print_plan(launcher used, const argv_buf *cmd) {
+  printf("launcher: %s\n", launcher_names[used]);
+  printf("command:");
+  for (int i = 0; i < cmd->n; i++)
+    printf(" %s", cmd->v[i]);
+  printf("\nLOOM_THREADS=%s OMP_NUM_THREADS=%s OPENBLAS_NUM_THREADS=%s\n",
+         getenv("LOOM_THREADS"), getenv("OMP_NUM_THREADS"),
+         getenv("OPENBLAS_NUM_THREADS"));
+}
+
+/* Whether the standby group takes this attempt: started for it with this
+ * very plan (an elastic change of hosts discards it). A discarded one is
+ * killed and its ranks' files removed, so they do not pass for the new
+ * group's. */
+static bool take_standby(job *jb, int attempt, const argv_buf *cmd,
+                         const char *adir) {
+  bool standby = false;
+  if (attempt > 0 && jb->standby_attempt == attempt &&
+      loom_run_standby_alive()) {
+    char now_cmd[8192];
+    join_cmd(cmd, now_cmd, sizeof now_cmd);
+    standby = strcmp(now_cmd, jb->standby_cmd) == 0;
+  }
+  if (!standby) {
+    loom_run_standby_kill();
+    if (jb->standby_attempt == attempt) {
+      remove_dir(adir);
+      mkdir(adir, 0755);
+    }
+  }
+  return standby;
+}
+
+/* The report's "start" or "restart" event, and the line for a restart on
+ * another number of ranks. */
+static void report_start(job *jb, int attempt, const plan_info *pi, int prev_np,
+                         bool standby) {
+  const run_opts *o = jb->o;
+  if (attempt > 0 && pi->np != prev_np)
+    fprintf(stderr,
+            "loom run: restart %d of %d on %d ranks (was %d): %s now has "
+            "%d slot(s)\n",
+            attempt, o->max_restarts, pi->np, prev_np,
+            o->hostfile ? "the hostfile" : "--hosts", pi->slots);
+  cJSON *ev = report_event(attempt ? "restart" : "start", attempt);
+  cJSON_AddNumberToObject(ev, "np", pi->np);
+  if (attempt)
+    cJSON_AddNumberToObject(ev, "prev_np", prev_np);
+  if (pi->slots)
+    cJSON_AddNumberToObject(ev, "slots", pi->slots);
+  if (attempt)
+    cJSON_AddBoolToObject(ev, "standby", standby);
+  report_emit(jb, ev);
+}
+
+/* One attempt: the group started (or the standby group's gate opened) and
+ * watched until it ends. Fills *r, *stop and *fail; 0, or non-zero when it
+ * could not be started. */
+static int run_attempt(job *jb, const plan_info *pi, argv_buf *cmd,
+                       const char *adir, bool standby, loom_run_result *r,
+                       loom_run_stop *stop, loom_run_failure *fail) {
+  const run_opts *o = jb->o;
+  loom_run_watch w;
+  loom_watch_init(&w);
+  w.dir = adir;
+  w.expect_local = pi->local;
+  w.all_local = pi->local == pi->np;
+  w.keeps_status = jb->is_train;
+  w.hang_timeout = o->hang_timeout;
+  w.want_progress = jb->recovering || jb->standby_ok;
+  w.on_first_step = on_recovered;
+  w.ctx = jb;
+  int s;
+  if (standby) {
+    /* Open the gate: the group's ranks go on from their communication
+     * set-up; the recovery's "start" begins now. */
+    char gate[4300];
+    snprintf(gate, sizeof gate, "%s/go", adir);
+    w.prog.t_spawn = loom_time_wall();
+    int fd = open(gate, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd >= 0)
+      close(fd);
+    s = loom_run_wait(loom_run_standby_take(), o->timeout, &w, r);
+  } else {
+    s = loom_run_spawn(cmd->v, o->timeout, o->verbose, &w, r);
+  }
+  loom_watch_stop_summary(&w, stop);
+  *fail = w.fail;
+  loom_watch_free(&w);
+  return s;
+}
+
+/* A failed attempt: names the rank (or the launcher) that failed, reports
+ * it, and decides. True when the job ends here (*rc its code); false when
+ * it restarts, after the restart delay. */
+static bool after_failure(job *jb, int attempt, const loom_run_result *r,
+                          loom_run_failure f, launcher used, const char *cmd0,
+                          const plan_info *pi, int *rc) {
+  const run_opts *o = jb->o;
+  if (r->launcher_killed && used != LAUNCH_DIRECT) {
+    /* mpirun itself died from a signal it did not get from us: the ranks
+     * went down with it (or were stopped by loom run), none is to blame. */
+    describe_launcher_death(r, cmd0, pi->np);
+    f.found = false;
+  }
+  if (!f.found) {
+    /* No local rank told us (remote ranks, a program that keeps no
+     * status): the launcher's exit is all there is. */
+    double now = loom_time_wall();
+    f.t_fail = f.t_detect = f.t_stopped = now;
+  }
+  *rc = failure_code(&f, r);
+  loom_run_result rr = *r;
+  rr.code = *rc;
+  char why[160];
+  describe_failure(&rr, why, sizeof why);
+  if (f.found) {
+    char line[1024];
+    describe_rank_failure(&f, r, pi->np, line, sizeof line);
+    fprintf(stderr, "loom run: %s\n", line);
+  }
+  report_failure(jb, &f, pi->np, *rc, why);
+  jb->recovering = false;
+  if (not_restartable(*rc, r->seconds))
+    return true;
+  if (attempt >= o->max_restarts) {
+    if (o->max_restarts > 0)
+      fprintf(stderr,
+              "loom run: job failed (%s) after %.1f s; no restart "
+              "left (--max-restarts %d)\n",
+              why, r->seconds, o->max_restarts);
+    else
+      fprintf(stderr, "loom run: job failed (%s) after %.1f s\n", why,
+              r->seconds);
+    return true;
+  }
+  fprintf(stderr,
+          "loom run: job failed (%s) after %.1f s; restart %d of "
+          "%d in %g s\n",
+          why, r->seconds, attempt + 1, o->max_restarts, o->restart_delay);
+  jb->fail = f;
+  jb->recovering = true;
+  loom_run_sleep(o->restart_delay);
+  if (loom_run_stop_requested()) {
+    *rc = 128 + 2;
+    return true;
+  }
+  return false;
 }
 
 int loom_run_main(int argc, char **argv) {
@@ -1284,35 +1459,21 @@ int loom_run_main(int argc, char **argv) {
    * loom_runstat_phase); any other program would simply run twice. */
   const char *base = strrchr(o.prog[0], '/');
   base = base ? base + 1 : o.prog[0];
-  bool is_train = strcmp(base, "loom") == 0 && o.prog[1] &&
-                  strcmp(o.prog[1], "train") == 0;
+  bool is_train =
+      strcmp(base, "loom") == 0 && o.prog[1] && strcmp(o.prog[1], "train") == 0;
   loom_run_set_stop_grace(o.stop_grace);
   char self[4096];
   int bad = prepare_program(&o, self, sizeof self);
   if (bad)
     return bad;
   jb.is_train = is_train;
-  jb.standby_ok = o.max_restarts > 0 &&
-                  (o.standby == 1 || (o.standby == -1 && is_train));
-  /* The ranks' status files: a fresh directory per job, one per attempt
-   * inside it, all removed at the end. */
+  jb.standby_ok =
+      o.max_restarts > 0 && (o.standby == 1 || (o.standby == -1 && is_train));
   char jobdir[4096] = "";
-  int owner_fd = -1;
-  if (!o.dry_run) {
-    owner_fd = make_jobdir(jobdir, sizeof jobdir);
-    if (owner_fd < 0)
-      return LOOM_EXIT_FAIL;
-    if (o.report) {
-      jb.report = fopen(o.report, "w");
-      if (!jb.report) {
-        fprintf(stderr, "loom run: cannot write %s: %s\n", o.report,
-                strerror(errno));
-        remove_dir(jobdir);
-        close(owner_fd);
-        return LOOM_EXIT_USAGE;
-      }
-    }
-  }
+  int owner_fd;
+  bad = open_job(&jb, jobdir, sizeof jobdir, &owner_fd);
+  if (bad)
+    return bad;
   jb.jobdir = jobdir;
   double t_job = loom_time_now();
   int rc = 0, prev_np = 0;
@@ -1338,81 +1499,20 @@ int loom_run_main(int argc, char **argv) {
       break;
     }
     if (o.dry_run) {
-      printf("launcher: %s\n", launcher_names[used]);
-      printf("command:");
-      for (int i = 0; i < cmd.n; i++)
-        printf(" %s", cmd.v[i]);
-      printf("\nLOOM_THREADS=%s OMP_NUM_THREADS=%s OPENBLAS_NUM_THREADS=%s\n",
-             getenv("LOOM_THREADS"), getenv("OMP_NUM_THREADS"),
-             getenv("OPENBLAS_NUM_THREADS"));
+      print_plan(used, &cmd);
       argv_free(&cmd);
       return LOOM_EXIT_OK;
     }
-    if (attempt > 0 && pi.np != prev_np)
-      fprintf(stderr,
-              "loom run: restart %d of %d on %d ranks (was %d): %s now has "
-              "%d slot(s)\n",
-              attempt, o.max_restarts, pi.np, prev_np,
-              o.hostfile ? "the hostfile" : "--hosts", pi.slots);
-    /* The standby group, when it was started for this attempt with this
-     * very plan (an elastic change of hosts discards it). */
-    bool standby = false;
-    if (attempt > 0 && jb.standby_attempt == attempt &&
-        loom_run_standby_alive()) {
-      char now_cmd[8192];
-      join_cmd(&cmd, now_cmd, sizeof now_cmd);
-      standby = strcmp(now_cmd, jb.standby_cmd) == 0;
-    }
-    if (!standby) {
-      loom_run_standby_kill();
-      if (jb.standby_attempt == attempt) {
-        /* Discarded: its ranks' files must not pass for the new group's. */
-        remove_dir(adir);
-        mkdir(adir, 0755);
-      }
-    }
-    cJSON *ev = report_event(attempt ? "restart" : "start", attempt);
-    cJSON_AddNumberToObject(ev, "np", pi.np);
-    if (attempt)
-      cJSON_AddNumberToObject(ev, "prev_np", prev_np);
-    if (pi.slots)
-      cJSON_AddNumberToObject(ev, "slots", pi.slots);
-    if (attempt)
-      cJSON_AddBoolToObject(ev, "standby", standby);
-    report_emit(&jb, ev);
+    bool standby = take_standby(&jb, attempt, &cmd, adir);
+    report_start(&jb, attempt, &pi, prev_np, standby);
     prev_np = pi.np;
-
-    loom_run_watch w;
-    loom_watch_init(&w);
-    w.dir = adir;
-    w.expect_local = pi.local;
-    w.all_local = pi.local == pi.np;
-    w.keeps_status = jb.is_train;
-    w.hang_timeout = o.hang_timeout;
-    w.want_progress = jb.recovering || jb.standby_ok;
-    w.on_first_step = on_recovered;
-    w.ctx = &jb;
     loom_run_result r;
-    int s;
-    if (standby) {
-      /* Open the gate: the group's ranks go on from their communication
-       * set-up; the recovery's "start" begins now. */
-      char gate[4300];
-      snprintf(gate, sizeof gate, "%s/go", adir);
-      w.prog.t_spawn = loom_time_wall();
-      int fd = open(gate, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-      if (fd >= 0)
-        close(fd);
-      s = loom_run_wait(loom_run_standby_take(), o.timeout, &w, &r);
-    } else {
-      s = loom_run_spawn(cmd.v, o.timeout, o.verbose, &w, &r);
-    }
+    loom_run_stop stop;
+    loom_run_failure fail;
+    int s = run_attempt(&jb, &pi, &cmd, adir, standby, &r, &stop, &fail);
     char cmd0[256];
     snprintf(cmd0, sizeof cmd0, "%s", cmd.n > 0 ? cmd.v[0] : "?");
     argv_free(&cmd);
-    loom_run_stop stop;
-    loom_watch_stop_summary(&w, &stop);
-    loom_watch_free(&w);
     remove_dir(adir);
     if (s != 0) {
       rc = LOOM_EXIT_FAIL;
@@ -1422,58 +1522,10 @@ int loom_run_main(int argc, char **argv) {
       rc = 0;
       break;
     }
-    if (ended_by_stop(&r, &stop, &w.fail, &rc))
+    if (ended_by_stop(&r, &stop, &fail, &rc))
       break;
-    /* A failed attempt. */
-    loom_run_failure f = w.fail;
-    if (r.launcher_killed && used != LAUNCH_DIRECT) {
-      /* mpirun itself died from a signal it did not get from us: the ranks
-       * went down with it (or were stopped by loom run), none is to blame. */
-      describe_launcher_death(&r, cmd0, pi.np);
-      f.found = false;
-    }
-    if (!f.found) {
-      /* No local rank told us (remote ranks, a program that keeps no
-       * status): the launcher's exit is all there is. */
-      double now = loom_time_wall();
-      f.t_fail = f.t_detect = f.t_stopped = now;
-    }
-    rc = failure_code(&f, &r);
-    loom_run_result rr = r;
-    rr.code = rc;
-    char why[160];
-    describe_failure(&rr, why, sizeof why);
-    if (f.found) {
-      char line[1024];
-      describe_rank_failure(&f, &r, pi.np, line, sizeof line);
-      fprintf(stderr, "loom run: %s\n", line);
-    }
-    report_failure(&jb, &f, pi.np, rc, why);
-    jb.recovering = false;
-    if (not_restartable(rc, r.seconds))
+    if (after_failure(&jb, attempt, &r, fail, used, cmd0, &pi, &rc))
       break;
-    if (attempt >= o.max_restarts) {
-      if (o.max_restarts > 0)
-        fprintf(stderr,
-                "loom run: job failed (%s) after %.1f s; no restart "
-                "left (--max-restarts %d)\n",
-                why, r.seconds, o.max_restarts);
-      else
-        fprintf(stderr, "loom run: job failed (%s) after %.1f s\n", why,
-                r.seconds);
-      break;
-    }
-    fprintf(stderr,
-            "loom run: job failed (%s) after %.1f s; restart %d of "
-            "%d in %g s\n",
-            why, r.seconds, attempt + 1, o.max_restarts, o.restart_delay);
-    jb.fail = f;
-    jb.recovering = true;
-    loom_run_sleep(o.restart_delay);
-    if (loom_run_stop_requested()) {
-      rc = 128 + 2;
-      break;
-    }
   }
   loom_run_standby_kill();
   cJSON *ev = report_event("end", jb.attempt);
