@@ -512,6 +512,155 @@ typedef struct plan_info {
   int local; /* ranks on this machine, 0 when unknown */
 } plan_info;
 
+/* A positive integer from the environment (SLURM's counts), else 0. */
+static int env_count(const char *name) {
+  const char *v = getenv(name);
+  if (!v || !*v)
+    return 0;
+  char *end;
+  errno = 0;
+  long n = strtol(v, &end, 10);
+  if (end == v || errno == ERANGE || n < 1 || n > 1 << 24)
+    return 0;
+  return (int)n; /* SLURM_CPUS_ON_NODE may read "4(x2)": the leading count */
+}
+
+/* The hosts of --hosts or --hostfile into *hs; the number of ranks, within
+ * --min-np/--max-np (elastic: as many as the hosts offer now). -1 when
+ * there are too few. */
+static int plan_ranks(const run_opts *o, host_slots *hs, bool *have_hosts,
+                      int *slots) {
+  *have_hosts = false;
+  *slots = 0;
+  if (o->hosts) {
+    if (parse_hosts(o->hosts, hs))
+      return -1;
+    *have_hosts = true;
+  } else if (o->hostfile) {
+    if (read_hostfile(o->hostfile, hs))
+      return -1;
+    *have_hosts = true;
+  }
+  int np = o->np;
+  for (int h = 0; *have_hosts && h < hs->n; h++)
+    *slots += hs->slots[h];
+  if (np == 0) {
+    if (*have_hosts)
+      np = *slots;
+    else if (getenv("SLURM_JOB_ID"))
+      np = env_count("SLURM_NTASKS");
+    if (np <= 0)
+      np = 1;
+  }
+  if (o->max_np && np > o->max_np)
+    np = o->max_np;
+  if (o->min_np && np < o->min_np) {
+    fprintf(stderr,
+            "loom run: %s offers %d slot(s), fewer than --min-np %d; not "
+            "starting\n",
+            o->hostfile ? o->hostfile : "--hosts", *slots, o->min_np);
+    return -1;
+  }
+  return np;
+}
+
+/* auto: one local rank runs directly, inside SLURM srun, else mpirun. */
+static launcher choose_launcher(const run_opts *o, int np, bool have_hosts) {
+  if (o->launch != LAUNCH_AUTO)
+    return o->launch;
+  if (np == 1 && !have_hosts)
+    return LAUNCH_DIRECT;
+  if (getenv("SLURM_JOB_ID") && !have_hosts)
+    return LAUNCH_SRUN;
+  return LAUNCH_MPIRUN;
+}
+
+/* Threads per rank: this host's cores shared by the ranks it runs (unless
+ * --threads), set for the ranks as LOOM_THREADS, OMP_NUM_THREADS and
+ * OPENBLAS_NUM_THREADS; with the attempt and the rank count. Returns the
+ * ranks per host and this host's cores. */
+static void plan_threads(const run_opts *o, launcher l, const host_slots *hs,
+                         bool have_hosts, int np, int attempt, int *per_host,
+                         int *cores) {
+  *per_host = np;
+  if (l == LAUNCH_DIRECT) {
+    *per_host = 1;
+  } else if (have_hosts) {
+    *per_host = max_ranks_per_host(hs, np);
+  } else if (l == LAUNCH_SRUN) {
+    int nodes = env_count("SLURM_NNODES");
+    if (nodes < 1)
+      nodes = 1;
+    *per_host = (np + nodes - 1) / nodes;
+  }
+  *cores = loom_cores();
+  if (l == LAUNCH_SRUN && env_count("SLURM_CPUS_ON_NODE") > 0)
+    *cores = env_count("SLURM_CPUS_ON_NODE");
+  int threads = o->threads ? o->threads : *cores / *per_host;
+  if (threads < 1)
+    threads = 1;
+  char buf[32];
+  snprintf(buf, sizeof buf, "%d", threads);
+  set_default("LOOM_THREADS", buf);
+  set_default("OMP_NUM_THREADS", buf);
+  set_default("OPENBLAS_NUM_THREADS", buf);
+  snprintf(buf, sizeof buf, "%d", attempt);
+  setenv("LOOM_RESTART_COUNT", buf, 1);
+  snprintf(buf, sizeof buf, "%d", np);
+  setenv("LOOM_RUN_NP", buf, 1);
+}
+
+/* Open MPI's mpirun: root allowed, more ranks than cores allowed, no
+ * binding (two jobs on one machine would both pin to the first cores), the
+ * hosts, and the environment for ranks on other hosts. */
+static void push_openmpi(const run_opts *o, argv_buf *cmd, const char *np,
+                         bool have_hosts, bool all_local, int per_host,
+                         int cores) {
+  if (geteuid() == 0) {
+    set_default("OMPI_ALLOW_RUN_AS_ROOT", "1");
+    set_default("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+  }
+  /* --oversubscribe makes Open MPI yield in every wait, which costs 10x
+   * in bandwidth when ranks do have a core each; yield only when they
+   * do not. */
+  set_default("OMPI_MCA_mpi_yield_when_idle", per_host > cores ? "1" : "0");
+  /* A failed rank takes the job down in ~0.03 s instead of 1 s. */
+  set_default("OMPI_MCA_odls_base_sigkill_timeout", "0");
+  /* On one host the ob1 PML (over shared memory) is what Open MPI picks
+   * anyway; naming it skips probing the others and halves MPI_Init
+   * (0.40 s -> 0.22 s for 2 ranks here). Between hosts the choice (UCX on
+   * InfiniBand, say) stays Open MPI's. */
+  if (all_local)
+    set_default("OMPI_MCA_pml", "ob1");
+  push(cmd, "--oversubscribe");
+  push(cmd, "--bind-to");
+  push(cmd, "none");
+  push(cmd, "-np");
+  push(cmd, np);
+  if (o->hosts) {
+    push(cmd, "--host");
+    push(cmd, o->hosts);
+  } else if (o->hostfile) {
+    push(cmd, "--hostfile");
+    push(cmd, o->hostfile);
+  }
+  if (have_hosts && !all_local) {
+    /* Ranks on other hosts get the environment only through -x. */
+    for (char **e = environ; *e; e++) {
+      if (local_only(*e))
+        continue;
+      char name[256];
+      size_t k = (size_t)(strchr(*e, '=') - *e);
+      if (k >= sizeof name)
+        continue;
+      memcpy(name, *e, k);
+      name[k] = '\0';
+      push(cmd, "-x");
+      push(cmd, name);
+    }
+  }
+}
+
 /* Builds the command of one attempt and sets the ranks' environment in
  * ours (children inherit it). */
 static int build_plan(const run_opts *o, int attempt, argv_buf *cmd,
@@ -519,48 +668,12 @@ static int build_plan(const run_opts *o, int attempt, argv_buf *cmd,
   static host_slots hs;
   free(hs.names);
   memset(&hs, 0, sizeof hs);
-  bool in_slurm = getenv("SLURM_JOB_ID") != NULL;
-  bool have_hosts = false;
-  if (o->hosts) {
-    if (parse_hosts(o->hosts, &hs))
-      return -1;
-    have_hosts = true;
-  } else if (o->hostfile) {
-    if (read_hostfile(o->hostfile, &hs))
-      return -1;
-    have_hosts = true;
-  }
-  int np = o->np;
-  int slots = 0;
-  for (int h = 0; have_hosts && h < hs.n; h++)
-    slots += hs.slots[h];
-  if (np == 0) {
-    if (have_hosts)
-      np = slots;
-    else if (in_slurm && getenv("SLURM_NTASKS"))
-      np = atoi(getenv("SLURM_NTASKS"));
-    if (np <= 0)
-      np = 1;
-  }
-  /* Elastic bounds: as many ranks as the hosts offer now, within them. */
-  if (o->max_np && np > o->max_np)
-    np = o->max_np;
-  if (o->min_np && np < o->min_np) {
-    fprintf(stderr,
-            "loom run: %s offers %d slot(s), fewer than --min-np %d; not "
-            "starting\n",
-            o->hostfile ? o->hostfile : "--hosts", slots, o->min_np);
+  bool have_hosts;
+  int slots;
+  const int np = plan_ranks(o, &hs, &have_hosts, &slots);
+  if (np < 0)
     return -1;
-  }
-  launcher l = o->launch;
-  if (l == LAUNCH_AUTO) {
-    if (np == 1 && !have_hosts)
-      l = LAUNCH_DIRECT;
-    else if (in_slurm && !have_hosts)
-      l = LAUNCH_SRUN;
-    else
-      l = LAUNCH_MPIRUN;
-  }
+  const launcher l = choose_launcher(o, np, have_hosts);
   if (l == LAUNCH_DIRECT && np != 1) {
     fprintf(stderr, "loom run: --launcher direct runs one rank, not %d\n", np);
     return -1;
@@ -574,37 +687,10 @@ static int build_plan(const run_opts *o, int attempt, argv_buf *cmd,
     pi->local = np;
   else if (have_hosts && l == LAUNCH_MPIRUN)
     pi->local = local_ranks(&hs, np, &all_local);
-
-  /* Threads per rank: this host's cores shared by the ranks it runs. */
-  int per_host = np;
-  if (l == LAUNCH_DIRECT)
-    per_host = 1;
-  else if (have_hosts)
-    per_host = max_ranks_per_host(&hs, np);
-  else if (l == LAUNCH_SRUN) {
-    const char *nn = getenv("SLURM_NNODES");
-    int nodes = nn ? atoi(nn) : 1;
-    if (nodes < 1)
-      nodes = 1;
-    per_host = (np + nodes - 1) / nodes;
-  }
-  int cores = loom_cores();
-  if (l == LAUNCH_SRUN && getenv("SLURM_CPUS_ON_NODE"))
-    cores = atoi(getenv("SLURM_CPUS_ON_NODE"));
-  if (cores < 1)
-    cores = 1;
-  int threads = o->threads ? o->threads : cores / per_host;
-  if (threads < 1)
-    threads = 1;
-  char buf[32];
-  snprintf(buf, sizeof buf, "%d", threads);
-  set_default("LOOM_THREADS", buf);
-  set_default("OMP_NUM_THREADS", buf);
-  set_default("OPENBLAS_NUM_THREADS", buf);
-  snprintf(buf, sizeof buf, "%d", attempt);
-  setenv("LOOM_RESTART_COUNT", buf, 1);
-  snprintf(buf, sizeof buf, "%d", np);
-  setenv("LOOM_RUN_NP", buf, 1);
+  int per_host, cores;
+  plan_threads(o, l, &hs, have_hosts, np, attempt, &per_host, &cores);
+  char nps[32];
+  snprintf(nps, sizeof nps, "%d", np);
 
   mpi_impl impl = built_mpi();
   cmd->n = 0;
@@ -614,7 +700,7 @@ static int build_plan(const run_opts *o, int attempt, argv_buf *cmd,
   case LAUNCH_SRUN:
     push(cmd, "srun");
     push(cmd, "-n");
-    push(cmd, buf);
+    push(cmd, nps);
     push(cmd, "--kill-on-bad-exit=1");
     /* Open MPI talks PMIx, MPICH PMI-2; the wrong one gives singletons. */
     push(cmd, impl == MPI_MPICH ? "--mpi=pmi2" : "--mpi=pmix");
@@ -628,58 +714,14 @@ static int build_plan(const run_opts *o, int attempt, argv_buf *cmd,
       /* Hydra binds nothing and passes the environment by default; its
        * hostfile syntax differs from Open MPI's, so hosts go as a list. */
       push(cmd, "-n");
-      push(cmd, buf);
+      push(cmd, nps);
       if (have_hosts) {
         push(cmd, "-hosts");
         push(cmd, hs.names);
       }
       break;
     }
-    /* Open MPI: root allowed, more ranks than cores allowed, no binding
-     * (two jobs on one machine would both pin to the first cores). */
-    if (geteuid() == 0) {
-      set_default("OMPI_ALLOW_RUN_AS_ROOT", "1");
-      set_default("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-    }
-    /* --oversubscribe makes Open MPI yield in every wait, which costs 10x
-     * in bandwidth when ranks do have a core each; yield only when they
-     * do not. */
-    set_default("OMPI_MCA_mpi_yield_when_idle", per_host > cores ? "1" : "0");
-    /* A failed rank takes the job down in ~0.03 s instead of 1 s. */
-    set_default("OMPI_MCA_odls_base_sigkill_timeout", "0");
-    /* On one host the ob1 PML (over shared memory) is what Open MPI picks
-     * anyway; naming it skips probing the others and halves MPI_Init
-     * (0.40 s -> 0.22 s for 2 ranks here). Between hosts the choice (UCX on
-     * InfiniBand, say) stays Open MPI's. */
-    if (all_local)
-      set_default("OMPI_MCA_pml", "ob1");
-    push(cmd, "--oversubscribe");
-    push(cmd, "--bind-to");
-    push(cmd, "none");
-    push(cmd, "-np");
-    push(cmd, buf);
-    if (o->hosts) {
-      push(cmd, "--host");
-      push(cmd, o->hosts);
-    } else if (o->hostfile) {
-      push(cmd, "--hostfile");
-      push(cmd, o->hostfile);
-    }
-    if (have_hosts && !all_local) {
-      /* Ranks on other hosts get the environment only through -x. */
-      for (char **e = environ; *e; e++) {
-        if (local_only(*e))
-          continue;
-        char name[256];
-        size_t k = (size_t)(strchr(*e, '=') - *e);
-        if (k >= sizeof name)
-          continue;
-        memcpy(name, *e, k);
-        name[k] = '\0';
-        push(cmd, "-x");
-        push(cmd, name);
-      }
-    }
+    push_openmpi(o, cmd, nps, have_hosts, all_local, per_host, cores);
     break;
   }
   default:
