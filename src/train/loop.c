@@ -203,14 +203,13 @@ static loom_status make_optim(loom_trainer *t) {
    * batch trains well with. */
   int64_t base = t->cfg.train.batch_size;
   int64_t global_batch = t->batch * t->accumulate * t->nranks;
-  LOOM_TRY(
-      loom_lr_scale(sc->scaling, sd.lr, global_batch, base, &sd.lr));
+  LOOM_TRY(loom_lr_scale(sc->scaling, sd.lr, global_batch, base, &sd.lr));
   sd.warmup_steps = sc->warmup_steps;
   sd.total_steps = t->total_steps;
   sd.min_lr = (float)sc->min_lr;
   if (sd.min_lr > 0)
-    LOOM_TRY(loom_lr_scale(sc->scaling, sd.min_lr, global_batch, base,
-                           &sd.min_lr));
+    LOOM_TRY(
+        loom_lr_scale(sc->scaling, sd.min_lr, global_batch, base, &sd.min_lr));
   sd.step_size = sc->step_size;
   sd.gamma = (float)sc->gamma;
   s = loom_sched_check(&sd);
@@ -373,8 +372,8 @@ static loom_status init_fresh(loom_trainer *t) {
 /* Rows [lo, lo + n) of a batch of `size` rows that virtual shard j takes
  * (train.batch_size each; a short last batch leaves later shards empty); the
  * whole batch without virtual shards. */
-static void shard_rows(const loom_trainer *t, int64_t size, int j,
-                       int64_t *lo, int64_t *n) {
+static void shard_rows(const loom_trainer *t, int64_t size, int j, int64_t *lo,
+                       int64_t *n) {
   if (t->shards <= 1) {
     *lo = 0;
     *n = size;
@@ -646,8 +645,8 @@ static loom_status step_micro(loom_trainer *t, double *sums,
 /* Evaluation is shared: rank r takes batches r, r + P, ... of a fixed batch
  * size, and the per-batch sums are added in batch order, so the result does
  * not depend on the number of ranks. */
-static loom_status evaluate(loom_trainer *t, int64_t max_batches,
-                            double *loss, double *accuracy) {
+static loom_status evaluate(loom_trainer *t, int64_t max_batches, double *loss,
+                            double *accuracy) {
   loom_sampler_opts so = loom_sampler_opts_default();
   so.shuffle = false;
   so.tail = LOOM_TAIL_PARTIAL;
@@ -810,39 +809,152 @@ static loom_status optim_step(loom_trainer *t, float lr, double *gnorm,
   return LOOM_OK;
 }
 
+/* Rank 0's outputs of a run: metrics.jsonl (appended to on a resume) and
+ * the progress display. */
+static loom_status open_outputs(loom_trainer *t) {
+  const loom_config *cfg = &t->cfg;
+  loom_status s = LOOM_OK;
+  if (!is_rank0(t))
+    return LOOM_OK;
+  if (cfg->log.metrics && cfg->log.run_dir[0])
+    s = loom_metrics_open(&t->metrics, cfg->log.run_dir, t->step > 0);
+  loom_progress_mode pm = cfg->log.progress;
+  if (t->opts.quiet)
+    pm = LOOM_PROGRESS_OFF;
+  if (s == LOOM_OK)
+    s = loom_progress_new(&t->progress, pm, stderr, t->step, t->total_steps,
+                          cfg->log.every > INT_MAX ? INT_MAX
+                                                   : (int)cfg->log.every,
+                          t->is_text ? "tokens" : "samples");
+  return s;
+}
+
+/* The steps since the last metrics line: their count, when they began, and
+ * their summed times. */
+typedef struct run_window {
+  double t0;
+  int64_t steps;
+  loom_step_times times;
+} run_window;
+
+static void window_add(run_window *w, const loom_step_times *tm) {
+  w->steps++;
+  w->times.forward += tm->forward;
+  w->times.backward += tm->backward;
+  w->times.comm_wait += tm->comm_wait;
+  w->times.reduce += tm->reduce;
+  w->times.optim += tm->optim;
+  w->times.data += tm->data;
+}
+
+/* One training step: gradients cleared, the micro-batches' forward and
+ * backward, the optimizer, and every rank's sums (*g: loss, rows, correct,
+ * stop). Counts the step; fails when the loss is not finite. */
+static loom_status train_step(loom_trainer *t, double *sums, double g[SUM_N],
+                              loom_step_times *tm, int64_t *epoch, float *lr,
+                              double *gnorm) {
+  double ts = loom_time_now();
+  if (t->ddp)
+    LOOM_TRY(loom_ddp_zero_grad(t->ddp));
+  else
+    loom_model_zero_grad(t->model);
+  memset(sums, 0, (size_t)t->shards * SUM_N * sizeof(double));
+  LOOM_TRY(step_micro(t, sums, tm, epoch));
+  *gnorm = NAN;
+  *lr = loom_sched_lr(&t->sched, t->step);
+  LOOM_TRY(optim_step(t, *lr, gnorm, tm));
+  if (t->ddp) {
+    LOOM_TRY(loom_ddp_sum_wait(t->ddp, g));
+    LOOM_TRY(loom_train_ckpt_poll(t, g));
+  } else {
+    memcpy(g, sums, SUM_N * sizeof(double));
+    g[SUM_STOP] = stop_requested ? 1 : 0;
+  }
+  t->step++;
+  loom_runstat_step(t->step);
+  tm->total = loom_time_now() - ts;
+  double loss = g[SUM_COUNT] > 0 ? g[SUM_LOSS] / g[SUM_COUNT] : 0;
+  if (!isfinite(loss))
+    return loom_error(LOOM_ERR_INTERNAL,
+                      "the loss is %f at step %lld: training diverged (lower "
+                      "optim.lr or set optim.grad_clip)",
+                      loss, (long long)t->step);
+  return LOOM_OK;
+}
+
+/* One metrics line for the window: the mean loss (and accuracy) of its
+ * steps, the rate, and where a step's time went. */
+static loom_status write_metrics(loom_trainer *t, const run_window *w,
+                                 int64_t epoch, float lr, double rate,
+                                 double gnorm, double now, double loss) {
+  loom_metrics *m = t->metrics;
+  const double n = (double)w->steps;
+  const loom_step_times *win = &w->times;
+  loom_metrics_begin(m);
+  loom_metrics_int(m, "step", t->step);
+  loom_metrics_int(m, "epoch", epoch);
+  loom_metrics_num(m, "time", loom_time_wall());
+  loom_metrics_num(m, "loss", loss);
+  if (!t->is_text)
+    loom_metrics_num(m, "accuracy",
+                     t->acc_window_sum / (double)t->loss_window_n);
+  loom_metrics_num(m, "lr", lr);
+  loom_metrics_num(m, t->is_text ? "tokens_per_s" : "samples_per_s", rate);
+  loom_metrics_int(m, "ranks", t->nranks);
+  loom_metrics_num(m, "step_s", (now - w->t0) / n);
+  loom_metrics_num(m, "data_wait_s", win->data / n);
+  loom_metrics_num(m, "forward_s", win->forward / n);
+  loom_metrics_num(m, "backward_s", win->backward / n);
+  if (t->ddp) {
+    loom_ddp_stats ds = {.reduce_s = win->reduce, .wait_s = win->comm_wait};
+    loom_metrics_num(m, "comm_wait_s", win->comm_wait / n);
+    loom_metrics_num(m, "reduce_s", win->reduce / n);
+    loom_metrics_num(m, "comm_hidden", loom_ddp_hidden_share(&ds));
+  }
+  loom_metrics_num(m, "optim_s", win->optim / n);
+  /* Not per step: what the saves since the last line took, whole. */
+  if (win->ckpt > 0)
+    loom_metrics_num(m, "ckpt_s", win->ckpt);
+  if (t->cfg.optim.grad_clip > 0)
+    loom_metrics_num(m, "grad_norm", gnorm);
+  return loom_metrics_end(m);
+}
+
+/* SIGINT, SIGTERM and SIGHUP (a closed terminal, or loom run passing any of
+ * them on) stop every rank at one agreed step, which is saved. */
+typedef struct stop_handlers {
+  struct sigaction old_int, old_term, old_hup;
+} stop_handlers;
+
+static void stop_handlers_install(stop_handlers *h) {
+  if (!stop_caught_early) { /* else a stop while loading counts too */
+    stop_requested = 0;
+    stop_signal = 0;
+  }
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, &h->old_int);
+  sigaction(SIGTERM, &sa, &h->old_term);
+  sigaction(SIGHUP, &sa, &h->old_hup);
+}
+
+static void stop_handlers_restore(const stop_handlers *h) {
+  sigaction(SIGINT, &h->old_int, NULL);
+  sigaction(SIGTERM, &h->old_term, NULL);
+  sigaction(SIGHUP, &h->old_hup, NULL);
+}
+
 loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
   memset(res, 0, sizeof *res);
   res->val_loss = NAN;
   res->val_accuracy = NAN;
   res->start_step = t->step;
   const loom_config *cfg = &t->cfg;
-  loom_status s = LOOM_OK;
   double *sums = NULL; /* (S, SUM_N) this step's loss statistics */
-  if (!stop_caught_early) { /* else a stop while loading counts too */
-    stop_requested = 0;
-    stop_signal = 0;
-  }
-  /* SIGINT, SIGTERM and SIGHUP (a closed terminal, or loom run passing any
-   * of them on) stop every rank at one agreed step, which is saved. */
-  struct sigaction sa, old_int, old_term, old_hup;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal;
-  sigaction(SIGINT, &sa, &old_int);
-  sigaction(SIGTERM, &sa, &old_term);
-  sigaction(SIGHUP, &sa, &old_hup);
-
-  if (is_rank0(t)) {
-    if (cfg->log.metrics && cfg->log.run_dir[0])
-      s = loom_metrics_open(&t->metrics, cfg->log.run_dir, t->step > 0);
-    loom_progress_mode pm = cfg->log.progress;
-    if (t->opts.quiet)
-      pm = LOOM_PROGRESS_OFF;
-    if (s == LOOM_OK)
-      s = loom_progress_new(&t->progress, pm, stderr, t->step, t->total_steps,
-                            cfg->log.every > INT_MAX ? INT_MAX
-                                                     : (int)cfg->log.every,
-                            t->is_text ? "tokens" : "samples");
-  }
+  stop_handlers sh;
+  stop_handlers_install(&sh);
+  loom_status s = open_outputs(t);
   LOOM_TRY_GOTO(s, loom_train_agree(t, s, "opening the run directory"), out);
   loom_dataset_info info;
   loom_dataset_get_info(t->train_ds, &info);
@@ -851,9 +963,7 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
   double units_per_step =
       units_per_row * (double)(t->batch * t->accumulate) * (double)t->nranks;
   double t_start = loom_time_now();
-  double t_window = t_start;
-  int64_t window_steps = 0;
-  loom_step_times win = {0};
+  run_window w = {.t0 = t_start};
   int64_t stop_at = t->opts.stop_at;
   sums = loom_calloc((size_t)t->shards * SUM_N, sizeof(double));
   if (!sums) {
@@ -866,50 +976,19 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
 
   while (t->step < t->total_steps) {
     loom_step_times tm = {0};
-    double ts = loom_time_now();
-    if (t->ddp)
-      LOOM_TRY_GOTO(s, loom_ddp_zero_grad(t->ddp), out);
-    else
-      loom_model_zero_grad(t->model);
-    memset(sums, 0, (size_t)t->shards * SUM_N * sizeof(double));
     int64_t epoch = 0;
-    LOOM_TRY_GOTO(s, step_micro(t, sums, &tm, &epoch), out);
-    double gnorm = NAN;
-    float lr = loom_sched_lr(&t->sched, t->step);
-    LOOM_TRY_GOTO(s, optim_step(t, lr, &gnorm, &tm), out);
-    double g[SUM_N];
-    if (t->ddp) {
-      LOOM_TRY_GOTO(s, loom_ddp_sum_wait(t->ddp, g), out);
-      LOOM_TRY_GOTO(s, loom_train_ckpt_poll(t, g), out);
-    } else {
-      memcpy(g, sums, sizeof g);
-      g[SUM_STOP] = stop_requested ? 1 : 0;
-    }
-    t->step++;
-    loom_runstat_step(t->step);
-    tm.total = loom_time_now() - ts;
+    float lr;
+    double gnorm, g[SUM_N];
+    LOOM_TRY_GOTO(s, train_step(t, sums, g, &tm, &epoch, &lr, &gnorm), out);
     double loss = g[SUM_COUNT] > 0 ? g[SUM_LOSS] / g[SUM_COUNT] : 0;
     double acc = g[SUM_COUNT] > 0 ? g[SUM_CORRECT] / g[SUM_COUNT] : 0;
-    if (!isfinite(loss)) {
-      s = loom_error(LOOM_ERR_INTERNAL,
-                     "the loss is %f at step %lld: training diverged (lower "
-                     "optim.lr or set optim.grad_clip)",
-                     loss, (long long)t->step);
-      goto out;
-    }
     t->loss_window_sum += loss;
     t->acc_window_sum += acc;
     t->loss_window_n++;
-    window_steps++;
-    win.forward += tm.forward;
-    win.backward += tm.backward;
-    win.comm_wait += tm.comm_wait;
-    win.reduce += tm.reduce;
-    win.optim += tm.optim;
-    win.data += tm.data;
+    window_add(&w, &tm);
 
     double now = loom_time_now();
-    double rate = units_per_step * (double)window_steps / (now - t_window);
+    double rate = units_per_step * (double)w.steps / (now - w.t0);
     if (is_rank0(t)) {
       /* The console shows the quantity metrics.jsonl logs: the mean loss
        * of the window (the steps since the last metrics line), so a line
@@ -921,49 +1000,19 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
     bool last = t->step == t->total_steps;
     if (t->step % cfg->log.every == 0 || last) {
       res->train_loss = t->loss_window_sum / (double)t->loss_window_n;
-      if (t->metrics) {
-        double w = (double)window_steps;
-        loom_metrics_begin(t->metrics);
-        loom_metrics_int(t->metrics, "step", t->step);
-        loom_metrics_int(t->metrics, "epoch", epoch);
-        loom_metrics_num(t->metrics, "time", loom_time_wall());
-        loom_metrics_num(t->metrics, "loss", res->train_loss);
-        if (!t->is_text)
-          loom_metrics_num(t->metrics, "accuracy",
-                           t->acc_window_sum / (double)t->loss_window_n);
-        loom_metrics_num(t->metrics, "lr", lr);
-        loom_metrics_num(t->metrics,
-                         t->is_text ? "tokens_per_s" : "samples_per_s", rate);
-        loom_metrics_int(t->metrics, "ranks", t->nranks);
-        loom_metrics_num(t->metrics, "step_s", (now - t_window) / w);
-        loom_metrics_num(t->metrics, "data_wait_s", win.data / w);
-        loom_metrics_num(t->metrics, "forward_s", win.forward / w);
-        loom_metrics_num(t->metrics, "backward_s", win.backward / w);
-        if (t->ddp) {
-          loom_ddp_stats ds = {.reduce_s = win.reduce, .wait_s = win.comm_wait};
-          loom_metrics_num(t->metrics, "comm_wait_s", win.comm_wait / w);
-          loom_metrics_num(t->metrics, "reduce_s", win.reduce / w);
-          loom_metrics_num(t->metrics, "comm_hidden",
-                           loom_ddp_hidden_share(&ds));
-        }
-        loom_metrics_num(t->metrics, "optim_s", win.optim / w);
-        /* Not per step: what the saves since the last line took, whole. */
-        if (win.ckpt > 0)
-          loom_metrics_num(t->metrics, "ckpt_s", win.ckpt);
-        if (cfg->optim.grad_clip > 0)
-          loom_metrics_num(t->metrics, "grad_norm", gnorm);
-        LOOM_TRY_GOTO(s, loom_metrics_end(t->metrics), out);
-      }
+      if (t->metrics)
+        LOOM_TRY_GOTO(
+            s,
+            write_metrics(t, &w, epoch, lr, rate, gnorm, now, res->train_loss),
+            out);
       t->loss_window_sum = 0;
       t->acc_window_sum = 0;
       t->loss_window_n = 0;
-      t_window = now;
-      window_steps = 0;
-      memset(&win, 0, sizeof win);
+      w = (run_window){.t0 = now};
     }
     /* eval_every 0: at the end of each epoch (steps_per_epoch >= 1). */
-    int64_t every = cfg->train.eval_every > 0 ? cfg->train.eval_every
-                                               : t->steps_per_epoch;
+    int64_t every =
+        cfg->train.eval_every > 0 ? cfg->train.eval_every : t->steps_per_epoch;
     if (t->step % every == 0 || last)
       LOOM_TRY_GOTO(s, log_eval(t, res, last), out);
     /* Injected faults land after the step, before its checkpoint. */
@@ -976,7 +1025,7 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
         last || stop) {
       double t0 = loom_time_now();
       LOOM_TRY_GOTO(s, loom_train_ckpt_save(t), out);
-      win.ckpt += loom_time_now() - t0;
+      w.times.ckpt += loom_time_now() - t0;
     }
     if (stop && !last) {
       res->interrupted = true;
@@ -996,9 +1045,7 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
           : 0;
 out:
   loom_free(sums);
-  sigaction(SIGINT, &old_int, NULL);
-  sigaction(SIGTERM, &old_term, NULL);
-  sigaction(SIGHUP, &old_hup, NULL);
+  stop_handlers_restore(&sh);
   loom_progress_free(t->progress);
   t->progress = NULL;
   return s;
