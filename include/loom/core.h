@@ -291,6 +291,15 @@ int loom_threads_share(int local_rank, int local_size);
 /* Number of cores this process may run on (sched affinity). */
 int loom_cores(void);
 
+/* Decimal integers, strictly: loom_parse_i64 and loom_parse_int take the
+ * whole string (an optional sign and digits, leading spaces allowed) and
+ * fail on anything else or out of range, leaving *out as it was;
+ * loom_parse_i64_at reads one at s and sets *end past it. Instead of atoi
+ * and sscanf("%d"), which read garbage as 0 and overflow undefined. */
+bool loom_parse_i64(const char *s, int64_t *out);
+bool loom_parse_int(const char *s, int *out);
+bool loom_parse_i64_at(const char *s, const char **end, int64_t *out);
+
 /* ------------------------------------------------------------- checksums */
 
 /* CRC32C (Castagnoli), as used for checkpoint blocks. Pass crc = 0 to start;

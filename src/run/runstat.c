@@ -1,7 +1,7 @@
 /* Run status: each rank's small text file under LOOM_RUN_DIR (phases, last
  * step, exit code or fatal signal) that loom run reads to supervise it. */
-#include "loom/run.h"
 #include "loom/core.h"
+#include "loom/run.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -153,7 +153,8 @@ static void set_now(field f) {
 static void write_range(field first, field last) {
   int a = rs.off[first] - KEY_W, b = rs.off[last] + field_width[last] + 1;
   ssize_t w = pwrite(rs.fd, rs.buf + a, (size_t)(b - a), a);
-  (void)w; /* the status file is advice: a failed write must not stop training */
+  (void)
+      w; /* the status file is advice: a failed write must not stop training */
 }
 
 static bool exit_recorded;
@@ -223,8 +224,7 @@ static void init_once(void) {
    * and a stale file of an earlier process of this rank is replaced whole. */
   char tmp[4096 + 16];
   snprintf(tmp, sizeof tmp, "%s.%d", path, (int)getpid());
-  int fd =
-      open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0)
     return;
   if (pwrite(fd, rs.buf, (size_t)rs.len, 0) != rs.len ||
@@ -437,14 +437,12 @@ loom_status loom_runstat_read(const char *dir, int rank,
   snprintf(path, sizeof path, "%s/rank-%d", dir, rank);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0)
-    return loom_error(LOOM_ERR_IO, "cannot open %s: %s", path,
-                      strerror(errno));
+    return loom_error(LOOM_ERR_IO, "cannot open %s: %s", path, strerror(errno));
   char buf[RECORD_MAX + 1];
   ssize_t n = pread(fd, buf, RECORD_MAX, 0);
   close(fd);
   if (n < 0)
-    return loom_error(LOOM_ERR_IO, "cannot read %s: %s", path,
-                      strerror(errno));
+    return loom_error(LOOM_ERR_IO, "cannot read %s: %s", path, strerror(errno));
   buf[n] = '\0';
   size_t ml = strlen(MAGIC), el = strlen(END);
   if ((size_t)n < ml + el || memcmp(buf, MAGIC, ml) != 0 ||
@@ -472,10 +470,12 @@ loom_status loom_runstat_read(const char *dir, int rank,
         bool none = strcmp(v, "-") == 0;
         switch ((field)f) {
         case F_RANK:
-          out->rank = atoi(v);
+          if (!loom_parse_int(v, &out->rank))
+            out->rank = -1;
           break;
         case F_PID:
-          out->pid = atoi(v);
+          if (!loom_parse_int(v, &out->pid))
+            out->pid = 0;
           break;
         case F_HOST:
           snprintf(out->host, sizeof out->host, "%s", v);
@@ -505,10 +505,12 @@ loom_status loom_runstat_read(const char *dir, int rank,
           out->t_step = parse_time(v);
           break;
         case F_EXIT:
-          out->exit_code = none ? -1 : strcmp(v, "?") == 0 ? -2 : atoi(v);
+          if (none || !loom_parse_int(v, &out->exit_code))
+            out->exit_code = strcmp(v, "?") == 0 ? -2 : -1;
           break;
         case F_SIGNAL:
-          out->signal = none ? 0 : atoi(v);
+          if (none || !loom_parse_int(v, &out->signal))
+            out->signal = 0;
           break;
         case F_T_EXIT:
           out->t_exit = parse_time(v);

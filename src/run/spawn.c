@@ -38,16 +38,15 @@ void loom_run_set_stop_grace(double seconds) { stop_grace_s = seconds; }
  * Else, and for SIGQUIT, the launcher gets it and stops its ranks its own
  * way. */
 #define STOP_WAIT_RANKS_S 2.0
-static bool stop_job(pid_t pid, loom_run_watch *watch, int sig,
-                     double waited) {
-  bool direct = watch && sig != SIGQUIT && watch->all_local &&
-                watch->expect_local > 0;
+static bool stop_job(pid_t pid, loom_run_watch *watch, int sig, double waited) {
+  bool direct =
+      watch && sig != SIGQUIT && watch->all_local && watch->expect_local > 0;
   if (direct && loom_watch_all_known(watch) &&
       loom_watch_signal_all(watch, sig) > 0)
     return true;
   /* A program known to keep status files (loom train) is waited for as
    * long as the grace lasts; another only if some rank already has one. */
-  double wait = watch && watch->keeps_status   ? stop_grace_s
+  double wait = watch && watch->keeps_status           ? stop_grace_s
                 : watch && loom_watch_local(watch) > 0 ? STOP_WAIT_RANKS_S
                                                        : 0;
   if (direct && waited < wait)
@@ -139,7 +138,9 @@ static int signal_session(pid_t sid, int sig) {
   int found = 0;
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {
-    if (e->d_name[0] < '0' || e->d_name[0] > '9')
+    int pid;
+    if (e->d_name[0] < '0' || e->d_name[0] > '9' ||
+        !loom_parse_int(e->d_name, &pid))
       continue;
     char path[64], buf[512];
     snprintf(path, sizeof path, "/proc/%.20s/stat", e->d_name);
@@ -152,16 +153,19 @@ static int signal_session(pid_t sid, int sig) {
     /* pid (comm) state ppid pgrp session ...: comm may hold spaces and
      * parentheses, so parse after the last ')'. */
     char *p = strrchr(buf, ')');
-    char state;
-    int ppid, pgrp, session;
-    if (!p ||
-        sscanf(p + 1, " %c %d %d %d", &state, &ppid, &pgrp, &session) != 4)
+    if (!p || p[1] != ' ' || !p[2] || p[3] != ' ')
       continue;
-    if (session != (int)sid || state == 'Z' || state == 'X')
+    const char state = p[2];
+    const char *q = p + 3;
+    int64_t ppid, pgrp, session; /* after the state: ppid pgrp session */
+    if (!loom_parse_i64_at(q, &q, &ppid) || !loom_parse_i64_at(q, &q, &pgrp) ||
+        !loom_parse_i64_at(q, &q, &session))
+      continue;
+    if (session != (int64_t)sid || state == 'Z' || state == 'X')
       continue;
     found++;
     if (sig)
-      kill((pid_t)atoi(e->d_name), sig);
+      kill((pid_t)pid, sig);
   }
   closedir(d);
   return found;
@@ -247,7 +251,6 @@ void loom_run_standby_kill(void) {
   standby_pid = 0;
 }
 
-
 /* ------------------------------------------------ the launcher's words
  *
  * With a launcher log (RUN/logs/launcher.log), the launcher's stderr comes
@@ -269,7 +272,8 @@ typedef struct relay {
   char buf[RELAY_LINE];
 } relay;
 
-static relay relays[RELAY_MAX] = {{.fd = -1}, {.fd = -1}, {.fd = -1}, {.fd = -1}};
+static relay relays[RELAY_MAX] = {
+    {.fd = -1}, {.fd = -1}, {.fd = -1}, {.fd = -1}};
 static char launcher_log_path[4200];
 static bool launcher_log_verbose;
 static int launcher_log_fd = -1;
@@ -297,9 +301,9 @@ static int log_fd(void) {
     }
     mkdir(dir, 0755);
   }
-  launcher_log_fd = open(launcher_log_path,
-                         O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC,
-                         0644);
+  launcher_log_fd =
+      open(launcher_log_path,
+           O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (launcher_log_fd < 0)
     launcher_log_path[0] = '\0'; /* cannot: keep it on the console */
   return launcher_log_fd;
@@ -339,10 +343,9 @@ static bool launcher_line(relay *r, const char *s, size_t n) {
     if (end && (size_t)(end - s) + 2 < n && end[1] == ' ' && end[2] == '[')
       return true;
   }
-  static const char *const starts[] = {"mpirun noticed", "mpirun.openmpi noticed",
-                                       "prterun noticed",
-                                       "Primary job  terminated",
-                                       "Primary job terminated"};
+  static const char *const starts[] = {
+      "mpirun noticed", "mpirun.openmpi noticed", "prterun noticed",
+      "Primary job  terminated", "Primary job terminated"};
   for (size_t i = 0; i < sizeof starts / sizeof starts[0]; i++)
     if (n >= strlen(starts[i]) && strncmp(s, starts[i], strlen(starts[i])) == 0)
       return true;
@@ -589,7 +592,7 @@ static void watch_before_sweep(loom_run_watch *watch, struct pollfd *fds) {
 static void watch_after_sweep(loom_run_watch *watch, int status) {
   double wall = loom_time_wall();
   loom_watch_update(watch, NULL, 0, wall, true);
-  loom_watch_settle(watch, WIFSIGNALED(status)  ? 128 + WTERMSIG(status)
+  loom_watch_settle(watch, WIFSIGNALED(status) ? 128 + WTERMSIG(status)
                            : WIFEXITED(status) ? WEXITSTATUS(status)
                                                : -1);
   if (watch->fail.found)
@@ -606,8 +609,8 @@ int loom_run_wait(pid_t pid, double timeout_s, loom_run_watch *watch,
   install_handlers();
   double t0 = loom_time_now();
   int status = 0;
-  int forwarded = 0;  /* stop signals forwarded so far */
-  double stop_at = 0; /* when we first asked the job to stop */
+  int forwarded = 0;    /* stop signals forwarded so far */
+  double stop_at = 0;   /* when we first asked the job to stop */
   int pending_stop = 0; /* a stop signal not handed on yet */
   bool killed = false;
   double fail_at = 0; /* when a rank's failure was seen */
@@ -679,15 +682,16 @@ int loom_run_wait(pid_t pid, double timeout_s, loom_run_watch *watch,
     fds[0].fd = wake_pipe[0];
     fds[0].events = POLLIN;
     fds[0].revents = 0;
-    nfds = watch ? loom_watch_fds(watch, fds + 1, MAX_WATCH_FDS - RELAY_MAX)
-                 : 0;
+    nfds =
+        watch ? loom_watch_fds(watch, fds + 1, MAX_WATCH_FDS - RELAY_MAX) : 0;
     int nrel = relay_fds(fds + 1 + nfds, RELAY_MAX);
     double wait_s = 0.2;
     if (watch && loom_watch_scanning(watch))
       wait_s = 0.05;
     if (fail_at > 0)
       wait_s = 0.01;
-    if (poll(fds, (nfds_t)(1 + nfds + nrel), (int)(wait_s * 1000)) > 0 &&
+    if (poll(fds, (nfds_t)1 + (nfds_t)nfds + (nfds_t)nrel,
+             (int)(wait_s * 1000)) > 0 &&
         fds[0].revents)
       drain();
     if (nrel)

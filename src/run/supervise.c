@@ -1037,29 +1037,35 @@ static void report_failure(job *jb, const loom_run_failure *f, int np, int code,
  * lock held for the job's life), "attempt-N" directories, and inside them
  * "rank-N", its temporary "rank-N.PID" and the gate "go". `level`: 0 the
  * job directory itself, 1 its entries, 2 an attempt's. */
-static bool whole_name(const char *name, int len) {
-  return len == (int)strlen(name);
+
+/* NAME is PREFIX followed by a decimal number and, when dot, ".NUMBER". */
+static bool numbered(const char *name, const char *prefix, bool dot) {
+  size_t k = strlen(prefix);
+  if (strncmp(name, prefix, k) != 0 || name[k] < '0' || name[k] > '9')
+    return false;
+  const char *end;
+  int64_t v;
+  if (!loom_parse_i64_at(name + k, &end, &v))
+    return false;
+  if (!dot)
+    return *end == '\0';
+  return end[0] == '.' && end[1] >= '0' && end[1] <= '9' &&
+         loom_parse_i64(end + 1, &v);
 }
 
 static bool own_name(const char *name, bool is_dir, int level) {
-  int n, pid, len = -1;
   switch (level) {
   case 0:
     return is_dir;
   case 1:
     if (!is_dir)
       return strcmp(name, "owner") == 0;
-    return sscanf(name, "attempt-%d%n", &n, &len) == 1 && whole_name(name, len);
+    return numbered(name, "attempt-", false);
   case 2:
     if (is_dir)
       return false;
-    if (strcmp(name, "go") == 0)
-      return true;
-    if (sscanf(name, "rank-%d%n", &n, &len) == 1 && whole_name(name, len))
-      return true;
-    len = -1;
-    return sscanf(name, "rank-%d.%d%n", &n, &pid, &len) == 2 &&
-           whole_name(name, len);
+    return strcmp(name, "go") == 0 || numbered(name, "rank-", false) ||
+           numbered(name, "rank-", true);
   default:
     return false;
   }
@@ -1113,7 +1119,9 @@ static void kill_job_leftovers(const char *tmp, const char *name) {
   static char env[65536];
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {
-    if (e->d_name[0] < '1' || e->d_name[0] > '9')
+    int pid;
+    if (e->d_name[0] < '1' || e->d_name[0] > '9' ||
+        !loom_parse_int(e->d_name, &pid))
       continue;
     char path[64];
     snprintf(path, sizeof path, "/proc/%.20s/environ", e->d_name);
@@ -1126,7 +1134,7 @@ static void kill_job_leftovers(const char *tmp, const char *name) {
       const char *var = env + i;
       size_t len = strnlen(var, (size_t)(n - i));
       if (len >= (size_t)wn && strncmp(var, want, (size_t)wn) == 0) {
-        kill((pid_t)atoi(e->d_name), SIGKILL);
+        kill((pid_t)pid, SIGKILL);
         break;
       }
       i += (ssize_t)len + 1;

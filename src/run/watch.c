@@ -27,46 +27,64 @@
 
 struct loom_watch_rank {
   int rank;
-  bool local;  /* on this host: its pid is ours to watch */
-  int pidfd;   /* -1 when none (remote, or pidfd_open failed) */
-  bool dead;   /* seen gone */
+  bool local;    /* on this host: its pid is ours to watch */
+  int pidfd;     /* -1 when none (remote, or pidfd_open failed) */
+  bool dead;     /* seen gone */
   double t_seen; /* wall time its death was seen */
-  int wstatus; /* from /proc while it was a zombie; -1 unknown */
+  int wstatus;   /* from /proc while it was a zombie; -1 unknown */
   /* The order of events. The kernel closes a process's files when it
    * exits, before its pidfd turns readable: the IN_CLOSE_WRITE of the
    * rank's status file is queued on our inotify in the order the ranks
    * really ended, whenever loom run gets to read it (under load, often
    * after several ranks are gone). end_seq is that order (0: not seen). */
   int64_t end_seq;
-  double t_alive; /* last wall time it was known alive (before a poll) */
+  double t_alive;    /* last wall time it was known alive (before a poll) */
   double t_end_read; /* when its end was read (an upper bound of it) */
-  bool stopped;   /* loom run signalled it: never the cause */
-  bool candidate; /* among the ends seen when the failure was detected */
-  int64_t hb_step; /* the heartbeat: the step last seen, and its time */
+  bool stopped;      /* loom run signalled it: never the cause */
+  bool candidate;    /* among the ends seen when the failure was detected */
+  int64_t hb_step;   /* the heartbeat: the step last seen, and its time */
   double hb_t;
   loom_runstat_record rec;
 };
 
 const char *loom_signal_name(int sig) {
   switch (sig) {
-  case SIGHUP: return "SIGHUP";
-  case SIGINT: return "SIGINT";
-  case SIGQUIT: return "SIGQUIT";
-  case SIGILL: return "SIGILL";
-  case SIGTRAP: return "SIGTRAP";
-  case SIGABRT: return "SIGABRT";
-  case SIGBUS: return "SIGBUS";
-  case SIGFPE: return "SIGFPE";
-  case SIGKILL: return "SIGKILL";
-  case SIGUSR1: return "SIGUSR1";
-  case SIGSEGV: return "SIGSEGV";
-  case SIGUSR2: return "SIGUSR2";
-  case SIGPIPE: return "SIGPIPE";
-  case SIGALRM: return "SIGALRM";
-  case SIGTERM: return "SIGTERM";
-  case SIGXCPU: return "SIGXCPU";
-  case SIGXFSZ: return "SIGXFSZ";
-  default: return "signal";
+  case SIGHUP:
+    return "SIGHUP";
+  case SIGINT:
+    return "SIGINT";
+  case SIGQUIT:
+    return "SIGQUIT";
+  case SIGILL:
+    return "SIGILL";
+  case SIGTRAP:
+    return "SIGTRAP";
+  case SIGABRT:
+    return "SIGABRT";
+  case SIGBUS:
+    return "SIGBUS";
+  case SIGFPE:
+    return "SIGFPE";
+  case SIGKILL:
+    return "SIGKILL";
+  case SIGUSR1:
+    return "SIGUSR1";
+  case SIGSEGV:
+    return "SIGSEGV";
+  case SIGUSR2:
+    return "SIGUSR2";
+  case SIGPIPE:
+    return "SIGPIPE";
+  case SIGALRM:
+    return "SIGALRM";
+  case SIGTERM:
+    return "SIGTERM";
+  case SIGXCPU:
+    return "SIGXCPU";
+  case SIGXFSZ:
+    return "SIGXFSZ";
+  default:
+    return "signal";
   }
 }
 
@@ -106,6 +124,12 @@ void loom_watch_free(loom_run_watch *w) {
   w->n = w->cap = 0;
 }
 
+/* A rank's status file: "rank-N" exactly (not its temporary "rank-N.PID"). */
+static bool rank_file(const char *name, int *rank) {
+  return strncmp(name, "rank-", 5) == 0 && name[5] >= '0' && name[5] <= '9' &&
+         loom_parse_int(name + 5, rank);
+}
+
 static loom_watch_rank *find(loom_run_watch *w, int rank) {
   for (int i = 0; i < w->n; i++)
     if (w->ranks[i].rank == rank)
@@ -136,7 +160,9 @@ static int zombie_status(int pid) {
       return -1;
     tok++;
   }
-  return atoi(tok);
+  const char *end;
+  int64_t v;
+  return loom_parse_i64_at(tok, &end, &v) && v >= 0 && v <= 255 ? (int)v : -1;
 }
 
 static void mark_dead(loom_watch_rank *r, double now) {
@@ -234,8 +260,9 @@ static bool find_hang(loom_run_watch *w, double now) {
     if (i == best || !o->local || o->dead || o->hb_step < 0 ||
         now - o->hb_t <= limit)
       continue;
-    k += (size_t)snprintf(f->stalled + k, sizeof f->stalled - k, "%s%d (step %lld)",
-                          k ? ", " : "", o->rank, (long long)o->hb_step);
+    k += (size_t)snprintf(f->stalled + k, sizeof f->stalled - k,
+                          "%s%d (step %lld)", k ? ", " : "", o->rank,
+                          (long long)o->hb_step);
   }
   f->t_fail = r->hb_t + limit;
   f->t_detect = now;
@@ -254,8 +281,7 @@ static bool scan(loom_run_watch *w, double now) {
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {
     int rank;
-    char tail;
-    if (sscanf(e->d_name, "rank-%d%c", &rank, &tail) != 1 || rank < 0)
+    if (!rank_file(e->d_name, &rank))
       continue;
     if (find(w, rank))
       continue;
@@ -412,8 +438,8 @@ static bool end_before(const loom_run_watch *w, const end_info *a,
     return a->recorded;
   if (ra->end_seq && rb->end_seq)
     return ra->end_seq < rb->end_seq;
-  int lsig = launcher_code > 128 && launcher_code < 160 ? launcher_code - 128
-                                                         : 0;
+  int lsig =
+      launcher_code > 128 && launcher_code < 160 ? launcher_code - 128 : 0;
   if (lsig) {
     bool am = a->sig == lsig || (a->sig == 0 && ra->wstatus < 0);
     bool bm = b->sig == lsig || (b->sig == 0 && rb->wstatus < 0);
@@ -522,8 +548,7 @@ int loom_watch_update(loom_run_watch *w, const struct pollfd *fds, int nfds,
       for (char *p = buf; p < buf + len;) {
         const struct inotify_event *ev = (const struct inotify_event *)p;
         int rank;
-        char tail;
-        if (ev->len && sscanf(ev->name, "rank-%d%c", &rank, &tail) == 1) {
+        if (ev->len && rank_file(ev->name, &rank)) {
           loom_watch_rank *r = find(w, rank);
           if (!r && (ev->mask & IN_CLOSE_WRITE)) {
             /* It ended before we knew it: learn of it now, in order. */
@@ -565,10 +590,10 @@ int loom_watch_update(loom_run_watch *w, const struct pollfd *fds, int nfds,
   bool said_failed = false;
   for (int i = 0; spoke && i < w->n; i++) {
     const loom_runstat_record *rec = &w->ranks[i].rec;
-    said_failed |= w->ranks[i].local && !w->ranks[i].dead &&
-                   ((rec->exit_code > 0 &&
-                     strncmp(rec->note, "stopped ", 8) != 0) ||
-                    rec->signal > 0);
+    said_failed |=
+        w->ranks[i].local && !w->ranks[i].dead &&
+        ((rec->exit_code > 0 && strncmp(rec->note, "stopped ", 8) != 0) ||
+         rec->signal > 0);
   }
   if ((died || final || said_failed) && !w->fail.found) {
     /* Who else has spoken: a watchdog rank may not be dead yet. */
@@ -673,9 +698,9 @@ void loom_watch_stop_summary(const loom_run_watch *w, loom_run_stop *st) {
       continue;
     st->ranks++;
     const char *at = strstr(r->rec.note, " at step ");
-    long long step;
+    int64_t step;
     if (strncmp(r->rec.note, "stopped ", 8) != 0 || !at ||
-        sscanf(at, " at step %lld", &step) != 1)
+        !loom_parse_i64_at(at + strlen(" at step "), NULL, &step))
       continue;
     st->stopped++;
     if (strstr(at, "checkpoint saved"))

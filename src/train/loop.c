@@ -658,8 +658,10 @@ static loom_status evaluate(loom_trainer *t, int64_t max_batches, double *loss,
     nb = max_batches;
   loom_batch b;
   memset(&b, 0, sizeof b);
-  double *part = loom_calloc((size_t)nb * 3, sizeof(double)); /* (nb, 3) */
-  double *all = loom_calloc((size_t)nb * 3, sizeof(double));
+  /* (nb, 3); one row at least, so an empty set is not taken for no memory */
+  const size_t rows = (size_t)(nb > 0 ? nb : 1);
+  double *part = loom_calloc(rows * 3, sizeof(double));
+  double *all = loom_calloc(rows * 3, sizeof(double));
   int64_t *idx = loom_malloc((size_t)so.batch * sizeof(int64_t));
   loom_status s = LOOM_OK;
   if (!part || !all || !idx) {
@@ -688,6 +690,8 @@ done:
   loom_model_set_training(t->model, true);
   /* Agree even on failure: the other ranks are about to add the sums. */
   s = loom_train_agree(t, s, "evaluation");
+  if (s == LOOM_OK && (!part || !all))
+    s = LOOM_ERR_NOMEM; /* (agree returns this rank's own failure) */
   if (s == LOOM_OK && t->nranks > 1) {
     /* Each batch has one rank's value and zeros: the sum is exact. */
     loom_req r = LOOM_REQ_INIT;

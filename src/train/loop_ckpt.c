@@ -196,8 +196,8 @@ static loom_status finish_pending(loom_trainer *t) {
 void loom_train_ckpt_flags(loom_trainer *t, double *sums) {
   if (t->nranks == 1)
     return;
-  if (t->save.active && (t->save.done || t->save.status != LOOM_OK ||
-                            thread_done(t->save.w))) {
+  if (t->save.active &&
+      (t->save.done || t->save.status != LOOM_OK || thread_done(t->save.w))) {
     sums[SUM_WRITTEN] = 1;
     sums[SUM_WRITE_FAILED] = bg_status(&t->save) != LOOM_OK;
   }
@@ -265,7 +265,9 @@ loom_status loom_train_ckpt_prepare(loom_trainer *t) {
  * is concluded, which comes before the next save overwrites it). */
 static const float *stage(loom_trainer *t, const float *src, int64_t count,
                           int64_t *off) {
-  if (!t->cfg.checkpoint.async)
+  /* No snapshot without async saves (with them, the save fails earlier
+   * when it could not be allocated). */
+  if (!t->cfg.checkpoint.async || !t->snap)
     return src;
   float *dst = t->snap + *off;
   memcpy(dst, src, (size_t)count * sizeof(float));

@@ -51,8 +51,13 @@ TT_TEST(test_dtypes) {
   TT_CHECK(loom_f32_to_bf16(1.0f + 3.0f / 256) == 0x3f82); /* tie -> even */
   TT_CHECK(isnan(loom_bf16_to_f32(loom_f32_to_bf16(NAN))));
   /* f16 round trips and edge cases. */
-  float vals[] = {0.0f, 1.0f, -2.5f, 65504.0f, 6.103515625e-05f,
-                  5.960464477539063e-08f, 0.333251953125f};
+  float vals[] = {0.0f,
+                  1.0f,
+                  -2.5f,
+                  65504.0f,
+                  6.103515625e-05f,
+                  5.960464477539063e-08f,
+                  0.333251953125f};
   for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++)
     TT_CHECK(loom_f16_to_f32(loom_f32_to_f16(vals[i])) == vals[i]);
   TT_CHECK(isinf(loom_f16_to_f32(loom_f32_to_f16(70000.0f))));
@@ -212,7 +217,30 @@ TT_TEST(test_threads_and_time) {
   TT_CHECK(loom_time_wall() > 1.6e9);
 }
 
+/* Strict integers: garbage, trailing text and overflow fail and leave the
+ * output alone; atoi would have read each of them as a number. */
+TT_TEST(test_parse_integers) {
+  int v = 7;
+  int64_t w = 7;
+  TT_CHECK(loom_parse_int("42", &v) && v == 42);
+  TT_CHECK(loom_parse_int("-3", &v) && v == -3);
+  v = 7;
+  TT_CHECK(!loom_parse_int("", &v));
+  TT_CHECK(!loom_parse_int("abc", &v));
+  TT_CHECK(!loom_parse_int("12x", &v));
+  TT_CHECK(!loom_parse_int("2147483648", &v));
+  TT_CHECK(!loom_parse_int(NULL, &v));
+  TT_CHECK_EQ(v, 7);
+  TT_CHECK(loom_parse_i64("9223372036854775807", &w) && w == INT64_MAX);
+  TT_CHECK(!loom_parse_i64("9223372036854775808", &w));
+  const char *end = NULL;
+  TT_CHECK(loom_parse_i64_at(" 12 34", &end, &w) && w == 12);
+  TT_CHECK(loom_parse_i64_at(end, &end, &w) && w == 34 && *end == '\0');
+  TT_CHECK(!loom_parse_i64_at(end, &end, &w));
+}
+
 int main(void) {
+  TT_RUN(test_parse_integers);
   TT_RUN(test_status_and_errors);
   TT_RUN(test_alloc_hook);
   TT_RUN(test_dtypes);
