@@ -70,6 +70,23 @@ check "help" grep -q -- "--resume auto|never|DIR" <<<"$out"
 run "$LOOM" train "$SRC/examples/small_mlp.yaml" --print-config --set optim.lr=0.125
 check "print-config" grep -q "lr: 0.125" <<<"$out"
 
+# A token id outside the vocabulary in the validation shard: refused at the
+# start (exit 2), naming the file and the position, not at evaluation.
+python3 - "$T" <<'PY'
+import struct, sys
+def shard(p, toks):
+    h = struct.pack('<iii', 20240520, 1, len(toks)) + bytes(1024 - 12)
+    open(p, 'wb').write(h + b''.join(struct.pack('<H', t) for t in toks))
+shard(sys.argv[1] + '/train.bin', [i % 200 for i in range(5000)])
+shard(sys.argv[1] + '/val.bin', [i % 200 for i in range(700)] + [300] + [1] * 100)
+PY
+run "$LOOM" train "$SRC/examples/small_gpt.yaml" --set data.dataset=bin \
+  --set "data.path=$T/train.bin" --set "data.val_path=$T/val.bin" \
+  --set "log.run_dir=$T/run_vocab"
+check "val token outside vocab: exit 2" test "$rc" -eq 2
+check "val token outside vocab: file and position" test "$out" = \
+  "loom train: $T/val.bin: token 700 (byte 2424) is 300, outside the vocabulary (model.vocab 256)"
+
 # Interrupted at step 7, then resumed to the end (20 steps).
 ARGS=("$SRC/examples/small_mlp.yaml" --set "log.run_dir=$T/run" --set log.progress=lines)
 run "$LOOM" train "${ARGS[@]}" --resume never --stop-at 7
