@@ -646,7 +646,8 @@ loom_status loom_ckpt_verify_file(const loom_ckpt *c, int i,
   int fd = -1;
   LOOM_TRY(check_file_meta(c, i, &fd));
   loom_status st = LOOM_OK;
-  const rblock **order = loom_calloc((size_t)f->n_blocks + 1, sizeof *order);
+  const rblock **order =
+      loom_calloc((size_t)f->n_blocks + 1, sizeof(const rblock *));
   unsigned char *buf = loom_malloc(VERIFY_CHUNK);
   if (!order || !buf) {
     st = loom_error_context(LOOM_ERR_NOMEM, "verifying %s", path);
@@ -656,7 +657,7 @@ loom_status loom_ckpt_verify_file(const loom_ckpt *c, int i,
   for (int k = 0; k < c->n_blocks; k++)
     if (c->blocks[k].file == i)
       order[n++] = &c->blocks[k];
-  qsort(order, (size_t)n, sizeof *order, cmp_block_offset);
+  qsort(order, (size_t)n, sizeof(const rblock *), cmp_block_offset);
   int64_t pos = CKPT_HEADER_BYTES;
   for (int k = 0; k < n; k++) {
     const rblock *r = order[k];
@@ -758,7 +759,7 @@ loom_status loom_ckpt_open(loom_ckpt **out, const char *dir,
   }
   {
     char fmt[32];
-    int64_t version;
+    int64_t version = 0;
     if (j_str(c, root, "", "format", fmt, sizeof fmt) != LOOM_OK ||
         strcmp(fmt, "loom-checkpoint") != 0) {
       st = loom_error(LOOM_ERR_CORRUPT, "%s: not a loom checkpoint manifest",
@@ -918,9 +919,9 @@ loom_status loom_ckpt_read_range(const loom_ckpt *c, const char *name,
     if (whole) {
       into = (unsigned char *)dst + (size_t)(a - begin) * es;
     } else {
-      if (scratch_n < bytes) {
+      if (scratch_n < bytes || !scratch) { /* (a 0-byte block too) */
         loom_free(scratch);
-        scratch = loom_malloc(bytes);
+        scratch = loom_malloc(bytes ? bytes : 1);
         scratch_n = scratch ? bytes : 0;
         if (!scratch) {
           st = loom_error_context(LOOM_ERR_NOMEM, "reading %s", path);
@@ -959,7 +960,7 @@ static loom_status try_open(loom_ckpt **out, const char *root, int64_t step,
   char dir[CKPT_PATH_MAX];
   LOOM_TRY(loom_ckpt_dir_name(root, step, dir, sizeof dir));
   loom_status st = loom_ckpt_open(out, dir, o);
-  if (st == LOOM_OK && (*out)->meta.step != step) {
+  if (st == LOOM_OK && *out && (*out)->meta.step != step) {
     st = loom_error(LOOM_ERR_CORRUPT, "%s: says step %lld, not %lld",
                     (*out)->mpath, (long long)(*out)->meta.step,
                     (long long)step);

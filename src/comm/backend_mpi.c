@@ -247,8 +247,8 @@ static loom_status setup_group(loom_comm_ctx *ctx, loom_group *g,
   MPI_Comm_size(local, &g->local_size);
   MPI_Comm_free(&local);
   size_t p = (size_t)g->size;
-  mg->descs = loom_calloc(p, sizeof *mg->descs);
-  mg->creqs = loom_calloc(2 * p, sizeof *mg->creqs);
+  mg->descs = loom_calloc(p, sizeof(loom_comm_desc));
+  mg->creqs = loom_calloc(2 * p, sizeof(MPI_Request));
   mg->ibuf = loom_calloc(2 * p, sizeof *mg->ibuf);
   mg->counts = loom_calloc(p, sizeof *mg->counts);
   mg->displs = loom_calloc(p, sizeof *mg->displs);
