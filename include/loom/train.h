@@ -116,7 +116,11 @@ void loom_trainer_request_stop(void);
 /* Catches SIGINT, SIGTERM and SIGHUP from now on (before loom_trainer_new:
  * data, model, checkpoint): a stop that comes while loading is not lost,
  * the run stops after its first step and saves it. loom_trainer_run
- * catches them anyway while it runs. */
+ * catches them anyway while it runs. Call it before any thread starts: it
+ * blocks them in the calling thread (so in every thread created later) and
+ * takes them on a thread of its own, never on a thread that computes
+ * (oneDNN's GEMM kernels point the stack pointer at the heap, where a
+ * signal frame would land). */
 void loom_trainer_catch_stop_signals(void);
 
 /* mkdir -p: loom_fs_mkdirs(path, 0755) (kept for existing callers). */

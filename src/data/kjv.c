@@ -105,10 +105,24 @@ static loom_status run_bible(const char *program, buf *out) {
   posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
   posix_spawn_file_actions_addclose(&fa, fds[0]);
   posix_spawn_file_actions_addclose(&fa, fds[1]);
+  /* loom train blocks its stop signals in every thread but one (see
+   * loom_trainer_catch_stop_signals): the program starts with none
+   * blocked, so a Ctrl-C reaches it as usual. */
+  posix_spawnattr_t at;
+  posix_spawnattr_t *atp = NULL;
+  if (posix_spawnattr_init(&at) == 0) {
+    sigset_t none;
+    sigemptyset(&none);
+    posix_spawnattr_setsigmask(&at, &none);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK);
+    atp = &at;
+  }
   pid_t pid;
   int e = strchr(program, '/')
-              ? posix_spawn(&pid, program, &fa, NULL, argv, environ)
-              : posix_spawnp(&pid, program, &fa, NULL, argv, environ);
+              ? posix_spawn(&pid, program, &fa, atp, argv, environ)
+              : posix_spawnp(&pid, program, &fa, atp, argv, environ);
+  if (atp)
+    posix_spawnattr_destroy(atp);
   posix_spawn_file_actions_destroy(&fa);
   close(fds[1]);
   if (e != 0) {

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -762,23 +763,102 @@ static loom_status log_eval(loom_trainer *t, loom_train_result *res,
 
 static volatile sig_atomic_t stop_signal; /* the first stop signal */
 
-static void on_signal(int sig) {
+static void note_stop(int sig) {
   if (!stop_signal)
     stop_signal = sig;
   stop_requested = 1;
 }
 
+static void on_signal(int sig) { note_stop(sig); }
+
 void loom_trainer_request_stop(void) { stop_requested = 1; }
 
 static bool stop_caught_early;
 
+/* The stop signals: never delivered to a thread that computes.
+ *
+ * oneDNN's JIT GEMM kernels (libdnnl 2.x; fixed upstream in oneDNN PR 4855
+ * for issue 4845) point rsp at a workspace on the heap while they run. A
+ * signal whose handler runs on such a thread makes the kernel push its
+ * signal frame (about 3 KB with the AVX-512 state) below that rsp, over
+ * the heap chunk in front of the workspace: glibc then aborts in a later
+ * free ("corrupted size vs. prev_size while consolidating", "free():
+ * invalid pointer") or a thread hangs on a clobbered lock. That is what a
+ * SIGINT/SIGTERM from loom run did to a rank now and then (a core showed
+ * the frame, FP_XSTATE_MAGIC1 and the zmm registers, written at rsp - 128
+ * of a dnnl sgemm kernel whose rsp was a heap address). The handler itself
+ * only sets flags; where it runs is the problem.
+ *
+ * So the stop signals are blocked in the thread that catches them, before
+ * anything else starts: every thread created afterwards (the compute
+ * threads of OpenMP and oneDNN, the communication and loader threads, MPI's
+ * own) inherits the mask, and one thread of our own, which never computes,
+ * takes them with sigwait. */
+static const int stop_sigs[] = {SIGINT, SIGTERM, SIGHUP};
+
+static void stop_sigset(sigset_t *set) {
+  sigemptyset(set);
+  for (size_t i = 0; i < sizeof stop_sigs / sizeof stop_sigs[0]; i++)
+    sigaddset(set, stop_sigs[i]);
+}
+
+static void *stop_signal_thread(void *arg) {
+  (void)arg;
+  sigset_t set;
+  stop_sigset(&set);
+  for (;;) {
+    int sig;
+    if (sigwait(&set, &sig) != 0)
+      continue;
+    /* Whoever set the default action back (the hang fault) wants the
+     * signal to end the process: let it through, here, where nothing
+     * computes. An ignored one stays ignored. */
+    struct sigaction cur;
+    if (sigaction(sig, NULL, &cur) == 0 && !(cur.sa_flags & SA_SIGINFO)) {
+      if (cur.sa_handler == SIG_IGN)
+        continue;
+      if (cur.sa_handler == SIG_DFL) {
+        sigset_t one;
+        sigemptyset(&one);
+        sigaddset(&one, sig);
+        pthread_sigmask(SIG_UNBLOCK, &one, NULL);
+        raise(sig);
+        pthread_sigmask(SIG_BLOCK, &one, NULL);
+        continue;
+      }
+    }
+    note_stop(sig);
+  }
+  return NULL;
+}
+
 void loom_trainer_catch_stop_signals(void) {
+  if (stop_caught_early)
+    return;
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal;
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
-  sigaction(SIGHUP, &sa, NULL);
+  sa.sa_handler = on_signal; /* for a thread that unblocks them anyway */
+  sigemptyset(&sa.sa_mask);
+  for (size_t i = 0; i < sizeof stop_sigs / sizeof stop_sigs[0]; i++)
+    sigaction(stop_sigs[i], &sa, NULL);
+  sigset_t set;
+  stop_sigset(&set);
+  sigset_t old;
+  pthread_sigmask(SIG_BLOCK, &set, &old);
+  pthread_attr_t attr;
+  pthread_t th;
+  bool started = pthread_attr_init(&attr) == 0;
+  if (started) {
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    started = pthread_create(&th, &attr, stop_signal_thread, NULL) == 0;
+    pthread_attr_destroy(&attr);
+  }
+  if (!started) {
+    /* No thread to take them: the handler, as before (the risk above). */
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    LOOM_WARN("cannot start the stop-signal thread; stop signals are "
+              "handled on the computing threads");
+  }
   stop_caught_early = true;
 }
 
@@ -928,6 +1008,7 @@ static loom_status write_metrics(loom_trainer *t, const run_window *w,
  * them on) stop every rank at one agreed step, which is saved. */
 typedef struct stop_handlers {
   struct sigaction old_int, old_term, old_hup;
+  sigset_t old_mask;
 } stop_handlers;
 
 static void stop_handlers_install(stop_handlers *h) {
@@ -941,9 +1022,19 @@ static void stop_handlers_install(stop_handlers *h) {
   sigaction(SIGINT, &sa, &h->old_int);
   sigaction(SIGTERM, &sa, &h->old_term);
   sigaction(SIGHUP, &sa, &h->old_hup);
+  /* Without loom_trainer_catch_stop_signals (a program using the library):
+   * at least this thread, which runs the kernels, does not take them while
+   * it runs (see loom_trainer_catch_stop_signals); the threads started
+   * before it (communication, loader) run the handler instead. */
+  sigset_t stop_set;
+  stop_sigset(&stop_set);
+  pthread_sigmask(SIG_BLOCK, &stop_set, &h->old_mask);
 }
 
 static void stop_handlers_restore(const stop_handlers *h) {
+  /* The mask first: a stop still pending goes to on_signal, not to a
+   * default action restored below. */
+  pthread_sigmask(SIG_SETMASK, &h->old_mask, NULL);
   sigaction(SIGINT, &h->old_int, NULL);
   sigaction(SIGTERM, &h->old_term, NULL);
   sigaction(SIGHUP, &h->old_hup, NULL);
