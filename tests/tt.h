@@ -115,9 +115,9 @@ __attribute__((unused)) static void tt_fail_done(void) {
 
 /* Compares two float arrays: |a-b| <= atol + rtol*|b| elementwise. Prints the
  * max abs and rel diff and the first mismatches. Returns 1 when close. */
-__attribute__((unused)) static int tt_close_impl(const char *file, int line, const char *what,
-                         const float *a, const float *b, size_t n, double atol,
-                         double rtol) {
+__attribute__((unused)) static int
+tt_close_impl(const char *file, int line, const char *what, const float *a,
+              const float *b, size_t n, double atol, double rtol) {
   double max_abs = 0, max_rel = 0;
   size_t bad = 0;
   for (size_t i = 0; i < n; i++) {
@@ -133,8 +133,8 @@ __attribute__((unused)) static int tt_close_impl(const char *file, int line, con
   if (bad == 0)
     return 1;
   tt_fail_prefix(file, line);
-  fprintf(stderr, "%s: %zu of %zu differ (max abs %.3g, max rel %.3g)\n",
-          what, bad, n, max_abs, max_rel);
+  fprintf(stderr, "%s: %zu of %zu differ (max abs %.3g, max rel %.3g)\n", what,
+          bad, n, max_abs, max_rel);
   size_t shown = 0;
   for (size_t i = 0; i < n && shown < 5; i++) {
     double d = fabs((double)a[i] - (double)b[i]);

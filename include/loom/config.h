@@ -111,7 +111,7 @@ typedef struct loom_config_ints {
 typedef struct loom_config_model {
   loom_cfg_model name;
   loom_config_ints hidden;   /* mlp: hidden layer widths */
-  loom_act activation;   /* mlp, cnn */
+  loom_act activation;       /* mlp, cnn */
   loom_config_ints channels; /* cnn: output channels of each conv */
   int64_t kernel, pool;      /* cnn */
   int64_t context, layers, d_model, heads, vocab, mlp_ratio; /* gpt */

@@ -347,8 +347,7 @@ const char *loom_fs_strerror(int e);
 /* Opens path for appending (truncated first when `truncate`), refusing a
  * symbolic link or hard link planted in its place with an error naming
  * the file. */
-loom_status loom_fs_open_append(const char *path, bool truncate,
-                                FILE **out);
+loom_status loom_fs_open_append(const char *path, bool truncate, FILE **out);
 
 /* Writes dir/name in one step: dir/.name.tmp.<pid>, write, fsync, rename
  * over dir/name, fsync of dir. A symbolic link at dir/name is replaced as a

@@ -57,9 +57,9 @@ void loom_gemm_set_deterministic(bool on);
 bool loom_gemm_get_deterministic(void);
 
 /* The plain triple loop, accumulated in double: the reference of tests. */
-void loom_gemm_ref(bool trans_a, bool trans_b, int M, int N, int K,
-                   float alpha, const float *A, int lda, const float *B,
-                   int ldb, float beta, float *C, int ldc);
+void loom_gemm_ref(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                   const float *A, int lda, const float *B, int ldb, float beta,
+                   float *C, int ldc);
 
 /* ---------------------------------------------------------------- linear */
 
@@ -95,10 +95,10 @@ void loom_gelu_backward_to(float *dinp, const float *inp, const float *dout,
                            int64_t n);
 /* Inverted dropout: out = inp * mask / (1-p), mask(n) bytes of 0/1 drawn
  * from the counter-based stream `rng` (its counter advances by n). */
-void loom_dropout_forward(float *out, uint8_t *mask, const float *inp,
-                          float p, loom_rng *rng, int64_t n);
-void loom_dropout_backward(float *dinp, const uint8_t *mask,
-                           const float *dout, float p, int64_t n);
+void loom_dropout_forward(float *out, uint8_t *mask, const float *inp, float p,
+                          loom_rng *rng, int64_t n);
+void loom_dropout_backward(float *dinp, const uint8_t *mask, const float *dout,
+                           float p, int64_t n);
 
 /* ------------------------------------------------- softmax and layernorm */
 
@@ -109,8 +109,8 @@ void loom_softmax_backward(float *dinp, const float *out, const float *dout,
                            int N, int C);
 void loom_log_softmax_forward(float *out, const float *inp, int N, int C);
 /* dinp += dout - exp(out) * sum(dout) */
-void loom_log_softmax_backward(float *dinp, const float *out,
-                               const float *dout, int N, int C);
+void loom_log_softmax_backward(float *dinp, const float *out, const float *dout,
+                               int N, int C);
 
 /* out(N,C) = (inp - mean) * rstd * weight + bias; saves mean(N), rstd(N).
  * eps = 1e-5. */
@@ -139,8 +139,8 @@ loom_status loom_attention_backward(float *dqkv, float *scratch,
 /* ------------------------------------------------------------ embeddings */
 
 /* out(N,C) = table[ids[n]]; ids must lie in [0, V). */
-void loom_embedding_forward(float *out, const int32_t *ids,
-                            const float *table, int N, int C);
+void loom_embedding_forward(float *out, const int32_t *ids, const float *table,
+                            int N, int C);
 /* dtable[ids[n]] += dout[n] (scatter-add, deterministic order). */
 void loom_embedding_backward(float *dtable, const float *dout,
                              const int32_t *ids, int N, int C);
@@ -151,9 +151,8 @@ void loom_embedding_backward(float *dtable, const float *dout,
  * targets(N). losses(N) per row; probs(N,V) saved for backward. A target
  * of -1 is ignored (loss 0, no gradient); any other target outside [0, V)
  * gives a NaN loss (and no gradient), so a data bug cannot train silently. */
-void loom_crossentropy_forward(float *losses, float *probs,
-                               const float *logits, const int32_t *targets,
-                               int N, int V);
+void loom_crossentropy_forward(float *losses, float *probs, const float *logits,
+                               const int32_t *targets, int N, int V);
 /* dlogits += (probs - onehot(target)) * dloss[n] (dloss(N): gradient of the
  * objective with respect to each row's loss, e.g. 1/N for a mean). */
 void loom_crossentropy_backward(float *dlogits, const float *probs,
@@ -203,9 +202,8 @@ void loom_maxpool2d_backward_to(float *dinp, const float *dout,
  * (the bits of loom_maxpool2d_backward_to then loom_relu_backward_to; inp
  * is relu's input). One pass over the large tensor each way instead of
  * three: conv, ReLU, pool stacks spend their time streaming it. */
-void loom_relu_maxpool2d_forward(float *out, int32_t *argmax,
-                                 const float *inp, int N, int C, int H, int W,
-                                 int K, int S);
+void loom_relu_maxpool2d_forward(float *out, int32_t *argmax, const float *inp,
+                                 int N, int C, int H, int W, int K, int S);
 void loom_relu_maxpool2d_backward_to(float *dinp, const float *dout,
                                      const int32_t *argmax, const float *inp,
                                      int N, int C, int H, int W, int K, int S);

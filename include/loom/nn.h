@@ -144,13 +144,13 @@ typedef loom_status (*loom_grad_hook)(void *user, int index, int64_t offset,
 
 /* What forward and backward see: the flat buffers and the step's keys. */
 struct loom_nn_ctx {
-  float *params;            /* the flat parameter buffer */
-  float *grads;             /* the flat gradient buffer */
-  const loom_param *views;  /* the model's views */
-  bool training;            /* dropout on */
-  uint64_t seed;            /* the model's seed (dropout masks) */
-  uint64_t step;            /* loom_model_set_step */
-  uint64_t sample_base;     /* global index of this batch's first sample */
+  float *params;           /* the flat parameter buffer */
+  float *grads;            /* the flat gradient buffer */
+  const loom_param *views; /* the model's views */
+  bool training;           /* dropout on */
+  uint64_t seed;           /* the model's seed (dropout masks) */
+  uint64_t step;           /* loom_model_set_step */
+  uint64_t sample_base;    /* global index of this batch's first sample */
   loom_grad_hook hook;
   void *hook_user;
 };
@@ -244,8 +244,8 @@ void loom_linear_set_resid_proj(loom_module *linear, bool on);
 
 /* Conv2d: (N,C,H,W) -> (N,OC,OH,OW), square kernel K, stride, zero padding.
  * Parameters "weight" (OC,C,K,K), "bias" (OC). */
-loom_status loom_conv2d_new(loom_module **out, int C, int OC, int K,
-                            int stride, int pad, bool bias);
+loom_status loom_conv2d_new(loom_module **out, int C, int OC, int K, int stride,
+                            int pad, bool bias);
 /* MaxPool2d: (N,C,H,W) -> (N,C,(H-K)/S+1,(W-K)/S+1), no padding. */
 loom_status loom_maxpool2d_new(loom_module **out, int K, int S);
 /* Elementwise, any shape. GELU is the tanh form (GPT-2). */
@@ -269,8 +269,7 @@ loom_status loom_mlp_new(loom_module **out, int C, int hidden, bool bias,
  * "ln1", "attn", "ln2", "mlp" (hidden = mlp_ratio * C); dropout p after the
  * attention projection and after the MLP when p > 0. */
 loom_status loom_transformer_block_new(loom_module **out, int C, int NH,
-                                       int mlp_ratio, bool bias,
-                                       float dropout);
+                                       int mlp_ratio, bool bias, float dropout);
 /* Dropout p in [0, 1): in training, out = in * mask / (1-p) with the mask of
  * sample s drawn from Philox keyed by (model seed, module, step, s), so it
  * depends on neither thread count nor rank; in eval, out = in. Dimension 0
@@ -293,10 +292,10 @@ loom_status loom_residual_new(loom_module **out, loom_module *f);
 typedef struct loom_model loom_model;
 
 typedef struct loom_model_opts {
-  uint64_t seed;           /* initialisation and dropout masks */
-  loom_init_scheme init;   /* default torch */
-  float init_std;          /* gpt2: 0.02 */
-  int init_n_layer;        /* gpt2: residual projections / sqrt(2 n); 0 off */
+  uint64_t seed;         /* initialisation and dropout masks */
+  loom_init_scheme init; /* default torch */
+  float init_std;        /* gpt2: 0.02 */
+  int init_n_layer;      /* gpt2: residual projections / sqrt(2 n); 0 off */
   /* Parameters left zero, drawn later (if at all) by loom_model_init_params
    * with the same values: for a model about to be loaded from a checkpoint,
    * whose draws would be thrown away (false). */
@@ -393,8 +392,7 @@ loom_status loom_xent_forward(loom_xent *x, const loom_tensor *logits,
                               const int32_t *targets, loom_xent_stats *stats);
 /* Overwrites dlogits (the logits' shape) with scale * d(mean loss)/dlogits;
  * scale 1/k averages k accumulated micro-batches. */
-loom_status loom_xent_backward(loom_xent *x, loom_tensor *dlogits,
-                               float scale);
+loom_status loom_xent_backward(loom_xent *x, loom_tensor *dlogits, float scale);
 
 /* ================================================== reference models */
 

@@ -20,8 +20,10 @@ LOOM_API_BEGIN
 /* Exit codes of the loom tool and of its ranks, as loom run reads them
  * (docs/run.md has the whole table). */
 #define LOOM_EXIT_OK 0
-#define LOOM_EXIT_FAIL 1  /* a run failed (I/O, numerical, remote rank) */
-#define LOOM_EXIT_USAGE 2 /* bad command line or configuration: not restarted */
+/* A run failed (I/O, numerical, a remote rank). */
+#define LOOM_EXIT_FAIL 1
+/* A bad command line or configuration: not restarted. */
+#define LOOM_EXIT_USAGE 2
 /* A save failed for lack of space (ENOSPC, EDQUOT) or on a read-only file
  * system (EROFS): a restart would fail the same way, so loom run does not
  * restart it (sysexits' EX_IOERR). */
@@ -30,8 +32,9 @@ LOOM_API_BEGIN
  * completed) within the hang timeout; restarted like a crash. */
 #define LOOM_EXIT_HANG 76
 
-/* Run status: what a rank tells its supervisor (loom run). When LOOM_RUN_DIR is set
- * each rank keeps a small file there, rewritten in place; otherwise every call is a no-op. */
+/* Run status: what a rank tells its supervisor (loom run). When LOOM_RUN_DIR
+ * is set each rank keeps a small file there, rewritten in place; otherwise
+ * every call is a no-op. */
 #define LOOM_RUNSTAT_PHASE_LIST(X)                                             \
   X(LOOM_RUNSTAT_START, "start")                                               \
   X(LOOM_RUNSTAT_COMM_READY, "comm_ready")                                     \
@@ -47,8 +50,10 @@ typedef enum {
 } loom_run_phase; /* not loom_runstat_phase: C gives a type and a function
                      one name space, and the function keeps that name */
 
-void loom_runstat_init(void);                 /* idempotent; reads LOOM_RUN_DIR and the rank */
-void loom_runstat_phase(loom_run_phase p);     /* records the phase and its wall-clock time */
+/* Idempotent; reads LOOM_RUN_DIR and the rank. */
+void loom_runstat_init(void);
+/* Records the phase and its wall-clock time. */
+void loom_runstat_phase(loom_run_phase p);
 /* A rank of a standby group (loom run sets LOOM_RUN_GATE to a file's path)
  * waits in loom_runstat_phase(LOOM_RUNSTAT_COMM_READY) until that file
  * exists, then records the phase again with that time. A program that can
@@ -59,10 +64,15 @@ void loom_runstat_gate_defer(void);
 void loom_runstat_gate(void);
 /* Whether this rank is a standby one still before its gate. */
 bool loom_runstat_standby(void);
-void loom_runstat_step(int64_t step);          /* a completed step (first one timestamped); one pwrite */
-void loom_runstat_note(const char *what);      /* e.g. "fault injected: segv at step 37", "watchdog: ..." */
-void loom_runstat_exit(int code);              /* the exit code the process is about to return */
-void loom_runstat_fatal_signals(void);         /* SIGSEGV/SIGBUS/SIGFPE/SIGILL/SIGABRT: record signal + time (async-signal-safe), then re-raise with the default action */
+/* A completed step (the first one timestamped); one pwrite. */
+void loom_runstat_step(int64_t step);
+/* A note, e.g. "fault injected: segv at step 37", "watchdog: ...". */
+void loom_runstat_note(const char *what);
+/* The exit code the process is about to return. */
+void loom_runstat_exit(int code);
+/* SIGSEGV/SIGBUS/SIGFPE/SIGILL/SIGABRT: records the signal and the time
+ * (async-signal-safe), then re-raises it with the default action. */
+void loom_runstat_fatal_signals(void);
 
 /* The shape of loom_comm_abort_hook (loom/comm.h): records `why` as the
  * note and `exit_code` as the exit code. The trainer registers it with

@@ -45,8 +45,9 @@ static uint64_t get_u64(const unsigned char *p) {
 void loom_ckpt_header_encode(unsigned char out[CKPT_HEADER_BYTES],
                              const ckpt_header *h) {
   memset(out, 0, CKPT_HEADER_BYTES);
-  memcpy(out, CKPT_SHARD_MAGIC, 8); // NOLINT(bugprone-not-null-terminated-result):
-                                    // the format holds 8 magic bytes, no NUL
+  /* The format holds 8 magic bytes, no NUL. */
+  // NOLINTNEXTLINE(bugprone-not-null-terminated-result)
+  memcpy(out, CKPT_SHARD_MAGIC, 8);
   put_u32(out + 8, h->version);
   put_u32(out + 12, h->rank);
   put_u32(out + 16, h->world);
@@ -112,8 +113,9 @@ loom_status loom_ckpt_entry_decode(const unsigned char in[CKPT_ENTRY_BYTES],
 void loom_ckpt_footer_encode(unsigned char out[CKPT_FOOTER_BYTES],
                              const ckpt_footer *f) {
   memset(out, 0, CKPT_FOOTER_BYTES);
-  memcpy(out, CKPT_FOOTER_MAGIC, 8); // NOLINT(bugprone-not-null-terminated-result):
-                                     // the format holds 8 magic bytes, no NUL
+  /* The format holds 8 magic bytes, no NUL. */
+  // NOLINTNEXTLINE(bugprone-not-null-terminated-result)
+  memcpy(out, CKPT_FOOTER_MAGIC, 8);
   put_u64(out + 8, (uint64_t)f->index_offset);
   put_u32(out + 16, f->n_blocks);
   put_u32(out + 20, f->index_crc);

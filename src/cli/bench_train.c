@@ -12,8 +12,8 @@
 typedef struct workload {
   const char *name;
   const char *unit;
-  int64_t batch;  /* rows per step */
-  int64_t per_row; /* units (samples or tokens) per row */
+  int64_t batch;    /* rows per step */
+  int64_t per_row;  /* units (samples or tokens) per row */
   double fwd_flops; /* matmul/conv FLOPs per unit, forward */
 } workload;
 
@@ -156,10 +156,8 @@ static loom_status run_one(const workload *w, int threads, int steps,
     loom_xent_stats st;
     loom_model_zero_grad(model);
     LOOM_TRY_GOTO(s, loom_model_forward(model, &x, &logits), out);
-    LOOM_TRY_GOTO(s,
-                  loom_xent_forward(xent, &logits, (const int32_t *)y.data,
-                                    &st),
-                  out);
+    LOOM_TRY_GOTO(
+        s, loom_xent_forward(xent, &logits, (const int32_t *)y.data, &st), out);
     LOOM_TRY_GOTO(s, loom_model_output_grad(model, &dlogits), out);
     LOOM_TRY_GOTO(s, loom_xent_backward(xent, &dlogits, 1.0f), out);
     LOOM_TRY_GOTO(s, loom_model_backward(model, NULL, NULL), out);

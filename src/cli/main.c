@@ -13,13 +13,15 @@ static const loom_cli_cmd commands[] = {
 };
 
 static void usage(FILE *f) {
-  fprintf(f, "loom %s: train neural networks across cores, processes and "
-             "machines\n\nusage: loom <command> [options]\n\ncommands:\n",
+  fprintf(f,
+          "loom %s: train neural networks across cores, processes and "
+          "machines\n\nusage: loom <command> [options]\n\ncommands:\n",
           loom_version());
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
-  fprintf(f, "  %-10s %s\n", "help CMD", "what CMD does and its options "
-                                          "(the same as loom CMD --help)");
+  fprintf(f, "  %-10s %s\n", "help CMD",
+          "what CMD does and its options "
+          "(the same as loom CMD --help)");
   fprintf(f, "\noptions:\n  --version  print loom's version\n  --help     "
              "this text\n\n'loom help <command>' describes each command; "
              "man loom-<command> (after make install) too.\n");

@@ -8,9 +8,9 @@
 #include <string.h>
 
 #include "cli.h"
-#include "loom/run.h"
 #include "loom/comm.h"
 #include "loom/config.h"
+#include "loom/run.h"
 #include "loom/train.h"
 
 static void usage(FILE *f) {
@@ -78,9 +78,9 @@ static void note_stop(const loom_train_result *res) {
 /* Rank 0's last words: how far, how fast, how good. */
 static void print_summary(const loom_config *cfg, const loom_train_result *res,
                           int nranks) {
-  const char *unit =
-      cfg->data.dataset == LOOM_CFG_DATASET_FASHION_MNIST ? "samples"
-                                                          : "tokens";
+  const char *unit = cfg->data.dataset == LOOM_CFG_DATASET_FASHION_MNIST
+                         ? "samples"
+                         : "tokens";
   fprintf(stderr, "%s at step %lld: %.1f s, %.0f %s/s",
           res->interrupted ? "stopped" : "done", (long long)res->steps,
           res->seconds, res->throughput, unit);

@@ -37,7 +37,8 @@ _Static_assert(COUNT_OF(loom_cfg_precision_names) == LOOM_CFG_PRECISION_COUNT,
                "");
 _Static_assert(COUNT_OF(loom_cfg_on_error_names) == LOOM_CFG_ON_ERROR_COUNT,
                "");
-_Static_assert(COUNT_OF(loom_progress_mode_names) == LOOM_PROGRESS_MODE_COUNT, "");
+_Static_assert(COUNT_OF(loom_progress_mode_names) == LOOM_PROGRESS_MODE_COUNT,
+               "");
 _Static_assert(COUNT_OF(loom_cfg_strategy_names) == LOOM_CFG_STRATEGY_COUNT,
                "");
 _Static_assert(COUNT_OF(loom_cfg_compress_names) == LOOM_CFG_COMPRESS_COUNT,
@@ -190,8 +191,7 @@ static const loom_config_key keys[] = {
          "step: optimizer steps between decays"),
     KFLOAT("schedule.gamma", schedule.gamma, "0.1", 0, 1, MI,
            "step: factor applied at each decay"),
-    KENUM("schedule.scaling", schedule.scaling, "none", loom_lr_rule_names,
-          0,
+    KENUM("schedule.scaling", schedule.scaling, "none", loom_lr_rule_names, 0,
           "scale optim.lr and schedule.min_lr with the number of ranks: none, "
           "linear (x world size) or sqrt (x its square root)"),
     /* train */
@@ -958,8 +958,7 @@ static loom_status check_depth(const char *text, size_t len,
                 type == YAML_SEQUENCE_START_EVENT ||
                 type == YAML_MAPPING_START_EVENT;
     if (node && depth >= 1 && depth <= 2) {
-      if (is_map[depth] && nodes[depth] % 2 == 0 &&
-          type == YAML_SCALAR_EVENT) {
+      if (is_map[depth] && nodes[depth] % 2 == 0 && type == YAML_SCALAR_EVENT) {
         const char *v = (const char *)ev.data.scalar.value;
         if (depth == 1)
           snprintf(section, sizeof section, "%s", v);
@@ -1174,8 +1173,7 @@ static loom_status check_sizes(const loom_config *cfg, const cfg_origins *org,
       h -= k - 1;
       w -= k - 1;
       if (h < 1 || w < 1 || h < p || w < p)
-        return cfg_err(origin_of(org, "model.channels", none),
-                       "model.channels",
+        return cfg_err(origin_of(org, "model.channels", none), "model.channels",
                        "%d convs of kernel %lld with max-pool %lld do not "
                        "fit a %dx%d image: conv %d has nothing left to pool "
                        "(use fewer convs, a smaller model.kernel or "
@@ -1210,8 +1208,8 @@ static loom_status check_sizes(const loom_config *cfg, const cfg_origins *org,
     acc_tensor(&a, B * T * V, "the logits' gradient");
   }
   /* Name the size the file set: the batch, else a model size. */
-  static const char *const gpt_keys[] = {"model.context", "model.d_model",
-                                         "model.vocab", "model.layers",
+  static const char *const gpt_keys[] = {"model.context",   "model.d_model",
+                                         "model.vocab",     "model.layers",
                                          "model.mlp_ratio", "model.heads"};
   int ki = key_index(key, strlen(key));
   for (size_t i = 0; m->name == LOOM_CFG_MODEL_GPT && i < COUNT_OF(gpt_keys) &&
@@ -1341,15 +1339,13 @@ static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
                    "needs parallel.strategy 'auto' or 'ddp' (got 'none')");
   if ((cfg->schedule.name == LOOM_SCHED_COSINE ||
        cfg->schedule.name == LOOM_SCHED_LINEAR) &&
-      cfg->train.steps > 0 &&
-      cfg->schedule.warmup_steps >= cfg->train.steps)
-    return cfg_err(origin_of(org, "schedule.warmup_steps", &none),
-                   "schedule.warmup_steps",
-                   "%lld is not below train.steps (%lld): schedule %s has "
-                   "nothing left to decay",
-                   (long long)cfg->schedule.warmup_steps,
-                   (long long)cfg->train.steps,
-                   loom_sched_kind_names[cfg->schedule.name]);
+      cfg->train.steps > 0 && cfg->schedule.warmup_steps >= cfg->train.steps)
+    return cfg_err(
+        origin_of(org, "schedule.warmup_steps", &none), "schedule.warmup_steps",
+        "%lld is not below train.steps (%lld): schedule %s has "
+        "nothing left to decay",
+        (long long)cfg->schedule.warmup_steps, (long long)cfg->train.steps,
+        loom_sched_kind_names[cfg->schedule.name]);
   LOOM_TRY(check_sizes(cfg, org, &none));
   if (cfg->optim.name == LOOM_OPTIM_SGD && cfg->optim.nesterov &&
       cfg->optim.momentum == 0)

@@ -33,8 +33,8 @@ void *loom_malloc(size_t bytes) {
 
 void *loom_calloc(size_t count, size_t size) {
   if (size && count > SIZE_MAX / size) {
-    loom_error(LOOM_ERR_NOMEM, "allocation of %zu x %zu bytes overflows",
-               count, size);
+    loom_error(LOOM_ERR_NOMEM, "allocation of %zu x %zu bytes overflows", count,
+               size);
     return NULL;
   }
   void *p = loom_malloc(count * size);

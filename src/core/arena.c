@@ -32,9 +32,8 @@ void loom_arena_free(loom_arena *a) {
 void *loom_arena_alloc(loom_arena *a, size_t bytes) {
   size_t size = (bytes + 63) & ~(size_t)63;
   if (size < bytes || size > a->capacity - a->used) {
-    loom_error(LOOM_ERR_NOMEM,
-               "arena full: %zu bytes asked, %zu of %zu used", bytes, a->used,
-               a->capacity);
+    loom_error(LOOM_ERR_NOMEM, "arena full: %zu bytes asked, %zu of %zu used",
+               bytes, a->used, a->capacity);
     return NULL;
   }
   void *p = a->base + a->used;

@@ -113,8 +113,8 @@ static void crc_init(void) {
   }
   for (uint32_t i = 0; i < 256; i++)
     for (int t = 1; t < 8; t++)
-      crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^
-                        crc_table[0][crc_table[t - 1][i] & 0xff];
+      crc_table[t][i] =
+          (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xff];
 }
 
 #if defined(__x86_64__)
@@ -154,8 +154,8 @@ static uint32_t crc32c_sw(uint32_t crc, const void *data, size_t n) {
   while (n >= 8) {
     uint32_t lo = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 |
                          (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
-    uint32_t hi = (uint32_t)p[4] | (uint32_t)p[5] << 8 |
-                  (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24;
+    uint32_t hi = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 |
+                  (uint32_t)p[7] << 24;
     crc = crc_table[7][lo & 0xff] ^ crc_table[6][(lo >> 8) & 0xff] ^
           crc_table[5][(lo >> 16) & 0xff] ^ crc_table[4][lo >> 24] ^
           crc_table[3][hi & 0xff] ^ crc_table[2][(hi >> 8) & 0xff] ^

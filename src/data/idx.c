@@ -75,8 +75,7 @@ loom_status loom_idx_read(const char *path, loom_idx *out) {
   /* A FIFO or a directory in the file's place is an error, not a hang. */
   struct stat sb;
   if (stat(path, &sb) != 0)
-    return loom_error(LOOM_ERR_IO, "cannot open %s: %s", path,
-                      strerror(errno));
+    return loom_error(LOOM_ERR_IO, "cannot open %s: %s", path, strerror(errno));
   if (!S_ISREG(sb.st_mode))
     return loom_error(LOOM_ERR_IO, "%s: not a regular file", path);
   errno = 0;
@@ -151,14 +150,13 @@ loom_status loom_idx_read(const char *path, loom_idx *out) {
    * before anything is allocated from it. */
   int64_t hdr_bytes = 4 + 4 * (int64_t)ndim;
   if (gzdirect(gz) && (int64_t)sb.st_size != hdr_bytes + total) {
-    st = loom_error(LOOM_ERR_CORRUPT,
-                    "%s: %s: the header (%s) needs %lld bytes of data, the "
-                    "file has %lld",
-                    path,
-                    (int64_t)sb.st_size < hdr_bytes + total ? "truncated"
-                                                            : "trailing data",
-                    dims, (long long)total,
-                    (long long)((int64_t)sb.st_size - hdr_bytes));
+    st = loom_error(
+        LOOM_ERR_CORRUPT,
+        "%s: %s: the header (%s) needs %lld bytes of data, the "
+        "file has %lld",
+        path,
+        (int64_t)sb.st_size < hdr_bytes + total ? "truncated" : "trailing data",
+        dims, (long long)total, (long long)((int64_t)sb.st_size - hdr_bytes));
     goto done;
   }
   /* gzip: the size is known only by inflating, so the buffer grows with

@@ -9,7 +9,8 @@ const char *const loom_tail_names[] = {
     LOOM_TAIL_LIST(LOOM_X_NAME)
 #undef LOOM_X_NAME
 };
-_Static_assert(sizeof loom_tail_names / sizeof loom_tail_names[0] == LOOM_TAIL_COUNT,
+_Static_assert(sizeof loom_tail_names / sizeof loom_tail_names[0] ==
+                   LOOM_TAIL_COUNT,
                "tail name table");
 
 const char *loom_tail_name(loom_tail t) {

@@ -53,10 +53,10 @@ static int pool2_row_avx2(float *o, int32_t *am, const float *r0,
     __m256 e0, o0, e1, o1;
     deinterleave(r0 + i, relu, &e0, &o0);
     deinterleave(r1 + i, relu, &e1, &o1);
-    const __m256i top = _mm256_add_epi32(_mm256_set1_epi32(2 * oh * W + i),
-                                         lane);
-    const __m256i bot = _mm256_add_epi32(
-        _mm256_set1_epi32((2 * oh + 1) * W + i), lane);
+    const __m256i top =
+        _mm256_add_epi32(_mm256_set1_epi32(2 * oh * W + i), lane);
+    const __m256i bot =
+        _mm256_add_epi32(_mm256_set1_epi32((2 * oh + 1) * W + i), lane);
     __m256 m = e0;
     __m256i best = top;
     take_if_greater(o0, _mm256_add_epi32(top, one), &m, &best);
@@ -134,8 +134,8 @@ static inline void pool_forward(float *out, int32_t *argmax, const float *inp,
         const float *r0 = x + (int64_t)(2 * oh) * W, *r1 = r0 + W;
         int ow0 = 0;
 #if defined(__AVX2__)
-        ow0 = pool2_row_avx2(o + oh * OW, am + oh * OW, r0, r1, oh, W, OW,
-                             relu);
+        ow0 =
+            pool2_row_avx2(o + oh * OW, am + oh * OW, r0, r1, oh, W, OW, relu);
         ow0 = pool2_row_sse(o + oh * OW, am + oh * OW, r0, r1, oh, W, OW, ow0,
                             relu);
 #endif
@@ -183,9 +183,8 @@ void loom_maxpool2d_forward(float *out, int32_t *argmax, const float *inp,
   pool_forward(out, argmax, inp, N, C, H, W, K, S, false);
 }
 
-void loom_relu_maxpool2d_forward(float *out, int32_t *argmax,
-                                 const float *inp, int N, int C, int H, int W,
-                                 int K, int S) {
+void loom_relu_maxpool2d_forward(float *out, int32_t *argmax, const float *inp,
+                                 int N, int C, int H, int W, int K, int S) {
   pool_forward(out, argmax, inp, N, C, H, W, K, S, true);
 }
 
@@ -250,7 +249,8 @@ static void relu_pool2_back_row(float *dx, const float *x, const float *d,
   for (; ow + 8 <= OW; ow += 8) {
     const int i = 2 * ow;
     const __m256 g = _mm256_add_ps(z, _mm256_loadu_ps(d + ow));
-    const __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(am + ow));
+    const __m256i a =
+        _mm256_loadu_si256((const __m256i *)(const void *)(am + ow));
     const __m256i top =
         _mm256_add_epi32(_mm256_set1_epi32(2 * oh * W + i), lane);
     const __m256i bot =
@@ -289,8 +289,7 @@ static void relu_pool2_back_row(float *dx, const float *x, const float *d,
  * (cleared while the plane sits in L1) instead of three. */
 void loom_relu_maxpool2d_backward_to(float *dinp, const float *dout,
                                      const int32_t *argmax, const float *inp,
-                                     int N, int C, int H, int W, int K,
-                                     int S) {
+                                     int N, int C, int H, int W, int K, int S) {
   if (S < K) {
     loom_maxpool2d_backward_to(dinp, dout, argmax, N, C, H, W, K, S);
     loom_relu_backward_to(dinp, inp, dinp, (int64_t)N * C * H * W);

@@ -55,8 +55,8 @@ static loom_status attention_forward(loom_module *m, loom_nn_ctx *ctx,
                                      const void *in, const float **out) {
   attention *a = (attention *)m;
   LOOM_TRY(loom_module_forward(a->qkv, ctx, in, &a->qkvo));
-  LOOM_TRY(loom_attention_forward(a->y, a->att, a->qkvo, a->B, a->T, a->C,
-                                  a->NH));
+  LOOM_TRY(
+      loom_attention_forward(a->y, a->att, a->qkvo, a->B, a->T, a->C, a->NH));
   return loom_module_forward(a->proj, ctx, a->y, out);
 }
 

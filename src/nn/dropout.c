@@ -11,9 +11,9 @@ typedef struct dropout {
   uint64_t rng_id; /* this module's number among random modules */
   int64_t n, per;  /* elements, elements per sample */
   int64_t B;
-  bool masked;    /* the last forward applied a mask */
-  float *out;     /* (n) */
-  uint8_t *mask;  /* (n) */
+  bool masked;   /* the last forward applied a mask */
+  float *out;    /* (n) */
+  uint8_t *mask; /* (n) */
 } dropout;
 
 static loom_status dropout_params(loom_module *m, loom_nn_visit *v) {

@@ -40,8 +40,8 @@ static loom_status embedding_plan(loom_module *m, loom_nn_plan *p,
                              loom_shape_str(in, buf, sizeof buf));
   if (e->T_max > 0 && (in->ndim != 2 || in->dim[1] > e->T_max))
     return loom_module_error(m, LOOM_ERR_INVALID_ARG,
-                             "expects ids (B,T) with T <= %d, got %s",
-                             e->T_max, loom_shape_str(in, buf, sizeof buf));
+                             "expects ids (B,T) with T <= %d, got %s", e->T_max,
+                             loom_shape_str(in, buf, sizeof buf));
   int64_t N = loom_shape_numel(in);
   LOOM_TRY(loom_nn_check_int(m, "output", N * e->C));
   e->N = (int)N;

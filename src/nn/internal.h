@@ -73,8 +73,7 @@ bool loom_nn_relu_pool_fusable(const loom_module *relu,
 loom_status loom_nn_relu_pool_forward(loom_module *relu, loom_module *pool,
                                       const float *in, const float **out);
 /* The pair's backward into the ReLU's input gradient, written. */
-loom_status loom_nn_relu_pool_backward_to(loom_module *relu,
-                                          loom_module *pool,
+loom_status loom_nn_relu_pool_backward_to(loom_module *relu, loom_module *pool,
                                           const float *dout, float *dinp);
 /* The ReLU's side of it. */
 bool loom_nn_is_relu(const loom_module *m);

@@ -74,9 +74,9 @@ static loom_status layernorm_backward(loom_module *m, loom_nn_ctx *ctx,
     memset(l->dsink, 0, (size_t)l->N * l->C * sizeof(float));
   /* The kernel always computes the input gradient; park it in scratch when
    * nobody needs it (a model whose first module is a LayerNorm). */
-  loom_layernorm_backward(dinp ? dinp : l->dsink, loom_nn_grad(ctx, m, 0), db, dout, l->in,
-                          loom_nn_param(ctx, m, 0), l->mean, l->rstd, l->N,
-                          l->C);
+  loom_layernorm_backward(dinp ? dinp : l->dsink, loom_nn_grad(ctx, m, 0), db,
+                          dout, l->in, loom_nn_param(ctx, m, 0), l->mean,
+                          l->rstd, l->N, l->C);
   return LOOM_OK;
 }
 

@@ -53,8 +53,8 @@ static loom_status maxpool2d_backward(loom_module *m, loom_nn_ctx *ctx,
   maxpool2d *mp = (maxpool2d *)m;
   (void)ctx;
   if (dinp)
-    loom_maxpool2d_backward(dinp, dout, mp->argmax, mp->N, mp->C, mp->H,
-                            mp->W, mp->K, mp->S);
+    loom_maxpool2d_backward(dinp, dout, mp->argmax, mp->N, mp->C, mp->H, mp->W,
+                            mp->K, mp->S);
   return LOOM_OK;
 }
 
@@ -62,8 +62,8 @@ static loom_status maxpool2d_backward_to(loom_module *m, loom_nn_ctx *ctx,
                                          const float *dout, float *dinp) {
   maxpool2d *mp = (maxpool2d *)m;
   (void)ctx;
-  loom_maxpool2d_backward_to(dinp, dout, mp->argmax, mp->N, mp->C, mp->H,
-                             mp->W, mp->K, mp->S);
+  loom_maxpool2d_backward_to(dinp, dout, mp->argmax, mp->N, mp->C, mp->H, mp->W,
+                             mp->K, mp->S);
   return LOOM_OK;
 }
 
@@ -98,13 +98,12 @@ loom_status loom_nn_relu_pool_forward(loom_module *relu, loom_module *pool,
   return LOOM_OK;
 }
 
-loom_status loom_nn_relu_pool_backward_to(loom_module *relu,
-                                          loom_module *pool,
+loom_status loom_nn_relu_pool_backward_to(loom_module *relu, loom_module *pool,
                                           const float *dout, float *dinp) {
   maxpool2d *mp = (maxpool2d *)pool;
   loom_relu_maxpool2d_backward_to(dinp, dout, mp->argmax,
-                                  loom_nn_relu_input(relu), mp->N, mp->C,
-                                  mp->H, mp->W, mp->K, mp->S);
+                                  loom_nn_relu_input(relu), mp->N, mp->C, mp->H,
+                                  mp->W, mp->K, mp->S);
   return LOOM_OK;
 }
 

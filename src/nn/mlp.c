@@ -45,8 +45,8 @@ static loom_status mlp_plan(loom_module *m, loom_nn_plan *pl,
   return LOOM_OK;
 }
 
-static loom_status mlp_forward(loom_module *m, loom_nn_ctx *ctx,
-                               const void *in, const float **out) {
+static loom_status mlp_forward(loom_module *m, loom_nn_ctx *ctx, const void *in,
+                               const float **out) {
   mlp *p = (mlp *)m;
   LOOM_TRY(loom_module_forward(p->fc, ctx, in, &p->h));
   loom_gelu_forward(p->g, p->h, p->N * p->H);
@@ -95,8 +95,8 @@ loom_status loom_mlp_new(loom_module **out, int C, int hidden, bool bias,
     return loom_error(LOOM_ERR_INVALID_ARG, "mlp: bad sizes (%d, %d)", C,
                       hidden);
   if (!(dropout >= 0.0f && dropout < 1.0f))
-    return loom_error(LOOM_ERR_INVALID_ARG,
-                      "mlp: dropout %g outside [0, 1)", (double)dropout);
+    return loom_error(LOOM_ERR_INVALID_ARG, "mlp: dropout %g outside [0, 1)",
+                      (double)dropout);
   mlp *p = loom_calloc(1, sizeof *p);
   if (!p)
     return LOOM_ERR_NOMEM;

@@ -18,7 +18,7 @@ struct loom_model {
   float *params;     /* (numel) own_params or a bound buffer */
   float *own_params; /* (numel) */
   float *own_grads;  /* (numel) */
-  float *grads;     /* own_grads or a bound buffer */
+  float *grads;      /* own_grads or a bound buffer */
   uint64_t layout_hash;
   /* activations */
   char *arena; /* [act | scratch] */
@@ -220,8 +220,7 @@ loom_param_role loom_model_view_role(const loom_model *m, int i) {
   return i >= 0 && i < m->nviews ? m->entries[i].role : LOOM_ROLE_WEIGHT;
 }
 
-loom_status loom_model_find(const loom_model *m, const char *name,
-                            int *index) {
+loom_status loom_model_find(const loom_model *m, const char *name, int *index) {
   for (int i = 0; i < m->nviews; i++)
     if (name && strcmp(m->views[i].name, name) == 0) {
       *index = i;
@@ -374,8 +373,8 @@ loom_status loom_model_output_grad(loom_model *m, loom_tensor *doutput) {
   if (!m->planned)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "model: no output gradient before the first forward");
-  *doutput = loom_tensor_view(m->dout, LOOM_F32, m->out_shape.ndim,
-                              m->out_shape.dim);
+  *doutput =
+      loom_tensor_view(m->dout, LOOM_F32, m->out_shape.ndim, m->out_shape.dim);
   return LOOM_OK;
 }
 

@@ -21,7 +21,8 @@ const char *const loom_act_names[] = {
     LOOM_ACT_LIST(LOOM_X_NAME)
 #undef LOOM_X_NAME
 };
-_Static_assert(sizeof loom_act_names / sizeof loom_act_names[0] == LOOM_ACT_COUNT,
+_Static_assert(sizeof loom_act_names / sizeof loom_act_names[0] ==
+                   LOOM_ACT_COUNT,
                "one name per activation");
 
 const char *loom_act_name(loom_act a) {
@@ -41,8 +42,11 @@ loom_status loom_act_new(loom_module **out, loom_act a) {
 }
 
 loom_fashion_mlp_opts loom_fashion_mlp_opts_default(void) {
-  loom_fashion_mlp_opts o = {.in = 784, .hidden = 512, .n_hidden = 2,
-                             .classes = 10, .widths = NULL,
+  loom_fashion_mlp_opts o = {.in = 784,
+                             .hidden = 512,
+                             .n_hidden = 2,
+                             .classes = 10,
+                             .widths = NULL,
                              .act = LOOM_ACT_RELU};
   return o;
 }
@@ -87,9 +91,16 @@ fail:
 }
 
 loom_fashion_cnn_opts loom_fashion_cnn_opts_default(void) {
-  loom_fashion_cnn_opts o = {.in_c = 1, .in_h = 28, .in_w = 28, .c1 = 32,
-                             .c2 = 64, .kernel = 5, .pool = 2, .classes = 10,
-                             .n_conv = 0, .channels = NULL,
+  loom_fashion_cnn_opts o = {.in_c = 1,
+                             .in_h = 28,
+                             .in_w = 28,
+                             .c1 = 32,
+                             .c2 = 64,
+                             .kernel = 5,
+                             .pool = 2,
+                             .classes = 10,
+                             .n_conv = 0,
+                             .channels = NULL,
                              .act = LOOM_ACT_RELU};
   return o;
 }
@@ -178,9 +189,9 @@ loom_status loom_gpt_new(loom_model **out, const loom_gpt_opts *o,
   loom_gpt_opts d = loom_gpt_opts_default();
   if (!o)
     o = &d;
-  if (o->vocab <= 0 || o->context <= 0 || o->n_layer < 0 ||
-      o->d_model <= 0 || o->n_head <= 0 || o->d_model % o->n_head != 0 ||
-      o->mlp_ratio <= 0 || !(o->dropout >= 0.0f && o->dropout < 1.0f))
+  if (o->vocab <= 0 || o->context <= 0 || o->n_layer < 0 || o->d_model <= 0 ||
+      o->n_head <= 0 || o->d_model % o->n_head != 0 || o->mlp_ratio <= 0 ||
+      !(o->dropout >= 0.0f && o->dropout < 1.0f))
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "gpt: bad sizes (vocab %d, context %d, %d layers, "
                       "d_model %d, %d heads, mlp x%d, dropout %g)",
@@ -197,8 +208,7 @@ loom_status loom_gpt_new(loom_model **out, const loom_gpt_opts *o,
   LOOM_TRY(loom_sequential_new(&seq));
   loom_status st;
   char name[32];
-  LOOM_TRY_GOTO(st,
-                loom_embedding_new(&emb, o->vocab, o->d_model, o->context),
+  LOOM_TRY_GOTO(st, loom_embedding_new(&emb, o->vocab, o->d_model, o->context),
                 fail);
   LOOM_TRY_GOTO(st, loom_sequential_add(seq, "emb", emb), fail);
   if (o->dropout > 0.0f)

@@ -230,13 +230,12 @@ loom_status loom_nn_check_f32(const loom_module *m, const loom_shape *in,
                              loom_shape_str(in, buf, sizeof buf));
   if (in->ndim < min_ndim)
     return loom_module_error(m, LOOM_ERR_INVALID_ARG,
-                             "expects at least %d dimensions, got %s",
-                             min_ndim, loom_shape_str(in, buf, sizeof buf));
+                             "expects at least %d dimensions, got %s", min_ndim,
+                             loom_shape_str(in, buf, sizeof buf));
   if (C > 0 && in->dim[in->ndim - 1] != C)
     return loom_module_error(m, LOOM_ERR_INVALID_ARG,
                              "input %s: last dimension must be %lld",
-                             loom_shape_str(in, buf, sizeof buf),
-                             (long long)C);
+                             loom_shape_str(in, buf, sizeof buf), (long long)C);
   return LOOM_OK;
 }
 

@@ -63,9 +63,7 @@ static const loom_module_ops relu_ops = {
     .backward_to = relu_backward_to,
 };
 
-bool loom_nn_is_relu(const loom_module *m) {
-  return m && m->ops == &relu_ops;
-}
+bool loom_nn_is_relu(const loom_module *m) { return m && m->ops == &relu_ops; }
 
 void loom_nn_relu_set_input(loom_module *m, const float *in) {
   ((relu *)m)->in = in;

@@ -81,8 +81,8 @@ static loom_status sequential_forward(loom_module *m, loom_nn_ctx *ctx,
   for (int i = 0; i < s->n; i++) {
     const float *y;
     if (s->kids[i].fuse_next) {
-      LOOM_TRY(loom_nn_relu_pool_forward(s->kids[i].m, s->kids[i + 1].m, x,
-                                         &y));
+      LOOM_TRY(
+          loom_nn_relu_pool_forward(s->kids[i].m, s->kids[i + 1].m, x, &y));
       i++;
     } else {
       LOOM_TRY(loom_module_forward(s->kids[i].m, ctx, x, &y));
@@ -108,8 +108,7 @@ static loom_status sequential_backward(loom_module *m, loom_nn_ctx *ctx,
       cur = cur == 0 ? 1 : 0;
       dst = s->buf[cur];
       if (first < i) {
-        LOOM_TRY(loom_nn_relu_pool_backward_to(s->kids[first].m, kid, g,
-                                               dst));
+        LOOM_TRY(loom_nn_relu_pool_backward_to(s->kids[first].m, kid, g, dst));
         i = first;
       } else {
         LOOM_TRY(loom_module_backward_to(kid, ctx, g, dst));

@@ -141,8 +141,7 @@ loom_status loom_transformer_block_new(loom_module **out, int C, int NH,
     attn = NULL;
   }
   LOOM_TRY_GOTO(st, loom_layernorm_new(&b->ln2, C, bias), fail);
-  LOOM_TRY_GOTO(st,
-                loom_mlp_new(&b->mlp, C, mlp_ratio * C, bias, dropout),
+  LOOM_TRY_GOTO(st, loom_mlp_new(&b->mlp, C, mlp_ratio * C, bias, dropout),
                 fail);
   b->ln1->attached = b->attn->attached = true;
   b->ln2->attached = b->mlp->attached = true;

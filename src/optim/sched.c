@@ -19,7 +19,8 @@ const char *const loom_lr_rule_names[] = {
     LOOM_LR_RULE_LIST(LOOM_X_ROW)
 #undef LOOM_X_ROW
 };
-_Static_assert(sizeof loom_lr_rule_names / sizeof loom_lr_rule_names[0] == LOOM_LR_RULE_COUNT,
+_Static_assert(sizeof loom_lr_rule_names / sizeof loom_lr_rule_names[0] ==
+                   LOOM_LR_RULE_COUNT,
                "lr rule table size");
 
 const char *loom_sched_kind_name(loom_sched_kind k) {
@@ -100,8 +101,8 @@ loom_status loom_sched_check(const loom_sched *s) {
       return loom_error(LOOM_ERR_INVALID_ARG,
                         "schedule: %s needs total_steps (%lld) > "
                         "warmup_steps (%lld)",
-                        loom_sched_kind_names[s->kind], (long long)s->total_steps,
-                        (long long)s->warmup_steps);
+                        loom_sched_kind_names[s->kind],
+                        (long long)s->total_steps, (long long)s->warmup_steps);
     if (!(s->min_lr >= 0.0f && s->min_lr <= s->lr))
       return loom_error(LOOM_ERR_INVALID_ARG,
                         "schedule: min_lr must be in [0, lr = %g] (got %g)",

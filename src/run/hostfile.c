@@ -156,8 +156,7 @@ static loom_status parse_line(const char *path, int line, const char *s,
     return loom_error(LOOM_ERR_CONFIG, "%s: line %d: more than %d hosts", path,
                       line, LOOM_HOSTFILE_MAX_HOSTS);
   if (add && add(ctx, name, name_n, slots) != 0)
-    return loom_error(LOOM_ERR_NOMEM, "%s: line %d: out of memory", path,
-                      line);
+    return loom_error(LOOM_ERR_NOMEM, "%s: line %d: out of memory", path, line);
   (*hosts)++;
   return LOOM_OK;
 }
@@ -230,8 +229,8 @@ loom_status loom_hostfile_read(const char *path, loom_hostfile_add_fn add,
   }
   if ((uint64_t)sb.st_size > LOOM_HOSTFILE_MAX_BYTES) {
     st = loom_error(LOOM_ERR_CONFIG,
-                    "hostfile %s: %lld bytes; a hostfile has at most %zu",
-                    path, (long long)sb.st_size, LOOM_HOSTFILE_MAX_BYTES);
+                    "hostfile %s: %lld bytes; a hostfile has at most %zu", path,
+                    (long long)sb.st_size, LOOM_HOSTFILE_MAX_BYTES);
     goto done;
   }
   size_t cap = (size_t)sb.st_size + 1, n = 0;

@@ -11,11 +11,10 @@
 #include "loom/core.h"
 #include "loom/run.h"
 
-
 /* How one attempt of the job ended. */
 typedef struct loom_run_result {
-  int code;       /* exit code loom run reports: status, or 128 + signal */
-  int signal;     /* the launcher died from this signal (0 if it exited) */
+  int code;   /* exit code loom run reports: status, or 128 + signal */
+  int signal; /* the launcher died from this signal (0 if it exited) */
   bool launcher_killed; /* ... and not by loom run's hand */
   pid_t launcher_pid;
   int stopped_by; /* loom run itself got this signal and stopped the job */
@@ -27,17 +26,17 @@ typedef struct loom_run_result {
  * status files and pidfds tell it (run_watch.c). Times are wall-clock
  * seconds (CLOCK_REALTIME), comparable with the ranks' records. */
 typedef struct loom_run_failure {
-  bool found;     /* a local rank was identified */
+  bool found; /* a local rank was identified */
   int rank, pid;
   char host[64];
-  int code;       /* exit code, -1 when it died from a signal or unknown */
-  int signal;     /* 0 when none known */
-  bool recorded;  /* the rank (or /proc) said how it ended */
-  bool watchdog;  /* the note is the communication watchdog's */
-  bool hang;      /* it made no progress within the hang timeout */
+  int code;            /* exit code, -1 when it died from a signal or unknown */
+  int signal;          /* 0 when none known */
+  bool recorded;       /* the rank (or /proc) said how it ended */
+  bool watchdog;       /* the note is the communication watchdog's */
+  bool hang;           /* it made no progress within the hang timeout */
   double hang_timeout; /* that timeout (s) */
-  double idle_s;  /* seconds since its last step, when found */
-  char stalled[128]; /* other ranks that stopped progressing: "0 (step 38)" */
+  double idle_s;       /* seconds since its last step, when found */
+  char stalled[128];   /* other ranks that stopped progressing: "0 (step 38)" */
   int64_t last_step;
   char note[LOOM_RUNSTAT_NOTE_MAX + 1];
   double t_fail;    /* its record's time, or when its death was seen */
@@ -61,9 +60,9 @@ typedef struct loom_watch_rank loom_watch_rank;
 /* How the local ranks ended a stop, from their notes ("stopped by SIGTERM
  * at step N, checkpoint saved"). */
 typedef struct loom_run_stop {
-  int ranks;   /* local ranks known */
-  int stopped; /* ... that said they stopped at a step */
-  int saved;   /* ... and saved it */
+  int ranks;    /* local ranks known */
+  int stopped;  /* ... that said they stopped at a step */
+  int saved;    /* ... and saved it */
   int64_t step; /* the step they stopped at, -1 none */
   bool steps_differ;
   char by[16]; /* "SIGTERM" when a rank named the signal it got */
@@ -72,25 +71,25 @@ typedef struct loom_run_stop {
 /* What loom_run_spawn watches: the attempt's LOOM_RUN_DIR. */
 typedef struct loom_run_watch {
   const char *dir;
-  int expect_local;   /* local ranks expected, 0 when unknown */
-  bool all_local;     /* every rank of the attempt runs on this host */
-  bool keeps_status;  /* the program keeps a status file (loom train) */
+  int expect_local;    /* local ranks expected, 0 when unknown */
+  bool all_local;      /* every rank of the attempt runs on this host */
+  bool keeps_status;   /* the program keeps a status file (loom train) */
   double hang_timeout; /* --hang-timeout: no step for this long is a hang;
                           0: max(60 s, 20 x the median step) */
-  bool want_progress; /* call on_first_step when the group completes a step */
+  bool want_progress;  /* call on_first_step when the group completes a step */
   void (*on_first_step)(void *ctx, const loom_run_progress *p);
   void *ctx;
-  loom_run_failure fail; /* out */
+  loom_run_failure fail;  /* out */
   loom_run_progress prog; /* out */
   /* private */
   loom_watch_rank *ranks;
   int n, cap;
   double next_scan;
   bool first_step_told;
-  int ino; /* inotify on dir, -1 not yet, -2 unavailable */
-  int64_t end_seq; /* ends of ranks seen so far, in the kernel's order */
-  double t_polled; /* wall time of the last poll's start */
-  bool detected;   /* the failure's candidates are fixed */
+  int ino;           /* inotify on dir, -1 not yet, -2 unavailable */
+  int64_t end_seq;   /* ends of ranks seen so far, in the kernel's order */
+  double t_polled;   /* wall time of the last poll's start */
+  bool detected;     /* the failure's candidates are fixed */
   double step_s[32]; /* recent step times seen (a ring), for the median */
   int n_step_s;
 } loom_run_watch;

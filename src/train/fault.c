@@ -8,8 +8,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "loom/run.h"
 #include "loom/ckpt.h"
+#include "loom/run.h"
 #include "trainer.h"
 
 static const char *const fault_names[] = {

@@ -20,7 +20,8 @@ struct loom_progress {
 };
 
 const char *loom_progress_mode_name(loom_progress_mode m) {
-  return (unsigned)m < LOOM_PROGRESS_MODE_COUNT ? loom_progress_mode_names[m] : "?";
+  return (unsigned)m < LOOM_PROGRESS_MODE_COUNT ? loom_progress_mode_names[m]
+                                                : "?";
 }
 
 loom_status loom_progress_mode_parse(const char *s, loom_progress_mode *out) {

@@ -63,7 +63,7 @@ struct loom_trainer {
   int64_t accumulate; /* micro-batches per optimizer step */
   int64_t steps_per_epoch;
   int64_t total_steps;
-  int64_t step;               /* optimizer steps done */
+  int64_t step; /* optimizer steps done */
   /* Async saves. A write in flight, then (multi-rank) rank 0's commit on
    * a thread; each concluded by all ranks at one step boundary. */
   loom_ckpt_bg save;   /* the write in flight */

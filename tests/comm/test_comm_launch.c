@@ -62,8 +62,7 @@ int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "mismatch") == 0) {
     fake_var = argv[2];
     TT_RUN(launcher_size_mismatch);
-  }
-  else if (argc == 2 && strcmp(argv[1], "threads") == 0)
+  } else if (argc == 2 && strcmp(argv[1], "threads") == 0)
     TT_RUN(threads_divided);
   else {
     fprintf(stderr, "usage: test_comm_launch mismatch VAR | threads\n");

@@ -253,16 +253,16 @@ TT_TEST(test_not_implemented_and_sizes) {
                                       "t.yaml", NULL, 0));
   /* The model options that used to fail at training start. */
   const char *mlp = "model:\n  hidden: [64, 16, 8]\n  activation: gelu\n";
-  TT_CHECK_OK(loom_config_load_string(&cfg, mlp, strlen(mlp), "t.yaml", NULL,
-                                      0));
+  TT_CHECK_OK(
+      loom_config_load_string(&cfg, mlp, strlen(mlp), "t.yaml", NULL, 0));
   const char *lin = "model:\n  hidden: []\n";
-  TT_CHECK_OK(loom_config_load_string(&cfg, lin, strlen(lin), "t.yaml", NULL,
-                                      0));
+  TT_CHECK_OK(
+      loom_config_load_string(&cfg, lin, strlen(lin), "t.yaml", NULL, 0));
   TT_CHECK_EQ(cfg.model.hidden.n, 0);
   const char *cnn = "model:\n  name: cnn\n  channels: [4, 8, 16]\n"
                     "  kernel: 3\n  activation: gelu\n";
-  TT_CHECK_OK(loom_config_load_string(&cfg, cnn, strlen(cnn), "t.yaml", NULL,
-                                      0));
+  TT_CHECK_OK(
+      loom_config_load_string(&cfg, cnn, strlen(cnn), "t.yaml", NULL, 0));
   EXPECT_ERR("model:\n  name: cnn\n  channels: [4, 8, 16]\n",
              "t.yaml:3:3: key 'model.channels': 3 convs of kernel 5 with "
              "max-pool 2 do not fit a 28x28 image: conv 3 has nothing left to "
@@ -277,12 +277,13 @@ TT_TEST(test_not_implemented_and_sizes) {
              "t.yaml:2:3: key 'model.hidden': a weight matrix would hold "
              "1099511627776 elements (train.batch_size 32), more than a kernel "
              "can index (2^31 - 1); use a smaller size");
-  EXPECT_ERR("model:\n  name: gpt\n  context: 65536\ndata:\n  dataset: kjv\n",
-             "t.yaml:3:3: key 'model.context': a block's attention scores "
-             "would hold 549755813888 elements (train.batch_size 32, "
-             "model.context 65536, model.d_model 128, model.layers 4, model.vocab "
-             "256), more "
-             "than a kernel can index (2^31 - 1); use a smaller size");
+  EXPECT_ERR(
+      "model:\n  name: gpt\n  context: 65536\ndata:\n  dataset: kjv\n",
+      "t.yaml:3:3: key 'model.context': a block's attention scores "
+      "would hold 549755813888 elements (train.batch_size 32, "
+      "model.context 65536, model.d_model 128, model.layers 4, model.vocab "
+      "256), more "
+      "than a kernel can index (2^31 - 1); use a smaller size");
   EXPECT_ERR("model:\n  name: gpt\n  context: 1024\n  d_model: 1024\n"
              "  layers: 64\ndata:\n  dataset: kjv\n",
              "t.yaml:3:3: key 'model.context': a micro-batch needs about 434 "

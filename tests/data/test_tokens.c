@@ -288,8 +288,8 @@ TT_TEST(test_vocab_and_fifo) {
   TT_CHECK(tu_msg_has("model.vocab 50257"));
   loom_dataset_free(ds);
   tu_write(tu_path("t.txt"), "abcdefgh\x80ijklmnop", 17);
-  TT_REQUIRE_OK(loom_dataset_open_text(&ds, tu_path("t.txt"), LOOM_SPLIT_TRAIN,
-                                       &o));
+  TT_REQUIRE_OK(
+      loom_dataset_open_text(&ds, tu_path("t.txt"), LOOM_SPLIT_TRAIN, &o));
   TT_CHECK_OK(loom_dataset_check_vocab(ds, 256));
   TT_CHECK_EQ(loom_dataset_check_vocab(ds, 128), LOOM_ERR_CONFIG);
   TT_CHECK(tu_msg_has("t.txt: byte 8 is 128"));

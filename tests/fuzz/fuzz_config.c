@@ -12,8 +12,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
   static loom_config cfg, back;
   loom_config_defaults(&cfg);
-  if (loom_config_load_string(&cfg, (const char *)data, size, "fuzz.yaml",
-                              NULL, 0) != LOOM_OK)
+  if (loom_config_load_string(&cfg, (const char *)data, size, "fuzz.yaml", NULL,
+                              0) != LOOM_OK)
     return 0;
   char *yaml = NULL;
   if (loom_config_to_yaml(&cfg, &yaml) == LOOM_OK) {

@@ -2,8 +2,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "run/hostfile.h"
 #include "fuzz.h"
+#include "run/hostfile.h"
 
 typedef struct sum {
   int hosts;

@@ -14,8 +14,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   o.random_offset = data[0] & 0x10;
   for (int split = 0; split < 2; split++) {
     loom_dataset *ds = NULL;
-    if (loom_dataset_open_text(&ds, path, split ? LOOM_SPLIT_VAL
-                                                : LOOM_SPLIT_TRAIN,
+    if (loom_dataset_open_text(&ds, path,
+                               split ? LOOM_SPLIT_VAL : LOOM_SPLIT_TRAIN,
                                &o) != LOOM_OK)
       continue;
     (void)loom_dataset_check_vocab(ds, 128);

@@ -112,8 +112,7 @@ static void base_text(int base, bool ckpt, char *buf, size_t n) {
                           tmp, tmp);
   else if (base == BASE_GPT)
     o += (size_t)snprintf(buf + o, n - o,
-                          "data:\n  dataset: kjv\n  path: %s/text.txt\n",
-                          tmp);
+                          "data:\n  dataset: kjv\n  path: %s/text.txt\n", tmp);
   else
     o += (size_t)snprintf(buf + o, n - o,
                           "data:\n  dataset: fashion-mnist\n"
@@ -132,7 +131,7 @@ static void base_text(int base, bool ckpt, char *buf, size_t n) {
 static int bases_for(const loom_config_key *k, const char *value, int *out) {
   const char *h = k->help;
   if (!strcmp(k->path, "model.name")) {
-    out[0] = !strcmp(value, "mlp") ? BASE_MLP
+    out[0] = !strcmp(value, "mlp")   ? BASE_MLP
              : !strcmp(value, "cnn") ? BASE_CNN
                                      : BASE_GPT;
     return 1;
@@ -302,8 +301,8 @@ static void run_case(const loom_config_key *k, int base, const char *value,
     all[n++] = extra;
   all[n++] = set; /* last: the walked key wins over the run paths */
   loom_config cfg;
-  loom_status s = loom_config_load_string(&cfg, text, strlen(text), file, all,
-                                          n);
+  loom_status s =
+      loom_config_load_string(&cfg, text, strlen(text), file, all, n);
   char what[800];
   snprintf(what, sizeof what, "%s=%s (%s)", k->path, value, base_names[base]);
   if (s != LOOM_OK) {
@@ -362,8 +361,8 @@ TT_TEST(every_key_honoured_or_rejected) {
         run_case(&keys[i], bases[b], vs.v[j], idx++, NULL);
     }
   }
-  printf("%zu keys, %d cases: %d trained, %d rejected by the check\n", nk,
-         idx, n_trained, n_rejected);
+  printf("%zu keys, %d cases: %d trained, %d rejected by the check\n", nk, idx,
+         n_trained, n_rejected);
   TT_CHECK(n_trained > 0 && n_rejected > 0);
 }
 
@@ -449,8 +448,7 @@ TT_TEST(model_options_are_honoured) {
   train_with(BASE_MLP, "model.activation=gelu", NULL, &p, &gelu);
   TT_CHECK(isfinite(relu) && isfinite(gelu) && relu != gelu);
   /* 28 -> conv3 26 -> pool 13 -> conv3 11 -> pool 5 -> conv3 3 -> pool 1 */
-  train_with(BASE_CNN, "model.channels=[2, 3, 4]", "model.kernel=3", &p,
-             &relu);
+  train_with(BASE_CNN, "model.channels=[2, 3, 4]", "model.kernel=3", &p, &relu);
   TT_CHECK_EQ(p, (2 * 9 + 2) + (3 * 2 * 9 + 3) + (4 * 3 * 9 + 4) +
                      (4 * 1 * 1 * 10 + 10));
   train_with(BASE_CNN, "model.activation=relu", NULL, &p, &relu);
@@ -466,12 +464,16 @@ TT_TEST(eval_every_zero_is_each_epoch) {
   base_text(BASE_MLP, false, text, sizeof text);
   snprintf(run, sizeof run, "log.run_dir=%s/epochs", tmp);
   snprintf(ckpt, sizeof ckpt, "checkpoint.enabled=false");
-  const char *sets[] = {run, ckpt, "train.epochs=3", "train.steps=0",
-                        "train.batch_size=16", "train.eval_every=0",
+  const char *sets[] = {run,
+                        ckpt,
+                        "train.epochs=3",
+                        "train.steps=0",
+                        "train.batch_size=16",
+                        "train.eval_every=0",
                         "log.every=1"};
   loom_config cfg;
-  TT_REQUIRE_OK(loom_config_load_string(&cfg, text, strlen(text), "e.yaml",
-                                        sets, 7));
+  TT_REQUIRE_OK(
+      loom_config_load_string(&cfg, text, strlen(text), "e.yaml", sets, 7));
   loom_train_opts o = loom_train_opts_default();
   o.quiet = true;
   o.resume = "never";

@@ -22,8 +22,8 @@ TT_TEST(test_progress_lines) {
   TT_REQUIRE(f != NULL);
   loom_progress *p;
   /* tmpfile is no terminal: AUTO means lines. */
-  TT_REQUIRE_OK(loom_progress_new(&p, LOOM_PROGRESS_AUTO, f, 0, 10, 5,
-                                  "samples"));
+  TT_REQUIRE_OK(
+      loom_progress_new(&p, LOOM_PROGRESS_AUTO, f, 0, 10, 5, "samples"));
   for (int s = 1; s <= 10; s++) {
     loom_progress_info info = {s, 1, 2.5f, 0.05f, 1234.0};
     loom_progress_update(p, &info);
@@ -45,8 +45,7 @@ TT_TEST(test_progress_bar) {
   FILE *f = tmpfile();
   TT_REQUIRE(f != NULL);
   loom_progress *p;
-  TT_REQUIRE_OK(
-      loom_progress_new(&p, LOOM_PROGRESS_BAR, f, 0, 4, 1, "tokens"));
+  TT_REQUIRE_OK(loom_progress_new(&p, LOOM_PROGRESS_BAR, f, 0, 4, 1, "tokens"));
   loom_progress_info info = {4, 0, 1.0f, 3e-4f, 5e4};
   loom_progress_update(p, &info);
   loom_progress_free(p);

@@ -62,8 +62,7 @@ static loom_status load(loom_config *cfg, const char *yaml, const char *run,
   snprintf(set_ckpt, sizeof set_ckpt, "checkpoint.dir=%s/%s/ckpt", tmp_root,
            run);
   snprintf(set_data, sizeof set_data, "data.path=%s/text.txt", tmp_root);
-  const char *sets[4] = {set_run, set_ckpt, extra ? extra : set_run,
-                         set_data};
+  const char *sets[4] = {set_run, set_ckpt, extra ? extra : set_run, set_data};
   bool text = strstr(yaml, "kjv") != NULL;
   return loom_config_load_string(cfg, yaml, strlen(yaml), "test.yaml", sets,
                                  text ? 4 : 3);

@@ -31,9 +31,8 @@ __attribute__((unused)) static void gc_fill_normal(float *x, int64_t n,
 }
 
 /* Sets up the objective after one forward (to learn the output size). */
-__attribute__((unused)) static loom_status gc_init(gc *g, loom_model *m,
-                                                   loom_tensor in,
-                                                   const int32_t *targets) {
+__attribute__((unused)) static loom_status
+gc_init(gc *g, loom_model *m, loom_tensor in, const int32_t *targets) {
   memset(g, 0, sizeof *g);
   g->m = m;
   g->in = in;
@@ -126,9 +125,8 @@ __attribute__((unused)) static double gc_fd(gc *g, float *x, double h,
 
 /* Fills fd[0..n) with finite differences over x[0..n); kinked coordinates
  * take the analytic value (excluded) and are counted. */
-__attribute__((unused)) static int64_t gc_fd_range(gc *g, float *x,
-                                                   const float *analytic,
-                                                   float *fd, int64_t n) {
+__attribute__((unused)) static int64_t
+gc_fd_range(gc *g, float *x, const float *analytic, float *fd, int64_t n) {
   int64_t skipped = 0;
   for (int64_t i = 0; i < n; i++) {
     bool kink;
@@ -191,8 +189,9 @@ __attribute__((unused)) static int gc_check(gc *g, const char *what) {
     }
     if (!TT_CHECK_CLOSE(ga + pv->offset, fd + pv->offset, (size_t)pv->numel,
                         g->atol, g->rtol)) {
-      fprintf(stderr, "    %s: parameter %s (analytic vs finite difference, "
-                      "h %g)\n",
+      fprintf(stderr,
+              "    %s: parameter %s (analytic vs finite difference, "
+              "h %g)\n",
               what, pv->name, g->h);
       failed++;
     }

@@ -20,8 +20,7 @@ static void run(loom_model *m, const loom_tensor *x, float *g, float *dx,
   TT_REQUIRE_OK(loom_model_forward(m, x, &out));
   TT_REQUIRE_OK(loom_model_output_grad(m, &dout));
   loom_rng r = loom_rng_init(5, 1);
-  loom_rng_fill_uniform(&r, dout.data, (size_t)loom_tensor_numel(&dout), -1,
-                        1);
+  loom_rng_fill_uniform(&r, dout.data, (size_t)loom_tensor_numel(&dout), -1, 1);
   loom_model_zero_grad(m);
   loom_tensor di;
   if (dx) {
@@ -159,8 +158,7 @@ TT_TEST(relu_pool_fused_as_apart) {
   TT_REQUIRE(a && b);
   int64_t n = loom_model_num_params(a);
   TT_REQUIRE(n == loom_model_num_params(b));
-  memcpy(loom_model_params(b), loom_model_params(a),
-         (size_t)n * sizeof(float));
+  memcpy(loom_model_params(b), loom_model_params(a), (size_t)n * sizeof(float));
   float *buf;
   loom_tensor x = images(6, 1, 12, 12, &buf);
   int64_t nx = loom_tensor_numel(&x);

@@ -110,8 +110,8 @@ TT_TEST(grad_layernorm) {
 }
 
 /* Embeddings take ids: only parameter gradients. */
-static void check_embedding(const char *what, int V, int C, int T_max,
-                            int ndim, const int64_t *shape) {
+static void check_embedding(const char *what, int V, int C, int T_max, int ndim,
+                            const int64_t *shape) {
   loom_module *e;
   TT_REQUIRE_OK(loom_embedding_new(&e, V, C, T_max));
   loom_model *m;
@@ -134,8 +134,7 @@ TT_TEST(grad_embedding) {
 }
 
 TT_TEST(grad_position_embedding) {
-  check_embedding("token + position embedding", 6, 4, 5, 2,
-                  (int64_t[]){3, 4});
+  check_embedding("token + position embedding", 6, 4, 5, 2, (int64_t[]){3, 4});
 }
 
 TT_TEST(grad_attention) {

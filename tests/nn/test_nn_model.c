@@ -154,7 +154,8 @@ TT_TEST(test_init_gpt2) {
   moments(p + v->offset, v->numel, &mean, &std, &lo, &hi);
   TT_CHECK_NEAR(std, 0.02, 0.0005);
   /* Residual projections: 0.02 / sqrt(2 * 4 layers). */
-  const char *proj[] = {"blocks.2.attn.proj.weight", "blocks.0.mlp.proj.weight"};
+  const char *proj[] = {"blocks.2.attn.proj.weight",
+                        "blocks.0.mlp.proj.weight"};
   for (int k = 0; k < 2; k++) {
     TT_REQUIRE_OK(loom_model_find(m, proj[k], &i));
     v = loom_model_view(m, i);
@@ -345,13 +346,14 @@ TT_TEST(test_determinism_threads) {
       for (int run = 1; run < 3; run++) {
         if (!r[0].out || !r[run].out)
           continue;
-        bool same_out = memcmp(r[0].out, r[run].out,
-                               (size_t)n_out * sizeof(float)) == 0;
+        bool same_out =
+            memcmp(r[0].out, r[run].out, (size_t)n_out * sizeof(float)) == 0;
         bool same_grad = memcmp(r[0].grads, r[run].grads,
                                 (size_t)n_par * sizeof(float)) == 0;
         if (!same_out || !same_grad)
-          fprintf(stderr, "  %s%s: run %d (%d threads) differs from 1 thread "
-                          "(output %s, gradients %s)\n",
+          fprintf(stderr,
+                  "  %s%s: run %d (%d threads) differs from 1 thread "
+                  "(output %s, gradients %s)\n",
                   names[which], drop ? " with dropout" : "", run,
                   run == 1 ? 2 : 1, same_out ? "same" : "DIFFERENT",
                   same_grad ? "same" : "DIFFERENT");
@@ -610,8 +612,8 @@ TT_TEST(test_module_act_bytes) {
 
 TT_TEST(test_input_gradient) {
   /* dinput of the MLP against finite differences of the loss. */
-  loom_fashion_mlp_opts o = {.in = 10, .hidden = 6, .n_hidden = 1,
-                             .classes = 4};
+  loom_fashion_mlp_opts o = {
+      .in = 10, .hidden = 6, .n_hidden = 1, .classes = 4};
   loom_model *m;
   TT_REQUIRE_OK(loom_fashion_mlp_new(&m, &o, NULL));
   loom_tensor in;
@@ -699,7 +701,8 @@ TT_TEST(test_errors_shapes) {
   TT_CHECK(has("target 13"));
   tg[5] = -1;
   TT_CHECK_OK(loom_xent_forward(x, &out, tg, NULL));
-  loom_tensor wrong = loom_tensor_view(dl.data, LOOM_F32, 2, (int64_t[]){2, 13});
+  loom_tensor wrong =
+      loom_tensor_view(dl.data, LOOM_F32, 2, (int64_t[]){2, 13});
   TT_CHECK_EQ(loom_xent_backward(x, &wrong, 1.0f), LOOM_ERR_INVALID_ARG);
   loom_xent_free(x);
   loom_model_free(m);

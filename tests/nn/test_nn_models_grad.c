@@ -12,8 +12,8 @@ static void fill_targets(int32_t *t, int n, int V, uint64_t seed) {
 }
 
 TT_TEST(grad_fashion_mlp) {
-  loom_fashion_mlp_opts o = {.in = 12, .hidden = 8, .n_hidden = 2,
-                             .classes = 5};
+  loom_fashion_mlp_opts o = {
+      .in = 12, .hidden = 8, .n_hidden = 2, .classes = 5};
   loom_model *m;
   TT_REQUIRE_OK(loom_fashion_mlp_new(&m, &o, NULL));
   loom_tensor in;
@@ -36,8 +36,14 @@ TT_TEST(grad_fashion_cnn) {
    * image and He init keep kinks rare: a weight step h moves a
    * pre-activation by about h |x|, against pre-activations of about
    * sqrt(2) |x| (with torch init, 3x smaller). */
-  loom_fashion_cnn_opts o = {.in_c = 1, .in_h = 14, .in_w = 14, .c1 = 3,
-                             .c2 = 4, .kernel = 3, .pool = 2, .classes = 5};
+  loom_fashion_cnn_opts o = {.in_c = 1,
+                             .in_h = 14,
+                             .in_w = 14,
+                             .c1 = 3,
+                             .c2 = 4,
+                             .kernel = 3,
+                             .pool = 2,
+                             .classes = 5};
   loom_model_opts mo = loom_model_opts_default();
   mo.init = LOOM_INIT_HE_NORMAL;
   loom_model *m;
@@ -48,8 +54,7 @@ TT_TEST(grad_fashion_cnn) {
   for (int v = 0; v < loom_model_num_views(m); v++) {
     const loom_param *p = loom_model_view(m, v);
     if (p->ndim == 1)
-      gc_fill_normal(loom_model_params(m) + p->offset, p->numel, 27 + v,
-                     0.5f);
+      gc_fill_normal(loom_model_params(m) + p->offset, p->numel, 27 + v, 0.5f);
   }
   loom_tensor in;
   TT_REQUIRE_OK(loom_tensor_new(&in, LOOM_F32, 4, (int64_t[]){1, 1, 14, 14}));
@@ -70,8 +75,8 @@ TT_TEST(grad_fashion_cnn) {
  * linear model (no hidden layer), ReLU and GELU. */
 static void check_mlp(const char *what, const int *widths, int n, loom_act act,
                       int64_t want_params) {
-  loom_fashion_mlp_opts o = {.in = 12, .n_hidden = n, .classes = 5,
-                             .widths = widths, .act = act};
+  loom_fashion_mlp_opts o = {
+      .in = 12, .n_hidden = n, .classes = 5, .widths = widths, .act = act};
   loom_model *m;
   TT_REQUIRE_OK(loom_fashion_mlp_new(&m, &o, NULL));
   TT_CHECK_EQ(loom_model_num_params(m), want_params);
@@ -104,9 +109,15 @@ TT_TEST(grad_mlp_widths) {
  * fc. */
 TT_TEST(grad_cnn_three_convs_gelu) {
   const int ch[3] = {3, 4, 2};
-  loom_fashion_cnn_opts o = {.in_c = 1, .in_h = 22, .in_w = 22, .kernel = 3,
-                             .pool = 2, .classes = 5, .n_conv = 3,
-                             .channels = ch, .act = LOOM_ACT_GELU};
+  loom_fashion_cnn_opts o = {.in_c = 1,
+                             .in_h = 22,
+                             .in_w = 22,
+                             .kernel = 3,
+                             .pool = 2,
+                             .classes = 5,
+                             .n_conv = 3,
+                             .channels = ch,
+                             .act = LOOM_ACT_GELU};
   int h, w;
   loom_fashion_cnn_out_hw(&o, &h, &w);
   TT_CHECK_EQ(h, 1);
@@ -115,8 +126,8 @@ TT_TEST(grad_cnn_three_convs_gelu) {
   mo.init = LOOM_INIT_HE_NORMAL;
   loom_model *m;
   TT_REQUIRE_OK(loom_fashion_cnn_new(&m, &o, &mo));
-  TT_CHECK_EQ(loom_model_num_params(m), (3 * 9 + 3) + (4 * 3 * 9 + 4) +
-                                            (2 * 4 * 9 + 2) + (2 * 5 + 5));
+  TT_CHECK_EQ(loom_model_num_params(m),
+              (3 * 9 + 3) + (4 * 3 * 9 + 4) + (2 * 4 * 9 + 2) + (2 * 5 + 5));
   loom_tensor in;
   TT_REQUIRE_OK(loom_tensor_new(&in, LOOM_F32, 4, (int64_t[]){2, 1, 22, 22}));
   gc_fill_normal(in.data, 2 * 22 * 22, 31, 1.0f);

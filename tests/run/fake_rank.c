@@ -9,8 +9,9 @@
  * KIND: exit (code 3), usage (code 2), segv, abort, kill (SIGKILL to
  * itself: no exit record), hang (stops taking part; with --comm the
  * others' watchdog fires), stuck-exit (records exit code 3, then never
- * leaves, as a process stuck in its exit handlers). The fault strikes after step STEP completes, on
- * the first start only (LOOM_RESTART_COUNT 0); a restart resumes at S.
+ * leaves, as a process stuck in its exit handlers). The fault strikes after
+ * step STEP completes, on the first start only (LOOM_RESTART_COUNT 0); a
+ * restart resumes at S.
  * --comm: an all-reduce per step through loom's comm layer. --pids: each
  * rank writes its pid to DIR/rank-R.pid (for kills from outside).
  * --late-gate: a standby rank waits after its --load-ms of preparation, not
@@ -23,9 +24,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "loom/run.h"
 #include "loom/comm.h"
 #include "loom/core.h"
+#include "loom/run.h"
 
 static void sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -128,8 +129,8 @@ int main(int argc, char **argv) {
         loom_runstat_exit(2);
         return 2;
       } else if (strcmp(f_kind, "segv") == 0) {
-        volatile int *p = mmap(NULL, 4096, PROT_NONE,
-                               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        volatile int *p =
+            mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         *p = 1;
       } else if (strcmp(f_kind, "abort") == 0) {
         abort();

@@ -6,8 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "run/hostfile.h"
 #include "loom/core.h"
+#include "run/hostfile.h"
 #include "tt.h"
 
 typedef struct got {

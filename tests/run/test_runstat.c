@@ -1,6 +1,7 @@
 /* Run status files (LOOM_RUN_DIR): layout read back, rank from the launch
  * environment, no-op without a directory, fatal signals recorded. Each case
  * runs in a child process, since the status is set up once per process. */
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,10 +9,9 @@
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <dirent.h>
 
-#include "loom/run.h"
 #include "loom/core.h"
+#include "loom/run.h"
 #include "tt.h"
 
 static char dir[256];
@@ -288,8 +288,8 @@ static void child_fault(void) {
   loom_runstat_step(37);
   if (fault_kind == 0) {
     /* A real fault: a store to a page with no access. */
-    volatile int *p = mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS,
-                           -1, 0);
+    volatile int *p =
+        mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     *p = 1;
   } else if (fault_kind == 1) {
     abort();
