@@ -83,7 +83,7 @@ clang: deps
 mpich: deps
 	cmake -S . -B $(MPICH_BUILD) -DCMAKE_BUILD_TYPE=Release -DLOOM_MPI=mpich $(CMAKE_FLAGS)
 	cmake --build $(MPICH_BUILD) -j $(JOBS)
-	cd $(MPICH_BUILD) && ctest --output-on-failure -j $(JOBS) -L mpi $(CTEST_ARGS)
+	cd $(MPICH_BUILD) && ctest --output-on-failure -j $(JOBS) -L 'mpi|run|fault' $(CTEST_ARGS)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(CLANG_BUILD) $(MPICH_BUILD) $(FUZZ_BUILD)

@@ -260,15 +260,21 @@ void loom_run_standby_kill(void) {
  * dashes: "Primary job terminated normally...", "mpirun noticed that
  * process..."), its "[host:pid] ..." lines (signal reports, backtraces) and
  * UCX's "[time] [host:pid:tid] ..." lines and "==== backtrace" blocks.
- * With -v they reach the console as well. */
+ * MPICH's hydra writes its banner to stdout (framed by lines of '=': "BAD
+ * TERMINATION OF ONE OF YOUR APPLICATION PROCESSES", then "YOUR APPLICATION
+ * TERMINATED WITH THE EXIT STRING: Killed (signal 9)"), so an MPI
+ * launcher's stdout comes through a pipe too. With -v they reach the
+ * console as well. */
 #define RELAY_MAX 4
 #define RELAY_LINE 4096
 
 typedef struct relay {
   int fd; /* -1: unused */
+  int to; /* where the ranks' lines go: STDOUT_FILENO or STDERR_FILENO */
   pid_t pid;
   size_t len;
   bool in_banner, in_trace;
+  bool blank; /* an empty line held back: the banner's, or the ranks' */
   char buf[RELAY_LINE];
 } relay;
 
@@ -277,6 +283,23 @@ static relay relays[RELAY_MAX] = {
 static char launcher_log_path[4200];
 static bool launcher_log_verbose;
 static int launcher_log_fd = -1;
+/* The signal hydra's banner named ("EXIT STRING: Killed (signal 9)"): hydra
+ * exits with that number as its code, the same as a rank's exit(9). */
+static int launcher_said_signal;
+
+static void note_exit_string(const char *s, size_t n) {
+  static const char key[] = "(signal ";
+  for (size_t i = 0; i + sizeof key - 1 < n; i++)
+    if (memcmp(s + i, key, sizeof key - 1) == 0) {
+      int v = 0;
+      size_t j = i + sizeof key - 1;
+      while (j < n && s[j] >= '0' && s[j] <= '9' && v < 1000)
+        v = v * 10 + (s[j++] - '0');
+      if (j < n && s[j] == ')' && v > 0 && v < 65 && !launcher_said_signal)
+        launcher_said_signal = v;
+      return;
+    }
+}
 
 void loom_run_set_launcher_log(const char *path, bool verbose) {
   snprintf(launcher_log_path, sizeof launcher_log_path, "%s", path);
@@ -335,6 +358,17 @@ static bool launcher_line(relay *r, const char *s, size_t n) {
       r->in_trace = false;
     return true;
   }
+  if (all_char(s, n, '=', 40)) { /* hydra's frame */
+    r->in_banner = !r->in_banner;
+    return true;
+  }
+  static const char exit_string[] =
+      "YOUR APPLICATION TERMINATED WITH THE EXIT STRING:";
+  if (n >= sizeof exit_string - 1 &&
+      memcmp(s, exit_string, sizeof exit_string - 1) == 0) {
+    note_exit_string(s, n);
+    return true;
+  }
   if (n > 1 && s[0] == '[') {
     /* "[host:pid] ..." (Open MPI) or "[1700000000.1] [host:pid:tid]" (UCX) */
     const char *end = memchr(s, ']', n);
@@ -344,8 +378,13 @@ static bool launcher_line(relay *r, const char *s, size_t n) {
       return true;
   }
   static const char *const starts[] = {
-      "mpirun noticed", "mpirun.openmpi noticed", "prterun noticed",
-      "Primary job  terminated", "Primary job terminated"};
+      "mpirun noticed",
+      "mpirun.openmpi noticed",
+      "prterun noticed",
+      "Primary job  terminated",
+      "Primary job terminated",
+      "This typically refers to a problem with your application.",
+      "Please see the FAQ page for debugging suggestions"};
   for (size_t i = 0; i < sizeof starts / sizeof starts[0]; i++)
     if (n >= strlen(starts[i]) && strncmp(s, starts[i], strlen(starts[i])) == 0)
       return true;
@@ -369,12 +408,27 @@ static void relay_line(relay *r, const char *s, size_t n) {
   size_t body = n;
   while (body > 0 && (s[body - 1] == '\n' || s[body - 1] == '\r'))
     body--;
-  if (launcher_line(r, s, body) && log_fd() >= 0) {
+  /* An empty line is held until the next one says whose it is: hydra opens
+   * its banner with one. */
+  if (body == 0 && n == 1 && s[0] == '\n' && !r->in_banner && !r->blank) {
+    r->blank = true;
+    return;
+  }
+  /* (without a log, the launcher's lines stay on the console) */
+  bool own = launcher_line(r, s, body) && log_fd() >= 0;
+  if (r->blank) {
+    r->blank = false;
+    if (own)
+      write_all(launcher_log_fd, "\n", 1);
+    if (!own || launcher_log_verbose)
+      write_all(r->to, "\n", 1);
+  }
+  if (own) {
     write_all(launcher_log_fd, s, n);
     if (!launcher_log_verbose)
       return;
   }
-  write_all(STDERR_FILENO, s, n);
+  write_all(r->to, s, n);
 }
 
 /* Reads what is there (non-blocking); at_end: the rest, even unterminated. */
@@ -403,6 +457,9 @@ static void relay_read(relay *r, bool at_end) {
       if (r->len)
         relay_line(r, r->buf, r->len);
       r->len = 0;
+      if (r->blank)
+        write_all(r->to, "\n", 1);
+      r->blank = false;
       if (got == 0) {
         close(r->fd);
         r->fd = -1;
@@ -418,11 +475,10 @@ static void relay_all(bool at_end) {
       relay_read(&relays[i], at_end);
 }
 
-/* The pipe for a launcher about to start: its write end, -1 without a log. */
-static int relay_open(int *read_end) {
+/* A pipe for a launcher about to start: its write end, -1 when none.
+ * to: where the lines that are not the launcher's go. */
+static int relay_open(int *read_end, int to) {
   *read_end = -1;
-  if (!launcher_log_path[0])
-    return -1;
   int p[2];
   if (pipe(p) != 0)
     return -1;
@@ -431,8 +487,9 @@ static int relay_open(int *read_end) {
       fcntl(p[0], F_SETFL, fcntl(p[0], F_GETFL) | O_NONBLOCK);
       fcntl(p[0], F_SETFD, FD_CLOEXEC);
       relays[i].fd = p[0];
+      relays[i].to = to;
       relays[i].len = 0;
-      relays[i].in_banner = relays[i].in_trace = false;
+      relays[i].in_banner = relays[i].in_trace = relays[i].blank = false;
       *read_end = p[0];
       return p[1];
     }
@@ -514,8 +571,14 @@ pid_t loom_run_start(char *const *argv, bool verbose) {
   }
   fflush(stdout);
   fflush(stderr);
-  int read_end;
-  int err_w = relay_open(&read_end);
+  int read_end, out_read_end = -1;
+  /* An MPI launcher's words are read (hydra's name the signal a rank died
+   * from) and, with a log, kept off the console. */
+  bool mpi = is_mpi_launcher(argv[0]);
+  int err_w =
+      mpi || launcher_log_path[0] ? relay_open(&read_end, STDERR_FILENO) : -1;
+  int out_w = mpi ? relay_open(&out_read_end, STDOUT_FILENO) : -1;
+  launcher_said_signal = 0;
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) {
@@ -526,6 +589,10 @@ pid_t loom_run_start(char *const *argv, bool verbose) {
     if (err_w >= 0) {
       dup2(err_w, STDERR_FILENO);
       close(err_w);
+    }
+    if (out_w >= 0) {
+      dup2(out_w, STDOUT_FILENO);
+      close(out_w);
     }
     /* A session of its own: the terminal's signals reach loom run only
      * (which forwards them once), and every process of the job, whatever
@@ -562,7 +629,10 @@ pid_t loom_run_start(char *const *argv, bool verbose) {
   }
   if (err_w >= 0)
     close(err_w);
+  if (out_w >= 0)
+    close(out_w);
   (void)read_end;
+  (void)out_read_end;
   return pid;
 }
 
@@ -589,12 +659,24 @@ static void watch_before_sweep(loom_run_watch *watch, struct pollfd *fds) {
 
 /* Everything of the attempt is gone now: the last verdicts, with the
  * launcher's exit status as evidence. */
+/* The launcher's exit code as loom run reads it: 128 + signal when a rank
+ * died from one, also under hydra, which exits with the signal's number
+ * (told apart from a rank's exit(9) by its banner). */
+static int launcher_exit_code(int status) {
+  if (WIFSIGNALED(status))
+    return 128 + WTERMSIG(status);
+  if (!WIFEXITED(status))
+    return -1;
+  int code = WEXITSTATUS(status);
+  if (launcher_said_signal > 0 && code == launcher_said_signal)
+    return 128 + code;
+  return code;
+}
+
 static void watch_after_sweep(loom_run_watch *watch, int status) {
   double wall = loom_time_wall();
   loom_watch_update(watch, NULL, 0, wall, true);
-  loom_watch_settle(watch, WIFSIGNALED(status) ? 128 + WTERMSIG(status)
-                           : WIFEXITED(status) ? WEXITSTATUS(status)
-                                               : -1);
+  loom_watch_settle(watch, launcher_exit_code(status));
   if (watch->fail.found)
     watch->fail.t_stopped = wall;
   if (watch->want_progress && watch->on_first_step &&
@@ -711,7 +793,7 @@ int loom_run_wait(pid_t pid, double timeout_s, loom_run_watch *watch,
     res->launcher_killed = !killed && !forwarded && !res->timed_out;
     res->code = 128 + res->signal;
   } else if (WIFEXITED(status)) {
-    res->code = WEXITSTATUS(status);
+    res->code = launcher_exit_code(status);
   }
   if (res->timed_out)
     res->code = 124;

@@ -62,7 +62,13 @@ for item in 1:14:exit:3 1:14:segv 1:14:hang 1:14:corrupt 1:24:slow:0.1 \
     has "restart 2 of 2" && why="$why restarted twice;"
   fi
   case $kind in
-  segv) has "signal 11" || why="$why signal 11 not reported;" ;;
+  segv)
+    has "signal 11" || why="$why signal 11 not reported;"
+    # The launcher's banner (Open MPI's, or hydra's on its stdout) goes to
+    # RUN/logs/launcher.log, not to the console.
+    has "Primary job|noticed that|BAD TERMINATION|EXIT STRING|^=====|^-----" &&
+      why="$why a launcher banner on the console;"
+    [ -s "$dir/logs/launcher.log" ] || why="$why no launcher.log;" ;;
   hang) has "watchdog" || why="$why no watchdog;" ;;
   corrupt)
     has "step_00000020 is not usable.*shard_00001.bin.*checksum mismatch" ||
