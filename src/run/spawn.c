@@ -347,12 +347,6 @@ static bool launcher_line(relay *r, const char *s, size_t n) {
     r->in_banner = !r->in_banner;
     return true;
   }
-  if (r->in_banner)
-    return true;
-  if (n >= 14 && strncmp(s, "==== backtrace", 14) == 0) {
-    r->in_trace = true;
-    return true;
-  }
   if (r->in_trace) {
     if (all_char(s, n, '=', 10))
       r->in_trace = false;
@@ -360,6 +354,12 @@ static bool launcher_line(relay *r, const char *s, size_t n) {
   }
   if (all_char(s, n, '=', 40)) { /* hydra's frame */
     r->in_banner = !r->in_banner;
+    return true;
+  }
+  if (r->in_banner)
+    return true;
+  if (n >= 14 && strncmp(s, "==== backtrace", 14) == 0) {
+    r->in_trace = true;
     return true;
   }
   static const char exit_string[] =
@@ -378,6 +378,8 @@ static bool launcher_line(relay *r, const char *s, size_t n) {
       return true;
   }
   static const char *const starts[] = {
+      "[mpiexec@",
+      "[proxy:", /* hydra's own errors */
       "mpirun noticed",
       "mpirun.openmpi noticed",
       "prterun noticed",

@@ -27,7 +27,11 @@ if [ -z "${LOOM_TEST_SANITIZED:-}" ]; then
 else
   run 2 LOOM_COMM_CHUNK=4096
 fi
-sleep 0.3
+# polled (up to 10 s), never a fixed sleep
+for _ in $(seq 200); do
+  [ -z "$(pgrep -f "^$BIN" | while read -r p; do [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" = Z ] || echo "$p"; done)" ] && break
+  sleep 0.05
+done
 left=$(pgrep -f "^$BIN" | while read -r p; do
   [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" = Z ] || echo "$p"; done)
 if [ -n "$left" ]; then

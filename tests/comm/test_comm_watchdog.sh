@@ -28,7 +28,11 @@ for mode in "LOOM_COMM_CHECK=1" "LOOM_COMM_CHECK=0" "LOOM_COMM_CHECK=1 LOOM_COMM
   grep -q "watchdog: allreduce #2 (count 16, f32, sum)" "$out"; check "$mode: operation not named" $?
   grep -q "ranks not arrived: 1$" "$out"; check "$mode: missing rank not named" $?
   awk -v s="$secs" 'BEGIN{exit !(s < 30)}'; check "$mode: took $secs s" $?
-  sleep 0.5
+  # polled (up to 10 s), never a fixed sleep
+  for _ in $(seq 200); do
+    [ -z "$(pgrep -f "^$BIN" | while read -r p; do [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" = Z ] || echo "$p"; done)" ] && break
+    sleep 0.05
+  done
   left=$(pgrep -f "^$BIN" | while read -r p; do
     [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" = Z ] || echo "$p"; done)
   [ -z "$left" ]; check "$mode: processes left behind: $left" $?

@@ -16,9 +16,23 @@ bad() { echo "FAILED: $1"; fail=1; }
 expect_rc() { # description expected actual
   if [ "$2" = "$3" ]; then ok "$1 (rc $3)"; else bad "$1: rc $3, expected $2"; fi
 }
+# Waiting is polling for the state wanted (up to 20 s), never a fixed sleep.
+wait_until() {
+  local i
+  for i in $(seq 400); do "$@" && return 0; sleep 0.05; done
+  return 1
+}
+# The live (not zombie) processes whose command line matches $1.
+live() {
+  pgrep -f "$1" | while read -r p; do
+    [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" = Z ] || echo "$p"; done
+}
+none_left() { [ -z "$(live "$1")" ]; }
+# Both ranks of the job below are running their shell.
+ranks_up() { [ "$(live "^sh -c sleep 30; echo $marker" | wc -l)" -ge 2 ]; }
 cores=$(nproc)
-# MPICH's hydra reports a killed rank as the raw signal number (racy, as
-# measured in shared/infra), Open MPI as 128 + signal.
+# Under MPICH's hydra or Open MPI's mpirun alike (hydra exits with the raw
+# signal number; loom run reads the signal from its banner).
 hydra=0
 "$LOOM" run --dry-run -n 2 prog | grep -q "mpiexec" && hydra=1
 t2=$(( cores / 2 )); [ $t2 -lt 1 ] && t2=1
@@ -28,7 +42,9 @@ t2=$(( cores / 2 )); [ $t2 -lt 1 ] && t2=1
 "$LOOM" run -n 2 sh -c 'exit $(( OMPI_COMM_WORLD_RANK * 5 + PMI_RANK * 5 ))' 2>/dev/null
 expect_rc "-n 2 first failing rank's code" 5 $?
 "$LOOM" run -n 3 sh -c 'kill -9 $$' 2>/dev/null; rc=$?
-if [ $rc = 137 ] || { [ $hydra = 1 ] && [ $rc != 0 ]; }; then ok "rank killed by SIGKILL (rc $rc)"
+# (hydra itself fails now and then, exit 255 and "control_cb ... assert
+# (!closed) failed", when programs that never speak PMI all die at once.)
+if [ $rc = 137 ] || { [ $hydra = 1 ] && [ $rc = 255 ]; }; then ok "rank killed by SIGKILL (rc $rc)"
 else bad "rank killed: rc $rc, expected 137"; fi
 "$LOOM" run -n 1 /nonexistent/program 2>/dev/null; expect_rc "missing program" 127 $?
 "$LOOM" run -n 2 2>/dev/null; expect_rc "no program: usage error" 2 $?
@@ -80,37 +96,36 @@ else bad "SLURM dry run: $out"; fi
 marker="loom_run_marker_$$"
 "$LOOM" run -n 2 sh -c "sleep 30; echo $marker" &
 pid=$!
-sleep 1
+wait_until ranks_up
 t0=$(date +%s)
 kill -TERM $pid
 wait $pid; rc=$?
 t1=$(date +%s)
 [ $rc = 143 ] && ok "SIGTERM: rc 143 in $((t1 - t0)) s" || bad "SIGTERM: rc $rc"
-sleep 0.5
-left=$(pgrep -f "$marker" | while read -r p; do
-  [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" = Z ] || echo "$p"; done)
+wait_until none_left "$marker"
+left=$(live "$marker")
 [ -z "$left" ] && ok "no process left after SIGTERM" || { bad "left behind: $left"; kill -9 $left; }
 
 # SIGINT (Ctrl-C) likewise.
 "$LOOM" run -n 2 sh -c "sleep 30; echo $marker" &
 pid=$!
-sleep 1
+wait_until ranks_up
 kill -INT $pid
 wait $pid; rc=$?
 [ $rc = 130 ] && ok "SIGINT: rc 130" || bad "SIGINT: rc $rc"
-sleep 0.5
-[ -z "$(pgrep -f "$marker")" ] && ok "no process left after SIGINT" || bad "left behind after SIGINT"
+wait_until none_left "$marker"
+left=$(live "$marker")
+[ -z "$left" ] && ok "no process left after SIGINT" || { bad "left behind after SIGINT: $left"; kill -9 $left; }
 
 # loom run killed outright (SIGKILL, as a CI timeout may do): the launcher
 # is told by the kernel and takes its ranks down.
 "$LOOM" run -n 2 sh -c "sleep 30; echo $marker" &
 pid=$!
-sleep 1
+wait_until ranks_up
 kill -KILL $pid
 wait $pid 2>/dev/null
-sleep 1.5
-left=$(pgrep -f "$marker" | while read -r p; do
-  [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" = Z ] || echo "$p"; done)
+wait_until none_left "$marker"
+left=$(live "$marker")
 [ -z "$left" ] && ok "no process left after SIGKILL of loom run" || { bad "left behind after SIGKILL: $left"; kill -9 $left; }
 
 # Restarts: fails twice, then succeeds on the third start.
