@@ -199,8 +199,11 @@ void loom_ckpt_close(loom_ckpt *c);
  * that opens; each one passed over is reported with LOOM_WARN naming the
  * file and why. *out = NULL with LOOM_OK when root holds no checkpoint at
  * all (or does not exist); LOOM_ERR_CORRUPT when it holds only damaged
- * ones. Multi-rank: rank 0 calls it and broadcasts the step; the others
- * open ROOT/step_<step> at LOOM_CKPT_VERIFY_META. */
+ * ones; LOOM_ERR_CONFIG when none usable is left and some were written for
+ * another model (opts->layout_hash differs): starting afresh among them
+ * would reuse their names and prune them, so the caller decides. Multi-rank:
+ * rank 0 calls it and broadcasts the step; the others open ROOT/step_<step> at
+ * LOOM_CKPT_VERIFY_META. */
 loom_status loom_ckpt_open_latest_valid(loom_ckpt **out, const char *root,
                                         const loom_ckpt_open_opts *opts);
 /* The same, giving the directory (dir_n bytes at most) and step instead;

@@ -985,14 +985,14 @@ loom_status loom_ckpt_open_latest_valid(loom_ckpt **out, const char *root,
   LOOM_TRY(loom_ckpt_list(root, &steps, &n));
   int64_t latest = -1, limit = o.before_step;
   loom_status st = loom_ckpt_read_latest(root, &latest);
-  int damaged = 0;
+  int damaged = 0, other_model = 0;
   if (st == LOOM_OK && latest < o.before_step) {
     st = try_open(out, root, latest, &o);
     if (st == LOOM_OK || st == LOOM_ERR_NOMEM) {
       loom_free(steps);
       return st;
     }
-    damaged++;
+    st == LOOM_ERR_MISMATCH ? other_model++ : damaged++;
     /* `latest` heads the run's history: steps above it were never
      * committed (an abandoned run), so only older ones may stand in. */
     limit = latest;
@@ -1005,14 +1005,25 @@ loom_status loom_ckpt_open_latest_valid(loom_ckpt **out, const char *root,
       continue;
     st = try_open(out, root, steps[i], &o);
     if (st == LOOM_OK || st == LOOM_ERR_NOMEM) {
-      if (st == LOOM_OK && damaged)
+      if (st == LOOM_OK && (damaged || other_model))
         LOOM_WARN("using the older checkpoint %s", loom_ckpt_path(*out));
       loom_free(steps);
       return st;
     }
-    damaged++;
+    st == LOOM_ERR_MISMATCH ? other_model++ : damaged++;
   }
   loom_free(steps);
+  /* Checkpoints of another model are never a reason to start afresh in
+   * their directory: the new run's saves would take their names and its
+   * pruning would remove them. The user chooses. */
+  if (other_model)
+    return loom_error(LOOM_ERR_CONFIG,
+                      "%s: no checkpoint of this model (%d written for another "
+                      "model%s%.0d%s; each named above): to start this model "
+                      "from scratch use --resume never (it removes them) or "
+                      "another checkpoint.dir",
+                      root, other_model, damaged ? ", " : "", damaged,
+                      damaged ? " damaged" : "");
   if (damaged)
     return loom_error(LOOM_ERR_CORRUPT,
                       "%s: no valid checkpoint (%d damaged; see the warnings "

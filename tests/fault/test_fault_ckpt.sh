@@ -4,7 +4,7 @@
 # byte, a missing manifest, the manifest of another model) makes the resumed
 # run fall back to the previous one with a warning naming the file, and end
 # with the uninterrupted run's bits; all damaged is an error, never a fresh
-# start. A save that fills the disk (a small tmpfs) leaves the previous
+# start; all of another model is a configuration error (rc 2). A save that fills the disk (a small tmpfs) leaves the previous
 # checkpoint intact and is reported; checkpoint.on_error stop ends the run
 # with the error (sync and async saves), continue warns and trains on.
 source "$(dirname "$0")/lib.sh"
@@ -66,6 +66,20 @@ run 2 "$dir"
 [ $rc = 1 ] && has "no valid checkpoint" && [ ! -d "$dir/ckpt/step_00000030" ] &&
   ok "all damaged: an error (rc 1), no fresh start" ||
   { bad "all damaged: rc $rc"; cat "$tmp/out"; }
+
+# Every checkpoint written for another model (--resume auto, the model
+# changed): a configuration error (rc 2, never restarted) naming each one and
+# the way out, no fresh start over them, nothing removed.
+dir="$tmp/d_model"
+cp -r "$tmp/base" "$dir"
+before=$(digest "$dir/ckpt")
+run 2 "$dir" --max-restarts 2 --restart-delay 0 -- --set model.hidden=[16]
+[ $rc = 2 ] && has "step_00000020 is not usable, passing over it: .*written for another model" &&
+  has "step_00000010 is not usable, passing over it: .*written for another model" &&
+  has "no checkpoint of this model \(2 written for another model; each named above\): to start this model from scratch use --resume never" &&
+  ! has "restart 1 of" && [ ! -d "$dir/ckpt/step_00000030" ] && [ "$(digest "$dir/ckpt")" = "$before" ] &&
+  ok "another model's checkpoints: rc 2, each named, not restarted, kept" ||
+  { bad "another model: rc $rc"; cat "$tmp/out"; }
 
 # -- A full disk: a tmpfs with room for one checkpoint (about 200 KB) only.
 mnt="$tmp/mnt"
