@@ -314,15 +314,9 @@ static int log_fd(void) {
   char dir[4200];
   snprintf(dir, sizeof dir, "%s", launcher_log_path);
   char *slash = strrchr(dir, '/');
-  if (slash) {
+  if (slash && slash != dir) {
     *slash = '\0';
-    char *p = dir;
-    while ((p = strchr(p + 1, '/')) != NULL) {
-      *p = '\0';
-      mkdir(dir, 0755);
-      *p = '/';
-    }
-    mkdir(dir, 0755);
+    (void)loom_fs_mkdirs(dir, 0755); /* a failure shows in the open below */
   }
   launcher_log_fd =
       open(launcher_log_path,
