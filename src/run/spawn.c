@@ -553,6 +553,10 @@ static void start_guard(pid_t loom_pid) {
 }
 
 pid_t loom_run_start(char *const *argv, bool verbose) {
+  if (!argv || !argv[0]) {
+    fprintf(stderr, "loom run: no program to start\n");
+    return -1;
+  }
   install_handlers();
 #ifdef __linux__
   /* Orphans of the job become our children, not PID 1's: they are reaped
