@@ -278,7 +278,9 @@ double loom_time_wall(void);
 /* --------------------------------------------------------------- threads */
 
 /* Threads for loom's kernels: LOOM_THREADS if set, else the number of cores
- * this process may run on. loom_set_threads also sets OpenMP's count. */
+ * this process may run on. loom_set_threads also sets OpenMP's count. An
+ * empty OMP_NUM_THREADS is removed from the environment at the first of
+ * these calls (it means "not set"; LLVM's libomp aborts on it). */
 int loom_threads(void);
 void loom_set_threads(int n);
 /* Rank local_rank of local_size ranks on one host: when the thread count

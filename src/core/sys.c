@@ -39,7 +39,18 @@ int loom_cores(void) {
 static atomic_int thread_count;    /* 0: not decided yet */
 static atomic_int thread_explicit; /* set by LOOM_THREADS or loom_set_threads */
 
+/* An empty OMP_NUM_THREADS means "not set", as an empty LOOM_THREADS does
+ * (loom run passes empty values on): LLVM's libomp aborts on it at its first
+ * call (gcc's libgomp warns), so it goes before OpenMP starts. */
+static void omp_env_once(void) {
+  const char *v = getenv("OMP_NUM_THREADS");
+  if (v && !*v)
+    unsetenv("OMP_NUM_THREADS");
+}
+
 static void set_count(int n) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, omp_env_once);
   atomic_store(&thread_count, n);
   omp_set_num_threads(n);
 }
