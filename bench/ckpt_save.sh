@@ -13,6 +13,8 @@
 # runs and checkpoints go, default a temporary directory on the disk of the
 # current directory, deleted afterwards), THREADS (per rank, default cores /
 # ranks). Output: one table row per workload and mode, then the differences.
+# Headlines (make bench): per workload, the time a save blocks training with
+# async saves beside that with sync saves (loom has no outside peer here).
 set -eu
 . "$(dirname "$0")/lib.sh"
 LOOM=${LOOM:-$LOOM_ROOT/build/loom}
@@ -55,7 +57,7 @@ for w in $WORKLOADS; do
   done
 done
 
-python3 - "$results" <<'EOF'
+python3 - "$results" "${BENCH_HEADLINES:-}" <<'EOF'
 import json, statistics, sys
 
 # step ms: median step_s of steps without a save; save step ms: of the steps
@@ -89,4 +91,9 @@ for w in dict.fromkeys(k[0] for k in by):
         print(f"{w}: a save blocks training {x:.2f} ms sync, {y:.2f} ms async; "
               f"step time with a save {b - a:+.2f} ms sync, {d - c:+.2f} ms "
               f"async (median steps {a:.2f} / {c:.2f} ms)")
+        if sys.argv[2]:
+            ranks = next(r[1] for r in rows if r[0] == w)
+            with open(sys.argv[2], "a") as f:
+                f.write(f"{w}, {ranks} rank{'s' if ranks != '1' else ''}: a save blocks training, "
+                        f"async\tms\t{y:.2f}\t{x:.2f}\tloom, sync saves\n")
 EOF

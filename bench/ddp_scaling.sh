@@ -9,8 +9,8 @@
 # 1-rank and P-rank runs, medians kept; default 3), TORCH_REPEAT (rounds of
 # the PyTorch peer, run inside loom's rounds so that both see the same phases
 # of a shared machine, medians kept; default 1), LOOM_DDP_ARGS (more
-# ddp_bench options, e.g. "--bucket-mb 5 --compress bf16"), NO_TORCH=1 (loom
-# only), RAW=FILE (keep the JSON result lines).
+# ddp_bench options, e.g. "--bucket-mb 5 --compress bf16"), NO_TORCH=1 or
+# TORCH=0 (loom only), RAW=FILE (keep the JSON result lines).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 BUILD=${1:-$LOOM_ROOT/build}
@@ -20,7 +20,8 @@ PROCS=${3:-2}
 BENCH="$BUILD/tests/parallel/ddp_bench"
 [ -x "$BENCH" ] || { echo "build it first: cmake --build $BUILD --target ddp_bench" >&2; exit 1; }
 LOOM="$BUILD/loom"
-[ "${NO_TORCH:-0}" = 1 ] || bench_ensure_torch
+torch=0
+bench_torch_peer && torch=1
 bench_check_load
 out=${RAW:-$(mktemp)}
 [ -n "${RAW:-}" ] || trap 'rm -f "$out"' EXIT
@@ -45,7 +46,7 @@ steps=()
 [ -n "${STEPS:-}" ] && steps=(--steps "$STEPS")
 REPEAT=${REPEAT:-3}
 TORCH_REPEAT=${TORCH_REPEAT:-1}
-[ "${NO_TORCH:-0}" = 1 ] && TORCH_REPEAT=0
+[ $torch = 1 ] || TORCH_REPEAT=0
 torch_round() {
   bench_torch ddp_scaling --model "$1" --procs "$PROCS" --threads 1 --nosync \
     ${STEPS:+--steps "$STEPS"} || bench_note "pytorch $1 failed"

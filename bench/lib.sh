@@ -47,6 +47,34 @@ bench_ensure_torch() {
   bench_note "peer: $TORCH_VERSION_LINE"
 }
 
+# Whether the PyTorch peer runs: not with NO_TORCH=1 or TORCH=0 (either
+# spelling, in every script), nor when python3-torch cannot be installed; the
+# benchmark then measures loom alone. Sets TORCH_PEER to "PyTorch VERSION", or
+# to why there is no peer, for the tables.
+bench_torch_peer() {
+  if [ "${NO_TORCH:-0}" = 1 ] || [ "${TORCH:-1}" = 0 ]; then
+    TORCH_PEER="PyTorch: skipped (NO_TORCH=1 / TORCH=0)"
+    bench_note "no PyTorch peer: NO_TORCH=1 / TORCH=0"
+    return 1
+  fi
+  if ! bench_ensure_torch; then
+    TORCH_PEER="PyTorch: not available (ensure_torch.sh failed)"
+    bench_note "no PyTorch peer: bench/torch/ensure_torch.sh failed"
+    return 1
+  fi
+  TORCH_PEER="PyTorch $(echo "$TORCH_VERSION_LINE" | cut -d' ' -f2)"
+}
+
+# make bench's summary: a benchmark's headline figures, appended as lines of
+# tab-separated fields   measure  unit  loom  peer  peer-name   ("-" for a
+# figure not measured) to the file $BENCH_HEADLINES names when run_all.sh
+# set it, and to nothing otherwise. Summarisers in awk and Python append to
+# that file themselves, in the same format.
+bench_headline() {
+  [ -n "${BENCH_HEADLINES:-}" ] || return 0
+  printf '%s\t%s\t%s\t%s\t%s\n' "$@" >>"$BENCH_HEADLINES"
+}
+
 # Runs a peer script: bench_torch train_throughput --model fashion-mlp --threads 1 ...
 # (JSON lines on stdout, notes on stderr).
 bench_torch() {
@@ -62,4 +90,9 @@ bench_free_port() {
 
 # Prints a comparison table from JSON result lines (files or stdin), loom's and
 # PyTorch's side by side: bench_table results.jsonl   or   ... | bench_table
-bench_table() { "$TORCH_PYTHON" "$BENCH_DIR/torch/table.py" "$@"; }
+# Also appends their headline lines to $BENCH_HEADLINES when it is set, the
+# peer named TORCH_PEER when PyTorch gave no line.
+bench_table() {
+  "$TORCH_PYTHON" "$BENCH_DIR/torch/table.py" ${BENCH_HEADLINES:+--headlines "$BENCH_HEADLINES"} \
+    ${TORCH_PEER:+--peer "$TORCH_PEER"} "$@"
+}

@@ -7,7 +7,8 @@
 # Environment: REPEAT (rounds, default 3), STEPS (12), CKPT_EVERY (5),
 # KILL_STEP (8: rank 1 is killed once it completed step KILL_STEP-1, i.e.
 # about to run step 8, between the checkpoints of steps 5 and 10), THREADS
-# (per rank, 1), TORCH=0 (loom only), KEEP=DIR (keep the runs there).
+# (per rank, 1), TORCH=0 or NO_TORCH=1 (loom only), KEEP=DIR (keep the runs
+# there).
 #
 # loom's side: loom run -n 2 --max-restarts 1 --restart-delay 0 --report R
 # loom train examples/kjv_gpt.yaml; the bench reads rank 1's run status file
@@ -95,13 +96,12 @@ print(json.dumps({"bench": "recovery", "impl": "loom", "model": "kjv-gpt", "laun
 PY
 }
 
-if [ "${TORCH:-1}" != 0 ]; then
-  bench_ensure_torch
-fi
+torch=0
+bench_torch_peer && torch=1
 for i in $(seq "$REPEAT"); do
   bench_note "round $i of $REPEAT: loom"
   loom_round "$work/loom-$i" || exit 1
-  if [ "${TORCH:-1}" != 0 ]; then
+  if [ $torch = 1 ]; then
     bench_note "round $i of $REPEAT: torchrun"
     # The peer's own round (its defaults: 12 steps, checkpoints every 5, kill
     # about to run step 8, 1 thread per worker), on the same text.
@@ -114,9 +114,12 @@ done
 echo
 echo "# bench/recovery: kjv-gpt, 2 ranks x $THREADS thread(s), SIGKILL of rank 1 about to run step $KILL_STEP (checkpoints every $CKPT_EVERY), $REPEAT round(s), medians"
 echo "# load average $(bench_loadavg) on $(nproc) cores"
-"$TORCH_PYTHON" - "$results" <<'PY'
+peer="torchrun ($TORCH_PEER)"
+[ $torch = 1 ] || peer="torchrun: ${TORCH_PEER#PyTorch: }"
+"$TORCH_PYTHON" - "$results" "${BENCH_HEADLINES:-}" "$peer" <<'PY'
 import json, statistics, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+headlines, peer = sys.argv[2], sys.argv[3]
 def med(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
@@ -139,4 +142,10 @@ if tt is not None:
           ", ".join(f"{k[:-2]} {fmt(v)}" for k, v in tp.items()))
 if lt and tt:
     print(f"torchrun / loom: {tt / lt:.2f}x")
+if headlines:
+    runs = len(lall)
+    with open(headlines, "a") as f:
+        f.write(f"kjv-gpt, 2 ranks: SIGKILL to 1st step after restart, "
+                f"{'median of ' + str(runs) + ' rounds' if runs > 1 else '1 round'}\ts\t"
+                f"{fmt(lt)}\t{fmt(tt)}\t{peer}\n")
 PY

@@ -3,13 +3,15 @@
 # reference workloads, loom next to PyTorch (same model, batch and thread
 # count, measured in the same run), at 1 and 2 threads, with each one's share
 # of the sgemm limit.   usage: bench/train_throughput.sh [BUILD_DIR] [STEPS]
+# Environment: NO_TORCH=1 or TORCH=0 (loom only).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 BUILD=${1:-$LOOM_ROOT/build}
 STEPS=${2:-40}
 LOOM="$BUILD/loom"
 [ -x "$LOOM" ] || { echo "build loom first (make)" >&2; exit 1; }
-bench_ensure_torch
+torch=0
+bench_torch_peer && torch=1
 bench_check_load
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
@@ -21,7 +23,7 @@ for t in 1 2; do
     awk -v t="$t" '/^square 1024/ { printf "{\"bench\":\"gemm\",\"impl\":\"dnnl_sgemm\",\"threads\":%d,\"gflops\":%s}\n", t, $8 }' >>"$out"
   for m in fashion-mlp fashion-cnn kjv-gpt; do
     LOOM_THREADS=$t "$LOOM" bench train --model "$m" --threads "$t" --steps "$STEPS" --json >>"$out"
-    bench_torch train_throughput --model "$m" --threads "$t" --steps "$STEPS" >>"$out"
+    [ $torch = 0 ] || bench_torch train_throughput --model "$m" --threads "$t" --steps "$STEPS" >>"$out"
   done
 done
 bench_table "$out"

@@ -1,7 +1,12 @@
 #!/usr/bin/python3
 """Prints loom's and PyTorch's benchmark result lines (JSON, one per line) side by side as tables.
 
-Usage: table.py [FILE...]   (default stdin; lines that are not JSON objects are ignored)
+Usage: table.py [--headlines OUT] [--peer NAME] [FILE...]
+  (default stdin; lines that are not JSON objects are ignored)
+--headlines OUT appends the headline figures (train_throughput and ddp_scaling)
+to OUT for make bench's summary table: tab-separated measure, unit, loom,
+peer, peer name ("-" where not measured); --peer NAME names the peer when
+PyTorch gave no line (e.g. why it was skipped).
 The record fields are described in bench/torch/README.md ("Result lines").
 """
 
@@ -144,8 +149,50 @@ def accuracy_table(recs):
     show("train_accuracy (real data)", ["model", "impl", "result", "seconds", "threads"], rows)
 
 
+def headlines(recs, peer):
+    """The headline lines: one per (model, threads) of train_throughput, two per
+    (model, procs > 1) of ddp_scaling (throughput, scaling efficiency)."""
+    def name(pt, what):
+        return f"PyTorch {pt.get('version', '')}{what}" if pt else (peer or "PyTorch: no result")
+
+    def fig(r, key, scale=1.0):
+        return f"{scale * r[key]:.0f}" if r and r.get(key) is not None else "-"
+
+    lines = []
+    for (model, threads), impls in by_key(recs, "train_throughput",
+                                          lambda r: (r["model"], r.get("threads"))).items():
+        lo, pt = impls.get("loom"), impls.get("pytorch")
+        unit = (lo or pt).get("unit", "")
+        lines.append([f"{model}, 1 process x {threads} thread{'s' if threads != 1 else ''}",
+                      unit, fig(lo, "throughput"), fig(pt, "throughput"), name(pt, "")])
+    for (model, procs, threads), impls in by_key(
+            recs, "ddp_scaling", lambda r: (r["model"], r.get("procs"), r.get("threads"))).items():
+        if not procs or procs < 2:
+            continue
+        lo, pt = impls.get("loom"), impls.get("pytorch")
+        unit = (lo or pt).get("unit", "")
+        cfg = f"{procs} ranks x {threads} thread{'s' if threads != 1 else ''}"
+        lines.append([f"{model} DDP, {cfg}", unit, fig(lo, "throughput"),
+                      fig(pt, "throughput"), name(pt, " DDP (gloo)")])
+        lines.append([f"{model} DDP scaling efficiency, {procs}x{threads} vs 1x{threads}", "%",
+                      fig(lo, "scaling_efficiency", 100), fig(pt, "scaling_efficiency", 100),
+                      name(pt, " DDP (gloo)")])
+    return lines
+
+
 def main():
-    recs = load(sys.argv[1:])
+    args = sys.argv[1:]
+    out = peer = None
+    while args and args[0] in ("--headlines", "--peer"):
+        if len(args) < 2:
+            print(f"table.py: {args[0]} needs a value", file=sys.stderr)
+            return 2
+        if args[0] == "--headlines":
+            out = args[1]
+        else:
+            peer = args[1]
+        args = args[2:]
+    recs = load(args)
     if not recs:
         print("table.py: no result lines", file=sys.stderr)
         return 1
@@ -153,6 +200,10 @@ def main():
     ddp_table(recs)
     recovery_table(recs)
     accuracy_table(recs)
+    if out:
+        with open(out, "a") as f:
+            for line in headlines(recs, peer):
+                f.write("\t".join(str(x) for x in line) + "\n")
     return 0
 
 
