@@ -3,7 +3,19 @@
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 LOOM_ROOT=$(cd "$BENCH_DIR/.." && pwd)
-TORCH_PYTHON=${TORCH_PYTHON:-/usr/bin/python3}  # Debian's interpreter: python3-torch lives there
+# The PyTorch peer: LOOM_TORCH=pypi (default) is PyPI's torch, the one people
+# install today, in a virtual environment made on first use (LOOM_TORCH_VENV,
+# default ~/.cache/loom/torch-venv; about 5 GB with its CUDA libraries, which
+# stay unused: the peer runs on the CPU); LOOM_TORCH=debian is Debian's
+# python3-torch (1.13) under /usr/bin/python3. TORCH_PYTHON overrides both.
+LOOM_TORCH=${LOOM_TORCH:-pypi}
+LOOM_TORCH_VENV=${LOOM_TORCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/loom/torch-venv}
+if [ "$LOOM_TORCH" = debian ]; then
+  TORCH_PYTHON=${TORCH_PYTHON:-/usr/bin/python3}
+else
+  TORCH_PYTHON=${TORCH_PYTHON:-$LOOM_TORCH_VENV/bin/python}
+fi
+export LOOM_TORCH LOOM_TORCH_VENV
 
 # A note for the reader: stderr, so stdout stays machine-readable.
 bench_note() { echo "[bench] $*" >&2; }
@@ -41,14 +53,15 @@ bench_fair_env() {
   export OMP_WAIT_POLICY=PASSIVE
 }
 
-# Installs python3-torch if missing; sets TORCH_VERSION_LINE and says it on stderr.
+# Makes the peer importable (the venv or python3-torch) if it is not; sets
+# TORCH_VERSION_LINE and says it on stderr.
 bench_ensure_torch() {
   TORCH_VERSION_LINE=$(TORCH_PYTHON="$TORCH_PYTHON" bash "$BENCH_DIR/torch/ensure_torch.sh") || return 1
   bench_note "peer: $TORCH_VERSION_LINE"
 }
 
 # Whether the PyTorch peer runs: not with NO_TORCH=1 or TORCH=0 (either
-# spelling, in every script), nor when python3-torch cannot be installed; the
+# spelling, in every script), nor when the peer cannot be installed; the
 # benchmark then measures loom alone. Sets TORCH_PEER to "PyTorch VERSION", or
 # to why there is no peer, for the tables.
 bench_torch_peer() {

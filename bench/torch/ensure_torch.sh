@@ -1,29 +1,63 @@
 #!/usr/bin/env bash
-# Makes Debian's PyTorch (python3-torch) importable by /usr/bin/python3, installing it if missing, and prints its version.
-# Usage: bench/torch/ensure_torch.sh        (one line on stdout: "pytorch VERSION debian PKGVERSION python PYVERSION PATH")
-# Debian's build is the peer on purpose: the `python3` first on PATH may be another
-# interpreter without Debian's packages, so every peer script runs /usr/bin/python3.
+# Makes the PyTorch peer importable and prints its version (one line on stdout:
+# "pytorch VERSION SOURCE DETAIL python PYVERSION PATH").
+#   LOOM_TORCH=pypi (default): PyPI's torch in a virtual environment at
+#     LOOM_TORCH_VENV (default ~/.cache/loom/torch-venv), made on first use
+#     (about 5 GB, a few minutes); LOOM_TORCH_VERSION pins a version.
+#   LOOM_TORCH=debian: Debian's python3-torch (1.13) under /usr/bin/python3,
+#     installed with apt if missing.
+# TORCH_PYTHON names the interpreter to use (lib.sh sets it from the above).
 set -euo pipefail
 
-PY=${TORCH_PYTHON:-/usr/bin/python3}
+src=${LOOM_TORCH:-pypi}
+venv=${LOOM_TORCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/loom/torch-venv}
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
-if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
-  echo "ensure_torch: $PY cannot import torch; installing python3-torch" >&2
-  SUDO=""
-  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+apt_install() {
   export DEBIAN_FRONTEND=noninteractive
-  # wait for another apt/dpkg rather than failing on its lock
+  # wait for another apt/dpkg rather than failing on its lock (polled)
   for _ in $(seq 1 120); do
     if ! fuser /var/lib/dpkg/lock-frontend >/dev/null 2>&1; then break; fi
     sleep 1
   done
   $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends python3-torch >&2
-  if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
-    echo "ensure_torch: python3-torch installed but $PY still cannot import torch" >&2
-    exit 1
-  fi
-fi
+  $SUDO apt-get install -y -qq --no-install-recommends "$@" >&2
+}
 
-deb=$(dpkg-query -W -f='${Version}' python3-torch 2>/dev/null || echo unknown)
-"$PY" -c 'import sys, torch; print("pytorch", torch.__version__, "debian", sys.argv[1], "python", sys.version.split()[0], sys.executable)' "$deb"
+case $src in
+debian)
+  PY=${TORCH_PYTHON:-/usr/bin/python3}
+  if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
+    echo "ensure_torch: $PY cannot import torch; installing python3-torch" >&2
+    apt_install python3-torch
+  fi
+  detail="debian $(dpkg-query -W -f='${Version}' python3-torch 2>/dev/null || echo unknown)"
+  ;;
+pypi)
+  PY=${TORCH_PYTHON:-$venv/bin/python}
+  if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
+    if [ ! -x "$venv/bin/python" ]; then
+      echo "ensure_torch: making the virtual environment $venv (PyPI torch, about 5 GB)" >&2
+      base=$(command -v python3 || echo /usr/bin/python3)
+      if ! "$base" -m venv "$venv" >&2 2>/dev/null; then
+        rm -rf "$venv"
+        apt_install python3-venv
+        /usr/bin/python3 -m venv "$venv" >&2
+      fi
+    fi
+    echo "ensure_torch: pip install numpy torch${LOOM_TORCH_VERSION:+==$LOOM_TORCH_VERSION} into $venv" >&2
+    "$venv/bin/pip" install -q --disable-pip-version-check numpy "torch${LOOM_TORCH_VERSION:+==$LOOM_TORCH_VERSION}" >&2
+  fi
+  detail="pypi $venv"
+  ;;
+*)
+  echo "ensure_torch: LOOM_TORCH='$src': expected pypi or debian" >&2
+  exit 2
+  ;;
+esac
+if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
+  echo "ensure_torch: $PY still cannot import torch" >&2
+  exit 1
+fi
+"$PY" -c 'import sys, torch; print("pytorch", torch.__version__, sys.argv[1], "python", sys.version.split()[0], sys.executable)' "$detail"

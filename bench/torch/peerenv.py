@@ -53,7 +53,8 @@ def peer_info(torch):
         "impl": "pytorch",
         "version": torch.__version__,
         "python": sys.executable,
-        "blas": blas_library(),
+        "blas": blas_library() if torch.__version__.startswith("1.13") and not torch.backends.mkl.is_available()
+        else ("MKL (bundled with the wheel)" if torch.backends.mkl.is_available() else blas_library()),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
     }
 
