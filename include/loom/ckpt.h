@@ -264,6 +264,9 @@ loom_status loom_ckpt_dir_name(const char *root, int64_t step, char *buf,
  * *steps is freed with loom_free (NULL when *n = 0). A missing root is an
  * empty list. */
 loom_status loom_ckpt_list(const char *root, int64_t **steps, int *n);
+/* Whether root holds anything named step_* (a checkpoint, a damaged one, a
+ * temporary of one): a directory some run saved into. */
+bool loom_ckpt_has_step_dirs(const char *root);
 /* The step `latest` names: LOOM_ERR_IO when it is missing (message naming
  * it), LOOM_ERR_CORRUPT when it is not a checkpoint name. */
 loom_status loom_ckpt_read_latest(const char *root, int64_t *step);

@@ -364,6 +364,19 @@ loom_status loom_fs_write_atomic_at(int dfd, const char *dir, const char *name,
                                     const void *data, size_t len,
                                     loom_fs_fault_fn fault);
 
+/* One entry of a directory, for loom_fs_each_entry; false stops the walk. */
+typedef bool (*loom_fs_entry_fn)(const char *name, void *ctx);
+
+/* Calls fn(name, ctx) for each entry of the directory dirfd/path ("." and
+ * ".." left out) until fn returns false; it reads, and removes nothing
+ * (loom_fs_remove_own does that). dirfd may be AT_FDCWD; path "." walks
+ * dirfd itself through a descriptor of its own. follow: whether path may be
+ * a symbolic link to a directory (a directory the user named; never for a
+ * walk that leads to a removal). Returns 0, or -1 with errno set (ENOENT:
+ * no such directory; ELOOP: a link, with follow false). */
+int loom_fs_each_entry(int dirfd, const char *path, bool follow,
+                       loom_fs_entry_fn fn, void *ctx);
+
 /* Whether an entry may be removed: its name, whether it is a directory,
  * its depth (0: the entry named to loom_fs_remove_own, 1: inside it, ...). */
 typedef bool (*loom_fs_own_fn)(const char *name, bool is_dir, int depth,

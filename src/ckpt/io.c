@@ -1,7 +1,6 @@
 /* Checkpoint plumbing: the shard file codec, file-system calls behind the
  * fault hook, directory helpers, the `latest` pointer, listing, damage. */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -599,51 +598,70 @@ static int cmp_i64(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+typedef struct step_list {
+  int64_t *v;
+  int cnt, cap;
+  bool nomem;
+} step_list;
+
+static bool list_step(const char *name, void *ctx) {
+  step_list *l = ctx;
+  int64_t s;
+  if (!loom_ckpt_parse_step_name(name, &s))
+    return true;
+  if (l->cnt == l->cap) {
+    int nc = l->cap ? l->cap * 2 : 16;
+    int64_t *nv = loom_malloc((size_t)nc * sizeof *nv);
+    if (!nv) {
+      l->nomem = true;
+      return false;
+    }
+    if (l->v)
+      memcpy(nv, l->v, (size_t)l->cnt * sizeof *nv);
+    loom_free(l->v);
+    l->v = nv;
+    l->cap = nc;
+  }
+  l->v[l->cnt++] = s;
+  return true;
+}
+
 loom_status loom_ckpt_list(const char *root, int64_t **steps, int *n) {
   if (!root || !steps || !n)
     return loom_error(LOOM_ERR_INVALID_ARG, "loom_ckpt_list: NULL argument");
   *steps = NULL;
   *n = 0;
-  DIR *d = opendir(root);
-  if (!d) {
+  /* Reading: a checkpoint.dir that is a link to a directory is listed (it
+   * is never deleted through, see loom_ckpt_open_root). */
+  step_list l = {0};
+  if (loom_fs_each_entry(AT_FDCWD, root, true, list_step, &l) != 0) {
     if (errno == ENOENT)
       return LOOM_OK;
     return loom_error(LOOM_ERR_IO, "%s: cannot list: %s", root,
                       strerror(errno));
   }
-  int cap = 0, cnt = 0;
-  int64_t *v = NULL;
-  struct dirent *e;
-  loom_status st = LOOM_OK;
-  while ((e = readdir(d)) != NULL) {
-    int64_t s;
-    if (!loom_ckpt_parse_step_name(e->d_name, &s))
-      continue;
-    if (cnt == cap) {
-      int nc = cap ? cap * 2 : 16;
-      int64_t *nv = loom_malloc((size_t)nc * sizeof *nv);
-      if (!nv) {
-        st = loom_error(LOOM_ERR_NOMEM, "%s: out of memory listing", root);
-        break;
-      }
-      if (v)
-        memcpy(nv, v, (size_t)cnt * sizeof *v);
-      loom_free(v);
-      v = nv;
-      cap = nc;
-    }
-    v[cnt++] = s;
+  if (l.nomem) {
+    loom_free(l.v);
+    return loom_error(LOOM_ERR_NOMEM, "%s: out of memory listing", root);
   }
-  closedir(d);
-  if (st != LOOM_OK) {
-    loom_free(v);
-    return st;
-  }
-  if (cnt)
-    qsort(v, (size_t)cnt, sizeof *v, cmp_i64);
-  *steps = v;
-  *n = cnt;
+  if (l.cnt)
+    qsort(l.v, (size_t)l.cnt, sizeof *l.v, cmp_i64);
+  *steps = l.v;
+  *n = l.cnt;
   return LOOM_OK;
+}
+
+static bool no_step_name(const char *name, void *ctx) {
+  bool *any = ctx;
+  *any = strncmp(name, "step_", 5) == 0;
+  return !*any;
+}
+
+bool loom_ckpt_has_step_dirs(const char *root) {
+  bool any = false;
+  if (root)
+    loom_fs_each_entry(AT_FDCWD, root, true, no_step_name, &any);
+  return any;
 }
 
 loom_status loom_ckpt_read_latest(const char *root, int64_t *step) {
@@ -702,18 +720,43 @@ loom_status loom_ckpt_damage_parse(const char *s, loom_ckpt_damage_kind *out) {
                     s ? s : "(null)");
 }
 
+static bool damage_own(const char *name, bool is_dir, int depth, void *ctx) {
+  return depth == 0 && !is_dir && strcmp(name, (const char *)ctx) == 0;
+}
+
+/* Deletes loom's own file dir/name through the one removal helper: never a
+ * link in its place, never through a directory that is a link. */
+static loom_status damage_remove(const char *dir, const char *name) {
+  char shown[CKPT_PATH_MAX];
+  int w = snprintf(shown, sizeof shown, "%s/%s", dir, name);
+  if (w < 0 || (size_t)w >= sizeof shown)
+    return loom_error(LOOM_ERR_INVALID_ARG, "%s: path too long", dir);
+  int dfd = loom_fs_open_dir(dir);
+  if (dfd < 0)
+    return loom_error(LOOM_ERR_IO, "%s: cannot delete: %s", shown,
+                      strerror(errno));
+  struct stat sb;
+  loom_status st = LOOM_OK;
+  int left = 0;
+  if (fstatat(dfd, name, &sb, AT_SYMLINK_NOFOLLOW) != 0)
+    st = loom_error(LOOM_ERR_IO, "%s: cannot delete: %s", shown,
+                    strerror(errno));
+  else if ((st = loom_fs_remove_own(dfd, name, shown, damage_own, (void *)name,
+                                    &left)) == LOOM_OK &&
+           left > 0)
+    st = loom_error(LOOM_ERR_IO, "%s: not deleted (see the warning above)",
+                    shown);
+  close(dfd);
+  return st;
+}
+
 loom_status loom_ckpt_damage(const char *dir, loom_ckpt_damage_kind kind,
                              int rank) {
   char path[CKPT_PATH_MAX];
   if (!dir)
     return loom_error(LOOM_ERR_INVALID_ARG, "loom_ckpt_damage: NULL dir");
-  if (kind == LOOM_CKPT_DAMAGE_MANIFEST) {
-    snprintf(path, sizeof path, "%s/%s", dir, CKPT_MANIFEST);
-    if (unlink(path) != 0)
-      return loom_error(LOOM_ERR_IO, "%s: cannot delete: %s", path,
-                        strerror(errno));
-    return LOOM_OK;
-  }
+  if (kind == LOOM_CKPT_DAMAGE_MANIFEST)
+    return damage_remove(dir, CKPT_MANIFEST);
   if (kind == LOOM_CKPT_DAMAGE_LATEST) {
     char parent[CKPT_PATH_MAX];
     snprintf(parent, sizeof parent, "%s", dir);
@@ -725,13 +768,7 @@ loom_status loom_ckpt_damage(const char *dir, loom_ckpt_damage_kind kind,
       *slash = '\0';
     else
       snprintf(parent, sizeof parent, ".");
-    int w = snprintf(path, sizeof path, "%s/%s", parent, CKPT_LATEST);
-    if (w < 0 || (size_t)w >= sizeof path)
-      return loom_error(LOOM_ERR_INVALID_ARG, "%s: path too long", parent);
-    if (unlink(path) != 0)
-      return loom_error(LOOM_ERR_IO, "%s: cannot delete: %s", path,
-                        strerror(errno));
-    return LOOM_OK;
+    return damage_remove(parent, CKPT_LATEST);
   }
   snprintf(path, sizeof path, "%s/shard_%05d.bin", dir, rank);
   /* Damages loom's own shard, never a file a link there points to. */

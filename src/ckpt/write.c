@@ -2,7 +2,6 @@
  * commit (rename, then `latest`, then pruning), synchronous or on a
  * background thread. */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -933,43 +932,33 @@ static int shard_rank_of(const char *name) {
   return r;
 }
 
+/* What tidy_tmp may remove: a shard or a manifest temporary, a file. */
+static bool tmp_own(const char *name, bool is_dir, int depth, void *ctx) {
+  (void)ctx;
+  return depth == 0 && !is_dir &&
+         (shard_rank_of(name) >= 0 || strncmp(name, "." CKPT_MANIFEST ".tmp",
+                                              sizeof CKPT_MANIFEST + 4) == 0);
+}
+
+static bool tidy_entry(const char *name, void *ctx) {
+  const loom_ckpt_writer *w = ctx;
+  int r = shard_rank_of(name);
+  if (strcmp(name, CKPT_MANIFEST) == 0 || (r >= 0 && r < w->opts.world))
+    return true; /* part of the checkpoint */
+  char shown[CKPT_PATH_MAX];
+  int k = snprintf(shown, sizeof shown, "%s/%s", w->tmp, name);
+  loom_fs_remove_own(w->tmp_fd, name,
+                     k > 0 && (size_t)k < sizeof shown ? shown : name, tmp_own,
+                     NULL, NULL);
+  return true;
+}
+
 /* Removes what is not part of the checkpoint from the temporary directory
  * (say, shards of ranks beyond the world size from an abandoned attempt, or
  * a manifest temporary of a crashed commit): loom's own names only, never
  * through a link; anything else stays and is reported. */
 static void tidy_tmp(const loom_ckpt_writer *w) {
-  /* A new open file description: readdir's position is its own. */
-  int fd = openat(w->tmp_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0)
-    return;
-  DIR *d = fdopendir(fd);
-  if (!d) {
-    close(fd);
-    return;
-  }
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL) {
-    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") ||
-        !strcmp(e->d_name, CKPT_MANIFEST))
-      continue;
-    struct stat sb;
-    if (fstatat(fd, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0)
-      continue;
-    int r = shard_rank_of(e->d_name);
-    bool mine = S_ISREG(sb.st_mode) &&
-                (r >= 0 || strncmp(e->d_name, "." CKPT_MANIFEST ".tmp",
-                                   sizeof CKPT_MANIFEST + 4) == 0);
-    if (!mine) {
-      LOOM_WARN("checkpoint: %s/%s: %s; left in place", w->tmp, e->d_name,
-                S_ISLNK(sb.st_mode) ? "a symbolic link, not followed"
-                                    : "not a file loom wrote");
-      continue;
-    }
-    if (r >= 0 && r < w->opts.world)
-      continue;
-    unlinkat(fd, e->d_name, 0);
-  }
-  closedir(d);
+  loom_fs_each_entry(w->tmp_fd, ".", false, tidy_entry, (void *)w);
 }
 
 typedef struct step_ent {
@@ -982,6 +971,53 @@ static int cmp_step_ent(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+/* The entries prune looks at: step directories, and the temporaries (of
+ * steps up to this one, and of `latest`) that may go. */
+typedef struct prune_scan {
+  const loom_ckpt_writer *w;
+  step_ent *steps, *tmps;
+  int n, cap, nt, capt;
+} prune_scan;
+
+static bool prune_entry(const char *name, void *ctx) {
+  prune_scan *ps = ctx;
+  int64_t s;
+  int kind = 0;
+  step_ent **v;
+  int *cnt, *cp;
+  if (loom_ckpt_parse_step_name(name, &s)) {
+    /* Every step_N counts towards `keep`, as loading sees them all; one
+     * that is not loom's is reported when its turn to go comes. */
+    v = &ps->steps, cnt = &ps->n, cp = &ps->cap;
+  } else if (loom_ckpt_own_dir_name(name, &s, &kind) && kind > 0) {
+    if (s > ps->w->step || (s == ps->w->step && kind == 1))
+      return true;
+    v = &ps->tmps, cnt = &ps->nt, cp = &ps->capt;
+  } else if (loom_ckpt_stale_latest_tmp(name)) {
+    s = 0;
+    v = &ps->tmps, cnt = &ps->nt, cp = &ps->capt;
+  } else {
+    return true;
+  }
+  if (strlen(name) >= sizeof ps->steps[0].name)
+    return true;
+  if (*cnt == *cp) {
+    int nc = *cp ? *cp * 2 : 16;
+    step_ent *nv = loom_malloc((size_t)nc * sizeof *nv);
+    if (!nv)
+      return false;
+    if (*v)
+      memcpy(nv, *v, (size_t)*cnt * sizeof *nv);
+    loom_free(*v);
+    *v = nv;
+    *cp = nc;
+  }
+  (*v)[*cnt].step = s;
+  snprintf((*v)[*cnt].name, sizeof(*v)[*cnt].name, "%s", name);
+  (*cnt)++;
+  return true;
+}
+
 /* Deletes checkpoints older than the K - 1 newest before `step`, the
  * temporary directories of earlier steps and stale temporaries of
  * `latest`, through one descriptor of the root: never a link, never
@@ -991,69 +1027,23 @@ static void prune(const loom_ckpt_writer *w) {
   int rootfd = loom_ckpt_open_root(w->root);
   if (rootfd < 0)
     return;
-  int lfd = openat(rootfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  DIR *d = lfd >= 0 ? fdopendir(lfd) : NULL;
-  if (!d) {
-    if (lfd >= 0)
-      close(lfd);
-    close(rootfd);
-    return;
-  }
-  step_ent *steps = NULL, *tmps = NULL;
-  int n = 0, cap = 0, nt = 0, capt = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL) {
-    int64_t s;
-    int kind = 0;
-    step_ent **v;
-    int *cnt, *cp;
-    if (loom_ckpt_parse_step_name(e->d_name, &s)) {
-      /* Every step_N counts towards `keep`, as loading sees them all; one
-       * that is not loom's is reported when its turn to go comes. */
-      v = &steps, cnt = &n, cp = &cap;
-    } else if (loom_ckpt_own_dir_name(e->d_name, &s, &kind) && kind > 0) {
-      if (s > w->step || (s == w->step && kind == 1))
-        continue;
-      v = &tmps, cnt = &nt, cp = &capt;
-    } else if (loom_ckpt_stale_latest_tmp(e->d_name)) {
-      s = 0;
-      v = &tmps, cnt = &nt, cp = &capt;
-    } else {
-      continue;
-    }
-    if (strlen(e->d_name) >= sizeof steps[0].name)
-      continue;
-    if (*cnt == *cp) {
-      int nc = *cp ? *cp * 2 : 16;
-      step_ent *nv = loom_malloc((size_t)nc * sizeof *nv);
-      if (!nv)
-        break;
-      if (*v)
-        memcpy(nv, *v, (size_t)*cnt * sizeof *nv);
-      loom_free(*v);
-      *v = nv;
-      *cp = nc;
-    }
-    (*v)[*cnt].step = s;
-    snprintf((*v)[*cnt].name, sizeof(*v)[*cnt].name, "%s", e->d_name);
-    (*cnt)++;
-  }
-  closedir(d);
-  if (w->opts.keep > 0 && n > 0) {
-    qsort(steps, (size_t)n, sizeof *steps, cmp_step_ent);
+  prune_scan ps = {.w = w};
+  if (loom_fs_each_entry(rootfd, ".", false, prune_entry, &ps) == 0 &&
+      w->opts.keep > 0 && ps.n > 0) {
+    qsort(ps.steps, (size_t)ps.n, sizeof *ps.steps, cmp_step_ent);
     int older = 0;
-    for (int i = n - 1; i >= 0; i--) {
-      if (steps[i].step >= w->step)
+    for (int i = ps.n - 1; i >= 0; i--) {
+      if (ps.steps[i].step >= w->step)
         continue;
       if (++older < w->opts.keep)
         continue;
-      loom_ckpt_remove_at(rootfd, w->root, steps[i].name);
+      loom_ckpt_remove_at(rootfd, w->root, ps.steps[i].name);
     }
   }
-  for (int i = 0; i < nt; i++)
-    loom_ckpt_remove_at(rootfd, w->root, tmps[i].name);
-  loom_free(steps);
-  loom_free(tmps);
+  for (int i = 0; i < ps.nt; i++)
+    loom_ckpt_remove_at(rootfd, w->root, ps.tmps[i].name);
+  loom_free(ps.steps);
+  loom_free(ps.tmps);
   close(rootfd);
 }
 

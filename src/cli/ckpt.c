@@ -1,5 +1,4 @@
 /* loom ckpt: inspect and verify checkpoints (docs/checkpoints.md). */
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -288,16 +287,8 @@ static const char *run_ckpt_dir(const char *arg, char *buf, size_t n) {
   snprintf(probe, sizeof probe, "%s/latest", arg);
   if (is_checkpoint(arg) || lstat(probe, &st) == 0)
     return arg;
-  DIR *d = opendir(arg);
-  if (d) {
-    struct dirent *e;
-    bool steps = false;
-    while (!steps && (e = readdir(d)) != NULL)
-      steps = strncmp(e->d_name, "step_", 5) == 0;
-    closedir(d);
-    if (steps)
-      return arg;
-  }
+  if (loom_ckpt_has_step_dirs(arg))
+    return arg;
   snprintf(buf, n, "%s/ckpt", arg);
   if (stat(buf, &st) == 0 && S_ISDIR(st.st_mode))
     return buf;

@@ -362,6 +362,35 @@ static bool remove_entry(remove_walk *rw, int dirfd, const char *name,
   return true;
 }
 
+int loom_fs_each_entry(int dirfd, const char *path, bool follow,
+                       loom_fs_entry_fn fn, void *ctx) {
+  if (!path || !fn) {
+    errno = EINVAL;
+    return -1;
+  }
+  int fd =
+      openat(dirfd, path,
+             O_RDONLY | O_DIRECTORY | O_CLOEXEC | (follow ? 0 : O_NOFOLLOW));
+  if (fd < 0)
+    return -1;
+  DIR *d = fdopendir(fd);
+  if (!d) {
+    int e = errno;
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+      continue;
+    if (!fn(e->d_name, ctx))
+      break;
+  }
+  closedir(d);
+  return 0;
+}
+
 loom_status loom_fs_remove_own(int dirfd, const char *name, const char *shown,
                                loom_fs_own_fn own, void *ctx, int *left) {
   if (left)

@@ -3,7 +3,6 @@
  * sweeps the session afterwards so no rank is left behind. */
 #include "internal.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -125,50 +124,57 @@ void loom_run_sleep(double seconds) {
   }
 }
 
+typedef struct session_scan {
+  pid_t sid;
+  int sig;
+  int found;
+} session_scan;
+
+/* One entry of /proc: a process of the session is counted and signalled. */
+static bool signal_if_in_session(const char *name, void *ctx) {
+  session_scan *sc = ctx;
+  int pid;
+  if (name[0] < '0' || name[0] > '9' || !loom_parse_int(name, &pid))
+    return true;
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%.20s/stat", name);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return true;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  /* pid (comm) state ppid pgrp session ...: comm may hold spaces and
+   * parentheses, so parse after the last ')'. */
+  char *p = strrchr(buf, ')');
+  if (!p || p[1] != ' ' || !p[2] || p[3] != ' ')
+    return true;
+  const char state = p[2];
+  const char *q = p + 3;
+  int64_t ppid, pgrp, session; /* after the state: ppid pgrp session */
+  if (!loom_parse_i64_at(q, &q, &ppid) || !loom_parse_i64_at(q, &q, &pgrp) ||
+      !loom_parse_i64_at(q, &q, &session))
+    return true;
+  if (session != (int64_t)sc->sid || state == 'Z' || state == 'X')
+    return true;
+  sc->found++;
+  if (sc->sig)
+    kill((pid_t)pid, sc->sig);
+  return true;
+}
+
 /* Sends sig to every live process of session sid (the launcher and all it
  * started: Open MPI puts each rank in a process group of its own, but they
  * stay in the launcher's session). Returns how many there were. Zombies do
  * not count: they are dead, and PID 1 may take a while to reap them. */
 static int signal_session(pid_t sid, int sig) {
-  DIR *d = opendir("/proc");
-  if (!d) {
+  session_scan sc = {sid, sig, 0};
+  if (loom_fs_each_entry(AT_FDCWD, "/proc", true, signal_if_in_session, &sc) !=
+      0) {
     kill(-sid, sig);
     return kill(-sid, 0) == 0;
   }
-  int found = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL) {
-    int pid;
-    if (e->d_name[0] < '0' || e->d_name[0] > '9' ||
-        !loom_parse_int(e->d_name, &pid))
-      continue;
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%.20s/stat", e->d_name);
-    FILE *f = fopen(path, "r");
-    if (!f)
-      continue;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    /* pid (comm) state ppid pgrp session ...: comm may hold spaces and
-     * parentheses, so parse after the last ')'. */
-    char *p = strrchr(buf, ')');
-    if (!p || p[1] != ' ' || !p[2] || p[3] != ' ')
-      continue;
-    const char state = p[2];
-    const char *q = p + 3;
-    int64_t ppid, pgrp, session; /* after the state: ppid pgrp session */
-    if (!loom_parse_i64_at(q, &q, &ppid) || !loom_parse_i64_at(q, &q, &pgrp) ||
-        !loom_parse_i64_at(q, &q, &session))
-      continue;
-    if (session != (int64_t)sid || state == 'Z' || state == 'X')
-      continue;
-    found++;
-    if (sig)
-      kill((pid_t)pid, sig);
-  }
-  closedir(d);
-  return found;
+  return sc.found;
 }
 
 /* The standby group's launcher (see run.c): started ahead of a failure,

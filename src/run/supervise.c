@@ -9,7 +9,6 @@
  * writes it all to --report; --min-np/--max-np restart on what the hostfile
  * offers at that moment. */
 #include <cjson/cJSON.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -1104,43 +1103,80 @@ static void remove_dir(const char *path) {
   close(dfd);
 }
 
+typedef struct leftover_scan {
+  char want[4200];
+  size_t wn;
+} leftover_scan;
+
+static bool kill_if_of_job(const char *name, void *ctx) {
+  const leftover_scan *ls = ctx;
+  static char env[65536];
+  int pid;
+  if (name[0] < '1' || name[0] > '9' || !loom_parse_int(name, &pid))
+    return true;
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%.20s/environ", name);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return true;
+  ssize_t n = read(fd, env, sizeof env - 1);
+  close(fd);
+  for (ssize_t i = 0; n > 0 && i < n;) {
+    const char *var = env + i;
+    size_t len = strnlen(var, (size_t)(n - i));
+    if (len >= ls->wn && strncmp(var, ls->want, ls->wn) == 0) {
+      kill((pid_t)pid, SIGKILL);
+      break;
+    }
+    i += (ssize_t)len + 1;
+  }
+  return true;
+}
+
 /* Processes of a dead loom run's job still about (a launcher that hung in
  * its teardown after loom run was killed): they carry LOOM_RUN_DIR inside
  * that job's directory in their environment, which no other process can
  * (the directory's name is unique while it exists). SIGKILLed. */
 static void kill_job_leftovers(const char *tmp, const char *name) {
-  char want[4200];
-  int wn = snprintf(want, sizeof want, "LOOM_RUN_DIR=%s/%s/", tmp, name);
-  if (wn <= 0 || wn >= (int)sizeof want)
+  leftover_scan ls;
+  int wn = snprintf(ls.want, sizeof ls.want, "LOOM_RUN_DIR=%s/%s/", tmp, name);
+  if (wn <= 0 || wn >= (int)sizeof ls.want)
     return;
-  DIR *d = opendir("/proc");
-  if (!d)
-    return;
-  static char env[65536];
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL) {
-    int pid;
-    if (e->d_name[0] < '1' || e->d_name[0] > '9' ||
-        !loom_parse_int(e->d_name, &pid))
-      continue;
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%.20s/environ", e->d_name);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-      continue;
-    ssize_t n = read(fd, env, sizeof env - 1);
-    close(fd);
-    for (ssize_t i = 0; n > 0 && i < n;) {
-      const char *var = env + i;
-      size_t len = strnlen(var, (size_t)(n - i));
-      if (len >= (size_t)wn && strncmp(var, want, (size_t)wn) == 0) {
-        kill((pid_t)pid, SIGKILL);
-        break;
-      }
-      i += (ssize_t)len + 1;
-    }
-  }
-  closedir(d);
+  ls.wn = (size_t)wn;
+  loom_fs_each_entry(AT_FDCWD, "/proc", true, kill_if_of_job, &ls);
+}
+
+typedef struct jobdir_scan {
+  int dfd;
+  const char *tmp;
+} jobdir_scan;
+
+static bool remove_if_stale(const char *name, void *ctx) {
+  const jobdir_scan *js = ctx;
+  if (strncmp(name, "loom-run-", 9) != 0 || strlen(name) != 15)
+    return true;
+  struct stat st;
+  if (fstatat(js->dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+      !S_ISDIR(st.st_mode) || st.st_uid != geteuid())
+    return true;
+  int jfd =
+      openat(js->dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (jfd < 0)
+    return true;
+  int ofd = openat(jfd, "owner", O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  close(jfd);
+  if (ofd < 0)
+    return true; /* not one of ours (or an older loom's): leave it */
+  bool stale = flock(ofd, LOCK_EX | LOCK_NB) == 0;
+  close(ofd);
+  char shown[4200];
+  snprintf(shown, sizeof shown, "%s/%s", js->tmp, name);
+  if (stale)
+    kill_job_leftovers(js->tmp, name);
+  if (stale && remove_own_tree(js->dfd, name, shown, 0))
+    LOOM_INFO("loom run: removed %s/%s of a loom run that is gone", js->tmp,
+              name);
+  return true;
 }
 
 /* Job directories of loom runs that died without removing theirs (killed
@@ -1148,45 +1184,11 @@ static void kill_job_leftovers(const char *tmp, const char *name) {
  * whole job, so one that can be locked belongs to no one. Only
  * loom-run-XXXXXX directories of this user are looked at. */
 static void remove_stale_jobdirs(const char *tmp) {
-  int dfd = open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0)
+  jobdir_scan js = {open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC), tmp};
+  if (js.dfd < 0)
     return;
-  int scan_fd = dup(dfd);
-  DIR *d = scan_fd >= 0 ? fdopendir(scan_fd) : NULL;
-  if (!d) {
-    if (scan_fd >= 0)
-      close(scan_fd);
-    close(dfd);
-    return;
-  }
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL) {
-    if (strncmp(e->d_name, "loom-run-", 9) != 0 || strlen(e->d_name) != 15)
-      continue;
-    struct stat st;
-    if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
-        !S_ISDIR(st.st_mode) || st.st_uid != geteuid())
-      continue;
-    int jfd =
-        openat(dfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (jfd < 0)
-      continue;
-    int ofd = openat(jfd, "owner", O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-    close(jfd);
-    if (ofd < 0)
-      continue; /* not one of ours (or an older loom's): leave it */
-    bool stale = flock(ofd, LOCK_EX | LOCK_NB) == 0;
-    close(ofd);
-    char shown[4200];
-    snprintf(shown, sizeof shown, "%s/%s", tmp, e->d_name);
-    if (stale)
-      kill_job_leftovers(tmp, e->d_name);
-    if (stale && remove_own_tree(dfd, e->d_name, shown, 0))
-      LOOM_INFO("loom run: removed %s/%s of a loom run that is gone", tmp,
-                e->d_name);
-  }
-  closedir(d);
-  close(dfd);
+  loom_fs_each_entry(js.dfd, ".", false, remove_if_stale, &js);
+  close(js.dfd);
 }
 
 /* Makes the job directory and takes its lock (held until loom run exits,

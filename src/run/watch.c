@@ -4,8 +4,8 @@
 #define _GNU_SOURCE
 #include "internal.h"
 
-#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -273,50 +273,56 @@ static bool find_hang(loom_run_watch *w, double now) {
 
 /* Finds rank files not seen before and starts watching their processes;
  * returns whether one of them was already gone. */
-static bool scan(loom_run_watch *w, double now) {
-  DIR *d = opendir(w->dir);
-  if (!d)
-    return false;
-  bool gone = false;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL) {
-    int rank;
-    if (!rank_file(e->d_name, &rank))
-      continue;
-    if (find(w, rank))
-      continue;
-    loom_runstat_record rec;
-    if (loom_runstat_read(w->dir, rank, &rec) != LOOM_OK)
-      continue; /* being written: next scan */
-    if (w->n == w->cap) {
-      int cap = w->cap ? 2 * w->cap : 16;
-      loom_watch_rank *nr = realloc(w->ranks, (size_t)cap * sizeof *nr);
-      if (!nr)
-        break;
-      w->ranks = nr;
-      w->cap = cap;
-    }
-    loom_watch_rank *r = &w->ranks[w->n++];
-    memset(r, 0, sizeof *r);
-    r->rank = rank;
-    r->rec = rec;
-    r->pidfd = -1;
-    r->wstatus = -1;
-    r->t_alive = w->t_polled;
-    r->hb_step = -1;
-    /* A shared file system may show other hosts' files: their pids are not
-     * ours to watch. */
-    r->local = same_host(rec.host);
-    if (r->local && rec.pid > 0) {
-      r->pidfd = (int)syscall(SYS_pidfd_open, rec.pid, 0);
-      if (r->pidfd < 0 && errno == ESRCH) {
-        mark_dead(r, now);
-        gone = true;
-      }
+typedef struct rank_scan {
+  loom_run_watch *w;
+  double now;
+  bool gone;
+} rank_scan;
+
+/* One entry of the status directory: a rank file not seen before is read
+ * and its process watched. */
+static bool scan_entry(const char *name, void *ctx) {
+  rank_scan *sc = ctx;
+  loom_run_watch *w = sc->w;
+  int rank;
+  if (!rank_file(name, &rank) || find(w, rank))
+    return true;
+  loom_runstat_record rec;
+  if (loom_runstat_read(w->dir, rank, &rec) != LOOM_OK)
+    return true; /* being written: next scan */
+  if (w->n == w->cap) {
+    int cap = w->cap ? 2 * w->cap : 16;
+    loom_watch_rank *nr = realloc(w->ranks, (size_t)cap * sizeof *nr);
+    if (!nr)
+      return false;
+    w->ranks = nr;
+    w->cap = cap;
+  }
+  loom_watch_rank *r = &w->ranks[w->n++];
+  memset(r, 0, sizeof *r);
+  r->rank = rank;
+  r->rec = rec;
+  r->pidfd = -1;
+  r->wstatus = -1;
+  r->t_alive = w->t_polled;
+  r->hb_step = -1;
+  /* A shared file system may show other hosts' files: their pids are not
+   * ours to watch. */
+  r->local = same_host(rec.host);
+  if (r->local && rec.pid > 0) {
+    r->pidfd = (int)syscall(SYS_pidfd_open, rec.pid, 0);
+    if (r->pidfd < 0 && errno == ESRCH) {
+      mark_dead(r, sc->now);
+      sc->gone = true;
     }
   }
-  closedir(d);
-  return gone;
+  return true;
+}
+
+static bool scan(loom_run_watch *w, double now) {
+  rank_scan sc = {w, now, false};
+  loom_fs_each_entry(AT_FDCWD, w->dir, false, scan_entry, &sc);
+  return sc.gone;
 }
 
 int loom_watch_local(const loom_run_watch *w) {

@@ -763,13 +763,12 @@ static loom_status log_eval(loom_trainer *t, loom_train_result *res,
 
 static volatile sig_atomic_t stop_signal; /* the first stop signal */
 
+/* The stop signals' handler, and what the signal thread calls. */
 static void note_stop(int sig) {
   if (!stop_signal)
     stop_signal = sig;
   stop_requested = 1;
 }
-
-static void on_signal(int sig) { note_stop(sig); }
 
 void loom_trainer_request_stop(void) { stop_requested = 1; }
 
@@ -837,7 +836,7 @@ void loom_trainer_catch_stop_signals(void) {
     return;
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal; /* for a thread that unblocks them anyway */
+  sa.sa_handler = note_stop; /* for a thread that unblocks them anyway */
   sigemptyset(&sa.sa_mask);
   for (size_t i = 0; i < sizeof stop_sigs / sizeof stop_sigs[0]; i++)
     sigaction(stop_sigs[i], &sa, NULL);
@@ -1018,7 +1017,7 @@ static void stop_handlers_install(stop_handlers *h) {
   }
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal;
+  sa.sa_handler = note_stop;
   sigaction(SIGINT, &sa, &h->old_int);
   sigaction(SIGTERM, &sa, &h->old_term);
   sigaction(SIGHUP, &sa, &h->old_hup);
@@ -1032,7 +1031,7 @@ static void stop_handlers_install(stop_handlers *h) {
 }
 
 static void stop_handlers_restore(const stop_handlers *h) {
-  /* The mask first: a stop still pending goes to on_signal, not to a
+  /* The mask first: a stop still pending goes to note_stop, not to a
    * default action restored below. */
   pthread_sigmask(SIG_SETMASK, &h->old_mask, NULL);
   sigaction(SIGINT, &h->old_int, NULL);

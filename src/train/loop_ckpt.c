@@ -1,6 +1,5 @@
 /* The trainer's checkpoints: what state is saved, and resuming from it so a
  * run continues bitwise as if never stopped. */
-#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -395,19 +394,6 @@ static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
   return LOOM_OK;
 }
 
-/* Whether root holds step directories (or their temporaries). */
-static bool has_step_dirs(const char *root) {
-  DIR *d = opendir(root);
-  if (!d)
-    return false;
-  bool any = false;
-  struct dirent *e;
-  while (!any && (e = readdir(d)) != NULL)
-    any = strncmp(e->d_name, "step_", 5) == 0;
-  closedir(d);
-  return any;
-}
-
 /* Opens the checkpoint to resume from, the same on every rank: rank 0
  * finds it (checking it fully), the others open that step with the light
  * checks. *c = NULL when there is none. */
@@ -438,7 +424,7 @@ static loom_status open_resume(loom_trainer *t, const loom_ckpt_open_opts *oo,
   if (step < 0) {
     /* Nothing usable: a fresh start. When something was passed over (each
      * named above, with why), say what happens now. */
-    if (t->rank == 0 && has_step_dirs(root))
+    if (t->rank == 0 && loom_ckpt_has_step_dirs(root))
       LOOM_WARN("no usable checkpoint in %s (each one passed over is named "
                 "above with the reason); starting from scratch; use --resume "
                 "never to silence this",

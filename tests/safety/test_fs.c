@@ -1,6 +1,6 @@
 /* The link-safe file helpers of core (src/core/fs.c): removal restricted to
  * the caller's names, never through a link; writes that refuse a planted
- * link or hard link; atomic replacement; mkdir -p. */
+ * link or hard link; atomic replacement; mkdir -p; the directory walk. */
 #include "safety.h"
 
 #include <sys/mount.h>
@@ -249,6 +249,51 @@ TT_TEST(test_mkdirs) {
     close(fd);
 }
 
+static bool count_entry(const char *name, void *ctx) {
+  (void)name;
+  (*(int *)ctx)++;
+  return true;
+}
+
+static bool stop_at_first(const char *name, void *ctx) {
+  (void)name;
+  (*(int *)ctx)++;
+  return false;
+}
+
+/* The one directory walk: every entry but . and .., a stop when asked, a
+ * link to a directory walked only with follow, a missing one ENOENT. */
+TT_TEST(test_each_entry) {
+  char p[1200], v[1200];
+  mkdir(at(p, sizeof p, "walk"), 0755);
+  put_file(at(p, sizeof p, "walk/f1"), "a");
+  put_file(at(p, sizeof p, "walk/f2"), "b");
+  mkdir(at(p, sizeof p, "walk/d1"), 0755);
+  int n = 0;
+  TT_CHECK_EQ(loom_fs_each_entry(AT_FDCWD, at(p, sizeof p, "walk"), false,
+                                 count_entry, &n),
+              0);
+  TT_CHECK_EQ(n, 3);
+  n = 0;
+  TT_CHECK_EQ(loom_fs_each_entry(AT_FDCWD, at(p, sizeof p, "walk"), false,
+                                 stop_at_first, &n),
+              0);
+  TT_CHECK_EQ(n, 1);
+  TT_CHECK(symlink(at(v, sizeof v, "walk"), at(p, sizeof p, "walk_link")) == 0);
+  n = 0;
+  errno = 0;
+  TT_CHECK_EQ(loom_fs_each_entry(AT_FDCWD, p, false, count_entry, &n), -1);
+  TT_CHECK(errno == ELOOP || errno == ENOTDIR);
+  TT_CHECK_EQ(n, 0);
+  TT_CHECK_EQ(loom_fs_each_entry(AT_FDCWD, p, true, count_entry, &n), 0);
+  TT_CHECK_EQ(n, 3);
+  errno = 0;
+  TT_CHECK_EQ(loom_fs_each_entry(AT_FDCWD, at(p, sizeof p, "nowhere"), true,
+                                 count_entry, &n),
+              -1);
+  TT_CHECK_EQ(errno, ENOENT);
+}
+
 int main(void) {
   loom_log_set_level(LOOM_LOG_WARN);
   safety_mkbase("fs");
@@ -258,6 +303,7 @@ int main(void) {
   TT_RUN(test_open_write_refuses_links);
   TT_RUN(test_write_atomic);
   TT_RUN(test_mkdirs);
+  TT_RUN(test_each_entry);
   safety_rmbase();
   return tt_finish();
 }
