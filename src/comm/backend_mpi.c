@@ -13,6 +13,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define TAG_CHECK 7
@@ -882,10 +886,44 @@ static bool mpi_sleep(loom_group *g, loom_op *op, double seconds) {
   return true;
 }
 
+/* Bytes written to fd that its reader has not taken yet: a pipe's content,
+ * a socket's unsent or unread queue; -1 for anything else. */
+static long fd_unread(int fd) {
+  struct stat st;
+  int n = 0;
+  if (fstat(fd, &st) != 0)
+    return -1;
+  if (S_ISFIFO(st.st_mode) && ioctl(fd, FIONREAD, &n) == 0)
+    return n;
+  if (S_ISSOCK(st.st_mode) && ioctl(fd, TIOCOUTQ, &n) == 0)
+    return n;
+  return -1;
+}
+
+/* Waits (up to max_s) until the launcher has read what this rank wrote to
+ * stdout and stderr. MPI_Abort makes the launcher kill every process of the
+ * job, its own forwarders included: under MPICH's hydra a proxy killed
+ * before it read the pipe loses the rank's last lines, which are the ones
+ * that say why the job ends. Polls the pipes' fill, so it costs nothing when
+ * the reader keeps up. */
+static void drain_stdio(double max_s) {
+  double end = loom_time_now() + max_s;
+  for (;;) {
+    long a = fd_unread(STDOUT_FILENO), b = fd_unread(STDERR_FILENO);
+    if (a <= 0 && b <= 0)
+      return;
+    if (loom_time_now() > end)
+      return;
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+}
+
 static void mpi_abort(loom_comm_ctx *ctx, int code) {
   (void)ctx;
   fflush(stdout);
   fflush(stderr);
+  drain_stdio(2.0);
   MPI_Abort(MPI_COMM_WORLD, code);
 }
 
