@@ -395,6 +395,68 @@ typedef bool (*loom_fs_own_fn)(const char *name, bool is_dir, int depth,
 loom_status loom_fs_remove_own(int dirfd, const char *name, const char *shown,
                                loom_fs_own_fn own, void *ctx, int *left);
 
+/* ------------------------------------------------- CPU and instruction sets */
+
+typedef struct loom_cpu_features {
+  bool avx2, fma, avx512f, avx512_bf16, amx_bf16, amx_tile;
+} loom_cpu_features;
+/* Read once from CPUID (and, for AMX, whether the OS granted tile state). */
+const loom_cpu_features *loom_cpu_get_features(void);
+
+/* The instruction sets loom's own vector code (kernels, optimizer updates,
+ * gradient clipping) is built for, each a complete copy chosen at run time:
+ * base is x86-64-v2 (SSE4.2), avx2 adds AVX2 and FMA (x86-64-v3). Every
+ * copy computes the same bits; only the speed differs. */
+#define LOOM_ISA_LIST(X)                                                       \
+  X(LOOM_ISA_BASE, "base")                                                     \
+  X(LOOM_ISA_AVX2, "avx2")
+typedef enum loom_isa {
+#define LOOM_X_ENUM(name, text) name,
+  LOOM_ISA_LIST(LOOM_X_ENUM)
+#undef LOOM_X_ENUM
+      LOOM_ISA_COUNT
+} loom_isa;
+/* A copy's name for a function: LOOM_ISA_NAME(loom_gemm, avx2) is
+ * loom_gemm_avx2 (internal symbols of libloom, never exported). */
+#define LOOM_ISA_NAME_(name, isa) name##_##isa
+#define LOOM_ISA_NAME(name, isa) LOOM_ISA_NAME_(name, isa)
+#if defined(LOOM_ISA_SUFFIX)
+/* Inside the copy being compiled (the build defines LOOM_ISA_SUFFIX). */
+#define LOOM_ISA(name) LOOM_ISA_NAME(name, LOOM_ISA_SUFFIX)
+#endif
+/* From a list of R(ret, name, (params), (args)) and V(name, (params),
+ * (args)) (src/kernels/isa.h, src/optim/isa.h): the copies' declarations,
+ * and the dispatchers, which call the copy loom_cpu_isa() chose. */
+#define LOOM_ISA_DECL_R(ret, name, params, args)                               \
+  ret LOOM_ISA_NAME(name, base) params;                                        \
+  ret LOOM_ISA_NAME(name, avx2) params;
+#define LOOM_ISA_DECL_V(name, params, args)                                    \
+  LOOM_ISA_DECL_R(void, name, params, args)
+#if defined(LOOM_BUILDING_LIBRARY)
+#if defined(LOOM_BUILT_ISA_AVX2)
+#define LOOM_ISA_PICK(name)                                                    \
+  (loom_cpu_isa() == LOOM_ISA_AVX2 ? LOOM_ISA_NAME(name, avx2)                 \
+                                   : LOOM_ISA_NAME(name, base))
+#else
+#define LOOM_ISA_PICK(name) LOOM_ISA_NAME(name, base)
+#endif
+#define LOOM_ISA_DISPATCH_R(ret, name, params, args)                           \
+  ret name params { return LOOM_ISA_PICK(name) args; }
+#define LOOM_ISA_DISPATCH_V(name, params, args)                                \
+  void name params { LOOM_ISA_PICK(name) args; }
+#endif
+const char *loom_isa_name(loom_isa isa);
+/* Whether this build holds the copy for isa and this CPU can run it. */
+bool loom_isa_available(loom_isa isa);
+/* The copy in use, decided on first call: LOOM_ISA=base|avx2 if set to one
+ * that is available, else the best available. Never one this CPU lacks. */
+loom_isa loom_cpu_isa(void);
+/* LOOM_OK when the kernels can run as asked: LOOM_ERR_CONFIG for a LOOM_ISA
+ * that names no instruction set (the message lists them), LOOM_ERR_UNSUPPORTED
+ * for one this CPU or build lacks. loom_trainer_new and the loom tool call it
+ * before any kernel runs. */
+loom_status loom_cpu_check(void);
+
 /* ------------------------------------------------------------ run status */
 
 /* Library version string ("0.1.0"). */

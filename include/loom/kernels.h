@@ -208,18 +208,8 @@ void loom_relu_maxpool2d_backward_to(float *dinp, const float *dout,
                                      const int32_t *argmax, const float *inp,
                                      int N, int C, int H, int W, int K, int S);
 
-/* -------------------------------------------------------- CPU features */
-
-typedef struct loom_cpu_features {
-  bool avx2, fma, avx512f, avx512_bf16, amx_bf16, amx_tile;
-} loom_cpu_features;
-/* Read once from CPUID (and, for AMX, whether the OS granted tile state). */
-const loom_cpu_features *loom_cpu_get_features(void);
-/* LOOM_OK when this CPU runs the vector code this library was built with
- * (AVX2 and FMA by default, see LOOM_VECTOR_FLAGS in CMakeLists.txt); else
- * LOOM_ERR_UNSUPPORTED naming what is missing and how to build without it.
- * loom_trainer_new and the loom tool call it before any kernel runs. */
-loom_status loom_cpu_check(void);
+/* CPU features and the instruction set the kernels run with:
+ * loom_cpu_get_features, loom_cpu_isa, loom_cpu_check (include/loom/core.h). */
 
 LOOM_API_END
 #ifdef __cplusplus

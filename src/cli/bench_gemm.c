@@ -258,10 +258,11 @@ int loom_bench_gemm(int argc, char **argv) {
   printf("# loom bench gemm: %d thread%s, GFLOP/s, best of 3 runs of up to %d "
          "calls\n",
          a.threads, a.threads == 1 ? "" : "s", a.iters);
-  printf("# loom_gemm grid: %s; cpu: avx2 %d, avx512f %d, amx_bf16 %d\n",
+  printf("# loom_gemm grid: %s; cpu: avx2 %d, avx512f %d, amx_bf16 %d; loom's "
+         "kernels: %s\n",
          loom_gemm_get_deterministic() ? "thread-count invariant"
                                        : "off (libraries thread themselves)",
-         f->avx2, f->avx512f, f->amx_bf16);
+         f->avx2, f->avx512f, f->amx_bf16, loom_isa_name(loom_cpu_isa()));
   printf("%-20s %2s %5s %5s %5s", "workload", "op", "M", "N", "K");
   for (int c = 0; c < ncols; c++)
     printf(" %13s", cols[c].title);

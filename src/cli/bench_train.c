@@ -176,14 +176,16 @@ static loom_status run_one(const workload *w, int threads, int steps,
     printf("{\"bench\":\"train_throughput\",\"impl\":\"loom\",\"version\":"
            "\"%s\",\"model\":\"%s\",\"procs\":1,\"threads\":%d,\"unit\":"
            "\"%s\",\"throughput\":%.1f,\"step_s\":%.6f,\"gflops\":%.2f,"
-           "\"gemm\":\"%s\",\"loadavg_start\":[%.2f,%.2f,%.2f]}\n",
+           "\"gemm\":\"%s\",\"isa\":\"%s\",\"loadavg_start\":[%.2f,%.2f,%."
+           "2f]}\n",
            loom_version(), w->name, threads, w->unit, tput, med, gflops,
-           loom_gemm_backend_name(loom_gemm_get_backend()), load[0], load[1],
-           load[2]);
+           loom_gemm_backend_name(loom_gemm_get_backend()),
+           loom_isa_name(loom_cpu_isa()), load[0], load[1], load[2]);
   else
     printf("%-12s threads %d: %10.0f %s (median step %.2f ms, %.1f "
-           "GFLOP/s)\n",
-           w->name, threads, tput, w->unit, med * 1e3, gflops);
+           "GFLOP/s, %s kernels)\n",
+           w->name, threads, tput, w->unit, med * 1e3, gflops,
+           loom_isa_name(loom_cpu_isa()));
   fflush(stdout);
 out:
   loom_free(times);

@@ -53,9 +53,9 @@ int main(int argc, char **argv) {
   }
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     if (strcmp(argv[1], commands[i].name) == 0) {
-      if (loom_cpu_check() != LOOM_OK) {
-        fprintf(stderr, "loom: %s\n", loom_last_error());
-        return LOOM_EXIT_FAIL;
+      if (loom_cpu_check() != LOOM_OK) { /* LOOM_ISA asks for the impossible: */
+        fprintf(stderr, "loom: %s\n", loom_last_error()); /* not retried */
+        return LOOM_EXIT_USAGE;
       }
       return commands[i].fn(argc - 1, argv + 1);
     }

@@ -63,8 +63,9 @@ static void softmax_grad_row(float *d, const float *pr, int t, int T) {
 
 /* ------------------------------------------------------------ kernels */
 
-loom_status loom_attention_forward(float *out, float *att, const float *qkv,
-                                   int B, int T, int C, int NH) {
+loom_status LOOM_ISA(loom_attention_forward)(float *out, float *att,
+                                             const float *qkv, int B, int T,
+                                             int C, int NH) {
   LOOM_TRY(att_check("forward", B, T, C, NH));
   if (B == 0 || T == 0)
     return LOOM_OK;
@@ -99,10 +100,11 @@ loom_status loom_attention_forward(float *out, float *att, const float *qkv,
 /* With S = scale Q K^T, P = softmax(S) (causal), O = P V:
  *   dP = dO V^T, dS = P * (dP - rowsum(dP * P)),
  *   dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO. */
-loom_status loom_attention_backward(float *dqkv, float *scratch,
-                                    const float *dout, const float *qkv,
-                                    const float *att, int B, int T, int C,
-                                    int NH) {
+loom_status LOOM_ISA(loom_attention_backward)(float *dqkv, float *scratch,
+                                              const float *dout,
+                                              const float *qkv,
+                                              const float *att, int B, int T,
+                                              int C, int NH) {
   LOOM_TRY(att_check("backward", B, T, C, NH));
   if (B == 0 || T == 0)
     return LOOM_OK;

@@ -29,13 +29,13 @@ typedef struct conv_plan {
   int64_t col_floats, tmp_floats, dw_floats; /* per slot */
 } conv_plan;
 
-int loom_conv2d_out_h(const loom_conv2d_dims *d) {
+int LOOM_ISA(loom_conv2d_out_h)(const loom_conv2d_dims *d) {
   if (d->stride < 1)
     return 0;
   return (d->H + 2 * d->pad - d->KH) / d->stride + 1;
 }
 
-int loom_conv2d_out_w(const loom_conv2d_dims *d) {
+int LOOM_ISA(loom_conv2d_out_w)(const loom_conv2d_dims *d) {
   if (d->stride < 1)
     return 0;
   return (d->W + 2 * d->pad - d->KW) / d->stride + 1;
@@ -179,7 +179,7 @@ static bool use_dnnl(const loom_conv2d_dims *d) {
 
 /* Enough for either engine that may run these dims: the GEMM backend (which
  * picks the engine) may change between sizing and use. */
-int64_t loom_conv2d_col_floats(const loom_conv2d_dims *d) {
+int64_t LOOM_ISA(loom_conv2d_col_floats)(const loom_conv2d_dims *d) {
   if (!d || !dims_ok(d))
     return 0;
   conv_plan p;
@@ -197,9 +197,10 @@ static void slot_chunks(const conv_plan *p, int s, int *first, int *last) {
   *last = (int)((int64_t)(s + 1) * p->nchunks / p->slots);
 }
 
-loom_status loom_conv2d_forward(float *out, float *col, const float *inp,
-                                const float *weight, const float *bias,
-                                const loom_conv2d_dims *d) {
+loom_status LOOM_ISA(loom_conv2d_forward)(float *out, float *col,
+                                          const float *inp, const float *weight,
+                                          const float *bias,
+                                          const loom_conv2d_dims *d) {
   LOOM_TRY(conv_check("forward", d));
   if (use_dnnl(d)) {
     loom_status st =
@@ -265,10 +266,11 @@ static void conv_bias_grad(float *dbias, const float *dout,
   }
 }
 
-loom_status loom_conv2d_backward(float *dinp, float *dweight, float *dbias,
-                                 float *col, const float *dout,
-                                 const float *inp, const float *weight,
-                                 const loom_conv2d_dims *d) {
+loom_status LOOM_ISA(loom_conv2d_backward)(float *dinp, float *dweight,
+                                           float *dbias, float *col,
+                                           const float *dout, const float *inp,
+                                           const float *weight,
+                                           const loom_conv2d_dims *d) {
   LOOM_TRY(conv_check("backward", d));
   conv_plan p;
   conv_plan_make(d, &p);
@@ -341,8 +343,9 @@ loom_status loom_conv2d_backward(float *dinp, float *dweight, float *dbias,
   return LOOM_OK;
 }
 
-void loom_conv2d_forward_ref(float *out, const float *inp, const float *weight,
-                             const float *bias, const loom_conv2d_dims *d) {
+void LOOM_ISA(loom_conv2d_forward_ref)(float *out, const float *inp,
+                                       const float *weight, const float *bias,
+                                       const loom_conv2d_dims *d) {
   const int OH = loom_conv2d_out_h(d), OW = loom_conv2d_out_w(d);
   for (int n = 0; n < d->N; n++)
     for (int oc = 0; oc < d->OC; oc++)

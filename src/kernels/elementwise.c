@@ -30,36 +30,37 @@
   } while (0)
 /* clang-format on */
 
-void loom_add_forward(float *out, const float *a, const float *b, int64_t n) {
+void LOOM_ISA(loom_add_forward)(float *out, const float *a, const float *b,
+                                int64_t n) {
   EW_PARALLEL(n, {
     for (int64_t i = i0; i < i1; i++)
       out[i] = a[i] + b[i];
   });
 }
 
-void loom_accumulate(float *y, const float *x, int64_t n) {
+void LOOM_ISA(loom_accumulate)(float *y, const float *x, int64_t n) {
   EW_PARALLEL(n, {
     for (int64_t i = i0; i < i1; i++)
       y[i] += x[i];
   });
 }
 
-void loom_scale(float *x, float s, int64_t n) {
+void LOOM_ISA(loom_scale)(float *x, float s, int64_t n) {
   EW_PARALLEL(n, {
     for (int64_t i = i0; i < i1; i++)
       x[i] *= s;
   });
 }
 
-void loom_relu_forward(float *out, const float *inp, int64_t n) {
+void LOOM_ISA(loom_relu_forward)(float *out, const float *inp, int64_t n) {
   EW_PARALLEL(n, {
     for (int64_t i = i0; i < i1; i++)
       out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
   });
 }
 
-void loom_relu_backward(float *dinp, const float *inp, const float *dout,
-                        int64_t n) {
+void LOOM_ISA(loom_relu_backward)(float *dinp, const float *inp,
+                                  const float *dout, int64_t n) {
   EW_PARALLEL(n, {
     for (int64_t i = i0; i < i1; i++)
       dinp[i] += inp[i] > 0.0f ? dout[i] : 0.0f;
@@ -84,8 +85,8 @@ static void relu_to_run(float *dinp, const float *inp, const float *dout,
     dinp[i] = 0.0f + (inp[i] > 0.0f ? dout[i] : 0.0f);
 }
 
-void loom_relu_backward_to(float *dinp, const float *inp, const float *dout,
-                           int64_t n) {
+void LOOM_ISA(loom_relu_backward_to)(float *dinp, const float *inp,
+                                     const float *dout, int64_t n) {
   EW_PARALLEL(n, relu_to_run(dinp, inp, dout, i0, i1));
 }
 
@@ -94,7 +95,7 @@ void loom_relu_backward_to(float *dinp, const float *inp, const float *dout,
 
 /* 0.5 x (1 + tanh(u)) = x sigmoid(2u): one exp and one division, no sign
  * juggling. exp(-2u) saturates at exp(88) for u <= -44, where gelu is -0. */
-void loom_gelu_forward(float *out, const float *inp, int64_t n) {
+void LOOM_ISA(loom_gelu_forward)(float *out, const float *inp, int64_t n) {
   EW_PARALLEL(n, {
     for (int64_t i = i0; i < i1; i++) {
       const float x = inp[i];
@@ -113,8 +114,8 @@ static inline float gelu_slope(float x) {
   return fmaf(2.0f * x * sg * (1.0f - sg), du, sg);
 }
 
-void loom_gelu_backward(float *dinp, const float *inp, const float *dout,
-                        int64_t n) {
+void LOOM_ISA(loom_gelu_backward)(float *dinp, const float *inp,
+                                  const float *dout, int64_t n) {
   EW_PARALLEL(n, {
     for (int64_t i = i0; i < i1; i++) {
       const float d = gelu_slope(inp[i]);
@@ -123,8 +124,8 @@ void loom_gelu_backward(float *dinp, const float *inp, const float *dout,
   });
 }
 
-void loom_gelu_backward_to(float *dinp, const float *inp, const float *dout,
-                           int64_t n) {
+void LOOM_ISA(loom_gelu_backward_to)(float *dinp, const float *inp,
+                                     const float *dout, int64_t n) {
   EW_PARALLEL(n, {
     for (int64_t i = i0; i < i1; i++) {
       const float d = gelu_slope(inp[i]);
@@ -135,8 +136,8 @@ void loom_gelu_backward_to(float *dinp, const float *inp, const float *dout,
 
 /* Element i keeps its value when draw (counter + i) of the stream, as 24
  * bits, is >= ceil(p * 2^24): exactly loom_rng_uniform(r) >= p. */
-void loom_dropout_forward(float *out, uint8_t *mask, const float *inp, float p,
-                          loom_rng *rng, int64_t n) {
+void LOOM_ISA(loom_dropout_forward)(float *out, uint8_t *mask, const float *inp,
+                                    float p, loom_rng *rng, int64_t n) {
   const uint64_t base = rng->counter;
   rng->counter += (uint64_t)n;
   if (!(p > 0.0f)) {
@@ -180,8 +181,8 @@ void loom_dropout_forward(float *out, uint8_t *mask, const float *inp, float p,
   });
 }
 
-void loom_dropout_backward(float *dinp, const uint8_t *mask, const float *dout,
-                           float p, int64_t n) {
+void LOOM_ISA(loom_dropout_backward)(float *dinp, const uint8_t *mask,
+                                     const float *dout, float p, int64_t n) {
   if (p >= 1.0f)
     return; /* every element was dropped */
   const float scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;

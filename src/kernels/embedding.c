@@ -9,8 +9,8 @@
 
 #define EMB_COLS 16
 
-void loom_embedding_forward(float *out, const int32_t *ids, const float *table,
-                            int N, int C) {
+void LOOM_ISA(loom_embedding_forward)(float *out, const int32_t *ids,
+                                      const float *table, int N, int C) {
   const int nt = loom_kern_nthreads((int64_t)N * C, LOOM_KERN_PAR_MIN);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int n = 0; n < N; n++)
@@ -18,8 +18,8 @@ void loom_embedding_forward(float *out, const int32_t *ids, const float *table,
            (size_t)C * sizeof(float));
 }
 
-void loom_embedding_backward(float *dtable, const float *dout,
-                             const int32_t *ids, int N, int C) {
+void LOOM_ISA(loom_embedding_backward)(float *dtable, const float *dout,
+                                       const int32_t *ids, int N, int C) {
   const int blocks = (C + EMB_COLS - 1) / EMB_COLS;
   const int nt = loom_kern_nthreads((int64_t)N * C, LOOM_KERN_PAR_MIN);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)

@@ -1,5 +1,7 @@
-/* GEMM: backend choice (oneDNN, OpenBLAS, naive), the thread-count
- * invariant tile driver, and the double-precision reference. */
+/* GEMM: the thread-count invariant tile driver, the serial GEMM used inside
+ * parallel loops, the calls of oneDNN and OpenBLAS, and the double-precision
+ * reference. Built once per instruction set; the backend choice, which is
+ * process state, lives in gemm_backend.c. */
 #include <cblas.h>
 #include <omp.h>
 #include <stdatomic.h>
@@ -13,97 +15,6 @@
 #include <oneapi/dnnl/dnnl.h>
 #endif
 
-static const char *const backend_names[] = {
-#define LOOM_X_NAME(name, text) text,
-    LOOM_GEMM_BACKEND_LIST(LOOM_X_NAME)
-#undef LOOM_X_NAME
-};
-_Static_assert(sizeof backend_names / sizeof backend_names[0] ==
-                   LOOM_GEMM_BACKEND_COUNT,
-               "one name per GEMM backend");
-
-static atomic_int g_backend = -1; /* -1: not decided yet */
-static atomic_int g_det = -1;
-
-const char *loom_gemm_backend_name(loom_gemm_backend b) {
-  if ((int)b < 0 || b >= LOOM_GEMM_BACKEND_COUNT)
-    return "unknown";
-  return backend_names[b];
-}
-
-loom_status loom_gemm_backend_parse(const char *name, loom_gemm_backend *out) {
-  if (!name || !out)
-    return loom_error(LOOM_ERR_INVALID_ARG, "gemm backend: NULL argument");
-  for (int i = 0; i < LOOM_GEMM_BACKEND_COUNT; i++)
-    if (strcmp(name, backend_names[i]) == 0) {
-      *out = (loom_gemm_backend)i;
-      return LOOM_OK;
-    }
-  return loom_error(LOOM_ERR_INVALID_ARG,
-                    "unknown GEMM backend '%s' (expected dnnl, openblas or "
-                    "naive)",
-                    name);
-}
-
-static loom_gemm_backend default_backend(void) {
-#if defined(LOOM_HAVE_DNNL) && !defined(LOOM_GEMM_DEFAULT_OPENBLAS)
-  return LOOM_GEMM_DNNL;
-#else
-  return LOOM_GEMM_OPENBLAS;
-#endif
-}
-
-loom_status loom_gemm_set_backend(loom_gemm_backend b) {
-  if ((int)b < 0 || b >= LOOM_GEMM_BACKEND_COUNT)
-    return loom_error(LOOM_ERR_INVALID_ARG, "GEMM backend %d out of range",
-                      (int)b);
-#ifndef LOOM_HAVE_DNNL
-  if (b == LOOM_GEMM_DNNL)
-    return loom_error(LOOM_ERR_UNSUPPORTED,
-                      "GEMM backend 'dnnl': loom was built without oneDNN");
-#endif
-  atomic_store(&g_backend, (int)b);
-  return LOOM_OK;
-}
-
-loom_gemm_backend loom_gemm_get_backend(void) {
-  int b = atomic_load(&g_backend);
-  if (b >= 0)
-    return (loom_gemm_backend)b;
-  loom_gemm_backend chosen = default_backend();
-  const char *env = getenv("LOOM_GEMM");
-  if (env && *env) {
-    loom_gemm_backend parsed = chosen;
-    if (loom_gemm_backend_parse(env, &parsed) != LOOM_OK)
-      LOOM_WARN("LOOM_GEMM=%s: unknown backend, using %s", env,
-                backend_names[chosen]);
-    else if (loom_gemm_set_backend(parsed) != LOOM_OK)
-      LOOM_WARN("LOOM_GEMM=%s: %s; using %s", env, loom_last_error(),
-                backend_names[chosen]);
-    else
-      chosen = parsed;
-  }
-  int expected = -1;
-  atomic_compare_exchange_strong(&g_backend, &expected, (int)chosen);
-  return (loom_gemm_backend)atomic_load(&g_backend);
-}
-
-void loom_gemm_set_deterministic(bool on) { atomic_store(&g_det, on ? 1 : 0); }
-
-bool loom_gemm_get_deterministic(void) {
-  int d = atomic_load(&g_det);
-  if (d >= 0)
-    return d != 0;
-  const char *env = getenv("LOOM_GEMM_DETERMINISTIC");
-  d = 1;
-  if (env && (strcmp(env, "0") == 0 || strcmp(env, "off") == 0 ||
-              strcmp(env, "false") == 0 || strcmp(env, "no") == 0))
-    d = 0;
-  int expected = -1;
-  atomic_compare_exchange_strong(&g_det, &expected, d);
-  return atomic_load(&g_det) != 0;
-}
-
 /* OpenBLAS (the pthreads build) keeps its own pool: hold it to n threads,
  * and to 1 whenever OpenMP threads call it, so the two never oversubscribe
  * the cores. Asked each time, not cached: a program may also set it. */
@@ -114,9 +25,10 @@ static void ob_set_threads(int n) {
 
 /* ------------------------------------------------------------- reference */
 
-void loom_gemm_ref(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-                   const float *A, int lda, const float *B, int ldb, float beta,
-                   float *C, int ldc) {
+void LOOM_ISA(loom_gemm_ref)(bool trans_a, bool trans_b, int M, int N, int K,
+                             float alpha, const float *A, int lda,
+                             const float *B, int ldb, float beta, float *C,
+                             int ldc) {
   for (int i = 0; i < M; i++)
     for (int j = 0; j < N; j++) {
       double s = 0;
@@ -357,7 +269,7 @@ static loom_status tiled_gemm(loom_gemm_backend be, bool ta, bool tb, int M,
   loom_free(part);
   if (atomic_load(&failed))
     return loom_error(LOOM_ERR_INTERNAL, "gemm %dx%dx%d: %s failed (%d)", M, N,
-                      K, backend_names[be], atomic_load(&failed));
+                      K, loom_gemm_backend_name(be), atomic_load(&failed));
   return LOOM_OK;
 }
 
@@ -374,9 +286,10 @@ static void scale_c(int M, int N, float beta, float *C, int ldc) {
   }
 }
 
-loom_status loom_gemm(bool trans_a, bool trans_b, int M, int N, int K,
-                      float alpha, const float *A, int lda, const float *B,
-                      int ldb, float beta, float *C, int ldc) {
+loom_status LOOM_ISA(loom_gemm)(bool trans_a, bool trans_b, int M, int N, int K,
+                                float alpha, const float *A, int lda,
+                                const float *B, int ldb, float beta, float *C,
+                                int ldc) {
   if (M < 0 || N < 0 || K < 0)
     return loom_error(LOOM_ERR_INVALID_ARG, "gemm: negative size %dx%dx%d", M,
                       N, K);

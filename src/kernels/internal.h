@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "isa.h"
 #include "loom/kernels.h"
 
 #if defined(__AVX2__) && defined(__FMA__)

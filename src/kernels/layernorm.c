@@ -13,9 +13,9 @@
 #define LN_COLS 16
 #define LN_ROWS 64
 
-void loom_layernorm_forward(float *out, float *mean, float *rstd,
-                            const float *inp, const float *weight,
-                            const float *bias, int N, int C) {
+void LOOM_ISA(loom_layernorm_forward)(float *out, float *mean, float *rstd,
+                                      const float *inp, const float *weight,
+                                      const float *bias, int N, int C) {
   const int nt = loom_kern_nthreads((int64_t)N * C, LOOM_KERN_PAR_MIN);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int n = 0; n < N; n++) {
@@ -124,10 +124,11 @@ static void ln_dparams(float *dweight, float *dbias, const float *dout,
   }
 }
 
-void loom_layernorm_backward(float *dinp, float *dweight, float *dbias,
-                             const float *dout, const float *inp,
-                             const float *weight, const float *mean,
-                             const float *rstd, int N, int C) {
+void LOOM_ISA(loom_layernorm_backward)(float *dinp, float *dweight,
+                                       float *dbias, const float *dout,
+                                       const float *inp, const float *weight,
+                                       const float *mean, const float *rstd,
+                                       int N, int C) {
   if (dinp)
     ln_dinp(dinp, dout, inp, weight, mean, rstd, N, C);
   if (dweight || dbias)

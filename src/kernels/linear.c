@@ -10,9 +10,10 @@
 #define LIN_ROWS 64
 #define LIN_COLS_MAX 256
 
-loom_status loom_linear_forward(float *out, const float *inp,
-                                const float *weight, const float *bias, int N,
-                                int C, int OC) {
+loom_status LOOM_ISA(loom_linear_forward)(float *out, const float *inp,
+                                          const float *weight,
+                                          const float *bias, int N, int C,
+                                          int OC) {
   if (N < 0 || C < 0 || OC < 0)
     return loom_error(LOOM_ERR_INVALID_ARG, "linear: negative size");
   float beta = 0.0f;
@@ -63,9 +64,11 @@ static void bias_grad(float *dbias, const float *dout, int N, int OC) {
   }
 }
 
-loom_status loom_linear_backward(float *dinp, float *dweight, float *dbias,
-                                 const float *dout, const float *inp,
-                                 const float *weight, int N, int C, int OC) {
+loom_status LOOM_ISA(loom_linear_backward)(float *dinp, float *dweight,
+                                           float *dbias, const float *dout,
+                                           const float *inp,
+                                           const float *weight, int N, int C,
+                                           int OC) {
   if (N < 0 || C < 0 || OC < 0)
     return loom_error(LOOM_ERR_INVALID_ARG, "linear: negative size");
   const int ldc = C > 0 ? C : 1, ldo = OC > 0 ? OC : 1;

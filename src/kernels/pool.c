@@ -178,19 +178,21 @@ static inline void pool_forward(float *out, int32_t *argmax, const float *inp,
   }
 }
 
-void loom_maxpool2d_forward(float *out, int32_t *argmax, const float *inp,
-                            int N, int C, int H, int W, int K, int S) {
+void LOOM_ISA(loom_maxpool2d_forward)(float *out, int32_t *argmax,
+                                      const float *inp, int N, int C, int H,
+                                      int W, int K, int S) {
   pool_forward(out, argmax, inp, N, C, H, W, K, S, false);
 }
 
-void loom_relu_maxpool2d_forward(float *out, int32_t *argmax, const float *inp,
-                                 int N, int C, int H, int W, int K, int S) {
+void LOOM_ISA(loom_relu_maxpool2d_forward)(float *out, int32_t *argmax,
+                                           const float *inp, int N, int C,
+                                           int H, int W, int K, int S) {
   pool_forward(out, argmax, inp, N, C, H, W, K, S, true);
 }
 
-void loom_maxpool2d_backward(float *dinp, const float *dout,
-                             const int32_t *argmax, int N, int C, int H, int W,
-                             int K, int S) {
+void LOOM_ISA(loom_maxpool2d_backward)(float *dinp, const float *dout,
+                                       const int32_t *argmax, int N, int C,
+                                       int H, int W, int K, int S) {
   const int OH = (H - K) / S + 1, OW = (W - K) / S + 1;
   const int64_t planes = (int64_t)N * C;
   const int nt = loom_kern_nthreads(planes * H * W, LOOM_KERN_PAR_MIN);
@@ -206,9 +208,9 @@ void loom_maxpool2d_backward(float *dinp, const float *dout,
 
 /* A plane is cleared and filled while it sits in L1, so dinp goes to
  * memory once instead of being cleared, read back and written again. */
-void loom_maxpool2d_backward_to(float *dinp, const float *dout,
-                                const int32_t *argmax, int N, int C, int H,
-                                int W, int K, int S) {
+void LOOM_ISA(loom_maxpool2d_backward_to)(float *dinp, const float *dout,
+                                          const int32_t *argmax, int N, int C,
+                                          int H, int W, int K, int S) {
   const int OH = (H - K) / S + 1, OW = (W - K) / S + 1;
   const int64_t planes = (int64_t)N * C;
   const int nt = loom_kern_nthreads(planes * H * W, LOOM_KERN_PAR_MIN);
@@ -287,9 +289,10 @@ static void relu_pool2_back_row(float *dx, const float *x, const float *d,
  * gradient, so relu'(inp) applies as it lands: 0 + (0 + d) where the input
  * is positive, as the two `_to` passes compute it, in one pass over dinp
  * (cleared while the plane sits in L1) instead of three. */
-void loom_relu_maxpool2d_backward_to(float *dinp, const float *dout,
-                                     const int32_t *argmax, const float *inp,
-                                     int N, int C, int H, int W, int K, int S) {
+void LOOM_ISA(loom_relu_maxpool2d_backward_to)(float *dinp, const float *dout,
+                                               const int32_t *argmax,
+                                               const float *inp, int N, int C,
+                                               int H, int W, int K, int S) {
   if (S < K) {
     loom_maxpool2d_backward_to(dinp, dout, argmax, N, C, H, W, K, S);
     loom_relu_backward_to(dinp, inp, dinp, (int64_t)N * C * H * W);

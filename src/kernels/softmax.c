@@ -20,7 +20,8 @@ static float softmax_row(float *o, const float *x, int C, float *max_out) {
   return logf(s);
 }
 
-void loom_softmax_forward(float *out, const float *inp, int N, int C) {
+void LOOM_ISA(loom_softmax_forward)(float *out, const float *inp, int N,
+                                    int C) {
   const int nt = loom_kern_nthreads((int64_t)N * C, LOOM_KERN_PAR_MIN);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int n = 0; n < N; n++) {
@@ -29,8 +30,8 @@ void loom_softmax_forward(float *out, const float *inp, int N, int C) {
   }
 }
 
-void loom_softmax_backward(float *dinp, const float *out, const float *dout,
-                           int N, int C) {
+void LOOM_ISA(loom_softmax_backward)(float *dinp, const float *out,
+                                     const float *dout, int N, int C) {
   const int nt = loom_kern_nthreads((int64_t)N * C, LOOM_KERN_PAR_MIN);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int n = 0; n < N; n++) {
@@ -42,7 +43,8 @@ void loom_softmax_backward(float *dinp, const float *out, const float *dout,
   }
 }
 
-void loom_log_softmax_forward(float *out, const float *inp, int N, int C) {
+void LOOM_ISA(loom_log_softmax_forward)(float *out, const float *inp, int N,
+                                        int C) {
   const int nt = loom_kern_nthreads((int64_t)N * C, LOOM_KERN_PAR_MIN);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int n = 0; n < N; n++) {
@@ -57,8 +59,8 @@ void loom_log_softmax_forward(float *out, const float *inp, int N, int C) {
   }
 }
 
-void loom_log_softmax_backward(float *dinp, const float *out, const float *dout,
-                               int N, int C) {
+void LOOM_ISA(loom_log_softmax_backward)(float *dinp, const float *out,
+                                         const float *dout, int N, int C) {
   const int nt = loom_kern_nthreads((int64_t)N * C, LOOM_KERN_PAR_MIN);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int n = 0; n < N; n++) {
@@ -72,8 +74,9 @@ void loom_log_softmax_backward(float *dinp, const float *out, const float *dout,
 
 /* loss = log(sum exp(x - m)) - (x[t] - m): no log of a rounded probability,
  * so a confident wrong answer costs its true (large) loss, not log(0). */
-void loom_crossentropy_forward(float *losses, float *probs, const float *logits,
-                               const int32_t *targets, int N, int V) {
+void LOOM_ISA(loom_crossentropy_forward)(float *losses, float *probs,
+                                         const float *logits,
+                                         const int32_t *targets, int N, int V) {
   const int nt = loom_kern_nthreads((int64_t)N * V, LOOM_KERN_PAR_MIN);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int n = 0; n < N; n++) {
@@ -90,9 +93,9 @@ void loom_crossentropy_forward(float *losses, float *probs, const float *logits,
   }
 }
 
-void loom_crossentropy_backward(float *dlogits, const float *probs,
-                                const int32_t *targets, const float *dloss,
-                                int N, int V) {
+void LOOM_ISA(loom_crossentropy_backward)(float *dlogits, const float *probs,
+                                          const int32_t *targets,
+                                          const float *dloss, int N, int V) {
   const int nt = loom_kern_nthreads((int64_t)N * V, LOOM_KERN_PAR_MIN);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int n = 0; n < N; n++) {

@@ -5,7 +5,7 @@
 #include <math.h>
 #include <omp.h>
 #include <string.h>
-#if defined(__AVX__)
+#if defined(__AVX__) || defined(__SSE2__)
 #include <immintrin.h>
 #endif
 
@@ -16,8 +16,8 @@
 
 /* Sum of squares of x(n), n <= LOOM_GRAD_CHUNK, in 16 lanes (element i in
  * lane i % 16) combined as a fixed tree: the same bits on every machine and
- * with or without AVX, since a float squared is exact in double and only the
- * lane additions round, in the same order either way. */
+ * with AVX, SSE2 or neither, since a float squared is exact in double and only
+ * the lane additions round, in the same order either way. */
 static double chunk_sumsq(const float *restrict x, int64_t n) {
   double acc[16] = {0};
   int64_t i = 0;
@@ -37,6 +37,18 @@ static double chunk_sumsq(const float *restrict x, int64_t n) {
   _mm256_storeu_pd(acc + 4, a1);
   _mm256_storeu_pd(acc + 8, a2);
   _mm256_storeu_pd(acc + 12, a3);
+#elif defined(__SSE2__)
+  __m128d a[8];
+  for (int l = 0; l < 8; l++)
+    a[l] = _mm_setzero_pd();
+  for (; i + 16 <= n; i += 16)
+    for (int l = 0; l < 8; l++) {
+      __m128d v = _mm_cvtps_pd(_mm_castsi128_ps(
+          _mm_loadl_epi64((const __m128i *)(const void *)(x + i + 2 * l))));
+      a[l] = _mm_add_pd(a[l], _mm_mul_pd(v, v));
+    }
+  for (int l = 0; l < 8; l++)
+    _mm_storeu_pd(acc + 2 * l, a[l]);
 #endif
   for (; i + 16 <= n; i += 16)
     for (int l = 0; l < 16; l++) {
@@ -53,7 +65,7 @@ static double chunk_sumsq(const float *restrict x, int64_t n) {
   return acc[0];
 }
 
-double loom_grad_sumsq(const float *g, int64_t n) {
+double LOOM_ISA(loom_grad_sumsq)(const float *g, int64_t n) {
   if (!g || n <= 0)
     return 0.0;
   int64_t nchunks = (n + LOOM_GRAD_CHUNK - 1) / LOOM_GRAD_CHUNK;
@@ -79,7 +91,7 @@ double loom_grad_sumsq(const float *g, int64_t n) {
   return total;
 }
 
-void loom_grad_scale(float *g, int64_t n, float s) {
+void LOOM_ISA(loom_grad_scale)(float *g, int64_t n, float s) {
   if (!g || n <= 0)
     return;
   int nt = loom_optim_threads_for(n);
@@ -101,7 +113,7 @@ static bool isnonfinite_bits(float x) {
   return (u & 0x7f800000u) == 0x7f800000u;
 }
 
-bool loom_grad_has_nonfinite(const float *g, int64_t n) {
+bool LOOM_ISA(loom_grad_has_nonfinite)(const float *g, int64_t n) {
   if (!g || n <= 0)
     return false;
   int bad = 0;
@@ -120,8 +132,8 @@ bool loom_grad_has_nonfinite(const float *g, int64_t n) {
   return bad != 0;
 }
 
-loom_status loom_grad_clip_sumsq(float *g, int64_t n, double sumsq,
-                                 float max_norm, double *norm) {
+loom_status LOOM_ISA(loom_grad_clip_sumsq)(float *g, int64_t n, double sumsq,
+                                           float max_norm, double *norm) {
   if (!(max_norm > 0.0f) || isinf(max_norm))
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "clip: max_norm must be finite and > 0 (got %g)",
@@ -141,7 +153,8 @@ loom_status loom_grad_clip_sumsq(float *g, int64_t n, double sumsq,
   return LOOM_OK;
 }
 
-loom_status loom_grad_clip(float *g, int64_t n, float max_norm, double *norm) {
+loom_status LOOM_ISA(loom_grad_clip)(float *g, int64_t n, float max_norm,
+                                     double *norm) {
   if (n < 0 || (n > 0 && !g))
     return loom_error(LOOM_ERR_INVALID_ARG, "clip: %lld gradients at %p",
                       (long long)n, (void *)g);

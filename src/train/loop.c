@@ -341,6 +341,11 @@ static loom_status setup_local(loom_trainer *t) {
     in = loom_shape_make(LOOM_F32, 4, d);
   }
   LOOM_TRY(loom_model_plan(t->model, &in));
+  if (t->rank == 0 && !t->opts.quiet)
+    LOOM_INFO("kernels: %s (LOOM_ISA chooses among the copies this CPU runs), "
+              "GEMM %s, %d thread(s)",
+              loom_isa_name(loom_cpu_isa()),
+              loom_gemm_backend_name(loom_gemm_get_backend()), loom_threads());
   return loom_train_ckpt_prepare(t);
 }
 

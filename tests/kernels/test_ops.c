@@ -570,8 +570,31 @@ TT_TEST(cpu_features) {
          f->avx2, f->fma, f->avx512f, f->avx512_bf16, f->amx_tile, f->amx_bf16);
 }
 
+/* The copy in use: the one LOOM_ISA names (the _base tests), else the best
+ * this CPU runs; never one it lacks. */
+TT_TEST(isa_choice) {
+  const loom_isa isa = loom_cpu_isa();
+  TT_CHECK(loom_isa_available(isa));
+  TT_CHECK(loom_isa_available(LOOM_ISA_BASE));
+  TT_CHECK_EQ(loom_cpu_check(), LOOM_OK);
+  const char *env = getenv("LOOM_ISA");
+  if (env && strcmp(env, "base") == 0) {
+    TT_CHECK_EQ(isa, LOOM_ISA_BASE);
+  } else {
+    for (int i = isa + 1; i < LOOM_ISA_COUNT; i++)
+      TT_CHECK(!loom_isa_available((loom_isa)i));
+  }
+  const loom_cpu_features *f = loom_cpu_get_features();
+  if (!(f->avx2 && f->fma))
+    TT_CHECK(!loom_isa_available(LOOM_ISA_AVX2));
+  TT_CHECK(strcmp(loom_isa_name(LOOM_ISA_AVX2), "avx2") == 0);
+  TT_CHECK(strcmp(loom_isa_name(LOOM_ISA_COUNT), "unknown") == 0);
+  printf("isa: %s\n", loom_isa_name(isa));
+}
+
 int main(void) {
   TT_RUN(expf_accuracy);
+  TT_RUN(isa_choice);
   TT_RUN(fixed_order_reductions);
   TT_RUN(elementwise_ops);
   TT_RUN(dropout_masks);
