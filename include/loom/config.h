@@ -56,7 +56,10 @@ LOOM_API_BEGIN
   X(LOOM_CFG_STRATEGY_AUTO, "auto")                                            \
   X(LOOM_CFG_STRATEGY_NONE, "none")                                            \
   X(LOOM_CFG_STRATEGY_DDP, "ddp")                                              \
-  X(LOOM_CFG_STRATEGY_ZERO, "zero")
+  X(LOOM_CFG_STRATEGY_ZERO1, "zero1")                                          \
+  X(LOOM_CFG_STRATEGY_ZERO2, "zero2")                                          \
+  X(LOOM_CFG_STRATEGY_ZERO3, "zero3")                                          \
+  X(LOOM_CFG_STRATEGY_FSDP, "fsdp")
 #define LOOM_CFG_COMPRESS_LIST(X)                                              \
   X(LOOM_CFG_COMPRESS_NONE, "none")                                            \
   X(LOOM_CFG_COMPRESS_BF16, "bf16")                                            \
@@ -167,7 +170,7 @@ typedef struct loom_config_parallel {
   loom_cfg_strategy strategy;
   double bucket_mb, first_bucket_mb;
   bool deterministic;
-  int64_t virtual_shards, zero_stage;
+  int64_t virtual_shards;
   loom_cfg_compress compress;
 } loom_config_parallel;
 

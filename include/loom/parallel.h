@@ -128,7 +128,9 @@ loom_status loom_ddp_wait_bucket(loom_ddp *d, int i);
 loom_status loom_ddp_wait(loom_ddp *d);
 /* One optimizer step: each bucket's range is stepped with
  * loom_optim_step_range as soon as it is reduced, then
- * loom_optim_finish_step. */
+ * loom_optim_finish_step. A sharded optimizer (opts shard_begin/shard_end:
+ * ZeRO-1) steps only the part of each bucket in its shard; gathering the
+ * other ranks' parameters afterwards is the caller's (loom_allgatherv). */
 loom_status loom_ddp_step(loom_ddp *d, loom_optim *o, float lr);
 
 /* Uneven inputs (opts.uneven): a rank that has no batch for this step calls

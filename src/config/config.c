@@ -266,9 +266,12 @@ static const loom_config_key keys[] = {
     KENUM_TODO("parallel.strategy", parallel.strategy, "auto",
                loom_cfg_strategy_names, 0,
                "auto (none on one rank, ddp on more), none, ddp (data "
-               "parallel) or zero (data parallel with sharded state)",
-               BIT(LOOM_CFG_STRATEGY_ZERO),
-               "ZeRO sharding comes in a later release"),
+               "parallel), zero1 (ddp with the optimizer state sharded over "
+               "the ranks), zero2 (also gradients; PyTorch's SHARD_GRAD_OP), "
+               "zero3 or fsdp (also parameters; FULL_SHARD)",
+               BIT(LOOM_CFG_STRATEGY_ZERO2) | BIT(LOOM_CFG_STRATEGY_ZERO3) |
+                   BIT(LOOM_CFG_STRATEGY_FSDP),
+               "zero2 and zero3 come in a later release"),
     KFLOAT("parallel.bucket_mb", parallel.bucket_mb, "25", 0, 4096, MI,
            "ddp: size of a gradient bucket in MiB"),
     KFLOAT("parallel.first_bucket_mb", parallel.first_bucket_mb, "1", 0, 4096,
@@ -281,10 +284,6 @@ static const loom_config_key keys[] = {
     KINT("parallel.virtual_shards", parallel.virtual_shards, "8", 1, 65536, 0,
          "deterministic: fixed shards of the global batch, a power of two; "
          "the world size (a power of two) must divide it"),
-    KINT_TODO("parallel.zero_stage", parallel.zero_stage, "1", 1, 3, 0,
-              "zero: 1 shards optimizer state, 2 also gradients, 3 also "
-              "parameters",
-              "ZeRO sharding comes in a later release"),
     KENUM("parallel.compress", parallel.compress, "none",
           loom_cfg_compress_names, 0,
           "ddp: dtype of gradients in communication: none (f32), bf16 or f16"),
@@ -1334,9 +1333,10 @@ static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
                    (long long)vs);
   if (cfg->parallel.deterministic &&
       cfg->parallel.strategy == LOOM_CFG_STRATEGY_NONE)
-    return cfg_err(origin_of(org, "parallel.deterministic", &none),
-                   "parallel.deterministic",
-                   "needs parallel.strategy 'auto' or 'ddp' (got 'none')");
+    return cfg_err(
+        origin_of(org, "parallel.deterministic", &none),
+        "parallel.deterministic",
+        "needs parallel.strategy 'auto', 'ddp' or 'zero1' (got 'none')");
   if ((cfg->schedule.name == LOOM_SCHED_COSINE ||
        cfg->schedule.name == LOOM_SCHED_LINEAR) &&
       cfg->train.steps > 0 && cfg->schedule.warmup_steps >= cfg->train.steps)

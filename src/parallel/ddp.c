@@ -391,10 +391,16 @@ loom_status loom_ddp_wait(loom_ddp *d) {
 loom_status loom_ddp_step(loom_ddp *d, loom_optim *o, float lr) {
   LOOM_TRY(loom_ddp_finish_backward(d));
   float *p = loom_model_params(d->model);
+  /* A sharded optimizer (ZeRO-1) steps only what its shard holds. */
+  const loom_optim_opts *oo = loom_optim_get_opts(o);
+  const int64_t s0 = oo->shard_begin,
+                s1 = oo->shard_end < 0 ? d->n : oo->shard_end;
   for (int i = 0; i < d->nbuckets; i++) {
     LOOM_TRY(loom_ddp_wait_bucket(d, i));
-    LOOM_TRY(loom_optim_step_range(o, p, d->grads, lr, d->buckets[i].begin,
-                                   d->buckets[i].end));
+    int64_t b = d->buckets[i].begin > s0 ? d->buckets[i].begin : s0;
+    int64_t e = d->buckets[i].end < s1 ? d->buckets[i].end : s1;
+    if (b < e)
+      LOOM_TRY(loom_optim_step_range(o, p, d->grads, lr, b, e));
   }
   loom_optim_finish_step(o);
   end_step(d);

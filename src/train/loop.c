@@ -183,6 +183,8 @@ static loom_status make_optim(loom_trainer *t) {
   oo.beta2 = oc->beta2;
   oo.eps = oc->eps;
   oo.weight_decay = oc->weight_decay;
+  if (t->zero1) /* the state of this rank's slice only */
+    loom_train_slice(t, t->rank, &oo.shard_begin, &oo.shard_end);
   int nv = loom_model_num_views(t->model);
   loom_param *views = loom_calloc((size_t)nv, sizeof *views);
   if (!views)
@@ -229,6 +231,12 @@ loom_status loom_train_agree(loom_trainer *t, loom_status mine,
   return loom_comm_agree(t->world, mine, what);
 }
 
+void loom_train_slice(const loom_trainer *t, int r, int64_t *lo, int64_t *hi) {
+  int64_t n = loom_model_num_params(t->model);
+  *lo = n * r / t->nranks;
+  *hi = n * (r + 1) / t->nranks;
+}
+
 /* The world group, the strategy and the shape of a rank's batch. */
 static loom_status open_world(loom_trainer *t) {
   const loom_config_parallel *pc = &t->cfg.parallel;
@@ -243,10 +251,16 @@ static loom_status open_world(loom_trainer *t) {
   t->shard_rows = t->batch;
   t->units = 1;
   switch (pc->strategy) {
-  case LOOM_CFG_STRATEGY_ZERO:
-    return loom_error(LOOM_ERR_UNSUPPORTED,
-                      "parallel.strategy 'zero' is not available in this "
-                      "build; use 'ddp'");
+  case LOOM_CFG_STRATEGY_ZERO2:
+  case LOOM_CFG_STRATEGY_ZERO3:
+  case LOOM_CFG_STRATEGY_FSDP: /* refused by the config check too */
+    return loom_error(LOOM_ERR_CONFIG,
+                      "parallel.strategy '%s' is not implemented yet; "
+                      "supported: auto, none, ddp, zero1",
+                      loom_cfg_strategy_names[pc->strategy]);
+  case LOOM_CFG_STRATEGY_ZERO1:
+    t->zero1 = true;
+    break;
   case LOOM_CFG_STRATEGY_NONE:
     if (t->nranks > 1)
       return loom_error(LOOM_ERR_CONFIG,
@@ -256,13 +270,13 @@ static loom_status open_world(loom_trainer *t) {
     if (pc->deterministic)
       return loom_error(LOOM_ERR_CONFIG,
                         "parallel.deterministic needs parallel.strategy "
-                        "'auto' or 'ddp'");
+                        "'auto', 'ddp' or 'zero1'");
     return LOOM_OK;
   default:
     break;
   }
-  bool ddp = pc->strategy == LOOM_CFG_STRATEGY_DDP || t->nranks > 1 ||
-             pc->deterministic;
+  bool ddp = pc->strategy == LOOM_CFG_STRATEGY_DDP || t->zero1 ||
+             t->nranks > 1 || pc->deterministic;
   if (!ddp)
     return LOOM_OK;
   t->units = t->nranks;
@@ -491,7 +505,7 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
     s = setup_local(t);
   }
   LOOM_TRY_GOTO(s, loom_train_agree(t, s, "setting up"), fail);
-  if (t->units > 1 || cfg->parallel.deterministic ||
+  if (t->units > 1 || cfg->parallel.deterministic || t->zero1 ||
       cfg->parallel.strategy == LOOM_CFG_STRATEGY_DDP)
     LOOM_TRY_GOTO(s, make_ddp(t), fail);
   if (wants_warm_up(t)) {
@@ -524,6 +538,7 @@ void loom_trainer_free(loom_trainer *t) {
   loom_ckpt_writer_free(t->commit.w); /* joins its thread */
   loom_free(t->snap); /* the write thread read it until the wait above */
   loom_ddp_free(t->ddp);
+  loom_free(t->zero_counts);
   loom_progress_free(t->progress);
   loom_metrics_close(t->metrics);
   loom_optim_free(t->optim);
@@ -866,6 +881,29 @@ void loom_trainer_catch_stop_signals(void) {
   stop_caught_early = true;
 }
 
+/* ZeRO-1: each rank stepped its slice of the parameters; every rank gets
+ * all of them (in place: this rank's slice is already where it belongs). */
+static loom_status zero1_gather(loom_trainer *t, float *params) {
+  if (t->nranks == 1)
+    return LOOM_OK;
+  if (!t->zero_counts) {
+    t->zero_counts = loom_calloc((size_t)t->nranks, sizeof *t->zero_counts);
+    if (!t->zero_counts)
+      return LOOM_ERR_NOMEM;
+    for (int r = 0; r < t->nranks; r++) {
+      int64_t lo, hi;
+      loom_train_slice(t, r, &lo, &hi);
+      t->zero_counts[r] = (size_t)(hi - lo);
+    }
+  }
+  int64_t lo, hi;
+  loom_train_slice(t, t->rank, &lo, &hi);
+  loom_req req = LOOM_REQ_INIT;
+  LOOM_TRY(loom_allgatherv(params + lo, params, t->zero_counts, LOOM_F32,
+                           t->world, &req));
+  return loom_wait(&req);
+}
+
 /* The optimizer step after backward: the reduced gradient, clipped by its
  * global norm when asked (which needs all of it first), else stepped bucket
  * by bucket as the reductions complete. */
@@ -886,6 +924,8 @@ static loom_status optim_step(loom_trainer *t, float lr, double *gnorm,
       LOOM_TRY(loom_grad_clip(grads, n, (float)clip, gnorm));
     LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
   }
+  if (t->zero1)
+    LOOM_TRY(zero1_gather(t, params));
   double el = loom_time_now() - t0;
   if (t->ddp) {
     loom_ddp_get_stats(t->ddp, &ds);

@@ -28,7 +28,9 @@ static const char *sched_name(const loom_trainer *t) {
 static loom_status fill_meta(loom_trainer *t, loom_ckpt_meta *meta) {
   *meta = loom_ckpt_meta_default();
   snprintf(meta->strategy, sizeof meta->strategy, "%s",
-           t->ddp ? "ddp" : "none");
+           t->zero1 ? "zero1"
+           : t->ddp ? "ddp"
+                    : "none");
   meta->config_hash = loom_config_hash(&t->cfg);
   meta->n_views = loom_model_num_views(t->model);
   meta->views = loom_model_view(t->model, 0);
@@ -234,12 +236,8 @@ loom_status loom_train_ckpt_poll(loom_trainer *t, const double *g) {
   return LOOM_OK;
 }
 
-/* This rank's slice [lo, hi) of the replicated flat buffers: P contiguous
- * slices, one per rank. */
 static void my_slice(const loom_trainer *t, int64_t *lo, int64_t *hi) {
-  int64_t n = loom_model_num_params(t->model);
-  *lo = n * t->rank / t->nranks;
-  *hi = n * (t->rank + 1) / t->nranks;
+  loom_train_slice(t, t->rank, lo, hi);
 }
 
 loom_status loom_train_ckpt_prepare(loom_trainer *t) {

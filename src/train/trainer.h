@@ -46,6 +46,11 @@ typedef struct loom_ckpt_bg {
   int64_t step;
 } loom_ckpt_bg;
 
+/* Rank r's slice [lo, hi) of the flat buffers: P contiguous slices, the
+ * last ones one element longer when P does not divide the size. Each rank
+ * writes its slice of a checkpoint; ZeRO-1 shards the optimizer by them. */
+void loom_train_slice(const loom_trainer *t, int r, int64_t *lo, int64_t *hi);
+
 struct loom_trainer {
   loom_config cfg;
   loom_train_opts opts;
@@ -81,7 +86,12 @@ struct loom_trainer {
   /* Data parallelism. */
   loom_group *world;
   int rank, nranks;
-  loom_ddp *ddp;      /* NULL: plain training on one rank */
+  loom_ddp *ddp; /* NULL: plain training on one rank */
+  /* ZeRO-1: the optimizer holds and steps only this rank's slice of the
+   * flat parameters (the checkpoint's slice, loom_train_slice); after each
+   * step the slices are all-gathered (zero_counts: every rank's count). */
+  bool zero1;
+  size_t *zero_counts;
   int shards;         /* S: virtual shards per rank (1 unless deterministic) */
   int64_t shard_rows; /* rows of a virtual shard (deterministic) */
   int units;          /* reduction units: ranks, or virtual shards */

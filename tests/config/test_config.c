@@ -235,20 +235,28 @@ TT_TEST(test_not_implemented_and_sizes) {
   EXPECT_ERR("log:\n  profile: true\n",
              "t.yaml:2:3: key 'log.profile': true is not implemented yet; "
              "supported: false (the profiler comes in a later release)");
+  EXPECT_ERR("parallel:\n  strategy: zero2\n",
+             "t.yaml:2:3: key 'parallel.strategy': zero2 is not implemented "
+             "yet; supported: auto, none, ddp, zero1 (zero2 and zero3 come in "
+             "a later release)");
+  EXPECT_ERR("parallel:\n  strategy: fsdp\n",
+             "t.yaml:2:3: key 'parallel.strategy': fsdp is not implemented "
+             "yet; supported: auto, none, ddp, zero1 (zero2 and zero3 come in "
+             "a later release)");
   EXPECT_ERR("parallel:\n  strategy: zero\n",
-             "t.yaml:2:3: key 'parallel.strategy': zero is not implemented "
-             "yet; supported: auto, none, ddp (ZeRO sharding comes in a later "
-             "release)");
-  EXPECT_ERR("parallel:\n  zero_stage: 3\n",
-             "t.yaml:2:3: key 'parallel.zero_stage': 3 is not implemented yet; "
-             "supported: 1 (ZeRO sharding comes in a later release)");
+             "t.yaml:2:13: key 'parallel.strategy': expected one of auto, "
+             "none, ddp, zero1, zero2, zero3, fsdp, got 'zero' (did you mean "
+             "'zero1'?)");
+  EXPECT_ERR("parallel:\n  zero_stage: 1\n",
+             "t.yaml:2:3: key 'parallel.zero_stage': unknown key (see 'loom "
+             "config schema')");
   EXPECT_ERR("model:\n  activation: tanh\n",
              "t.yaml:2:15: key 'model.activation': expected one of relu, gelu, "
              "got 'tanh'");
   /* The defaults of those keys are fine written out. */
   loom_config cfg;
   const char *defaults = "train:\n  precision: f32\n  loss_scale: 0\nlog:\n"
-                         "  profile: false\nparallel:\n  zero_stage: 1\n";
+                         "  profile: false\nparallel:\n  strategy: zero1\n";
   TT_CHECK_OK(loom_config_load_string(&cfg, defaults, strlen(defaults),
                                       "t.yaml", NULL, 0));
   /* The model options that used to fail at training start. */
@@ -293,7 +301,7 @@ TT_TEST(test_not_implemented_and_sizes) {
   /* Rules that used to fail only at training start. */
   EXPECT_ERR("parallel:\n  deterministic: true\n  strategy: none\n",
              "t.yaml:2:3: key 'parallel.deterministic': needs "
-             "parallel.strategy 'auto' or 'ddp' (got 'none')");
+             "parallel.strategy 'auto', 'ddp' or 'zero1' (got 'none')");
   EXPECT_ERR("parallel:\n  deterministic: true\n  virtual_shards: 6\n",
              "t.yaml:3:3: key 'parallel.virtual_shards': 6 is not a power of "
              "two (parallel.deterministic sums the shards in a binary tree)");
