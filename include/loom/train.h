@@ -100,6 +100,39 @@ typedef struct loom_train_result {
                           SIGHUP), 0 for stop_at or loom_trainer_request_stop */
 } loom_train_result;
 
+/* The model the config describes, as loom train builds it (defer_init:
+ * parameters left for a checkpoint to fill). */
+loom_status loom_train_model_new(const loom_config *cfg, bool defer_init,
+                                 loom_model **out);
+
+/* ------------------------------------------------------------ estimates */
+
+/* Memory one rank needs to train a config, by category, in bytes. */
+typedef struct loom_train_estimate {
+  loom_cfg_strategy strategy;
+  bool available; /* false: the strategy is not in this build (a forecast) */
+  int ranks;
+  int64_t params;     /* parameters of the whole model (Psi) */
+  int64_t batch;      /* rows of a rank's forward (one micro-batch) */
+  double param_bytes; /* the parameters this rank holds */
+  double grad_bytes;  /* gradient buffers (the model's and DDP's) */
+  double optim_bytes; /* optimizer state (moments) */
+  double act_bytes;   /* activations kept for backward, scratch and the
+                         output gradient, for `batch` rows */
+  double comm_bytes;  /* deterministic shard buffers, compression's wire */
+  double ckpt_bytes;  /* the async checkpoint's copy of the state */
+  double total_bytes; /* all of the above */
+} loom_train_estimate;
+
+/* Estimates cfg on `ranks` ranks (>= 1) under `strategy` (the config's own
+ * when LOOM_CFG_STRATEGY_AUTO: none on one rank, else ddp). Builds the
+ * model (deferred init) to size activations; reads no data. */
+loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
+                                       loom_cfg_strategy strategy,
+                                       loom_train_estimate *out);
+/* The process's peak resident set so far, in bytes (getrusage). */
+double loom_train_peak_rss(void);
+
 /* Builds everything the config describes; a bad data path, a config that
  * does not fit the data, or an unreadable checkpoint is an error here. */
 loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,

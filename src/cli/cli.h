@@ -24,15 +24,18 @@ typedef struct loom_cli_cmd {
   X("data", loom_cmd_data, "prepare data sets (e.g. the KJV text)")            \
   X("ckpt", loom_cmd_ckpt, "inspect checkpoints")                              \
   X("config", loom_cmd_config, "check a config, show it resolved, list keys")  \
+  X("estimate", loom_cmd_estimate,                                             \
+    "memory per rank of a config, per strategy; largest batch that fits")      \
   X("bench", loom_cmd_bench, "measure kernels and collectives")
 
-int loom_cmd_train(int argc, char **argv);   /* train.c */
-int loom_cmd_data(int argc, char **argv);    /* data.c */
-int loom_cmd_ckpt(int argc, char **argv);    /* ckpt.c */
-int loom_cmd_config(int argc, char **argv);  /* config.c */
-int loom_cmd_bench(int argc, char **argv);   /* bench.c */
-int loom_bench_gemm(int argc, char **argv);  /* bench_gemm.c */
-int loom_bench_comm(int argc, char **argv);  /* bench_comm.c */
-int loom_bench_train(int argc, char **argv); /* bench_train.c */
+int loom_cmd_train(int argc, char **argv);    /* train.c */
+int loom_cmd_data(int argc, char **argv);     /* data.c */
+int loom_cmd_ckpt(int argc, char **argv);     /* ckpt.c */
+int loom_cmd_config(int argc, char **argv);   /* config.c */
+int loom_cmd_estimate(int argc, char **argv); /* estimate.c */
+int loom_cmd_bench(int argc, char **argv);    /* bench.c */
+int loom_bench_gemm(int argc, char **argv);   /* bench_gemm.c */
+int loom_bench_comm(int argc, char **argv);   /* bench_comm.c */
+int loom_bench_train(int argc, char **argv);  /* bench_train.c */
 
 #endif

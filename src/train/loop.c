@@ -28,11 +28,12 @@ loom_model *loom_trainer_model(loom_trainer *t) { return t->model; }
 
 /* ------------------------------------------------------------- building */
 
-static loom_status build_model(loom_trainer *t) {
-  const loom_config_model *mc = &t->cfg.model;
+loom_status loom_train_model_new(const loom_config *cfg, bool defer_init,
+                                 loom_model **out) {
+  const loom_config_model *mc = &cfg->model;
   loom_model_opts mo = loom_model_opts_default();
-  mo.seed = (uint64_t)t->cfg.train.seed;
-  mo.defer_init = t->init_deferred;
+  mo.seed = (uint64_t)cfg->train.seed;
+  mo.defer_init = defer_init;
   const loom_act act = mc->activation;
   switch (mc->name) {
   case LOOM_CFG_MODEL_MLP: {
@@ -44,7 +45,7 @@ static loom_status build_model(loom_trainer *t) {
     o.widths = widths;
     o.n_hidden = mc->hidden.n;
     o.act = act;
-    return loom_fashion_mlp_new(&t->model, &o, &mo);
+    return loom_fashion_mlp_new(out, &o, &mo);
   }
   case LOOM_CFG_MODEL_CNN: {
     loom_fashion_cnn_opts o = loom_fashion_cnn_opts_default();
@@ -56,7 +57,7 @@ static loom_status build_model(loom_trainer *t) {
     o.kernel = (int)mc->kernel;
     o.pool = (int)mc->pool;
     o.act = act;
-    return loom_fashion_cnn_new(&t->model, &o, &mo);
+    return loom_fashion_cnn_new(out, &o, &mo);
   }
   case LOOM_CFG_MODEL_GPT: {
     loom_gpt_opts o = loom_gpt_opts_default();
@@ -70,7 +71,7 @@ static loom_status build_model(loom_trainer *t) {
     mo.init = LOOM_INIT_GPT2;
     mo.init_std = (float)mc->init_std;
     mo.init_n_layer = o.n_layer;
-    return loom_gpt_new(&t->model, &o, &mo);
+    return loom_gpt_new(out, &o, &mo);
   }
   default:
     return loom_error(LOOM_ERR_UNSUPPORTED, "model.name: unknown model");
@@ -333,7 +334,7 @@ static loom_status make_ddp(loom_trainer *t) {
 static loom_status setup_local(loom_trainer *t) {
   LOOM_TRY(loom_train_fault_init(t));
   LOOM_TRY(open_data(t));
-  LOOM_TRY(build_model(t));
+  LOOM_TRY(loom_train_model_new(&t->cfg, t->init_deferred, &t->model));
   LOOM_TRY(loom_xent_new(&t->xent));
   LOOM_TRY(make_loader(t));
   t->train_len = loom_dataset_len(t->train_ds);
@@ -1040,6 +1041,9 @@ static loom_status write_metrics(loom_trainer *t, const run_window *w,
     loom_metrics_num(m, "comm_hidden", loom_ddp_hidden_share(&ds));
   }
   loom_metrics_num(m, "optim_s", win->optim / n);
+  /* Rank 0's peak resident set so far (what loom estimate predicts, plus
+   * code, libraries and data). */
+  loom_metrics_num(m, "peak_rss_mb", loom_train_peak_rss() / (1024.0 * 1024.0));
   /* Not per step: what the saves since the last line took, whole. */
   if (win->ckpt > 0)
     loom_metrics_num(m, "ckpt_s", win->ckpt);

@@ -1,0 +1,219 @@
+/* loom estimate: the memory one rank needs to train a config, by category,
+ * for every data-parallel strategy side by side, and the largest batch that
+ * fits a budget. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "loom/config.h"
+#include "loom/train.h"
+
+static void usage(FILE *f) {
+  fprintf(
+      f,
+      "usage: loom estimate CONFIG [-n N] [--strategy S] [--memory BYTES]\n"
+      "                     [--set KEY=VALUE]...\n\n"
+      "Prints the memory one rank needs to train CONFIG on N ranks\n"
+      "(default 1): parameters, gradients, optimizer state, activations\n"
+      "(one micro-batch of train.batch_size rows), communication buffers,\n"
+      "the async checkpoint's copy, and their total, in MiB, for every\n"
+      "strategy (or only S). Strategies this build cannot run yet are\n"
+      "marked 'forecast'. Not counted: code and libraries, the data set,\n"
+      "MPI's buffers and thread stacks; a training run writes its measured\n"
+      "peak (peak_rss_mb) into metrics.jsonl.\n\n"
+      "  -n N              ranks\n"
+      "  --strategy S      ddp, zero1, zero2, zero3, fsdp or none\n"
+      "  --memory BYTES    also the largest train.batch_size whose total\n"
+      "                    fits BYTES (suffix K, M, G or T: powers of 1024),\n"
+      "                    under S or the config's strategy\n"
+      "  --set KEY=VALUE   override a config key (repeatable)\n");
+}
+
+/* "8G", "512M", "1048576": bytes; false for anything else. */
+static bool parse_bytes(const char *s, double *out) {
+  char *end = NULL;
+  double v = strtod(s, &end);
+  if (end == s || !(v > 0))
+    return false;
+  double mul = 1;
+  if (*end) {
+    const char *units = "KMGT";
+    const char *u = strchr(units, *end);
+    if (!u || end[1] != '\0')
+      return false;
+    for (const char *c = units; c <= u; c++)
+      mul *= 1024;
+  }
+  *out = v * mul;
+  return true;
+}
+
+static void row(const loom_train_estimate *e) {
+  const double mib = 1024.0 * 1024.0;
+  printf("%-8s %-9s %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f\n",
+         loom_cfg_strategy_names[e->strategy],
+         e->available ? "yes" : "forecast", e->param_bytes / mib,
+         e->grad_bytes / mib, e->optim_bytes / mib, e->act_bytes / mib,
+         e->comm_bytes / mib, e->ckpt_bytes / mib, e->total_bytes / mib);
+}
+
+/* The largest batch_size whose estimate fits budget (0: not even 1). */
+static loom_status largest_batch(loom_config *cfg, int ranks,
+                                 loom_cfg_strategy s, double budget,
+                                 int64_t *best) {
+  loom_train_estimate e;
+  int64_t lo = 0, hi = 1;
+  const int64_t cap = 1 << 24; /* train.batch_size's own limit */
+  for (;;) {                   /* doubling until it no longer fits */
+    cfg->train.batch_size = hi;
+    LOOM_TRY(loom_train_estimate_memory(cfg, ranks, s, &e));
+    if (e.total_bytes > budget)
+      break;
+    lo = hi;
+    if (hi >= cap) {
+      *best = lo;
+      return LOOM_OK;
+    }
+    hi *= 2;
+  }
+  while (hi - lo > 1) { /* lo fits (or is 0), hi does not */
+    int64_t mid = lo + (hi - lo) / 2;
+    cfg->train.batch_size = mid;
+    LOOM_TRY(loom_train_estimate_memory(cfg, ranks, s, &e));
+    if (e.total_bytes > budget)
+      hi = mid;
+    else
+      lo = mid;
+  }
+  *best = lo;
+  return LOOM_OK;
+}
+
+int loom_cmd_estimate(int argc, char **argv) {
+  const char *path = NULL, *strategy = NULL, *memory = NULL;
+  int ranks = 1;
+  const char **sets = loom_calloc((size_t)argc, sizeof *sets);
+  int n_sets = 0, rc = LOOM_EXIT_OK;
+  if (!sets) {
+    fprintf(stderr, "loom: out of memory\n");
+    return LOOM_EXIT_FAIL;
+  }
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      usage(stdout);
+      goto done;
+    } else if (!strcmp(a, "-n") && i + 1 < argc) {
+      if (!loom_parse_int(argv[++i], &ranks) || ranks < 1 || ranks > 65536) {
+        fprintf(stderr, "loom estimate: -n %s: expected 1 to 65536 ranks\n",
+                argv[i]);
+        rc = LOOM_EXIT_USAGE;
+        goto done;
+      }
+    } else if (!strcmp(a, "--strategy") && i + 1 < argc) {
+      strategy = argv[++i];
+    } else if (!strcmp(a, "--memory") && i + 1 < argc) {
+      memory = argv[++i];
+    } else if (!strcmp(a, "--set") && i + 1 < argc) {
+      sets[n_sets++] = argv[++i];
+    } else if (a[0] == '-' || path) {
+      fprintf(stderr, "loom estimate: unexpected argument '%s'\n", a);
+      usage(stderr);
+      rc = LOOM_EXIT_USAGE;
+      goto done;
+    } else {
+      path = a;
+    }
+  }
+  if (!path) {
+    usage(stderr);
+    rc = LOOM_EXIT_USAGE;
+    goto done;
+  }
+  int only = -1;
+  if (strategy) {
+    for (int s = 0; s < LOOM_CFG_STRATEGY_COUNT; s++)
+      if (!strcmp(strategy, loom_cfg_strategy_names[s]))
+        only = s;
+    if (only < 0 || only == LOOM_CFG_STRATEGY_AUTO) {
+      fprintf(stderr,
+              "loom estimate: --strategy %s: expected none, ddp, zero1, "
+              "zero2, zero3 or fsdp\n",
+              strategy);
+      rc = LOOM_EXIT_USAGE;
+      goto done;
+    }
+  }
+  double budget = 0;
+  if (memory && !parse_bytes(memory, &budget)) {
+    fprintf(stderr,
+            "loom estimate: --memory %s: expected bytes, as 8G or 512M\n",
+            memory);
+    rc = LOOM_EXIT_USAGE;
+    goto done;
+  }
+  /* The config as loom train reads it; strategies it refuses are still
+   * forecast here, so the check of the strategy itself is skipped. */
+  loom_config cfg;
+  loom_status st = loom_config_load(&cfg, path, sets, n_sets);
+  if (st != LOOM_OK) {
+    fprintf(stderr, "loom: %s\n", loom_last_error());
+    rc = st == LOOM_ERR_CONFIG ? LOOM_EXIT_USAGE : LOOM_EXIT_FAIL;
+    goto done;
+  }
+  loom_train_estimate e;
+  st = loom_train_estimate_memory(&cfg, ranks, LOOM_CFG_STRATEGY_AUTO, &e);
+  if (st != LOOM_OK) {
+    fprintf(stderr, "loom estimate: %s\n", loom_last_error());
+    rc = st == LOOM_ERR_CONFIG ? LOOM_EXIT_USAGE : LOOM_EXIT_FAIL;
+    goto done;
+  }
+  printf("# %s: %s, %lld parameters, %d rank%s, micro-batch %lld rows, "
+         "optimizer %s\n",
+         path, loom_cfg_model_names[cfg.model.name], (long long)e.params, ranks,
+         ranks == 1 ? "" : "s", (long long)e.batch,
+         loom_optim_kind_name(cfg.optim.name));
+  printf("# MiB per rank; not counted: code and libraries, the data set, "
+         "MPI buffers, thread stacks\n");
+  printf("%-8s %-9s %10s %10s %10s %10s %10s %10s %10s\n", "strategy", "runs",
+         "params", "grads", "optimizer", "activation", "comm", "ckpt", "total");
+  for (int s = 0; s < LOOM_CFG_STRATEGY_COUNT; s++) {
+    if (s == LOOM_CFG_STRATEGY_AUTO || s == LOOM_CFG_STRATEGY_FSDP)
+      continue; /* auto resolves to one of them; fsdp is zero3 */
+    if (only >= 0 && s != only &&
+        !(only == LOOM_CFG_STRATEGY_FSDP && s == LOOM_CFG_STRATEGY_ZERO3))
+      continue;
+    if (s == LOOM_CFG_STRATEGY_NONE && ranks > 1)
+      continue;
+    st = loom_train_estimate_memory(&cfg, ranks, (loom_cfg_strategy)s, &e);
+    if (st != LOOM_OK) {
+      fprintf(stderr, "loom estimate: %s\n", loom_last_error());
+      rc = LOOM_EXIT_FAIL;
+      goto done;
+    }
+    row(&e);
+  }
+  if (memory) {
+    loom_cfg_strategy s =
+        only >= 0 ? (loom_cfg_strategy)only : cfg.parallel.strategy;
+    int64_t best = 0;
+    st = largest_batch(&cfg, ranks, s, budget, &best);
+    if (st != LOOM_OK) {
+      fprintf(stderr, "loom estimate: %s\n", loom_last_error());
+      rc = LOOM_EXIT_FAIL;
+      goto done;
+    }
+    (void)loom_train_estimate_memory(&cfg, ranks, s, &e); /* its name */
+    if (best == 0)
+      printf("largest train.batch_size within %s under %s: none (even 1 row "
+             "needs more)\n",
+             memory, loom_cfg_strategy_names[e.strategy]);
+    else
+      printf("largest train.batch_size within %s under %s: %lld\n", memory,
+             loom_cfg_strategy_names[e.strategy], (long long)best);
+  }
+done:
+  loom_free(sets);
+  return rc;
+}

@@ -1,0 +1,117 @@
+/* Memory per rank of a training config, by category, per strategy: what
+ * loom estimate prints and the batch-size search uses. The formulas follow
+ * what the trainer allocates (see the comments); the activations come from
+ * planning the model itself for one micro-batch. */
+#include <string.h>
+#include <sys/resource.h>
+
+#include "loom/optim.h"
+#include "trainer.h"
+
+double loom_train_peak_rss(void) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) != 0)
+    return 0.0;
+  return (double)ru.ru_maxrss * 1024.0; /* Linux: KiB */
+}
+
+/* Optimizer state buffers (f32, one element per parameter each). */
+static int state_count(const loom_config *cfg) {
+  loom_optim_opts oo = loom_optim_opts_default();
+  oo.kind = cfg->optim.name;
+  oo.momentum = cfg->optim.momentum;
+  return loom_optim_opts_state_count(&oo);
+}
+
+/* The model's input for `rows` rows: images of Fashion-MNIST, or token
+ * windows of model.context. */
+static loom_status input_shape(const loom_config *cfg, int64_t rows,
+                               loom_shape *in) {
+  if (cfg->data.dataset == LOOM_CFG_DATASET_FASHION_MNIST) {
+    int64_t d[4] = {rows, 1, 28, 28};
+    *in = loom_shape_make(LOOM_F32, 4, d);
+  } else {
+    int64_t d[2] = {rows, cfg->model.context};
+    *in = loom_shape_make(LOOM_I32, 2, d);
+  }
+  return LOOM_OK;
+}
+
+loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
+                                       loom_cfg_strategy strategy,
+                                       loom_train_estimate *out) {
+  if (!cfg || !out || ranks < 1)
+    return loom_error(LOOM_ERR_INVALID_ARG, "estimate: bad arguments");
+  memset(out, 0, sizeof *out);
+  const loom_config_parallel *pc = &cfg->parallel;
+  if (strategy == LOOM_CFG_STRATEGY_AUTO)
+    strategy = ranks > 1 || pc->deterministic ? LOOM_CFG_STRATEGY_DDP
+                                              : LOOM_CFG_STRATEGY_NONE;
+  if (strategy == LOOM_CFG_STRATEGY_NONE && ranks > 1)
+    return loom_error(LOOM_ERR_CONFIG,
+                      "estimate: parallel.strategy none trains on one rank "
+                      "only (asked for %d)",
+                      ranks);
+  out->strategy = strategy;
+  out->available = strategy != LOOM_CFG_STRATEGY_ZERO2 &&
+                   strategy != LOOM_CFG_STRATEGY_ZERO3 &&
+                   strategy != LOOM_CFG_STRATEGY_FSDP;
+  out->ranks = ranks;
+  /* One micro-batch of train.batch_size rows at a time (in deterministic
+   * mode each virtual shard in turn). */
+  out->batch = cfg->train.batch_size;
+
+  loom_model *m = NULL;
+  LOOM_TRY(loom_train_model_new(cfg, true, &m));
+  loom_shape in;
+  loom_status s = input_shape(cfg, out->batch, &in);
+  size_t act = 0, scratch = 0;
+  if (s == LOOM_OK)
+    s = loom_model_act_bytes(m, &in, &act, &scratch);
+  size_t arena = 0;
+  if (s == LOOM_OK)
+    s = loom_model_plan(m, &in); /* address space only: pages untouched */
+  if (s == LOOM_OK)
+    arena = loom_model_arena_bytes(m);
+  const double psi = (double)loom_model_num_params(m);
+  loom_model_free(m);
+  if (s != LOOM_OK)
+    return loom_error_context(s, "estimate: planning the model");
+
+  const double f = 4.0; /* f32 */
+  const double k = state_count(cfg);
+  const bool ddp = strategy != LOOM_CFG_STRATEGY_NONE;
+  const bool shard_grads = strategy == LOOM_CFG_STRATEGY_ZERO2 ||
+                           strategy == LOOM_CFG_STRATEGY_ZERO3 ||
+                           strategy == LOOM_CFG_STRATEGY_FSDP;
+  const bool shard_params =
+      strategy == LOOM_CFG_STRATEGY_ZERO3 || strategy == LOOM_CFG_STRATEGY_FSDP;
+  const bool shard_optim =
+      strategy != LOOM_CFG_STRATEGY_NONE && strategy != LOOM_CFG_STRATEGY_DDP;
+  /* The largest slice: ceil(Psi / P). */
+  const double slice = ranks > 1 ? (double)((int64_t)psi / ranks + 1) : psi;
+  out->params = (int64_t)psi;
+  out->param_bytes = f * (shard_params ? slice : psi);
+  /* The model's own gradient buffer, and DDP's (shared memory or private)
+   * that replaces it while DDP lives; sharded: the slice. */
+  if (shard_grads)
+    out->grad_bytes = f * slice;
+  else
+    out->grad_bytes = f * psi * (ddp ? 2.0 : 1.0);
+  out->optim_bytes = f * k * (shard_optim ? slice : psi);
+  /* The arena (activations, scratch, the output's gradient) and the loss's
+   * copy of the output (probabilities). */
+  double dout = (double)arena - (double)(act + scratch);
+  out->act_bytes = (double)arena + (dout > 0 ? dout : 0);
+  if (ddp && pc->deterministic) {
+    int64_t shards = pc->virtual_shards / ranks;
+    out->comm_bytes += f * psi * (double)(shards > 1 ? shards - 1 : 0);
+  }
+  if (ddp && pc->compress != LOOM_CFG_COMPRESS_NONE)
+    out->comm_bytes += 2.0 * (shard_grads ? slice : psi);
+  if (cfg->checkpoint.enabled && cfg->checkpoint.async)
+    out->ckpt_bytes = f * (1.0 + k) * (ranks > 1 ? slice : psi);
+  out->total_bytes = out->param_bytes + out->grad_bytes + out->optim_bytes +
+                     out->act_bytes + out->comm_bytes + out->ckpt_bytes;
+  return LOOM_OK;
+}

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# loom estimate: the categories follow the formulas (DDP holds the whole
+# AdamW state, zero1 the slice), the batch found for a budget is the largest
+# whose total fits, a real run's measured peak (peak_rss_mb in
+# metrics.jsonl) is at least the estimate, and bad arguments are exit 2.
+set -u
+LOOM=${LOOM_BIN:?LOOM_BIN must name the loom executable}
+SRC=${LOOM_SRC:?}
+export LOOM_THREADS=1 OMP_NUM_THREADS=1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+ok() { echo "ok: $1"; }
+bad() {
+  echo "FAILED: $1"
+  fail=1
+}
+cfg=$SRC/examples/small_gpt.yaml
+head -c 200000 "$SRC/docs/parallel.md" >"$tmp/text.txt"
+big=(--set model.layers=2 --set model.d_model=256 --set model.heads=4
+  --set model.context=64 --set train.batch_size=4 --set "data.path=$tmp/text.txt")
+col() { # STRATEGY COLUMN(3=params .. 9=total) of the last estimate
+  awk -v s="$1" -v c="$2" '$1 == s { print $c }' "$tmp/out"
+}
+
+"$LOOM" estimate "$cfg" -n 2 "${big[@]}" >"$tmp/out" 2>&1 || { bad "estimate failed"; cat "$tmp/out"; }
+cat "$tmp/out"
+psi=$(sed -n 's/.* \([0-9]*\) parameters.*/\1/p' "$tmp/out")
+[ -n "$psi" ] && [ "$psi" -gt 1000000 ] && ok "$psi parameters" || bad "parameter count '$psi'"
+# AdamW: 8 bytes per parameter under ddp, 8 per parameter of the slice
+# (ceil(psi / 2) + 1 at most) under zero1, in MiB with one decimal.
+want_ddp=$(awk -v p="$psi" 'BEGIN { printf "%.1f", 8 * p / 1048576 }')
+want_z1=$(awk -v p="$psi" 'BEGIN { printf "%.1f", 8 * (int(p / 2) + 1) / 1048576 }')
+[ "$(col ddp 5)" = "$want_ddp" ] && ok "ddp optimizer $want_ddp MiB" || bad "ddp optimizer $(col ddp 5), want $want_ddp"
+[ "$(col zero1 5)" = "$want_z1" ] && ok "zero1 optimizer $want_z1 MiB" || bad "zero1 optimizer $(col zero1 5), want $want_z1"
+[ "$(col zero1 2)" = yes ] && [ "$(col zero3 2)" = forecast ] && ok "zero1 runs, zero3 is a forecast" || bad "runs column"
+awk -v a="$(col zero3 9)" -v b="$(col zero1 9)" -v c="$(col ddp 9)" 'BEGIN { exit !(a < b && b < c) }' &&
+  ok "totals fall from ddp to zero1 to zero3" || bad "totals not ordered"
+
+# The largest batch within a budget: it fits, one more row does not.
+"$LOOM" estimate "$cfg" "${big[@]}" --strategy none --memory 100M >"$tmp/out" 2>&1
+b=$(sed -n 's/^largest train.batch_size within 100M under none: \([0-9]*\)$/\1/p' "$tmp/out")
+if [ -n "$b" ] && [ "$b" -gt 0 ]; then
+  "$LOOM" estimate "$cfg" "${big[@]}" --strategy none --set train.batch_size="$b" >"$tmp/out"
+  t1=$(col none 9)
+  "$LOOM" estimate "$cfg" "${big[@]}" --strategy none --set train.batch_size=$((b + 1)) >"$tmp/out"
+  t2=$(col none 9)
+  awk -v a="$t1" -v b="$t2" 'BEGIN { exit !(a <= 100 && b > 100) }' &&
+    ok "batch $b fits 100M ($t1 MiB), $((b + 1)) does not ($t2 MiB)" || bad "batch $b: $t1, $t2 MiB"
+else
+  bad "no batch found for 100M"
+  cat "$tmp/out"
+fi
+
+# A real run's peak is at least the estimate (code, libraries and data
+# come on top).
+"$LOOM" estimate "$cfg" "${big[@]}" --strategy none >"$tmp/out"
+est=$(col none 9)
+"$LOOM" train "$cfg" "${big[@]}" --quiet --resume never --set train.steps=4 \
+  --set train.eval_every=0 --set checkpoint.enabled=false --set log.every=2 \
+  --set "log.run_dir=$tmp/run" >"$tmp/out" 2>&1 || { bad "train failed"; cat "$tmp/out"; }
+peak=$(grep -o '"peak_rss_mb":[0-9.]*' "$tmp/run/metrics.jsonl" | tail -1 | cut -d: -f2)
+awk -v p="$peak" -v e="$est" 'BEGIN { exit !(p >= e && p < e + 200) }' &&
+  ok "measured peak $peak MiB, estimate $est MiB" || bad "measured peak '$peak' vs estimate $est"
+
+for args in "-n 0" "--strategy zero9" "--memory 12X" "--bogus"; do
+  # shellcheck disable=SC2086
+  "$LOOM" estimate "$cfg" $args >"$tmp/out" 2>&1
+  rc=$?
+  [ $rc = 2 ] && ok "estimate $args: exit 2 ($(head -1 "$tmp/out"))" || bad "estimate $args: rc $rc"
+done
+
+[ $fail = 0 ] && echo "train_estimate: all passed"
+exit $fail
