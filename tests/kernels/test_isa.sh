@@ -4,20 +4,10 @@
 # CPU runs leave byte-identical checkpoints (weights, optimizer state, data
 # position). The log names the copy in use; a LOOM_ISA that names no
 # instruction set, or one this CPU lacks, is refused with exit code 2.
-set -u
-LOOM=${LOOM_BIN:?LOOM_BIN must name the loom executable}
-SRC=${LOOM_SRC:?}
+. "$(dirname "$0")/../lib.sh"
 # One thread: the results do not depend on it, and the suite runs beside
 # other tests on a loaded machine.
 export LOOM_THREADS=1 OMP_NUM_THREADS=1
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-ok() { echo "ok: $1"; }
-bad() {
-  echo "FAILED: $1"
-  fail=1
-}
 
 cfg=$SRC/examples/small_mlp.yaml
 LOOM_ISA=sse2 "$LOOM" config check "$cfg" >"$tmp/out" 2>&1
@@ -54,5 +44,4 @@ for model in small_mlp small_cnn small_gpt; do
     bad "$model: base and avx2 checkpoints differ"
 done
 
-[ $fail = 0 ] && echo "kernels_isa: all passed"
-exit $fail
+finish kernels_isa

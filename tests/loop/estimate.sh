@@ -3,18 +3,8 @@
 # AdamW state, zero1 the slice), the batch found for a budget is the largest
 # whose total fits, a real run's measured peak (peak_rss_mb in
 # metrics.jsonl) is at least the estimate, and bad arguments are exit 2.
-set -u
-LOOM=${LOOM_BIN:?LOOM_BIN must name the loom executable}
-SRC=${LOOM_SRC:?}
+. "$(dirname "$0")/../lib.sh"
 export LOOM_THREADS=1 OMP_NUM_THREADS=1
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-ok() { echo "ok: $1"; }
-bad() {
-  echo "FAILED: $1"
-  fail=1
-}
 cfg=$SRC/examples/small_gpt.yaml
 head -c 200000 "$SRC/docs/parallel.md" >"$tmp/text.txt"
 big=(--set model.layers=2 --set model.d_model=256 --set model.heads=4
@@ -70,5 +60,4 @@ for args in "-n 0" "--strategy zero9" "--memory 12X" "--bogus"; do
   [ $rc = 2 ] && ok "estimate $args: exit 2 ($(head -1 "$tmp/out"))" || bad "estimate $args: rc $rc"
 done
 
-[ $fail = 0 ] && echo "train_estimate: all passed"
-exit $fail
+finish train_estimate

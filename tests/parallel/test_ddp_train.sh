@@ -4,29 +4,13 @@
 # gives the same bits (weights, losses) on 1, 2 and 4 ranks; a short last
 # batch that leaves a rank empty does not hang; a config that differs on one
 # rank, or strategy none on 2 ranks, is a clear error.
-set -u
-LOOM=${LOOM_BIN:?LOOM_BIN must name the loom executable}
+. "$(dirname "$0")/../lib.sh"
 HASH=${1:?usage: test_ddp_train.sh DDP_CKPT_HASH}
-SRC=${LOOM_SRC:?}
 export LOOM_THREADS=1 OMP_NUM_THREADS=1 LOOM_COMM_TIMEOUT=60 LOOM_LOG=warn
 # Sanitizer builds: Open MPI's own allocations live until exit (full stacks
 # so that the suppressions see its libraries).
 here=$(cd "$(dirname "$0")" && pwd)
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$here/lsan_mpi.supp:fast_unwind_on_malloc=0:print_suppressions=0}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-ok() { echo "ok: $1"; }
-bad() {
-  echo "FAILED: $1"
-  fail=1
-}
-run() { # N ARGS... (output in $tmp/out, exit code in $rc)
-  local n=$1
-  shift
-  "$LOOM" run -n "$n" --timeout 120 "$LOOM" "$@" >"$tmp/out" 2>&1
-  rc=$?
-}
 
 # -- 2 ranks: one report, metrics with the communication profile, a
 #    checkpoint of two shards.
@@ -131,5 +115,4 @@ run 2 train "$SRC/examples/small_mlp.yaml" --resume never \
   ok "strategy none on 2 ranks: config error" ||
   { bad "strategy none (rc $rc)"; cat "$tmp/out"; }
 
-[ $fail = 0 ] && echo "ddp_train: all passed"
-exit $fail
+finish ddp_train

@@ -8,27 +8,11 @@
 # - a run stopped under one strategy and world size resumes under another,
 #   both ways, and ends with the bits of the uninterrupted run;
 # - the strategies not built yet are refused at config check (exit 2).
-set -u
-LOOM=${LOOM_BIN:?LOOM_BIN must name the loom executable}
+. "$(dirname "$0")/../lib.sh"
 HASH=${1:?usage: test_zero.sh DDP_CKPT_HASH}
-SRC=${LOOM_SRC:?}
 export LOOM_THREADS=1 OMP_NUM_THREADS=1 LOOM_COMM_TIMEOUT=60 LOOM_LOG=warn
 here=$(cd "$(dirname "$0")" && pwd)
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$here/lsan_mpi.supp:fast_unwind_on_malloc=0:print_suppressions=0}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-ok() { echo "ok: $1"; }
-bad() {
-  echo "FAILED: $1"
-  fail=1
-}
-run() { # N ARGS... (output in $tmp/out, exit code in $rc)
-  local n=$1
-  shift
-  "$LOOM" run -n "$n" --timeout 120 "$LOOM" "$@" >"$tmp/out" 2>&1
-  rc=$?
-}
 # The last checkpoint of DIR: its params hash, then every shard's checksum.
 state() {
   local d
@@ -132,5 +116,4 @@ for s in zero2 zero3 fsdp; do
     ok "$s refused at config check" || { bad "$s: rc $rc"; cat "$tmp/out"; }
 done
 
-[ $fail = 0 ] && echo "parallel_zero: all passed"
-exit $fail
+finish parallel_zero
