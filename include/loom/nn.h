@@ -286,6 +286,12 @@ int loom_sequential_count(const loom_module *seq);
 /* Residual: out = in + f(in); f's output shape must equal its input's.
  * Takes ownership of f (freed on failure too); f's names are not prefixed. */
 loom_status loom_residual_new(loom_module **out, loom_module *f);
+/* Activation checkpointing: f keeps only its output from forward to
+ * backward; backward runs f's forward again (its activations in a region
+ * that every checkpointed segment of the model shares) and then f's
+ * backward, so the gradients are the bits of f alone. Takes ownership of f
+ * (freed on failure too); f's names are not prefixed; not nestable. */
+loom_status loom_checkpoint_new(loom_module **out, loom_module *f);
 
 /* ============================================================== models */
 
@@ -459,6 +465,9 @@ typedef struct loom_gpt_opts {
   int vocab, context, n_layer, d_model, n_head, mlp_ratio;
   bool bias;
   float dropout;
+  /* Activation checkpointing: 0 none; K > 0: the blocks in segments of K
+   * (loom_checkpoint_new), each keeping only its output. */
+  int checkpoint_every;
 } loom_gpt_opts;
 loom_gpt_opts loom_gpt_opts_default(void);
 loom_status loom_gpt_new(loom_model **out, const loom_gpt_opts *o,

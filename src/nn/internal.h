@@ -17,6 +17,14 @@ struct loom_nn_plan {
   size_t scratch_top;  /* current top of the scratch stack */
   size_t scratch_peak; /* highest top seen */
   size_t scratch_cap;  /* size of the scratch region (binding pass) */
+  /* Activation checkpointing (checkpoint.c): while recompute is set, act
+   * requests go to the recompute region, which every checkpointed segment
+   * reuses from its start (its forward runs again in backward). Arena:
+   * [act | recompute | scratch]. */
+  bool recompute;
+  size_t rc_used;  /* bytes of the current segment */
+  size_t rc_peak;  /* the largest segment */
+  size_t rc_total; /* size of the recompute region (binding pass) */
 };
 
 /* One parameter as listed, before the flat buffers exist. */

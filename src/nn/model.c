@@ -278,25 +278,26 @@ loom_status loom_model_plan(loom_model *m, const loom_shape *in) {
   if (out.dtype != LOOM_F32)
     return loom_error(LOOM_ERR_INTERNAL, "model: output is not f32");
   loom_nn_plan_floats(&p, loom_shape_numel(&out));
-  size_t act = p.act_used, scratch = p.scratch_peak;
-  if (act + scratch > m->arena_cap) {
-    char *a = loom_malloc(act + scratch);
+  size_t act = p.act_used, rc = p.rc_peak, scratch = p.scratch_peak;
+  if (act + rc + scratch > m->arena_cap) {
+    char *a = loom_malloc(act + rc + scratch);
     if (!a)
       return loom_error_context(LOOM_ERR_NOMEM,
                                 "model: activation arena of %zu bytes",
-                                act + scratch);
+                                act + rc + scratch);
     loom_free(m->arena);
     m->arena = a;
-    m->arena_cap = act + scratch;
+    m->arena_cap = act + rc + scratch;
   }
   /* Binding pass: the same requests, now with addresses. */
   memset(&p, 0, sizeof p);
   p.base = m->arena;
   p.act_total = act;
+  p.rc_total = rc;
   p.scratch_cap = scratch;
   LOOM_TRY(loom_module_plan(m->root, &p, in, &out));
   m->dout = loom_nn_plan_floats(&p, loom_shape_numel(&out));
-  if (p.act_used != act || p.scratch_peak != scratch)
+  if (p.act_used != act || p.scratch_peak != scratch || p.rc_peak != rc)
     return loom_error(LOOM_ERR_INTERNAL,
                       "model: a module planned different sizes in its two "
                       "passes (act %zu vs %zu, scratch %zu vs %zu)",
@@ -320,7 +321,7 @@ loom_status loom_model_act_bytes(loom_model *m, const loom_shape *input,
   loom_shape out;
   LOOM_TRY(loom_module_plan(m->root, &p, input, &out));
   if (act)
-    *act = p.act_used;
+    *act = p.act_used + p.rc_peak;
   if (scratch)
     *scratch = p.scratch_peak;
   return LOOM_OK;

@@ -179,8 +179,28 @@ loom_gpt_opts loom_gpt_opts_default(void) {
                      .n_head = 4,
                      .mlp_ratio = 4,
                      .bias = true,
-                     .dropout = 0.0f};
+                     .dropout = 0.0f,
+                     .checkpoint_every = 0};
   return o;
+}
+
+/* Blocks first .. first+K-1 (named blocks.<l> as without checkpointing, so
+ * the layout and checkpoints are the same) as one checkpointed segment. */
+static loom_status gpt_segment(loom_module **out, const loom_gpt_opts *o,
+                               int first) {
+  loom_module *seq;
+  LOOM_TRY(loom_sequential_new(&seq));
+  loom_status st;
+  char name[32];
+  for (int l = first; l < first + o->checkpoint_every && l < o->n_layer; l++) {
+    snprintf(name, sizeof name, "blocks.%d", l);
+    ADD(name, loom_transformer_block_new(&kid_, o->d_model, o->n_head,
+                                         o->mlp_ratio, o->bias, o->dropout));
+  }
+  return loom_checkpoint_new(out, seq);
+fail:
+  loom_module_free(seq);
+  return st;
 }
 
 loom_status loom_gpt_new(loom_model **out, const loom_gpt_opts *o,
@@ -191,7 +211,7 @@ loom_status loom_gpt_new(loom_model **out, const loom_gpt_opts *o,
     o = &d;
   if (o->vocab <= 0 || o->context <= 0 || o->n_layer < 0 || o->d_model <= 0 ||
       o->n_head <= 0 || o->d_model % o->n_head != 0 || o->mlp_ratio <= 0 ||
-      !(o->dropout >= 0.0f && o->dropout < 1.0f))
+      !(o->dropout >= 0.0f && o->dropout < 1.0f) || o->checkpoint_every < 0)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "gpt: bad sizes (vocab %d, context %d, %d layers, "
                       "d_model %d, %d heads, mlp x%d, dropout %g)",
@@ -213,10 +233,16 @@ loom_status loom_gpt_new(loom_model **out, const loom_gpt_opts *o,
   LOOM_TRY_GOTO(st, loom_sequential_add(seq, "emb", emb), fail);
   if (o->dropout > 0.0f)
     ADD("drop", loom_dropout_new(&kid_, o->dropout));
-  for (int l = 0; l < o->n_layer; l++) {
+  for (int l = 0; l < o->n_layer;) {
+    if (o->checkpoint_every > 0) { /* blocks l .. l+K-1 in one segment */
+      ADD("", gpt_segment(&kid_, o, l));
+      l += o->checkpoint_every;
+      continue;
+    }
     snprintf(name, sizeof name, "blocks.%d", l);
     ADD(name, loom_transformer_block_new(&kid_, o->d_model, o->n_head,
                                          o->mlp_ratio, o->bias, o->dropout));
+    l++;
   }
   ADD("ln_f", loom_layernorm_new(&kid_, o->d_model, o->bias));
   /* The output layer reads the token embedding (V,C): logits = x @ tok^T. */

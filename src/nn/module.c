@@ -88,6 +88,15 @@ char *loom_shape_str(const loom_shape *s, char *buf, size_t size) {
 static size_t align64(size_t b) { return (b + 63) & ~(size_t)63; }
 
 void *loom_nn_plan_act(loom_nn_plan *p, size_t bytes) {
+  if (p->recompute) {
+    size_t off = p->rc_used;
+    p->rc_used += align64(bytes);
+    if (p->rc_used > p->rc_peak)
+      p->rc_peak = p->rc_used;
+    if (!p->base || p->rc_used > p->rc_total)
+      return NULL;
+    return p->base + p->act_total + off;
+  }
   size_t off = p->act_used;
   p->act_used += align64(bytes);
   if (!p->base || p->act_used > p->act_total)
@@ -102,7 +111,7 @@ void *loom_nn_plan_scratch(loom_nn_plan *p, size_t bytes) {
     p->scratch_peak = p->scratch_top;
   if (!p->base || p->scratch_top > p->scratch_cap)
     return NULL;
-  return p->base + p->act_total + off;
+  return p->base + p->act_total + p->rc_total + off;
 }
 
 size_t loom_nn_plan_scratch_mark(const loom_nn_plan *p) {
@@ -204,7 +213,7 @@ loom_status loom_module_act_bytes(loom_module *m, const loom_shape *in,
   loom_shape out;
   LOOM_TRY(loom_module_plan(m, &p, in, &out));
   if (act)
-    *act = p.act_used;
+    *act = p.act_used + p.rc_peak;
   if (scratch)
     *scratch = p.scratch_peak;
   return LOOM_OK;

@@ -809,10 +809,113 @@ TT_TEST(test_alloc_failures) {
   }
 }
 
+/* ------------------------------------------------ activation checkpointing */
+
+/* Output, gradients and the hook's order of a 4-block GPT with dropout,
+ * checkpointed in segments of K blocks (0: not at all), after two steps
+ * (gradients accumulate); also its activation bytes. */
+typedef struct ac_run {
+  float *out, *grads;
+  int order[64], norder;
+  size_t act;
+} ac_run;
+
+static loom_status ac_hook(void *user, int index, int64_t offset,
+                           int64_t numel) {
+  ac_run *r = user;
+  (void)offset;
+  (void)numel;
+  if (r->norder < 64)
+    r->order[r->norder++] = index;
+  return LOOM_OK;
+}
+
+static void ac_train(int every, ac_run *r) {
+  loom_gpt_opts o = tiny_gpt();
+  o.n_layer = 4;
+  o.dropout = 0.2f;
+  o.checkpoint_every = every;
+  loom_model_opts mo = loom_model_opts_default();
+  mo.init = LOOM_INIT_GPT2;
+  mo.seed = 7;
+  loom_model *m;
+  TT_REQUIRE_OK(loom_gpt_new(&m, &o, &mo));
+  enum { B = 3, T = 8 };
+  int32_t ids[B * T];
+  for (int i = 0; i < B * T; i++)
+    ids[i] = (i * 7 + 3) % 13;
+  int64_t d[2] = {B, T};
+  loom_tensor in = loom_tensor_view(ids, LOOM_I32, 2, d);
+  loom_shape shp = loom_shape_make(LOOM_I32, 2, d);
+  size_t scratch;
+  TT_REQUIRE_OK(loom_model_act_bytes(m, &shp, &r->act, &scratch));
+  loom_model_set_grad_hook(m, ac_hook, r);
+  int64_t n = loom_model_num_params(m), nout = (int64_t)B * T * 13;
+  r->out = malloc((size_t)nout * sizeof(float));
+  for (int step = 0; step < 2; step++) {
+    loom_model_set_step(m, (uint64_t)step, 0);
+    loom_tensor out, dout;
+    TT_REQUIRE_OK(loom_model_forward(m, &in, &out));
+    memcpy(r->out, out.data, (size_t)nout * sizeof(float));
+    TT_REQUIRE_OK(loom_model_output_grad(m, &dout));
+    float *g = dout.data;
+    for (int64_t i = 0; i < nout; i++)
+      g[i] = 0.01f * (float)((i * 5) % 11) - 0.05f;
+    TT_REQUIRE_OK(loom_model_backward(m, NULL, NULL));
+  }
+  r->grads = malloc((size_t)n * sizeof(float));
+  memcpy(r->grads, loom_model_grads(m), (size_t)n * sizeof(float));
+  r->norder = r->norder > 64 ? 64 : r->norder;
+  TT_CHECK_EQ(n, loom_model_num_params(m));
+  loom_model_free(m);
+}
+
+TT_TEST(test_activation_checkpointing) {
+  ac_run ref = {0};
+  ac_train(0, &ref);
+  int64_t n = 0;
+  {
+    loom_gpt_opts o = tiny_gpt();
+    o.n_layer = 4;
+    loom_model *m;
+    TT_REQUIRE_OK(loom_gpt_new(&m, &o, NULL));
+    n = loom_model_num_params(m);
+    loom_model_free(m);
+  }
+  for (int every = 1; every <= 4; every++) {
+    ac_run r = {0};
+    ac_train(every, &r);
+    TT_CHECK(memcmp(r.out, ref.out, (size_t)3 * 8 * 13 * sizeof(float)) == 0);
+    TT_CHECK(memcmp(r.grads, ref.grads, (size_t)n * sizeof(float)) == 0);
+    TT_CHECK_EQ(r.norder, ref.norder);
+    TT_CHECK(memcmp(r.order, ref.order, sizeof r.order) == 0);
+    if (every < 4) /* one segment of all 4 blocks saves nothing */
+      TT_CHECK(r.act < ref.act);
+    printf(
+        "checkpoint every %d block(s): activations %zu bytes (%zu without)\n",
+        every, r.act, ref.act);
+    free(r.out);
+    free(r.grads);
+  }
+  free(ref.out);
+  free(ref.grads);
+  /* Not nestable. */
+  loom_module *inner, *outer, *seg;
+  TT_REQUIRE_OK(loom_sequential_new(&inner));
+  TT_REQUIRE_OK(loom_checkpoint_new(&seg, inner));
+  TT_REQUIRE_OK(loom_checkpoint_new(&outer, seg));
+  int64_t d2[2] = {2, 4};
+  loom_shape s2 = loom_shape_make(LOOM_F32, 2, d2);
+  size_t a, sc;
+  TT_CHECK_EQ(loom_module_act_bytes(outer, &s2, &a, &sc), LOOM_ERR_INVALID_ARG);
+  loom_module_free(outer);
+}
+
 int main(void) {
   /* Small shapes: 1 thread unless a test sets its own count. */
   loom_set_threads(1);
   TT_RUN(test_param_counts);
+  TT_RUN(test_activation_checkpointing);
   TT_RUN(test_layout_hash);
   TT_RUN(test_init_torch);
   TT_RUN(test_init_gpt2);
