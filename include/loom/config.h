@@ -149,6 +149,8 @@ typedef struct loom_config_train {
   int64_t eval_every, eval_batches, seed, threads;
   loom_cfg_precision precision;
   double loss_scale;
+  /* none, blocks or every:K (loom_config_checkpoint_every) */
+  char activation_checkpointing[LOOM_CONFIG_STR_MAX];
 } loom_config_train;
 
 typedef struct loom_config_checkpoint {
@@ -223,6 +225,9 @@ loom_status loom_config_to_yaml(const loom_config *cfg, char **out);
  * (schema flag LOOM_CFG_LOCAL unset). Local keys: where files go, what is
  * printed, per-host performance knobs. */
 uint64_t loom_config_hash(const loom_config *cfg);
+/* train.activation_checkpointing as blocks per checkpointed segment: none
+ * 0, blocks 1, every:K K. LOOM_ERR_CONFIG for anything else. */
+loom_status loom_config_checkpoint_every(const char *value, int *every);
 /* Every key equal (strings by content, lists by items). */
 bool loom_config_equal(const loom_config *a, const loom_config *b);
 

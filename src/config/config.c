@@ -217,6 +217,13 @@ static const loom_config_key keys[] = {
     KINT("train.threads", train.threads, "0", 0, 4096, LO,
          "compute threads per rank; 0 = LOOM_THREADS, else the cores this "
          "process may use"),
+    KSTR("train.activation_checkpointing", train.activation_checkpointing,
+         "\"none\"", LO,
+         "gpt: keep only each segment's input from forward to backward and "
+         "recompute the rest in backward (same gradients, bit for bit; "
+         "less activation memory, about one more forward of time): none, "
+         "blocks (every transformer block a segment) or every:K (K blocks "
+         "a segment)"),
     KENUM_TODO("train.precision", train.precision, "f32",
                loom_cfg_precision_names, 0,
                "arithmetic of forward and backward: f32, bf16 or f16 (the "
@@ -1310,6 +1317,21 @@ static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
                    "but data.dataset is '%s'",
                    loom_cfg_model_names[m->name],
                    loom_cfg_dataset_names[cfg->data.dataset]);
+  int ac_every = 0;
+  if (loom_config_checkpoint_every(cfg->train.activation_checkpointing,
+                                   &ac_every) != LOOM_OK)
+    return cfg_err(origin_of(org, "train.activation_checkpointing", &none),
+                   "train.activation_checkpointing",
+                   "'%s': expected none, blocks or every:K (K >= 1 blocks a "
+                   "segment)",
+                   cfg->train.activation_checkpointing);
+  if (ac_every > 0 && m->name != LOOM_CFG_MODEL_GPT)
+    return cfg_err(origin_of(org, "train.activation_checkpointing", &none),
+                   "train.activation_checkpointing",
+                   "'%s' is for model gpt (its transformer blocks); model "
+                   "'%s' supports none",
+                   cfg->train.activation_checkpointing,
+                   loom_cfg_model_names[m->name]);
   if (m->name == LOOM_CFG_MODEL_GPT && m->d_model % m->heads != 0)
     return cfg_err(origin_of(org, "model.heads", &none), "model.heads",
                    "%lld does not divide model.d_model (%lld)",
@@ -1356,6 +1378,22 @@ static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
        cfg->schedule.name == LOOM_SCHED_LINEAR))
     return cfg_err(origin_of(org, "schedule.min_lr", &none), "schedule.min_lr",
                    "larger than optim.lr");
+  return LOOM_OK;
+}
+
+loom_status loom_config_checkpoint_every(const char *value, int *every) {
+  int k = 0;
+  if (!strcmp(value, "none"))
+    k = 0;
+  else if (!strcmp(value, "blocks"))
+    k = 1;
+  else if (strncmp(value, "every:", 6) != 0 || !loom_parse_int(value + 6, &k) ||
+           k < 1 || value[6] == ' ' || value[6] == '+' || value[6] == '-')
+    return loom_error(LOOM_ERR_CONFIG,
+                      "train.activation_checkpointing: '%s': expected none, "
+                      "blocks or every:K",
+                      value);
+  *every = k;
   return LOOM_OK;
 }
 

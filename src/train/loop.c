@@ -67,6 +67,8 @@ loom_status loom_train_model_new(const loom_config *cfg, bool defer_init,
     o.d_model = (int)mc->d_model;
     o.n_head = (int)mc->heads;
     o.mlp_ratio = (int)mc->mlp_ratio;
+    LOOM_TRY(loom_config_checkpoint_every(cfg->train.activation_checkpointing,
+                                          &o.checkpoint_every));
     o.dropout = (float)mc->dropout;
     mo.init = LOOM_INIT_GPT2;
     mo.init_std = (float)mc->init_std;

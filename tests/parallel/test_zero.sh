@@ -108,6 +108,31 @@ b=$(state "$tmp/tail_zero1")
   ok "empty last batch on rank 1 under zero1: 1364 steps, the bits of ddp" ||
   bad "short last batch: zero1 '$b' vs ddp '$a'"
 
+# -- activation checkpointing: the same bits with none, blocks and every:2
+#    (GPT with dropout, zero1 on 2 ranks), and less activation memory in
+#    loom estimate.
+model_cfg gpt
+cfg+=(--set model.layers=4 --set model.dropout=0.1 --set parallel.strategy=zero1)
+for ac in none blocks every:2; do
+  run 2 train "${q[@]}" "${cfg[@]}" --set train.activation_checkpointing=$ac \
+    --set "checkpoint.dir=$tmp/ac_${ac/:/_}"
+  [ $rc = 0 ] || { bad "activation checkpointing $ac (rc $rc)"; cat "$tmp/out"; }
+done
+a=$(state "$tmp/ac_none")
+for ac in blocks every_2; do
+  b=$(state "$tmp/ac_$ac")
+  [ -n "$a" ] && [ "$a" = "$b" ] && ok "activation checkpointing $ac: the bits of none" ||
+    bad "activation checkpointing $ac: '$b' vs none '$a'"
+done
+act() {
+  "$LOOM" estimate "${cfg[@]}" -n 2 --strategy zero1 --set train.activation_checkpointing="$1" |
+    awk '$1 == "zero1" { print $6 }'
+}
+a=$(act none)
+b=$(act blocks)
+awk -v a="$a" -v b="$b" 'BEGIN { exit !(b < a) }' &&
+  ok "estimate: activations $a MiB without, $b MiB with blocks" || bad "estimate activations '$a' vs '$b'"
+
 # -- not built yet: refused before training, exit 2, naming what works.
 for s in zero2 zero3 fsdp; do
   "$LOOM" config check "$SRC/examples/small_mlp.yaml" --set parallel.strategy=$s >"$tmp/out" 2>&1
