@@ -119,6 +119,7 @@ typedef struct loom_train_estimate {
   double optim_bytes; /* optimizer state (moments) */
   double act_bytes;   /* activations kept for backward, scratch and the
                          output gradient, for `batch` rows */
+  double data_bytes;  /* the loader's batches: data.prefetch + 1 */
   double comm_bytes;  /* deterministic shard buffers, compression's wire */
   double ckpt_bytes;  /* the async checkpoint's copy of the state */
   double total_bytes; /* all of the above */

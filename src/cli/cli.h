@@ -2,6 +2,7 @@
 #ifndef LOOM_CLI_H
 #define LOOM_CLI_H
 
+#include "loom/config.h"
 #include "loom/run.h" /* loom_run_main: `loom run` */
 
 /* Exit codes of the tool: LOOM_EXIT_* in loom/run.h, the protocol between
@@ -33,9 +34,19 @@ int loom_cmd_data(int argc, char **argv);     /* data.c */
 int loom_cmd_ckpt(int argc, char **argv);     /* ckpt.c */
 int loom_cmd_config(int argc, char **argv);   /* config.c */
 int loom_cmd_estimate(int argc, char **argv); /* estimate.c */
-int loom_cmd_bench(int argc, char **argv);    /* bench.c */
-int loom_bench_gemm(int argc, char **argv);   /* bench_gemm.c */
-int loom_bench_comm(int argc, char **argv);   /* bench_comm.c */
-int loom_bench_train(int argc, char **argv);  /* bench_train.c */
+/* estimate.c: "8G", "512M", "1048576" as bytes (powers of 1024); the
+ * largest train.batch_size of cfg whose estimate fits budget (0: not even
+ * 1 row), cfg's batch_size left at the last one tried. */
+bool loom_cli_parse_bytes(const char *s, double *out);
+loom_status loom_cli_largest_batch(loom_config *cfg, int ranks,
+                                   loom_cfg_strategy s, double budget,
+                                   int64_t *best);
+/* find_batch.c: loom train --find-batch-size. */
+int loom_cli_find_batch(const char *config_path, const char *const *sets,
+                        int n_sets, const char *memory);
+int loom_cmd_bench(int argc, char **argv);   /* bench.c */
+int loom_bench_gemm(int argc, char **argv);  /* bench_gemm.c */
+int loom_bench_comm(int argc, char **argv);  /* bench_comm.c */
+int loom_bench_train(int argc, char **argv); /* bench_train.c */
 
 #endif

@@ -16,7 +16,8 @@ static void usage(FILE *f) {
       "                     [--set KEY=VALUE]...\n\n"
       "Prints the memory one rank needs to train CONFIG on N ranks\n"
       "(default 1): parameters, gradients, optimizer state, activations\n"
-      "(one micro-batch of train.batch_size rows), communication buffers,\n"
+      "(one micro-batch of train.batch_size rows), the loader's batches\n"
+      "(data.prefetch + 1), communication buffers,\n"
       "the async checkpoint's copy, and their total, in MiB, for every\n"
       "strategy (or only S). Strategies this build cannot run yet are\n"
       "marked 'forecast'. Not counted: code and libraries, the data set,\n"
@@ -31,7 +32,7 @@ static void usage(FILE *f) {
 }
 
 /* "8G", "512M", "1048576": bytes; false for anything else. */
-static bool parse_bytes(const char *s, double *out) {
+bool loom_cli_parse_bytes(const char *s, double *out) {
   char *end = NULL;
   double v = strtod(s, &end);
   if (end == s || !(v > 0))
@@ -51,17 +52,18 @@ static bool parse_bytes(const char *s, double *out) {
 
 static void row(const loom_train_estimate *e) {
   const double mib = 1024.0 * 1024.0;
-  printf("%-8s %-9s %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f\n",
+  printf("%-8s %-9s %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f "
+         "%10.1f\n",
          loom_cfg_strategy_names[e->strategy],
          e->available ? "yes" : "forecast", e->param_bytes / mib,
          e->grad_bytes / mib, e->optim_bytes / mib, e->act_bytes / mib,
-         e->comm_bytes / mib, e->ckpt_bytes / mib, e->total_bytes / mib);
+         e->data_bytes / mib, e->comm_bytes / mib, e->ckpt_bytes / mib,
+         e->total_bytes / mib);
 }
 
-/* The largest batch_size whose estimate fits budget (0: not even 1). */
-static loom_status largest_batch(loom_config *cfg, int ranks,
-                                 loom_cfg_strategy s, double budget,
-                                 int64_t *best) {
+loom_status loom_cli_largest_batch(loom_config *cfg, int ranks,
+                                   loom_cfg_strategy s, double budget,
+                                   int64_t *best) {
   loom_train_estimate e;
   int64_t lo = 0, hi = 1;
   const int64_t cap = 1 << 24; /* train.batch_size's own limit */
@@ -146,7 +148,7 @@ int loom_cmd_estimate(int argc, char **argv) {
     }
   }
   double budget = 0;
-  if (memory && !parse_bytes(memory, &budget)) {
+  if (memory && !loom_cli_parse_bytes(memory, &budget)) {
     fprintf(stderr,
             "loom estimate: --memory %s: expected bytes, as 8G or 512M\n",
             memory);
@@ -176,8 +178,9 @@ int loom_cmd_estimate(int argc, char **argv) {
          loom_optim_kind_name(cfg.optim.name));
   printf("# MiB per rank; not counted: code and libraries, the data set, "
          "MPI buffers, thread stacks\n");
-  printf("%-8s %-9s %10s %10s %10s %10s %10s %10s %10s\n", "strategy", "runs",
-         "params", "grads", "optimizer", "activation", "comm", "ckpt", "total");
+  printf("%-8s %-9s %10s %10s %10s %10s %10s %10s %10s %10s\n", "strategy",
+         "runs", "params", "grads", "optimizer", "activation", "data", "comm",
+         "ckpt", "total");
   for (int s = 0; s < LOOM_CFG_STRATEGY_COUNT; s++) {
     if (s == LOOM_CFG_STRATEGY_AUTO || s == LOOM_CFG_STRATEGY_FSDP)
       continue; /* auto resolves to one of them; fsdp is zero3 */
@@ -198,7 +201,7 @@ int loom_cmd_estimate(int argc, char **argv) {
     loom_cfg_strategy s =
         only >= 0 ? (loom_cfg_strategy)only : cfg.parallel.strategy;
     int64_t best = 0;
-    st = largest_batch(&cfg, ranks, s, budget, &best);
+    st = loom_cli_largest_batch(&cfg, ranks, s, budget, &best);
     if (st != LOOM_OK) {
       fprintf(stderr, "loom estimate: %s\n", loom_last_error());
       rc = LOOM_EXIT_FAIL;

@@ -33,6 +33,13 @@ static void usage(FILE *f) {
       "                           runs to the configured end)\n"
       "  --quiet                  no progress or eval lines\n"
       "  --print-config           print the resolved config and exit\n"
+      "  --find-batch-size        find the largest train.batch_size that\n"
+      "                           trains within --memory (default 90%% of\n"
+      "                           MemAvailable): the estimate, then 4 real\n"
+      "                           steps per size, each in its own process;\n"
+      "                           prints each size's peak memory and\n"
+      "                           throughput, then exits\n"
+      "  --memory BYTES           the budget (suffix K, M, G, T)\n"
       "  -h, --help               this text\n"
       "\n"
       "Ctrl-C (SIGINT) or SIGTERM stops at the next step boundary after\n"
@@ -100,7 +107,8 @@ static int train_main(int argc, char **argv) {
   const char *sets[64];
   char steps_set[64];
   int n_sets = 0;
-  bool print_config = false;
+  bool print_config = false, find_batch = false;
+  const char *memory = NULL;
   loom_train_opts opts = loom_train_opts_default();
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -137,6 +145,10 @@ static int train_main(int argc, char **argv) {
                 argv[i]);
         return LOOM_EXIT_USAGE;
       }
+    } else if (strcmp(a, "--find-batch-size") == 0) {
+      find_batch = true;
+    } else if (strcmp(a, "--memory") == 0 && has_next) {
+      memory = argv[++i];
     } else if (strcmp(a, "--quiet") == 0) {
       opts.quiet = true;
     } else if (strcmp(a, "--print-config") == 0) {
@@ -159,6 +171,13 @@ static int train_main(int argc, char **argv) {
     usage(stderr);
     return LOOM_EXIT_USAGE;
   }
+
+  if (memory && !find_batch) {
+    fprintf(stderr, "loom train: --memory goes with --find-batch-size\n");
+    return LOOM_EXIT_USAGE;
+  }
+  if (find_batch)
+    return loom_cli_find_batch(config_path, sets, n_sets, memory);
 
   loom_config cfg;
   if (loom_config_load(&cfg, config_path, sets, n_sets) != LOOM_OK) {

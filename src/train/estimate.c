@@ -103,6 +103,18 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
    * copy of the output (probabilities). */
   double dout = (double)arena - (double)(act + scratch);
   out->act_bytes = (double)arena + (dout > 0 ? dout : 0);
+  /* The loader's ring: the batch in use and data.prefetch ahead, each of
+   * the rank's rows (f32 images and an int32 label, or int32 tokens and
+   * their int32 targets). */
+  {
+    double row = cfg->data.dataset == LOOM_CFG_DATASET_FASHION_MNIST
+                     ? 28.0 * 28.0 * 4.0 + 4.0
+                     : 8.0 * (double)cfg->model.context;
+    int64_t rows = cfg->train.batch_size;
+    if (pc->deterministic && pc->virtual_shards / ranks > 1)
+      rows *= pc->virtual_shards / ranks;
+    out->data_bytes = (double)(cfg->data.prefetch + 1) * (double)rows * row;
+  }
   if (ddp && pc->deterministic) {
     int64_t shards = pc->virtual_shards / ranks;
     out->comm_bytes += f * psi * (double)(shards > 1 ? shards - 1 : 0);
@@ -112,6 +124,7 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
   if (cfg->checkpoint.enabled && cfg->checkpoint.async)
     out->ckpt_bytes = f * (1.0 + k) * (ranks > 1 ? slice : psi);
   out->total_bytes = out->param_bytes + out->grad_bytes + out->optim_bytes +
-                     out->act_bytes + out->comm_bytes + out->ckpt_bytes;
+                     out->act_bytes + out->data_bytes + out->comm_bytes +
+                     out->ckpt_bytes;
   return LOOM_OK;
 }

@@ -9,7 +9,7 @@ cfg=$SRC/examples/small_gpt.yaml
 head -c 200000 "$SRC/docs/parallel.md" >"$tmp/text.txt"
 big=(--set model.layers=2 --set model.d_model=256 --set model.heads=4
   --set model.context=64 --set train.batch_size=4 --set "data.path=$tmp/text.txt")
-col() { # STRATEGY COLUMN(3=params .. 9=total) of the last estimate
+col() { # STRATEGY COLUMN(3=params .. 10=total) of the last estimate
   awk -v s="$1" -v c="$2" '$1 == s { print $c }' "$tmp/out"
 }
 
@@ -24,7 +24,7 @@ want_z1=$(awk -v p="$psi" 'BEGIN { printf "%.1f", 8 * (int(p / 2) + 1) / 1048576
 [ "$(col ddp 5)" = "$want_ddp" ] && ok "ddp optimizer $want_ddp MiB" || bad "ddp optimizer $(col ddp 5), want $want_ddp"
 [ "$(col zero1 5)" = "$want_z1" ] && ok "zero1 optimizer $want_z1 MiB" || bad "zero1 optimizer $(col zero1 5), want $want_z1"
 [ "$(col zero1 2)" = yes ] && [ "$(col zero3 2)" = forecast ] && ok "zero1 runs, zero3 is a forecast" || bad "runs column"
-awk -v a="$(col zero3 9)" -v b="$(col zero1 9)" -v c="$(col ddp 9)" 'BEGIN { exit !(a < b && b < c) }' &&
+awk -v a="$(col zero3 10)" -v b="$(col zero1 10)" -v c="$(col ddp 10)" 'BEGIN { exit !(a < b && b < c) }' &&
   ok "totals fall from ddp to zero1 to zero3" || bad "totals not ordered"
 
 # The largest batch within a budget: it fits, one more row does not.
@@ -32,9 +32,9 @@ awk -v a="$(col zero3 9)" -v b="$(col zero1 9)" -v c="$(col ddp 9)" 'BEGIN { exi
 b=$(sed -n 's/^largest train.batch_size within 100M under none: \([0-9]*\)$/\1/p' "$tmp/out")
 if [ -n "$b" ] && [ "$b" -gt 0 ]; then
   "$LOOM" estimate "$cfg" "${big[@]}" --strategy none --set train.batch_size="$b" >"$tmp/out"
-  t1=$(col none 9)
+  t1=$(col none 10)
   "$LOOM" estimate "$cfg" "${big[@]}" --strategy none --set train.batch_size=$((b + 1)) >"$tmp/out"
-  t2=$(col none 9)
+  t2=$(col none 10)
   awk -v a="$t1" -v b="$t2" 'BEGIN { exit !(a <= 100 && b > 100) }' &&
     ok "batch $b fits 100M ($t1 MiB), $((b + 1)) does not ($t2 MiB)" || bad "batch $b: $t1, $t2 MiB"
 else
@@ -45,13 +45,34 @@ fi
 # A real run's peak is at least the estimate (code, libraries and data
 # come on top).
 "$LOOM" estimate "$cfg" "${big[@]}" --strategy none >"$tmp/out"
-est=$(col none 9)
+est=$(col none 10)
 "$LOOM" train "$cfg" "${big[@]}" --quiet --resume never --set train.steps=4 \
   --set train.eval_every=0 --set checkpoint.enabled=false --set log.every=2 \
   --set "log.run_dir=$tmp/run" >"$tmp/out" 2>&1 || { bad "train failed"; cat "$tmp/out"; }
 peak=$(grep -o '"peak_rss_mb":[0-9.]*' "$tmp/run/metrics.jsonl" | tail -1 | cut -d: -f2)
 awk -v p="$peak" -v e="$est" 'BEGIN { exit !(p >= e && p < e + 200) }' &&
   ok "measured peak $peak MiB, estimate $est MiB" || bad "measured peak '$peak' vs estimate $est"
+
+# The batch-size finder: its answer trains within the budget (in a real
+# run), and its trials leave nothing in TMPDIR.
+export TMPDIR="$tmp/t"
+mkdir -p "$TMPDIR"
+"$LOOM" train "$SRC/examples/small_mlp.yaml" --find-batch-size --memory 120M >"$tmp/out" 2>&1
+cat "$tmp/out"
+b=$(sed -n 's/^largest train.batch_size that fits: \([0-9]*\)$/\1/p' "$tmp/out")
+if [ -n "$b" ] && [ "$b" -gt 1 ]; then
+  "$LOOM" train "$SRC/examples/small_mlp.yaml" --quiet --resume never --set train.steps=4 \
+    --set train.batch_size="$b" --set train.eval_every=0 --set checkpoint.enabled=false \
+    --set log.every=2 --set "log.run_dir=$tmp/found" >/dev/null 2>&1
+  peak=$(grep -o '"peak_rss_mb":[0-9.]*' "$tmp/found/metrics.jsonl" | tail -1 | cut -d: -f2)
+  awk -v p="$peak" 'BEGIN { exit !(p > 0 && p <= 120 * 1.02) }' &&
+    ok "found batch $b trains within 120 MiB (peak $peak)" || bad "batch $b: peak '$peak' MiB"
+else
+  bad "the finder found no batch"
+fi
+[ -z "$(ls -A "$TMPDIR")" ] && ok "the trials left nothing behind" || bad "left in TMPDIR: $(ls "$TMPDIR")"
+"$LOOM" train "$SRC/examples/small_mlp.yaml" --memory 1G >"$tmp/out" 2>&1
+[ $? = 2 ] && ok "--memory alone: exit 2" || bad "--memory without --find-batch-size"
 
 for args in "-n 0" "--strategy zero9" "--memory 12X" "--bogus"; do
   # shellcheck disable=SC2086

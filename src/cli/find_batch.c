@@ -1,0 +1,297 @@
+/* loom train --find-batch-size: the largest train.batch_size that trains
+ * within a memory budget. The estimate (loom estimate) gives an upper
+ * bound; then real training steps, each in a fresh `loom train` process
+ * (its peak resident set is its own, and running out of memory kills only
+ * it), at 1, 2, 4, ... up to the bound, then bisecting between the last
+ * size that fit and the first that did not. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "loom/train.h"
+
+extern char **environ;
+
+/* What one trial measured. */
+typedef struct trial {
+  int64_t batch;
+  bool ran;          /* the process trained and wrote its metrics */
+  double peak_mib;   /* its peak resident set */
+  double throughput; /* samples/s or tokens/s of its last steps */
+  char why[800];     /* when it did not run */
+} trial;
+
+/* MemAvailable of /proc/meminfo in bytes (0 when unknown). */
+static double mem_available(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (!f)
+    return 0;
+  char line[256];
+  double kib = 0;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1)
+      break;
+  fclose(f);
+  return kib * 1024.0;
+}
+
+/* The last metrics line's number for key, or -1. */
+static double last_number(const char *path, const char *key) {
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return -1;
+  char line[4096], pat[64];
+  snprintf(pat, sizeof pat, "\"%s\":", key);
+  double v = -1;
+  while (fgets(line, sizeof line, f)) {
+    const char *p = strstr(line, pat);
+    if (p)
+      v = strtod(p + strlen(pat), NULL);
+  }
+  fclose(f);
+  return v;
+}
+
+/* Runs `loom train` for a few steps at batch b in dir/b<b>. */
+static void run_trial(const char *config_path, const char *const *sets,
+                      int n_sets, const char *dir, trial *t) {
+  char run_dir[600], bs[64], rd[640], log_path[700], metrics[700];
+  snprintf(run_dir, sizeof run_dir, "%s/b%lld", dir, (long long)t->batch);
+  snprintf(bs, sizeof bs, "train.batch_size=%lld", (long long)t->batch);
+  snprintf(rd, sizeof rd, "log.run_dir=%s", run_dir);
+  snprintf(log_path, sizeof log_path, "%s.log", run_dir);
+  const char *fixed[] = {"train.steps=4",
+                         "train.epochs=0",
+                         "train.eval_every=0",
+                         "log.every=2",
+                         "log.progress=off",
+                         "log.metrics=true",
+                         "checkpoint.enabled=false",
+                         bs,
+                         rd};
+  const int nfixed = (int)(sizeof fixed / sizeof fixed[0]);
+  const char **argv =
+      loom_calloc((size_t)(2 * (n_sets + nfixed) + 8), sizeof *argv);
+  if (!argv) {
+    snprintf(t->why, sizeof t->why, "out of memory");
+    return;
+  }
+  int n = 0;
+  argv[n++] = "loom";
+  argv[n++] = "train";
+  argv[n++] = config_path;
+  for (int i = 0; i < n_sets; i++) {
+    argv[n++] = "--set";
+    argv[n++] = sets[i];
+  }
+  for (int i = 0; i < nfixed; i++) {
+    argv[n++] = "--set";
+    argv[n++] = fixed[i];
+  }
+  argv[n++] = "--resume";
+  argv[n++] = "never";
+  argv[n++] = "--quiet";
+  argv[n] = NULL;
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t at;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log_path,
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+  posix_spawnattr_init(&at);
+  sigset_t none; /* the stop signals are blocked here; not in the trial */
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&at, &none);
+  posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK);
+  pid_t pid;
+  int err = posix_spawn(&pid, "/proc/self/exe", &fa, &at, (char *const *)argv,
+                        environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&at);
+  loom_free(argv);
+  if (err != 0) {
+    snprintf(t->why, sizeof t->why, "cannot start loom train: %s",
+             strerror(err));
+    return;
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFSIGNALED(status)) {
+    snprintf(t->why, sizeof t->why, "killed by signal %d%s", WTERMSIG(status),
+             WTERMSIG(status) == SIGKILL ? " (out of memory?)" : "");
+    return;
+  }
+  if (WEXITSTATUS(status) != 0) {
+    snprintf(t->why, sizeof t->why, "loom train failed (exit %d; see %s)",
+             WEXITSTATUS(status), log_path);
+    return;
+  }
+  snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run_dir);
+  t->peak_mib = last_number(metrics, "peak_rss_mb");
+  t->throughput = last_number(metrics, "samples_per_s");
+  if (t->throughput < 0)
+    t->throughput = last_number(metrics, "tokens_per_s");
+  t->ran = t->peak_mib > 0;
+  if (!t->ran)
+    snprintf(t->why, sizeof t->why, "no metrics in %s", metrics);
+}
+
+/* What the trials wrote: the directory, b<N> run directories holding
+ * metrics.jsonl, and b<N>.log. Nothing else is removed (nor followed). */
+static bool trial_name(const char *name, bool is_dir, int depth, void *ctx) {
+  (void)ctx;
+  if (depth == 0)
+    return is_dir && strncmp(name, "loom-find-batch-", 16) == 0;
+  if (depth == 2)
+    return !is_dir && strcmp(name, "metrics.jsonl") == 0;
+  if (depth != 1 || name[0] != 'b')
+    return false;
+  const char *p = name + 1;
+  if (*p < '0' || *p > '9')
+    return false;
+  while (*p >= '0' && *p <= '9')
+    p++;
+  return is_dir ? *p == '\0' : strcmp(p, ".log") == 0;
+}
+
+static void remove_trials(const char *dir) {
+  const char *slash = strrchr(dir, '/');
+  char parent[512];
+  snprintf(parent, sizeof parent, "%.*s", (int)(slash - dir), dir);
+  int fd = open(parent[0] ? parent : "/", O_RDONLY | O_DIRECTORY);
+  if (fd < 0)
+    return;
+  (void)loom_fs_remove_own(fd, slash + 1, dir, trial_name, NULL, NULL);
+  close(fd);
+}
+
+/* A trial fits when it ran and its peak is within the budget. */
+static bool fits(const trial *t, double budget_mib) {
+  return t->ran && t->peak_mib <= budget_mib;
+}
+
+/* The estimate's total at batch b, in MiB (0 when it fails). */
+static double estimate_mib(loom_config *cfg, int64_t b) {
+  loom_train_estimate e;
+  cfg->train.batch_size = b;
+  if (loom_train_estimate_memory(cfg, 1, cfg->parallel.strategy, &e) != LOOM_OK)
+    return 0;
+  return e.total_bytes / (1024.0 * 1024.0);
+}
+
+static void print_trial(const trial *t, double est_mib, double budget_mib,
+                        const char *unit) {
+  if (t->ran)
+    printf("%10lld %12.1f %12.1f %14.1f %s  %s\n", (long long)t->batch, est_mib,
+           t->peak_mib, t->throughput, unit,
+           fits(t, budget_mib) ? "fits" : "too big");
+  else
+    printf("%10lld %12.1f %12s %14s %s  %s\n", (long long)t->batch, est_mib,
+           "-", "-", unit, t->why);
+  fflush(stdout);
+}
+
+int loom_cli_find_batch(const char *config_path, const char *const *sets,
+                        int n_sets, const char *memory) {
+  double budget = 0;
+  if (memory && !loom_cli_parse_bytes(memory, &budget)) {
+    fprintf(stderr, "loom train: --memory %s: expected bytes, as 8G or 512M\n",
+            memory);
+    return LOOM_EXIT_USAGE;
+  }
+  if (!memory)
+    budget = 0.9 * mem_available();
+  if (!(budget > 0)) {
+    fprintf(stderr, "loom train: --find-batch-size: no --memory given and "
+                    "/proc/meminfo has no MemAvailable\n");
+    return LOOM_EXIT_USAGE;
+  }
+  loom_config cfg;
+  loom_status st = loom_config_load(&cfg, config_path, sets, n_sets);
+  if (st != LOOM_OK) {
+    fprintf(stderr, "loom: %s\n", loom_last_error());
+    return st == LOOM_ERR_CONFIG ? LOOM_EXIT_USAGE : LOOM_EXIT_FAIL;
+  }
+  const double mib = 1024.0 * 1024.0, budget_mib = budget / mib;
+  int64_t bound = 0;
+  st = loom_cli_largest_batch(&cfg, 1, cfg.parallel.strategy, budget, &bound);
+  if (st != LOOM_OK) {
+    fprintf(stderr, "loom train: --find-batch-size: %s\n", loom_last_error());
+    return LOOM_EXIT_FAIL;
+  }
+  const bool text = cfg.model.name == LOOM_CFG_MODEL_GPT;
+  const char *unit = text ? "tokens/s" : "samples/s";
+  printf("# %s: largest train.batch_size within %.0f MiB (%s), one rank\n",
+         config_path, budget_mib, memory ? "--memory" : "90% of MemAvailable");
+  printf("# the estimate allows %lld; trying real steps (4 each, in their "
+         "own process)\n",
+         (long long)bound);
+  printf("%10s %12s %12s %14s\n", "batch", "estimate MiB", "peak MiB",
+         "throughput");
+  if (bound == 0) {
+    printf("nothing fits: even 1 row needs more than %.0f MiB by the "
+           "estimate\n",
+           budget_mib);
+    return LOOM_EXIT_FAIL;
+  }
+  const char *tmpdir = getenv("TMPDIR");
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/loom-find-batch-XXXXXX",
+           tmpdir && *tmpdir ? tmpdir : "/tmp");
+  if (!mkdtemp(dir)) {
+    fprintf(stderr, "loom train: cannot make a temporary directory %s: %s\n",
+            dir, strerror(errno));
+    return LOOM_EXIT_FAIL;
+  }
+  int64_t good = 0, bad = 0; /* largest that fit, smallest that did not */
+  int tried = 0;
+  /* Doubling on real steps. The estimate counts address space a run may
+   * never touch (an input gradient nobody reads), so it can say no where
+   * a real step fits: it only stops sizes it puts above twice the budget,
+   * which no trial should be allowed to reach. */
+  for (int64_t b = 1; b <= (1 << 24); b *= 2) {
+    double est = estimate_mib(&cfg, b);
+    if (b > 1 && est > 2 * budget_mib) {
+      printf("%10lld %12.1f %12s %14s %s  not tried: the estimate is over "
+             "twice the budget\n",
+             (long long)b, est, "-", "-", unit);
+      bad = b;
+      break;
+    }
+    trial t = {.batch = b};
+    run_trial(config_path, sets, n_sets, dir, &t);
+    print_trial(&t, est, budget_mib, unit);
+    tried++;
+    if (!fits(&t, budget_mib)) {
+      bad = b;
+      break;
+    }
+    good = b;
+  }
+  /* Bisect on real steps, to within 1/32 of the answer. */
+  while (bad && bad - good > 1 && (bad - good) * 32 > good && tried < 24) {
+    trial t = {.batch = good + (bad - good) / 2};
+    run_trial(config_path, sets, n_sets, dir, &t);
+    print_trial(&t, estimate_mib(&cfg, t.batch), budget_mib, unit);
+    tried++;
+    if (fits(&t, budget_mib))
+      good = t.batch;
+    else
+      bad = t.batch;
+  }
+  remove_trials(dir);
+  if (good == 0) {
+    printf("nothing fits: batch 1 did not train within %.0f MiB\n", budget_mib);
+    return LOOM_EXIT_FAIL;
+  }
+  printf("largest train.batch_size that fits: %lld\n", (long long)good);
+  return LOOM_EXIT_OK;
+}
