@@ -306,6 +306,11 @@ typedef struct loom_model_opts {
    * with the same values: for a model about to be loaded from a checkpoint,
    * whose draws would be thrown away (false). */
   bool defer_init;
+  /* No parameter or gradient buffers at all (loom_model_params and
+   * loom_model_grads return NULL): the layout and the activation sizes only,
+   * for sizing a model larger than this machine (loom estimate). Such a
+   * model cannot run forward (false). */
+  bool shape_only;
 } loom_model_opts;
 loom_model_opts loom_model_opts_default(void);
 

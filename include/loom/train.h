@@ -147,6 +147,8 @@ void loom_trainer_free(loom_trainer *t);
 /* Asks a running loop to stop at the next step boundary and save (safe to
  * call from a signal handler). */
 void loom_trainer_request_stop(void);
+/* Whether a stop was requested (a caught signal or the call above). */
+bool loom_trainer_stop_requested(void);
 /* Catches SIGINT, SIGTERM and SIGHUP from now on (before loom_trainer_new:
  * data, model, checkpoint): a stop that comes while loading is not lost,
  * the run stops after its first step and saves it. loom_trainer_run

@@ -1,6 +1,7 @@
 /* loom estimate: the memory one rank needs to train a config, by category,
  * for every data-parallel strategy side by side, and the largest batch that
  * fits a budget. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,7 +36,7 @@ static void usage(FILE *f) {
 bool loom_cli_parse_bytes(const char *s, double *out) {
   char *end = NULL;
   double v = strtod(s, &end);
-  if (end == s || !(v > 0))
+  if (end == s || !(v > 0) || !isfinite(v))
     return false;
   double mul = 1;
   if (*end) {

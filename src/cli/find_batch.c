@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -23,6 +24,7 @@ extern char **environ;
 typedef struct trial {
   int64_t batch;
   bool ran;          /* the process trained and wrote its metrics */
+  bool stopped;      /* a stop signal ended it (or the search) */
   double peak_mib;   /* its peak resident set */
   double throughput; /* samples/s or tokens/s of its last steps */
   char why[800];     /* when it did not run */
@@ -121,8 +123,31 @@ static void run_trial(const char *config_path, const char *const *sets,
              strerror(err));
     return;
   }
+  /* Waits, passing a stop (Ctrl-C, SIGTERM to this process) on to the
+   * trial, which then stops at its next step. */
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  bool told = false;
+  for (;;) {
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid || (r < 0 && errno != EINTR))
+      break;
+    if (loom_trainer_stop_requested() && !told) {
+      kill(pid, SIGTERM);
+      told = true;
+    }
+    struct timespec ts = {0, 20 * 1000000};
+    nanosleep(&ts, NULL);
+  }
+  if (told || loom_trainer_stop_requested() ||
+      (WIFSIGNALED(status) &&
+       (WTERMSIG(status) == SIGINT || WTERMSIG(status) == SIGTERM ||
+        WTERMSIG(status) == SIGHUP)) ||
+      (WIFEXITED(status) && (WEXITSTATUS(status) == 128 + SIGINT ||
+                             WEXITSTATUS(status) == 128 + SIGTERM ||
+                             WEXITSTATUS(status) == 128 + SIGHUP))) {
+    t->stopped = true;
+    snprintf(t->why, sizeof t->why, "stopped");
+    return;
   }
   if (WIFSIGNALED(status)) {
     snprintf(t->why, sizeof t->why, "killed by signal %d%s", WTERMSIG(status),
@@ -173,6 +198,13 @@ static void remove_trials(const char *dir) {
   close(fd);
 }
 
+/* A stop (Ctrl-C, SIGTERM) ends the search without an answer. */
+static int stopped(const char *dir) {
+  remove_trials(dir);
+  printf("stopped: no answer\n");
+  return 128 + SIGINT;
+}
+
 /* A trial fits when it ran and its peak is within the budget. */
 static bool fits(const trial *t, double budget_mib) {
   return t->ran && t->peak_mib <= budget_mib;
@@ -201,6 +233,18 @@ static void print_trial(const trial *t, double est_mib, double budget_mib,
 
 int loom_cli_find_batch(const char *config_path, const char *const *sets,
                         int n_sets, const char *memory) {
+  /* One rank, on its own: under a launcher the trials would take the
+   * rank's identity (its MPI world, its status file). */
+  static const char *const launched[] = {"LOOM_RUN_DIR", "OMPI_COMM_WORLD_SIZE",
+                                         "PMI_SIZE", "PMI_RANK"};
+  for (size_t i = 0; i < sizeof launched / sizeof launched[0]; i++)
+    if (getenv(launched[i])) {
+      fprintf(stderr,
+              "loom train: --find-batch-size runs on its own, not under "
+              "loom run or an MPI launcher (%s is set)\n",
+              launched[i]);
+      return LOOM_EXIT_USAGE;
+    }
   double budget = 0;
   if (memory && !loom_cli_parse_bytes(memory, &budget)) {
     fprintf(stderr, "loom train: --memory %s: expected bytes, as 8G or 512M\n",
@@ -259,7 +303,7 @@ int loom_cli_find_batch(const char *config_path, const char *const *sets,
    * which no trial should be allowed to reach. */
   for (int64_t b = 1; b <= (1 << 24); b *= 2) {
     double est = estimate_mib(&cfg, b);
-    if (b > 1 && est > 2 * budget_mib) {
+    if (b > 1 && (est > 2 * budget_mib || est == 0)) {
       printf("%10lld %12.1f %12s %14s %s  not tried: the estimate is over "
              "twice the budget\n",
              (long long)b, est, "-", "-", unit);
@@ -268,6 +312,8 @@ int loom_cli_find_batch(const char *config_path, const char *const *sets,
     }
     trial t = {.batch = b};
     run_trial(config_path, sets, n_sets, dir, &t);
+    if (t.stopped)
+      return stopped(dir);
     print_trial(&t, est, budget_mib, unit);
     tried++;
     if (!fits(&t, budget_mib)) {
@@ -279,8 +325,18 @@ int loom_cli_find_batch(const char *config_path, const char *const *sets,
   /* Bisect on real steps, to within 1/32 of the answer. */
   while (bad && bad - good > 1 && (bad - good) * 32 > good && tried < 24) {
     trial t = {.batch = good + (bad - good) / 2};
+    double est = estimate_mib(&cfg, t.batch);
+    if (est > 2 * budget_mib || est == 0) { /* not tried, as above */
+      printf("%10lld %12.1f %12s %14s %s  not tried: the estimate is over "
+             "twice the budget\n",
+             (long long)t.batch, est, "-", "-", unit);
+      bad = t.batch;
+      continue;
+    }
     run_trial(config_path, sets, n_sets, dir, &t);
-    print_trial(&t, estimate_mib(&cfg, t.batch), budget_mib, unit);
+    if (t.stopped)
+      return stopped(dir);
+    print_trial(&t, est, budget_mib, unit);
     tried++;
     if (fits(&t, budget_mib))
       good = t.batch;

@@ -164,10 +164,13 @@ loom_status loom_model_new(loom_model **out, loom_module *root,
   m->nviews = v.count;
   m->numel = v.numel;
   m->views = loom_malloc((size_t)(v.count ? v.count : 1) * sizeof *m->views);
-  m->own_params = loom_malloc((size_t)m->numel * sizeof(float));
+  if (!o.shape_only) {
+    m->own_params = loom_malloc((size_t)m->numel * sizeof(float));
+    m->own_grads =
+        loom_calloc((size_t)(m->numel ? m->numel : 1), sizeof(float));
+  }
   m->params = m->own_params;
-  m->own_grads = loom_calloc((size_t)(m->numel ? m->numel : 1), sizeof(float));
-  if (!m->views || !m->own_params || !m->own_grads) {
+  if (!m->views || (!o.shape_only && (!m->own_params || !m->own_grads))) {
     st = LOOM_ERR_NOMEM;
     goto fail;
   }
@@ -177,7 +180,9 @@ loom_status loom_model_new(loom_model **out, loom_module *root,
   m->entries = v.entries; /* taken over */
   v.entries = NULL;
   m->layout_hash = hash_layout(m->views, m->nviews);
-  if (o.defer_init)
+  if (o.shape_only)
+    ; /* no buffers */
+  else if (o.defer_init)
     memset(m->params, 0, (size_t)m->numel * sizeof(float));
   else
     LOOM_TRY_GOTO(st, loom_model_init_params(m, &o), fail);
@@ -356,6 +361,10 @@ static loom_status check_tensor(const char *what, const loom_tensor *t) {
 loom_status loom_model_forward(loom_model *m, const loom_tensor *input,
                                loom_tensor *output) {
   LOOM_TRY(check_tensor("input", input));
+  if (!m->params)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "model: made with shape_only, it has no parameters to "
+                      "run");
   loom_shape s = loom_shape_make(input->dtype, input->ndim, input->shape);
   LOOM_TRY(loom_model_plan(m, &s));
   m->have_forward = false;

@@ -61,22 +61,27 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
    * mode each virtual shard in turn). */
   out->batch = cfg->train.batch_size;
 
+  /* The layout and the plan only: no parameter, gradient or activation
+   * buffer is allocated, so a model larger than this machine can be sized. */
+  loom_model_opts mo = loom_model_opts_default();
+  mo.shape_only = true;
   loom_model *m = NULL;
-  LOOM_TRY(loom_train_model_new(cfg, true, &m));
+  LOOM_TRY(loom_train_model_make(cfg, &mo, &m));
   loom_shape in;
   loom_status s = input_shape(cfg, out->batch, &in);
   size_t act = 0, scratch = 0;
   if (s == LOOM_OK)
     s = loom_model_act_bytes(m, &in, &act, &scratch);
-  size_t arena = 0;
-  if (s == LOOM_OK)
-    s = loom_model_plan(m, &in); /* address space only: pages untouched */
-  if (s == LOOM_OK)
-    arena = loom_model_arena_bytes(m);
   const double psi = (double)loom_model_num_params(m);
   loom_model_free(m);
   if (s != LOOM_OK)
     return loom_error_context(s, "estimate: planning the model");
+  /* The model's output: logits of every row (every token for the GPT). */
+  const double out_floats =
+      cfg->model.name == LOOM_CFG_MODEL_GPT
+          ? (double)out->batch * (double)cfg->model.context *
+                (double)cfg->model.vocab
+          : (double)out->batch * 10.0; /* Fashion-MNIST's classes */
 
   const double f = 4.0; /* f32 */
   const double k = state_count(cfg);
@@ -101,8 +106,7 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
   out->optim_bytes = f * k * (shard_optim ? slice : psi);
   /* The arena (activations, scratch, the output's gradient) and the loss's
    * copy of the output (probabilities). */
-  double dout = (double)arena - (double)(act + scratch);
-  out->act_bytes = (double)arena + (dout > 0 ? dout : 0);
+  out->act_bytes = (double)(act + scratch) + 2.0 * f * out_floats;
   /* The loader's ring: the batch in use and data.prefetch ahead, each of
    * the rank's rows (f32 images and an int32 label, or int32 tokens and
    * their int32 targets). */

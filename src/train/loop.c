@@ -30,10 +30,17 @@ loom_model *loom_trainer_model(loom_trainer *t) { return t->model; }
 
 loom_status loom_train_model_new(const loom_config *cfg, bool defer_init,
                                  loom_model **out) {
-  const loom_config_model *mc = &cfg->model;
   loom_model_opts mo = loom_model_opts_default();
-  mo.seed = (uint64_t)cfg->train.seed;
   mo.defer_init = defer_init;
+  return loom_train_model_make(cfg, &mo, out);
+}
+
+loom_status loom_train_model_make(const loom_config *cfg,
+                                  const loom_model_opts *base,
+                                  loom_model **out) {
+  const loom_config_model *mc = &cfg->model;
+  loom_model_opts mo = *base;
+  mo.seed = (uint64_t)cfg->train.seed;
   const loom_act act = mc->activation;
   switch (mc->name) {
   case LOOM_CFG_MODEL_MLP: {
@@ -794,6 +801,8 @@ static void note_stop(int sig) {
 }
 
 void loom_trainer_request_stop(void) { stop_requested = 1; }
+
+bool loom_trainer_stop_requested(void) { return stop_requested != 0; }
 
 static bool stop_caught_early;
 

@@ -51,6 +51,12 @@ typedef struct loom_ckpt_bg {
  * writes its slice of a checkpoint; ZeRO-1 shards the optimizer by them. */
 void loom_train_slice(const loom_trainer *t, int r, int64_t *lo, int64_t *hi);
 
+/* loom_train_model_new with the model options given (shape_only for the
+ * estimate); the seed and initialisation come from the config. */
+loom_status loom_train_model_make(const loom_config *cfg,
+                                  const loom_model_opts *base,
+                                  loom_model **out);
+
 struct loom_trainer {
   loom_config cfg;
   loom_train_opts opts;
