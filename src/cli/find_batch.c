@@ -38,8 +38,13 @@ static double mem_available(void) {
   char line[256];
   double kib = 0;
   while (fgets(line, sizeof line, f))
-    if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1)
+    if (strncmp(line, "MemAvailable:", 13) == 0) {
+      char *end = NULL;
+      kib = strtod(line + 13, &end);
+      if (end == line + 13 || !(kib > 0))
+        kib = 0;
       break;
+    }
   fclose(f);
   return kib * 1024.0;
 }
@@ -80,7 +85,7 @@ static void run_trial(const char *config_path, const char *const *sets,
                          rd};
   const int nfixed = (int)(sizeof fixed / sizeof fixed[0]);
   const char **argv =
-      loom_calloc((size_t)(2 * (n_sets + nfixed) + 8), sizeof *argv);
+      loom_calloc(2 * ((size_t)n_sets + (size_t)nfixed) + 8, sizeof *argv);
   if (!argv) {
     snprintf(t->why, sizeof t->why, "out of memory");
     return;
