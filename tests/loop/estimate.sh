@@ -71,6 +71,21 @@ else
   bad "the finder found no batch"
 fi
 [ -z "$(ls -A "$TMPDIR")" ] && ok "the trials left nothing behind" || bad "left in TMPDIR: $(ls "$TMPDIR")"
+# A stop (SIGTERM to the finder) ends the search without an answer, exit
+# 130, the running trial stopped and nothing left in TMPDIR.
+"$LOOM" train "$SRC/examples/small_mlp.yaml" --find-batch-size --memory 2G >"$tmp/stop" 2>&1 &
+pid=$!
+for _ in $(seq 600); do # polled, up to 60 s: the first trial's line
+  grep -q '^ *1 ' "$tmp/stop" && break
+  sleep 0.1
+done
+kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc = 130 ] && grep -q '^stopped: no answer$' "$tmp/stop" && ! grep -q '^largest' "$tmp/stop" &&
+  ok "SIGTERM: stopped without an answer (exit 130)" || { bad "SIGTERM: rc $rc"; cat "$tmp/stop"; }
+[ -z "$(ls -A "$TMPDIR")" ] && ok "nothing left after the stop" || bad "left in TMPDIR: $(ls "$TMPDIR")"
+[ -z "$(pgrep -f "log.run_dir=$TMPDIR")" ] && ok "no trial left running" || bad "a trial still runs"
 "$LOOM" train "$SRC/examples/small_mlp.yaml" --memory 1G >"$tmp/out" 2>&1
 [ $? = 2 ] && ok "--memory alone: exit 2" || bad "--memory without --find-batch-size"
 
