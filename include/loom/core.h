@@ -343,6 +343,11 @@ loom_status loom_fs_fsync_dir(const char *path);
  * O_NOFOLLOW are added); dirfd may be AT_FDCWD. */
 int loom_fs_open_write_at(int dirfd, const char *name, int flags,
                           unsigned mode);
+/* Removes dirfd/name, a temporary file the caller created there itself,
+ * after a failed write: only a regular file (never a directory; a symbolic
+ * link is not followed). errno is left as it was, for the caller's message.
+ * dirfd may be AT_FDCWD. */
+void loom_fs_discard(int dirfd, const char *name);
 /* strerror(e), with the refusals above said plainly. */
 const char *loom_fs_strerror(int e);
 

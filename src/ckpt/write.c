@@ -479,7 +479,7 @@ io_fail:
   /* Only a file this call opened: a link or another's file that refused the
    * open stays as it was. */
   if (strcmp(what, "create") != 0)
-    unlinkat(w->tmp_fd, fname, 0);
+    loom_fs_discard(w->tmp_fd, fname);
   st = loom_error(LOOM_ERR_IO, "%s: %s failed: %s", path, what,
                   loom_fs_strerror(err));
 done:

@@ -168,6 +168,15 @@ static int write_all(int fd, const void *buf, size_t n) {
   return 0;
 }
 
+void loom_fs_discard(int dirfd, const char *name) {
+  int e = errno;
+  struct stat st;
+  if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+      S_ISREG(st.st_mode))
+    (void)unlinkat(dirfd, name, 0);
+  errno = e;
+}
+
 loom_status loom_fs_write_atomic_at(int dfd, const char *dir, const char *name,
                                     const void *data, size_t len,
                                     loom_fs_fault_fn fault) {
@@ -207,7 +216,7 @@ loom_status loom_fs_write_atomic_at(int dfd, const char *dir, const char *name,
     e = errno;
   }
   if (what) {
-    unlinkat(dfd, tname, 0);
+    loom_fs_discard(dfd, tname);
     return loom_error(LOOM_ERR_IO, "%s: %s failed: %s", tmp, what, strerror(e));
   }
   struct stat lst;
@@ -216,7 +225,7 @@ loom_status loom_fs_write_atomic_at(int dfd, const char *dir, const char *name,
   /* rename replaces a link at `name` itself, never what it points to. */
   if (fault_now(fault) || renameat(dfd, tname, dfd, name) != 0) {
     e = errno;
-    unlinkat(dfd, tname, 0);
+    loom_fs_discard(dfd, tname);
     return loom_error(LOOM_ERR_IO, "%s: cannot rename to %s/%s: %s", tmp, dir,
                       name, strerror(e));
   }

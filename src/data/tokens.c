@@ -189,7 +189,7 @@ loom_status loom_shard_write(const char *path, const uint16_t *tokens,
   if (!ok || rename(tmp, path) != 0) {
     if (ok)
       err = errno;
-    unlink(tmp);
+    loom_fs_discard(AT_FDCWD, tmp);
     return loom_error(LOOM_ERR_IO, "cannot write %s: %s", path, strerror(err));
   }
   return LOOM_OK;

@@ -230,7 +230,7 @@ static void init_once(void) {
   if (pwrite(fd, rs.buf, (size_t)rs.len, 0) != rs.len ||
       rename(tmp, path) != 0) {
     close(fd);
-    unlink(tmp);
+    loom_fs_discard(AT_FDCWD, tmp);
     return;
   }
   rs.fd = fd;

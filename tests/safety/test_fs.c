@@ -195,6 +195,30 @@ TT_TEST(test_open_write_refuses_links) {
   TT_CHECK(stat(p, &sb) == 0 && sb.st_size == 0);
 }
 
+TT_TEST(test_discard) {
+  char p[1200], vf[1200], d[1200];
+  /* A file the caller made: removed, errno kept for its message. */
+  put_file(at(p, sizeof p, "d_tmp"), "half written");
+  errno = ENOSPC;
+  loom_fs_discard(AT_FDCWD, p);
+  TT_CHECK_EQ(errno, ENOSPC);
+  TT_CHECK(!exists_nofollow(p));
+  /* A link in its place: left, and its target untouched. */
+  put_file(at(vf, sizeof vf, "victim_d"), "precious file\n");
+  uint32_t cf = crc_tree(vf);
+  TT_REQUIRE(symlink(vf, at(p, sizeof p, "d_link")) == 0);
+  loom_fs_discard(AT_FDCWD, p);
+  TT_CHECK(is_link(p));
+  TT_CHECK_EQ(crc_tree(vf), cf);
+  /* A directory in its place: left with what it holds. */
+  make_victim_dir(at(d, sizeof d, "d_dir"));
+  uint32_t cd = crc_tree(d);
+  loom_fs_discard(AT_FDCWD, d);
+  TT_CHECK_EQ(crc_tree(d), cd);
+  /* Nothing there: nothing to do. */
+  loom_fs_discard(AT_FDCWD, at(p, sizeof p, "d_none"));
+}
+
 TT_TEST(test_write_atomic) {
   char p[1200], vf[1200], d[1200];
   put_file(at(vf, sizeof vf, "victim_a"), "precious file\n");
@@ -301,6 +325,7 @@ int main(void) {
   TT_RUN(test_remove_own_links_and_strangers);
   TT_RUN(test_remove_own_mount);
   TT_RUN(test_open_write_refuses_links);
+  TT_RUN(test_discard);
   TT_RUN(test_write_atomic);
   TT_RUN(test_mkdirs);
   TT_RUN(test_each_entry);
