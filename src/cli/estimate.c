@@ -62,32 +62,47 @@ static void row(const loom_train_estimate *e) {
          e->total_bytes / mib);
 }
 
+/* Whether batch b fits: its estimate is within budget. A size the model
+ * refuses (beyond the kernels' int range) does not fit; any other error of
+ * the estimate is returned (for b = 1 every error is). */
+static loom_status batch_fits(loom_config *cfg, int ranks, loom_cfg_strategy s,
+                              double budget, int64_t b, bool *fits,
+                              loom_train_estimate *e) {
+  cfg->train.batch_size = b;
+  loom_status st = loom_train_estimate_memory(cfg, ranks, s, e);
+  if (st == LOOM_ERR_UNSUPPORTED && b > 1) {
+    *fits = false;
+    return LOOM_OK;
+  }
+  LOOM_TRY(st);
+  *fits = e->total_bytes <= budget;
+  return LOOM_OK;
+}
+
 loom_status loom_cli_largest_batch(loom_config *cfg, int ranks,
                                    loom_cfg_strategy s, double budget,
-                                   int64_t *best) {
+                                   int64_t *best, loom_cfg_strategy *resolved) {
   loom_train_estimate e;
   int64_t lo = 0, hi = 1;
   const int64_t cap = 1 << 24; /* train.batch_size's own limit */
-  for (;;) {                   /* doubling until it no longer fits */
-    cfg->train.batch_size = hi;
-    LOOM_TRY(loom_train_estimate_memory(cfg, ranks, s, &e));
-    if (e.total_bytes > budget)
-      break;
+  bool fits;
+  LOOM_TRY(batch_fits(cfg, ranks, s, budget, 1, &fits, &e));
+  if (resolved)
+    *resolved = e.strategy; /* auto made none or ddp */
+  while (fits) {            /* doubling until it no longer fits */
     lo = hi;
-    if (hi >= cap) {
-      *best = lo;
-      return LOOM_OK;
-    }
+    if (hi >= cap)
+      break;
     hi *= 2;
+    LOOM_TRY(batch_fits(cfg, ranks, s, budget, hi, &fits, &e));
   }
   while (hi - lo > 1) { /* lo fits (or is 0), hi does not */
     int64_t mid = lo + (hi - lo) / 2;
-    cfg->train.batch_size = mid;
-    LOOM_TRY(loom_train_estimate_memory(cfg, ranks, s, &e));
-    if (e.total_bytes > budget)
-      hi = mid;
-    else
+    LOOM_TRY(batch_fits(cfg, ranks, s, budget, mid, &fits, &e));
+    if (fits)
       lo = mid;
+    else
+      hi = mid;
   }
   *best = lo;
   return LOOM_OK;
@@ -156,8 +171,8 @@ int loom_cmd_estimate(int argc, char **argv) {
     rc = LOOM_EXIT_USAGE;
     goto done;
   }
-  /* The config as loom train reads it; strategies it refuses are still
-   * forecast here, so the check of the strategy itself is skipped. */
+  /* The config as loom train reads it (a config naming zero2 or zero3 is
+   * refused there too; --strategy forecasts them). */
   loom_config cfg;
   loom_status st = loom_config_load(&cfg, path, sets, n_sets);
   if (st != LOOM_OK) {
@@ -202,20 +217,19 @@ int loom_cmd_estimate(int argc, char **argv) {
     loom_cfg_strategy s =
         only >= 0 ? (loom_cfg_strategy)only : cfg.parallel.strategy;
     int64_t best = 0;
-    st = loom_cli_largest_batch(&cfg, ranks, s, budget, &best);
+    st = loom_cli_largest_batch(&cfg, ranks, s, budget, &best, &s);
     if (st != LOOM_OK) {
       fprintf(stderr, "loom estimate: %s\n", loom_last_error());
       rc = LOOM_EXIT_FAIL;
       goto done;
     }
-    (void)loom_train_estimate_memory(&cfg, ranks, s, &e); /* its name */
     if (best == 0)
       printf("largest train.batch_size within %s under %s: none (even 1 row "
              "needs more)\n",
-             memory, loom_cfg_strategy_names[e.strategy]);
+             memory, loom_cfg_strategy_names[s]);
     else
       printf("largest train.batch_size within %s under %s: %lld\n", memory,
-             loom_cfg_strategy_names[e.strategy], (long long)best);
+             loom_cfg_strategy_names[s], (long long)best);
   }
 done:
   loom_free(sets);

@@ -271,7 +271,8 @@ int loom_cli_find_batch(const char *config_path, const char *const *sets,
   }
   const double mib = 1024.0 * 1024.0, budget_mib = budget / mib;
   int64_t bound = 0;
-  st = loom_cli_largest_batch(&cfg, 1, cfg.parallel.strategy, budget, &bound);
+  st = loom_cli_largest_batch(&cfg, 1, cfg.parallel.strategy, budget, &bound,
+                              NULL);
   if (st != LOOM_OK) {
     fprintf(stderr, "loom train: --find-batch-size: %s\n", loom_last_error());
     return LOOM_EXIT_FAIL;

@@ -25,16 +25,13 @@ static int state_count(const loom_config *cfg) {
 
 /* The model's input for `rows` rows: images of Fashion-MNIST, or token
  * windows of model.context. */
-static loom_status input_shape(const loom_config *cfg, int64_t rows,
-                               loom_shape *in) {
+static loom_shape input_shape(const loom_config *cfg, int64_t rows) {
   if (cfg->data.dataset == LOOM_CFG_DATASET_FASHION_MNIST) {
     int64_t d[4] = {rows, 1, 28, 28};
-    *in = loom_shape_make(LOOM_F32, 4, d);
-  } else {
-    int64_t d[2] = {rows, cfg->model.context};
-    *in = loom_shape_make(LOOM_I32, 2, d);
+    return loom_shape_make(LOOM_F32, 4, d);
   }
-  return LOOM_OK;
+  int64_t d[2] = {rows, cfg->model.context};
+  return loom_shape_make(LOOM_I32, 2, d);
 }
 
 loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
@@ -67,11 +64,9 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
   mo.shape_only = true;
   loom_model *m = NULL;
   LOOM_TRY(loom_train_model_make(cfg, &mo, &m));
-  loom_shape in;
-  loom_status s = input_shape(cfg, out->batch, &in);
+  const loom_shape in = input_shape(cfg, out->batch);
   size_t act = 0, scratch = 0;
-  if (s == LOOM_OK)
-    s = loom_model_act_bytes(m, &in, &act, &scratch);
+  loom_status s = loom_model_act_bytes(m, &in, &act, &scratch);
   const double psi = (double)loom_model_num_params(m);
   loom_model_free(m);
   if (s != LOOM_OK)
