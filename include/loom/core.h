@@ -140,6 +140,21 @@ void loom_alloc_fail_after(long n);
 /* Number of allocations made so far (for tests that walk every failure). */
 long loom_alloc_count(void);
 
+/* Address space for a large buffer whose pages come and go (ZeRO-2/3's
+ * full-size parameter and gradient buffers, of which a rank holds only the
+ * parts in use): reserved, not committed; a page is zero until first
+ * written. Counts as an allocation for the test hook. */
+void *loom_vmem_new(size_t bytes);
+/* Bytes [from, to) of a loom_vmem_new buffer become zero: the whole pages
+ * among them go back to the system (no longer resident), the partial pages
+ * at either end are cleared. */
+void loom_vmem_release(void *p, size_t from, size_t to);
+/* NULL is a no-op; bytes as given to loom_vmem_new. */
+void loom_vmem_free(void *p, size_t bytes);
+/* Bytes of p's range [from, to) resident in memory now (mincore): what the
+ * tests of ZeRO's memory compare with the formula. */
+size_t loom_vmem_resident(const void *p, size_t from, size_t to);
+
 /* ---------------------------------------------------------------- dtypes */
 
 #define LOOM_DTYPE_LIST(X)                                                     \

@@ -142,6 +142,19 @@ struct loom_module_ops {
 typedef loom_status (*loom_grad_hook)(void *user, int index, int64_t offset,
                                       int64_t numel);
 
+/* Units (ZeRO-3 gathers a unit's parameters before it runs and frees them
+ * after): the root's children when the root is a sequential (a transformer
+ * block, a group of checkpointed blocks, a layer), else the whole root. The
+ * hook sees each unit's forward and backward begin and end, in the order
+ * they run. */
+typedef enum {
+  LOOM_UNIT_PRE_FORWARD,
+  LOOM_UNIT_POST_FORWARD,
+  LOOM_UNIT_PRE_BACKWARD,
+  LOOM_UNIT_POST_BACKWARD
+} loom_unit_event;
+typedef loom_status (*loom_unit_hook)(void *user, int unit, loom_unit_event ev);
+
 /* What forward and backward see: the flat buffers and the step's keys. */
 struct loom_nn_ctx {
   float *params;           /* the flat parameter buffer */
@@ -153,6 +166,9 @@ struct loom_nn_ctx {
   uint64_t sample_base;    /* global index of this batch's first sample */
   loom_grad_hook hook;
   void *hook_user;
+  loom_unit_hook unit_hook; /* NULL: none */
+  void *unit_user;
+  const loom_module *unit_root; /* the sequential whose children are units */
 };
 
 /* Values and gradient of the k-th own parameter of m (or of the module that
@@ -383,6 +399,22 @@ loom_status loom_model_output_grad(loom_model *m, loom_tensor *doutput);
 loom_status loom_model_backward(loom_model *m, const loom_tensor *doutput,
                                 loom_tensor *dinput);
 void loom_model_set_grad_hook(loom_model *m, loom_grad_hook fn, void *user);
+
+/* A range [offset, offset + numel) of the flat buffers. */
+typedef struct loom_range {
+  int64_t offset, numel;
+} loom_range;
+/* The model's units (see loom_unit_event); a unit without parameters has
+ * no range. */
+int loom_model_num_units(const loom_model *m);
+/* The ranges of the flat buffers whose parameters unit u reads (its own and
+ * tied ones: GPT's output layer reads the token embedding), ascending and
+ * merged; *n gets their number (0 for a unit without parameters). NULL for
+ * a unit out of range. */
+const loom_range *loom_model_unit_ranges(const loom_model *m, int u, int *n);
+/* Called around each unit's forward and backward (NULL: none). An error
+ * stops the pass and is returned by it. */
+void loom_model_set_unit_hook(loom_model *m, loom_unit_hook fn, void *user);
 
 /* ========================================================== the loss */
 

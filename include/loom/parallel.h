@@ -82,6 +82,18 @@ typedef struct loom_ddp_opts {
    * small all-reduce of the number of active ranks, and a rank without data
    * calls loom_ddp_join instead of training (false). */
   bool uneven;
+  /* ZeRO-2 and ZeRO-3: sharded gradients. Rank r keeps only elements
+   * [shard_bounds[r], shard_bounds[r + 1]) of the reduced gradient: each
+   * bucket is reduced to the ranks whose slices it covers (one reduce per
+   * owner, the volume of a reduce-scatter) as backward finalises it, and
+   * the rest of the bucket's memory goes back to the system once that is
+   * done, so no rank holds the whole gradient after backward. The gradient
+   * buffer is then the DDP's own (a model made with shape_only works).
+   * Deterministic mode reduces by the same tree as without sharding (the
+   * same bits) and then gives back what is not owned. (world + 1) entries,
+   * ascending, from 0 to the number of parameters; borrowed for d's life.
+   * NULL: every rank gets the whole gradient (DDP, ZeRO-1). */
+  const int64_t *shard_bounds;
 } loom_ddp_opts;
 
 loom_ddp_opts loom_ddp_opts_default(void);
@@ -141,6 +153,12 @@ loom_status loom_ddp_step(loom_ddp *d, loom_optim *o, float lr);
  * step as the others do (loom_ddp_step), which keeps the replicas equal. */
 loom_status loom_ddp_join(loom_ddp *d, bool *done);
 
+/* Sharded gradients (opts.shard_bounds): the global sum of squares of the
+ * reduced gradient, each rank adding its slice (collective; call after
+ * loom_ddp_wait). With slices that start at multiples of LOOM_GRAD_CHUNK
+ * it has the bits of loom_grad_sumsq over the whole gradient. */
+loom_status loom_ddp_grad_sumsq(loom_ddp *d, double *out);
+
 /* Deterministic mode: this rank's virtual shards are [*first, *first +
  * *count) of the V of every micro-batch (rows [j*R, (j+1)*R) of the global
  * batch for shard j, R = global rows / V). */
@@ -174,6 +192,46 @@ void loom_ddp_reset_stats(loom_ddp *d);
 /* Share of the reduction time hidden behind computation:
  * 1 - wait_s / reduce_s, clamped to [0, 1] (1 when nothing was reduced). */
 double loom_ddp_hidden_share(const loom_ddp_stats *s);
+
+/* ============================================================== ZeRO-3 */
+
+/* Sharded parameters (ZeRO-3, PyTorch's FSDP FULL_SHARD): rank r keeps
+ * elements [bounds[r], bounds[r + 1]) of the flat parameters (its slice,
+ * which its sharded optimizer steps; use it with a DDP whose gradients are
+ * sharded by the same bounds). The model's parameter buffer becomes
+ * reserved memory of which only the slice stays: each unit's parameters
+ * (loom_model_unit_ranges) are all-gathered just before its forward and
+ * again before its backward, and given back after; the next unit's gather
+ * is posted while the current one computes, in both directions. So no rank
+ * holds all parameters at once: at most two or three units and its slice.
+ *
+ *   loom_zero3_new(&z, model, g, bounds);    binds the parameter buffer
+ *   (write the parameters: init or a checkpoint) loom_zero3_shard(z);
+ *   each step: forward, backward, optimizer on the slice, nothing else.
+ *
+ * Every rank must run the same passes (the gathers are collectives on g,
+ * in order with g's other operations). */
+typedef struct loom_zero3 loom_zero3;
+
+/* Collective over g (nothing is sent yet). bounds: (size of g + 1)
+ * entries from 0 to the number of parameters, ascending, borrowed for z's
+ * life. The model (borrowed, must outlive z) reads its parameters from z's
+ * buffer from now on; that buffer starts as zeros: write every parameter
+ * (loom_model_init_params, a checkpoint) and call loom_zero3_shard. */
+loom_status loom_zero3_new(loom_zero3 **out, loom_model *model, loom_group *g,
+                           const int64_t *bounds);
+/* Waits for gathers in flight, gives the model back its own buffer. */
+void loom_zero3_free(loom_zero3 *z);
+/* Keeps this rank's slice of the parameters and gives back the rest (after
+ * the whole buffer was written). Also drops any unit still gathered: call
+ * it after the optimizer changed the slices, before the next forward. */
+loom_status loom_zero3_shard(loom_zero3 *z);
+/* Collective: every rank gets the whole of the parameters (for an export
+ * or an evaluation outside the units' order); loom_zero3_shard undoes it. */
+loom_status loom_zero3_gather_all(loom_zero3 *z);
+/* Bytes of the parameter buffer resident now, and the most seen at a unit
+ * boundary since the last loom_zero3_shard (page granularity). */
+void loom_zero3_resident(const loom_zero3 *z, size_t *now, size_t *peak);
 
 LOOM_API_END
 #ifdef __cplusplus

@@ -171,8 +171,7 @@ int loom_cmd_estimate(int argc, char **argv) {
     rc = LOOM_EXIT_USAGE;
     goto done;
   }
-  /* The config as loom train reads it (a config naming zero2 or zero3 is
-   * refused there too; --strategy forecasts them). */
+  /* The config as loom train reads it. */
   loom_config cfg;
   loom_status st = loom_config_load(&cfg, path, sets, n_sets);
   if (st != LOOM_OK) {

@@ -270,15 +270,14 @@ static const loom_config_key keys[] = {
                "either way",
                "the profiler comes in a later release"),
     /* parallel */
-    KENUM_TODO("parallel.strategy", parallel.strategy, "auto",
-               loom_cfg_strategy_names, 0,
-               "auto (none on one rank, ddp on more), none, ddp (data "
-               "parallel), zero1 (ddp with the optimizer state sharded over "
-               "the ranks), zero2 (also gradients; PyTorch's SHARD_GRAD_OP), "
-               "zero3 or fsdp (also parameters; FULL_SHARD)",
-               BIT(LOOM_CFG_STRATEGY_ZERO2) | BIT(LOOM_CFG_STRATEGY_ZERO3) |
-                   BIT(LOOM_CFG_STRATEGY_FSDP),
-               "zero2 and zero3 come in a later release"),
+    KENUM("parallel.strategy", parallel.strategy, "auto",
+          loom_cfg_strategy_names, 0,
+          "auto (none on one rank, ddp on more), none, ddp (data parallel), "
+          "zero1 (ddp with the optimizer state sharded over the ranks), "
+          "zero2 (also the gradients: each bucket reduced to the ranks "
+          "that own it; PyTorch's SHARD_GRAD_OP), zero3 or fsdp (also the "
+          "parameters, gathered unit by unit as forward and backward reach "
+          "them; FULL_SHARD)"),
     KFLOAT("parallel.bucket_mb", parallel.bucket_mb, "25", 0, 4096, MI,
            "ddp: size of a gradient bucket in MiB"),
     KFLOAT("parallel.first_bucket_mb", parallel.first_bucket_mb, "1", 0, 4096,

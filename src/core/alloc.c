@@ -1,9 +1,13 @@
-/* The one allocation path of loom, with a hook that fails the n-th call. */
+/* The one allocation path of loom, with a hook that fails the n-th call,
+ * and reserved address space whose pages are given back as they go idle. */
 #include "loom/core.h"
 
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 static atomic_long alloc_calls;
 static atomic_long fail_at; /* absolute call number to fail; 0 = never */
@@ -44,3 +48,68 @@ void *loom_calloc(size_t count, size_t size) {
 }
 
 void loom_free(void *p) { free(p); }
+
+/* ------------------------------------------------------ reserved memory */
+
+static size_t page_size(void) {
+  long p = sysconf(_SC_PAGESIZE);
+  return p > 0 ? (size_t)p : 4096;
+}
+
+void *loom_vmem_new(size_t bytes) {
+  long call = atomic_fetch_add(&alloc_calls, 1) + 1;
+  long f = atomic_load(&fail_at);
+  if (f != 0 && call == f) {
+    loom_error(LOOM_ERR_NOMEM, "reserving %zu bytes failed (test hook)", bytes);
+    return NULL;
+  }
+  /* Private anonymous pages: zero on first touch, and MADV_DONTNEED makes
+   * them zero again and gives them back. NORESERVE: only what is touched
+   * counts against memory. */
+  void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    loom_error(LOOM_ERR_NOMEM, "reserving %zu bytes failed: %s", bytes,
+               strerror(errno));
+    return NULL;
+  }
+  return p;
+}
+
+void loom_vmem_release(void *p, size_t from, size_t to) {
+  if (!p || to <= from)
+    return;
+  size_t ps = page_size();
+  char *b = p;
+  size_t a = (from + ps - 1) / ps * ps, e = to / ps * ps;
+  if (a >= e) { /* no whole page inside */
+    memset(b + from, 0, to - from);
+    return;
+  }
+  memset(b + from, 0, a - from);
+  memset(b + e, 0, to - e);
+  if (madvise(b + a, e - a, MADV_DONTNEED) != 0)
+    memset(b + a, 0, e - a); /* cannot happen on a mapping of ours */
+}
+
+void loom_vmem_free(void *p, size_t bytes) {
+  if (p)
+    munmap(p, bytes ? bytes : 1);
+}
+
+size_t loom_vmem_resident(const void *p, size_t from, size_t to) {
+  if (!p || to <= from)
+    return 0;
+  size_t ps = page_size();
+  size_t a = from / ps * ps, e = (to + ps - 1) / ps * ps;
+  size_t n = (e - a) / ps, res = 0;
+  unsigned char vec[256];
+  for (size_t i = 0; i < n; i += sizeof vec) {
+    size_t k = n - i < sizeof vec ? n - i : sizeof vec;
+    if (mincore((char *)(uintptr_t)p + a + i * ps, k * ps, vec) != 0)
+      return 0;
+    for (size_t j = 0; j < k; j++)
+      res += (vec[j] & 1) * ps;
+  }
+  return res;
+}

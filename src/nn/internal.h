@@ -43,6 +43,12 @@ struct loom_nn_visit {
   uint64_t rng_ids;
   const loom_module *last_owner; /* module whose params came last */
   int refs; /* parameters listed or tied so far (a tied view counts) */
+  /* Units: which root child (depth 0) listed or tied which view. */
+  int depth, unit, nunits;
+  struct loom_nn_uref {
+    int unit, view;
+  } * urefs; /* (nurefs) */
+  int nurefs, cap_urefs;
 };
 
 void loom_nn_visit_init(loom_nn_visit *v);
@@ -83,6 +89,8 @@ loom_status loom_nn_relu_pool_forward(loom_module *relu, loom_module *pool,
 /* The pair's backward into the ReLU's input gradient, written. */
 loom_status loom_nn_relu_pool_backward_to(loom_module *relu, loom_module *pool,
                                           const float *dout, float *dinp);
+/* Is m a sequential (its children are the model's units)? */
+bool loom_nn_is_sequential(const loom_module *m);
 /* The ReLU's side of it. */
 bool loom_nn_is_relu(const loom_module *m);
 void loom_nn_relu_set_input(loom_module *m, const float *in);

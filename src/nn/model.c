@@ -4,6 +4,7 @@
 #include "internal.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 /* "INIT": the purpose word of initialisation streams. */
 #define INIT_PURPOSE 0x494e495400000000ULL
@@ -32,6 +33,13 @@ struct loom_model {
   uint64_t step, sample_base;
   loom_grad_hook hook;
   void *hook_user;
+  /* units */
+  int nunits;
+  int *unit_first;         /* (nunits + 1) into unit_ranges */
+  loom_range *unit_ranges; /* each unit's merged ranges, ascending */
+  bool seq_root;           /* the units are the root's children */
+  loom_unit_hook unit_hook;
+  void *unit_user;
 };
 
 loom_model_opts loom_model_opts_default(void) {
@@ -40,6 +48,67 @@ loom_model_opts loom_model_opts_default(void) {
                        .init_std = 0.02f,
                        .init_n_layer = 0};
   return o;
+}
+
+/* ---------------------------------------------------------------- units */
+
+static int cmp_range(const void *a, const void *b) {
+  const loom_range *x = a, *y = b;
+  return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* Each unit's views (listed or tied by it) as merged ranges. */
+static loom_status make_units(loom_model *m, const loom_nn_visit *v) {
+  m->seq_root = loom_nn_is_sequential(m->root);
+  m->nunits = m->seq_root ? v->nunits : 1;
+  m->unit_first = loom_calloc((size_t)m->nunits + 1, sizeof(int));
+  m->unit_ranges =
+      loom_calloc((size_t)(v->nurefs ? v->nurefs : 1), sizeof(loom_range));
+  if (!m->unit_first || !m->unit_ranges)
+    return LOOM_ERR_NOMEM;
+  int n = 0;
+  for (int u = 0; u < m->nunits; u++) {
+    int first = n;
+    for (int i = 0; i < v->nurefs; i++) {
+      int ru = m->seq_root ? v->urefs[i].unit : 0;
+      if (ru != u)
+        continue;
+      const loom_param *p = &m->views[v->urefs[i].view];
+      m->unit_ranges[n++] = (loom_range){p->offset, p->numel};
+    }
+    qsort(m->unit_ranges + first, (size_t)(n - first), sizeof(loom_range),
+          cmp_range);
+    int k = first;
+    for (int i = first; i < n; i++) {
+      loom_range *last = &m->unit_ranges[k - 1];
+      if (k > first && m->unit_ranges[i].offset <= last->offset + last->numel) {
+        int64_t e = m->unit_ranges[i].offset + m->unit_ranges[i].numel;
+        if (e > last->offset + last->numel)
+          last->numel = e - last->offset;
+      } else {
+        m->unit_ranges[k++] = m->unit_ranges[i];
+      }
+    }
+    n = k;
+    m->unit_first[u + 1] = n;
+  }
+  return LOOM_OK;
+}
+
+int loom_model_num_units(const loom_model *m) { return m->nunits; }
+
+const loom_range *loom_model_unit_ranges(const loom_model *m, int u, int *n) {
+  if (u < 0 || u >= m->nunits) {
+    *n = 0;
+    return NULL;
+  }
+  *n = m->unit_first[u + 1] - m->unit_first[u];
+  return m->unit_ranges + m->unit_first[u];
+}
+
+void loom_model_set_unit_hook(loom_model *m, loom_unit_hook fn, void *user) {
+  m->unit_hook = fn;
+  m->unit_user = user;
 }
 
 /* ------------------------------------------------------- initialisation */
@@ -180,6 +249,7 @@ loom_status loom_model_new(loom_model **out, loom_module *root,
   m->entries = v.entries; /* taken over */
   v.entries = NULL;
   m->layout_hash = hash_layout(m->views, m->nviews);
+  LOOM_TRY_GOTO(st, make_units(m, &v), fail);
   if (o.shape_only)
     ; /* no buffers */
   else if (o.defer_init)
@@ -207,6 +277,8 @@ void loom_model_free(loom_model *m) {
   loom_free(m->own_params);
   loom_free(m->own_grads);
   loom_free(m->arena);
+  loom_free(m->unit_first);
+  loom_free(m->unit_ranges);
   loom_free(m);
 }
 
@@ -343,7 +415,10 @@ static loom_nn_ctx make_ctx(const loom_model *m) {
                    .step = m->step,
                    .sample_base = m->sample_base,
                    .hook = m->hook,
-                   .hook_user = m->hook_user};
+                   .hook_user = m->hook_user,
+                   .unit_hook = m->unit_hook,
+                   .unit_user = m->unit_user,
+                   .unit_root = m->seq_root ? m->root : NULL};
   return c;
 }
 
@@ -370,7 +445,13 @@ loom_status loom_model_forward(loom_model *m, const loom_tensor *input,
   m->have_forward = false;
   loom_nn_ctx ctx = make_ctx(m);
   const float *y;
+  /* A root that is not a sequential is one unit. */
+  bool whole = m->unit_hook && !m->seq_root;
+  if (whole)
+    LOOM_TRY(m->unit_hook(m->unit_user, 0, LOOM_UNIT_PRE_FORWARD));
   LOOM_TRY(loom_module_forward(m->root, &ctx, input->data, &y));
+  if (whole)
+    LOOM_TRY(m->unit_hook(m->unit_user, 0, LOOM_UNIT_POST_FORWARD));
   m->out = y;
   m->have_forward = true;
   if (output)
@@ -421,5 +502,9 @@ loom_status loom_model_backward(loom_model *m, const loom_tensor *doutput,
   }
   loom_nn_ctx ctx = make_ctx(m);
   /* the input gradient is written (or cleared first) */
-  return loom_module_backward_to(m->root, &ctx, g, di);
+  if (!m->unit_hook || m->seq_root)
+    return loom_module_backward_to(m->root, &ctx, g, di);
+  LOOM_TRY(m->unit_hook(m->unit_user, 0, LOOM_UNIT_PRE_BACKWARD));
+  LOOM_TRY(loom_module_backward_to(m->root, &ctx, g, di));
+  return m->unit_hook(m->unit_user, 0, LOOM_UNIT_POST_BACKWARD);
 }

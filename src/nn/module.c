@@ -264,6 +264,7 @@ void loom_nn_visit_init(loom_nn_visit *v) { memset(v, 0, sizeof *v); }
 
 void loom_nn_visit_release(loom_nn_visit *v) {
   loom_free(v->entries);
+  loom_free(v->urefs);
   memset(v, 0, sizeof *v);
 }
 
@@ -279,6 +280,25 @@ static loom_status join_name(char *dst, const char *a, const char *b) {
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "name '%s.%s' longer than %d characters", a, b,
                       LOOM_PARAM_NAME_MAX - 1);
+  return LOOM_OK;
+}
+
+/* Unit v->unit (or 0 for the root's own) uses view `view`. */
+static loom_status add_uref(loom_nn_visit *v, int view) {
+  if (v->nurefs == v->cap_urefs) {
+    int cap = v->cap_urefs ? 2 * v->cap_urefs : 32;
+    struct loom_nn_uref *r = loom_malloc((size_t)cap * sizeof *r);
+    if (!r)
+      return LOOM_ERR_NOMEM;
+    if (v->nurefs)
+      memcpy(r, v->urefs, (size_t)v->nurefs * sizeof *r);
+    loom_free(v->urefs);
+    v->urefs = r;
+    v->cap_urefs = cap;
+  }
+  v->urefs[v->nurefs].unit = v->depth > 0 ? v->unit : -1;
+  v->urefs[v->nurefs].view = view;
+  v->nurefs++;
   return LOOM_OK;
 }
 
@@ -301,7 +321,11 @@ loom_status loom_nn_visit_child(loom_nn_visit *v, const char *name,
   LOOM_TRY(join_name(child->path, saved, name ? name : ""));
   memcpy(v->prefix, child->path, sizeof v->prefix);
   reset_module(child);
+  if (v->depth == 0)
+    v->unit = v->nunits++;
+  v->depth++;
   loom_status st = child->ops->params(child, v);
+  v->depth--;
   memcpy(v->prefix, saved, sizeof saved);
   return st;
 }
@@ -328,6 +352,7 @@ loom_status loom_nn_visit_param(loom_nn_visit *v, loom_module *m,
     v->entries = e;
     v->cap = cap;
   }
+  LOOM_TRY(add_uref(v, v->count));
   loom_nn_entry *e = &v->entries[v->count];
   memset(e, 0, sizeof *e);
   LOOM_TRY(join_name(e->view.name, m->path, spec->name));
@@ -366,6 +391,7 @@ loom_status loom_nn_visit_view(loom_nn_visit *v, const loom_module *owner,
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "tied weight: its owner must be part of the model and "
                       "come earlier in forward order");
+  LOOM_TRY(add_uref(v, owner->param_first + k));
   *view = &v->entries[owner->param_first + k].view;
   v->refs++;
   return LOOM_OK;

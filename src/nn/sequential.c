@@ -74,19 +74,33 @@ static loom_status sequential_plan(loom_module *m, loom_nn_plan *p,
   return LOOM_OK;
 }
 
+/* The unit hook for children [a, b] when m is the model's root. */
+static loom_status units(loom_module *m, loom_nn_ctx *ctx, int a, int b,
+                         loom_unit_event ev) {
+  if (!ctx->unit_hook || ctx->unit_root != m)
+    return LOOM_OK;
+  for (int i = a; i <= b; i++)
+    LOOM_TRY(ctx->unit_hook(ctx->unit_user, i, ev));
+  return LOOM_OK;
+}
+
 static loom_status sequential_forward(loom_module *m, loom_nn_ctx *ctx,
                                       const void *in, const float **out) {
   sequential *s = (sequential *)m;
   const void *x = in;
   for (int i = 0; i < s->n; i++) {
     const float *y;
+    int a = i;
     if (s->kids[i].fuse_next) {
+      LOOM_TRY(units(m, ctx, i, i + 1, LOOM_UNIT_PRE_FORWARD));
       LOOM_TRY(
           loom_nn_relu_pool_forward(s->kids[i].m, s->kids[i + 1].m, x, &y));
       i++;
     } else {
+      LOOM_TRY(units(m, ctx, i, i, LOOM_UNIT_PRE_FORWARD));
       LOOM_TRY(loom_module_forward(s->kids[i].m, ctx, x, &y));
     }
+    LOOM_TRY(units(m, ctx, a, i, LOOM_UNIT_POST_FORWARD));
     x = y;
   }
   *out = x;
@@ -103,6 +117,8 @@ static loom_status sequential_backward(loom_module *m, loom_nn_ctx *ctx,
     float *dst = dinp;
     /* the ReLU of a fused pair (i - 1, i) writing its input gradient */
     int first = i >= 1 && s->kids[i - 1].fuse_next ? i - 1 : i;
+    const int hi = i, lo = first;
+    LOOM_TRY(units(m, ctx, lo, hi, LOOM_UNIT_PRE_BACKWARD));
     if (first > 0 && (dinp || first > s->lead)) {
       /* a fresh buffer: written by the child, or cleared for it */
       cur = cur == 0 ? 1 : 0;
@@ -114,7 +130,8 @@ static loom_status sequential_backward(loom_module *m, loom_nn_ctx *ctx,
         LOOM_TRY(loom_module_backward_to(kid, ctx, g, dst));
       }
     } else if (first < i && !dinp) {
-      break; /* a ReLU and a pool first, nothing below needs a gradient */
+      /* a ReLU and a pool first, nothing below needs a gradient */
+      return units(m, ctx, lo, hi, LOOM_UNIT_POST_BACKWARD);
     } else {
       /* into the caller's dinp (adding) or the pair's pool first, apart */
       if (first < i) {
@@ -128,6 +145,7 @@ static loom_status sequential_backward(loom_module *m, loom_nn_ctx *ctx,
       }
       LOOM_TRY(loom_module_backward(kid, ctx, g, dst));
     }
+    LOOM_TRY(units(m, ctx, lo, hi, LOOM_UNIT_POST_BACKWARD));
     if (!dst)
       break; /* nothing below needs a gradient */
     g = dst;
@@ -209,4 +227,8 @@ fail:
 
 int loom_sequential_count(const loom_module *seq) {
   return seq && seq->ops == &sequential_ops ? ((const sequential *)seq)->n : 0;
+}
+
+bool loom_nn_is_sequential(const loom_module *m) {
+  return m && m->ops == &sequential_ops;
 }

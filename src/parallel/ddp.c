@@ -1,10 +1,12 @@
 /* Data-parallel training: buckets of the flat gradient buffer reduced on the
  * communication thread as backward finalises them, no_sync, compression,
- * uneven inputs (join) and the deterministic tree over virtual shards. */
+ * uneven inputs (join), the deterministic tree over virtual shards, and
+ * sharded gradients (ZeRO-2/3: each bucket reduced to its owners only). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "loom/optim.h"
 #include "loom/parallel.h"
 
 /* One bucket: elements [begin, end) of the flat layout, reduced by one
@@ -20,7 +22,16 @@ typedef struct ddp_bucket {
   loom_req req;
   const void *posted_buf; /* buffer the persistent request was made for */
   void *wire;             /* its part of the compressed copy, or NULL */
+  int part_first, nparts; /* sharded: its owners' parts in d->parts */
 } ddp_bucket;
+
+/* Sharded gradients: the piece [a, b) of a bucket that rank `root` owns,
+ * reduced to it. */
+typedef struct ddp_part {
+  int root;
+  int64_t a, b;
+  loom_req req;
+} ddp_part;
 
 struct loom_ddp {
   loom_ddp_opts opts;
@@ -59,6 +70,15 @@ struct loom_ddp {
   bool sum_posted;
   double *sum_send; /* (S * k) */
   double *sum_recv; /* (V * k) or (k) */
+
+  /* Sharded gradients (opts.shard_bounds): grads and wire are this DDP's
+   * reserved memory (loom_vmem_new), this rank owns [lo, hi). */
+  bool sharded;
+  int64_t lo, hi;
+  ddp_part *parts; /* (nparts) */
+  int nparts;
+  size_t *chunk_counts; /* (world) gradient chunks of each rank's slice */
+  double *chunk_sums;   /* (chunks of N) */
 
   loom_ddp_stats stats;
   double step_reduce, step_wait;
@@ -189,6 +209,18 @@ static loom_status post_bucket(loom_ddp *d, ddp_bucket *b, int level) {
     buf = b->wire;
   }
   d->stats.wire_bytes += (int64_t)(cnt * loom_dtype_size(dt));
+  if (d->sharded) {
+    /* To each owner its piece: the volume of a reduce-scatter. */
+    size_t e = loom_dtype_size(dt);
+    for (int k = 0; k < b->nparts; k++) {
+      ddp_part *q = &d->parts[b->part_first + k];
+      char *at = (char *)buf + (size_t)(q->a - b->begin) * e;
+      LOOM_TRY(loom_reduce(at, q->root == d->rank ? at : NULL,
+                           (size_t)(q->b - q->a), dt, LOOM_AVG, q->root,
+                           d->group, &q->req));
+    }
+    return LOOM_OK;
+  }
   if (b->posted_buf == buf)
     return loom_start(&b->req);
   b->posted_buf = buf;
@@ -222,6 +254,11 @@ static loom_status launch_ready(loom_ddp *d) {
          d->buckets[d->next_launch].remaining == 0) {
     LOOM_TRY(launch(d, d->next_launch));
     d->next_launch++;
+    /* Sharded: at most two buckets in flight, the older ones waited for
+     * and given back, so backward never holds the whole gradient. */
+    if (d->sharded && !d->opts.deterministic && d->world > 1 &&
+        d->next_launch > 2)
+      LOOM_TRY(loom_ddp_wait_bucket(d, d->next_launch - 3));
   }
   return LOOM_OK;
 }
@@ -303,6 +340,44 @@ static loom_status advance(loom_ddp *d) {
   return LOOM_OK;
 }
 
+/* Sharded: [a, b) of the gradient (and its wire copy) outside this rank's
+ * slice is no longer needed: zero, its pages back to the system. */
+static void give_back(loom_ddp *d, int64_t a, int64_t b) {
+  int64_t m1 = b < d->lo ? b : d->lo, m2 = a > d->hi ? a : d->hi;
+  if (a < m1)
+    loom_vmem_release(d->grads, (size_t)a * sizeof(float),
+                      (size_t)m1 * sizeof(float));
+  if (m2 < b)
+    loom_vmem_release(d->grads, (size_t)m2 * sizeof(float),
+                      (size_t)b * sizeof(float));
+  if (d->wire) {
+    size_t e = loom_dtype_size(d->opts.compress);
+    loom_vmem_release(d->wire, (size_t)a * e, (size_t)b * e);
+  }
+}
+
+/* Sharded, not deterministic: bucket i's reduces, then this rank's piece
+ * converted back from the wire. */
+static loom_status wait_parts(loom_ddp *d, int i) {
+  ddp_bucket *b = &d->buckets[i];
+  loom_status first = LOOM_OK;
+  for (int k = 0; k < b->nparts; k++) {
+    ddp_part *q = &d->parts[b->part_first + k];
+    loom_status s = wait_req(d, &q->req);
+    if (s != LOOM_OK && first == LOOM_OK)
+      first = loom_error_context(s, "ddp: bucket %d [%lld, %lld) to rank %d", i,
+                                 (long long)q->a, (long long)q->b, q->root);
+    account(d, &q->req);
+    if (s == LOOM_OK && q->root == d->rank && b->wire) {
+      size_t e = loom_dtype_size(d->opts.compress);
+      from_wire(d->opts.compress, d->grads + q->a,
+                (const char *)b->wire + (size_t)(q->a - b->begin) * e,
+                q->b - q->a);
+    }
+  }
+  return first;
+}
+
 loom_status loom_ddp_wait_bucket(loom_ddp *d, int i) {
   if (i < 0 || i >= d->nbuckets)
     return loom_error(LOOM_ERR_INVALID_ARG, "ddp: no bucket %d (of %d)", i,
@@ -317,7 +392,9 @@ loom_status loom_ddp_wait_bucket(loom_ddp *d, int i) {
    * this one go first. */
   for (int j = 0; d->levels > 1 && j < i; j++)
     LOOM_TRY(loom_ddp_wait_bucket(d, j));
-  if (comm) {
+  if (comm && d->sharded && !d->opts.deterministic) {
+    LOOM_TRY(wait_parts(d, i));
+  } else if (comm) {
     for (;;) {
       if (d->levels > 1)
         LOOM_TRY(advance(d));
@@ -336,6 +413,8 @@ loom_status loom_ddp_wait_bucket(loom_ddp *d, int i) {
     if (b->wire)
       from_wire(d->opts.compress, d->grads + b->begin, b->wire,
                 b->end - b->begin);
+  }
+  if (comm) {
     if (d->opts.uneven) {
       loom_status s = wait_req(d, &d->ctl_req);
       if (s != LOOM_OK)
@@ -349,6 +428,8 @@ loom_status loom_ddp_wait_bucket(loom_ddp *d, int i) {
           g[k] *= f;
       }
     }
+    if (d->sharded)
+      give_back(d, b->begin, b->end);
   }
   b->done = true;
   return LOOM_OK;
@@ -415,6 +496,11 @@ static loom_status drain(loom_ddp *d) {
     if (s != LOOM_OK && first == LOOM_OK)
       first = s;
   }
+  for (int k = 0; k < d->nparts; k++) {
+    loom_status s = loom_wait(&d->parts[k].req);
+    if (s != LOOM_OK && first == LOOM_OK)
+      first = s;
+  }
   loom_status s = loom_wait(&d->ctl_req);
   if (s != LOOM_OK && first == LOOM_OK)
     first = s;
@@ -430,7 +516,14 @@ loom_status loom_ddp_zero_grad(loom_ddp *d) {
     if (s != LOOM_OK)
       return s;
   }
-  memset(d->grads, 0, (size_t)d->n * sizeof(float));
+  if (d->sharded) {
+    /* Only this rank's slice is written; the rest goes back (a no-op for
+     * pages already given back). */
+    memset(d->grads + d->lo, 0, (size_t)(d->hi - d->lo) * sizeof(float));
+    give_back(d, 0, d->n);
+  } else {
+    memset(d->grads, 0, (size_t)d->n * sizeof(float));
+  }
   for (int j = 1; j < d->shard_count; j++)
     memset(d->shard[j], 0, (size_t)d->n * sizeof(float));
   d->cur_shard = 0;
@@ -780,7 +873,7 @@ static loom_status agree(loom_ddp *d, loom_status mine, const char *what) {
 /* Collective: the gradient buffer (and the compressed copy) in memory that
  * the host's ranks share, the model's gradients bound to it. */
 static loom_status make_shared(loom_ddp *d) {
-  if (d->world == 1)
+  if (d->world == 1 || d->sharded)
     return LOOM_OK;
   size_t bytes = (size_t)d->n * sizeof(float);
   loom_status s = loom_group_mem_alloc(d->group, bytes, &d->shared);
@@ -800,10 +893,124 @@ static loom_status make_shared(loom_ddp *d) {
   return agree(d, s, "allocating the shared gradient buffer");
 }
 
+/* Sharded gradients: the DDP's own reserved buffers, each bucket's pieces
+ * by owner, and the chunk counts of loom_ddp_grad_sumsq. */
+static loom_status make_sharded(loom_ddp *d) {
+  const int64_t *B = d->opts.shard_bounds;
+  if (B[0] != 0 || B[d->world] != d->n)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "ddp: shard_bounds must run from 0 to the %lld "
+                      "parameters",
+                      (long long)d->n);
+  for (int r = 0; r < d->world; r++)
+    if (B[r] > B[r + 1])
+      return loom_error(LOOM_ERR_INVALID_ARG,
+                        "ddp: shard_bounds not ascending at rank %d", r);
+  d->sharded = true;
+  d->lo = B[d->rank];
+  d->hi = B[d->rank + 1];
+  d->grads = loom_vmem_new((size_t)d->n * sizeof(float));
+  if (!d->grads)
+    return loom_error_context(LOOM_ERR_NOMEM, "ddp: the gradient buffer");
+  if (d->opts.compress != LOOM_F32) {
+    d->wire = loom_vmem_new((size_t)d->n * loom_dtype_size(d->opts.compress));
+    if (!d->wire)
+      return loom_error_context(LOOM_ERR_NOMEM, "ddp: the wire buffer");
+    for (int i = 0; i < d->nbuckets; i++)
+      d->buckets[i].wire =
+          (char *)d->wire +
+          (size_t)d->buckets[i].begin * loom_dtype_size(d->opts.compress);
+  }
+  int np = 0;
+  for (int i = 0; i < d->nbuckets; i++)
+    for (int r = 0; r < d->world; r++)
+      np += B[r] < B[r + 1] && B[r] < d->buckets[i].end &&
+            B[r + 1] > d->buckets[i].begin;
+  d->parts = loom_calloc((size_t)(np ? np : 1), sizeof *d->parts);
+  d->chunk_counts = loom_calloc((size_t)d->world, sizeof(size_t));
+  int64_t nchunks = (d->n + LOOM_GRAD_CHUNK - 1) / LOOM_GRAD_CHUNK;
+  d->chunk_sums =
+      loom_calloc((size_t)(nchunks > 0 ? nchunks : 1), sizeof(double));
+  if (!d->parts || !d->chunk_counts || !d->chunk_sums)
+    return LOOM_ERR_NOMEM;
+  for (int i = 0; i < d->nbuckets; i++) {
+    ddp_bucket *b = &d->buckets[i];
+    b->part_first = d->nparts;
+    for (int r = 0; r < d->world; r++) {
+      int64_t a = B[r] > b->begin ? B[r] : b->begin;
+      int64_t e = B[r + 1] < b->end ? B[r + 1] : b->end;
+      if (a < e)
+        d->parts[d->nparts++] = (ddp_part){.root = r, .a = a, .b = e};
+    }
+    b->nparts = d->nparts - b->part_first;
+  }
+  /* A chunk belongs to the rank whose slice holds its first element. */
+  for (int64_t c = 0; c < nchunks; c++) {
+    int r = 0;
+    while (r + 1 < d->world && B[r + 1] <= c * LOOM_GRAD_CHUNK)
+      r++;
+    d->chunk_counts[r]++;
+  }
+  loom_model_bind_grads(d->model, d->grads);
+  return LOOM_OK;
+}
+
+loom_status loom_ddp_grad_sumsq(loom_ddp *d, double *out) {
+  *out = 0;
+  if (!d->sharded) {
+    *out = loom_grad_sumsq(d->grads, d->n);
+    return LOOM_OK;
+  }
+  /* This rank's chunks, each summed as loom_grad_sumsq sums one; every
+   * rank gets all of them and adds them in index order, so the result
+   * does not depend on the number of ranks when slices are chunk-aligned
+   * (a chunk across two slices is summed by its first rank with the other
+   * rank's part as zeros: not the single-rank bits then, still the sum). */
+  int64_t c0 = 0;
+  for (int r = 0; r < d->rank; r++)
+    c0 += (int64_t)d->chunk_counts[r];
+  int64_t nc = (int64_t)d->chunk_counts[d->rank];
+  for (int64_t c = c0; c < c0 + nc; c++) {
+    int64_t a = c * LOOM_GRAD_CHUNK, b = a + LOOM_GRAD_CHUNK;
+    b = b < d->n ? b : d->n;
+    int64_t x = a > d->lo ? a : d->lo, y = b < d->hi ? b : d->hi;
+    d->chunk_sums[c] = x < y ? loom_grad_sumsq(d->grads + x, y - x) : 0.0;
+  }
+  /* The parts of chunks that straddle into this slice from the rank before
+   * are added by all-reducing their sums below. */
+  double extra = 0;
+  int64_t first_own = c0 * LOOM_GRAD_CHUNK;
+  if (d->lo < first_own && d->lo < d->hi) {
+    int64_t y = first_own < d->hi ? first_own : d->hi;
+    extra = loom_grad_sumsq(d->grads + d->lo, y - d->lo);
+  }
+  if (d->world > 1) {
+    loom_req r = LOOM_REQ_INIT;
+    LOOM_TRY(loom_allgatherv(d->chunk_sums + c0, d->chunk_sums, d->chunk_counts,
+                             LOOM_F64, d->group, &r));
+    LOOM_TRY(loom_wait(&r));
+    double ex = extra;
+    LOOM_TRY(loom_allreduce(&ex, &extra, 1, LOOM_F64, LOOM_SUM, d->group, &r));
+    LOOM_TRY(loom_wait(&r));
+  }
+  double total = 0;
+  int64_t nchunks = (d->n + LOOM_GRAD_CHUNK - 1) / LOOM_GRAD_CHUNK;
+  for (int64_t c = 0; c < nchunks; c++)
+    total += d->chunk_sums[c];
+  *out = total + extra;
+  return LOOM_OK;
+}
+
 /* Options, buckets and buffers: no communication. */
 static loom_status setup_local(loom_ddp *d) {
   LOOM_TRY(check_opts(&d->opts, d->world));
   LOOM_TRY(make_buckets(d));
+  if (d->opts.shard_bounds)
+    LOOM_TRY(make_sharded(d));
+  else if (!d->grads)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "ddp: the model has no gradient buffer (shape_only) "
+                      "and the gradients are not sharded");
   if (d->opts.deterministic)
     LOOM_TRY(make_deterministic(d));
   int rows = d->opts.deterministic ? d->opts.virtual_shards : 1;
@@ -875,11 +1082,18 @@ void loom_ddp_free(loom_ddp *d) {
     for (int j = 1; j < d->shard_count; j++)
       loom_free(d->shard[j]);
   loom_free(d->shard);
-  if (d->shared || d->wire) {
+  if (d->sharded) {
+    loom_vmem_free(d->grads, (size_t)d->n * sizeof(float));
+    if (d->wire)
+      loom_vmem_free(d->wire, (size_t)d->n * loom_dtype_size(d->opts.compress));
+  } else if (d->shared || d->wire) {
     /* Collective: every rank frees its DDP alike. */
     loom_group_mem_free(d->group, d->wire);
     loom_group_mem_free(d->group, d->shared);
   }
+  loom_free(d->parts);
+  loom_free(d->chunk_counts);
+  loom_free(d->chunk_sums);
   loom_free(d->buckets);
   loom_free(d->param_bucket);
   loom_free(d->sum_send);

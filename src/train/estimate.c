@@ -50,9 +50,7 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
                       "only (asked for %d)",
                       ranks);
   out->strategy = strategy;
-  out->available = strategy != LOOM_CFG_STRATEGY_ZERO2 &&
-                   strategy != LOOM_CFG_STRATEGY_ZERO3 &&
-                   strategy != LOOM_CFG_STRATEGY_FSDP;
+  out->available = true;
   out->ranks = ranks;
   /* One micro-batch of train.batch_size rows at a time (in deterministic
    * mode each virtual shard in turn). */
@@ -68,6 +66,21 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
   size_t act = 0, scratch = 0;
   loom_status s = loom_model_act_bytes(m, &in, &act, &scratch);
   const double psi = (double)loom_model_num_params(m);
+  /* ZeRO-3 holds a unit being used and the next one being gathered. */
+  double unit = 0, unit2 = 0;
+  for (int u = 0; u < loom_model_num_units(m); u++) {
+    int nr;
+    const loom_range *r = loom_model_unit_ranges(m, u, &nr);
+    double e = 0;
+    for (int i = 0; i < nr; i++)
+      e += (double)r[i].numel;
+    if (e > unit) {
+      unit2 = unit;
+      unit = e;
+    } else if (e > unit2) {
+      unit2 = e;
+    }
+  }
   loom_model_free(m);
   if (s != LOOM_OK)
     return loom_error_context(s, "estimate: planning the model");
@@ -91,13 +104,26 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
   /* The largest slice: ceil(Psi / P). */
   const double slice = ranks > 1 ? (double)((int64_t)psi / ranks + 1) : psi;
   out->params = (int64_t)psi;
-  out->param_bytes = f * (shard_params ? slice : psi);
+  /* ZeRO-3: the slice and the units gathered at once (the one computing
+   * and the next), which may overlap the slice: at most all of them. */
+  out->param_bytes =
+      f * (shard_params && ranks > 1
+               ? (slice + unit + unit2 < psi ? slice + unit + unit2 : psi)
+               : psi);
   /* The model's own gradient buffer, and DDP's (shared memory or private)
-   * that replaces it while DDP lives; sharded: the slice. */
-  if (shard_grads)
-    out->grad_bytes = f * slice;
-  else
+   * that replaces it while DDP lives; sharded: the slice and three buckets
+   * (two in flight and the one backward is filling). */
+  if (shard_grads && ranks > 1) {
+    double cap = pc->bucket_mb * 1024.0 * 1024.0 / f;
+    if (pc->bucket_mb <= 0 || psi / 8.0 < cap)
+      cap = psi / 8.0; /* ddp's min_buckets */
+    double g = slice + 3.0 * cap;
+    out->grad_bytes = f * (g < psi ? g : psi);
+  } else if (shard_grads) {
+    out->grad_bytes = f * psi;
+  } else {
     out->grad_bytes = f * psi * (ddp ? 2.0 : 1.0);
+  }
   out->optim_bytes = f * k * (shard_optim ? slice : psi);
   /* The arena (activations, scratch, the output's gradient) and the loss's
    * copy of the output (probabilities). */

@@ -193,7 +193,7 @@ static loom_status make_optim(loom_trainer *t) {
   oo.beta2 = oc->beta2;
   oo.eps = oc->eps;
   oo.weight_decay = oc->weight_decay;
-  if (t->zero1) /* the state of this rank's slice only */
+  if (t->zero) /* the state of this rank's slice only */
     loom_train_slice(t, t->rank, &oo.shard_begin, &oo.shard_end);
   int nv = loom_model_num_views(t->model);
   loom_param *views = loom_calloc((size_t)nv, sizeof *views);
@@ -242,9 +242,33 @@ loom_status loom_train_agree(loom_trainer *t, loom_status mine,
 }
 
 void loom_train_slice(const loom_trainer *t, int r, int64_t *lo, int64_t *hi) {
+  if (t->bounds) {
+    *lo = t->bounds[r];
+    *hi = t->bounds[r + 1];
+    return;
+  }
   int64_t n = loom_model_num_params(t->model);
   *lo = n * r / t->nranks;
   *hi = n * (r + 1) / t->nranks;
+}
+
+/* ZeRO-2/3: slices that start at whole pages (1024 floats), so that the
+ * memory given back is exactly what is not owned; in deterministic mode at
+ * multiples of LOOM_GRAD_CHUNK, so the global gradient norm adds the same
+ * chunk sums in the same order as on one rank (bitwise clipping). The last
+ * may be shorter; a slice of a small model may be empty. */
+static loom_status make_bounds(loom_trainer *t) {
+  int64_t n = loom_model_num_params(t->model);
+  int64_t c = t->cfg.parallel.deterministic ? LOOM_GRAD_CHUNK : 1024;
+  t->bounds = loom_calloc((size_t)t->nranks + 1, sizeof(int64_t));
+  if (!t->bounds)
+    return LOOM_ERR_NOMEM;
+  for (int r = 1; r < t->nranks; r++) {
+    int64_t x = (n * r / t->nranks + c / 2) / c * c;
+    t->bounds[r] = x < n ? x : n;
+  }
+  t->bounds[t->nranks] = n;
+  return LOOM_OK;
 }
 
 /* The world group, the strategy and the shape of a rank's batch. */
@@ -261,15 +285,15 @@ static loom_status open_world(loom_trainer *t) {
   t->shard_rows = t->batch;
   t->units = 1;
   switch (pc->strategy) {
-  case LOOM_CFG_STRATEGY_ZERO2:
-  case LOOM_CFG_STRATEGY_ZERO3:
-  case LOOM_CFG_STRATEGY_FSDP: /* refused by the config check too */
-    return loom_error(LOOM_ERR_CONFIG,
-                      "parallel.strategy '%s' is not implemented yet; "
-                      "supported: auto, none, ddp, zero1",
-                      loom_cfg_strategy_names[pc->strategy]);
   case LOOM_CFG_STRATEGY_ZERO1:
-    t->zero1 = true;
+    t->zero = 1;
+    break;
+  case LOOM_CFG_STRATEGY_ZERO2:
+    t->zero = 2;
+    break;
+  case LOOM_CFG_STRATEGY_ZERO3:
+  case LOOM_CFG_STRATEGY_FSDP:
+    t->zero = 3;
     break;
   case LOOM_CFG_STRATEGY_NONE:
     if (t->nranks > 1)
@@ -280,12 +304,13 @@ static loom_status open_world(loom_trainer *t) {
     if (pc->deterministic)
       return loom_error(LOOM_ERR_CONFIG,
                         "parallel.deterministic needs parallel.strategy "
-                        "'auto', 'ddp' or 'zero1'");
+                        "'auto', 'ddp', 'zero1', 'zero2', 'zero3' or "
+                        "'fsdp'");
     return LOOM_OK;
   default:
     break;
   }
-  bool ddp = pc->strategy == LOOM_CFG_STRATEGY_DDP || t->zero1 ||
+  bool ddp = pc->strategy == LOOM_CFG_STRATEGY_DDP || t->zero ||
              t->nranks > 1 || pc->deterministic;
   if (!ddp)
     return LOOM_OK;
@@ -321,6 +346,12 @@ static loom_status make_ddp(loom_trainer *t) {
   o.virtual_shards = (int)pc->virtual_shards;
   o.check_config = true;
   o.config_hash = loom_config_hash(&t->cfg);
+  if (t->zero >= 2) {
+    /* Every rank draws the same initial values (or reads them): no
+     * broadcast of a buffer that stage 3 does not have. */
+    o.shard_bounds = t->bounds;
+    o.broadcast = false;
+  }
   LOOM_TRY(loom_ddp_new(&t->ddp, t->model, t->world, &o));
   if (t->rank == 0 && !t->opts.quiet) {
     int nb = loom_ddp_num_buckets(t->ddp);
@@ -343,7 +374,23 @@ static loom_status make_ddp(loom_trainer *t) {
 static loom_status setup_local(loom_trainer *t) {
   LOOM_TRY(loom_train_fault_init(t));
   LOOM_TRY(open_data(t));
-  LOOM_TRY(loom_train_model_new(&t->cfg, t->init_deferred, &t->model));
+  if (t->zero >= 2) {
+    /* No buffers of the model's own: the DDP's sharded gradients, and
+     * stage 2's full parameters here or stage 3's shards later. */
+    loom_model_opts mo = loom_model_opts_default();
+    mo.shape_only = true;
+    LOOM_TRY(loom_train_model_make(&t->cfg, &mo, &t->model));
+    LOOM_TRY(make_bounds(t));
+    if (t->zero == 2) {
+      size_t n = (size_t)loom_model_num_params(t->model);
+      t->zparams = loom_calloc(n ? n : 1, sizeof(float));
+      if (!t->zparams)
+        return loom_error_context(LOOM_ERR_NOMEM, "the parameter buffer");
+      loom_model_bind_params(t->model, t->zparams);
+    }
+  } else {
+    LOOM_TRY(loom_train_model_new(&t->cfg, t->init_deferred, &t->model));
+  }
   LOOM_TRY(loom_xent_new(&t->xent));
   LOOM_TRY(make_loader(t));
   t->train_len = loom_dataset_len(t->train_ds);
@@ -515,9 +562,12 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
     s = setup_local(t);
   }
   LOOM_TRY_GOTO(s, loom_train_agree(t, s, "setting up"), fail);
-  if (t->units > 1 || cfg->parallel.deterministic || t->zero1 ||
+  if (t->units > 1 || cfg->parallel.deterministic || t->zero ||
       cfg->parallel.strategy == LOOM_CFG_STRATEGY_DDP)
     LOOM_TRY_GOTO(s, make_ddp(t), fail);
+  if (t->zero == 3)
+    LOOM_TRY_GOTO(s, loom_zero3_new(&t->z3, t->model, t->world, t->bounds),
+                  fail);
   if (wants_warm_up(t)) {
     double t0 = loom_time_now();
     LOOM_TRY_GOTO(s, loom_train_agree(t, warm_up(t), "warming up"), fail);
@@ -528,8 +578,14 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   }
   loom_runstat_gate();
   LOOM_TRY_GOTO(s, loom_train_ckpt_resume(t), fail);
-  if (t->init_deferred && !t->resumed)
+  if (t->zero >= 2 && !t->resumed) {
+    /* The same draws on every rank; stage 3 keeps its slice of them. */
+    LOOM_TRY_GOTO(s, loom_model_init_params(t->model, NULL), fail);
+  } else if (t->init_deferred && !t->resumed) {
     LOOM_TRY_GOTO(s, init_fresh(t), fail);
+  }
+  if (t->z3)
+    LOOM_TRY_GOTO(s, loom_zero3_shard(t->z3), fail);
   loom_runstat_phase(LOOM_RUNSTAT_LOADED);
   *out = t;
   return LOOM_OK;
@@ -547,8 +603,10 @@ void loom_trainer_free(loom_trainer *t) {
   }
   loom_ckpt_writer_free(t->commit.w); /* joins its thread */
   loom_free(t->snap); /* the write thread read it until the wait above */
+  loom_zero3_free(t->z3);
   loom_ddp_free(t->ddp);
   loom_free(t->zero_counts);
+  loom_free(t->bounds);
   loom_progress_free(t->progress);
   loom_metrics_close(t->metrics);
   loom_optim_free(t->optim);
@@ -557,6 +615,7 @@ void loom_trainer_free(loom_trainer *t) {
   loom_dataset_free(t->val_ds);
   loom_xent_free(t->xent);
   loom_model_free(t->model);
+  loom_free(t->zparams);
   loom_group_free(t->world);
   loom_free(t);
 }
@@ -603,6 +662,21 @@ static loom_status forward_rows(loom_trainer *t, const loom_batch *b,
 
 /* Backward of the last forward; scale weighs its mean loss in the step's
  * (units x rows / rows of the whole step: 1/k for full batches). */
+/* ZeRO-3, a rank without rows: forward on the first row of the batch's
+ * buffer (earlier data or zeros: valid input either way), for its gathers;
+ * backward then runs with weight 0. */
+static loom_status forward_empty(loom_trainer *t, const loom_batch *b,
+                                 loom_xent_stats *st, loom_step_times *tm) {
+  double t0 = loom_time_now();
+  loom_tensor x = b->x;
+  x.shape[0] = 1;
+  loom_tensor logits;
+  LOOM_TRY(loom_model_forward(t->model, &x, &logits));
+  LOOM_TRY(loom_xent_forward(t->xent, &logits, (const int32_t *)b->y.data, st));
+  tm->forward += loom_time_now() - t0;
+  return LOOM_OK;
+}
+
 static loom_status backward_rows(loom_trainer *t, float scale,
                                  loom_step_times *tm) {
   double t0 = loom_time_now();
@@ -647,10 +721,19 @@ static loom_status step_micro(loom_trainer *t, double *sums,
       shard_rows(t, b->size, j, &lo, &n);
       if (S > 1)
         LOOM_TRY(loom_ddp_shard_begin(t->ddp, j));
-      if (n == 0)
-        continue; /* an empty share of a short last batch: adds nothing */
+      /* An empty share of a short last batch adds nothing. Under ZeRO-3 the
+       * passes gather parameters from every rank, so it runs them anyway,
+       * on one row of whatever the buffer holds, with weight 0. */
+      bool empty = n == 0;
+      if (empty && !t->z3)
+        continue;
       loom_xent_stats st;
-      LOOM_TRY(forward_rows(t, b, lo, n, &st, tm));
+      if (empty)
+        LOOM_TRY(forward_empty(t, b, &st, tm));
+      else
+        LOOM_TRY(forward_rows(t, b, lo, n, &st, tm));
+      if (empty)
+        memset(&st, 0, sizeof st);
       double *u = sums + (S > 1 ? j : 0) * SUM_N;
       u[SUM_LOSS] += st.loss_sum;
       u[SUM_COUNT] += (double)st.count;
@@ -662,7 +745,7 @@ static loom_status step_micro(loom_trainer *t, double *sums,
         posted = true;
       }
       float scale = (float)((double)t->units * (double)n) / (float)total;
-      LOOM_TRY(backward_rows(t, scale, tm));
+      LOOM_TRY(backward_rows(t, empty ? 0.0f : scale, tm));
     }
   }
   if (t->ddp && !posted) {
@@ -701,9 +784,16 @@ static loom_status evaluate(loom_trainer *t, int64_t max_batches, double *loss,
   }
   LOOM_TRY_GOTO(s, loom_batch_alloc(&b, t->val_ds, so.batch), done);
   loom_model_set_training(t->model, false);
-  for (int64_t i = t->rank; i < nb; i += t->nranks) {
+  /* ZeRO-3 gathers each unit's parameters from all ranks as forward goes:
+   * every rank runs as many forwards (a rank past the last batch runs the
+   * last one again and keeps nothing of it). */
+  int64_t end = nb;
+  if (t->z3 && nb > 0)
+    end = (nb + t->nranks - 1) / t->nranks * t->nranks;
+  for (int64_t i = t->rank; i < end; i += t->nranks) {
     int64_t count;
-    LOOM_TRY_GOTO(s, loom_sampler_batch(sp, i, idx, &count), done);
+    LOOM_TRY_GOTO(s, loom_sampler_batch(sp, i < nb ? i : nb - 1, idx, &count),
+                  done);
     if (count == 0)
       continue;
     LOOM_TRY_GOTO(s, loom_dataset_fill(t->val_ds, 0, idx, count, &b), done);
@@ -713,6 +803,8 @@ static loom_status evaluate(loom_trainer *t, int64_t max_batches, double *loss,
     LOOM_TRY_GOTO(
         s, loom_xent_forward(t->xent, &logits, (const int32_t *)b.y.data, &st),
         done);
+    if (i >= nb)
+      continue;
     part[i * 3 + 0] = st.loss_sum;
     part[i * 3 + 1] = (double)st.count;
     part[i * 3 + 2] = (double)st.correct;
@@ -928,6 +1020,17 @@ static loom_status optim_step(loom_trainer *t, float lr, double *gnorm,
   loom_ddp_stats ds;
   if (t->ddp && clip <= 0) {
     LOOM_TRY(loom_ddp_step(t->ddp, t->optim, lr));
+  } else if (t->zero >= 2) {
+    /* This rank holds only its slice of the gradient: the norm is summed
+     * over the slices. */
+    LOOM_TRY(loom_ddp_wait(t->ddp));
+    float *grads = loom_model_grads(t->model);
+    int64_t lo, hi;
+    loom_train_slice(t, t->rank, &lo, &hi);
+    double ss;
+    LOOM_TRY(loom_ddp_grad_sumsq(t->ddp, &ss));
+    LOOM_TRY(loom_grad_clip_sumsq(grads + lo, hi - lo, ss, (float)clip, gnorm));
+    LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
   } else {
     if (t->ddp)
       LOOM_TRY(loom_ddp_wait(t->ddp));
@@ -936,7 +1039,7 @@ static loom_status optim_step(loom_trainer *t, float lr, double *gnorm,
       LOOM_TRY(loom_grad_clip(grads, n, (float)clip, gnorm));
     LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
   }
-  if (t->zero1)
+  if (t->zero == 1 || t->zero == 2)
     LOOM_TRY(zero1_gather(t, params));
   double el = loom_time_now() - t0;
   if (t->ddp) {

@@ -28,9 +28,11 @@ static const char *sched_name(const loom_trainer *t) {
 static loom_status fill_meta(loom_trainer *t, loom_ckpt_meta *meta) {
   *meta = loom_ckpt_meta_default();
   snprintf(meta->strategy, sizeof meta->strategy, "%s",
-           t->zero1 ? "zero1"
-           : t->ddp ? "ddp"
-                    : "none");
+           t->zero == 1   ? "zero1"
+           : t->zero == 2 ? "zero2"
+           : t->zero == 3 ? "zero3"
+           : t->ddp       ? "ddp"
+                          : "none");
   meta->config_hash = loom_config_hash(&t->cfg);
   meta->n_views = loom_model_num_views(t->model);
   meta->views = loom_model_view(t->model, 0);
@@ -365,8 +367,15 @@ static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
                       "f32",
                       loom_ckpt_path(c), (long long)bi.count,
                       loom_dtype_name(bi.dtype), (long long)n);
-  LOOM_TRY(
-      loom_ckpt_read_range(c, "params", 0, n, loom_model_params(t->model)));
+  if (t->z3) { /* this rank's slice only: the rest is never resident */
+    int64_t lo, hi;
+    loom_train_slice(t, t->rank, &lo, &hi);
+    LOOM_TRY(loom_ckpt_read_range(c, "params", lo, hi,
+                                  loom_model_params(t->model) + lo));
+  } else {
+    LOOM_TRY(
+        loom_ckpt_read_range(c, "params", 0, n, loom_model_params(t->model)));
+  }
   if (strcmp(meta->optimizer, loom_optim_kind_name(t->cfg.optim.name)) != 0)
     return loom_error(LOOM_ERR_MISMATCH,
                       "%s: saved with optimizer '%s', the config says '%s'",

@@ -93,11 +93,16 @@ struct loom_trainer {
   loom_group *world;
   int rank, nranks;
   loom_ddp *ddp; /* NULL: plain training on one rank */
-  /* ZeRO-1: the optimizer holds and steps only this rank's slice of the
-   * flat parameters (the checkpoint's slice, loom_train_slice); after each
-   * step the slices are all-gathered (zero_counts: every rank's count). */
-  bool zero1;
+  /* ZeRO stage (0: DDP or none). From 1 the optimizer holds and steps only
+   * this rank's slice of the flat parameters (the checkpoint's slice,
+   * loom_train_slice); from 2 the DDP keeps only the slice of the reduced
+   * gradient; at 3 the parameters too (z3). At 1 and 2 the slices are
+   * all-gathered after each step (zero_counts: every rank's count). */
+  int zero;
   size_t *zero_counts;
+  int64_t *bounds;    /* (nranks + 1) stage 2 and 3: the slices' bounds */
+  float *zparams;     /* stage 2: the parameter buffer (model shape_only) */
+  loom_zero3 *z3;     /* stage 3 */
   int shards;         /* S: virtual shards per rank (1 unless deterministic) */
   int64_t shard_rows; /* rows of a virtual shard (deterministic) */
   int units;          /* reduction units: ranks, or virtual shards */

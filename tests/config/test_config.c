@@ -235,14 +235,6 @@ TT_TEST(test_not_implemented_and_sizes) {
   EXPECT_ERR("log:\n  profile: true\n",
              "t.yaml:2:3: key 'log.profile': true is not implemented yet; "
              "supported: false (the profiler comes in a later release)");
-  EXPECT_ERR("parallel:\n  strategy: zero2\n",
-             "t.yaml:2:3: key 'parallel.strategy': zero2 is not implemented "
-             "yet; supported: auto, none, ddp, zero1 (zero2 and zero3 come in "
-             "a later release)");
-  EXPECT_ERR("parallel:\n  strategy: fsdp\n",
-             "t.yaml:2:3: key 'parallel.strategy': fsdp is not implemented "
-             "yet; supported: auto, none, ddp, zero1 (zero2 and zero3 come in "
-             "a later release)");
   EXPECT_ERR("parallel:\n  strategy: zero\n",
              "t.yaml:2:13: key 'parallel.strategy': expected one of auto, "
              "none, ddp, zero1, zero2, zero3, fsdp, got 'zero' (did you mean "

@@ -44,8 +44,6 @@ bad syntax 'optim:\n  lr: [1\n' \
 # as a config error (exit 2, never restarted by loom run).
 bad precision 'train:\n  precision: bf16\n' \
   "precision.yaml:2:3: key 'train.precision': bf16 is not implemented yet; supported: f32 (mixed precision comes in a later release)"
-bad zero 'parallel:\n  strategy: zero3\n' \
-  "zero.yaml:2:3: key 'parallel.strategy': zero3 is not implemented yet; supported: auto, none, ddp, zero1 (zero2 and zero3 come in a later release)"
 # A data.path that does not exist is an error naming it; nothing is created
 # there (it used to make the directories and write 4 MB, exit 0).
 run "$LOOM" train "$SRC/examples/small_gpt.yaml" --set "data.path=$T/no/such/kjv.txt" \

@@ -1,0 +1,319 @@
+/* ZeRO-3: the model's parameters sharded over the ranks, each unit's
+ * gathered just before it runs (forward and backward), the next one
+ * prefetched, and given back after (Rajbhandari et al., ZeRO, SC'20,
+ * stage P_os+g+p: 16Ψ/N bytes per rank for Adam in f32). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/parallel.h"
+
+/* A unit's parameters: not here, being gathered, or here. */
+typedef enum { U_OUT, U_COMING, U_IN } unit_state;
+
+typedef struct z3_range {
+  int64_t a, b;   /* [a, b) of the flat buffer */
+  size_t *counts; /* (world) elements of each rank's slice in it */
+  loom_req req;
+} z3_range;
+
+typedef struct z3_unit {
+  int first, n; /* its ranges in z->ranges */
+  unit_state state;
+} z3_unit;
+
+struct loom_zero3 {
+  loom_model *model;
+  loom_group *group;
+  int rank, world;
+  int64_t n;
+  const int64_t *bounds;
+  int64_t lo, hi;
+  float *params; /* (N) reserved: the slice, and the units gathered */
+  int nunits;
+  z3_unit *units;   /* (nunits) */
+  z3_range *ranges; /* all units' ranges */
+  int nranges;
+  size_t *counts; /* (nranges * world) */
+  size_t peak;
+};
+
+/* ------------------------------------------------------------ gathering */
+
+static loom_status post_unit(loom_zero3 *z, int u) {
+  z3_unit *t = &z->units[u];
+  if (t->state != U_OUT)
+    return LOOM_OK;
+  t->state = U_COMING;
+  for (int k = 0; k < t->n; k++) {
+    z3_range *r = &z->ranges[t->first + k];
+    /* In place: this rank's piece is already where it belongs. */
+    size_t before = 0;
+    for (int j = 0; j < z->rank; j++)
+      before += r->counts[j];
+    float *recv = z->params + r->a;
+    LOOM_TRY(loom_allgatherv(recv + before, recv, r->counts, LOOM_F32, z->group,
+                             &r->req));
+  }
+  return LOOM_OK;
+}
+
+static loom_status wait_unit(loom_zero3 *z, int u) {
+  z3_unit *t = &z->units[u];
+  if (t->state == U_OUT)
+    LOOM_TRY(post_unit(z, u));
+  if (t->state == U_IN)
+    return LOOM_OK;
+  loom_status first = LOOM_OK;
+  for (int k = 0; k < t->n; k++) {
+    loom_status s = loom_wait(&z->ranges[t->first + k].req);
+    if (s != LOOM_OK && first == LOOM_OK)
+      first = loom_error_context(s, "zero3: gathering unit %d's parameters", u);
+  }
+  t->state = U_IN;
+  return first;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+  const int64_t *x = a, *y = b;
+  return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+/* Gives back [a, b) minus what must stay: this rank's slice and the ranges
+ * of the other units present (GPT's output layer shares the embedding's
+ * weight). */
+static void give_back(loom_zero3 *z, int self, int64_t a, int64_t b) {
+  enum { KEEP_MAX = 64 };
+  int64_t keep[KEEP_MAX][2];
+  int nk = 0;
+  keep[nk][0] = z->lo;
+  keep[nk][1] = z->hi;
+  nk++;
+  for (int u = 0; u < z->nunits; u++) {
+    if (u == self || z->units[u].state == U_OUT)
+      continue;
+    for (int k = 0; k < z->units[u].n && nk < KEEP_MAX; k++, nk++) {
+      keep[nk][0] = z->ranges[z->units[u].first + k].a;
+      keep[nk][1] = z->ranges[z->units[u].first + k].b;
+    }
+  }
+  qsort(keep, (size_t)nk, sizeof keep[0], cmp_i64);
+  int64_t x = a;
+  for (int i = 0; i < nk && x < b; i++) {
+    if (keep[i][1] <= x)
+      continue;
+    int64_t y = keep[i][0] < b ? keep[i][0] : b;
+    if (x < y)
+      loom_vmem_release(z->params, (size_t)x * sizeof(float),
+                        (size_t)y * sizeof(float));
+    if (keep[i][1] > x)
+      x = keep[i][1];
+  }
+  if (x < b)
+    loom_vmem_release(z->params, (size_t)x * sizeof(float),
+                      (size_t)b * sizeof(float));
+}
+
+static loom_status drop_unit(loom_zero3 *z, int u) {
+  z3_unit *t = &z->units[u];
+  if (t->state == U_OUT)
+    return LOOM_OK;
+  loom_status s = LOOM_OK;
+  if (t->state == U_COMING)
+    s = wait_unit(z, u);
+  t->state = U_OUT;
+  for (int k = 0; k < t->n; k++)
+    give_back(z, u, z->ranges[t->first + k].a, z->ranges[t->first + k].b);
+  return s;
+}
+
+static void note_peak(loom_zero3 *z) {
+  size_t now = loom_vmem_resident(z->params, 0, (size_t)z->n * sizeof(float));
+  if (now > z->peak)
+    z->peak = now;
+}
+
+/* The next unit with parameters after u in direction dir (+1, -1), or -1. */
+static int next_unit(const loom_zero3 *z, int u, int dir) {
+  for (int v = u + dir; v >= 0 && v < z->nunits; v += dir)
+    if (z->units[v].n > 0)
+      return v;
+  return -1;
+}
+
+static loom_status unit_hook(void *user, int u, loom_unit_event ev) {
+  loom_zero3 *z = user;
+  if (u < 0 || u >= z->nunits || z->units[u].n == 0 || z->world == 1)
+    return LOOM_OK;
+  int v;
+  switch (ev) {
+  case LOOM_UNIT_PRE_FORWARD:
+    if (next_unit(z, u, -1) < 0) {
+      /* A new pass: what an earlier one left here may be stale. */
+      for (int w = 0; w < z->nunits; w++)
+        LOOM_TRY(drop_unit(z, w));
+    }
+    LOOM_TRY(wait_unit(z, u));
+    v = next_unit(z, u, +1);
+    if (v >= 0)
+      LOOM_TRY(post_unit(z, v));
+    note_peak(z);
+    return LOOM_OK;
+  case LOOM_UNIT_POST_FORWARD:
+    /* The last unit runs backward next (in training): it stays. */
+    if (next_unit(z, u, +1) < 0 && loom_model_training(z->model))
+      return LOOM_OK;
+    return drop_unit(z, u);
+  case LOOM_UNIT_PRE_BACKWARD:
+    LOOM_TRY(wait_unit(z, u));
+    v = next_unit(z, u, -1);
+    if (v >= 0)
+      LOOM_TRY(post_unit(z, v));
+    note_peak(z);
+    return LOOM_OK;
+  case LOOM_UNIT_POST_BACKWARD:
+    return drop_unit(z, u);
+  }
+  return LOOM_OK;
+}
+
+/* ------------------------------------------------------------- the rest */
+
+loom_status loom_zero3_shard(loom_zero3 *z) {
+  loom_status first = LOOM_OK;
+  for (int u = 0; u < z->nunits; u++) {
+    loom_status s = z->units[u].state == U_COMING ? wait_unit(z, u) : LOOM_OK;
+    if (s != LOOM_OK && first == LOOM_OK)
+      first = s;
+    z->units[u].state = U_OUT;
+  }
+  if (z->world > 1) {
+    loom_vmem_release(z->params, 0, (size_t)z->lo * sizeof(float));
+    loom_vmem_release(z->params, (size_t)z->hi * sizeof(float),
+                      (size_t)z->n * sizeof(float));
+  }
+  z->peak = 0;
+  return first;
+}
+
+loom_status loom_zero3_gather_all(loom_zero3 *z) {
+  if (z->world == 1)
+    return LOOM_OK;
+  LOOM_TRY(loom_zero3_shard(z));
+  size_t *counts = loom_calloc((size_t)z->world, sizeof(size_t));
+  if (!counts)
+    return LOOM_ERR_NOMEM;
+  for (int r = 0; r < z->world; r++)
+    counts[r] = (size_t)(z->bounds[r + 1] - z->bounds[r]);
+  loom_req req = LOOM_REQ_INIT;
+  loom_status s = loom_allgatherv(z->params + z->lo, z->params, counts,
+                                  LOOM_F32, z->group, &req);
+  if (s == LOOM_OK)
+    s = loom_wait(&req);
+  loom_free(counts);
+  return s;
+}
+
+void loom_zero3_resident(const loom_zero3 *z, size_t *now, size_t *peak) {
+  size_t r = loom_vmem_resident(z->params, 0, (size_t)z->n * sizeof(float));
+  if (now)
+    *now = r;
+  if (peak)
+    *peak = z->peak > r ? z->peak : r;
+}
+
+static loom_status make_ranges(loom_zero3 *z) {
+  z->nunits = loom_model_num_units(z->model);
+  z->units = loom_calloc((size_t)(z->nunits ? z->nunits : 1), sizeof *z->units);
+  if (!z->units)
+    return LOOM_ERR_NOMEM;
+  for (int u = 0; u < z->nunits; u++) {
+    int n;
+    loom_model_unit_ranges(z->model, u, &n);
+    z->units[u].first = z->nranges;
+    z->units[u].n = n;
+    z->nranges += n;
+  }
+  z->ranges =
+      loom_calloc((size_t)(z->nranges ? z->nranges : 1), sizeof *z->ranges);
+  z->counts = loom_calloc(
+      (size_t)(z->nranges ? z->nranges : 1) * (size_t)z->world, sizeof(size_t));
+  if (!z->ranges || !z->counts)
+    return LOOM_ERR_NOMEM;
+  for (int u = 0; u < z->nunits; u++) {
+    int n;
+    const loom_range *rg = loom_model_unit_ranges(z->model, u, &n);
+    for (int k = 0; k < n; k++) {
+      z3_range *r = &z->ranges[z->units[u].first + k];
+      r->a = rg[k].offset;
+      r->b = rg[k].offset + rg[k].numel;
+      r->counts = z->counts + (size_t)(z->units[u].first + k) * z->world;
+      for (int j = 0; j < z->world; j++) {
+        int64_t x = z->bounds[j] > r->a ? z->bounds[j] : r->a;
+        int64_t y = z->bounds[j + 1] < r->b ? z->bounds[j + 1] : r->b;
+        r->counts[j] = x < y ? (size_t)(y - x) : 0;
+      }
+    }
+  }
+  return LOOM_OK;
+}
+
+loom_status loom_zero3_new(loom_zero3 **out, loom_model *model, loom_group *g,
+                           const int64_t *bounds) {
+  *out = NULL;
+  if (!model || !g || !bounds)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "zero3: a model, a group and the slices needed");
+  loom_zero3 *z = loom_calloc(1, sizeof *z);
+  if (!z)
+    return LOOM_ERR_NOMEM;
+  z->model = model;
+  z->group = g;
+  z->rank = loom_group_rank(g);
+  z->world = loom_group_size(g);
+  z->n = loom_model_num_params(model);
+  z->bounds = bounds;
+  loom_status s = LOOM_OK;
+  if (bounds[0] != 0 || bounds[z->world] != z->n)
+    s = loom_error(LOOM_ERR_INVALID_ARG,
+                   "zero3: the slices must run from 0 to the %lld parameters",
+                   (long long)z->n);
+  for (int r = 0; s == LOOM_OK && r < z->world; r++)
+    if (bounds[r] > bounds[r + 1])
+      s = loom_error(LOOM_ERR_INVALID_ARG,
+                     "zero3: the slices are not ascending at rank %d", r);
+  z->lo = bounds[z->rank];
+  z->hi = bounds[z->rank + 1];
+  if (s == LOOM_OK)
+    s = make_ranges(z);
+  if (s == LOOM_OK) {
+    z->params = loom_vmem_new((size_t)z->n * sizeof(float));
+    if (!z->params)
+      s = loom_error_context(LOOM_ERR_NOMEM, "zero3: the parameter buffer");
+  }
+  /* Every rank learns whether all could set up before any gather. */
+  s = loom_comm_agree(z->world > 1 ? g : NULL, s, "zero3: setting up");
+  if (s != LOOM_OK) {
+    loom_zero3_free(z);
+    return s;
+  }
+  loom_model_bind_params(model, z->params);
+  loom_model_set_unit_hook(model, unit_hook, z);
+  *out = z;
+  return LOOM_OK;
+}
+
+void loom_zero3_free(loom_zero3 *z) {
+  if (!z)
+    return;
+  for (int k = 0; k < z->nranges; k++)
+    loom_wait(&z->ranges[k].req);
+  if (z->params) {
+    loom_model_set_unit_hook(z->model, NULL, NULL);
+    loom_model_bind_params(z->model, NULL);
+    loom_vmem_free(z->params, (size_t)z->n * sizeof(float));
+  }
+  loom_free(z->units);
+  loom_free(z->ranges);
+  loom_free(z->counts);
+  loom_free(z);
+}
