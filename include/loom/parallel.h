@@ -158,6 +158,9 @@ loom_status loom_ddp_join(loom_ddp *d, bool *done);
  * loom_ddp_wait). With slices that start at multiples of LOOM_GRAD_CHUNK
  * it has the bits of loom_grad_sumsq over the whole gradient. */
 loom_status loom_ddp_grad_sumsq(loom_ddp *d, double *out);
+/* Bytes of the gradient buffer in memory now, and the most seen as buckets
+ * were started (sharded: page granularity; else the whole buffer). */
+void loom_ddp_grad_resident(const loom_ddp *d, size_t *now, size_t *peak);
 
 /* Deterministic mode: this rank's virtual shards are [*first, *first +
  * *count) of the V of every micro-batch (rows [j*R, (j+1)*R) of the global

@@ -103,7 +103,7 @@ size_t loom_vmem_resident(const void *p, size_t from, size_t to) {
   size_t ps = page_size();
   size_t a = from / ps * ps, e = (to + ps - 1) / ps * ps;
   size_t n = (e - a) / ps, res = 0;
-  unsigned char vec[256];
+  unsigned char vec[4096];
   for (size_t i = 0; i < n; i += sizeof vec) {
     size_t k = n - i < sizeof vec ? n - i : sizeof vec;
     if (mincore((char *)(uintptr_t)p + a + i * ps, k * ps, vec) != 0)

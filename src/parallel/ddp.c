@@ -78,6 +78,7 @@ struct loom_ddp {
   ddp_part *parts; /* (nparts) */
   int nparts;
   size_t *chunk_counts; /* (world) gradient chunks of each rank's slice */
+  size_t grad_peak;     /* resident bytes of grads, the most seen */
   double *chunk_sums;   /* (chunks of N) */
 
   loom_ddp_stats stats;
@@ -256,6 +257,11 @@ static loom_status launch_ready(loom_ddp *d) {
     d->next_launch++;
     /* Sharded: at most two buckets in flight, the older ones waited for
      * and given back, so backward never holds the whole gradient. */
+    if (d->sharded) {
+      size_t r = loom_vmem_resident(d->grads, 0, (size_t)d->n * sizeof(float));
+      if (r > d->grad_peak)
+        d->grad_peak = r;
+    }
     if (d->sharded && !d->opts.deterministic && d->world > 1 &&
         d->next_launch > 2)
       LOOM_TRY(loom_ddp_wait_bucket(d, d->next_launch - 3));
@@ -953,6 +959,15 @@ static loom_status make_sharded(loom_ddp *d) {
   }
   loom_model_bind_grads(d->model, d->grads);
   return LOOM_OK;
+}
+
+void loom_ddp_grad_resident(const loom_ddp *d, size_t *now, size_t *peak) {
+  size_t all = (size_t)d->n * sizeof(float);
+  size_t r = d->sharded ? loom_vmem_resident(d->grads, 0, all) : all;
+  if (now)
+    *now = r;
+  if (peak)
+    *peak = d->grad_peak > r ? d->grad_peak : r;
 }
 
 loom_status loom_ddp_grad_sumsq(loom_ddp *d, double *out) {

@@ -252,6 +252,22 @@ void loom_train_slice(const loom_trainer *t, int r, int64_t *lo, int64_t *hi) {
   *hi = n * (r + 1) / t->nranks;
 }
 
+void loom_train_mem_get(const loom_trainer *t, loom_train_mem *out) {
+  size_t all = (size_t)loom_model_num_params(t->model) * sizeof(float);
+  memset(out, 0, sizeof *out);
+  out->params = out->params_peak = all;
+  if (t->z3)
+    loom_zero3_resident(t->z3, &out->params, &out->params_peak);
+  out->grads = out->grads_peak = all;
+  if (t->ddp)
+    loom_ddp_grad_resident(t->ddp, &out->grads, &out->grads_peak);
+  for (int i = 0; i < loom_optim_state_count(t->optim); i++) {
+    loom_optim_state st;
+    if (loom_optim_state_get(t->optim, i, &st) == LOOM_OK)
+      out->optim += (size_t)st.count * sizeof(float);
+  }
+}
+
 /* ZeRO-2/3: slices that start at whole pages (1024 floats), so that the
  * memory given back is exactly what is not owned; in deterministic mode at
  * multiples of LOOM_GRAD_CHUNK, so the global gradient norm adds the same
@@ -1158,6 +1174,16 @@ static loom_status write_metrics(loom_trainer *t, const run_window *w,
   /* Rank 0's peak resident set so far (what loom estimate predicts, plus
    * code, libraries and data). */
   loom_metrics_num(m, "peak_rss_mb", loom_train_peak_rss() / (1024.0 * 1024.0));
+  /* Rank 0's parameters, gradients and optimizer state in memory between
+   * steps (the ZeRO formulas), and the most seen within a step. */
+  loom_train_mem mem;
+  loom_train_mem_get(t, &mem);
+  const double mib = 1024.0 * 1024.0;
+  loom_metrics_num(m, "mem_params_mb", (double)mem.params / mib);
+  loom_metrics_num(m, "mem_grads_mb", (double)mem.grads / mib);
+  loom_metrics_num(m, "mem_optim_mb", (double)mem.optim / mib);
+  loom_metrics_num(m, "mem_params_peak_mb", (double)mem.params_peak / mib);
+  loom_metrics_num(m, "mem_grads_peak_mb", (double)mem.grads_peak / mib);
   /* Not per step: what the saves since the last line took, whole. */
   if (win->ckpt > 0)
     loom_metrics_num(m, "ckpt_s", win->ckpt);

@@ -50,6 +50,12 @@ typedef struct loom_ckpt_bg {
  * last ones one element longer when P does not divide the size. Each rank
  * writes its slice of a checkpoint; ZeRO-1 shards the optimizer by them. */
 void loom_train_slice(const loom_trainer *t, int r, int64_t *lo, int64_t *hi);
+/* Bytes of this rank's parameters, gradients and optimizer state in memory
+ * (reserved buffers: the pages resident), now and the most seen. */
+typedef struct loom_train_mem {
+  size_t params, grads, optim, params_peak, grads_peak;
+} loom_train_mem;
+void loom_train_mem_get(const loom_trainer *t, loom_train_mem *out);
 
 /* loom_train_model_new with the model options given (shape_only for the
  * estimate); the seed and initialisation come from the config. */

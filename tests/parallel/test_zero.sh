@@ -124,6 +124,32 @@ for s in zero1 zero2 zero3; do
     bad "short last batch: $s '$b' vs ddp '$a'"
 done
 
+# -- memory: this rank's parameters + gradients + optimizer state between
+#    steps (metrics.jsonl) against the ZeRO formulas for AdamW in f32, psi
+#    parameters on N ranks: ddp 16 psi, zero1 8 psi + 8 psi/N, zero2
+#    4 psi + 12 psi/N, zero3 16 psi/N bytes, within 2% (page padding).
+for n in 2 4; do
+  for s in ddp zero1 zero2 zero3; do
+    run $n train "${q[@]}" "$SRC/examples/kjv_gpt.yaml" --set model.layers=2 \
+      --set train.batch_size=2 --set train.steps=2 --set log.every=1 \
+      --set train.eval_every=0 --set train.eval_batches=1 \
+      --set checkpoint.every=0 --set parallel.strategy=$s \
+      --set "log.run_dir=$tmp/mem_${s}_$n" --set "data.path=$tmp/text.txt"
+    m=$(grep '"mem_params_mb"' "$tmp/mem_${s}_$n/metrics.jsonl" 2>/dev/null | tail -1 |
+      sed 's/.*"mem_params_mb":\([0-9.e+-]*\),"mem_grads_mb":\([0-9.e+-]*\),"mem_optim_mb":\([0-9.e+-]*\).*/\1 \2 \3/')
+    set -- $m
+    # psi of this model: 4 psi bytes are ddp's parameters
+    [ $s = ddp ] && psi4=$1
+    awk -v s=$s -v n=$n -v p="$1" -v g="$2" -v o="$3" -v q="$psi4" 'BEGIN {
+      f["ddp"] = 4; f["zero1"] = 2 + 2 / n; f["zero2"] = 1 + 3 / n; f["zero3"] = 4 / n
+      want = f[s] * q; got = p + g + o
+      printf "%.3f MiB, formula %.3f MiB\n", got, want
+      exit !(rc == 0 && q > 0 && got >= want * 0.98 && got <= want * 1.02) }' rc=$rc >"$tmp/memline" &&
+      ok "$s on $n ranks: parameters + gradients + optimizer state $(cat "$tmp/memline")" ||
+      { bad "$s on $n ranks: memory '$m' ($(cat "$tmp/memline"), rc $rc)"; tail -3 "$tmp/out"; }
+  done
+done
+
 # -- activation checkpointing: the same bits with none, blocks and every:2
 #    (GPT with dropout, zero1 on 2 ranks), and less activation memory in
 #    loom estimate.
