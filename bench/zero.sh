@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# bench/zero: sharded data parallelism. A byte-level GPT (default about 85M
+# parameters: 12 layers, d_model 768, context 256) on 1, 2 and 4 ranks x 1
+# thread: per-rank peak RSS and tokens/s under ddp, zero1, zero2, zero3 and
+# zero3 + activation checkpointing, and PyTorch's DDP and FSDP2 (fully_shard,
+# gloo) on the same model in the same run, alternating.
+#   usage: bench/zero.sh [BUILD_DIR]
+# Environment: LAYERS, DMODEL, HEADS, CONTEXT, BATCH (rows per rank, 1),
+# STEPS (5; the first is not timed), RANKS ("1 2 4"), NO_TORCH=1 or TORCH=0.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+BUILD=${1:-$LOOM_ROOT/build}
+LOOM="$BUILD/loom"
+[ -x "$LOOM" ] || { echo "build it first: make build" >&2; exit 1; }
+L=${LAYERS:-12} C=${DMODEL:-768} H=${HEADS:-12} T=${CONTEXT:-256}
+B=${BATCH:-1} S=${STEPS:-5} RANKS=${RANKS:-"1 2 4"}
+torch=0
+bench_torch_peer && torch=1
+bench_check_load
+bench_fair_env 1
+export LOOM_THREADS=1 LOOM_LOG=warn
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+head -c 2000000 /dev/urandom | base64 >"$tmp/text.txt"
+
+echo "# GPT: $L layers, d_model $C, $H heads, context $T, byte vocabulary; $B row(s) per rank, AdamW f32"
+echo "# loom: metrics.jsonl step_s (median of steps 2..$S), peak RSS of the largest rank (/usr/bin/time)"
+printf '%-6s %-26s %10s %12s %12s\n' ranks strategy params tokens_per_s rss_mb_rank
+
+loom_one() { # RANKS STRATEGY AC
+  local n=$1 s=$2 ac=$3 d="$tmp/run_$1_$2_$3"
+  rm -rf "$d"
+  # each rank's peak RSS into its own file (the rank from the launcher's env)
+  "$LOOM" run -n "$n" --threads 1 --timeout 3000 sh -c \
+    '/usr/bin/time -f %M -o "$0.rss.${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-0}}" "$@"' "$d" \
+    "$LOOM" train "$LOOM_ROOT/examples/small_gpt.yaml" --resume never --quiet \
+    --set model.layers="$L" --set model.d_model="$C" --set model.heads="$H" \
+    --set model.context="$T" --set train.batch_size="$B" --set train.steps="$S" \
+    --set train.eval_every=0 --set train.eval_batches=1 --set checkpoint.every=0 \
+    --set log.every=1 --set "data.path=$tmp/text.txt" --set parallel.strategy="$s" \
+    --set train.activation_checkpointing="$ac" --set "log.run_dir=$d" >"$d.out" 2>&1 || {
+    echo "loom $s on $n ranks failed:" >&2; tail -5 "$d.out" >&2; return 0; }
+  python3 - "$d" "$n" "$s" "$ac" "$B" "$T" <<'PY'
+import glob, json, statistics, sys
+d, n, s, ac, b, t = sys.argv[1:]
+lines = [json.loads(l) for l in open(d + "/metrics.jsonl") if '"step_s"' in l]
+step = statistics.median([l["step_s"] for l in lines[1:]] or [lines[0]["step_s"]])
+rss = max(int(open(f).read().split()[-1]) for f in glob.glob(d + ".rss.*")) / 1024
+name = s + (" + ac" if ac != "none" else "")
+print(f"{n:<6} loom {name:<21} {'':>10} {int(b) * int(t) * int(n) / step:12.0f} {rss:12.0f}")
+PY
+}
+torch_one() { # RANKS STRATEGY
+  [ $torch = 1 ] || return 0
+  local r
+  r=$(bench_torch fsdp --ranks "$1" --strategy "$2" --layers "$L" --d-model "$C" \
+    --heads "$H" --context "$T" --batch "$B" --steps "$S" --port "$(bench_free_port)" 2>"$tmp/torch.err") || {
+    echo "PyTorch $2 on $1 ranks failed:" >&2; tail -3 "$tmp/torch.err" >&2; return 0; }
+  python3 - "$r" <<'PY'
+import json, sys
+r = json.loads(sys.argv[1])
+print(f"{r['ranks']:<6} pytorch {r['strategy']:<18} {r['params']:>10} {r['tokens_per_s']:12.0f} {r['rss_mb']:12.0f}")
+PY
+}
+
+for n in $RANKS; do
+  loom_one "$n" ddp none
+  torch_one "$n" ddp
+  [ "$n" = 1 ] && continue
+  loom_one "$n" zero1 none
+  loom_one "$n" zero2 none
+  torch_one "$n" fsdp_grad_op
+  loom_one "$n" zero3 none
+  torch_one "$n" fsdp
+  loom_one "$n" zero3 blocks
+done
