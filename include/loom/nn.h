@@ -354,6 +354,9 @@ const loom_model_opts *loom_model_get_opts(const loom_model *m);
 
 /* Re-draws every parameter as loom_model_new did, with opts' scheme. */
 loom_status loom_model_init_params(loom_model *m, const loom_model_opts *opts);
+/* Re-draws view i only, with the model's options: the values
+ * loom_model_init_params gives it (each view has its own random stream). */
+loom_status loom_model_init_view(loom_model *m, int i);
 
 /* Sets every gradient to zero (one memset of the flat buffer). */
 void loom_model_zero_grad(loom_model *m);

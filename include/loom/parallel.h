@@ -225,6 +225,10 @@ loom_status loom_zero3_new(loom_zero3 **out, loom_model *model, loom_group *g,
                            const int64_t *bounds);
 /* Waits for gathers in flight, gives the model back its own buffer. */
 void loom_zero3_free(loom_zero3 *z);
+/* Draws this rank's slice of the initial parameters (the values of
+ * loom_model_init_params), one view at a time: no more than the slice and
+ * the largest view are ever in memory. No communication. */
+loom_status loom_zero3_init_params(loom_zero3 *z);
 /* Keeps this rank's slice of the parameters and gives back the rest (after
  * the whole buffer was written). Also drops any unit still gathered: call
  * it after the optimizer changed the slices, before the next forward. */

@@ -177,6 +177,16 @@ loom_status loom_model_init_params(loom_model *m, const loom_model_opts *o) {
   return LOOM_OK;
 }
 
+loom_status loom_model_init_view(loom_model *m, int i) {
+  if (i < 0 || i >= m->nviews)
+    return loom_error(LOOM_ERR_INVALID_ARG, "model: no view %d (of %d)", i,
+                      m->nviews);
+  if (!m->params)
+    return loom_error(LOOM_ERR_INVALID_ARG, "model: no parameter buffer");
+  init_one(m->params + m->views[i].offset, &m->entries[i], i, &m->opts);
+  return LOOM_OK;
+}
+
 /* ----------------------------------------------------------- creation */
 
 static uint64_t hash_layout(const loom_param *v, int n) {

@@ -195,6 +195,23 @@ loom_status loom_zero3_shard(loom_zero3 *z) {
   return first;
 }
 
+loom_status loom_zero3_init_params(loom_zero3 *z) {
+  for (int i = 0; i < loom_model_num_views(z->model); i++) {
+    const loom_param *v = loom_model_view(z->model, i);
+    int64_t a = v->offset, b = v->offset + v->numel;
+    if (b <= z->lo || a >= z->hi)
+      continue; /* none of it is this rank's */
+    LOOM_TRY(loom_model_init_view(z->model, i));
+    if (a < z->lo)
+      loom_vmem_release(z->params, (size_t)a * sizeof(float),
+                        (size_t)z->lo * sizeof(float));
+    if (b > z->hi)
+      loom_vmem_release(z->params, (size_t)z->hi * sizeof(float),
+                        (size_t)b * sizeof(float));
+  }
+  return LOOM_OK;
+}
+
 loom_status loom_zero3_gather_all(loom_zero3 *z) {
   if (z->world == 1)
     return LOOM_OK;

@@ -594,8 +594,11 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   }
   loom_runstat_gate();
   LOOM_TRY_GOTO(s, loom_train_ckpt_resume(t), fail);
-  if (t->zero >= 2 && !t->resumed) {
-    /* The same draws on every rank; stage 3 keeps its slice of them. */
+  if (t->z3 && !t->resumed) {
+    /* This rank's slice of the draws, a view at a time. */
+    LOOM_TRY_GOTO(s, loom_zero3_init_params(t->z3), fail);
+  } else if (t->zero >= 2 && !t->resumed) {
+    /* The same draws on every rank. */
     LOOM_TRY_GOTO(s, loom_model_init_params(t->model, NULL), fail);
   } else if (t->init_deferred && !t->resumed) {
     LOOM_TRY_GOTO(s, init_fresh(t), fail);
