@@ -256,6 +256,9 @@ const char *loom_cfg_type_name(loom_cfg_type t);
 /* Not implemented in this build: the key takes its default value only; any
  * other value is an error naming what is supported (todo says why). */
 #define LOOM_CFG_TODO 8u
+/* An integer key that also takes the word auto, stored as 0 (outside its
+ * range): train.batch_size. */
+#define LOOM_CFG_AUTO 16u
 
 typedef struct loom_config_key {
   const char *path; /* "optim.lr" */

@@ -82,6 +82,10 @@ typedef struct loom_train_opts {
    * standby rank of loom run (LOOM_RUN_GATE set), which does it while it
    * waits for a failure; 0 never; 1 always. */
   int warm_up;
+  /* train.batch_size was auto (resolved by the caller from memory): a
+   * batch larger than the data allows is lowered to fit one epoch, with a
+   * line in the log, instead of being an error (false). */
+  bool batch_auto;
 } loom_train_opts;
 
 loom_train_opts loom_train_opts_default(void);

@@ -45,6 +45,18 @@ loom_status loom_cli_largest_batch(loom_config *cfg, int ranks,
 /* find_batch.c: loom train --find-batch-size. */
 int loom_cli_find_batch(const char *config_path, const char *const *sets,
                         int n_sets, const char *memory);
+/* MemTotal of /proc/meminfo in bytes (0 when unknown). */
+double loom_cli_mem_total(void);
+/* The same, its answer in *answer (0 when it has none). */
+int loom_cli_find_batch_run(const char *config_path, const char *const *sets,
+                            int n_sets, const char *memory, int64_t *answer);
+/* train.batch_size: auto in cfg becomes a number: alone, the finder's
+ * answer (its trials printed); under loom run or an MPI launcher, the
+ * estimate's for 80% of MemTotal shared by the host's ranks (the same on
+ * every rank, with no communication). memory (or NULL): the budget per
+ * rank, as --memory. An exit code. */
+int loom_cli_auto_batch(const char *config_path, const char *const *sets,
+                        int n_sets, const char *memory, loom_config *cfg);
 int loom_cmd_bench(int argc, char **argv);   /* bench.c */
 int loom_bench_gemm(int argc, char **argv);  /* bench_gemm.c */
 int loom_bench_comm(int argc, char **argv);  /* bench_comm.c */

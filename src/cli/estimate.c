@@ -179,6 +179,24 @@ int loom_cmd_estimate(int argc, char **argv) {
     rc = st == LOOM_ERR_CONFIG ? LOOM_EXIT_USAGE : LOOM_EXIT_FAIL;
     goto done;
   }
+  if (cfg.train.batch_size == 0) {
+    /* auto: what loom train under loom run -n N on one host would take. */
+    double share = 0.8 * loom_cli_mem_total() / ranks;
+    int64_t b = 0;
+    st = loom_cli_largest_batch(&cfg, ranks, cfg.parallel.strategy, share, &b,
+                                NULL);
+    if (st != LOOM_OK || b < 1) {
+      fprintf(stderr, "loom estimate: train.batch_size auto: %s\n",
+              st != LOOM_OK ? loom_last_error()
+                            : "not even 1 row fits in 80% of MemTotal");
+      rc = LOOM_EXIT_FAIL;
+      goto done;
+    }
+    cfg.train.batch_size = b;
+    printf("# train.batch_size auto: %lld (the largest within 80%% of "
+           "MemTotal over %d rank(s), %.0f MiB each)\n",
+           (long long)b, ranks, share / (1024.0 * 1024.0));
+  }
   loom_train_estimate e;
   st = loom_train_estimate_memory(&cfg, ranks, LOOM_CFG_STRATEGY_AUTO, &e);
   if (st != LOOM_OK) {

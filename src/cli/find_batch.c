@@ -30,24 +30,28 @@ typedef struct trial {
   char why[800];     /* when it did not run */
 } trial;
 
-/* MemAvailable of /proc/meminfo in bytes (0 when unknown). */
-static double mem_available(void) {
+/* A line of /proc/meminfo ("MemAvailable:") in bytes (0 when unknown). */
+static double meminfo(const char *key) {
   FILE *f = fopen("/proc/meminfo", "r");
   if (!f)
     return 0;
   char line[256];
   double kib = 0;
+  size_t k = strlen(key);
   while (fgets(line, sizeof line, f))
-    if (strncmp(line, "MemAvailable:", 13) == 0) {
+    if (strncmp(line, key, k) == 0) {
       char *end = NULL;
-      kib = strtod(line + 13, &end);
-      if (end == line + 13 || !(kib > 0))
+      kib = strtod(line + k, &end);
+      if (end == line + k || !(kib > 0))
         kib = 0;
       break;
     }
   fclose(f);
   return kib * 1024.0;
 }
+
+static double mem_available(void) { return meminfo("MemAvailable:"); }
+double loom_cli_mem_total(void) { return meminfo("MemTotal:"); }
 
 /* The last metrics line's number for key, or -1. */
 static double last_number(const char *path, const char *key) {
@@ -236,20 +240,104 @@ static void print_trial(const trial *t, double est_mib, double budget_mib,
   fflush(stdout);
 }
 
-int loom_cli_find_batch(const char *config_path, const char *const *sets,
-                        int n_sets, const char *memory) {
-  /* One rank, on its own: under a launcher the trials would take the
-   * rank's identity (its MPI world, its status file). */
+/* The variable that says this process was started by loom run or an MPI
+ * launcher, or NULL. */
+static const char *launcher(void) {
   static const char *const launched[] = {"LOOM_RUN_DIR", "OMPI_COMM_WORLD_SIZE",
                                          "PMI_SIZE", "PMI_RANK"};
   for (size_t i = 0; i < sizeof launched / sizeof launched[0]; i++)
-    if (getenv(launched[i])) {
-      fprintf(stderr,
-              "loom train: --find-batch-size runs on its own, not under "
-              "loom run or an MPI launcher (%s is set)\n",
-              launched[i]);
-      return LOOM_EXIT_USAGE;
+    if (getenv(launched[i]))
+      return launched[i];
+  return NULL;
+}
+
+/* An integer from the first of the variables that is set, else dflt. */
+static int env_int(const char *const *names, int n, int dflt) {
+  for (int i = 0; i < n; i++) {
+    const char *v = getenv(names[i]);
+    if (v && *v) {
+      char *end = NULL;
+      long x = strtol(v, &end, 10);
+      if (*end == '\0' && x >= 0 && x < 1 << 20)
+        return (int)x;
     }
+  }
+  return dflt;
+}
+
+int loom_cli_auto_batch(const char *config_path, const char *const *sets,
+                        int n_sets, const char *memory, loom_config *cfg) {
+  double given = 0;
+  if (memory && !loom_cli_parse_bytes(memory, &given)) {
+    fprintf(stderr, "loom train: --memory %s: expected bytes, as 8G or 512M\n",
+            memory);
+    return LOOM_EXIT_USAGE;
+  }
+  if (!launcher()) {
+    /* On its own: the finder's real steps, their table on stdout. */
+    int64_t b = 0;
+    int rc = loom_cli_find_batch_run(config_path, sets, n_sets, memory, &b);
+    if (rc != LOOM_EXIT_OK)
+      return rc;
+    cfg->train.batch_size = b;
+    printf("train.batch_size auto: %lld (the finder's trials above)\n",
+           (long long)b);
+    return LOOM_EXIT_OK;
+  }
+  /* Under a launcher every rank must come to the same answer without
+   * talking: the estimate, for 80% of the host's memory (MemTotal, which
+   * does not move) shared by the host's ranks. */
+  static const char *const world_vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
+  static const char *const local_vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE",
+                                           "MPI_LOCALNRANKS"};
+  static const char *const rank_vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK"};
+  int world = env_int(world_vars, 2, 1);
+  int local = env_int(local_vars, 2, world);
+  int rank = env_int(rank_vars, 2, 0);
+  double total = meminfo("MemTotal:");
+  if (world < 1 || local < 1 || !(total > 0)) {
+    fprintf(stderr, "loom train: train.batch_size auto: cannot tell the "
+                    "host's memory or its ranks\n");
+    return LOOM_EXIT_FAIL;
+  }
+  double budget = memory ? given : 0.8 * total / local;
+  int64_t b = 0;
+  loom_status st = loom_cli_largest_batch(cfg, world, cfg->parallel.strategy,
+                                          budget, &b, NULL);
+  if (st != LOOM_OK || b < 1) {
+    fprintf(stderr, "loom train: train.batch_size auto: %s\n",
+            st != LOOM_OK ? loom_last_error()
+                          : "not even 1 row fits by loom estimate");
+    return LOOM_EXIT_FAIL;
+  }
+  cfg->train.batch_size = b;
+  if (rank == 0)
+    printf("train.batch_size auto: %lld (loom estimate for %d rank(s), "
+           "%.0f MiB each: %s)\n",
+           (long long)b, world, budget / (1024.0 * 1024.0),
+           memory ? "--memory" : "80% of MemTotal over the host's ranks");
+  return LOOM_EXIT_OK;
+}
+
+int loom_cli_find_batch(const char *config_path, const char *const *sets,
+                        int n_sets, const char *memory) {
+  int64_t b = 0;
+  return loom_cli_find_batch_run(config_path, sets, n_sets, memory, &b);
+}
+
+int loom_cli_find_batch_run(const char *config_path, const char *const *sets,
+                            int n_sets, const char *memory, int64_t *answer) {
+  *answer = 0;
+  /* One rank, on its own: under a launcher the trials would take the
+   * rank's identity (its MPI world, its status file). */
+  const char *l = launcher();
+  if (l) {
+    fprintf(stderr,
+            "loom train: --find-batch-size runs on its own, not under "
+            "loom run or an MPI launcher (%s is set)\n",
+            l);
+    return LOOM_EXIT_USAGE;
+  }
   double budget = 0;
   if (memory && !loom_cli_parse_bytes(memory, &budget)) {
     fprintf(stderr, "loom train: --memory %s: expected bytes, as 8G or 512M\n",
@@ -355,5 +443,6 @@ int loom_cli_find_batch(const char *config_path, const char *const *sets,
     return LOOM_EXIT_FAIL;
   }
   printf("largest train.batch_size that fits: %lld\n", (long long)good);
+  *answer = good;
   return LOOM_EXIT_OK;
 }

@@ -39,7 +39,12 @@ static void usage(FILE *f) {
       "                           steps per size, each in its own process;\n"
       "                           prints each size's peak memory and\n"
       "                           throughput, then exits\n"
-      "  --memory BYTES           the budget (suffix K, M, G, T)\n"
+      "  --memory BYTES           the budget (suffix K, M, G, T) of\n"
+      "                           --find-batch-size, or of a rank when\n"
+      "                           train.batch_size is auto (default: alone\n"
+      "                           90%% of MemAvailable and the finder's\n"
+      "                           trials; under loom run the estimate for\n"
+      "                           80%% of MemTotal over the host's ranks)\n"
       "  -h, --help               this text\n"
       "\n"
       "Ctrl-C (SIGINT) or SIGTERM stops at the next step boundary after\n"
@@ -172,10 +177,6 @@ static int train_main(int argc, char **argv) {
     return LOOM_EXIT_USAGE;
   }
 
-  if (memory && !find_batch) {
-    fprintf(stderr, "loom train: --memory goes with --find-batch-size\n");
-    return LOOM_EXIT_USAGE;
-  }
   if (find_batch)
     return loom_cli_find_batch(config_path, sets, n_sets, memory);
 
@@ -183,6 +184,18 @@ static int train_main(int argc, char **argv) {
   if (loom_config_load(&cfg, config_path, sets, n_sets) != LOOM_OK) {
     fprintf(stderr, "loom train: %s\n", loom_last_error());
     return LOOM_EXIT_USAGE;
+  }
+  if (memory && cfg.train.batch_size != 0) {
+    fprintf(stderr, "loom train: --memory goes with --find-batch-size or "
+                    "train.batch_size: auto\n");
+    return LOOM_EXIT_USAGE;
+  }
+  if (cfg.train.batch_size == 0) { /* auto */
+    int rc = loom_cli_auto_batch(config_path, sets, n_sets, memory, &cfg);
+    if (rc != LOOM_EXIT_OK)
+      return rc;
+    opts.batch_auto = true;
+    fflush(stdout);
   }
   if (print_config) {
     char *yaml = NULL;

@@ -95,7 +95,8 @@ enum {
   MO = LOOM_CFG_MAX_OPEN,
   MI = LOOM_CFG_MIN_OPEN,
   LO = LOOM_CFG_LOCAL,
-  TD = LOOM_CFG_TODO
+  TD = LOOM_CFG_TODO,
+  AU = LOOM_CFG_AUTO
 };
 
 static const loom_config_key keys[] = {
@@ -201,9 +202,13 @@ static const loom_config_key keys[] = {
     KINT("train.steps", train.steps, "0", 0, NOMAX, 0,
          "optimizer steps; 0 = no limit. With both limits set, training "
          "stops at the first one reached"),
-    KINT("train.batch_size", train.batch_size, "32", 1, 16777216, 0,
+    KINT("train.batch_size", train.batch_size, "32", 1, 16777216, AU,
          "samples per micro-batch on each rank (the global batch is "
-         "batch_size x accumulate x world size)"),
+         "batch_size x accumulate x world size), or auto: the largest that "
+         "fits in memory, found by loom train before it starts (alone: "
+         "real trial steps as --find-batch-size; under loom run or MPI: "
+         "loom estimate's answer for 80% of the host's memory shared by its "
+         "ranks)"),
     KINT("train.accumulate", train.accumulate, "1", 1, 65536, 0,
          "micro-batches per optimizer step (gradient accumulation)"),
     KINT("train.eval_every", train.eval_every, "0", 0, NOMAX, 0,
@@ -536,13 +541,19 @@ static loom_status set_scalar(loom_config *cfg, const loom_config_key *k,
   case LOOM_CFG_INT_LIST: {
     int64_t x;
     bool overflow;
+    if ((k->flags & LOOM_CFG_AUTO) && k->type == LOOM_CFG_INT &&
+        strcmp(v->s, "auto") == 0) {
+      x = 0;
+      memcpy(field, &x, sizeof x);
+      return LOOM_OK;
+    }
     if (v->quoted)
       return cfg_err(&v->loc, k->path,
                      "%sexpected an integer, got the quoted string \"%s\"",
                      itemtxt, v->s);
     if (!parse_int(v->s, &x, &overflow))
-      return cfg_err(&v->loc, k->path, "%sexpected an integer, got '%s'",
-                     itemtxt, v->s);
+      return cfg_err(&v->loc, k->path, "%sexpected an integer%s, got '%s'",
+                     itemtxt, k->flags & LOOM_CFG_AUTO ? " or auto" : "", v->s);
     if (overflow || !in_range(k, (double)x)) {
       char r[96];
       fmt_range(r, sizeof r, k);
@@ -1267,9 +1278,10 @@ static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
     if (k->type == LOOM_CFG_INT) {
       int64_t x;
       memcpy(&x, field, sizeof x);
-      if (!in_range(k, (double)x))
-        return cfg_err(l, k->path, "%lld is out of range (must be %s%s)",
-                       (long long)x, in, r);
+      if (!in_range(k, (double)x) && !(x == 0 && (k->flags & LOOM_CFG_AUTO)))
+        return cfg_err(l, k->path, "%lld is out of range (must be %s%s%s)",
+                       (long long)x, in, r,
+                       k->flags & LOOM_CFG_AUTO ? ", or auto" : "");
     } else if (k->type == LOOM_CFG_FLOAT) {
       double x;
       char t[40];
@@ -1578,7 +1590,10 @@ loom_status loom_config_format(const loom_config *cfg, const loom_config_key *k,
   case LOOM_CFG_INT: {
     int64_t x;
     memcpy(&x, field, sizeof x);
-    snprintf(tmp, sizeof tmp, "%lld", (long long)x);
+    if (x == 0 && (k->flags & LOOM_CFG_AUTO))
+      snprintf(tmp, sizeof tmp, "auto");
+    else
+      snprintf(tmp, sizeof tmp, "%lld", (long long)x);
     break;
   }
   case LOOM_CFG_FLOAT: {

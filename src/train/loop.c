@@ -20,7 +20,7 @@
 #include "trainer.h"
 
 loom_train_opts loom_train_opts_default(void) {
-  loom_train_opts o = {"auto", 0, false, -1};
+  loom_train_opts o = {"auto", 0, false, -1, false};
   return o;
 }
 
@@ -390,6 +390,25 @@ static loom_status make_ddp(loom_trainer *t) {
 static loom_status setup_local(loom_trainer *t) {
   LOOM_TRY(loom_train_fault_init(t));
   LOOM_TRY(open_data(t));
+  if (t->opts.batch_auto) {
+    /* Memory allows the batch; the data may not: one step of the whole
+     * world must fit in an epoch. */
+    int64_t len = loom_dataset_len(t->train_ds);
+    int64_t per = (int64_t)t->nranks * t->shards * t->accumulate;
+    int64_t most = len / (per > 0 ? per : 1);
+    if (most < 1)
+      most = 1;
+    if (t->cfg.train.batch_size > most) {
+      if (t->rank == 0 && !t->opts.quiet)
+        LOOM_INFO("train.batch_size auto: %lld rows fit in memory, one "
+                  "epoch of %lld samples allows %lld: taking %lld",
+                  (long long)t->cfg.train.batch_size, (long long)len,
+                  (long long)most, (long long)most);
+      t->cfg.train.batch_size = most;
+      t->batch = most * t->shards;
+      t->shard_rows = most;
+    }
+  }
   if (t->zero >= 2) {
     /* No buffers of the model's own: the DDP's sharded gradients, and
      * stage 2's full parameters here or stage 3's shards later. */
@@ -551,6 +570,12 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   loom_status s = loom_config_validate(cfg);
   if (s != LOOM_OK)
     return s;
+  if (cfg->train.batch_size == 0)
+    return loom_error(LOOM_ERR_CONFIG,
+                      "train.batch_size is auto: loom train resolves it "
+                      "before training; through the C API give a number "
+                      "(loom estimate --memory or loom train "
+                      "--find-batch-size find one)");
   LOOM_TRY(loom_cpu_check());
   loom_trainer *t = loom_calloc(1, sizeof *t);
   if (!t)

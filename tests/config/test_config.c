@@ -73,8 +73,8 @@ TT_TEST(test_bad_configs) {
              "line (--set); in a file, write the key inside its section");
   /* Wrong types. */
   EXPECT_ERR("train:\n  batch_size: 12.5\n",
-             "t.yaml:2:15: key 'train.batch_size': expected an integer, got "
-             "'12.5'");
+             "t.yaml:2:15: key 'train.batch_size': expected an integer or "
+             "auto, got '12.5'");
   EXPECT_ERR("train:\n  steps: 1e5\n",
              "t.yaml:2:10: key 'train.steps': expected an integer, got "
              "'1e5'");

@@ -71,6 +71,34 @@ else
   bad "the finder found no batch"
 fi
 [ -z "$(ls -A "$TMPDIR")" ] && ok "the trials left nothing behind" || bad "left in TMPDIR: $(ls "$TMPDIR")"
+# train.batch_size: auto. Alone: the finder's trials, then training with
+# its answer within the budget.
+"$LOOM" train "$SRC/examples/small_mlp.yaml" --resume never --set train.batch_size=auto \
+  --memory 120M --set train.steps=4 --set train.eval_every=0 \
+  --set checkpoint.enabled=false --set log.every=2 --set "log.run_dir=$tmp/auto" >"$tmp/out" 2>&1
+a=$(sed -n 's/^train.batch_size auto: \([0-9]*\) (the finder.*/\1/p' "$tmp/out")
+peak=$(grep -o '"peak_rss_mb":[0-9.]*' "$tmp/auto/metrics.jsonl" 2>/dev/null | tail -1 | cut -d: -f2)
+[ -n "$a" ] && [ "$a" -gt 1 ] && awk -v p="$peak" 'BEGIN { exit !(p > 0 && p <= 120 * 1.02) }' &&
+  ok "batch_size auto alone: the finder chose $a, trained within 120 MiB (peak $peak)" ||
+  { bad "batch_size auto alone: '$a', peak '$peak'"; tail -5 "$tmp/out"; }
+[ -z "$(ls -A "$TMPDIR")" ] && ok "auto's trials left nothing behind" || bad "left in TMPDIR: $(ls "$TMPDIR")"
+# Under loom run: every rank takes loom estimate's answer for the budget.
+"$LOOM" estimate "$SRC/examples/small_mlp.yaml" -n 2 --memory 64M >"$tmp/out" 2>&1
+want=$(sed -n 's/^largest train.batch_size within 64M under [a-z0-9]*: \([0-9]*\)$/\1/p' "$tmp/out")
+"$LOOM" run -n 2 --timeout 120 "$LOOM" train "$SRC/examples/small_mlp.yaml" --resume never \
+  --set train.batch_size=auto --memory 64M --set train.steps=2 --set train.eval_every=0 \
+  --set train.eval_batches=1 --set checkpoint.enabled=false >"$tmp/out" 2>&1
+rc=$?
+got=$(sed -n 's/^train.batch_size auto: \([0-9]*\) (loom estimate for 2 rank.*/\1/p' "$tmp/out")
+[ $rc = 0 ] && [ -n "$want" ] && [ "$got" = "$want" ] &&
+  ok "batch_size auto under loom run -n 2: $got, the estimate's answer for 64M" ||
+  { bad "batch_size auto under loom run: '$got' vs '$want' (rc $rc)"; tail -5 "$tmp/out"; }
+# The word is checked like any value; the C API needs a number.
+"$LOOM" config check "$SRC/examples/small_mlp.yaml" --set train.batch_size=auto >/dev/null 2>&1 &&
+  ok "config check takes train.batch_size auto" || bad "config check refused auto"
+"$LOOM" config check "$SRC/examples/small_mlp.yaml" --set train.batch_size=automatic >"$tmp/out" 2>&1
+[ $? = 2 ] && grep -q "expected an integer or auto, got 'automatic'" "$tmp/out" &&
+  ok "train.batch_size automatic refused (exit 2)" || { bad "automatic: $(cat "$tmp/out")"; }
 # A stop (SIGTERM to the finder) ends the search without an answer, exit
 # 130, the running trial stopped and nothing left in TMPDIR.
 "$LOOM" train "$SRC/examples/small_mlp.yaml" --find-batch-size --memory 2G >"$tmp/stop" 2>&1 &
