@@ -183,7 +183,17 @@ static void refresh(loom_run_watch *w, loom_watch_rank *r) {
   loom_runstat_record rec;
   if (loom_runstat_read(w->dir, r->rank, &rec) != LOOM_OK)
     return;
-  /* The heartbeat: each step completed moves it, and gives a step time. */
+  /* The heartbeat: each step completed moves it, and gives a step time.
+   * The first one too, from the end of loading: a model whose steps take
+   * over a minute must not be taken for hung right after its first. */
+  if (rec.step >= 0 && r->hb_step < 0 && rec.first_step >= 0 &&
+      rec.t_first_step > 0 && rec.t_phase[LOOM_RUNSTAT_LOADED] > 0 &&
+      rec.t_first_step > rec.t_phase[LOOM_RUNSTAT_LOADED]) {
+    int cap = (int)(sizeof w->step_s / sizeof w->step_s[0]);
+    w->step_s[w->n_step_s % cap] =
+        rec.t_first_step - rec.t_phase[LOOM_RUNSTAT_LOADED];
+    w->n_step_s++;
+  }
   if (rec.step >= 0 && rec.step != r->hb_step && rec.t_step > 0) {
     if (r->hb_step >= 0 && rec.step > r->hb_step && r->hb_t > 0 &&
         rec.t_step > r->hb_t) {
