@@ -363,6 +363,11 @@ void loom_model_zero_grad(loom_model *m);
 /* Backward adds into `grads` (numel floats, same layout) instead of the
  * model's own buffer from now on; NULL restores the own buffer. */
 void loom_model_bind_grads(loom_model *m, float *grads);
+/* Frees the model's own gradient buffer while another one is bound (a
+ * DDP's shared buffer replaces it for the whole run: 4 bytes a parameter
+ * idle otherwise). Binding NULL later makes it again, zeroed; if that
+ * fails the model has no gradient buffer and backward says so. */
+void loom_model_drop_own_grads(loom_model *m);
 /* Forward and backward read parameters from `params` (numel floats, same
  * layout; e.g. weights gathered by ZeRO-3) instead of the own buffer; NULL
  * restores it. loom_model_params() returns the bound buffer. */

@@ -324,10 +324,23 @@ const loom_model_opts *loom_model_get_opts(const loom_model *m) {
 }
 
 void loom_model_zero_grad(loom_model *m) {
-  memset(m->grads, 0, (size_t)m->numel * sizeof(float));
+  if (m->grads)
+    memset(m->grads, 0, (size_t)m->numel * sizeof(float));
+}
+
+void loom_model_drop_own_grads(loom_model *m) {
+  if (m->own_grads && m->grads && m->grads != m->own_grads) {
+    loom_free(m->own_grads);
+    m->own_grads = NULL;
+  }
 }
 
 void loom_model_bind_grads(loom_model *m, float *grads) {
+  if (!grads && !m->own_grads && !m->opts.shape_only)
+    /* Dropped while another was bound: made again (NULL if that fails;
+     * backward then says so). */
+    m->own_grads =
+        loom_calloc((size_t)(m->numel ? m->numel : 1), sizeof(float));
   m->grads = grads ? grads : m->own_grads;
 }
 
@@ -496,6 +509,10 @@ loom_status loom_model_backward(loom_model *m, const loom_tensor *doutput,
   if (!m->have_forward)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "model: backward needs a forward first");
+  if (!m->grads)
+    return loom_error(LOOM_ERR_NOMEM,
+                      "model: no gradient buffer (made shape_only, or its "
+                      "own could not be made again after a DDP)");
   const float *g = m->dout;
   if (doutput) {
     LOOM_TRY(check_like("output gradient", doutput, &m->out_shape));

@@ -889,6 +889,7 @@ static loom_status make_shared(loom_ddp *d) {
     if (d->shard)
       d->shard[0] = d->grads;
     loom_model_bind_grads(d->model, d->grads);
+    loom_model_drop_own_grads(d->model);
   }
   if (s == LOOM_OK && d->opts.compress != LOOM_F32) {
     size_t e = loom_dtype_size(d->opts.compress);

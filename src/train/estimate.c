@@ -110,9 +110,10 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
       f * (shard_params && ranks > 1
                ? (slice + unit + unit2 < psi ? slice + unit + unit2 : psi)
                : psi);
-  /* The model's own gradient buffer, and DDP's (shared memory or private)
-   * that replaces it while DDP lives; sharded: the slice and three buckets
-   * (two in flight and the one backward is filling). */
+  /* The model's own gradient buffer, or DDP's (shared memory) that
+   * replaces it while DDP lives (the model's is freed then); sharded: the
+   * slice and three buckets (two in flight and the one backward is
+   * filling). */
   if (shard_grads && ranks > 1) {
     double cap = pc->bucket_mb * 1024.0 * 1024.0 / f;
     if (pc->bucket_mb <= 0 || psi / 8.0 < cap)
@@ -122,7 +123,7 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
   } else if (shard_grads) {
     out->grad_bytes = f * psi;
   } else {
-    out->grad_bytes = f * psi * (ddp ? 2.0 : 1.0);
+    out->grad_bytes = f * psi;
   }
   out->optim_bytes = f * k * (shard_optim ? slice : psi);
   /* The arena (activations, scratch, the output's gradient) and the loss's

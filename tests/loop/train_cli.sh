@@ -35,7 +35,7 @@ bad() {
 bad unknown 'optim:\n  lrr: 0.1\n' \
   "unknown.yaml:2:3: key 'optim.lrr': unknown key (did you mean 'optim.lr'?)"
 bad type 'train:\n  batch_size: abc\n' \
-  "type.yaml:2:15: key 'train.batch_size': expected an integer, got 'abc'"
+  "type.yaml:2:15: key 'train.batch_size': expected an integer or auto, got 'abc'"
 bad range 'optim:\n  lr: -1\n' \
   "range.yaml:2:7: key 'optim.lr': -1 is out of range (must be in (0, 1000])"
 bad syntax 'optim:\n  lr: [1\n' \
