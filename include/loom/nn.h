@@ -365,8 +365,8 @@ void loom_model_zero_grad(loom_model *m);
 void loom_model_bind_grads(loom_model *m, float *grads);
 /* Frees the model's own gradient buffer while another one is bound (a
  * DDP's shared buffer replaces it for the whole run: 4 bytes a parameter
- * idle otherwise). Binding NULL later makes it again, zeroed; if that
- * fails the model has no gradient buffer and backward says so. */
+ * idle otherwise). After binding NULL it is made again, zeroed, when next
+ * needed (loom_model_grads, backward); if that fails backward says so. */
 void loom_model_drop_own_grads(loom_model *m);
 /* Forward and backward read parameters from `params` (numel floats, same
  * layout; e.g. weights gathered by ZeRO-3) instead of the own buffer; NULL

@@ -295,7 +295,18 @@ void loom_model_free(loom_model *m) {
 /* ---------------------------------------------------------- accessors */
 
 float *loom_model_params(loom_model *m) { return m->params; }
-float *loom_model_grads(loom_model *m) { return m->grads; }
+/* The own gradient buffer, made again after loom_model_drop_own_grads
+ * when nothing else is bound (NULL if that fails, or shape_only). */
+static float *own_grads(loom_model *m) {
+  if (!m->grads && !m->own_grads && !m->opts.shape_only) {
+    m->own_grads =
+        loom_calloc((size_t)(m->numel ? m->numel : 1), sizeof(float));
+    m->grads = m->own_grads;
+  }
+  return m->grads;
+}
+
+float *loom_model_grads(loom_model *m) { return own_grads(m); }
 int64_t loom_model_num_params(const loom_model *m) { return m->numel; }
 int loom_model_num_views(const loom_model *m) { return m->nviews; }
 
@@ -336,11 +347,8 @@ void loom_model_drop_own_grads(loom_model *m) {
 }
 
 void loom_model_bind_grads(loom_model *m, float *grads) {
-  if (!grads && !m->own_grads && !m->opts.shape_only)
-    /* Dropped while another was bound: made again (NULL if that fails;
-     * backward then says so). */
-    m->own_grads =
-        loom_calloc((size_t)(m->numel ? m->numel : 1), sizeof(float));
+  /* NULL after loom_model_drop_own_grads: made again when next asked for
+   * (own_grads), not here, so a DDP that ends does not allocate it. */
   m->grads = grads ? grads : m->own_grads;
 }
 
@@ -509,7 +517,7 @@ loom_status loom_model_backward(loom_model *m, const loom_tensor *doutput,
   if (!m->have_forward)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "model: backward needs a forward first");
-  if (!m->grads)
+  if (!own_grads(m))
     return loom_error(LOOM_ERR_NOMEM,
                       "model: no gradient buffer (made shape_only, or its "
                       "own could not be made again after a DDP)");
