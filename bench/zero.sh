@@ -6,7 +6,8 @@
 # gloo) on the same model in the same run, alternating.
 #   usage: bench/zero.sh [BUILD_DIR]
 # Environment: LAYERS, DMODEL, HEADS, CONTEXT, BATCH (rows per rank, 1),
-# STEPS (5; the first is not timed), RANKS ("1 2 4"), NO_TORCH=1 or TORCH=0.
+# STEPS (5; the first is not timed), RANKS ("1 2 4"), NO_TORCH=1 or TORCH=0,
+# LARGEST=1 (also the largest model per strategy, below; long).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 BUILD=${1:-$LOOM_ROOT/build}
@@ -74,4 +75,42 @@ for n in $RANKS; do
   loom_one "$n" zero3 none
   torch_one "$n" fsdp
   loom_one "$n" zero3 blocks
+done
+
+# LARGEST=1: the largest GPT (d_model 2048, 16 heads, context 256, layers
+# chosen) that trains 3 steps on 2 ranks under each strategy: loom estimate
+# picks the most layers whose total fits 90% of MemTotal over the 2 ranks,
+# a real run confirms it (one layer less while it fails). Long: minutes per
+# run at this size on 2 cores.
+[ "${LARGEST:-0}" = 1 ] || exit 0
+budget=$(awk '/^MemTotal:/ { printf "%d", $2 * 1024 * 0.9 / 2 }' /proc/meminfo)
+echo "# largest GPT on 2 ranks, d_model 2048, context 256, 1 row per rank, 3 steps; budget $((budget >> 20)) MiB a rank"
+printf '%-8s %8s %14s %12s\n' strategy layers parameters rss_mb_rank
+big=(--set model.d_model=2048 --set model.heads=16 --set model.context=256 --set train.batch_size=1)
+# a few KB: the final evaluation of a billion parameters reads all of the 10% held out
+head -c 4500 /dev/urandom | base64 >"$tmp/small.txt"
+for s in ddp zero1 zero2 zero3; do
+  L=1
+  while :; do
+    tot=$("$LOOM" estimate "$LOOM_ROOT/examples/small_gpt.yaml" -n 2 --strategy $s "${big[@]}" \
+      --set model.layers=$((L + 1)) | awk -v s=$s '$1 == s { print $10 }')
+    awk -v t="$tot" -v b="$budget" 'BEGIN { exit !(t * 1048576 <= b) }' || break
+    L=$((L + 1))
+  done
+  while [ $L -ge 1 ]; do
+    d="$tmp/big_${s}_$L"
+    if "$LOOM" run -n 2 --threads 1 --timeout 3000 sh -c \
+      '/usr/bin/time -f %M -o "$0.rss.${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-0}}" "$@"' "$d" \
+      "$LOOM" train "$LOOM_ROOT/examples/small_gpt.yaml" --resume never --quiet "${big[@]}" \
+      --set model.layers=$L --set train.steps=3 --set train.eval_every=0 \
+      --set train.eval_batches=1 --set checkpoint.enabled=false --set "data.path=$tmp/small.txt" \
+      --set parallel.strategy=$s --set "log.run_dir=$d" >"$d.out" 2>&1; then
+      p=$("$LOOM" estimate "$LOOM_ROOT/examples/small_gpt.yaml" -n 2 "${big[@]}" \
+        --set model.layers=$L | sed -n 's/.*gpt, \([0-9]*\) parameters.*/\1/p')
+      r=$(cat "$d".rss.* | sort -n | tail -1)
+      printf '%-8s %8d %14d %12d\n' $s $L "$p" $((r / 1024))
+      break
+    fi
+    L=$((L - 1))
+  done
 done
