@@ -349,6 +349,15 @@ static loom_status open_world(loom_trainer *t) {
   return LOOM_OK;
 }
 
+/* What the start-up line calls the strategy. */
+static const char *stage_name(const loom_trainer *t) {
+  static const char *const names[] = {
+      "ddp", "zero1: optimizer state sharded",
+      "zero2: optimizer state and gradients sharded",
+      "zero3: optimizer state, gradients and parameters sharded"};
+  return names[t->zero >= 0 && t->zero <= 3 ? t->zero : 0];
+}
+
 static loom_status make_ddp(loom_trainer *t) {
   const loom_config_parallel *pc = &t->cfg.parallel;
   loom_ddp_opts o = loom_ddp_opts_default();
@@ -372,16 +381,18 @@ static loom_status make_ddp(loom_trainer *t) {
   if (t->rank == 0 && !t->opts.quiet) {
     int nb = loom_ddp_num_buckets(t->ddp);
     if (pc->deterministic)
-      LOOM_INFO("data parallel: %d ranks x %d thread(s), %d gradient buckets, "
-                "deterministic over %lld virtual shards (%d per rank, %lld "
-                "rows each)",
-                t->nranks, loom_threads(), nb, (long long)pc->virtual_shards,
-                t->shards, (long long)t->cfg.train.batch_size);
+      LOOM_INFO("data parallel (%s): %d ranks x %d thread(s), %d gradient "
+                "buckets, deterministic over %lld virtual shards (%d per "
+                "rank, %lld rows each)",
+                stage_name(t), t->nranks, loom_threads(), nb,
+                (long long)pc->virtual_shards, t->shards,
+                (long long)t->cfg.train.batch_size);
     else
-      LOOM_INFO("data parallel: %d ranks x %d thread(s), %d gradient buckets "
-                "(first %g MiB, then %g MiB), %s on the wire",
-                t->nranks, loom_threads(), nb, pc->first_bucket_mb,
-                pc->bucket_mb, loom_cfg_compress_names[pc->compress]);
+      LOOM_INFO("data parallel (%s): %d ranks x %d thread(s), %d gradient "
+                "buckets (first %g MiB, then %g MiB), %s on the wire",
+                stage_name(t), t->nranks, loom_threads(), nb,
+                pc->first_bucket_mb, pc->bucket_mb,
+                loom_cfg_compress_names[pc->compress]);
   }
   return LOOM_OK;
 }
