@@ -29,18 +29,26 @@ echo "# GPT: $L layers, d_model $C, $H heads, context $T, byte vocabulary; $B ro
 echo "# loom: metrics.jsonl step_s (median of steps 2..$S), peak RSS of the largest rank (/usr/bin/time)"
 printf '%-6s %-26s %10s %12s %12s\n' ranks strategy params tokens_per_s rss_mb_rank
 
-loom_one() { # RANKS STRATEGY AC
-  local n=$1 s=$2 ac=$3 d="$tmp/run_$1_$2_$3"
-  rm -rf "$d"
-  # each rank's peak RSS into its own file (the rank from the launcher's env)
+# RANKS DIR ARGS...: loom train of the GPT on RANKS ranks x 1 thread, its
+# run directory DIR, each rank's peak RSS (KiB) in DIR.rss.<rank> (the rank
+# from the launcher's environment), the output in DIR.out.
+loom_train_rss() {
+  local n=$1 d=$2
+  shift 2
   "$LOOM" run -n "$n" --threads 1 --timeout 3000 sh -c \
     '/usr/bin/time -f %M -o "$0.rss.${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-0}}" "$@"' "$d" \
     "$LOOM" train "$LOOM_ROOT/examples/small_gpt.yaml" --resume never --quiet \
-    --set model.layers="$L" --set model.d_model="$C" --set model.heads="$H" \
+    --set train.eval_every=0 --set train.eval_batches=1 --set "log.run_dir=$d" \
+    "$@" >"$d.out" 2>&1
+}
+
+loom_one() { # RANKS STRATEGY AC
+  local n=$1 s=$2 ac=$3 d="$tmp/run_$1_$2_$3"
+  rm -rf "$d"
+  loom_train_rss "$n" "$d" --set model.layers="$L" --set model.d_model="$C" --set model.heads="$H" \
     --set model.context="$T" --set train.batch_size="$B" --set train.steps="$S" \
-    --set train.eval_every=0 --set train.eval_batches=1 --set checkpoint.every=0 \
-    --set log.every=1 --set "data.path=$tmp/text.txt" --set parallel.strategy="$s" \
-    --set train.activation_checkpointing="$ac" --set "log.run_dir=$d" >"$d.out" 2>&1 || {
+    --set checkpoint.every=0 --set log.every=1 --set "data.path=$tmp/text.txt" \
+    --set parallel.strategy="$s" --set train.activation_checkpointing="$ac" || {
     echo "loom $s on $n ranks failed:" >&2; tail -5 "$d.out" >&2; return 0; }
   python3 - "$d" "$n" "$s" "$ac" "$B" "$T" <<'PY'
 import glob, json, statistics, sys
@@ -99,12 +107,9 @@ for s in ddp zero1 zero2 zero3; do
   done
   while [ $L -ge 1 ]; do
     d="$tmp/big_${s}_$L"
-    if "$LOOM" run -n 2 --threads 1 --timeout 3000 sh -c \
-      '/usr/bin/time -f %M -o "$0.rss.${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-0}}" "$@"' "$d" \
-      "$LOOM" train "$LOOM_ROOT/examples/small_gpt.yaml" --resume never --quiet "${big[@]}" \
-      --set model.layers=$L --set train.steps=3 --set train.eval_every=0 \
-      --set train.eval_batches=1 --set checkpoint.enabled=false --set "data.path=$tmp/small.txt" \
-      --set parallel.strategy=$s --set "log.run_dir=$d" >"$d.out" 2>&1; then
+    if loom_train_rss 2 "$d" "${big[@]}" --set model.layers=$L --set train.steps=3 \
+      --set checkpoint.enabled=false --set "data.path=$tmp/small.txt" \
+      --set parallel.strategy=$s; then
       p=$("$LOOM" estimate "$LOOM_ROOT/examples/small_gpt.yaml" -n 2 "${big[@]}" \
         --set model.layers=$L | sed -n 's/.*gpt, \([0-9]*\) parameters.*/\1/p')
       r=$(cat "$d".rss.* | sort -n | tail -1)

@@ -233,9 +233,6 @@ loom_status loom_zero3_init_params(loom_zero3 *z);
  * the whole buffer was written). Also drops any unit still gathered: call
  * it after the optimizer changed the slices, before the next forward. */
 loom_status loom_zero3_shard(loom_zero3 *z);
-/* Collective: every rank gets the whole of the parameters (for an export
- * or an evaluation outside the units' order); loom_zero3_shard undoes it. */
-loom_status loom_zero3_gather_all(loom_zero3 *z);
 /* Bytes of the parameter buffer resident now, and the most seen at a unit
  * boundary since the last loom_zero3_shard (page granularity). */
 void loom_zero3_resident(const loom_zero3 *z, size_t *now, size_t *peak);

@@ -212,24 +212,6 @@ loom_status loom_zero3_init_params(loom_zero3 *z) {
   return LOOM_OK;
 }
 
-loom_status loom_zero3_gather_all(loom_zero3 *z) {
-  if (z->world == 1)
-    return LOOM_OK;
-  LOOM_TRY(loom_zero3_shard(z));
-  size_t *counts = loom_calloc((size_t)z->world, sizeof(size_t));
-  if (!counts)
-    return LOOM_ERR_NOMEM;
-  for (int r = 0; r < z->world; r++)
-    counts[r] = (size_t)(z->bounds[r + 1] - z->bounds[r]);
-  loom_req req = LOOM_REQ_INIT;
-  loom_status s = loom_allgatherv(z->params + z->lo, z->params, counts,
-                                  LOOM_F32, z->group, &req);
-  if (s == LOOM_OK)
-    s = loom_wait(&req);
-  loom_free(counts);
-  return s;
-}
-
 void loom_zero3_resident(const loom_zero3 *z, size_t *now, size_t *peak) {
   size_t r = loom_vmem_resident(z->params, 0, (size_t)z->n * sizeof(float));
   if (now)
