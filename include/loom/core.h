@@ -145,6 +145,10 @@ long loom_alloc_count(void);
  * parts in use): reserved, not committed; a page is zero until first
  * written. Counts as an allocation for the test hook. */
 void *loom_vmem_new(size_t bytes);
+/* From this size on, loom_vmem_new aligns the buffer to 2 MiB and asks for
+ * transparent huge pages (MADV_HUGEPAGE): resident memory then comes in
+ * 2 MiB steps. */
+#define LOOM_VMEM_HUGE_MIN ((size_t)32 << 20)
 /* Bytes [from, to) of a loom_vmem_new buffer become zero: the whole pages
  * among them go back to the system (no longer resident), the partial pages
  * at either end are cleared. */

@@ -276,6 +276,14 @@ void loom_train_mem_get(const loom_trainer *t, loom_train_mem *out) {
 static loom_status make_bounds(loom_trainer *t) {
   int64_t n = loom_model_num_params(t->model);
   int64_t c = t->cfg.parallel.deterministic ? LOOM_GRAD_CHUNK : 1024;
+  /* Large slices on huge-page boundaries (loom_vmem_new): giving back what
+   * lies outside the slice then never splits a huge page. 2 MiB of floats
+   * is a multiple of LOOM_GRAD_CHUNK; only where a slice holds 16 of them,
+   * so the slices stay within 1/16 of even. */
+  const int64_t huge = (int64_t)(((size_t)2 << 20) / sizeof(float));
+  if ((size_t)n * sizeof(float) >= LOOM_VMEM_HUGE_MIN &&
+      n / t->nranks >= 16 * huge)
+    c = huge;
   t->bounds = loom_calloc((size_t)t->nranks + 1, sizeof(int64_t));
   if (!t->bounds)
     return LOOM_ERR_NOMEM;

@@ -1,7 +1,9 @@
 /* Tests of the core layer: status, errors, allocation hook, dtypes, tensors,
  * arenas, Philox RNG, CRC32C. */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tt.h"
 
@@ -239,10 +241,46 @@ TT_TEST(test_parse_integers) {
   TT_CHECK(!loom_parse_i64_at(end, &end, &w));
 }
 
+/* Reserved memory: zero until written, given back by loom_vmem_release
+ * (partial pages cleared), counted by loom_vmem_resident; large buffers on
+ * 2 MiB boundaries (huge pages where the system gives them). */
+TT_TEST(test_vmem) {
+  const size_t ps = (size_t)sysconf(_SC_PAGESIZE);
+  size_t sizes[2] = {5 * ps + 100, LOOM_VMEM_HUGE_MIN + 3 * ps};
+  for (int k = 0; k < 2; k++) {
+    size_t n = sizes[k];
+    unsigned char *p = loom_vmem_new(n);
+    TT_CHECK(p != NULL);
+    if (!p)
+      return;
+    if (k == 1)
+      TT_CHECK((uintptr_t)p % ((size_t)2 << 20) == 0);
+    TT_CHECK(loom_vmem_resident(p, 0, n) == 0);
+    TT_CHECK(p[0] == 0 && p[n - 1] == 0);
+    memset(p, 7, n);
+    TT_CHECK(loom_vmem_resident(p, 0, n) >= n - ps);
+    /* [ps/2, n - ps/2): the whole pages inside go back, the half pages at
+     * either end are cleared, the bytes outside kept. */
+    loom_vmem_release(p, ps / 2, n - ps / 2);
+    TT_CHECK(p[ps / 2 - 1] == 7 && p[ps / 2] == 0);
+    TT_CHECK(p[n - ps / 2 - 1] == 0 && p[n - ps / 2] == 7);
+    size_t after = loom_vmem_resident(p, ps, n - 2 * ps);
+    TT_CHECK(after == 0);
+    size_t nz = 0;
+    for (size_t i = ps / 2; i < n - ps / 2; i += 61)
+      nz += p[i] != 0;
+    TT_CHECK(nz == 0);
+    memset(p + ps, 1, ps); /* a page given back can be written again */
+    TT_CHECK(p[ps] == 1 && loom_vmem_resident(p, ps, 2 * ps) == ps);
+    loom_vmem_free(p, n);
+  }
+}
+
 int main(void) {
   TT_RUN(test_parse_integers);
   TT_RUN(test_status_and_errors);
   TT_RUN(test_alloc_hook);
+  TT_RUN(test_vmem);
   TT_RUN(test_dtypes);
   TT_RUN(test_tensors);
   TT_RUN(test_arena);
