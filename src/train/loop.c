@@ -266,10 +266,12 @@ void loom_train_mem_get(const loom_trainer *t, loom_train_mem *out) {
     if (loom_optim_state_get(t->optim, i, &st) == LOOM_OK)
       out->optim += (size_t)st.count * sizeof(float);
   }
+  out->act = loom_model_arena_bytes(t->model);
 }
 
-/* ZeRO-2/3: slices that start at whole pages (1024 floats), so that the
- * memory given back is exactly what is not owned; in deterministic mode at
+/* ZeRO-2/3: slices that start at whole pages (1024 floats; 2 MiB for large
+ * models, below), so that the memory given back is exactly what is not
+ * owned; in deterministic mode at
  * multiples of LOOM_GRAD_CHUNK, so the global gradient norm adds the same
  * chunk sums in the same order as on one rank (bitwise clipping). The last
  * may be shorter; a slice of a small model may be empty. */
@@ -405,6 +407,19 @@ static loom_status make_ddp(loom_trainer *t) {
   return LOOM_OK;
 }
 
+/* Collective, stage 2 on several ranks: the full parameter buffer in
+ * memory that the host's ranks share, so that the all-gather after each
+ * step writes every slice straight into every rank's buffer (one copy, not
+ * three through the staging slots). */
+static loom_status zero2_params(loom_trainer *t) {
+  size_t n = (size_t)loom_model_num_params(t->model);
+  loom_status s = loom_group_mem_alloc(t->world, (n ? n : 1) * sizeof(float),
+                                       (void **)&t->zparams);
+  if (s == LOOM_OK)
+    loom_model_bind_params(t->model, t->zparams);
+  return loom_train_agree(t, s, "the parameter buffer");
+}
+
 /* Everything a rank builds on its own (no collective). */
 static loom_status setup_local(loom_trainer *t) {
   LOOM_TRY(loom_train_fault_init(t));
@@ -435,7 +450,7 @@ static loom_status setup_local(loom_trainer *t) {
     mo.shape_only = true;
     LOOM_TRY(loom_train_model_make(&t->cfg, &mo, &t->model));
     LOOM_TRY(make_bounds(t));
-    if (t->zero == 2) {
+    if (t->zero == 2 && t->nranks == 1) { /* else zero2_params */
       size_t n = (size_t)loom_model_num_params(t->model);
       t->zparams = loom_calloc(n ? n : 1, sizeof(float));
       if (!t->zparams)
@@ -622,6 +637,8 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
     s = setup_local(t);
   }
   LOOM_TRY_GOTO(s, loom_train_agree(t, s, "setting up"), fail);
+  if (t->zero == 2 && t->nranks > 1)
+    LOOM_TRY_GOTO(s, zero2_params(t), fail);
   if (t->units > 1 || cfg->parallel.deterministic || t->zero ||
       cfg->parallel.strategy == LOOM_CFG_STRATEGY_DDP)
     LOOM_TRY_GOTO(s, make_ddp(t), fail);
@@ -678,7 +695,10 @@ void loom_trainer_free(loom_trainer *t) {
   loom_dataset_free(t->val_ds);
   loom_xent_free(t->xent);
   loom_model_free(t->model);
-  loom_free(t->zparams);
+  if (t->nranks > 1)
+    loom_group_mem_free(t->world, t->zparams); /* collective */
+  else
+    loom_free(t->zparams);
   loom_group_free(t->world);
   loom_free(t);
 }
@@ -1231,6 +1251,7 @@ static loom_status write_metrics(loom_trainer *t, const run_window *w,
   loom_metrics_num(m, "mem_optim_mb", (double)mem.optim / mib);
   loom_metrics_num(m, "mem_params_peak_mb", (double)mem.params_peak / mib);
   loom_metrics_num(m, "mem_grads_peak_mb", (double)mem.grads_peak / mib);
+  loom_metrics_num(m, "mem_act_mb", (double)mem.act / mib);
   /* Not per step: what the saves since the last line took, whole. */
   if (win->ckpt > 0)
     loom_metrics_num(m, "ckpt_s", win->ckpt);

@@ -54,6 +54,7 @@ void loom_train_slice(const loom_trainer *t, int r, int64_t *lo, int64_t *hi);
  * (reserved buffers: the pages resident), now and the most seen. */
 typedef struct loom_train_mem {
   size_t params, grads, optim, params_peak, grads_peak;
+  size_t act; /* the model's activation arena (saved, recomputed, scratch) */
 } loom_train_mem;
 void loom_train_mem_get(const loom_trainer *t, loom_train_mem *out);
 
@@ -107,7 +108,8 @@ struct loom_trainer {
   int zero;
   size_t *zero_counts;
   int64_t *bounds;    /* (nranks + 1) stage 2 and 3: the slices' bounds */
-  float *zparams;     /* stage 2: the parameter buffer (model shape_only) */
+  float *zparams;     /* stage 2: the parameter buffer (model shape_only);
+                         loom_group_mem_alloc memory on several ranks */
   loom_zero3 *z3;     /* stage 3 */
   int shards;         /* S: virtual shards per rank (1 unless deterministic) */
   int64_t shard_rows; /* rows of a virtual shard (deterministic) */

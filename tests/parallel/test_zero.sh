@@ -149,6 +149,14 @@ for n in 2 4; do
       { bad "$s on $n ranks: memory '$m' ($(cat "$tmp/memline"), rc $rc)"; tail -3 "$tmp/out"; }
   done
 done
+# The activation arena in metrics.jsonl against loom estimate's activation
+# column (which adds the loss's two copies of the logits).
+got=$(grep -o '"mem_act_mb":[0-9.e+-]*' "$tmp/mem_ddp_2/metrics.jsonl" | tail -1 | cut -d: -f2)
+want=$("$LOOM" estimate "$SRC/examples/kjv_gpt.yaml" --set model.layers=2 \
+  --set train.batch_size=2 -n 2 | awk '$1 == "ddp" { print $6 }')
+awk -v g="$got" -v w="$want" 'BEGIN { exit !(g > 0.5 * w && g <= w) }' &&
+  ok "activation arena $got MiB, estimate's activations $want MiB" ||
+  bad "activation arena '$got' MiB against estimate '$want' MiB"
 
 # -- activation checkpointing: the same bits with none, blocks and every:2
 #    (GPT with dropout, zero1 on 2 ranks), and less activation memory in
