@@ -6,15 +6,18 @@
 # gloo) on the same model in the same run, alternating.
 #   usage: bench/zero.sh [BUILD_DIR]
 # Environment: LAYERS, DMODEL, HEADS, CONTEXT, BATCH (rows per rank, 1),
-# STEPS (5; the first is not timed), RANKS ("1 2 4"), NO_TORCH=1 or TORCH=0,
-# LARGEST=1 (also the largest model per strategy, below; long).
+# STEPS (5; the first is not timed), RANKS ("1 2 4"), ROUNDS (2: every run
+# repeated, the rounds in turn, so that a slow minute of a shared machine
+# does not fall on one strategy; the table gives the median step over all
+# rounds), NO_TORCH=1 or TORCH=0, LARGEST=1 (also the largest model per
+# strategy, below; long).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 BUILD=${1:-$LOOM_ROOT/build}
 LOOM="$BUILD/loom"
 [ -x "$LOOM" ] || { echo "build it first: make build" >&2; exit 1; }
 L=${LAYERS:-12} C=${DMODEL:-768} H=${HEADS:-12} T=${CONTEXT:-256}
-B=${BATCH:-1} S=${STEPS:-5} RANKS=${RANKS:-"1 2 4"}
+B=${BATCH:-1} S=${STEPS:-5} RANKS=${RANKS:-"1 2 4"} ROUNDS=${ROUNDS:-2}
 torch=0
 bench_torch_peer && torch=1
 bench_check_load
@@ -26,8 +29,10 @@ trap 'rm -rf "$tmp"' EXIT
 head -c 30000 /dev/urandom | base64 >"$tmp/text.txt"
 
 echo "# GPT: $L layers, d_model $C, $H heads, context $T, byte vocabulary; $B row(s) per rank, AdamW f32"
-echo "# loom: metrics.jsonl step_s (median of steps 2..$S), peak RSS of the largest rank (/usr/bin/time)"
-printf '%-6s %-26s %10s %12s %12s\n' ranks strategy params tokens_per_s rss_mb_rank
+echo "# loom: metrics.jsonl step_s (steps 2..$S), peak RSS of the largest rank (/usr/bin/time); $ROUNDS round(s)"
+echo "# each row: the median step over all rounds, the largest RSS; x_ddp: tokens/s over the same side's ddp"
+rows="$tmp/rows"
+: >"$rows"
 
 # RANKS DIR ARGS...: loom train of the GPT on RANKS ranks x 1 thread, its
 # run directory DIR, each rank's peak RSS (KiB) in DIR.rss.<rank> (the rank
@@ -50,14 +55,16 @@ loom_one() { # RANKS STRATEGY AC
     --set checkpoint.every=0 --set log.every=1 --set "data.path=$tmp/text.txt" \
     --set parallel.strategy="$s" --set train.activation_checkpointing="$ac" || {
     echo "loom $s on $n ranks failed:" >&2; tail -5 "$d.out" >&2; return 0; }
-  python3 - "$d" "$n" "$s" "$ac" "$B" "$T" <<'PY'
-import glob, json, statistics, sys
+  python3 - "$d" "$n" "$s" "$ac" "$B" "$T" >>"$rows" <<'PY'
+import glob, json, sys
 d, n, s, ac, b, t = sys.argv[1:]
 lines = [json.loads(l) for l in open(d + "/metrics.jsonl") if '"step_s"' in l]
-step = statistics.median([l["step_s"] for l in lines[1:]] or [lines[0]["step_s"]])
+steps = [l["step_s"] for l in lines[1:]] or [lines[0]["step_s"]]
 rss = max(int(open(f).read().split()[-1]) for f in glob.glob(d + ".rss.*")) / 1024
-name = s + (" + ac" if ac != "none" else "")
-print(f"{n:<6} loom {name:<21} {'':>10} {int(b) * int(t) * int(n) / step:12.0f} {rss:12.0f}")
+name = s + ("+ac" if ac != "none" else "")
+tok = int(b) * int(t) * int(n)
+print(json.dumps({"ranks": int(n), "side": "loom", "strategy": name, "params": "",
+                  "tokens": [tok / x for x in steps], "rss": rss}))
 PY
 }
 torch_one() { # RANKS STRATEGY
@@ -66,24 +73,48 @@ torch_one() { # RANKS STRATEGY
   r=$(bench_torch fsdp --ranks "$1" --strategy "$2" --layers "$L" --d-model "$C" \
     --heads "$H" --context "$T" --batch "$B" --steps "$S" --port "$(bench_free_port)" 2>"$tmp/torch.err") || {
     echo "PyTorch $2 on $1 ranks failed:" >&2; tail -3 "$tmp/torch.err" >&2; return 0; }
-  python3 - "$r" <<'PY'
+  python3 - "$r" >>"$rows" <<'PY'
 import json, sys
 r = json.loads(sys.argv[1])
-print(f"{r['ranks']:<6} pytorch {r['strategy']:<18} {r['params']:>10} {r['tokens_per_s']:12.0f} {r['rss_mb']:12.0f}")
+print(json.dumps({"ranks": r["ranks"], "side": "pytorch", "strategy": r["strategy"],
+                  "params": r["params"], "tokens": [r["tokens_per_s"]], "rss": r["rss_mb"]}))
 PY
 }
 
 for n in $RANKS; do
-  loom_one "$n" ddp none
-  torch_one "$n" ddp
-  [ "$n" = 1 ] && continue
-  loom_one "$n" zero1 none
-  loom_one "$n" zero2 none
-  torch_one "$n" fsdp_grad_op
-  loom_one "$n" zero3 none
-  torch_one "$n" fsdp
-  loom_one "$n" zero3 blocks
+  for _ in $(seq "$ROUNDS"); do
+    loom_one "$n" ddp none
+    torch_one "$n" ddp
+    [ "$n" = 1 ] && continue
+    loom_one "$n" zero1 none
+    loom_one "$n" zero2 none
+    torch_one "$n" fsdp_grad_op
+    loom_one "$n" zero3 none
+    torch_one "$n" fsdp
+    loom_one "$n" zero3 blocks
+  done
 done
+# The table; loom_vs_pt: loom's tokens/s over PyTorch's at the same sharding
+# (zero2 and FSDP2 SHARD_GRAD_OP, zero3 and FULL_SHARD, ddp and DDP).
+python3 - "$rows" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+acc = {}
+for r in rows:
+    k = (r["ranks"], r["side"], r["strategy"])
+    a = acc.setdefault(k, {"tokens": [], "rss": 0, "params": r["params"]})
+    a["tokens"] += r["tokens"]
+    a["rss"] = max(a["rss"], r["rss"])
+med = {k: statistics.median(v["tokens"]) for k, v in acc.items()}
+peer = {"ddp": "ddp", "zero2": "fsdp_grad_op", "zero3": "fsdp"}
+print(f"{'ranks':<6} {'strategy':<22} {'params':>10} {'tokens_per_s':>12} {'rss_mb_rank':>12} {'x_ddp':>6} {'loom_vs_pt':>10}")
+for k, v in acc.items():
+    n, side, s = k
+    x = med[k] / med[(n, side, "ddp")] if (n, side, "ddp") in med else float("nan")
+    p = (n, "pytorch", peer.get(s, ""))
+    vs = f"{med[k] / med[p]:10.2f}" if side == "loom" and p in med else f"{'':>10}"
+    print(f"{n:<6} {side + ' ' + s:<22} {v['params']:>10} {med[k]:12.0f} {v['rss']:12.0f} {x:6.2f} {vs}")
+PY
 
 # LARGEST=1: the largest GPT (d_model 2048, 16 heads, context 256, layers
 # chosen) that trains 3 steps on 2 ranks under each strategy: loom estimate
