@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs every Debian package loom needs to build, test and run its demos.
-# Idempotent: installs only what is missing; safe to run again.
+# Idempotent: installs only what is missing; safe to run again. Then the
+# Python packages of the tests, from PyPI (scripts/ensure-pyenv.sh).
 set -euo pipefail
 
 # One line per package: what loom uses it for.
@@ -26,6 +27,7 @@ PKGS=(
   dataset-fashion-mnist  # Fashion-MNIST images (fashion-mlp, fashion-cnn)
   bible-kjv-text         # the King James Bible (kjv-gpt)
   bible-kjv              # its reader, which prints the text
+  python3-venv           # virtual environments: PyPI packages of the tests (ensure-pyenv.sh)
 )
 missing=()
 for p in "${PKGS[@]}"; do
@@ -34,7 +36,14 @@ for p in "${PKGS[@]}"; do
   fi
 done
 
+# Python packages the tests read loom's output with (TensorBoard's event
+# reader), from PyPI into a virtual environment; the tests make it too.
+pyenv() {
+  [ "${LOOM_NO_PYPI:-0}" = 1 ] || "$(dirname "$0")/ensure-pyenv.sh" >/dev/null
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
+  pyenv
   exit 0
 fi
 
@@ -50,3 +59,4 @@ for _ in $(seq 1 120); do
 done
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+pyenv

@@ -9,6 +9,7 @@
 #include "loom/data.h"
 #include "loom/kernels.h"
 #include "loom/nn.h"
+#include "loom/obs.h"
 #include "loom/optim.h"
 #include "loom/parallel.h"
 #include "loom/train.h"

@@ -10,6 +10,7 @@
 
 #include "loom/config.h" /* loom_progress_mode */
 #include "loom/core.h"
+#include "loom/obs.h" /* loom_metrics */
 
 #ifdef __cplusplus
 extern "C" {
@@ -42,19 +43,7 @@ void loom_progress_update(loom_progress *p, const loom_progress_info *info);
 void loom_progress_print(loom_progress *p, const char *line);
 void loom_progress_free(loom_progress *p);
 
-/* -------------------------------------------------------------- metrics */
-
-/* RUN_DIR/metrics.jsonl: one JSON object per line, flushed per line. */
-typedef struct loom_metrics loom_metrics;
-loom_status loom_metrics_open(loom_metrics **out, const char *run_dir,
-                              bool append);
-const char *loom_metrics_path(const loom_metrics *m);
-void loom_metrics_begin(loom_metrics *m);
-void loom_metrics_int(loom_metrics *m, const char *key, int64_t v);
-void loom_metrics_num(loom_metrics *m, const char *key, double v);
-void loom_metrics_str(loom_metrics *m, const char *key, const char *v);
-loom_status loom_metrics_end(loom_metrics *m);
-void loom_metrics_close(loom_metrics *m);
+/* Metric sinks (loom_metrics_*): loom/obs.h. */
 
 /* -------------------------------------------------------------- trainer */
 

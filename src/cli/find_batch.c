@@ -84,6 +84,7 @@ static void run_trial(const char *config_path, const char *const *sets,
                          "log.every=2",
                          "log.progress=off",
                          "log.metrics=true",
+                         "log.tensorboard=false",
                          "checkpoint.enabled=false",
                          bs,
                          rd};

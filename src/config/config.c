@@ -268,6 +268,10 @@ static const loom_config_key keys[] = {
           "lines or off"),
     KBOOL("log.metrics", log.metrics, "true", LO,
           "write <log.run_dir>/metrics.jsonl (one JSON object per line)"),
+    KBOOL("log.tensorboard", log.tensorboard, "false", LO,
+          "also write every number of metrics.jsonl as a TensorBoard scalar "
+          "into <log.run_dir>/tb/ (event files; tensorboard --logdir "
+          "<log.run_dir>/tb)"),
     KBOOL_TODO("log.profile", log.profile, "false", 0,
                "write a trace of the steps (Chrome/Perfetto JSON) into the "
                "run directory. The metrics hold the per-step timings "

@@ -234,6 +234,8 @@ static loom_status make_optim(loom_trainer *t) {
 
 /* ------------------------------------------------------ data parallelism */
 
+loom_status loom_mkdirs(const char *path) { return loom_fs_mkdirs(path, 0755); }
+
 loom_status loom_train_agree(loom_trainer *t, loom_status mine,
                              const char *what) {
   if (!t->world || t->nranks == 1)
@@ -1142,8 +1144,13 @@ static loom_status open_outputs(loom_trainer *t) {
   loom_status s = LOOM_OK;
   if (!is_rank0(t))
     return LOOM_OK;
-  if (cfg->log.metrics && cfg->log.run_dir[0])
-    s = loom_metrics_open(&t->metrics, cfg->log.run_dir, t->step > 0);
+  if ((cfg->log.metrics || cfg->log.tensorboard) && cfg->log.run_dir[0]) {
+    loom_metrics_opts mo = loom_metrics_opts_default();
+    mo.jsonl = cfg->log.metrics;
+    mo.tensorboard = cfg->log.tensorboard;
+    mo.append = t->step > 0;
+    s = loom_metrics_open_opts(&t->metrics, cfg->log.run_dir, &mo);
+  }
   loom_progress_mode pm = cfg->log.progress;
   if (t->opts.quiet)
     pm = LOOM_PROGRESS_OFF;

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The Python packages loom's tests read its output with (TensorBoard's own
+# event reader), in a virtual environment made on first use from PyPI;
+# prints the interpreter's path. Idempotent.
+#   LOOM_PY_VENV: where (default ~/.cache/loom/py-venv).
+set -euo pipefail
+venv=${LOOM_PY_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/loom/py-venv}
+pkgs=(tensorboard)
+mods="tensorboard.backend.event_processing.event_accumulator"
+PY="$venv/bin/python"
+if ! "$PY" -c "import $mods" >/dev/null 2>&1; then
+  if [ ! -x "$PY" ]; then
+    echo "ensure-pyenv: making the virtual environment $venv" >&2
+    mkdir -p "$(dirname "$venv")"
+    if ! python3 -m venv "$venv" >&2; then
+      rm -rf "$venv"
+      SUDO=""
+      [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+      DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-venv >&2
+      python3 -m venv "$venv" >&2
+    fi
+  fi
+  echo "ensure-pyenv: pip install ${pkgs[*]} into $venv" >&2
+  "$venv/bin/pip" install -q --disable-pip-version-check "${pkgs[@]}" >&2
+  "$PY" -c "import $mods" >&2
+fi
+echo "$PY"

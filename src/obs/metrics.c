@@ -1,0 +1,176 @@
+/* Metric sinks: one JSON object per line in RUN_DIR/metrics.jsonl, and the
+ * same numbers as TensorBoard scalars in RUN_DIR/tb/. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "loom/obs.h"
+
+enum { TB_MAX = 64 }; /* scalars a line may carry to TensorBoard */
+
+struct loom_metrics {
+  FILE *f; /* NULL without metrics.jsonl */
+  char path[1024];
+  char line[4096];
+  size_t len;
+  bool overflow;
+  /* TensorBoard: the line's numbers, its step and time. */
+  loom_tb *tb;
+  int ntb;
+  char tb_tags[TB_MAX][48];
+  float tb_values[TB_MAX];
+  int64_t step;
+  double time;
+};
+
+loom_metrics_opts loom_metrics_opts_default(void) {
+  loom_metrics_opts o = {.jsonl = true, .tensorboard = false, .append = false};
+  return o;
+}
+
+loom_status loom_metrics_open_opts(loom_metrics **out, const char *run_dir,
+                                   const loom_metrics_opts *opts) {
+  *out = NULL;
+  loom_metrics_opts o = opts ? *opts : loom_metrics_opts_default();
+  LOOM_TRY(loom_fs_mkdirs(run_dir, 0755));
+  loom_metrics *m = loom_calloc(1, sizeof *m);
+  if (!m)
+    return LOOM_ERR_NOMEM;
+  loom_status s = LOOM_OK;
+  if (o.jsonl) {
+    snprintf(m->path, sizeof m->path, "%s/metrics.jsonl", run_dir);
+    /* A link planted in its place is refused, never written through (nor
+     * a file hard-linked to another's); a fresh run truncates only loom's
+     * own file. */
+    s = loom_fs_open_append(m->path, !o.append, &m->f);
+  }
+  if (s == LOOM_OK && o.tensorboard) {
+    char dir[1024];
+    int n = snprintf(dir, sizeof dir, "%s/tb", run_dir);
+    s = n < 0 || (size_t)n >= sizeof dir
+            ? loom_error(LOOM_ERR_INVALID_ARG, "run directory too long: '%s'",
+                         run_dir)
+            : loom_tb_open(&m->tb, dir);
+  }
+  if (s != LOOM_OK) {
+    loom_metrics_close(m);
+    return s;
+  }
+  *out = m;
+  return LOOM_OK;
+}
+
+loom_status loom_metrics_open(loom_metrics **out, const char *run_dir,
+                              bool append) {
+  loom_metrics_opts o = loom_metrics_opts_default();
+  o.append = append;
+  return loom_metrics_open_opts(out, run_dir, &o);
+}
+
+const char *loom_metrics_path(const loom_metrics *m) { return m->path; }
+
+const char *loom_metrics_tb_path(const loom_metrics *m) {
+  return loom_tb_path(m->tb);
+}
+
+static void append(loom_metrics *m, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void append(loom_metrics *m, const char *fmt, ...) {
+  if (m->overflow)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(m->line + m->len, sizeof m->line - m->len, fmt, ap);
+  va_end(ap);
+  if (n < 0 || (size_t)n >= sizeof m->line - m->len)
+    m->overflow = true;
+  else
+    m->len += (size_t)n;
+}
+
+void loom_metrics_begin(loom_metrics *m) {
+  m->len = 0;
+  m->overflow = false;
+  m->ntb = 0;
+  m->step = 0;
+  m->time = loom_time_wall();
+  append(m, "{");
+}
+
+/* A number for TensorBoard: all but the line's coordinates. */
+static void tb_note(loom_metrics *m, const char *k, double v) {
+  if (!strcmp(k, "step"))
+    m->step = (int64_t)v;
+  else if (!strcmp(k, "time"))
+    m->time = v;
+  else if (strcmp(k, "epoch") && strcmp(k, "ranks") && m->ntb < TB_MAX) {
+    snprintf(m->tb_tags[m->ntb], sizeof m->tb_tags[0], "%s", k);
+    m->tb_values[m->ntb++] = (float)v;
+  }
+}
+
+static void key(loom_metrics *m, const char *k) {
+  append(m, "%s\"%s\":", m->len > 1 ? "," : "", k);
+}
+
+void loom_metrics_int(loom_metrics *m, const char *k, int64_t v) {
+  key(m, k);
+  append(m, "%lld", (long long)v);
+  if (!strcmp(k, "step"))
+    m->step = v;
+  else
+    tb_note(m, k, (double)v);
+}
+
+void loom_metrics_num(loom_metrics *m, const char *k, double v) {
+  tb_note(m, k, v);
+  key(m, k);
+  if (isfinite(v) && fabs(v) >= 1e6 && fabs(v) < 1e15)
+    append(m, "%.3f", v); /* times in Unix seconds keep their milliseconds */
+  else if (isfinite(v))
+    append(m, "%.9g", v);
+  else
+    append(m, "null"); /* JSON has no NaN or infinity */
+}
+
+void loom_metrics_str(loom_metrics *m, const char *k, const char *v) {
+  key(m, k);
+  append(m, "\"");
+  for (const char *c = v; *c; c++) {
+    if (*c == '"' || *c == '\\')
+      append(m, "\\%c", *c);
+    else if ((unsigned char)*c < 0x20)
+      append(m, "\\u%04x", (unsigned)*c);
+    else
+      append(m, "%c", *c);
+  }
+  append(m, "\"");
+}
+
+loom_status loom_metrics_end(loom_metrics *m) {
+  append(m, "}\n");
+  if (m->overflow)
+    return loom_error(LOOM_ERR_INTERNAL, "metrics line too long for '%s'",
+                      m->path);
+  if (m->f && (fwrite(m->line, 1, m->len, m->f) != m->len || fflush(m->f) != 0))
+    return loom_error(LOOM_ERR_IO, "cannot write '%s': %s", m->path,
+                      strerror(errno));
+  if (m->tb && m->ntb > 0) {
+    const char *tags[TB_MAX];
+    for (int i = 0; i < m->ntb; i++)
+      tags[i] = m->tb_tags[i];
+    return loom_tb_scalars(m->tb, m->step, m->time, tags, m->tb_values, m->ntb);
+  }
+  return LOOM_OK;
+}
+
+void loom_metrics_close(loom_metrics *m) {
+  if (!m)
+    return;
+  if (m->f)
+    fclose(m->f);
+  loom_tb_close(m->tb);
+  loom_free(m);
+}

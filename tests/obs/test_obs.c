@@ -1,0 +1,235 @@
+/* Tests of the obs layer: TensorBoard event files read back by a decoder
+ * written here from the format's description (TFRecord framing, protobuf
+ * wire format), and metric lines reaching both sinks. The real reader,
+ * TensorBoard's own, is tests/obs/tensorboard.sh. */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "loom/obs.h"
+#include "tt.h"
+
+/* ------------------------------------------------------ a small reader */
+
+typedef struct {
+  double wall;
+  int64_t step;
+  char version[32];
+  int n;
+  char tags[16][48];
+  float values[16];
+} event;
+
+static uint64_t varint(const unsigned char **p, const unsigned char *end) {
+  uint64_t v = 0;
+  for (int s = 0; *p < end && s < 64; s += 7) {
+    unsigned char b = *(*p)++;
+    v |= (uint64_t)(b & 0x7f) << s;
+    if (!(b & 0x80))
+      break;
+  }
+  return v;
+}
+
+static uint64_t le(const unsigned char *p, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; i--)
+    v = v << 8 | p[i];
+  return v;
+}
+
+/* One Summary.Value. */
+static bool parse_value(const unsigned char *p, const unsigned char *end,
+                        event *e) {
+  if (e->n >= 16)
+    return false;
+  while (p < end) {
+    uint64_t k = varint(&p, end);
+    if (k == (1 << 3 | 2)) {
+      uint64_t n = varint(&p, end);
+      if (n >= sizeof e->tags[0] || p + n > end)
+        return false;
+      memcpy(e->tags[e->n], p, n);
+      e->tags[e->n][n] = '\0';
+      p += n;
+    } else if (k == (2 << 3 | 5)) {
+      uint32_t u = (uint32_t)le(p, 4);
+      memcpy(&e->values[e->n], &u, 4);
+      p += 4;
+    } else {
+      return false;
+    }
+  }
+  e->n++;
+  return true;
+}
+
+static bool parse_event(const unsigned char *p, const unsigned char *end,
+                        event *e) {
+  memset(e, 0, sizeof *e);
+  while (p < end) {
+    uint64_t k = varint(&p, end);
+    if (k == (1 << 3 | 1)) {
+      uint64_t u = le(p, 8);
+      memcpy(&e->wall, &u, 8);
+      p += 8;
+    } else if (k == (2 << 3 | 0)) {
+      e->step = (int64_t)varint(&p, end);
+    } else if (k == (3 << 3 | 2)) {
+      uint64_t n = varint(&p, end);
+      if (n >= sizeof e->version)
+        return false;
+      memcpy(e->version, p, n);
+      p += n;
+    } else if (k == (5 << 3 | 2)) {
+      uint64_t n = varint(&p, end);
+      const unsigned char *s = p, *se = p + n;
+      if (se > end)
+        return false;
+      while (s < se) {
+        if (varint(&s, se) != (1 << 3 | 2))
+          return false;
+        uint64_t m = varint(&s, se);
+        if (!parse_value(s, s + m, e))
+          return false;
+        s += m;
+      }
+      p = se;
+    } else {
+      return false;
+    }
+  }
+  return p == end;
+}
+
+/* Reads every record of the file into ev (at most max); -1 on a bad
+ * frame or checksum. */
+static int read_events(const char *path, event *ev, int max) {
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return -1;
+  int n = 0;
+  unsigned char head[12];
+  while (fread(head, 1, 12, f) == 12) {
+    uint64_t len = le(head, 8);
+    if ((uint32_t)le(head + 8, 4) != loom_tb_masked_crc(head, 8) ||
+        len > 65536 || n >= max) {
+      n = -1;
+      break;
+    }
+    unsigned char *b = malloc(len + 4);
+    if (!b || fread(b, 1, len + 4, f) != len + 4 ||
+        (uint32_t)le(b + len, 4) != loom_tb_masked_crc(b, len) ||
+        !parse_event(b, b + len, &ev[n])) {
+      free(b);
+      n = -1;
+      break;
+    }
+    free(b);
+    n++;
+  }
+  fclose(f);
+  return n;
+}
+
+static void tmpdir(char *buf, size_t n) {
+  snprintf(buf, n, "/tmp/loom_obs_XXXXXX");
+  if (!mkdtemp(buf))
+    buf[0] = '\0';
+}
+
+/* ---------------------------------------------------------------- tests */
+
+TT_TEST(test_masked_crc) {
+  /* CRC32C("123456789") = 0xe3069283; masked: rotated right 15, plus
+   * 0xa282ead8. */
+  uint32_t c = 0xe3069283u;
+  uint32_t want = ((c >> 15) | (c << 17)) + 0xa282ead8u;
+  TT_CHECK(loom_crc32c(0, "123456789", 9) == c);
+  TT_CHECK(loom_tb_masked_crc("123456789", 9) == want);
+}
+
+TT_TEST(test_event_file) {
+  char dir[64];
+  tmpdir(dir, sizeof dir);
+  TT_REQUIRE(dir[0]);
+  loom_tb *w = NULL;
+  TT_CHECK_OK(loom_tb_open(&w, dir));
+  TT_REQUIRE(w != NULL);
+  TT_CHECK(strstr(loom_tb_path(w), "/events.out.tfevents.") != NULL);
+  const char *tags[3] = {"loss", "a_rather_long_tag_name_for_the_length", "x"};
+  float v1[3] = {2.5f, -1e-7f, 1e30f};
+  TT_CHECK_OK(loom_tb_scalars(w, 7, 1700000000.25, tags, v1, 3));
+  float v2[1] = {0.125f};
+  TT_CHECK_OK(loom_tb_scalars(w, 300000, 1700000001.5, tags, v2, 1));
+  char path[1024];
+  snprintf(path, sizeof path, "%s", loom_tb_path(w));
+  loom_tb_close(w);
+  event ev[4];
+  int n = read_events(path, ev, 4);
+  TT_CHECK(n == 3);
+  if (n == 3) {
+    TT_CHECK(strcmp(ev[0].version, "brain.Event:2") == 0 && ev[0].n == 0);
+    TT_CHECK(ev[1].step == 7 && ev[1].wall == 1700000000.25 && ev[1].n == 3);
+    for (int i = 0; i < 3 && ev[1].n == 3; i++)
+      TT_CHECK(strcmp(ev[1].tags[i], tags[i]) == 0 && ev[1].values[i] == v1[i]);
+    TT_CHECK(ev[2].step == 300000 && ev[2].n == 1 && ev[2].values[0] == 0.125f);
+  }
+  unlink(path);
+  rmdir(dir);
+}
+
+/* A metrics line reaches metrics.jsonl and, but for its coordinates (step,
+ * epoch, time) and its text, the event file. */
+TT_TEST(test_metrics_both_sinks) {
+  char dir[64];
+  tmpdir(dir, sizeof dir);
+  TT_REQUIRE(dir[0]);
+  loom_metrics_opts o = loom_metrics_opts_default();
+  o.tensorboard = true;
+  loom_metrics *m = NULL;
+  TT_CHECK_OK(loom_metrics_open_opts(&m, dir, &o));
+  TT_REQUIRE(m != NULL);
+  loom_metrics_begin(m);
+  loom_metrics_int(m, "step", 12);
+  loom_metrics_int(m, "epoch", 1);
+  loom_metrics_num(m, "time", 1700000002.0);
+  loom_metrics_num(m, "loss", 3.25);
+  loom_metrics_int(m, "tokens", 4096);
+  loom_metrics_str(m, "note", "text is not a scalar");
+  TT_CHECK_OK(loom_metrics_end(m));
+  char tb[1024], jl[1024];
+  snprintf(tb, sizeof tb, "%s", loom_metrics_tb_path(m));
+  snprintf(jl, sizeof jl, "%s", loom_metrics_path(m));
+  loom_metrics_close(m);
+  event ev[4];
+  int n = read_events(tb, ev, 4);
+  TT_CHECK(n == 2);
+  if (n == 2) {
+    TT_CHECK(ev[1].step == 12 && ev[1].wall == 1700000002.0 && ev[1].n == 2);
+    TT_CHECK(strcmp(ev[1].tags[0], "loss") == 0 && ev[1].values[0] == 3.25f);
+    TT_CHECK(strcmp(ev[1].tags[1], "tokens") == 0 &&
+             ev[1].values[1] == 4096.0f);
+  }
+  FILE *f = fopen(jl, "r");
+  char line[512] = "";
+  TT_CHECK(f && fgets(line, sizeof line, f));
+  if (f)
+    fclose(f);
+  TT_CHECK(strstr(line, "\"loss\":3.25") != NULL);
+  unlink(tb);
+  unlink(jl);
+  char sub[1100];
+  snprintf(sub, sizeof sub, "%s/tb", dir);
+  rmdir(sub);
+  rmdir(dir);
+}
+
+int main(void) {
+  TT_RUN(test_masked_crc);
+  TT_RUN(test_event_file);
+  TT_RUN(test_metrics_both_sinks);
+  return tt_finish();
+}
