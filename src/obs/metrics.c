@@ -105,7 +105,8 @@ static void tb_note(loom_metrics *m, const char *k, double v) {
     m->step = (int64_t)v;
   else if (!strcmp(k, "time"))
     m->time = v;
-  else if (strcmp(k, "epoch") && strcmp(k, "ranks") && m->ntb < TB_MAX) {
+  else if (strcmp(k, "epoch") != 0 && strcmp(k, "ranks") != 0 &&
+           m->ntb < TB_MAX) {
     snprintf(m->tb_tags[m->ntb], sizeof m->tb_tags[0], "%s", k);
     m->tb_values[m->ntb++] = (float)v;
   }
