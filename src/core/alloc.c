@@ -88,8 +88,10 @@ void *loom_vmem_new(size_t bytes) {
       (char *)(((uintptr_t)m + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
   if (p > m)
     munmap(m, (size_t)(p - m));
-  if (p + n < m + n + extra)
-    munmap(p + n, (size_t)(m + n + extra - (p + n)));
+  /* The mapping ends at m + whole pages of n, plus extra (whole pages). */
+  size_t ps = page_size(), whole = (n + ps - 1) / ps * ps;
+  if (p + whole < m + whole + extra)
+    munmap(p + whole, (size_t)(m + whole + extra - (p + whole)));
   madvise(p, n, MADV_HUGEPAGE); /* a hint: refused where THP is off */
   return p;
 }

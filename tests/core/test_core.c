@@ -246,7 +246,7 @@ TT_TEST(test_parse_integers) {
  * 2 MiB boundaries (huge pages where the system gives them). */
 TT_TEST(test_vmem) {
   const size_t ps = (size_t)sysconf(_SC_PAGESIZE);
-  size_t sizes[2] = {5 * ps + 100, LOOM_VMEM_HUGE_MIN + 3 * ps};
+  size_t sizes[2] = {5 * ps + 100, LOOM_VMEM_HUGE_MIN + 3 * ps + 100};
   for (int k = 0; k < 2; k++) {
     size_t n = sizes[k];
     unsigned char *p = loom_vmem_new(n);
