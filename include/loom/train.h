@@ -105,18 +105,27 @@ typedef struct loom_train_estimate {
   loom_cfg_strategy strategy;
   bool available; /* false: the strategy is not in this build (a forecast) */
   int ranks;
-  int64_t params;     /* parameters of the whole model (Psi) */
-  int64_t batch;      /* rows of a rank's forward (one micro-batch) */
-  double param_bytes; /* the parameters this rank holds */
-  double grad_bytes;  /* gradient buffers (the model's and DDP's) */
-  double optim_bytes; /* optimizer state (moments) */
-  double act_bytes;   /* activations kept for backward, scratch and the
-                         output gradient, for `batch` rows */
-  double data_bytes;  /* the loader's batches: data.prefetch + 1 */
-  double comm_bytes;  /* deterministic shard buffers, compression's wire */
-  double ckpt_bytes;  /* the async checkpoint's copy of the state */
-  double total_bytes; /* all of the above */
+  int64_t params;       /* parameters of the whole model (Psi) */
+  int64_t batch;        /* rows of a rank's forward (one micro-batch) */
+  double param_bytes;   /* the parameters this rank holds */
+  double grad_bytes;    /* gradient buffers (the model's and DDP's) */
+  double optim_bytes;   /* optimizer state (moments) */
+  double act_bytes;     /* activations kept for backward, scratch and the
+                           output gradient, for `batch` rows */
+  double data_bytes;    /* the loader's batches: data.prefetch + 1 */
+  double comm_bytes;    /* deterministic shard buffers, compression's wire,
+                           the staging slots, and the pages of the other
+                           ranks' shared buffers this rank writes into (DDP's
+                           gradients, zero2's parameters: counted in its RSS) */
+  double ckpt_bytes;    /* the async checkpoint's copy of the state */
+  double process_bytes; /* the process itself: code, libraries, threads
+                           (LOOM_ESTIMATE_PROCESS_MB, measured) */
+  double total_bytes;   /* all of the above */
 } loom_train_estimate;
+/* What a `loom train` process holds before its model and data: code,
+ * libraries (oneDNN, OpenBLAS, MPI), OpenMP and communication threads
+ * (measured: 19 MiB alone, 21 MiB a rank of 2; AMD EPYC, Debian 12). */
+#define LOOM_ESTIMATE_PROCESS_MB 20.0
 
 /* Estimates cfg on `ranks` ranks (>= 1) under `strategy` (the config's own
  * when LOOM_CFG_STRATEGY_AUTO: none on one rank, else ddp). Builds the

@@ -209,8 +209,10 @@ int loom_cmd_estimate(int argc, char **argv) {
          path, loom_cfg_model_names[cfg.model.name], (long long)e.params, ranks,
          ranks == 1 ? "" : "s", (long long)e.batch,
          loom_optim_kind_name(cfg.optim.name));
-  printf("# MiB per rank; not counted: code and libraries, the data set, "
-         "MPI buffers, thread stacks\n");
+  printf("# MiB per rank (all ranks on one host); total includes %.0f MiB "
+         "for the process itself (code, libraries, threads); not counted: "
+         "the data set\n",
+         LOOM_ESTIMATE_PROCESS_MB);
   printf("%-8s %-9s %10s %10s %10s %10s %10s %10s %10s %10s\n", "strategy",
          "runs", "params", "grads", "optimizer", "activation", "data", "comm",
          "ckpt", "total");

@@ -147,10 +147,25 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
   }
   if (ddp && pc->compress != LOOM_CFG_COMPRESS_NONE)
     out->comm_bytes += 2.0 * (shard_grads ? slice : psi);
+  if (ddp && ranks > 1) {
+    /* The staging slots of the shared-memory path: two per rank, each rank
+     * maps all. */
+    out->comm_bytes += 2.0 * ranks * 256.0 * 1024.0;
+    /* A shared buffer's direct path has each rank write its part of every
+     * other rank's buffer (the reduced gradient segment, the stepped
+     * parameter slice): those pages of the others count in this rank's
+     * resident set too (the same physical pages; ranks on one host). */
+    const bool shared_grads = !shard_grads && !pc->deterministic;
+    const bool shared_params = strategy == LOOM_CFG_STRATEGY_ZERO2;
+    out->comm_bytes +=
+        (double)(ranks - 1) / ranks * f * psi *
+        ((shared_grads ? 1.0 : 0.0) + (shared_params ? 1.0 : 0.0));
+  }
+  out->process_bytes = LOOM_ESTIMATE_PROCESS_MB * 1024.0 * 1024.0;
   if (cfg->checkpoint.enabled && cfg->checkpoint.async)
     out->ckpt_bytes = f * (1.0 + k) * (ranks > 1 ? slice : psi);
   out->total_bytes = out->param_bytes + out->grad_bytes + out->optim_bytes +
                      out->act_bytes + out->data_bytes + out->comm_bytes +
-                     out->ckpt_bytes;
+                     out->ckpt_bytes + out->process_bytes;
   return LOOM_OK;
 }
