@@ -60,7 +60,10 @@ for s in none ddp zero1 zero2 zero3; do
     --set log.every=2 --set parallel.strategy=$s --set "log.run_dir=$tmp/run_$s"
   [ $rc = 0 ] || { bad "train $s on $n rank(s) failed (rc $rc)"; tail -5 "$tmp/out"; }
   peak=$(grep -o '"peak_rss_mb":[0-9.]*' "$tmp/run_$s/metrics.jsonl" 2>/dev/null | tail -1 | cut -d: -f2)
-  awk -v p="$peak" -v e="$est" 'BEGIN { exit !(p > 0 && p >= 0.9 * e && p <= 1.1 * e) }' &&
+  # Sanitized builds hold shadow memory on top: there only the lower bound.
+  hi=1.1
+  [ -n "${LOOM_TEST_SANITIZED:-}" ] && hi=1000
+  awk -v p="$peak" -v e="$est" -v h=$hi 'BEGIN { exit !(p > 0 && p >= 0.9 * e && p <= h * e) }' &&
     ok "$s on $n rank(s): measured peak $peak MiB, estimate $est MiB" ||
     bad "$s on $n rank(s): measured peak '$peak' MiB vs estimate $est MiB"
 done

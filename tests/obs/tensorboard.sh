@@ -8,6 +8,8 @@
 # LOOM_NO_PYPI=1 skips the reading (no PyPI), saying so.
 . "$(dirname "$0")/../lib.sh"
 export LOOM_THREADS=1 OMP_NUM_THREADS=1 LOOM_LOG=warn
+# Open MPI's own leaks (the 2-rank run) under the ASan build.
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$SRC/tests/parallel/lsan_mpi.supp:fast_unwind_on_malloc=0:print_suppressions=0}
 if [ "${LOOM_NO_PYPI:-0}" = 1 ]; then
   echo "skipped: LOOM_NO_PYPI=1 (TensorBoard's reader comes from PyPI)"
   exit 0
