@@ -149,6 +149,8 @@ void *loom_vmem_new(size_t bytes);
  * transparent huge pages (MADV_HUGEPAGE): resident memory then comes in
  * 2 MiB steps. */
 #define LOOM_VMEM_HUGE_MIN ((size_t)32 << 20)
+/* The huge page those buffers are aligned to. */
+#define LOOM_VMEM_HUGE_PAGE ((size_t)2 << 20)
 /* Bytes [from, to) of a loom_vmem_new buffer become zero: the whole pages
  * among them go back to the system (no longer resident), the partial pages
  * at either end are cleared. */

@@ -56,8 +56,6 @@ static size_t page_size(void) {
   return p > 0 ? (size_t)p : 4096;
 }
 
-#define HUGE_PAGE ((size_t)2 << 20)
-
 void *loom_vmem_new(size_t bytes) {
   long call = atomic_fetch_add(&alloc_calls, 1) + 1;
   long f = atomic_load(&fail_at);
@@ -70,7 +68,7 @@ void *loom_vmem_new(size_t bytes) {
    * counts against memory. */
   size_t n = bytes ? bytes : 1;
   bool huge = n >= LOOM_VMEM_HUGE_MIN;
-  size_t extra = huge ? HUGE_PAGE : 0;
+  size_t extra = huge ? LOOM_VMEM_HUGE_PAGE : 0;
   char *m = mmap(NULL, n + extra, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (m == MAP_FAILED) {
@@ -84,8 +82,8 @@ void *loom_vmem_new(size_t bytes) {
    * system allows them (madvise mode): ZeRO gives back and touches again
    * hundreds of MB a step, and a 4 KiB page costs a fault and a clear each
    * time (measured: 0.28 s to touch 340 MB, 0.05 s in huge pages). */
-  char *p =
-      (char *)(((uintptr_t)m + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+  char *p = (char *)(((uintptr_t)m + LOOM_VMEM_HUGE_PAGE - 1) &
+                     ~(uintptr_t)(LOOM_VMEM_HUGE_PAGE - 1));
   if (p > m)
     munmap(m, (size_t)(p - m));
   /* The mapping ends at m + whole pages of n, plus extra (whole pages). */

@@ -119,10 +119,7 @@ static void key(loom_metrics *m, const char *k) {
 void loom_metrics_int(loom_metrics *m, const char *k, int64_t v) {
   key(m, k);
   append(m, "%lld", (long long)v);
-  if (!strcmp(k, "step"))
-    m->step = v;
-  else
-    tb_note(m, k, (double)v);
+  tb_note(m, k, (double)v);
 }
 
 void loom_metrics_num(loom_metrics *m, const char *k, double v) {

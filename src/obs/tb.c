@@ -64,10 +64,14 @@ static void put_varint(loom_tb *w, uint64_t v) {
   put(w, b, n);
 }
 
-static void put_le(loom_tb *w, uint64_t v, int bytes) {
-  unsigned char b[8];
+static void store_le(unsigned char *b, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; i++)
     b[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void put_le(loom_tb *w, uint64_t v, int bytes) {
+  unsigned char b[8];
+  store_le(b, v, bytes);
   put(w, b, (size_t)bytes);
 }
 
@@ -98,22 +102,19 @@ static size_t varint_len(uint64_t v) {
   return n;
 }
 
+/* Bytes of a Summary.Value with a tag of t bytes: the tag's key, length
+ * and bytes, the float's key and 4 bytes. */
+static size_t value_len(size_t t) { return 1 + varint_len(t) + t + 1 + 4; }
+
 /* Frames the event in w->buf as one record and writes it. */
 static loom_status write_record(loom_tb *w) {
   if (w->overflow)
     return loom_error(LOOM_ERR_NOMEM, "tensorboard: encoding an event for '%s'",
                       w->path);
-  unsigned char head[12];
-  uint64_t n = w->len;
-  for (int i = 0; i < 8; i++)
-    head[i] = (unsigned char)(n >> (8 * i));
-  uint32_t c = loom_tb_masked_crc(head, 8);
-  for (int i = 0; i < 4; i++)
-    head[8 + i] = (unsigned char)(c >> (8 * i));
-  uint32_t d = loom_tb_masked_crc(w->buf, w->len);
-  unsigned char tail[4];
-  for (int i = 0; i < 4; i++)
-    tail[i] = (unsigned char)(d >> (8 * i));
+  unsigned char head[12], tail[4];
+  store_le(head, w->len, 8);
+  store_le(head + 8, loom_tb_masked_crc(head, 8), 4);
+  store_le(tail, loom_tb_masked_crc(w->buf, w->len), 4);
   if (fwrite(head, 1, sizeof head, w->f) != sizeof head ||
       fwrite(w->buf, 1, w->len, w->f) != w->len ||
       fwrite(tail, 1, sizeof tail, w->f) != sizeof tail || fflush(w->f) != 0)
@@ -173,8 +174,7 @@ loom_status loom_tb_scalars(loom_tb *w, int64_t step, double wall_time,
   /* Sizes first: the summary's length comes before it. */
   size_t summary = 0;
   for (int i = 0; i < n; i++) {
-    size_t t = strlen(tags[i]);
-    size_t value = 1 + varint_len(t) + t + 1 + 4;
+    size_t value = value_len(strlen(tags[i]));
     summary += 1 + varint_len(value) + value;
   }
   w->len = 0;
@@ -187,7 +187,7 @@ loom_status loom_tb_scalars(loom_tb *w, int64_t step, double wall_time,
   for (int i = 0; i < n; i++) {
     size_t t = strlen(tags[i]);
     put_key(w, 1, 2);
-    put_varint(w, 1 + varint_len(t) + t + 1 + 4);
+    put_varint(w, value_len(t));
     put_bytes(w, 1, tags[i], t);
     uint32_t u;
     memcpy(&u, &values[i], sizeof u);

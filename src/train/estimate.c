@@ -150,7 +150,8 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
   if (ddp && ranks > 1) {
     /* The staging slots of the shared-memory path: two per rank, each rank
      * maps all. */
-    out->comm_bytes += 2.0 * ranks * 256.0 * 1024.0;
+    out->comm_bytes +=
+        2.0 * ranks * (double)loom_comm_opts_default().chunk_bytes;
     /* A shared buffer's direct path has each rank write its part of every
      * other rank's buffer (the reduced gradient segment, the stepped
      * parameter slice): those pages of the others count in this rank's

@@ -284,7 +284,7 @@ static loom_status make_bounds(loom_trainer *t) {
    * lies outside the slice then never splits a huge page. 2 MiB of floats
    * is a multiple of LOOM_GRAD_CHUNK; only where a slice holds 16 of them,
    * so the slices stay within 1/16 of even. */
-  const int64_t huge = (int64_t)(((size_t)2 << 20) / sizeof(float));
+  const int64_t huge = (int64_t)(LOOM_VMEM_HUGE_PAGE / sizeof(float));
   if ((size_t)n * sizeof(float) >= LOOM_VMEM_HUGE_MIN &&
       n / t->nranks >= 16 * huge)
     c = huge;
