@@ -174,6 +174,7 @@ typedef struct loom_config_parallel {
   bool deterministic;
   int64_t virtual_shards;
   loom_cfg_compress compress;
+  char shard_unit[LOOM_CONFIG_STR_MAX];
 } loom_config_parallel;
 
 /* A plain value: copy it with `=`, nothing to free. */
@@ -228,6 +229,11 @@ uint64_t loom_config_hash(const loom_config *cfg);
 /* train.activation_checkpointing as blocks per checkpointed segment: none
  * 0, blocks 1, every:K K. LOOM_ERR_CONFIG for anything else. */
 loom_status loom_config_checkpoint_every(const char *value, int *every);
+/* parallel.shard_unit: blocks (every 1, min_params 0), every:K (K, 0) or
+ * params:N (1, N; N may end in K, M or G for 1e3, 1e6, 1e9).
+ * LOOM_ERR_CONFIG for anything else. */
+loom_status loom_config_shard_unit(const char *value, int *every,
+                                   int64_t *min_params);
 /* Every key equal (strings by content, lists by items). */
 bool loom_config_equal(const loom_config *a, const loom_config *b);
 

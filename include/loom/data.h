@@ -36,6 +36,9 @@ typedef struct loom_idx {
  * truncation or trailing data, LOOM_ERR_UNSUPPORTED for element types other
  * than unsigned bytes. */
 loom_status loom_idx_read(const char *path, loom_idx *out);
+/* Only the header (ndim, dims, bytes; data NULL): the same checks of the
+ * header, a gzip file inflated no further than it. */
+loom_status loom_idx_read_header(const char *path, loom_idx *out);
 void loom_idx_free(loom_idx *idx);
 
 /* ---------------------------------------------------- llm.c token shards */
@@ -148,6 +151,11 @@ loom_status loom_dataset_open_idx(loom_dataset **out, const char *images,
 loom_status loom_dataset_open_fashion(loom_dataset **out, const char *dir,
                                       loom_split split,
                                       const loom_image_opts *opts);
+/* Bytes that loom_dataset_open_fashion(dir, split) holds in memory (pixels
+ * and labels, one byte each), from the files' headers alone; *n gets the
+ * number of images (NULL: not wanted). Errors as the open's. */
+loom_status loom_fashion_bytes(const char *dir, loom_split split,
+                               int64_t *bytes, int64_t *n);
 
 /* Token windows: sample i of epoch e is the T+1 tokens starting at
  * off(e) + i*T inside one segment (input = first T, target = next T).

@@ -171,6 +171,9 @@ typedef struct loom_conv2d_dims {
 int loom_conv2d_out_h(const loom_conv2d_dims *d);
 int loom_conv2d_out_w(const loom_conv2d_dims *d);
 int64_t loom_conv2d_col_floats(const loom_conv2d_dims *d);
+/* Of those, what the engine the GEMM backend picks now writes (the other
+ * engine's room stays untouched: no resident pages). */
+int64_t loom_conv2d_col_floats_used(const loom_conv2d_dims *d);
 loom_status loom_conv2d_forward(float *out, float *col, const float *inp,
                                 const float *weight, const float *bias,
                                 const loom_conv2d_dims *d);

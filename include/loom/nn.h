@@ -385,8 +385,9 @@ void loom_model_set_step(loom_model *m, uint64_t step, uint64_t sample_base);
  * avoids any later allocation). */
 loom_status loom_model_plan(loom_model *m, const loom_shape *input);
 size_t loom_model_arena_bytes(const loom_model *m);
-/* The activation and scratch bytes the model needs for an input shape (the
- * arena holds act + scratch + the output gradient); allocates nothing. */
+/* The activation and scratch bytes the model writes for an input shape (the
+ * arena holds act + scratch + the output gradient, and room for the other
+ * convolution engine, which stays untouched); allocates nothing. */
 loom_status loom_model_act_bytes(loom_model *m, const loom_shape *input,
                                  size_t *act, size_t *scratch);
 

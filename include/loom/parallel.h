@@ -223,6 +223,32 @@ typedef struct loom_zero3 loom_zero3;
  * (loom_model_init_params, a checkpoint) and call loom_zero3_shard. */
 loom_status loom_zero3_new(loom_zero3 **out, loom_model *model, loom_group *g,
                            const int64_t *bounds);
+
+/* What ZeRO-3 gathers at once (config parallel.shard_unit): the model's
+ * units (loom_model_num_units: a transformer block, a layer) one by one
+ * (every 1, the default), `every` consecutive ones together, or, when
+ * min_params > 0, consecutive ones together until each group holds at
+ * least min_params parameters (the last group may hold fewer; PyTorch's
+ * size-based wrap policy). Fewer, larger units: fewer and longer gathers
+ * (better on slow links, or units too small to overlap), more memory. */
+typedef struct loom_zero3_opts {
+  int every;          /* >= 1 */
+  int64_t min_params; /* > 0: group by size instead */
+} loom_zero3_opts;
+loom_zero3_opts loom_zero3_opts_default(void);
+/* loom_zero3_new with opts (NULL: the defaults). */
+loom_status loom_zero3_new_opts(loom_zero3 **out, loom_model *model,
+                                loom_group *g, const int64_t *bounds,
+                                const loom_zero3_opts *opts);
+/* The grouping of opts (NULL: defaults) for m: writes each model unit's
+ * group into group_of (loom_model_num_units entries) and returns the
+ * number of groups. No allocation, no communication (a shape-only model
+ * works: loom estimate sizes the groups with it). */
+int loom_zero3_group_units(const loom_model *m, const loom_zero3_opts *o,
+                           int *group_of);
+/* Parameters that group g gathers (its units' ranges merged: a tied weight
+ * counts once); -1 when out of memory. */
+int64_t loom_zero3_group_numel(const loom_model *m, const int *group_of, int g);
 /* Waits for gathers in flight, gives the model back its own buffer. */
 void loom_zero3_free(loom_zero3 *z);
 /* Draws this rank's slice of the initial parameters (the values of

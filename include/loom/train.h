@@ -112,7 +112,16 @@ typedef struct loom_train_estimate {
   double optim_bytes;   /* optimizer state (moments) */
   double act_bytes;     /* activations kept for backward, scratch and the
                            output gradient, for `batch` rows */
-  double data_bytes;    /* the loader's batches: data.prefetch + 1 */
+  double data_bytes;    /* the loader's batches (data.prefetch + 1) and
+                           dataset_bytes */
+  double dataset_bytes; /* the data set in memory: Fashion-MNIST's pixels
+                           and labels (from the files' headers), a text
+                           file twice (train and val split each read it),
+                           the sampler's order (8 bytes a training sample) */
+  double mapped_bytes;  /* bin: the token files, mapped (page cache: pages
+                           read count in the RSS, but the kernel may drop
+                           them); not in total_bytes */
+  bool dataset_known;   /* false: the data set was not found (not counted) */
   double comm_bytes;    /* deterministic shard buffers, compression's wire,
                            the staging slots, and the pages of the other
                            ranks' shared buffers this rank writes into (DDP's
@@ -129,7 +138,8 @@ typedef struct loom_train_estimate {
 
 /* Estimates cfg on `ranks` ranks (>= 1) under `strategy` (the config's own
  * when LOOM_CFG_STRATEGY_AUTO: none on one rank, else ddp). Builds the
- * model (deferred init) to size activations; reads no data. */
+ * model (deferred init) to size activations; reads no data (only the
+ * sizes of its files). */
 loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
                                        loom_cfg_strategy strategy,
                                        loom_train_estimate *out);

@@ -17,13 +17,13 @@ static void usage(FILE *f) {
       "                     [--set KEY=VALUE]...\n\n"
       "Prints the memory one rank needs to train CONFIG on N ranks\n"
       "(default 1): parameters, gradients, optimizer state, activations\n"
-      "(one micro-batch of train.batch_size rows), the loader's batches\n"
-      "(data.prefetch + 1), communication buffers,\n"
-      "the async checkpoint's copy, and their total, in MiB, for every\n"
-      "strategy (or only S). Strategies this build cannot run yet are\n"
-      "marked 'forecast'. Not counted: code and libraries, the data set,\n"
-      "MPI's buffers and thread stacks; a training run writes its measured\n"
-      "peak (peak_rss_mb) into metrics.jsonl.\n\n"
+      "(one micro-batch of train.batch_size rows), data (the loader's\n"
+      "data.prefetch + 1 batches and the data set held in memory, sized\n"
+      "from its files), communication buffers, the async checkpoint's\n"
+      "copy, and their total with the process itself (code, libraries,\n"
+      "threads), in MiB, for every strategy (or only S). Strategies this\n"
+      "build cannot run yet are marked 'forecast'. A training run writes\n"
+      "its measured peak (peak_rss_mb) into metrics.jsonl.\n\n"
       "  -n N              ranks\n"
       "  --strategy S      ddp, zero1, zero2, zero3, fsdp or none\n"
       "  --memory BYTES    also the largest train.batch_size whose total\n"
@@ -210,9 +210,21 @@ int loom_cmd_estimate(int argc, char **argv) {
          ranks == 1 ? "" : "s", (long long)e.batch,
          loom_optim_kind_name(cfg.optim.name));
   printf("# MiB per rank (all ranks on one host); total includes %.0f MiB "
-         "for the process itself (code, libraries, threads); not counted: "
-         "the data set\n",
+         "for the process itself (code, libraries, threads)\n",
          LOOM_ESTIMATE_PROCESS_MB);
+  if (!e.dataset_known)
+    printf("# data: the loader's batches only; the data set (%s) was not "
+           "found, so its memory is not counted\n",
+           loom_cfg_dataset_names[cfg.data.dataset]);
+  else if (e.mapped_bytes > 0)
+    printf("# data: the loader's batches; the token files (%.1f MiB) are "
+           "mapped, not counted: their pages count in the RSS once read, "
+           "but the kernel can drop them\n",
+           e.mapped_bytes / (1024.0 * 1024.0));
+  else
+    printf("# data: the loader's batches and the data set in memory "
+           "(%.1f MiB)\n",
+           e.dataset_bytes / (1024.0 * 1024.0));
   printf("%-8s %-9s %10s %10s %10s %10s %10s %10s %10s %10s\n", "strategy",
          "runs", "params", "grads", "optimizer", "activation", "data", "comm",
          "ckpt", "total");

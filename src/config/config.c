@@ -299,6 +299,13 @@ static const loom_config_key keys[] = {
     KINT("parallel.virtual_shards", parallel.virtual_shards, "8", 1, 65536, 0,
          "deterministic: fixed shards of the global batch, a power of two; "
          "the world size (a power of two) must divide it"),
+    KSTR("parallel.shard_unit", parallel.shard_unit, "\"blocks\"", 0,
+         "zero3/fsdp: what is gathered at once: blocks (each unit of the "
+         "model by itself: a transformer block, a layer; with activation "
+         "checkpointing a checkpointed segment), every:K (K consecutive "
+         "units together) or params:N (consecutive units together until "
+         "each group holds N parameters; N may end in K, M or G for 1e3, "
+         "1e6, 1e9). Larger units: fewer, longer gathers, more memory"),
     KENUM("parallel.compress", parallel.compress, "none",
           loom_cfg_compress_names, 0,
           "ddp: dtype of gradients in communication: none (f32), bf16 or f16"),
@@ -1340,6 +1347,26 @@ static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
                    "'%s': expected none, blocks or every:K (K >= 1 blocks a "
                    "segment)",
                    cfg->train.activation_checkpointing);
+  int su_every = 1;
+  int64_t su_params = 0;
+  if (loom_config_shard_unit(cfg->parallel.shard_unit, &su_every, &su_params) !=
+      LOOM_OK)
+    return cfg_err(origin_of(org, "parallel.shard_unit", &none),
+                   "parallel.shard_unit",
+                   "'%s': expected blocks, every:K (K >= 1 units gathered "
+                   "together) or params:N (units together until N "
+                   "parameters; N may end in K, M or G)",
+                   cfg->parallel.shard_unit);
+  if ((su_every != 1 || su_params != 0) &&
+      cfg->parallel.strategy != LOOM_CFG_STRATEGY_ZERO3 &&
+      cfg->parallel.strategy != LOOM_CFG_STRATEGY_FSDP)
+    return cfg_err(origin_of(org, "parallel.shard_unit", &none),
+                   "parallel.shard_unit",
+                   "'%s' is for parallel.strategy zero3 or fsdp (which "
+                   "gather parameters unit by unit); strategy '%s' supports "
+                   "blocks only",
+                   cfg->parallel.shard_unit,
+                   loom_cfg_strategy_names[cfg->parallel.strategy]);
   if (ac_every > 0 && m->name != LOOM_CFG_MODEL_GPT)
     return cfg_err(origin_of(org, "train.activation_checkpointing", &none),
                    "train.activation_checkpointing",
@@ -1409,6 +1436,43 @@ loom_status loom_config_checkpoint_every(const char *value, int *every) {
                       "blocks or every:K",
                       value);
   *every = k;
+  return LOOM_OK;
+}
+
+loom_status loom_config_shard_unit(const char *value, int *every,
+                                   int64_t *min_params) {
+  int k = 1;
+  int64_t n = 0;
+  const char *v = value;
+  bool ok = true;
+  if (!strcmp(v, "blocks")) {
+    k = 1;
+  } else if (!strncmp(v, "every:", 6)) {
+    ok = v[6] >= '0' && v[6] <= '9' && loom_parse_int(v + 6, &k) && k >= 1;
+  } else if (!strncmp(v, "params:", 7)) {
+    const char *end = NULL;
+    ok = v[7] >= '0' && v[7] <= '9' && loom_parse_i64_at(v + 7, &end, &n);
+    int64_t mult = 1;
+    if (ok && *end) {
+      mult = !strcmp(end, "K") || !strcmp(end, "k") ? 1000
+             : !strcmp(end, "M")                    ? 1000000
+             : !strcmp(end, "G")                    ? 1000000000
+                                                    : 0;
+      ok = mult > 0;
+    }
+    ok = ok && n >= 1 && n <= INT64_MAX / mult;
+    n *= ok ? mult : 1;
+  } else {
+    ok = false;
+  }
+  if (!ok)
+    return loom_error(LOOM_ERR_CONFIG,
+                      "parallel.shard_unit: '%s': expected blocks, every:K "
+                      "(K >= 1 units) or params:N (N >= 1 parameters, K/M/G "
+                      "suffix allowed)",
+                      value);
+  *every = k;
+  *min_params = n;
   return LOOM_OK;
 }
 

@@ -68,15 +68,18 @@ static void dims_str(const loom_idx *m, char *buf, size_t cap) {
                           (long long)m->dims[i]);
 }
 
-loom_status loom_idx_read(const char *path, loom_idx *out) {
+/* Opens path and reads its header into out (dims, bytes; no data): *gzp
+ * is left open just past it, *sb holds the file's stat. On error nothing
+ * stays open. */
+static loom_status open_header(const char *path, gzFile *gzp, struct stat *sb,
+                               loom_idx *out) {
   if (!path || !out)
     return loom_error(LOOM_ERR_INVALID_ARG, "loom_idx_read: NULL argument");
   memset(out, 0, sizeof *out);
   /* A FIFO or a directory in the file's place is an error, not a hang. */
-  struct stat sb;
-  if (stat(path, &sb) != 0)
+  if (stat(path, sb) != 0)
     return loom_error(LOOM_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-  if (!S_ISREG(sb.st_mode))
+  if (!S_ISREG(sb->st_mode))
     return loom_error(LOOM_ERR_IO, "%s: not a regular file", path);
   errno = 0;
   gzFile gz = gzopen(path, "rb");
@@ -86,7 +89,6 @@ loom_status loom_idx_read(const char *path, loom_idx *out) {
   loom_status st = LOOM_OK;
   uint8_t hdr[4 + 4 * LOOM_IDX_MAX_DIMS];
   size_t got = 0;
-  char dims[96];
 
   LOOM_TRY_GOTO(st, gz_read_all(gz, path, hdr, 4, &got), done);
   if (got < 4) {
@@ -144,8 +146,32 @@ loom_status loom_idx_read(const char *path, loom_idx *out) {
     }
     total *= out->dims[i];
   }
-  dims_str(out, dims, sizeof dims);
   out->bytes = (size_t)total;
+  *gzp = gz;
+  return LOOM_OK;
+done:
+  gzclose(gz);
+  return st;
+}
+
+loom_status loom_idx_read_header(const char *path, loom_idx *out) {
+  gzFile gz;
+  struct stat sb;
+  LOOM_TRY(open_header(path, &gz, &sb, out));
+  gzclose(gz);
+  return LOOM_OK;
+}
+
+loom_status loom_idx_read(const char *path, loom_idx *out) {
+  gzFile gz;
+  struct stat sb;
+  LOOM_TRY(open_header(path, &gz, &sb, out));
+  loom_status st = LOOM_OK;
+  size_t got = 0;
+  char dims[96];
+  dims_str(out, dims, sizeof dims);
+  int64_t total = (int64_t)out->bytes;
+  int ndim = out->ndim;
   /* A plain file: the header must describe the file's size exactly, checked
    * before anything is allocated from it. */
   int64_t hdr_bytes = 4 + 4 * (int64_t)ndim;

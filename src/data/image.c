@@ -102,21 +102,18 @@ static loom_status find_idx(const char *dir, const char *stem, char *buf,
   return LOOM_OK;
 }
 
-loom_status loom_dataset_open_fashion(loom_dataset **out, const char *dir,
-                                      loom_split split,
-                                      const loom_image_opts *opts) {
-  if (!out || (unsigned)split >= LOOM_SPLIT_COUNT)
-    return loom_error(LOOM_ERR_INVALID_ARG,
-                      "loom_dataset_open_fashion: bad argument");
-  *out = NULL;
+/* The split's two IDX files in dir (NULL: Debian's), or an error naming
+ * the one missing. images and labels hold 4096 bytes. */
+static loom_status fashion_paths(const char *dir, loom_split split,
+                                 char *images, char *labels) {
   const char *d = dir && dir[0] ? dir : LOOM_FASHION_MNIST_DIR;
   const char *pre = split == LOOM_SPLIT_TRAIN ? "train" : "t10k";
-  char stem[64], images[4096], labels[4096];
+  char stem[64];
   bool fi = false, fl = false;
   snprintf(stem, sizeof stem, "%s-images-idx3-ubyte", pre);
-  LOOM_TRY(find_idx(d, stem, images, sizeof images, &fi));
+  LOOM_TRY(find_idx(d, stem, images, 4096, &fi));
   snprintf(stem, sizeof stem, "%s-labels-idx1-ubyte", pre);
-  LOOM_TRY(find_idx(d, stem, labels, sizeof labels, &fl));
+  LOOM_TRY(find_idx(d, stem, labels, 4096, &fl));
   if (!fi || !fl) {
     const char *missing = !fi ? images : labels;
     if (dir && dir[0])
@@ -131,6 +128,33 @@ loom_status loom_dataset_open_fashion(loom_dataset **out, const char *dir,
                       "data.path to a directory holding the IDX files",
                       missing, LOOM_FASHION_MNIST_PACKAGE);
   }
+  return LOOM_OK;
+}
+
+loom_status loom_fashion_bytes(const char *dir, loom_split split,
+                               int64_t *bytes, int64_t *n) {
+  if (!bytes || (unsigned)split >= LOOM_SPLIT_COUNT)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_fashion_bytes: bad argument");
+  char images[4096], labels[4096];
+  LOOM_TRY(fashion_paths(dir, split, images, labels));
+  loom_idx im, lb;
+  LOOM_TRY(loom_idx_read_header(images, &im));
+  LOOM_TRY(loom_idx_read_header(labels, &lb));
+  *bytes = (int64_t)(im.bytes + lb.bytes);
+  if (n)
+    *n = im.dims[0];
+  return LOOM_OK;
+}
+
+loom_status loom_dataset_open_fashion(loom_dataset **out, const char *dir,
+                                      loom_split split,
+                                      const loom_image_opts *opts) {
+  if (!out || (unsigned)split >= LOOM_SPLIT_COUNT)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_dataset_open_fashion: bad argument");
+  *out = NULL;
+  char images[4096], labels[4096];
+  LOOM_TRY(fashion_paths(dir, split, images, labels));
   loom_dataset *ds = NULL;
   LOOM_TRY(loom_dataset_open_idx(&ds, images, labels, opts));
   if (ds->C != 1 || ds->H != 28 || ds->W != 28 || ds->classes > 10) {

@@ -190,6 +190,16 @@ int64_t LOOM_ISA(loom_conv2d_col_floats)(const loom_conv2d_dims *d) {
   return im2col > dnnl ? im2col : dnnl;
 }
 
+int64_t LOOM_ISA(loom_conv2d_col_floats_used)(const loom_conv2d_dims *d) {
+  if (!d || !dims_ok(d))
+    return 0;
+  if (use_dnnl(d))
+    return loom_kern_conv_dnnl_floats(d);
+  conv_plan p;
+  conv_plan_make(d, &p);
+  return (int64_t)p.slots * (p.col_floats + p.tmp_floats + p.dw_floats);
+}
+
 /* Slot s owns chunks [first, last): a split of the chunks that depends on
  * nchunks and slots only. */
 static void slot_chunks(const conv_plan *p, int s, int *first, int *last) {

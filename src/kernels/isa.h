@@ -19,6 +19,7 @@
   R(int, loom_conv2d_out_h, (const loom_conv2d_dims *d), (d)) \
   R(int, loom_conv2d_out_w, (const loom_conv2d_dims *d), (d)) \
   R(int64_t, loom_conv2d_col_floats, (const loom_conv2d_dims *d), (d)) \
+  R(int64_t, loom_conv2d_col_floats_used, (const loom_conv2d_dims *d), (d)) \
   R(loom_status, loom_conv2d_forward, (float *out, float *col, const float *inp, const float *weight, const float *bias, const loom_conv2d_dims *d), (out, col, inp, weight, bias, d)) \
   R(loom_status, loom_conv2d_backward, (float *dinp, float *dweight, float *dbias, float *col, const float *dout, const float *inp, const float *weight, const loom_conv2d_dims *d), (dinp, dweight, dbias, col, dout, inp, weight, d)) \
   V(loom_conv2d_forward_ref, (float *out, const float *inp, const float *weight, const float *bias, const loom_conv2d_dims *d), (out, inp, weight, bias, d)) \

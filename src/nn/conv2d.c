@@ -61,7 +61,9 @@ static loom_status conv2d_plan(loom_module *m, loom_nn_plan *p,
   int64_t dims[4] = {in->dim[0], c->OC, OH, OW};
   *out = loom_shape_make(LOOM_F32, 4, dims);
   c->out = loom_nn_plan_floats(p, loom_shape_numel(out));
-  c->col = loom_nn_plan_scratch_floats(p, loom_conv2d_col_floats(&c->d));
+  c->col = loom_nn_plan_scratch_floats(
+      p, p->touched ? loom_conv2d_col_floats_used(&c->d)
+                    : loom_conv2d_col_floats(&c->d));
   return LOOM_OK;
 }
 

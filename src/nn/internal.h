@@ -17,6 +17,10 @@ struct loom_nn_plan {
   size_t scratch_top;  /* current top of the scratch stack */
   size_t scratch_peak; /* highest top seen */
   size_t scratch_cap;  /* size of the scratch region (binding pass) */
+  bool no_out;         /* the module planned next never writes its output
+                          (a ReLU fused with the pooling after it) */
+  bool touched;        /* counting what is written (loom_model_act_bytes):
+                          room never written is left out */
   /* Activation checkpointing (checkpoint.c): while recompute is set, act
    * requests go to the recompute region, which every checkpointed segment
    * reuses from its start (its forward runs again in backward). Arena:

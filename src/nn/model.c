@@ -426,6 +426,7 @@ loom_status loom_model_act_bytes(loom_model *m, const loom_shape *input,
   m->have_forward = false;
   loom_nn_plan p;
   memset(&p, 0, sizeof p);
+  p.touched = true;
   loom_shape out;
   LOOM_TRY(loom_module_plan(m->root, &p, input, &out));
   if (act)

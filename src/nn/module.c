@@ -210,6 +210,7 @@ loom_status loom_module_act_bytes(loom_module *m, const loom_shape *in,
                              "loom_model_act_bytes");
   loom_nn_plan p;
   memset(&p, 0, sizeof p);
+  p.touched = true;
   loom_shape out;
   LOOM_TRY(loom_module_plan(m, &p, in, &out));
   if (act)

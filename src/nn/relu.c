@@ -20,7 +20,8 @@ static loom_status relu_plan(loom_module *m, loom_nn_plan *p,
   LOOM_TRY(loom_nn_check_f32(m, in, 1, 0));
   r->n = loom_shape_numel(in);
   *out = *in;
-  r->out = loom_nn_plan_floats(p, r->n);
+  /* Fused with the pooling after it (sequential.c): never written. */
+  r->out = p->no_out ? NULL : loom_nn_plan_floats(p, r->n);
   return LOOM_OK;
 }
 

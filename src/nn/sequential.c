@@ -46,11 +46,18 @@ static loom_status sequential_plan(loom_module *m, loom_nn_plan *p,
   /* A dry run gives the children's shapes, so the gradient buffers can be
    * taken below the children's scratch on the stack. */
   loom_shape x = *in;
-  int64_t max_mid = 0;
-  for (int i = 0; i < s->n; i++) {
+  for (int i = 0; i < s->n; i++)
     LOOM_TRY(loom_nn_plan_dry(s->kids[i].m, &x, &x));
-    int64_t numel = loom_shape_numel(&x);
-    if (i + 1 < s->n && numel > max_mid)
+  /* A ReLU fused with the pooling after it writes neither its output nor
+   * that output's gradient: neither is planned. */
+  for (int i = 0; i < s->n; i++)
+    s->kids[i].fuse_next =
+        i + 1 < s->n && (i == 0 || !s->kids[i - 1].fuse_next) &&
+        loom_nn_relu_pool_fusable(s->kids[i].m, s->kids[i + 1].m);
+  int64_t max_mid = 0;
+  for (int i = 0; i + 1 < s->n; i++) {
+    int64_t numel = loom_shape_numel(&s->kids[i].m->out);
+    if (!s->kids[i].fuse_next && numel > max_mid)
       max_mid = numel;
   }
   size_t mark = loom_nn_plan_scratch_mark(p);
@@ -62,14 +69,13 @@ static loom_status sequential_plan(loom_module *m, loom_nn_plan *p,
   x = *in;
   for (int i = 0; i < s->n; i++) {
     size_t kid_mark = loom_nn_plan_scratch_mark(p);
-    LOOM_TRY(loom_module_plan(s->kids[i].m, p, &x, &x));
+    p->no_out = s->kids[i].fuse_next;
+    loom_status st = loom_module_plan(s->kids[i].m, p, &x, &x);
+    p->no_out = false;
+    LOOM_TRY(st);
     loom_nn_plan_scratch_release(p, kid_mark);
   }
   loom_nn_plan_scratch_release(p, mark);
-  for (int i = 0; i < s->n; i++)
-    s->kids[i].fuse_next =
-        i + 1 < s->n && (i == 0 || !s->kids[i - 1].fuse_next) &&
-        loom_nn_relu_pool_fusable(s->kids[i].m, s->kids[i + 1].m);
   *out = x;
   return LOOM_OK;
 }

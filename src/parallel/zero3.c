@@ -16,8 +16,10 @@ typedef struct z3_range {
   loom_req req;
 } z3_range;
 
+/* A gathered unit: one or more consecutive model units (shard_unit). */
 typedef struct z3_unit {
-  int first, n; /* its ranges in z->ranges */
+  int first, n;   /* its ranges in z->ranges */
+  int head, tail; /* its first and last model unit */
   unit_state state;
 } z3_unit;
 
@@ -29,11 +31,14 @@ struct loom_zero3 {
   const int64_t *bounds;
   int64_t lo, hi;
   float *params; /* (N) reserved: the slice, and the units gathered */
+  loom_zero3_opts opts;
   int nunits;
   z3_unit *units;   /* (nunits) */
+  int *group_of;    /* (model units) each one's unit here */
   z3_range *ranges; /* all units' ranges */
   int nranges;
-  size_t *counts; /* (nranges * world) */
+  size_t *counts;     /* (nranges * world) */
+  int64_t (*keep)[2]; /* (nranges + 1) give_back's ranges to keep */
   size_t peak;
 };
 
@@ -82,8 +87,7 @@ static int cmp_i64(const void *a, const void *b) {
  * of the other units present (GPT's output layer shares the embedding's
  * weight). */
 static void give_back(loom_zero3 *z, int self, int64_t a, int64_t b) {
-  enum { KEEP_MAX = 64 };
-  int64_t keep[KEEP_MAX][2];
+  int64_t(*keep)[2] = z->keep;
   int nk = 0;
   keep[nk][0] = z->lo;
   keep[nk][1] = z->hi;
@@ -91,7 +95,7 @@ static void give_back(loom_zero3 *z, int self, int64_t a, int64_t b) {
   for (int u = 0; u < z->nunits; u++) {
     if (u == self || z->units[u].state == U_OUT)
       continue;
-    for (int k = 0; k < z->units[u].n && nk < KEEP_MAX; k++, nk++) {
+    for (int k = 0; k < z->units[u].n; k++, nk++) {
       keep[nk][0] = z->ranges[z->units[u].first + k].a;
       keep[nk][1] = z->ranges[z->units[u].first + k].b;
     }
@@ -140,9 +144,21 @@ static int next_unit(const loom_zero3 *z, int u, int dir) {
   return -1;
 }
 
-static loom_status unit_hook(void *user, int u, loom_unit_event ev) {
+static loom_status unit_hook(void *user, int mu, loom_unit_event ev) {
   loom_zero3 *z = user;
-  if (u < 0 || u >= z->nunits || z->units[u].n == 0 || z->world == 1)
+  if (mu < 0 || mu >= loom_model_num_units(z->model) || z->world == 1)
+    return LOOM_OK;
+  /* A unit of several model units begins at its first one's forward and
+   * its last one's backward, and ends the other way round. */
+  int u = z->group_of[mu];
+  const z3_unit *t = &z->units[u];
+  bool begins = ev == LOOM_UNIT_PRE_FORWARD    ? mu == t->head
+                : ev == LOOM_UNIT_PRE_BACKWARD ? mu == t->tail
+                                               : false;
+  bool ends = ev == LOOM_UNIT_POST_FORWARD    ? mu == t->tail
+              : ev == LOOM_UNIT_POST_BACKWARD ? mu == t->head
+                                              : false;
+  if (t->n == 0 || (!begins && !ends))
     return LOOM_OK;
   int v;
   switch (ev) {
@@ -220,32 +236,134 @@ void loom_zero3_resident(const loom_zero3 *z, size_t *now, size_t *peak) {
     *peak = z->peak > r ? z->peak : r;
 }
 
+loom_zero3_opts loom_zero3_opts_default(void) {
+  return (loom_zero3_opts){.every = 1, .min_params = 0};
+}
+
+static int64_t model_unit_numel(const loom_model *m, int u) {
+  int n;
+  const loom_range *r = loom_model_unit_ranges(m, u, &n);
+  int64_t e = 0;
+  for (int i = 0; i < n; i++)
+    e += r[i].numel;
+  return e;
+}
+
+int loom_zero3_group_units(const loom_model *m, const loom_zero3_opts *o,
+                           int *group_of) {
+  loom_zero3_opts d = loom_zero3_opts_default();
+  if (!o)
+    o = &d;
+  int every = o->every > 0 ? o->every : 1;
+  int g = 0, in_g = 0;
+  int64_t held = 0;
+  for (int u = 0; u < loom_model_num_units(m); u++) {
+    group_of[u] = g;
+    in_g++;
+    held += model_unit_numel(m, u);
+    bool full = o->min_params > 0 ? held >= o->min_params : in_g >= every;
+    if (full) {
+      g++;
+      in_g = 0;
+      held = 0;
+    }
+  }
+  return g + (in_g > 0);
+}
+
+/* The ranges of the model units in [head, tail], sorted and merged (a
+ * weight tied across them is gathered once), appended to out; returns
+ * their number. */
+static int merge_ranges(const loom_model *m, int head, int tail,
+                        loom_range *out) {
+  int n = 0;
+  for (int u = head; u <= tail; u++) {
+    int k;
+    const loom_range *r = loom_model_unit_ranges(m, u, &k);
+    for (int i = 0; i < k; i++)
+      out[n++] = r[i];
+  }
+  for (int i = 1; i < n; i++) /* insertion sort: a few ranges */
+    for (int j = i; j > 0 && out[j].offset < out[j - 1].offset; j--) {
+      loom_range x = out[j];
+      out[j] = out[j - 1];
+      out[j - 1] = x;
+    }
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    if (k > 0 && out[i].offset <= out[k - 1].offset + out[k - 1].numel) {
+      int64_t e = out[i].offset + out[i].numel;
+      if (e > out[k - 1].offset + out[k - 1].numel)
+        out[k - 1].numel = e - out[k - 1].offset;
+    } else {
+      out[k++] = out[i];
+    }
+  }
+  return k;
+}
+
+int64_t loom_zero3_group_numel(const loom_model *m, const int *group_of,
+                               int g) {
+  int nu = loom_model_num_units(m), head = -1, tail = -1, total = 0;
+  for (int u = 0; u < nu; u++) {
+    int k;
+    loom_model_unit_ranges(m, u, &k);
+    if (group_of[u] == g) {
+      head = head < 0 ? u : head;
+      tail = u;
+      total += k;
+    }
+  }
+  if (head < 0 || total == 0)
+    return 0;
+  loom_range *r = loom_calloc((size_t)total, sizeof *r);
+  if (!r)
+    return -1;
+  int n = merge_ranges(m, head, tail, r);
+  int64_t e = 0;
+  for (int i = 0; i < n; i++)
+    e += r[i].numel;
+  loom_free(r);
+  return e;
+}
+
 static loom_status make_ranges(loom_zero3 *z) {
-  z->nunits = loom_model_num_units(z->model);
-  z->units = loom_calloc((size_t)(z->nunits ? z->nunits : 1), sizeof *z->units);
-  if (!z->units)
+  int nu = loom_model_num_units(z->model), all = 0;
+  z->group_of = loom_calloc((size_t)(nu ? nu : 1), sizeof(int));
+  if (!z->group_of)
     return LOOM_ERR_NOMEM;
-  for (int u = 0; u < z->nunits; u++) {
+  z->nunits = loom_zero3_group_units(z->model, &z->opts, z->group_of);
+  z->units = loom_calloc((size_t)(z->nunits ? z->nunits : 1), sizeof *z->units);
+  for (int u = 0; u < nu; u++) {
     int n;
     loom_model_unit_ranges(z->model, u, &n);
-    z->units[u].first = z->nranges;
-    z->units[u].n = n;
-    z->nranges += n;
+    all += n;
   }
-  z->ranges =
-      loom_calloc((size_t)(z->nranges ? z->nranges : 1), sizeof *z->ranges);
-  z->counts = loom_calloc(
-      (size_t)(z->nranges ? z->nranges : 1) * (size_t)z->world, sizeof(size_t));
-  if (!z->ranges || !z->counts)
+  /* Merging never adds ranges: the model's count bounds them. */
+  z->ranges = loom_calloc((size_t)(all ? all : 1), sizeof *z->ranges);
+  z->counts =
+      loom_calloc((size_t)(all ? all : 1) * (size_t)z->world, sizeof(size_t));
+  loom_range *merged = loom_calloc((size_t)(all ? all : 1), sizeof *merged);
+  if (!z->units || !z->ranges || !z->counts || !merged) {
+    loom_free(merged);
     return LOOM_ERR_NOMEM;
-  for (int u = 0; u < z->nunits; u++) {
-    int n;
-    const loom_range *rg = loom_model_unit_ranges(z->model, u, &n);
-    for (int k = 0; k < n; k++) {
-      z3_range *r = &z->ranges[z->units[u].first + k];
-      r->a = rg[k].offset;
-      r->b = rg[k].offset + rg[k].numel;
-      r->counts = z->counts + (size_t)(z->units[u].first + k) * z->world;
+  }
+  for (int g = 0; g < z->nunits; g++) {
+    z3_unit *t = &z->units[g];
+    t->head = -1;
+    for (int u = 0; u < nu; u++)
+      if (z->group_of[u] == g) {
+        t->head = t->head < 0 ? u : t->head;
+        t->tail = u;
+      }
+    t->first = z->nranges;
+    t->n = merge_ranges(z->model, t->head, t->tail, merged);
+    z->nranges += t->n;
+    for (int k = 0; k < t->n; k++) {
+      z3_range *r = &z->ranges[t->first + k];
+      r->a = merged[k].offset;
+      r->b = merged[k].offset + merged[k].numel;
+      r->counts = z->counts + (size_t)(t->first + k) * z->world;
       for (int j = 0; j < z->world; j++) {
         int64_t x = z->bounds[j] > r->a ? z->bounds[j] : r->a;
         int64_t y = z->bounds[j + 1] < r->b ? z->bounds[j + 1] : r->b;
@@ -253,11 +371,19 @@ static loom_status make_ranges(loom_zero3 *z) {
       }
     }
   }
-  return LOOM_OK;
+  loom_free(merged);
+  z->keep = loom_calloc((size_t)z->nranges + 1, sizeof *z->keep);
+  return z->keep ? LOOM_OK : LOOM_ERR_NOMEM;
 }
 
 loom_status loom_zero3_new(loom_zero3 **out, loom_model *model, loom_group *g,
                            const int64_t *bounds) {
+  return loom_zero3_new_opts(out, model, g, bounds, NULL);
+}
+
+loom_status loom_zero3_new_opts(loom_zero3 **out, loom_model *model,
+                                loom_group *g, const int64_t *bounds,
+                                const loom_zero3_opts *opts) {
   *out = NULL;
   if (!model || !g || !bounds)
     return loom_error(LOOM_ERR_INVALID_ARG,
@@ -266,6 +392,7 @@ loom_status loom_zero3_new(loom_zero3 **out, loom_model *model, loom_group *g,
   if (!z)
     return LOOM_ERR_NOMEM;
   z->model = model;
+  z->opts = opts ? *opts : loom_zero3_opts_default();
   z->group = g;
   z->rank = loom_group_rank(g);
   z->world = loom_group_size(g);
@@ -312,6 +439,8 @@ void loom_zero3_free(loom_zero3 *z) {
     loom_vmem_free(z->params, (size_t)z->n * sizeof(float));
   }
   loom_free(z->units);
+  loom_free(z->group_of);
+  loom_free(z->keep);
   loom_free(z->ranges);
   loom_free(z->counts);
   loom_free(z);

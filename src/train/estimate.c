@@ -2,9 +2,13 @@
  * loom estimate prints and the batch-size search uses. The formulas follow
  * what the trainer allocates (see the comments); the activations come from
  * planning the model itself for one micro-batch. */
+#include <glob.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
+#include "loom/data.h"
 #include "loom/optim.h"
 #include "trainer.h"
 
@@ -32,6 +36,54 @@ static loom_shape input_shape(const loom_config *cfg, int64_t rows) {
   }
   int64_t d[2] = {rows, cfg->model.context};
   return loom_shape_make(LOOM_I32, 2, d);
+}
+
+/* The data set as the trainer opens it (open_data in loop.c), from file
+ * sizes alone: resident bytes, and the bytes of files it maps. */
+static bool dataset_memory(const loom_config *cfg, double *resident,
+                           double *mapped) {
+  const loom_config_data *dc = &cfg->data;
+  *resident = *mapped = 0;
+  if (dc->dataset == LOOM_CFG_DATASET_FASHION_MNIST) {
+    int64_t tr = 0, va = 0, n = 0;
+    const char *dir = dc->path[0] ? dc->path : NULL;
+    loom_status s = loom_fashion_bytes(dir, LOOM_SPLIT_TRAIN, &tr, &n);
+    if (s == LOOM_OK)
+      s = loom_fashion_bytes(dir, LOOM_SPLIT_VAL, &va, NULL);
+    loom_clear_error();
+    if (s != LOOM_OK)
+      return false;
+    *resident = (double)(tr + va) + 8.0 * (double)n;
+    return true;
+  }
+  struct stat sb;
+  if (dc->dataset == LOOM_CFG_DATASET_KJV) {
+    char path[4096];
+    if (dc->path[0])
+      snprintf(path, sizeof path, "%s", dc->path);
+    else if (loom_kjv_default_path(path, sizeof path) != LOOM_OK)
+      path[0] = '\0';
+    loom_clear_error();
+    if (!path[0] || stat(path, &sb) != 0)
+      return false;
+    /* Train and val split each read the whole file; one window a token
+     * position in the sampler's order, about. */
+    double windows = (double)sb.st_size / (double)(cfg->model.context + 1);
+    *resident = 2.0 * (double)sb.st_size + 8.0 * windows;
+    return true;
+  }
+  /* bin: every file of both patterns is mapped. */
+  const char *pats[2] = {dc->path, dc->val_path};
+  for (int i = 0; i < 2; i++) {
+    glob_t g;
+    if (!pats[i][0] || glob(pats[i], GLOB_ERR, NULL, &g) != 0)
+      return false;
+    for (size_t k = 0; k < g.gl_pathc; k++)
+      if (stat(g.gl_pathv[k], &sb) == 0)
+        *mapped += (double)sb.st_size;
+    globfree(&g);
+  }
+  return true;
 }
 
 loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
@@ -66,14 +118,19 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
   size_t act = 0, scratch = 0;
   loom_status s = loom_model_act_bytes(m, &in, &act, &scratch);
   const double psi = (double)loom_model_num_params(m);
-  /* ZeRO-3 holds a unit being used and the next one being gathered. */
+  /* ZeRO-3 holds a unit being used and the next one being gathered (units
+   * of parallel.shard_unit). */
   double unit = 0, unit2 = 0;
-  for (int u = 0; u < loom_model_num_units(m); u++) {
-    int nr;
-    const loom_range *r = loom_model_unit_ranges(m, u, &nr);
-    double e = 0;
-    for (int i = 0; i < nr; i++)
-      e += (double)r[i].numel;
+  loom_zero3_opts zo = loom_zero3_opts_default();
+  int nu = loom_model_num_units(m);
+  int *group_of = loom_calloc((size_t)(nu ? nu : 1), sizeof(int));
+  if (s == LOOM_OK && !group_of)
+    s = LOOM_ERR_NOMEM;
+  if (s == LOOM_OK)
+    s = loom_config_shard_unit(pc->shard_unit, &zo.every, &zo.min_params);
+  int ng = s == LOOM_OK ? loom_zero3_group_units(m, &zo, group_of) : 0;
+  for (int g = 0; g < ng; g++) {
+    double e = (double)loom_zero3_group_numel(m, group_of, g);
     if (e > unit) {
       unit2 = unit;
       unit = e;
@@ -81,6 +138,7 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
       unit2 = e;
     }
   }
+  loom_free(group_of);
   loom_model_free(m);
   if (s != LOOM_OK)
     return loom_error_context(s, "estimate: planning the model");
@@ -141,6 +199,9 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
       rows *= pc->virtual_shards / ranks;
     out->data_bytes = (double)(cfg->data.prefetch + 1) * (double)rows * row;
   }
+  out->dataset_known =
+      dataset_memory(cfg, &out->dataset_bytes, &out->mapped_bytes);
+  out->data_bytes += out->dataset_bytes;
   if (ddp && pc->deterministic) {
     int64_t shards = pc->virtual_shards / ranks;
     out->comm_bytes += f * psi * (double)(shards > 1 ? shards - 1 : 0);

@@ -644,9 +644,16 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   if (t->units > 1 || cfg->parallel.deterministic || t->zero ||
       cfg->parallel.strategy == LOOM_CFG_STRATEGY_DDP)
     LOOM_TRY_GOTO(s, make_ddp(t), fail);
-  if (t->zero == 3)
-    LOOM_TRY_GOTO(s, loom_zero3_new(&t->z3, t->model, t->world, t->bounds),
+  if (t->zero == 3) {
+    loom_zero3_opts zo = loom_zero3_opts_default();
+    LOOM_TRY_GOTO(s,
+                  loom_config_shard_unit(cfg->parallel.shard_unit, &zo.every,
+                                         &zo.min_params),
                   fail);
+    LOOM_TRY_GOTO(
+        s, loom_zero3_new_opts(&t->z3, t->model, t->world, t->bounds, &zo),
+        fail);
+  }
   if (wants_warm_up(t)) {
     double t0 = loom_time_now();
     LOOM_TRY_GOTO(s, loom_train_agree(t, warm_up(t), "warming up"), fail);

@@ -69,14 +69,18 @@ for model in mlp gpt; do
   run 1 train "${q[@]}" "${cfg[@]}" "${det[@]}" --set parallel.strategy=ddp \
     --set "checkpoint.dir=$tmp/det_${model}_ref"
   ref=$(state "$tmp/det_${model}_ref" | cut -d' ' -f1-3)
-  for z in "zero1 1" "zero1 2" "zero1 4" "zero2 2" "zero2 4" "zero3 1" "zero3 2" "zero3 4"; do
+  # zero3 also with coarser units (parallel.shard_unit): two model units
+  # gathered together, and units grouped up to 10,000 parameters.
+  for z in "zero1 1" "zero1 2" "zero1 4" "zero2 2" "zero2 4" "zero3 1" "zero3 2" "zero3 4" \
+    "zero3 2 every:2" "zero3 4 params:10K"; do
     set -- $z
+    su=${3:-blocks}
     run $2 train "${q[@]}" "${cfg[@]}" "${det[@]}" --set parallel.strategy=$1 \
-      --set "checkpoint.dir=$tmp/det_${model}_$1_$2"
-    h=$(state "$tmp/det_${model}_$1_$2" | cut -d' ' -f1-3)
+      --set parallel.shard_unit=$su --set "checkpoint.dir=$tmp/det_${model}_$1_$2_${su/:/_}"
+    h=$(state "$tmp/det_${model}_$1_$2_${su/:/_}" | cut -d' ' -f1-3)
     [ $rc = 0 ] && [ -n "$ref" ] && [ "$h" = "$ref" ] &&
-      ok "deterministic $model: $1 on $2 ranks = ddp on 1 ($h)" ||
-      { bad "deterministic $model: $1 on $2 ranks '$h' vs '$ref' (rc $rc)"; cat "$tmp/out"; }
+      ok "deterministic $model: $1 (shard_unit $su) on $2 ranks = ddp on 1 ($h)" ||
+      { bad "deterministic $model: $1 (shard_unit $su) on $2 ranks '$h' vs '$ref' (rc $rc)"; cat "$tmp/out"; }
   done
 done
 
@@ -149,6 +153,28 @@ for n in 2 4; do
       { bad "$s on $n ranks: memory '$m' ($(cat "$tmp/memline"), rc $rc)"; tail -3 "$tmp/out"; }
   done
 done
+# -- parallel.shard_unit: zero3's peak of gathered parameters (metrics.jsonl)
+#    grows with the unit and stays within loom estimate's parameter column;
+#    a unit of the whole model holds every parameter.
+gpt2=("$SRC/examples/kjv_gpt.yaml" --set model.layers=4 --set train.batch_size=2
+  --set parallel.strategy=zero3 --set "data.path=$tmp/text.txt")
+prev=0
+for su in blocks every:3 every:100; do
+  d="$tmp/su_${su/:/_}"
+  run 2 train "${q[@]}" "${gpt2[@]}" --set parallel.shard_unit=$su \
+    --set train.steps=2 --set log.every=1 --set train.eval_every=0 \
+    --set train.eval_batches=1 --set checkpoint.every=0 --set "log.run_dir=$d"
+  got=$(grep -o '"mem_params_peak_mb":[0-9.e+-]*' "$d/metrics.jsonl" 2>/dev/null | tail -1 | cut -d: -f2)
+  want=$("$LOOM" estimate "${gpt2[@]}" --set parallel.shard_unit=$su -n 2 |
+    awk '$1 == "zero3" { print $3 }')
+  full=$("$LOOM" estimate "${gpt2[@]}" -n 2 | awk '$1 == "ddp" { print $3 }')
+  awk -v g="$got" -v w="$want" -v p="$prev" -v f="$full" -v su=$su 'BEGIN {
+    exit !(g > p && g <= w * 1.02 && (su != "every:100" || g >= f * 0.98)) }' &&
+    ok "zero3 shard_unit $su: parameters gathered at most $got MiB (estimate $want, all $full)" ||
+    { bad "zero3 shard_unit $su: peak '$got' MiB, estimate '$want', previous '$prev', all '$full' (rc $rc)"; tail -3 "$tmp/out"; }
+  prev=${got:-0}
+done
+
 # The activation arena in metrics.jsonl against loom estimate's activation
 # column (which adds the loss's two copies of the logits).
 got=$(grep -o '"mem_act_mb":[0-9.e+-]*' "$tmp/mem_ddp_2/metrics.jsonl" | tail -1 | cut -d: -f2)
