@@ -56,6 +56,15 @@ LOOM_API_BEGIN
 typedef void (*loom_comm_abort_hook)(void *ctx, const char *why, int exit_code);
 void loom_comm_set_abort_hook(loom_comm_abort_hook fn, void *ctx);
 
+/* Told as each operation ends, on the communication thread (so it must be
+ * quick: the trainer records a trace event): the operation's name
+ * ("allreduce"), its group's label, the bytes of its buffer (count x dtype
+ * size; 0 for calls and splits), when the thread started it and when it
+ * finished (loom_time_now()). One hook per process; NULL removes it. */
+typedef void (*loom_comm_op_hook)(void *user, const char *op, const char *group,
+                                  size_t bytes, double t_start, double t_end);
+void loom_comm_set_op_hook(loom_comm_op_hook fn, void *user);
+
 /* The MPI this library was built against: "openmpi", "mpich", "mpi" (another
  * implementation) or "none"; its launcher must be the one that starts the
  * ranks, or each starts as a one-rank job. */

@@ -299,6 +299,8 @@ loom_status loom_sequential_new(loom_module **out);
 loom_status loom_sequential_add(loom_module *seq, const char *name,
                                 loom_module *child);
 int loom_sequential_count(const loom_module *seq);
+/* The i-th child (NULL when out of range or seq is not a sequential). */
+const loom_module *loom_sequential_child(const loom_module *seq, int i);
 /* Residual: out = in + f(in); f's output shape must equal its input's.
  * Takes ownership of f (freed on failure too); f's names are not prefixed. */
 loom_status loom_residual_new(loom_module **out, loom_module *f);
@@ -424,6 +426,13 @@ const loom_range *loom_model_unit_ranges(const loom_model *m, int u, int *n);
 /* Called around each unit's forward and backward (NULL: none). An error
  * stops the pass and is returned by it. */
 void loom_model_set_unit_hook(loom_model *m, loom_unit_hook fn, void *user);
+/* A second hook at the same points, for whoever watches (the trace): told
+ * after the unit hook's PRE events and before its POST events, so what it
+ * times is the unit's own work, not the unit hook's waits. */
+void loom_model_set_unit_observer(loom_model *m, loom_unit_hook fn, void *user);
+/* Unit u's module path ("blocks.3"; "model" for a root that is one unit);
+ * NULL when out of range. */
+const char *loom_model_unit_name(const loom_model *m, int u);
 
 /* ========================================================== the loss */
 

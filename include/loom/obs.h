@@ -1,6 +1,7 @@
 /* loom obs: what training shows of itself. Metric sinks: RUN/metrics.jsonl
- * (one JSON object per line) and TensorBoard event files (RUN/tb/). Later:
- * the timeline trace, memory by category, the report (docs/observe.md).
+ * (one JSON object per line) and TensorBoard event files (RUN/tb/); the
+ * timeline trace (RUN/trace/). Later: memory by category, the report
+ * (docs/observe.md).
  *
  *   loom_metrics_opts o = loom_metrics_opts_default();
  *   o.tensorboard = true;
@@ -71,6 +72,60 @@ void loom_tb_close(loom_tb *w);
 /* TFRecord's checksum of a record: CRC32C rotated right by 15 bits plus
  * 0xa282ead8. */
 uint32_t loom_tb_masked_crc(const void *data, size_t n);
+
+/* ---------------------------------------------------------------- trace */
+/* The timeline: Chrome/Perfetto trace events (JSON), one file per process
+ * (rank), written by a process-wide tracer that every thread may call.
+ * Complete events ("X": a name, a category, a start and a duration in
+ * microseconds since the trace began) on the calling thread's track;
+ * counters ("C"); thread names. Time is loom_time_now() (the host's
+ * monotonic clock); the file records that clock at ts 0 (metadata
+ * "loom_clock") so that loom report --trace puts the ranks of a host on
+ * one time line. Nothing is done (one atomic load) while no trace is open.
+ *
+ *   loom_trace_start("run/trace/rank-0.json", 0);
+ *   loom_trace_begin("my region"); ... loom_trace_end();    user regions
+ *   loom_trace_span("train", "forward", t0, t1, "\"step\":3");
+ *   loom_trace_stop(NULL);
+ */
+/* A new file at path (never through a link); LOOM_ERR_INVALID_ARG when a
+ * trace is open already. */
+loom_status loom_trace_start(const char *path, int rank);
+/* Writes what is buffered, closes the array, closes the file; *events (or
+ * NULL) gets the number of events written. */
+void loom_trace_stop(uint64_t *events);
+/* Writes what is buffered (the trainer calls it with each metrics line). */
+void loom_trace_flush(void);
+bool loom_trace_enabled(void);
+/* The open trace's path ("" when none was opened). */
+const char *loom_trace_path(void);
+/* Names the calling thread's track ("main", "comm", "loader"). */
+void loom_trace_thread_name(const char *name);
+/* A complete event from t0 to t1 (loom_time_now() seconds) on the calling
+ * thread's track. args: NULL, or the members of the event's args object in
+ * JSON ("\"bytes\":1024,\"group\":\"world\""). */
+void loom_trace_span(const char *cat, const char *name, double t0, double t1,
+                     const char *args);
+/* A counter sample at t: args holds its series ("\"params_mb\":12.5"). */
+void loom_trace_counter(const char *name, double t, const char *args);
+/* User regions (like a profiler's named ranges): begin opens one on the
+ * calling thread, end closes the innermost and records it (category
+ * "user"). Nest up to 32 deep; an end without a begin does nothing. */
+void loom_trace_begin(const char *name);
+void loom_trace_end(void);
+
+/* Merges the rank-K.json files of dir into one trace at out_path (a new
+ * file): every rank a process (pid K, sorted by rank), all on one time
+ * line (the ranks' monotonic clock on one host, their wall clock when the
+ * files come from several hosts). A file cut short by a crash merges up to
+ * its last whole line. */
+typedef struct loom_trace_merge_info {
+  int ranks;
+  uint64_t events;
+  bool one_host; /* aligned by the monotonic clock */
+} loom_trace_merge_info;
+loom_status loom_trace_merge(const char *dir, const char *out_path,
+                             loom_trace_merge_info *info);
 
 LOOM_API_END
 #ifdef __cplusplus

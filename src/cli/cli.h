@@ -27,6 +27,8 @@ typedef struct loom_cli_cmd {
   X("config", loom_cmd_config, "check a config, show it resolved, list keys")  \
   X("estimate", loom_cmd_estimate,                                             \
     "memory per rank of a config, per strategy; largest batch that fits")      \
+  X("report", loom_cmd_report,                                                 \
+    "merge the ranks' timeline traces of a run (--trace)")                     \
   X("bench", loom_cmd_bench, "measure kernels and collectives")
 
 int loom_cmd_train(int argc, char **argv);    /* train.c */
@@ -34,6 +36,7 @@ int loom_cmd_data(int argc, char **argv);     /* data.c */
 int loom_cmd_ckpt(int argc, char **argv);     /* ckpt.c */
 int loom_cmd_config(int argc, char **argv);   /* config.c */
 int loom_cmd_estimate(int argc, char **argv); /* estimate.c */
+int loom_cmd_report(int argc, char **argv);   /* report.c */
 /* estimate.c: "8G", "512M", "1048576" as bytes (powers of 1024); the
  * largest train.batch_size of cfg whose estimate fits budget (0: not even
  * 1 row), cfg's batch_size left at the last one tried; *resolved (may be

@@ -151,6 +151,10 @@ static void wake_waiters(loom_comm_ctx *ctx, const loom_op *op) {
   }
 }
 
+/* The op hook (the trace): read by the communication thread. */
+static _Atomic(loom_comm_op_hook) g_op_fn;
+static void *_Atomic g_op_user;
+
 /* Publishes the result; the caller may reuse the request at once, so
  * nothing touches op afterwards. */
 static void finish(loom_comm_ctx *ctx, loom_op *op) {
@@ -159,6 +163,14 @@ static void finish(loom_comm_ctx *ctx, loom_op *op) {
   if (g->active == op)
     g->active = NULL;
   op->t_end = loom_time_now();
+  loom_comm_op_hook hook = atomic_load(&g_op_fn);
+  if (hook) {
+    bool data = op->kind != LOOM_COMM_CALL && op->kind != LOOM_COMM_SPLIT &&
+                op->kind != LOOM_COMM_FREE;
+    hook(atomic_load(&g_op_user), loom_comm_op_name(op->kind), g->label,
+         data ? op->count * loom_dtype_size(op->dtype) : 0, op->t_start,
+         op->t_end);
+  }
   atomic_store(&op->state, LOOM_REQ_DONE);
   wake_waiters(ctx, op);
 }
@@ -210,6 +222,11 @@ static void *_Atomic g_abort_ctx;
 void loom_comm_set_abort_hook(loom_comm_abort_hook fn, void *ctx) {
   atomic_store(&g_abort_ctx, ctx);
   atomic_store(&g_abort_fn, fn);
+}
+
+void loom_comm_set_op_hook(loom_comm_op_hook fn, void *user) {
+  atomic_store(&g_op_user, user);
+  atomic_store(&g_op_fn, fn);
 }
 
 static void abort_hook_call(const char *why, int code) {

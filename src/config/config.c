@@ -272,12 +272,16 @@ static const loom_config_key keys[] = {
           "also write every number of metrics.jsonl as a TensorBoard scalar "
           "into <log.run_dir>/tb/ (event files; tensorboard --logdir "
           "<log.run_dir>/tb)"),
+    KBOOL("log.trace", log.trace, "false", LO,
+          "write a timeline of every rank (Chrome/Perfetto trace events) "
+          "into <log.run_dir>/trace/rank-K.json: data wait, forward and "
+          "backward per top-level module, each collective on the "
+          "communication thread with its bytes, the optimizer, evaluation, "
+          "checkpoints, memory counters; loom report --trace RUN merges "
+          "the ranks into one file (LOOM_TRACE=DIR does the same into DIR)"),
     KBOOL_TODO("log.profile", log.profile, "false", 0,
-               "write a trace of the steps (Chrome/Perfetto JSON) into the "
-               "run directory. The metrics hold the per-step timings "
-               "(data_wait_s, forward_s, backward_s, comm_wait_s, optim_s) "
-               "either way",
-               "the profiler comes in a later release"),
+               "an earlier name: the trace is log.trace",
+               "it is called log.trace: set log.trace: true"),
     /* parallel */
     KENUM("parallel.strategy", parallel.strategy, "auto",
           loom_cfg_strategy_names, 0,

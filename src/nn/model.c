@@ -40,6 +40,8 @@ struct loom_model {
   bool seq_root;           /* the units are the root's children */
   loom_unit_hook unit_hook;
   void *unit_user;
+  loom_unit_hook unit_obs; /* the observer (trace) */
+  void *unit_obs_user;
 };
 
 loom_model_opts loom_model_opts_default(void) {
@@ -109,6 +111,34 @@ const loom_range *loom_model_unit_ranges(const loom_model *m, int u, int *n) {
 void loom_model_set_unit_hook(loom_model *m, loom_unit_hook fn, void *user) {
   m->unit_hook = fn;
   m->unit_user = user;
+}
+
+void loom_model_set_unit_observer(loom_model *m, loom_unit_hook fn,
+                                  void *user) {
+  m->unit_obs = fn;
+  m->unit_obs_user = user;
+}
+
+const char *loom_model_unit_name(const loom_model *m, int u) {
+  if (u < 0 || u >= m->nunits)
+    return NULL;
+  if (!m->seq_root)
+    return "model";
+  const loom_module *c = loom_sequential_child(m->root, u);
+  return c ? c->path : NULL;
+}
+
+/* The unit hook, then the observer inside it. */
+static loom_status unit_dispatch(void *user, int u, loom_unit_event ev) {
+  loom_model *m = user;
+  bool pre = ev == LOOM_UNIT_PRE_FORWARD || ev == LOOM_UNIT_PRE_BACKWARD;
+  if (pre && m->unit_hook)
+    LOOM_TRY(m->unit_hook(m->unit_user, u, ev));
+  if (m->unit_obs)
+    LOOM_TRY(m->unit_obs(m->unit_obs_user, u, ev));
+  if (!pre && m->unit_hook)
+    LOOM_TRY(m->unit_hook(m->unit_user, u, ev));
+  return LOOM_OK;
 }
 
 /* ------------------------------------------------------- initialisation */
@@ -448,8 +478,9 @@ static loom_nn_ctx make_ctx(const loom_model *m) {
                    .sample_base = m->sample_base,
                    .hook = m->hook,
                    .hook_user = m->hook_user,
-                   .unit_hook = m->unit_hook,
-                   .unit_user = m->unit_user,
+                   .unit_hook =
+                       m->unit_hook || m->unit_obs ? unit_dispatch : NULL,
+                   .unit_user = (void *)m,
                    .unit_root = m->seq_root ? m->root : NULL};
   return c;
 }
@@ -478,12 +509,12 @@ loom_status loom_model_forward(loom_model *m, const loom_tensor *input,
   loom_nn_ctx ctx = make_ctx(m);
   const float *y;
   /* A root that is not a sequential is one unit. */
-  bool whole = m->unit_hook && !m->seq_root;
+  bool whole = ctx.unit_hook && !m->seq_root;
   if (whole)
-    LOOM_TRY(m->unit_hook(m->unit_user, 0, LOOM_UNIT_PRE_FORWARD));
+    LOOM_TRY(unit_dispatch(m, 0, LOOM_UNIT_PRE_FORWARD));
   LOOM_TRY(loom_module_forward(m->root, &ctx, input->data, &y));
   if (whole)
-    LOOM_TRY(m->unit_hook(m->unit_user, 0, LOOM_UNIT_POST_FORWARD));
+    LOOM_TRY(unit_dispatch(m, 0, LOOM_UNIT_POST_FORWARD));
   m->out = y;
   m->have_forward = true;
   if (output)
@@ -538,9 +569,9 @@ loom_status loom_model_backward(loom_model *m, const loom_tensor *doutput,
   }
   loom_nn_ctx ctx = make_ctx(m);
   /* the input gradient is written (or cleared first) */
-  if (!m->unit_hook || m->seq_root)
+  if (!ctx.unit_hook || m->seq_root)
     return loom_module_backward_to(m->root, &ctx, g, di);
-  LOOM_TRY(m->unit_hook(m->unit_user, 0, LOOM_UNIT_PRE_BACKWARD));
+  LOOM_TRY(unit_dispatch(m, 0, LOOM_UNIT_PRE_BACKWARD));
   LOOM_TRY(loom_module_backward_to(m->root, &ctx, g, di));
-  return m->unit_hook(m->unit_user, 0, LOOM_UNIT_POST_BACKWARD);
+  return unit_dispatch(m, 0, LOOM_UNIT_POST_BACKWARD);
 }

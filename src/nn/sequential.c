@@ -238,3 +238,10 @@ int loom_sequential_count(const loom_module *seq) {
 bool loom_nn_is_sequential(const loom_module *m) {
   return m && m->ops == &sequential_ops;
 }
+
+const loom_module *loom_sequential_child(const loom_module *seq, int i) {
+  if (!seq || seq->ops != &sequential_ops)
+    return NULL;
+  const sequential *s = (const sequential *)seq;
+  return i >= 0 && i < s->n ? s->kids[i].m : NULL;
+}

@@ -14,6 +14,7 @@
 #include "loom/data.h"
 #include "loom/kernels.h"
 #include "loom/nn.h"
+#include "loom/obs.h"
 #include "loom/optim.h"
 #include "loom/run.h"
 #include "loom/train.h"
@@ -638,6 +639,8 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
     loom_runstat_phase(LOOM_RUNSTAT_COMM_READY);
     s = setup_local(t);
   }
+  if (s == LOOM_OK)
+    s = loom_train_trace_open(t);
   LOOM_TRY_GOTO(s, loom_train_agree(t, s, "setting up"), fail);
   if (t->zero == 2 && t->nranks > 1)
     LOOM_TRY_GOTO(s, zero2_params(t), fail);
@@ -686,6 +689,7 @@ fail:
 void loom_trainer_free(loom_trainer *t) {
   if (!t)
     return;
+  loom_train_trace_close(t);
   if (t->save.w) {
     loom_ckpt_writer_wait(t->save.w);
     loom_ckpt_writer_free(t->save.w);
@@ -726,6 +730,17 @@ static int64_t global_rows(const loom_trainer *t, int64_t epoch,
   return gb;
 }
 
+/* A phase of the step on the trace's main track, with the step's number
+ * (the optimizer step it belongs to). */
+static void trace_step_span(const loom_trainer *t, const char *name, double t0,
+                            double t1) {
+  if (!t->tracing)
+    return;
+  char args[32];
+  snprintf(args, sizeof args, "\"step\":%lld", (long long)t->step);
+  loom_trace_span("train", name, t0, t1, args);
+}
+
 /* Forward and loss of rows [lo, lo + n) of batch b. */
 static loom_status forward_rows(loom_trainer *t, const loom_batch *b,
                                 int64_t lo, int64_t n, loom_xent_stats *st,
@@ -748,7 +763,9 @@ static loom_status forward_rows(loom_trainer *t, const loom_batch *b,
   loom_tensor logits;
   LOOM_TRY(loom_model_forward(t->model, &x, &logits));
   LOOM_TRY(loom_xent_forward(t->xent, &logits, y, st));
-  tm->forward += loom_time_now() - t0;
+  double t1 = loom_time_now();
+  tm->forward += t1 - t0;
+  trace_step_span(t, "forward", t0, t1);
   return LOOM_OK;
 }
 
@@ -765,7 +782,9 @@ static loom_status forward_empty(loom_trainer *t, const loom_batch *b,
   loom_tensor logits;
   LOOM_TRY(loom_model_forward(t->model, &x, &logits));
   LOOM_TRY(loom_xent_forward(t->xent, &logits, (const int32_t *)b->y.data, st));
-  tm->forward += loom_time_now() - t0;
+  double t1 = loom_time_now();
+  tm->forward += t1 - t0;
+  trace_step_span(t, "forward", t0, t1);
   return LOOM_OK;
 }
 
@@ -776,7 +795,9 @@ static loom_status backward_rows(loom_trainer *t, float scale,
   LOOM_TRY(loom_model_output_grad(t->model, &dlogits));
   LOOM_TRY(loom_xent_backward(t->xent, &dlogits, scale));
   LOOM_TRY(loom_model_backward(t->model, NULL, NULL));
-  tm->backward += loom_time_now() - t0;
+  double t1 = loom_time_now();
+  tm->backward += t1 - t0;
+  trace_step_span(t, "backward", t0, t1);
   return LOOM_OK;
 }
 
@@ -804,6 +825,10 @@ static loom_status step_micro(loom_trainer *t, double *sums,
     const loom_batch *b;
     LOOM_TRY(loom_loader_next(t->train_loader, &b));
     tm->data += b->wait_s;
+    if (t->tracing) {
+      double now = loom_time_now();
+      trace_step_span(t, "data wait", now - b->wait_s, now);
+    }
     *epoch = b->epoch;
     bool last = m == t->accumulate - 1;
     if (t->ddp)
@@ -1141,6 +1166,14 @@ static loom_status optim_step(loom_trainer *t, float lr, double *gnorm,
     el -= ds.last_wait_s;
   }
   tm->optim += el;
+  if (t->tracing) {
+    /* The optimizer's span holds the waits for the reductions it needs:
+     * optim_s in metrics.jsonl is its length less comm_wait_s. */
+    char args[96];
+    snprintf(args, sizeof args, "\"step\":%lld,\"comm_wait_s\":%.6f",
+             (long long)t->step, t->ddp ? ds.last_wait_s : 0.0);
+    loom_trace_span("train", "optimizer", t0, loom_time_now(), args);
+  }
   return LOOM_OK;
 }
 
@@ -1364,6 +1397,7 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
     }
     bool last = t->step == t->total_steps;
     if (t->step % cfg->log.every == 0 || last) {
+      loom_train_trace_mem(t);
       res->train_loss = t->loss_window_sum / (double)t->loss_window_n;
       if (t->metrics)
         LOOM_TRY_GOTO(
@@ -1378,8 +1412,12 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
     /* eval_every 0: at the end of each epoch (steps_per_epoch >= 1). */
     int64_t every =
         cfg->train.eval_every > 0 ? cfg->train.eval_every : t->steps_per_epoch;
-    if (t->step % every == 0 || last)
+    if (t->step % every == 0 || last) {
+      double t0 = loom_time_now();
       LOOM_TRY_GOTO(s, log_eval(t, res, last), out);
+      if (t->tracing)
+        loom_trace_span("train", "evaluation", t0, loom_time_now(), NULL);
+    }
     /* Injected faults land after the step, before its checkpoint. */
     if (t->n_faults > 0)
       loom_train_fault_after_step(t);
@@ -1390,7 +1428,10 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
         last || stop) {
       double t0 = loom_time_now();
       LOOM_TRY_GOTO(s, loom_train_ckpt_save(t), out);
-      w.times.ckpt += loom_time_now() - t0;
+      double t1 = loom_time_now();
+      w.times.ckpt += t1 - t0;
+      if (t->tracing)
+        loom_trace_span("train", "checkpoint", t0, t1, NULL);
     }
     if (stop && !last) {
       res->interrupted = true;

@@ -76,6 +76,9 @@ struct loom_trainer {
   loom_sched sched;
   loom_metrics *metrics;
   loom_progress *progress;
+  bool tracing;       /* this trainer opened the process's trace */
+  double *unit_t0;    /* (2 x units) trace: when each unit's forward and
+                         backward began */
   bool is_text;       /* tokens: throughput in tokens, no accuracy */
   int64_t batch;      /* B: rows per micro-batch per rank */
   int64_t accumulate; /* micro-batches per optimizer step */
@@ -170,6 +173,13 @@ loom_status loom_train_ckpt_poll(loom_trainer *t, const double *g);
 loom_status loom_train_fault_init(loom_trainer *t);
 /* After step t->step: exit, segv, hang or slow as asked. */
 void loom_train_fault_after_step(loom_trainer *t);
+
+/* trace.c: the timeline (log.trace or LOOM_TRACE=DIR): opens this rank's
+ * file and hooks the model's units and the communication thread into it;
+ * close unhooks and closes. mem adds the memory counters. */
+loom_status loom_train_trace_open(loom_trainer *t);
+void loom_train_trace_close(loom_trainer *t);
+void loom_train_trace_mem(const loom_trainer *t);
 /* After the checkpoint of `step` was committed: the corrupt fault. */
 void loom_train_fault_after_save(loom_trainer *t, int64_t step);
 

@@ -234,7 +234,8 @@ TT_TEST(test_not_implemented_and_sizes) {
              "supported: 0 (loss scaling comes with train.precision f16)");
   EXPECT_ERR("log:\n  profile: true\n",
              "t.yaml:2:3: key 'log.profile': true is not implemented yet; "
-             "supported: false (the profiler comes in a later release)");
+             "supported: false (it is called log.trace: set log.trace: "
+             "true)");
   EXPECT_ERR("parallel:\n  strategy: zero\n",
              "t.yaml:2:13: key 'parallel.strategy': expected one of auto, "
              "none, ddp, zero1, zero2, zero3, fsdp, got 'zero' (did you mean "

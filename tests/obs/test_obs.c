@@ -3,6 +3,7 @@
  * wire format), and metric lines reaching both sinks. The real reader,
  * TensorBoard's own, is tests/obs/tensorboard.sh. */
 #include <dirent.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -227,7 +228,74 @@ TT_TEST(test_metrics_both_sinks) {
   rmdir(dir);
 }
 
+/* The trace's C API: user regions (nested, an end without a begin), spans
+ * from another thread on a track of its own, counters; off after stop; a
+ * second start while one is open refused; the file loads through
+ * loom_trace_merge. */
+static void *traced_thread(void *arg) {
+  (void)arg;
+  loom_trace_thread_name("worker");
+  double t = loom_time_now();
+  loom_trace_span("test", "from \"worker\"", t, t + 1e-3, "\"k\":1");
+  return NULL;
+}
+
+static int count_in(const char *path, const char *needle) {
+  FILE *f = fopen(path, "r");
+  char line[1024];
+  int n = 0;
+  while (f && fgets(line, sizeof line, f))
+    n += strstr(line, needle) != NULL;
+  if (f)
+    fclose(f);
+  return n;
+}
+
+TT_TEST(test_trace_api) {
+  char dir[64], path[128], merged[128];
+  tmpdir(dir, sizeof dir);
+  TT_REQUIRE(dir[0]);
+  snprintf(path, sizeof path, "%s/rank-3.json", dir);
+  snprintf(merged, sizeof merged, "%s/all.json", dir);
+  TT_CHECK(!loom_trace_enabled());
+  loom_trace_begin("ignored"); /* no trace: nothing */
+  loom_trace_end();
+  TT_REQUIRE_OK(loom_trace_start(path, 3));
+  TT_CHECK(loom_trace_enabled());
+  TT_CHECK_EQ(loom_trace_start(path, 3), LOOM_ERR_INVALID_ARG);
+  loom_trace_end(); /* without a begin: nothing */
+  loom_trace_begin("outer");
+  loom_trace_begin("inner");
+  loom_trace_end();
+  loom_trace_end();
+  loom_trace_counter("memory", loom_time_now(), "\"a_mb\":1.5");
+  pthread_t th;
+  TT_REQUIRE(pthread_create(&th, NULL, traced_thread, NULL) == 0);
+  pthread_join(th, NULL);
+  uint64_t events = 0;
+  loom_trace_stop(&events);
+  TT_CHECK(!loom_trace_enabled());
+  loom_trace_span("test", "after stop", 0, 1, NULL); /* dropped */
+  /* main's and worker's names, 2 regions, a counter, a span */
+  TT_CHECK_EQ(events, 6);
+  TT_CHECK_EQ(count_in(path, "\"cat\":\"user\",\"name\":\"inner\""), 1);
+  TT_CHECK_EQ(count_in(path, "\"cat\":\"user\",\"name\":\"outer\""), 1);
+  TT_CHECK_EQ(count_in(path, "from \\\"worker\\\""), 1);
+  TT_CHECK_EQ(count_in(path, "after stop"), 0);
+  TT_CHECK_EQ(count_in(path, "\"pid\":3"), count_in(path, "\"pid\""));
+  loom_trace_merge_info info;
+  TT_CHECK_OK(loom_trace_merge(dir, merged, &info));
+  TT_CHECK_EQ(info.ranks, 1);
+  /* process_name, loom_clock and the 6 */
+  TT_CHECK_EQ(info.events, 8);
+  TT_CHECK(info.one_host);
+  unlink(path);
+  unlink(merged);
+  rmdir(dir);
+}
+
 int main(void) {
+  TT_RUN(test_trace_api);
   TT_RUN(test_masked_crc);
   TT_RUN(test_event_file);
   TT_RUN(test_metrics_both_sinks);

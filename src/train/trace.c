@@ -1,0 +1,119 @@
+/* The trainer's side of the timeline trace (obs/trace.c writes it): which
+ * file, and the hooks that feed it from the model's units and from the
+ * communication thread. The loop's own phases (data wait, forward,
+ * backward, optimizer, evaluation, checkpoint) are spans in loop.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/obs.h"
+#include "trainer.h"
+
+/* Forward and backward of each top-level module, on the main thread. */
+static loom_status unit_observer(void *user, int u, loom_unit_event ev) {
+  loom_trainer *t = user;
+  int n = loom_model_num_units(t->model);
+  if (u < 0 || u >= n || !loom_trace_enabled())
+    return LOOM_OK;
+  double now = loom_time_now();
+  switch (ev) {
+  case LOOM_UNIT_PRE_FORWARD:
+    t->unit_t0[2 * u] = now;
+    break;
+  case LOOM_UNIT_PRE_BACKWARD:
+    t->unit_t0[2 * u + 1] = now;
+    break;
+  case LOOM_UNIT_POST_FORWARD:
+  case LOOM_UNIT_POST_BACKWARD: {
+    bool fwd = ev == LOOM_UNIT_POST_FORWARD;
+    const char *name = loom_model_unit_name(t->model, u);
+    loom_trace_span(fwd ? "forward" : "backward", name ? name : "?",
+                    t->unit_t0[2 * u + (fwd ? 0 : 1)], now, NULL);
+    break;
+  }
+  }
+  return LOOM_OK;
+}
+
+/* Each operation of the communication thread, on its own track. */
+static _Thread_local bool comm_named;
+static void comm_op(void *user, const char *op, const char *group, size_t bytes,
+                    double t0, double t1) {
+  (void)user;
+  if (!loom_trace_enabled())
+    return;
+  if (!comm_named) {
+    loom_trace_thread_name("comm");
+    comm_named = true;
+  }
+  char args[160];
+  snprintf(args, sizeof args, "\"bytes\":%zu,\"group\":\"%s\"", bytes, group);
+  loom_trace_span("comm", op, t0, t1, args);
+}
+
+loom_status loom_train_trace_open(loom_trainer *t) {
+  const char *env = getenv("LOOM_TRACE");
+  if (!t->cfg.log.trace && !(env && *env))
+    return LOOM_OK;
+  char dir[LOOM_CONFIG_STR_MAX + 16], path[LOOM_CONFIG_STR_MAX + 48];
+  if (env && *env)
+    snprintf(dir, sizeof dir, "%s", env);
+  else if (t->cfg.log.run_dir[0])
+    snprintf(dir, sizeof dir, "%s/trace", t->cfg.log.run_dir);
+  else
+    return loom_error(LOOM_ERR_CONFIG,
+                      "log.trace: no log.run_dir to write the trace into "
+                      "(set log.run_dir, or LOOM_TRACE=DIR)");
+  if (loom_trace_enabled()) {
+    LOOM_WARN("log.trace: this process already writes a trace (%s); this "
+              "trainer adds to it",
+              loom_trace_path());
+    return LOOM_OK;
+  }
+  LOOM_TRY(loom_fs_mkdirs(dir, 0755));
+  snprintf(path, sizeof path, "%s/rank-%d.json", dir, t->rank);
+  int n = loom_model_num_units(t->model);
+  t->unit_t0 = loom_calloc((size_t)(n > 0 ? 2 * n : 2), sizeof(double));
+  if (!t->unit_t0)
+    return LOOM_ERR_NOMEM;
+  LOOM_TRY(loom_trace_start(path, t->rank));
+  t->tracing = true;
+  loom_model_set_unit_observer(t->model, unit_observer, t);
+  loom_comm_set_op_hook(comm_op, NULL);
+  if (t->rank == 0 && !t->opts.quiet)
+    LOOM_INFO("tracing into %s/rank-*.json (merge: loom report --trace %s)",
+              dir, env && *env ? dir : t->cfg.log.run_dir);
+  return LOOM_OK;
+}
+
+void loom_train_trace_mem(const loom_trainer *t) {
+  if (!t->tracing || !loom_trace_enabled())
+    return;
+  loom_train_mem mem;
+  loom_train_mem_get(t, &mem);
+  const double mib = 1024.0 * 1024.0;
+  char args[256];
+  snprintf(args, sizeof args,
+           "\"params_mb\":%.3f,\"grads_mb\":%.3f,\"optim_mb\":%.3f,"
+           "\"act_mb\":%.3f",
+           (double)mem.params / mib, (double)mem.grads / mib,
+           (double)mem.optim / mib, (double)mem.act / mib);
+  double now = loom_time_now();
+  loom_trace_counter("memory", now, args);
+  snprintf(args, sizeof args, "\"peak_rss_mb\":%.3f",
+           loom_train_peak_rss() / mib);
+  loom_trace_counter("peak rss", now, args);
+  loom_trace_flush();
+}
+
+void loom_train_trace_close(loom_trainer *t) {
+  if (!t || !t->tracing)
+    return;
+  loom_comm_set_op_hook(NULL, NULL);
+  if (t->model)
+    loom_model_set_unit_observer(t->model, NULL, NULL);
+  loom_trace_stop(NULL);
+  t->tracing = false;
+  loom_free(t->unit_t0);
+  t->unit_t0 = NULL;
+}

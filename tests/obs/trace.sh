@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# log.trace: every rank writes a Chrome/Perfetto trace (JSON trace events)
+# that loads as JSON; its spans of each step sum to metrics.jsonl's parts
+# (data_wait_s, forward_s, backward_s, optim_s + comm_wait_s: within 2%);
+# forward and backward have a span per top-level module inside them; the
+# communication thread's collectives are on a track of their own with their
+# bytes; memory counters; loom report --trace merges the ranks (a process
+# each, one time line) and takes a file cut short by a crash; LOOM_TRACE=DIR
+# writes there instead; off by default; log.profile (the old name) is
+# refused at config check.
+. "$(dirname "$0")/../lib.sh"
+export LOOM_THREADS=1 OMP_NUM_THREADS=1 LOOM_LOG=warn
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$SRC/tests/parallel/lsan_mpi.supp:fast_unwind_on_malloc=0:print_suppressions=0}
+head -c 40000 "$SRC/docs/parallel.md" >"$tmp/text.txt"
+gpt=("$SRC/examples/small_gpt.yaml" --set "data.path=$tmp/text.txt" --set model.layers=2
+  --set model.d_model=64 --set model.heads=2 --set model.context=32 --set train.batch_size=4
+  --set train.steps=6 --set log.every=1 --set train.eval_every=3 --set train.eval_batches=2
+  --set checkpoint.every=3 --set parallel.strategy=ddp --set parallel.bucket_mb=0.01 --quiet)
+
+run 2 train "${gpt[@]}" --set log.trace=true --set "log.run_dir=$tmp/run"
+[ $rc = 0 ] || { bad "2-rank traced run (rc $rc)"; cat "$tmp/out"; }
+"$LOOM" report --trace "$tmp/run" >"$tmp/rep" 2>&1 &&
+  grep -q "2 ranks" "$tmp/rep" && ok "report --trace: $(cat "$tmp/rep")" ||
+  { bad "report --trace failed"; cat "$tmp/rep"; }
+
+python3 - "$tmp/run" <<'PY' >"$tmp/check" 2>&1
+import collections, json, sys
+run = sys.argv[1]
+fails = []
+def check(cond, msg):
+    print(("ok: " if cond else "FAILED: ") + msg)
+metrics = [json.loads(l) for l in open(run + "/metrics.jsonl")]
+for rank in (0, 1):
+    ev = json.load(open(f"{run}/trace/rank-{rank}.json"))
+    check(all(e.get("pid") == rank for e in ev), f"rank {rank}: every event of process {rank}")
+    names = {e["tid"]: e["args"]["name"] for e in ev if e.get("name") == "thread_name"}
+    spans = [e for e in ev if e.get("ph") == "X"]
+    main = [t for t, n in names.items() if n == "main"]
+    comm = [t for t, n in names.items() if n == "comm"]
+    check(len(main) == 1 and len(comm) == 1, f"rank {rank}: tracks {sorted(names.values())}")
+    if not (main and comm):
+        continue
+    coll = [e for e in spans if e["tid"] == comm[0]]
+    ar = [e for e in coll if e["name"] == "allreduce" and e["args"]["bytes"] > 0]
+    check(len(ar) >= 12, f"rank {rank}: {len(ar)} all-reduces on the comm track, with bytes")
+    check({e["name"] for e in ev if e.get("ph") == "C"} >= {"memory", "peak rss"},
+          f"rank {rank}: memory counters")
+    # Each step's phases against metrics.jsonl (rank 0 writes it): a line
+    # of step N holds the step whose spans carry step N - 1.
+    if rank == 0:
+        for m in metrics:
+            if "forward_s" not in m:
+                continue
+            s = m["step"] - 1
+            def total(name):
+                return sum(e["dur"] for e in spans if e["name"] == name and
+                           e["cat"] == "train" and e["args"].get("step") == s) / 1e6
+            opt = [e for e in spans if e["name"] == "optimizer" and e["args"].get("step") == s]
+            pairs = [("forward", m["forward_s"], total("forward")),
+                     ("backward", m["backward_s"], total("backward")),
+                     ("data wait", m["data_wait_s"], total("data wait")),
+                     ("optimizer", m["optim_s"] + m.get("comm_wait_s", 0),
+                      sum(e["dur"] for e in opt) / 1e6)]
+            for name, want, got in pairs:
+                check(abs(got - want) <= 0.02 * want + 20e-6,
+                      f"step {m['step']}: {name} spans {got:.6f} s, metrics {want:.6f} s")
+    # Forward and backward of each top-level module inside the step's own.
+    fwd = [e for e in spans if e["cat"] == "train" and e["name"] == "forward"]
+    mods = [e for e in spans if e["cat"] == "forward"]
+    units = {e["name"] for e in mods}
+    check({"emb", "blocks.0", "blocks.1", "ln_f", "head"} <= units, f"rank {rank}: module spans {sorted(units)}")
+    inside = sum(any(f["ts"] <= e["ts"] and e["ts"] + e["dur"] <= f["ts"] + f["dur"] + 1e-3
+                     for f in fwd) for e in mods)
+    train_mods = sum(1 for e in mods)  # evaluation's forwards are outside the steps
+    check(inside >= 5 * len(fwd), f"rank {rank}: {inside} of {train_mods} module forwards inside the {len(fwd)} step forwards")
+    check(sum(1 for e in spans if e["cat"] == "backward") == 5 * 6,
+          f"rank {rank}: 5 module backwards a step")
+    check(any(e["name"] == "evaluation" for e in spans) and any(e["name"] == "checkpoint" for e in spans),
+          f"rank {rank}: evaluation and checkpoint spans")
+merged = json.load(open(run + "/trace.json"))
+check({e["pid"] for e in merged} == {0, 1}, "merged: processes 0 and 1")
+m0 = min(e["ts"] for e in merged if "ts" in e)
+check(0 <= m0 < 1e6, f"merged: one time line, starting at {m0:.0f} us")
+PY
+grep '^ok' "$tmp/check" | head -50
+grep -q FAILED "$tmp/check" && { bad "trace content:"; grep -v '^ok' "$tmp/check"; }
+grep -q '^ok' "$tmp/check" || { bad "no checks ran"; cat "$tmp/check"; }
+
+# A file cut short mid-line (a crash) still merges, without that line.
+cp -r "$tmp/run/trace" "$tmp/cut"
+f="$tmp/cut/rank-1.json"
+head -c $(($(wc -c <"$f") / 2)) "$f" >"$f.part" && mv "$f.part" "$f"
+"$LOOM" report --trace "$tmp/cut" -o "$tmp/cut.json" >"$tmp/rep" 2>&1 &&
+  python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$tmp/cut.json" &&
+  ok "a rank file cut in half merges: $(cat "$tmp/rep")" || { bad "cut file"; cat "$tmp/rep"; }
+# Not a trace: an error naming the file; no directory: exit 1 with its name.
+echo '[{"x":1}]' >"$tmp/cut/rank-0.json"
+"$LOOM" report --trace "$tmp/cut" -o "$tmp/x.json" >"$tmp/rep" 2>&1
+[ $? = 1 ] && grep -q "rank-0.json: no loom_clock" "$tmp/rep" && ok "not a trace: $(cat "$tmp/rep")" ||
+  { bad "a foreign file"; cat "$tmp/rep"; }
+"$LOOM" report --trace "$tmp/none" >"$tmp/rep" 2>&1
+[ $? = 1 ] && grep -q "$tmp/none" "$tmp/rep" && ok "no trace directory: exit 1" || { bad "missing dir"; cat "$tmp/rep"; }
+"$LOOM" report >"$tmp/rep" 2>&1
+[ $? = 2 ] && ok "report without --trace: exit 2" || bad "report without arguments"
+
+# LOOM_TRACE=DIR: the files go there; off by default: no trace directory.
+LOOM_TRACE="$tmp/env" "$LOOM" train "${gpt[@]}" --set train.steps=2 --set "log.run_dir=$tmp/run2" >"$tmp/out" 2>&1
+[ -s "$tmp/env/rank-0.json" ] && [ ! -e "$tmp/run2/trace" ] && ok "LOOM_TRACE=DIR writes DIR/rank-0.json" ||
+  { bad "LOOM_TRACE"; cat "$tmp/out"; }
+"$LOOM" train "${gpt[@]}" --set train.steps=2 --set "log.run_dir=$tmp/run3" >"$tmp/out" 2>&1
+[ ! -e "$tmp/run3/trace" ] && ok "no trace by default" || bad "a trace without log.trace"
+# The old key is refused, naming the new one.
+"$LOOM" config check "$SRC/examples/small_gpt.yaml" --set log.profile=true >"$tmp/out" 2>&1
+[ $? = 2 ] && grep -q "log.trace" "$tmp/out" && ok "log.profile: exit 2 naming log.trace" ||
+  { bad "log.profile"; cat "$tmp/out"; }
+# A link planted where a rank file goes is refused, never followed.
+mkdir -p "$tmp/run4/trace"
+echo keep >"$tmp/victim"
+ln -s "$tmp/victim" "$tmp/run4/trace/rank-0.json"
+"$LOOM" train "${gpt[@]}" --set train.steps=1 --set log.trace=true --set "log.run_dir=$tmp/run4" >"$tmp/out" 2>&1
+rc=$?
+[ "$(cat "$tmp/victim")" = keep ] && [ -L "$tmp/run4/trace/rank-0.json" ] && [ $rc != 0 ] &&
+  ok "a link in the trace's place: refused, not written through (exit $rc: $(grep -m1 -o 'trace: opening.*' "$tmp/out"))" ||
+  { bad "the trace and a link (exit $rc)"; cat "$tmp/out"; }
+finish obs_trace
