@@ -17,7 +17,7 @@ BUILD=${1:-$LOOM_ROOT/build}
 LOOM="$BUILD/loom"
 [ -x "$LOOM" ] || { echo "build it first: make build" >&2; exit 1; }
 L=${LAYERS:-12} C=${DMODEL:-768} H=${HEADS:-12} T=${CONTEXT:-256}
-B=${BATCH:-1} S=${STEPS:-5} RANKS=${RANKS:-"1 2 4"} ROUNDS=${ROUNDS:-2}
+B=${BATCH:-1} S=${STEPS:-5} RANKS=${RANKS-"1 2 4"} ROUNDS=${ROUNDS:-2}
 torch=0
 bench_torch_peer && torch=1
 bench_check_load
@@ -117,18 +117,28 @@ for k, v in acc.items():
 PY
 
 # LARGEST=1: the largest GPT (d_model 2048, 16 heads, context 256, layers
-# chosen) that trains 3 steps on 2 ranks under each strategy: loom estimate
-# picks the most layers whose total fits 90% of MemTotal over the 2 ranks,
-# a real run confirms it (one layer less while it fails). Long: minutes per
-# run at this size on 2 cores.
+# chosen) that trains 3 steps on 2 ranks under each strategy, loom's and
+# PyTorch's: loom estimate picks the most layers whose total fits 90% of
+# MemTotal over the 2 ranks, then real runs decide: one layer more while a
+# run succeeds, one less while it fails. PyTorch has no estimator: two short runs (2 and 4 layers) give
+# its bytes a layer, the most layers that fit MemTotal are tried, then one
+# more while a run succeeds, one less while it fails (a rank the kernel
+# kills for memory fails the run). Long: minutes per run at this size on 2
+# cores. LARGEST_LOOM (default "ddp zero1 zero2 zero3") and LARGEST_TORCH
+# ("ddp fsdp_grad_op fsdp") choose the strategies; RANKS="" skips the
+# throughput table.
 [ "${LARGEST:-0}" = 1 ] || exit 0
-budget=$(awk '/^MemTotal:/ { printf "%d", $2 * 1024 * 0.9 / 2 }' /proc/meminfo)
-echo "# largest GPT on 2 ranks, d_model 2048, context 256, 1 row per rank, 3 steps; budget $((budget >> 20)) MiB a rank"
-printf '%-8s %8s %14s %12s\n' strategy layers parameters rss_mb_rank
+budget=$(awk '/^MemTotal:/ { printf "%.0f", $2 * 1024 * 0.9 / 2 }' /proc/meminfo)
+echo "# largest GPT on 2 ranks, d_model 2048, 16 heads, context 256, 1 row per rank, 3 steps; loom's budget $((budget >> 20)) MiB a rank"
+printf '%-8s %-14s %8s %14s %12s\n' side strategy layers parameters rss_mb_rank
 big=(--set model.d_model=2048 --set model.heads=16 --set model.context=256 --set train.batch_size=1)
 # a few KB: the final evaluation of a billion parameters reads all of the 10% held out
 head -c 4500 /dev/urandom | base64 >"$tmp/small.txt"
-for s in ddp zero1 zero2 zero3; do
+loom_big() { # STRATEGY LAYERS: 3 steps on 2 ranks, status
+  loom_train_rss 2 "$tmp/big_$1_$2" "${big[@]}" --set model.layers="$2" --set train.steps=3 \
+    --set checkpoint.enabled=false --set "data.path=$tmp/small.txt" --set parallel.strategy="$1"
+}
+for s in ${LARGEST_LOOM-ddp zero1 zero2 zero3}; do
   L=1
   while :; do
     tot=$("$LOOM" estimate "$LOOM_ROOT/examples/small_gpt.yaml" -n 2 --strategy $s "${big[@]}" \
@@ -136,17 +146,48 @@ for s in ddp zero1 zero2 zero3; do
     awk -v t="$tot" -v b="$budget" 'BEGIN { exit !(t * 1048576 <= b) }' || break
     L=$((L + 1))
   done
-  while [ $L -ge 1 ]; do
-    d="$tmp/big_${s}_$L"
-    if loom_train_rss 2 "$d" "${big[@]}" --set model.layers=$L --set train.steps=3 \
-      --set checkpoint.enabled=false --set "data.path=$tmp/small.txt" \
-      --set parallel.strategy=$s; then
-      p=$("$LOOM" estimate "$LOOM_ROOT/examples/small_gpt.yaml" -n 2 "${big[@]}" \
-        --set model.layers=$L | sed -n 's/.*gpt, \([0-9]*\) parameters.*/\1/p')
-      r=$(cat "$d".rss.* | sort -n | tail -1)
-      printf '%-8s %8d %14d %12d\n' $s $L "$p" $((r / 1024))
-      break
-    fi
-    L=$((L - 1))
-  done
+  # From the estimate's answer: one layer more while a run succeeds (as
+  # for PyTorch below: the machine decides), one less while it fails.
+  best=0
+  if loom_big $s $L; then
+    best=$L
+    while loom_big $s $((L + 1)); do L=$((L + 1)); best=$L; done
+  else
+    while [ $L -gt 1 ]; do
+      L=$((L - 1))
+      loom_big $s $L && { best=$L; break; }
+    done
+  fi
+  [ $best -gt 0 ] || continue
+  p=$("$LOOM" estimate "$LOOM_ROOT/examples/small_gpt.yaml" -n 2 "${big[@]}" \
+    --set model.layers=$best | sed -n 's/.*gpt, \([0-9]*\) parameters.*/\1/p')
+  r=$(cat "$tmp/big_${s}_$best".rss.* | sort -n | tail -1)
+  printf '%-8s %-14s %8d %14d %12d\n' loom $s $best "$p" $((r / 1024))
+done
+[ $torch = 1 ] || exit 0
+# LAYERS: one PyTorch run of 3 steps; its JSON line in $tmp/pt_L, status.
+torch_big() {
+  bench_torch fsdp --ranks 2 --strategy "$1" --layers "$2" --d-model 2048 --heads 16 \
+    --context 256 --batch 1 --steps 3 --port "$(bench_free_port)" >"$tmp/pt_$2" 2>"$tmp/pt_$2.err"
+}
+pt_field() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$@"; }
+mem_kb=$(awk '/^MemTotal:/ { print $2 }' /proc/meminfo)
+for s in ${LARGEST_TORCH-ddp fsdp_grad_op fsdp}; do
+  torch_big $s 2 && torch_big $s 4 || { echo "PyTorch $s: the small runs failed" >&2; tail -3 "$tmp/pt_2.err" >&2; continue; }
+  r2=$(pt_field "$tmp/pt_2" rss_mb) r4=$(pt_field "$tmp/pt_4" rss_mb)
+  L=$(awk -v a="$r2" -v b="$r4" -v m="$mem_kb" 'BEGIN {
+    per = (b - a) / 2; L = 4 + int((m / 1024 / 2 - b) / per); print (L > 4 ? L : 4) }')
+  best=0
+  if torch_big $s $L; then
+    best=$L
+    while torch_big $s $((L + 1)); do L=$((L + 1)); best=$L; done
+  else
+    while [ $L -gt 4 ]; do
+      L=$((L - 1))
+      torch_big $s $L && { best=$L; break; }
+    done
+  fi
+  [ $best -gt 0 ] || best=4
+  printf '%-8s %-14s %8d %14d %12.0f\n' pytorch $s $best "$(pt_field "$tmp/pt_$best" params)" \
+    "$(pt_field "$tmp/pt_$best" rss_mb)"
 done

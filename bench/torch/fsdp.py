@@ -6,6 +6,7 @@ each rank."""
 import argparse
 import json
 import os
+import queue
 import resource
 import statistics
 import sys
@@ -78,7 +79,18 @@ def main():
     procs = [ctx.Process(target=worker, args=(r, args, q)) for r in range(args.ranks)]
     for p in procs:
         p.start()
-    res = [q.get() for _ in procs]
+    # A rank that dies (the kernel's OOM killer, for the largest model that
+    # fits) never reports: fail instead of waiting for it.
+    res = []
+    while len(res) < len(procs):
+        try:
+            res.append(q.get(timeout=5))
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                for p in procs:
+                    p.kill()
+                sys.exit(f"a rank died (exit code {dead[0]})")
     for p in procs:
         p.join()
     step = max(r["step_s"] for r in res)

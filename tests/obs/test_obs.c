@@ -235,8 +235,10 @@ TT_TEST(test_metrics_both_sinks) {
 static void *traced_thread(void *arg) {
   (void)arg;
   loom_trace_thread_name("worker");
-  double t = loom_time_now();
-  loom_trace_span("test", "from \"worker\"", t, t + 1e-3, "\"k\":1");
+  for (int i = 0; i < 1000; i++) { /* 3 threads: past the 256 KiB buffer */
+    double t = loom_time_now();
+    loom_trace_span("test", "from \"worker\"", t, t + 1e-3, "\"k\":1");
+  }
   return NULL;
 }
 
@@ -269,25 +271,30 @@ TT_TEST(test_trace_api) {
   loom_trace_end();
   loom_trace_end();
   loom_trace_counter("memory", loom_time_now(), "\"a_mb\":1.5");
-  pthread_t th;
-  TT_REQUIRE(pthread_create(&th, NULL, traced_thread, NULL) == 0);
-  pthread_join(th, NULL);
+  pthread_t th[3];
+  for (int i = 0; i < 3; i++)
+    TT_REQUIRE(pthread_create(&th[i], NULL, traced_thread, NULL) == 0);
+  for (int i = 0; i < 10; i++)
+    loom_trace_span("test", "main", 0, 1, NULL);
+  for (int i = 0; i < 3; i++)
+    pthread_join(th[i], NULL);
   uint64_t events = 0;
   loom_trace_stop(&events);
   TT_CHECK(!loom_trace_enabled());
   loom_trace_span("test", "after stop", 0, 1, NULL); /* dropped */
-  /* main's and worker's names, 2 regions, a counter, a span */
-  TT_CHECK_EQ(events, 6);
+  /* main's name, 2 regions, a counter, 10 spans; each worker's name and
+   * 1000 spans */
+  TT_CHECK_EQ(events, 14 + 3 * 1001);
   TT_CHECK_EQ(count_in(path, "\"cat\":\"user\",\"name\":\"inner\""), 1);
   TT_CHECK_EQ(count_in(path, "\"cat\":\"user\",\"name\":\"outer\""), 1);
-  TT_CHECK_EQ(count_in(path, "from \\\"worker\\\""), 1);
+  TT_CHECK_EQ(count_in(path, "from \\\"worker\\\""), 3000);
   TT_CHECK_EQ(count_in(path, "after stop"), 0);
   TT_CHECK_EQ(count_in(path, "\"pid\":3"), count_in(path, "\"pid\""));
   loom_trace_merge_info info;
   TT_CHECK_OK(loom_trace_merge(dir, merged, &info));
   TT_CHECK_EQ(info.ranks, 1);
-  /* process_name, loom_clock and the 6 */
-  TT_CHECK_EQ(info.events, 8);
+  /* process_name, loom_clock and the others */
+  TT_CHECK_EQ(info.events, 16 + 3 * 1001);
   TT_CHECK(info.one_host);
   unlink(path);
   unlink(merged);
