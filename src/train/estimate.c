@@ -64,12 +64,17 @@ static bool dataset_memory(const loom_config *cfg, double *resident,
     else if (loom_kjv_default_path(path, sizeof path) != LOOM_OK)
       path[0] = '\0';
     loom_clear_error();
-    if (!path[0] || stat(path, &sb) != 0)
+    double bytes;
+    if (path[0] && stat(path, &sb) == 0)
+      bytes = (double)sb.st_size;
+    else if (!dc->path[0])
+      bytes = LOOM_KJV_BYTES; /* not prepared yet: training writes it */
+    else
       return false;
     /* Train and val split each read the whole file; one window a token
      * position in the sampler's order, about. */
-    double windows = (double)sb.st_size / (double)(cfg->model.context + 1);
-    *resident = 2.0 * (double)sb.st_size + 8.0 * windows;
+    double windows = bytes / (double)(cfg->model.context + 1);
+    *resident = 2.0 * bytes + 8.0 * windows;
     return true;
   }
   /* bin: every file of both patterns is mapped. */
