@@ -423,6 +423,9 @@ int loom_model_num_units(const loom_model *m);
  * merged; *n gets their number (0 for a unit without parameters). NULL for
  * a unit out of range. */
 const loom_range *loom_model_unit_ranges(const loom_model *m, int u, int *n);
+/* Sorts r[0..n) by offset and merges overlapping or touching ranges in
+ * place; returns how many remain. */
+int loom_ranges_merge(loom_range *r, int n);
 /* Called around each unit's forward and backward (NULL: none). An error
  * stops the pass and is returned by it. */
 void loom_model_set_unit_hook(loom_model *m, loom_unit_hook fn, void *user);

@@ -59,6 +59,24 @@ static int cmp_range(const void *a, const void *b) {
   return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
+int loom_ranges_merge(loom_range *r, int n) {
+  if (n <= 0)
+    return 0;
+  qsort(r, (size_t)n, sizeof *r, cmp_range);
+  int k = 1;
+  for (int i = 1; i < n; i++) {
+    loom_range *last = &r[k - 1];
+    if (r[i].offset <= last->offset + last->numel) {
+      int64_t e = r[i].offset + r[i].numel;
+      if (e > last->offset + last->numel)
+        last->numel = e - last->offset;
+    } else {
+      r[k++] = r[i];
+    }
+  }
+  return k;
+}
+
 /* Each unit's views (listed or tied by it) as merged ranges. */
 static loom_status make_units(loom_model *m, const loom_nn_visit *v) {
   m->seq_root = loom_nn_is_sequential(m->root);
@@ -78,20 +96,7 @@ static loom_status make_units(loom_model *m, const loom_nn_visit *v) {
       const loom_param *p = &m->views[v->urefs[i].view];
       m->unit_ranges[n++] = (loom_range){p->offset, p->numel};
     }
-    qsort(m->unit_ranges + first, (size_t)(n - first), sizeof(loom_range),
-          cmp_range);
-    int k = first;
-    for (int i = first; i < n; i++) {
-      loom_range *last = &m->unit_ranges[k - 1];
-      if (k > first && m->unit_ranges[i].offset <= last->offset + last->numel) {
-        int64_t e = m->unit_ranges[i].offset + m->unit_ranges[i].numel;
-        if (e > last->offset + last->numel)
-          last->numel = e - last->offset;
-      } else {
-        m->unit_ranges[k++] = m->unit_ranges[i];
-      }
-    }
-    n = k;
+    n = first + loom_ranges_merge(m->unit_ranges + first, n - first);
     m->unit_first[u + 1] = n;
   }
   return LOOM_OK;

@@ -4,8 +4,8 @@
  * is placed exactly; across hosts the wall clock places them (as well as
  * the hosts' clocks agree). */
 #include <cjson/cJSON.h>
-#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,60 +79,65 @@ static loom_status read_clock(rank_file *r) {
   return LOOM_OK;
 }
 
-/* The rank files of dir: rank-K.json. */
+/* The rank files found so far (loom_fs_each_entry's context). */
+typedef struct rank_list {
+  const char *dir;
+  rank_file *v;
+  int n, cap;
+  loom_status s;
+} rank_list;
+
+/* One entry: kept when named rank-K.json, K a rank as loom writes it. */
+static bool add_rank(const char *name, void *ctx) {
+  rank_list *l = ctx;
+  size_t len = strlen(name);
+  char num[32], want[80];
+  int rank = -1;
+  if (len <= 10 || len - 10 >= sizeof num || strncmp(name, "rank-", 5) != 0)
+    return true;
+  memcpy(num, name + 5, len - 10);
+  num[len - 10] = '\0';
+  if (!loom_parse_int(num, &rank) || rank < 0 ||
+      snprintf(want, sizeof want, "rank-%d.json", rank) < 0 ||
+      strcmp(want, name) != 0)
+    return true;
+  if (l->n == l->cap) {
+    int cap = l->cap ? 2 * l->cap : 16;
+    rank_file *g = loom_calloc((size_t)cap, sizeof *g);
+    if (!g) {
+      l->s = LOOM_ERR_NOMEM;
+      return false;
+    }
+    if (l->v)
+      memcpy(g, l->v, (size_t)l->n * sizeof *g);
+    loom_free(l->v);
+    l->v = g;
+    l->cap = cap;
+  }
+  l->v[l->n].rank = rank;
+  snprintf(l->v[l->n].path, sizeof l->v[l->n].path, "%s/%s", l->dir, name);
+  l->n++;
+  return true;
+}
+
+/* The rank files of dir (a directory the user named: a link to one is
+ * followed; nothing is removed), sorted by rank. */
 static loom_status list_ranks(const char *dir, rank_file **out, int *n) {
   *out = NULL;
   *n = 0;
-  DIR *d = opendir(dir);
-  if (!d)
+  rank_list l = {.dir = dir, .s = LOOM_OK};
+  if (loom_fs_each_entry(AT_FDCWD, dir, true, add_rank, &l) != 0)
     return loom_error(LOOM_ERR_IO, "cannot open the trace directory %s: %s",
                       dir, strerror(errno));
-  int cap = 0;
-  rank_file *v = NULL;
-  loom_status s = LOOM_OK;
-  struct dirent *de;
-  while (s == LOOM_OK && (de = readdir(d)) != NULL) {
-    /* rank-K.json, K a decimal rank written as loom writes it */
-    size_t len = strlen(de->d_name);
-    char num[32];
-    int rank = -1;
-    if (len <= 10 || len - 10 >= sizeof num ||
-        strncmp(de->d_name, "rank-", 5) != 0 ||
-        strcmp(de->d_name + len - 5, ".json") != 0)
-      continue;
-    memcpy(num, de->d_name + 5, len - 10);
-    num[len - 10] = '\0';
-    char want[80];
-    if (!loom_parse_int(num, &rank) || rank < 0 ||
-        snprintf(want, sizeof want, "rank-%d.json", rank) < 0 ||
-        strcmp(want, de->d_name) != 0)
-      continue;
-    if (*n == cap) {
-      cap = cap ? 2 * cap : 16;
-      rank_file *g = loom_calloc((size_t)cap, sizeof *g);
-      if (!g) {
-        s = LOOM_ERR_NOMEM;
-        break;
-      }
-      if (v)
-        memcpy(g, v, (size_t)*n * sizeof *v);
-      loom_free(v);
-      v = g;
-    }
-    v[*n].rank = rank;
-    snprintf(v[*n].path, sizeof v[*n].path, "%s/%s", dir, de->d_name);
-    (*n)++;
+  if (l.s == LOOM_OK && l.n == 0)
+    l.s = loom_error(LOOM_ERR_IO, "%s holds no rank-K.json trace file", dir);
+  if (l.s != LOOM_OK) {
+    loom_free(l.v);
+    return l.s;
   }
-  closedir(d);
-  if (s == LOOM_OK && *n == 0)
-    s = loom_error(LOOM_ERR_IO, "%s holds no rank-K.json trace file", dir);
-  if (s != LOOM_OK) {
-    loom_free(v);
-    *n = 0;
-    return s;
-  }
-  qsort(v, (size_t)*n, sizeof *v, cmp_rank);
-  *out = v;
+  qsort(l.v, (size_t)l.n, sizeof *l.v, cmp_rank);
+  *out = l.v;
+  *n = l.n;
   return LOOM_OK;
 }
 

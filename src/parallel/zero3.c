@@ -271,9 +271,8 @@ int loom_zero3_group_units(const loom_model *m, const loom_zero3_opts *o,
   return g + (in_g > 0);
 }
 
-/* The ranges of the model units in [head, tail], sorted and merged (a
- * weight tied across them is gathered once), appended to out; returns
- * their number. */
+/* The ranges of the model units in [head, tail], merged (a weight tied
+ * across them is gathered once), into out; returns their number. */
 static int merge_ranges(const loom_model *m, int head, int tail,
                         loom_range *out) {
   int n = 0;
@@ -283,23 +282,7 @@ static int merge_ranges(const loom_model *m, int head, int tail,
     for (int i = 0; i < k; i++)
       out[n++] = r[i];
   }
-  for (int i = 1; i < n; i++) /* insertion sort: a few ranges */
-    for (int j = i; j > 0 && out[j].offset < out[j - 1].offset; j--) {
-      loom_range x = out[j];
-      out[j] = out[j - 1];
-      out[j - 1] = x;
-    }
-  int k = 0;
-  for (int i = 0; i < n; i++) {
-    if (k > 0 && out[i].offset <= out[k - 1].offset + out[k - 1].numel) {
-      int64_t e = out[i].offset + out[i].numel;
-      if (e > out[k - 1].offset + out[k - 1].numel)
-        out[k - 1].numel = e - out[k - 1].offset;
-    } else {
-      out[k++] = out[i];
-    }
-  }
-  return k;
+  return loom_ranges_merge(out, n);
 }
 
 int64_t loom_zero3_group_numel(const loom_model *m, const int *group_of,
@@ -348,14 +331,16 @@ static loom_status make_ranges(loom_zero3 *z) {
     loom_free(merged);
     return LOOM_ERR_NOMEM;
   }
+  /* A group's model units are consecutive: one pass finds its ends. */
+  for (int g = 0; g < z->nunits; g++)
+    z->units[g].head = -1;
+  for (int u = 0; u < nu; u++) {
+    z3_unit *t = &z->units[z->group_of[u]];
+    t->head = t->head < 0 ? u : t->head;
+    t->tail = u;
+  }
   for (int g = 0; g < z->nunits; g++) {
     z3_unit *t = &z->units[g];
-    t->head = -1;
-    for (int u = 0; u < nu; u++)
-      if (z->group_of[u] == g) {
-        t->head = t->head < 0 ? u : t->head;
-        t->tail = u;
-      }
     t->first = z->nranges;
     t->n = merge_ranges(z->model, t->head, t->tail, merged);
     z->nranges += t->n;

@@ -1259,7 +1259,8 @@ static loom_status train_step(loom_trainer *t, double *sums, double g[SUM_N],
  * steps, the rate, and where a step's time went. */
 static loom_status write_metrics(loom_trainer *t, const run_window *w,
                                  int64_t epoch, float lr, double rate,
-                                 double gnorm, double now, double loss) {
+                                 double gnorm, double now, double loss,
+                                 const loom_train_mem *mem) {
   loom_metrics *m = t->metrics;
   const double n = (double)w->steps;
   const loom_step_times *win = &w->times;
@@ -1290,15 +1291,13 @@ static loom_status write_metrics(loom_trainer *t, const run_window *w,
   loom_metrics_num(m, "peak_rss_mb", loom_train_peak_rss() / (1024.0 * 1024.0));
   /* Rank 0's parameters, gradients and optimizer state in memory between
    * steps (the ZeRO formulas), and the most seen within a step. */
-  loom_train_mem mem;
-  loom_train_mem_get(t, &mem);
   const double mib = 1024.0 * 1024.0;
-  loom_metrics_num(m, "mem_params_mb", (double)mem.params / mib);
-  loom_metrics_num(m, "mem_grads_mb", (double)mem.grads / mib);
-  loom_metrics_num(m, "mem_optim_mb", (double)mem.optim / mib);
-  loom_metrics_num(m, "mem_params_peak_mb", (double)mem.params_peak / mib);
-  loom_metrics_num(m, "mem_grads_peak_mb", (double)mem.grads_peak / mib);
-  loom_metrics_num(m, "mem_act_mb", (double)mem.act / mib);
+  loom_metrics_num(m, "mem_params_mb", (double)mem->params / mib);
+  loom_metrics_num(m, "mem_grads_mb", (double)mem->grads / mib);
+  loom_metrics_num(m, "mem_optim_mb", (double)mem->optim / mib);
+  loom_metrics_num(m, "mem_params_peak_mb", (double)mem->params_peak / mib);
+  loom_metrics_num(m, "mem_grads_peak_mb", (double)mem->grads_peak / mib);
+  loom_metrics_num(m, "mem_act_mb", (double)mem->act / mib);
   /* Not per step: what the saves since the last line took, whole. */
   if (win->ckpt > 0)
     loom_metrics_num(m, "ckpt_s", win->ckpt);
@@ -1397,13 +1396,19 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
     }
     bool last = t->step == t->total_steps;
     if (t->step % cfg->log.every == 0 || last) {
-      loom_train_trace_mem(t);
+      /* Memory by category, for the metrics line and the trace's
+       * counters: measured once. */
+      loom_train_mem mem = {0};
+      if (t->metrics || t->tracing)
+        loom_train_mem_get(t, &mem);
+      if (t->tracing)
+        loom_train_trace_mem(&mem);
       res->train_loss = t->loss_window_sum / (double)t->loss_window_n;
       if (t->metrics)
-        LOOM_TRY_GOTO(
-            s,
-            write_metrics(t, &w, epoch, lr, rate, gnorm, now, res->train_loss),
-            out);
+        LOOM_TRY_GOTO(s,
+                      write_metrics(t, &w, epoch, lr, rate, gnorm, now,
+                                    res->train_loss, &mem),
+                      out);
       t->loss_window_sum = 0;
       t->acc_window_sum = 0;
       t->loss_window_n = 0;

@@ -86,18 +86,16 @@ loom_status loom_train_trace_open(loom_trainer *t) {
   return LOOM_OK;
 }
 
-void loom_train_trace_mem(const loom_trainer *t) {
-  if (!t->tracing || !loom_trace_enabled())
+void loom_train_trace_mem(const loom_train_mem *mem) {
+  if (!loom_trace_enabled())
     return;
-  loom_train_mem mem;
-  loom_train_mem_get(t, &mem);
   const double mib = 1024.0 * 1024.0;
   char args[256];
   snprintf(args, sizeof args,
            "\"params_mb\":%.3f,\"grads_mb\":%.3f,\"optim_mb\":%.3f,"
            "\"act_mb\":%.3f",
-           (double)mem.params / mib, (double)mem.grads / mib,
-           (double)mem.optim / mib, (double)mem.act / mib);
+           (double)mem->params / mib, (double)mem->grads / mib,
+           (double)mem->optim / mib, (double)mem->act / mib);
   double now = loom_time_now();
   loom_trace_counter("memory", now, args);
   snprintf(args, sizeof args, "\"peak_rss_mb\":%.3f",

@@ -176,10 +176,11 @@ void loom_train_fault_after_step(loom_trainer *t);
 
 /* trace.c: the timeline (log.trace or LOOM_TRACE=DIR): opens this rank's
  * file and hooks the model's units and the communication thread into it;
- * close unhooks and closes. mem adds the memory counters. */
+ * close unhooks and closes. mem adds the memory counters (mem measured by
+ * loom_train_mem_get) and writes what is buffered. */
 loom_status loom_train_trace_open(loom_trainer *t);
 void loom_train_trace_close(loom_trainer *t);
-void loom_train_trace_mem(const loom_trainer *t);
+void loom_train_trace_mem(const loom_train_mem *mem);
 /* After the checkpoint of `step` was committed: the corrupt fault. */
 void loom_train_fault_after_save(loom_trainer *t, int64_t step);
 
