@@ -154,11 +154,14 @@ for n in 2 4; do
   done
 done
 # -- parallel.shard_unit: zero3's peak of gathered parameters (metrics.jsonl)
-#    grows with the unit and stays within loom estimate's parameter column;
-#    a unit of the whole model holds every parameter.
+#    stays within loom estimate's parameter column for each unit; blocks
+#    never holds the whole model, a unit of the whole model holds every
+#    parameter. (How many units are resident when the peak is sampled
+#    depends on when the prefetched gathers land, so peaks of two unit
+#    sizes below the whole model are not ordered on a loaded machine.)
 gpt2=("$SRC/examples/kjv_gpt.yaml" --set model.layers=4 --set train.batch_size=2
   --set parallel.strategy=zero3 --set "data.path=$tmp/text.txt")
-prev=0
+full=$("$LOOM" estimate "${gpt2[@]}" -n 2 | awk '$1 == "ddp" { print $3 }')
 for su in blocks every:3 every:100; do
   d="$tmp/su_${su/:/_}"
   run 2 train "${q[@]}" "${gpt2[@]}" --set parallel.shard_unit=$su \
@@ -167,12 +170,11 @@ for su in blocks every:3 every:100; do
   got=$(grep -o '"mem_params_peak_mb":[0-9.e+-]*' "$d/metrics.jsonl" 2>/dev/null | tail -1 | cut -d: -f2)
   want=$("$LOOM" estimate "${gpt2[@]}" --set parallel.shard_unit=$su -n 2 |
     awk '$1 == "zero3" { print $3 }')
-  full=$("$LOOM" estimate "${gpt2[@]}" -n 2 | awk '$1 == "ddp" { print $3 }')
-  awk -v g="$got" -v w="$want" -v p="$prev" -v f="$full" -v su=$su 'BEGIN {
-    exit !(g > p && g <= w * 1.02 && (su != "every:100" || g >= f * 0.98)) }' &&
+  awk -v g="$got" -v w="$want" -v f="$full" -v su=$su 'BEGIN {
+    exit !(g > 0 && g <= w * 1.02 && (su != "blocks" || g < f * 0.99) &&
+           (su != "every:100" || g >= f * 0.98)) }' &&
     ok "zero3 shard_unit $su: parameters gathered at most $got MiB (estimate $want, all $full)" ||
-    { bad "zero3 shard_unit $su: peak '$got' MiB, estimate '$want', previous '$prev', all '$full' (rc $rc)"; tail -3 "$tmp/out"; }
-  prev=${got:-0}
+    { bad "zero3 shard_unit $su: peak '$got' MiB, estimate '$want', all '$full' (rc $rc)"; tail -3 "$tmp/out"; }
 done
 
 # The activation arena in metrics.jsonl against loom estimate's activation
