@@ -165,7 +165,7 @@ typedef struct loom_config_log {
   char run_dir[LOOM_CONFIG_STR_MAX];
   int64_t every;
   loom_progress_mode progress;
-  bool metrics, tensorboard, trace, profile;
+  bool metrics, tensorboard, trace, profile, per_rank;
 } loom_config_log;
 
 typedef struct loom_config_parallel {

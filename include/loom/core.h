@@ -122,6 +122,14 @@ loom_log_level loom_log_get_level(void);
 void loom_log_set_rank(int rank);
 void loom_log(loom_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* A second sink: a file (a rank's log, log.per_rank) that gets every
+ * message at info or above (or the level, if lower), each line stamped
+ * with the wall clock (UTC, ms) and flushed. With console_quiet the console
+ * keeps only warnings and errors (ranks other than 0). NULL stops it; the
+ * caller owns and closes the file after that. */
+void loom_log_set_file(FILE *f, bool console_quiet);
+/* A line for the file sink only (nothing when none is set). */
+void loom_log_file(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 #define LOOM_DEBUG(...) loom_log(LOOM_LOG_DEBUG, __VA_ARGS__)
 #define LOOM_INFO(...) loom_log(LOOM_LOG_INFO, __VA_ARGS__)
 #define LOOM_WARN(...) loom_log(LOOM_LOG_WARN, __VA_ARGS__)
@@ -160,6 +168,31 @@ void loom_vmem_free(void *p, size_t bytes);
 /* Bytes of p's range [from, to) resident in memory now (mincore): what the
  * tests of ZeRO's memory compare with the formula. */
 size_t loom_vmem_resident(const void *p, size_t from, size_t to);
+
+/* Memory by category: the buffers that are neither the model's state nor
+ * its activations (which the trainer counts from their owners) report what
+ * they hold as they are made and freed: communication (shared-memory
+ * segments, staging and compression buffers) and data (data sets held in
+ * memory, the sampler's order, batches). Process-wide, atomic; the peak is
+ * the most held at once since the start (or the last reset). */
+#define LOOM_MEM_CAT_LIST(X)                                                   \
+  X(LOOM_MEM_COMM, "comm")                                                     \
+  X(LOOM_MEM_DATA, "data")
+
+typedef enum {
+#define LOOM_X_ENUM(name, text) name,
+  LOOM_MEM_CAT_LIST(LOOM_X_ENUM)
+#undef LOOM_X_ENUM
+      LOOM_MEM_CAT_COUNT
+} loom_mem_cat;
+
+void loom_mem_add(loom_mem_cat c, size_t bytes);
+void loom_mem_sub(loom_mem_cat c, size_t bytes);
+/* Bytes held now and the peak (either may be NULL). */
+void loom_mem_get(loom_mem_cat c, size_t *now, size_t *peak);
+const char *loom_mem_cat_name(loom_mem_cat c);
+/* The peak of every category back to what is held now (tests). */
+void loom_mem_reset_peaks(void);
 
 /* ---------------------------------------------------------------- dtypes */
 

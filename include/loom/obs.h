@@ -50,6 +50,10 @@ void loom_metrics_begin(loom_metrics *m);
 void loom_metrics_int(loom_metrics *m, const char *key, int64_t v);
 void loom_metrics_num(loom_metrics *m, const char *key, double v);
 void loom_metrics_str(loom_metrics *m, const char *key, const char *v);
+/* An array of n numbers (one per rank, say): in metrics.jsonl only, not a
+ * TensorBoard scalar. */
+void loom_metrics_nums(loom_metrics *m, const char *key, const double *v,
+                       int n);
 loom_status loom_metrics_end(loom_metrics *m);
 void loom_metrics_close(loom_metrics *m);
 

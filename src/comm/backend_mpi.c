@@ -174,6 +174,7 @@ static void group_release(mpi_group *mg) {
   loom_free(mg->counts);
   loom_free(mg->displs);
   loom_free(mg->tmp);
+  loom_mem_sub(LOOM_MEM_COMM, mg->tmp_bytes);
   loom_free(mg->recs);
   loom_free(mg);
 }
@@ -402,8 +403,10 @@ static bool fits_int(size_t n) { return n <= (size_t)INT_MAX; }
 static void *tmp_buf(mpi_group *mg, size_t bytes) {
   if (mg->tmp_bytes < bytes) {
     loom_free(mg->tmp);
+    loom_mem_sub(LOOM_MEM_COMM, mg->tmp_bytes);
     mg->tmp = loom_malloc(bytes);
     mg->tmp_bytes = mg->tmp ? bytes : 0;
+    loom_mem_add(LOOM_MEM_COMM, mg->tmp_bytes);
   }
   return mg->tmp;
 }

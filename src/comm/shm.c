@@ -167,6 +167,7 @@ loom_status loom_shm_open(loom_shm **out, const char *name, bool create,
   s->precv = pr;
   /* Fault our own slots in now rather than in the first collective. */
   memset(s->slots + (size_t)rank * 2 * slot, 0, 2 * slot);
+  loom_mem_add(LOOM_MEM_COMM, bytes);
   *out = s;
   return LOOM_OK;
 }
@@ -190,6 +191,7 @@ void loom_shm_close(loom_shm *s) {
     region_release(r, s->size);
   }
   munmap(s->base, s->bytes);
+  loom_mem_sub(LOOM_MEM_COMM, s->bytes);
   loom_free(s->descs);
   loom_free(s->psend);
   loom_free(s->precv);

@@ -279,6 +279,11 @@ static const loom_config_key keys[] = {
           "communication thread with its bytes, the optimizer, evaluation, "
           "checkpoints, memory counters; loom report --trace RUN merges "
           "the ranks into one file (LOOM_TRACE=DIR does the same into DIR)"),
+    KBOOL("log.per_rank", log.per_rank, "false", LO,
+          "every rank writes <log.run_dir>/logs/rank-K.log: its messages "
+          "with time stamps (UTC, ms) and, every log.every steps, its own "
+          "step time and its parts; the console keeps rank 0's messages "
+          "and every rank's warnings and errors"),
     KBOOL_TODO("log.profile", log.profile, "false", 0,
                "an earlier name: the trace is log.trace",
                "it is called log.trace: set log.trace: true"),

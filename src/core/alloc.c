@@ -131,3 +131,46 @@ size_t loom_vmem_resident(const void *p, size_t from, size_t to) {
   }
   return res;
 }
+
+/* ------------------------------------------------- memory by category */
+
+static _Atomic size_t mem_now[LOOM_MEM_CAT_COUNT];
+static _Atomic size_t mem_peak[LOOM_MEM_CAT_COUNT];
+
+static const char *mem_names[] = {
+#define LOOM_X_NAME(name, text) text,
+    LOOM_MEM_CAT_LIST(LOOM_X_NAME)
+#undef LOOM_X_NAME
+};
+
+void loom_mem_add(loom_mem_cat c, size_t bytes) {
+  if ((unsigned)c >= LOOM_MEM_CAT_COUNT || !bytes)
+    return;
+  size_t now = atomic_fetch_add(&mem_now[c], bytes) + bytes;
+  size_t peak = atomic_load(&mem_peak[c]);
+  while (now > peak && !atomic_compare_exchange_weak(&mem_peak[c], &peak, now))
+    ;
+}
+
+void loom_mem_sub(loom_mem_cat c, size_t bytes) {
+  if ((unsigned)c >= LOOM_MEM_CAT_COUNT || !bytes)
+    return;
+  atomic_fetch_sub(&mem_now[c], bytes);
+}
+
+void loom_mem_get(loom_mem_cat c, size_t *now, size_t *peak) {
+  bool ok = (unsigned)c < LOOM_MEM_CAT_COUNT;
+  if (now)
+    *now = ok ? atomic_load(&mem_now[c]) : 0;
+  if (peak)
+    *peak = ok ? atomic_load(&mem_peak[c]) : 0;
+}
+
+const char *loom_mem_cat_name(loom_mem_cat c) {
+  return (unsigned)c < LOOM_MEM_CAT_COUNT ? mem_names[c] : "?";
+}
+
+void loom_mem_reset_peaks(void) {
+  for (int c = 0; c < LOOM_MEM_CAT_COUNT; c++)
+    atomic_store(&mem_peak[c], atomic_load(&mem_now[c]));
+}

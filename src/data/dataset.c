@@ -83,6 +83,7 @@ int64_t loom_dataset_len(const loom_dataset *ds) { return ds ? ds->len : 0; }
 void loom_dataset_free(loom_dataset *ds) {
   if (!ds)
     return;
+  loom_mem_sub(LOOM_MEM_DATA, ds->held);
   loom_free(ds->pixels);
   loom_free(ds->labels);
   loom_free(ds->segs);
@@ -96,6 +97,12 @@ void loom_dataset_free(loom_dataset *ds) {
   loom_free(ds->shard_paths);
   loom_free(ds->source);
   loom_free(ds);
+}
+
+/* What a batch holds, counted in LOOM_MEM_DATA. */
+static size_t batch_bytes(const loom_batch *b) {
+  return (size_t)(loom_tensor_numel(&b->x) + loom_tensor_numel(&b->y)) * 4 +
+         (size_t)b->capacity * sizeof *b->sample;
 }
 
 loom_status loom_batch_alloc(loom_batch *b, const loom_dataset *ds,
@@ -120,6 +127,7 @@ loom_status loom_batch_alloc(loom_batch *b, const loom_dataset *ds,
     goto fail;
   }
   b->capacity = capacity;
+  loom_mem_add(LOOM_MEM_DATA, batch_bytes(b));
   return LOOM_OK;
 fail:
   loom_batch_free(b);
@@ -129,6 +137,8 @@ fail:
 void loom_batch_free(loom_batch *b) {
   if (!b)
     return;
+  if (b->capacity > 0)
+    loom_mem_sub(LOOM_MEM_DATA, batch_bytes(b));
   loom_tensor_free(&b->x);
   loom_tensor_free(&b->y);
   loom_free(b->sample);

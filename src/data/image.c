@@ -74,6 +74,8 @@ loom_status loom_dataset_open_idx(loom_dataset **out, const char *images,
     ds->lut[v] = ((float)v / 255.0f - o.mean) / o.std;
   ds->pixels = im.data;
   ds->labels = lb.data;
+  ds->held = im.bytes + lb.bytes;
+  loom_mem_add(LOOM_MEM_DATA, ds->held);
   *out = ds;
   return LOOM_OK;
 

@@ -78,6 +78,7 @@ loom_status loom_sampler_new(loom_sampler **out, int64_t n,
     loom_free(s);
     return LOOM_ERR_NOMEM;
   }
+  loom_mem_add(LOOM_MEM_DATA, (size_t)n * sizeof *s->perm);
   s->o = o;
   s->n = n;
   s->gb = gb;
@@ -92,6 +93,7 @@ loom_status loom_sampler_new(loom_sampler **out, int64_t n,
 void loom_sampler_free(loom_sampler *s) {
   if (!s)
     return;
+  loom_mem_sub(LOOM_MEM_DATA, (size_t)s->n * sizeof *s->perm);
   loom_free(s->perm);
   loom_free(s);
 }

@@ -317,6 +317,8 @@ loom_status loom_dataset_open_text(loom_dataset **out, const char *path,
                 setup_windows(ds, split == LOOM_SPLIT_TRAIN ? "the train split"
                                                             : "the val split"),
                 fail);
+  ds->held = (size_t)n + 1;
+  loom_mem_add(LOOM_MEM_DATA, ds->held);
   *out = ds;
   return LOOM_OK;
 fail:

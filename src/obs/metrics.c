@@ -13,7 +13,7 @@ enum { TB_MAX = 64 }; /* scalars a line may carry to TensorBoard */
 struct loom_metrics {
   FILE *f; /* NULL without metrics.jsonl */
   char path[1024];
-  char line[4096];
+  char line[65536]; /* room for per-rank arrays of 1000+ ranks */
   size_t len;
   bool overflow;
   /* TensorBoard: the line's numbers, its step and time. */
@@ -116,6 +116,15 @@ static void key(loom_metrics *m, const char *k) {
   append(m, "%s\"%s\":", m->len > 1 ? "," : "", k);
 }
 
+static void number(loom_metrics *m, double v) {
+  if (isfinite(v) && fabs(v) >= 1e6 && fabs(v) < 1e15)
+    append(m, "%.3f", v); /* times in Unix seconds keep their milliseconds */
+  else if (isfinite(v))
+    append(m, "%.9g", v);
+  else
+    append(m, "null"); /* JSON has no NaN or infinity */
+}
+
 void loom_metrics_int(loom_metrics *m, const char *k, int64_t v) {
   key(m, k);
   append(m, "%lld", (long long)v);
@@ -125,12 +134,19 @@ void loom_metrics_int(loom_metrics *m, const char *k, int64_t v) {
 void loom_metrics_num(loom_metrics *m, const char *k, double v) {
   tb_note(m, k, v);
   key(m, k);
-  if (isfinite(v) && fabs(v) >= 1e6 && fabs(v) < 1e15)
-    append(m, "%.3f", v); /* times in Unix seconds keep their milliseconds */
-  else if (isfinite(v))
-    append(m, "%.9g", v);
-  else
-    append(m, "null"); /* JSON has no NaN or infinity */
+  number(m, v);
+}
+
+void loom_metrics_nums(loom_metrics *m, const char *k, const double *v,
+                       int n) {
+  key(m, k);
+  append(m, "[");
+  for (int i = 0; i < n; i++) {
+    if (i)
+      append(m, ",");
+    number(m, v[i]);
+  }
+  append(m, "]");
 }
 
 void loom_metrics_str(loom_metrics *m, const char *k, const char *v) {

@@ -43,6 +43,7 @@ struct loom_ddp {
                    result; memory shared by the host's ranks when there are
                    several, so that the all-reduce reads it directly */
   void *shared; /* grads when made by loom_group_mem_alloc */
+  size_t wire_counted; /* the wire buffer's bytes in LOOM_MEM_COMM */
   void *wire;   /* (N) 16-bit copy of the gradients when compressing */
   int nbuckets;
   ddp_bucket *buckets;
@@ -894,6 +895,10 @@ static loom_status make_shared(loom_ddp *d) {
   if (s == LOOM_OK && d->opts.compress != LOOM_F32) {
     size_t e = loom_dtype_size(d->opts.compress);
     s = loom_group_mem_alloc(d->group, (size_t)d->n * e, &d->wire);
+    if (s == LOOM_OK) {
+      d->wire_counted = (size_t)d->n * e;
+      loom_mem_add(LOOM_MEM_COMM, d->wire_counted);
+    }
     for (int i = 0; s == LOOM_OK && i < d->nbuckets; i++)
       d->buckets[i].wire = (char *)d->wire + (size_t)d->buckets[i].begin * e;
   }
@@ -923,6 +928,10 @@ static loom_status make_sharded(loom_ddp *d) {
     d->wire = loom_vmem_new((size_t)d->n * loom_dtype_size(d->opts.compress));
     if (!d->wire)
       return loom_error_context(LOOM_ERR_NOMEM, "ddp: the wire buffer");
+    /* Between steps only this rank's slice stays resident. */
+    d->wire_counted =
+        (size_t)(d->hi - d->lo) * loom_dtype_size(d->opts.compress);
+    loom_mem_add(LOOM_MEM_COMM, d->wire_counted);
     for (int i = 0; i < d->nbuckets; i++)
       d->buckets[i].wire =
           (char *)d->wire +
@@ -1098,6 +1107,7 @@ void loom_ddp_free(loom_ddp *d) {
     for (int j = 1; j < d->shard_count; j++)
       loom_free(d->shard[j]);
   loom_free(d->shard);
+  loom_mem_sub(LOOM_MEM_COMM, d->wire_counted);
   if (d->sharded) {
     loom_vmem_free(d->grads, (size_t)d->n * sizeof(float));
     if (d->wire)

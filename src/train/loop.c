@@ -270,6 +270,8 @@ void loom_train_mem_get(const loom_trainer *t, loom_train_mem *out) {
       out->optim += (size_t)st.count * sizeof(float);
   }
   out->act = loom_model_arena_bytes(t->model);
+  loom_mem_get(LOOM_MEM_COMM, &out->comm, &out->comm_peak);
+  loom_mem_get(LOOM_MEM_DATA, &out->data, &out->data_peak);
 }
 
 /* ZeRO-2/3: slices that start at whole pages (1024 floats; 2 MiB for large
@@ -601,6 +603,35 @@ done:
   return s == LOOM_OK ? s : loom_error_context(s, "warming up");
 }
 
+/* log.per_rank: RUN/logs/rank-K.log, every rank's messages with time
+ * stamps from the moment its rank is known. Always appended to: a restart
+ * (loom run) or a resume keeps the earlier attempts' lines, and each
+ * attempt begins with its own header line. */
+static loom_status open_rank_log(loom_trainer *t) {
+  const loom_config *cfg = &t->cfg;
+  if (!cfg->log.per_rank || !cfg->log.run_dir[0] || t->rank_log)
+    return LOOM_OK;
+  char dir[LOOM_CONFIG_STR_MAX + 16], path[LOOM_CONFIG_STR_MAX + 48];
+  snprintf(dir, sizeof dir, "%s/logs", cfg->log.run_dir);
+  snprintf(path, sizeof path, "%s/rank-%d.log", dir, t->rank);
+  LOOM_TRY(loom_fs_mkdirs(dir, 0755));
+  LOOM_TRY(loom_fs_open_append(path, false, &t->rank_log));
+  loom_log_set_file(t->rank_log, t->rank != 0);
+  char host[256] = "?";
+  gethostname(host, sizeof host - 1);
+  loom_log_file("---- rank %d of %d on %s, pid %ld: a new attempt", t->rank,
+                t->nranks, host, (long)getpid());
+  return LOOM_OK;
+}
+
+static void close_rank_log(loom_trainer *t) {
+  if (!t->rank_log)
+    return;
+  loom_log_set_file(NULL, false);
+  fclose(t->rank_log);
+  t->rank_log = NULL;
+}
+
 loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
                              const loom_train_opts *opts) {
   *out = NULL;
@@ -635,6 +666,8 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   /* A watchdog abort is told to loom run before it takes the process down. */
   loom_comm_set_abort_hook(loom_runstat_on_abort, NULL);
   s = open_world(t);
+  if (s == LOOM_OK)
+    s = open_rank_log(t);
   if (s == LOOM_OK) {
     loom_runstat_phase(LOOM_RUNSTAT_COMM_READY);
     s = setup_local(t);
@@ -690,6 +723,7 @@ void loom_trainer_free(loom_trainer *t) {
   if (!t)
     return;
   loom_train_trace_close(t);
+  close_rank_log(t);
   if (t->save.w) {
     loom_ckpt_writer_wait(t->save.w);
     loom_ckpt_writer_free(t->save.w);
@@ -988,6 +1022,7 @@ static loom_status log_eval(loom_trainer *t, loom_train_result *res,
              (long long)t->step, vl, 100.0 * va);
   if (!t->opts.quiet)
     loom_progress_print(t->progress, line);
+  loom_log_file("%s", line);
   if (t->metrics) {
     loom_metrics_begin(t->metrics);
     loom_metrics_int(t->metrics, "step", t->step);
@@ -1182,6 +1217,8 @@ static loom_status optim_step(loom_trainer *t, float lr, double *gnorm,
 static loom_status open_outputs(loom_trainer *t) {
   const loom_config *cfg = &t->cfg;
   loom_status s = LOOM_OK;
+  loom_log_file("training from step %lld to %lld", (long long)t->step,
+                (long long)t->total_steps);
   if (!is_rank0(t))
     return LOOM_OK;
   if ((cfg->log.metrics || cfg->log.tensorboard) && cfg->log.run_dir[0]) {
@@ -1255,12 +1292,62 @@ static loom_status train_step(loom_trainer *t, double *sums, double g[SUM_N],
   return LOOM_OK;
 }
 
+/* What each rank says of its own steps at a metrics line: the time it
+ * computed (the step less its waits for data and for the reductions), and
+ * those two waits; per step, over the window. */
+enum { RANK_BUSY, RANK_DATA, RANK_COMM, RANK_N };
+
+static void rank_parts(const run_window *w, double now, double out[RANK_N]) {
+  const double n = (double)w->steps;
+  double step = (now - w->t0) / n;
+  out[RANK_DATA] = w->times.data / n;
+  out[RANK_COMM] = w->times.comm_wait / n;
+  out[RANK_BUSY] = step - out[RANK_DATA] - out[RANK_COMM];
+}
+
+/* Every rank's parts on rank 0 ((nranks, RANK_N) into *all, made here; NULL
+ * on one rank). Collective over the world: every rank calls it at the same
+ * steps. */
+static loom_status gather_ranks(loom_trainer *t, const double mine[RANK_N],
+                                double **all) {
+  *all = NULL;
+  if (!t->world || t->nranks == 1)
+    return LOOM_OK;
+  double *v = loom_calloc((size_t)t->nranks * RANK_N, sizeof *v);
+  if (!v)
+    return LOOM_ERR_NOMEM;
+  loom_req r = LOOM_REQ_INIT;
+  loom_status s = loom_allgather(mine, v, RANK_N, LOOM_F64, t->world, &r);
+  if (s == LOOM_OK)
+    s = loom_wait(&r);
+  if (s != LOOM_OK) {
+    loom_free(v);
+    return loom_error_context(s, "gathering every rank's step times");
+  }
+  *all = v;
+  return LOOM_OK;
+}
+
+/* log.per_rank: this rank's own line for the window. */
+static void rank_log_window(const loom_trainer *t, const run_window *w,
+                            double now, double loss) {
+  const double n = (double)w->steps;
+  const loom_step_times *x = &w->times;
+  loom_log_file("step %lld: %.6f s a step over %lld (data wait %.6f, forward "
+                "%.6f, backward %.6f, comm wait %.6f, optimizer %.6f), loss "
+                "%.6f, peak rss %.1f MiB",
+                (long long)t->step, (now - w->t0) / n, (long long)w->steps,
+                x->data / n, x->forward / n, x->backward / n, x->comm_wait / n,
+                x->optim / n, loss, loom_train_peak_rss() / (1024.0 * 1024.0));
+}
+
 /* One metrics line for the window: the mean loss (and accuracy) of its
  * steps, the rate, and where a step's time went. */
 static loom_status write_metrics(loom_trainer *t, const run_window *w,
                                  int64_t epoch, float lr, double rate,
                                  double gnorm, double now, double loss,
-                                 const loom_train_mem *mem) {
+                                 const loom_train_mem *mem,
+                                 const double *ranks) {
   loom_metrics *m = t->metrics;
   const double n = (double)w->steps;
   const loom_step_times *win = &w->times;
@@ -1298,11 +1385,34 @@ static loom_status write_metrics(loom_trainer *t, const run_window *w,
   loom_metrics_num(m, "mem_params_peak_mb", (double)mem->params_peak / mib);
   loom_metrics_num(m, "mem_grads_peak_mb", (double)mem->grads_peak / mib);
   loom_metrics_num(m, "mem_act_mb", (double)mem->act / mib);
+  loom_metrics_num(m, "mem_comm_mb", (double)mem->comm / mib);
+  loom_metrics_num(m, "mem_data_mb", (double)mem->data / mib);
   /* Not per step: what the saves since the last line took, whole. */
   if (win->ckpt > 0)
     loom_metrics_num(m, "ckpt_s", win->ckpt);
   if (t->cfg.optim.grad_clip > 0)
     loom_metrics_num(m, "grad_norm", gnorm);
+  if (ranks) { /* (nranks, RANK_N): each rank's own parts of a step */
+    double *v = loom_calloc((size_t)t->nranks, sizeof *v);
+    if (!v)
+      return LOOM_ERR_NOMEM;
+    static const char *const keys[RANK_N] = {"rank_busy_s", "rank_data_wait_s",
+                                             "rank_comm_wait_s"};
+    for (int k = 0; k < RANK_N; k++) {
+      for (int r = 0; r < t->nranks; r++)
+        v[r] = ranks[r * RANK_N + k];
+      loom_metrics_nums(m, keys[k], v, t->nranks);
+    }
+    /* The slowest rank's busy time against the mean: 1 when even. */
+    double mx = 0, sum = 0;
+    for (int r = 0; r < t->nranks; r++) {
+      double b = ranks[r * RANK_N + RANK_BUSY];
+      mx = b > mx ? b : mx;
+      sum += b;
+    }
+    loom_metrics_num(m, "busy_skew", sum > 0 ? mx * t->nranks / sum : 1);
+    loom_free(v);
+  }
   return loom_metrics_end(m);
 }
 
@@ -1404,11 +1514,20 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
       if (t->tracing)
         loom_train_trace_mem(&mem);
       res->train_loss = t->loss_window_sum / (double)t->loss_window_n;
+      if (t->rank_log)
+        rank_log_window(t, &w, now, res->train_loss);
+      /* Every rank's own parts, for the skew between ranks: gathered where
+       * any metrics are written (the same on every rank). */
+      double mine[RANK_N], *ranks = NULL;
+      rank_parts(&w, now, mine);
+      if ((cfg->log.metrics || cfg->log.tensorboard) && cfg->log.run_dir[0])
+        LOOM_TRY_GOTO(s, gather_ranks(t, mine, &ranks), out);
       if (t->metrics)
-        LOOM_TRY_GOTO(s,
-                      write_metrics(t, &w, epoch, lr, rate, gnorm, now,
-                                    res->train_loss, &mem),
-                      out);
+        s = write_metrics(t, &w, epoch, lr, rate, gnorm, now, res->train_loss,
+                          &mem, ranks);
+      loom_free(ranks);
+      if (s != LOOM_OK)
+        goto out;
       t->loss_window_sum = 0;
       t->acc_window_sum = 0;
       t->loss_window_n = 0;

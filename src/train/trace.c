@@ -93,9 +93,10 @@ void loom_train_trace_mem(const loom_train_mem *mem) {
   char args[256];
   snprintf(args, sizeof args,
            "\"params_mb\":%.3f,\"grads_mb\":%.3f,\"optim_mb\":%.3f,"
-           "\"act_mb\":%.3f",
+           "\"act_mb\":%.3f,\"comm_mb\":%.3f,\"data_mb\":%.3f",
            (double)mem->params / mib, (double)mem->grads / mib,
-           (double)mem->optim / mib, (double)mem->act / mib);
+           (double)mem->optim / mib, (double)mem->act / mib,
+           (double)mem->comm / mib, (double)mem->data / mib);
   double now = loom_time_now();
   loom_trace_counter("memory", now, args);
   snprintf(args, sizeof args, "\"peak_rss_mb\":%.3f",

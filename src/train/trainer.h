@@ -55,6 +55,10 @@ void loom_train_slice(const loom_trainer *t, int r, int64_t *lo, int64_t *hi);
 typedef struct loom_train_mem {
   size_t params, grads, optim, params_peak, grads_peak;
   size_t act; /* the model's activation arena (saved, recomputed, scratch) */
+  /* LOOM_MEM_COMM (shared-memory segments, staging, compression buffers)
+   * and LOOM_MEM_DATA (data sets in memory, sampler order, batches): now
+   * and the most held since the start. */
+  size_t comm, comm_peak, data, data_peak;
 } loom_train_mem;
 void loom_train_mem_get(const loom_trainer *t, loom_train_mem *out);
 
@@ -77,6 +81,7 @@ struct loom_trainer {
   loom_metrics *metrics;
   loom_progress *progress;
   bool tracing;       /* this trainer opened the process's trace */
+  FILE *rank_log;     /* log.per_rank: RUN/logs/rank-K.log */
   double *unit_t0;    /* (2 x units) trace: when each unit's forward and
                          backward began */
   bool is_text;       /* tokens: throughput in tokens, no accuracy */

@@ -39,7 +39,7 @@ want = {}
 for line in open(d + "/metrics.jsonl"):
     r = json.loads(line)
     for k, v in r.items():
-        if k in ("step", "epoch", "time", "ranks") or isinstance(v, (str, bool)) or v is None:
+        if k in ("step", "epoch", "time", "ranks") or isinstance(v, (str, bool, list)) or v is None:
             continue
         want.setdefault((k, r["step"]), []).append((r["time"], v))
 f32 = lambda x: struct.unpack("f", struct.pack("f", x))[0]
