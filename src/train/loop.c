@@ -1227,6 +1227,8 @@ static loom_status open_outputs(loom_trainer *t) {
     mo.tensorboard = cfg->log.tensorboard;
     mo.append = t->step > 0;
     s = loom_metrics_open_opts(&t->metrics, cfg->log.run_dir, &mo);
+    if (s == LOOM_OK)
+      s = loom_train_write_run_info(t);
   }
   loom_progress_mode pm = cfg->log.progress;
   if (t->opts.quiet)

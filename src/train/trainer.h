@@ -185,6 +185,12 @@ void loom_train_fault_after_step(loom_trainer *t);
  * loom_train_mem_get) and writes what is buffered. */
 loom_status loom_train_trace_open(loom_trainer *t);
 void loom_train_trace_close(loom_trainer *t);
+
+/* RUN/config.yaml (the resolved configuration) and RUN/env.json (version,
+ * commit, host, CPU, kernels, ranks, threads, start), rank 0. */
+loom_status loom_train_write_run_info(const loom_trainer *t);
+/* The git commit loom was built from ("" when unknown). */
+const char *loom_train_git_commit(void);
 void loom_train_trace_mem(const loom_train_mem *mem);
 /* After the checkpoint of `step` was committed: the corrupt fault. */
 void loom_train_fault_after_save(loom_trainer *t, int64_t step);
