@@ -28,6 +28,7 @@ PKGS=(
   bible-kjv-text         # the King James Bible (kjv-gpt)
   bible-kjv              # its reader, which prints the text
   python3-venv           # virtual environments: PyPI packages of the tests (ensure-pyenv.sh)
+  chromium               # renders loom report's page headless in its test (obs_report)
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -166,6 +166,10 @@ typedef struct loom_config_log {
   int64_t every;
   loom_progress_mode progress;
   bool metrics, tensorboard, trace, profile, per_rank;
+  /* MLflow tracking: uri "" is off. */
+  char mlflow_uri[LOOM_CONFIG_STR_MAX];
+  char mlflow_experiment[LOOM_CONFIG_STR_MAX];
+  char mlflow_run_name[LOOM_CONFIG_STR_MAX];
 } loom_config_log;
 
 typedef struct loom_config_parallel {

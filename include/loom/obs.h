@@ -131,6 +131,26 @@ typedef struct loom_trace_merge_info {
 loom_status loom_trace_merge(const char *dir, const char *out_path,
                              loom_trace_merge_info *info);
 
+/* --------------------------------------------------------------- report */
+/* One self-contained HTML page of a run directory (its metrics.jsonl,
+ * env.json and config.yaml): a verdict in words with its evidence (data
+ * loading, communication, imbalanced ranks, checkpoints, else compute),
+ * plots as inline SVG (loss and validation, accuracy, learning rate,
+ * throughput, a step's parts, memory by category with the peak RSS, each
+ * rank's busy and waiting time, gradient norm), the environment and the
+ * configuration. A run still being written is shown up to its last whole
+ * line. out_path is written in one step, never through a link; png_dir
+ * (NULL: none) also gets every plot as PNG-ID.png. */
+typedef struct loom_report_info {
+  int lines; /* metrics lines read */
+  int64_t last_step, total_steps;
+  bool finished; /* the final evaluation is there */
+  int plots, pngs;
+  char verdict[512]; /* the headline */
+} loom_report_info;
+loom_status loom_report_write(const char *run_dir, const char *out_path,
+                              const char *png_dir, loom_report_info *info);
+
 LOOM_API_END
 #ifdef __cplusplus
 }

@@ -187,7 +187,8 @@ loom_status loom_mkdirs(const char *path);
   X(LOOM_FAULT_HANG, "hang")       /* stop participating, forever */           \
   X(LOOM_FAULT_CORRUPT, "corrupt") /* damage own shard of the next             \
                                       checkpoint once saved, then exit 1 */    \
-  X(LOOM_FAULT_SLOW, "slow")       /* sleep ARG s (0.2) after every step */
+  X(LOOM_FAULT_SLOW, "slow")       /* sleep ARG s (0.2) after every step */    \
+  X(LOOM_FAULT_SLOW_DATA, "slow_data") /* every batch ARG s (0.2) late */
 
 typedef enum {
 #define LOOM_X_ENUM(name, text) name,

@@ -284,6 +284,17 @@ static const loom_config_key keys[] = {
           "with time stamps (UTC, ms) and, every log.every steps, its own "
           "step time and its parts; the console keeps rank 0's messages "
           "and every rank's warnings and errors"),
+    KSTR("log.mlflow.uri", log.mlflow_uri, "\"\"", LO,
+         "an MLflow tracking server (http://HOST:PORT or https://...): rank "
+         "0 logs the configuration as parameters, every number of "
+         "metrics.jsonl as metrics by step, tags (ranks, strategy, host, git "
+         "commit) and, at the end, config.yaml, env.json and report.html as "
+         "artifacts; a server away never stops training (values are kept "
+         "and sent again); empty: off"),
+    KSTR("log.mlflow.experiment", log.mlflow_experiment, "\"loom\"", LO,
+         "the MLflow experiment (made when missing)"),
+    KSTR("log.mlflow.run_name", log.mlflow_run_name, "\"\"", LO,
+         "the MLflow run's name; empty: the run directory's last part"),
     KBOOL_TODO("log.profile", log.profile, "false", 0,
                "an earlier name: the trace is log.trace",
                "it is called log.trace: set log.trace: true"),
@@ -844,6 +855,15 @@ static const char *key_text(const char *file, const yaml_node_t *knode,
   return (const char *)knode->data.scalar.value;
 }
 
+/* Whether some key's path begins with "prefix." */
+static bool has_children(const char *prefix) {
+  size_t n = strlen(prefix);
+  for (size_t i = 0; i < NKEYS; i++)
+    if (!strncmp(keys[i].path, prefix, n) && keys[i].path[n] == '.')
+      return true;
+  return false;
+}
+
 static loom_status apply_section(loom_config *cfg, cfg_origins *org,
                                  yaml_document_t *doc, const char *file,
                                  const char *section, yaml_node_t *map) {
@@ -859,6 +879,11 @@ static loom_status apply_section(loom_config *cfg, cfg_origins *org,
     snprintf(path, sizeof path, "%s.%s", section, name);
     cfg_loc kl = node_loc(file, kn);
     int ki = key_index(path, strlen(path));
+    if (ki < 0 && vn->type == YAML_MAPPING_NODE && has_children(path)) {
+      /* A group of keys inside the section (log.mlflow: {uri: ...}). */
+      LOOM_TRY(apply_section(cfg, org, doc, file, path, vn));
+      continue;
+    }
     if (ki < 0) {
       const char *sug = closest(path, &keys[0].path, NKEYS, sizeof keys[0]);
       if (sug)
@@ -1356,6 +1381,18 @@ static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
                    "'%s': expected none, blocks or every:K (K >= 1 blocks a "
                    "segment)",
                    cfg->train.activation_checkpointing);
+  const char *mu = cfg->log.mlflow_uri;
+  if (mu[0] &&
+      ((strncmp(mu, "http://", 7) != 0 && strncmp(mu, "https://", 8) != 0) ||
+       !mu[strncmp(mu, "http://", 7) == 0 ? 7 : 8]))
+    return cfg_err(origin_of(org, "log.mlflow.uri", &none), "log.mlflow.uri",
+                   "'%s': expected the tracking server as http://HOST:PORT "
+                   "or https://HOST[:PORT] (or empty for no MLflow)",
+                   mu);
+  if (mu[0] && !cfg->log.mlflow_experiment[0])
+    return cfg_err(origin_of(org, "log.mlflow.experiment", &none),
+                   "log.mlflow.experiment",
+                   "empty: MLflow needs an experiment name");
   int su_every = 1;
   int64_t su_params = 0;
   if (loom_config_shard_unit(cfg->parallel.shard_unit, &su_every, &su_params) !=

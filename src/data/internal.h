@@ -43,7 +43,7 @@ struct loom_dataset {
   int nshards;
   loom_shard *shards; /* (nshards) (shard sets); owned */
   char **shard_paths; /* (nshards) the file of each shard; owned */
-  size_t held; /* bytes in memory, counted in LOOM_MEM_DATA */
+  size_t held;        /* bytes in memory, counted in LOOM_MEM_DATA */
 };
 
 loom_status loom_images_fill(const loom_dataset *ds, const int64_t *idx,

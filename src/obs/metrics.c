@@ -137,8 +137,7 @@ void loom_metrics_num(loom_metrics *m, const char *k, double v) {
   number(m, v);
 }
 
-void loom_metrics_nums(loom_metrics *m, const char *k, const double *v,
-                       int n) {
+void loom_metrics_nums(loom_metrics *m, const char *k, const double *v, int n) {
   key(m, k);
   append(m, "[");
   for (int i = 0; i < n; i++) {

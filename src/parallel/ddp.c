@@ -38,13 +38,13 @@ struct loom_ddp {
   loom_model *model;
   loom_group *group;
   int rank, world;
-  int64_t n;    /* N */
-  float *grads; /* (N) the buffer the model's gradients are bound to: the
-                   result; memory shared by the host's ranks when there are
-                   several, so that the all-reduce reads it directly */
-  void *shared; /* grads when made by loom_group_mem_alloc */
+  int64_t n;           /* N */
+  float *grads;        /* (N) the buffer the model's gradients are bound to: the
+                          result; memory shared by the host's ranks when there are
+                          several, so that the all-reduce reads it directly */
+  void *shared;        /* grads when made by loom_group_mem_alloc */
   size_t wire_counted; /* the wire buffer's bytes in LOOM_MEM_COMM */
-  void *wire;   /* (N) 16-bit copy of the gradients when compressing */
+  void *wire;          /* (N) 16-bit copy of the gradients when compressing */
   int nbuckets;
   ddp_bucket *buckets;
   int *param_bucket; /* (nviews) bucket of each parameter */

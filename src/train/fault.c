@@ -27,7 +27,7 @@ const char *loom_fault_kind_name(loom_fault_kind k) {
 
 #define FAULT_SYNTAX                                                           \
   "expected RANK:STEP:KIND[:ARG][,...], KIND one of exit, segv, hang, "        \
-  "corrupt, slow"
+  "corrupt, slow, slow_data"
 
 static bool parse_ll(const char *s, size_t n, long long lo, long long hi,
                      long long *out) {
@@ -102,9 +102,9 @@ static loom_status parse_one(const char *item, size_t n, loom_fault *f) {
                       "LOOM_FAULT: '%.*s': unknown kind '%.*s' (%s)", (int)n,
                       item, (int)len[2], field[2], FAULT_SYNTAX);
   f->kind = (loom_fault_kind)kind;
-  f->arg = f->kind == LOOM_FAULT_EXIT   ? 1
-           : f->kind == LOOM_FAULT_SLOW ? 0.2
-                                        : 0;
+  f->arg = f->kind == LOOM_FAULT_EXIT                                      ? 1
+           : f->kind == LOOM_FAULT_SLOW || f->kind == LOOM_FAULT_SLOW_DATA ? 0.2
+                                                                           : 0;
   if (k == 4) {
     if (f->kind == LOOM_FAULT_EXIT) {
       if (!parse_ll(field[3], len[3], 1, 255, &v))
@@ -113,7 +113,7 @@ static loom_status parse_one(const char *item, size_t n, loom_fault *f) {
                           "1..255",
                           (int)n, item, (int)len[3], field[3]);
       f->arg = (double)v;
-    } else if (f->kind == LOOM_FAULT_SLOW) {
+    } else if (f->kind == LOOM_FAULT_SLOW || f->kind == LOOM_FAULT_SLOW_DATA) {
       if (!parse_secs(field[3], len[3], &f->arg))
         return loom_error(LOOM_ERR_CONFIG,
                           "LOOM_FAULT: '%.*s': '%.*s' is not a number of "
@@ -198,6 +198,28 @@ static void sleep_s(double s) {
 static _Noreturn void fault_exit(int code) {
   loom_runstat_exit(code);
   _exit(code);
+}
+
+double loom_train_fault_data_delay(loom_trainer *t) {
+  for (int i = 0; i < t->n_faults; i++) {
+    const loom_fault *f = &t->faults[i];
+    /* t->step: the steps done; this batch is for step t->step + 1. */
+    if (f->kind != LOOM_FAULT_SLOW_DATA || t->step + 1 < f->step)
+      continue;
+    if (!t->slow_data_noted) {
+      char what[128];
+      snprintf(what, sizeof what,
+               "fault injected: slow data (every batch %g s late) from step "
+               "%lld",
+               f->arg, (long long)t->step + 1);
+      announce(what);
+      t->slow_data_noted = true;
+    }
+    double t0 = loom_time_now();
+    sleep_s(f->arg);
+    return loom_time_now() - t0;
+  }
+  return 0;
 }
 
 void loom_train_fault_after_step(loom_trainer *t) {

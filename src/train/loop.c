@@ -857,11 +857,13 @@ static loom_status step_micro(loom_trainer *t, double *sums,
   bool posted = false;
   for (int64_t m = 0; m < t->accumulate; m++) {
     const loom_batch *b;
+    /* An injected slow loader (LOOM_FAULT slow_data) waits here too. */
+    double late = t->n_faults > 0 ? loom_train_fault_data_delay(t) : 0;
     LOOM_TRY(loom_loader_next(t->train_loader, &b));
-    tm->data += b->wait_s;
+    tm->data += b->wait_s + late;
     if (t->tracing) {
       double now = loom_time_now();
-      trace_step_span(t, "data wait", now - b->wait_s, now);
+      trace_step_span(t, "data wait", now - b->wait_s - late, now);
     }
     *epoch = b->epoch;
     bool last = m == t->accumulate - 1;

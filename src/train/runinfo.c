@@ -70,8 +70,7 @@ static loom_status env_json(const loom_trainer *t, char **out) {
       cJSON_AddNumberToObject(o, "ranks", t->nranks) &&
       cJSON_AddNumberToObject(o, "threads_per_rank", loom_threads()) &&
       cJSON_AddStringToObject(
-          o, "strategy",
-          loom_cfg_strategy_names[t->cfg.parallel.strategy]) &&
+          o, "strategy", loom_cfg_strategy_names[t->cfg.parallel.strategy]) &&
       cJSON_AddStringToObject(o, "cpu", model) &&
       cJSON_AddStringToObject(o, "cpu_flags", flags) &&
       cJSON_AddStringToObject(o, "kernels", loom_isa_name(loom_cpu_isa())) &&

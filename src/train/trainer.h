@@ -140,6 +140,7 @@ struct loom_trainer {
   bool ckpt_last_failed;
   char ckpt_last_error[256];
   bool slow_noted; /* the slow fault was announced */
+  bool slow_data_noted;
 };
 
 /* This process's rank and the world size (0 and 1 before a trainer is
@@ -176,6 +177,9 @@ loom_status loom_train_ckpt_poll(loom_trainer *t, const double *g);
 /* Reads LOOM_FAULT and LOOM_RESTART_COUNT: keeps this rank's faults when
  * armed; LOOM_ERR_CONFIG on a value that does not parse. */
 loom_status loom_train_fault_init(loom_trainer *t);
+/* slow_data: sleeps before a batch is taken, as a loader that cannot keep
+ * up; returns the seconds slept (0 when no such fault is armed). */
+double loom_train_fault_data_delay(loom_trainer *t);
 /* After step t->step: exit, segv, hang or slow as asked. */
 void loom_train_fault_after_step(loom_trainer *t);
 

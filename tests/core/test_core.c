@@ -276,7 +276,68 @@ TT_TEST(test_vmem) {
   }
 }
 
+/* Memory by category: counts, peaks, names; a bad category does nothing. */
+TT_TEST(test_mem_categories) {
+  size_t now0, peak0, now, peak;
+  loom_mem_get(LOOM_MEM_COMM, &now0, &peak0);
+  loom_mem_add(LOOM_MEM_COMM, 1000);
+  loom_mem_add(LOOM_MEM_COMM, 500);
+  loom_mem_sub(LOOM_MEM_COMM, 1000);
+  loom_mem_get(LOOM_MEM_COMM, &now, &peak);
+  TT_CHECK_EQ(now, now0 + 500);
+  TT_CHECK(peak >= now0 + 1500);
+  loom_mem_reset_peaks();
+  loom_mem_get(LOOM_MEM_COMM, NULL, &peak);
+  TT_CHECK_EQ(peak, now0 + 500);
+  loom_mem_sub(LOOM_MEM_COMM, 500);
+  size_t data0;
+  loom_mem_get(LOOM_MEM_DATA, &data0, NULL);
+  loom_mem_add(LOOM_MEM_CAT_COUNT, 7); /* ignored */
+  loom_mem_get(LOOM_MEM_CAT_COUNT, &now, &peak);
+  TT_CHECK(now == 0 && peak == 0);
+  loom_mem_get(LOOM_MEM_DATA, &now, NULL);
+  TT_CHECK_EQ(now, data0);
+  TT_CHECK_STR(loom_mem_cat_name(LOOM_MEM_COMM), "comm");
+  TT_CHECK_STR(loom_mem_cat_name(LOOM_MEM_DATA), "data");
+  TT_CHECK_STR(loom_mem_cat_name(LOOM_MEM_CAT_COUNT), "?");
+}
+
+/* The log's file sink: info reaches the file even when the console shows
+ * only warnings; every line is time-stamped; NULL stops it. */
+TT_TEST(test_log_file) {
+  FILE *f = tmpfile();
+  TT_REQUIRE(f != NULL);
+  loom_log_level old = loom_log_get_level();
+  loom_log_set_level(LOOM_LOG_WARN);
+  loom_log_set_file(f, true);
+  LOOM_INFO("an info line %d", 1);
+  LOOM_DEBUG("a debug line");
+  loom_log_file("only in the file");
+  loom_log_set_file(NULL, false);
+  LOOM_WARN("after the file");
+  loom_log_set_level(old);
+  rewind(f);
+  char line[512];
+  int n = 0;
+  bool info = false, only = false, debug = false, after = false, stamped = true;
+  while (fgets(line, sizeof line, f)) {
+    n++;
+    info |= strstr(line, "an info line 1") != NULL;
+    only |= strstr(line, "only in the file") != NULL;
+    debug |= strstr(line, "a debug line") != NULL;
+    after |= strstr(line, "after the file") != NULL;
+    /* 2026-11-26T12:08:48.756Z */
+    stamped &= strlen(line) > 25 && line[4] == '-' && line[10] == 'T' &&
+               line[19] == '.' && line[23] == 'Z' && line[24] == ' ';
+  }
+  fclose(f);
+  TT_CHECK_EQ(n, 2);
+  TT_CHECK(info && only && !debug && !after && stamped);
+}
+
 int main(void) {
+  TT_RUN(test_mem_categories);
+  TT_RUN(test_log_file);
   TT_RUN(test_parse_integers);
   TT_RUN(test_status_and_errors);
   TT_RUN(test_alloc_hook);

@@ -1,0 +1,377 @@
+/* loom report, the reading half: a run directory's metrics.jsonl (every
+ * number as a series over steps, each rank's parts), config.yaml and
+ * env.json, and the verdict drawn from them. A run still being written is
+ * read as far as its last whole line. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "report.h"
+
+static rp_series *series_get(rp_run *r, const char *key, bool make) {
+  for (int i = 0; i < r->nseries; i++)
+    if (!strcmp(r->series[i].key, key))
+      return &r->series[i];
+  if (!make || r->nseries == RP_MAX_SERIES)
+    return NULL;
+  rp_series *s = &r->series[r->nseries++];
+  memset(s, 0, sizeof *s);
+  snprintf(s->key, sizeof s->key, "%s", key);
+  return s;
+}
+
+const rp_series *rp_find(const rp_run *r, const char *key) {
+  return series_get((rp_run *)r, key, false);
+}
+
+static bool series_push(rp_series *s, double x, double y) {
+  if (s->n == s->cap) {
+    int cap = s->cap ? s->cap * 2 : 64;
+    double *nx = loom_malloc((size_t)cap * sizeof *nx);
+    double *ny = loom_malloc((size_t)cap * sizeof *ny);
+    if (!nx || !ny) {
+      loom_free(nx);
+      loom_free(ny);
+      return false;
+    }
+    if (s->n) {
+      memcpy(nx, s->x, (size_t)s->n * sizeof *nx);
+      memcpy(ny, s->y, (size_t)s->n * sizeof *ny);
+    }
+    loom_free(s->x);
+    loom_free(s->y);
+    s->x = nx;
+    s->y = ny;
+    s->cap = cap;
+  }
+  s->x[s->n] = x;
+  s->y[s->n++] = y;
+  return true;
+}
+
+/* A whole file into memory (NUL-terminated); NULL and *missing when it is
+ * not there. */
+static char *slurp(const char *path, size_t *len, bool *missing) {
+  *missing = false;
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    *missing = errno == ENOENT;
+    return NULL;
+  }
+  size_t cap = 1 << 16, n = 0;
+  char *buf = loom_malloc(cap + 1);
+  while (buf) {
+    size_t got = fread(buf + n, 1, cap - n, f);
+    n += got;
+    if (n < cap)
+      break;
+    char *more = loom_malloc(cap * 2 + 1);
+    if (more)
+      memcpy(more, buf, n);
+    loom_free(buf);
+    buf = more;
+    cap *= 2;
+  }
+  fclose(f);
+  if (!buf)
+    return NULL;
+  buf[n] = '\0';
+  if (len)
+    *len = n;
+  return buf;
+}
+
+/* Each rank's array of one line, summed into r->rank_sum[k]. */
+static void add_ranks(rp_run *r, const cJSON *o, int k, const char *key) {
+  const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, key);
+  if (!cJSON_IsArray(a))
+    return;
+  int n = cJSON_GetArraySize(a);
+  if (n > RP_MAX_RANKS)
+    n = RP_MAX_RANKS;
+  if (n > r->nranks)
+    r->nranks = n;
+  for (int i = 0; i < n; i++) {
+    const cJSON *v = cJSON_GetArrayItem(a, i);
+    if (cJSON_IsNumber(v))
+      r->rank_sum[k][i] += v->valuedouble;
+  }
+}
+
+static loom_status read_metrics(rp_run *r, const char *path) {
+  size_t len = 0;
+  bool missing;
+  char *text = slurp(path, &len, &missing);
+  if (!text)
+    return loom_error(LOOM_ERR_IO,
+                      "%s: %s (a run directory holds metrics.jsonl once "
+                      "training has logged a step)",
+                      path, missing ? "not found" : strerror(errno));
+  loom_status st = LOOM_OK;
+  char *line = text;
+  int lineno = 0;
+  while (*line && st == LOOM_OK) {
+    char *end = strchr(line, '\n');
+    lineno++;
+    if (!end) { /* a line being written: read up to the last whole one */
+      r->partial_tail = true;
+      break;
+    }
+    *end = '\0';
+    cJSON *o = cJSON_Parse(line);
+    if (!cJSON_IsObject(o)) {
+      r->bad_lines++;
+      if (!r->first_bad)
+        r->first_bad = lineno;
+      cJSON_Delete(o);
+      line = end + 1;
+      continue;
+    }
+    const cJSON *step = cJSON_GetObjectItemCaseSensitive(o, "step");
+    double x = cJSON_IsNumber(step) ? step->valuedouble : (double)r->lines;
+    bool train = cJSON_GetObjectItemCaseSensitive(o, "step_s") != NULL;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, o) {
+      if (cJSON_IsNumber(it) && strcmp(it->string, "step") != 0) {
+        rp_series *s = series_get(r, it->string, true);
+        if (s && !series_push(s, x, it->valuedouble))
+          st = loom_error(LOOM_ERR_NOMEM, "reading %s", path);
+      }
+    }
+    if (train) {
+      r->train_lines++;
+      /* The first window holds the warm-up (first-touch pages, plans):
+       * the rank means leave it out when there are others. */
+      if (r->train_lines == 2) {
+        memset(r->rank_sum, 0, sizeof r->rank_sum);
+        r->rank_lines = 0;
+      }
+      add_ranks(r, o, RP_RANK_BUSY, "rank_busy_s");
+      add_ranks(r, o, RP_RANK_DATA, "rank_data_wait_s");
+      add_ranks(r, o, RP_RANK_COMM, "rank_comm_wait_s");
+      r->rank_lines++;
+    }
+    if (cJSON_IsNumber(step))
+      r->last_step = (int64_t)step->valuedouble;
+    r->lines++;
+    cJSON_Delete(o);
+    line = end + 1;
+  }
+  loom_free(text);
+  return st;
+}
+
+static void read_env(rp_run *r, const char *dir) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/env.json", dir);
+  bool missing;
+  char *text = slurp(path, NULL, &missing);
+  if (!text)
+    return;
+  r->env = cJSON_Parse(text);
+  loom_free(text);
+  const cJSON *t = cJSON_GetObjectItemCaseSensitive(r->env, "total_steps");
+  if (cJSON_IsNumber(t))
+    r->total_steps = (int64_t)t->valuedouble;
+}
+
+loom_status rp_read(rp_run *r, const char *dir) {
+  memset(r, 0, sizeof *r);
+  snprintf(r->dir, sizeof r->dir, "%s", dir);
+  char path[4096];
+  int n = snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+  if (n < 0 || (size_t)n >= sizeof path)
+    return loom_error(LOOM_ERR_INVALID_ARG, "path too long: %s", dir);
+  LOOM_TRY(read_metrics(r, path));
+  struct stat sb;
+  if (stat(path, &sb) == 0)
+    r->mtime = (double)sb.st_mtime;
+  read_env(r, dir);
+  snprintf(path, sizeof path, "%s/config.yaml", dir);
+  bool missing;
+  r->config = slurp(path, NULL, &missing);
+  const rp_series *vl = rp_find(r, "val_loss");
+  r->finished = r->total_steps > 0 && vl && vl->n > 0 &&
+                (int64_t)vl->x[vl->n - 1] >= r->total_steps;
+  return LOOM_OK;
+}
+
+void rp_free(rp_run *r) {
+  for (int i = 0; i < r->nseries; i++) {
+    loom_free(r->series[i].x);
+    loom_free(r->series[i].y);
+  }
+  cJSON_Delete(r->env);
+  loom_free(r->config);
+  memset(r, 0, sizeof *r);
+}
+
+const char *rp_env(const rp_run *r, const char *key) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->env, key);
+  return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+double rp_env_num(const rp_run *r, const char *key) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->env, key);
+  return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
+/* A value of the resolved config.yaml (SECTION: then "  KEY: value"), as
+ * text; "" when absent. */
+static void config_value(const rp_run *r, const char *section, const char *key,
+                         char *out, size_t n) {
+  out[0] = '\0';
+  if (!r->config)
+    return;
+  char head[64], item[64];
+  snprintf(head, sizeof head, "%s:", section);
+  snprintf(item, sizeof item, "  %s:", key);
+  bool in = false;
+  for (const char *l = r->config; l && *l;) {
+    const char *e = strchr(l, '\n');
+    size_t len = e ? (size_t)(e - l) : strlen(l);
+    if (l[0] != ' ')
+      in = len == strlen(head) && !strncmp(l, head, len);
+    else if (in && !strncmp(l, item, strlen(item))) {
+      const char *v = l + strlen(item);
+      while (*v == ' ')
+        v++;
+      size_t vl = len - (size_t)(v - l);
+      snprintf(out, n, "%.*s", (int)vl, v);
+      return;
+    }
+    l = e ? e + 1 : NULL;
+  }
+}
+
+/* The mean of a series over the training lines, leaving the first (the
+ * warm-up) out when there are three or more. */
+static double mean_of(const rp_run *r, const char *key) {
+  const rp_series *s = rp_find(r, key);
+  if (!s || s->n == 0)
+    return 0;
+  int from = s->n >= 3 ? 1 : 0;
+  double sum = 0;
+  for (int i = from; i < s->n; i++)
+    sum += isfinite(s->y[i]) ? s->y[i] : 0;
+  return sum / (double)(s->n - from);
+}
+
+static double total_of(const rp_run *r, const char *key) {
+  const rp_series *s = rp_find(r, key);
+  double sum = 0;
+  for (int i = 0; s && i < s->n; i++)
+    sum += isfinite(s->y[i]) ? s->y[i] : 0;
+  return sum;
+}
+
+static void add_finding(rp_verdict *v, double weight, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void add_finding(rp_verdict *v, double weight, const char *fmt, ...) {
+  if (v->n == RP_MAX_FINDINGS)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(v->text[v->n], sizeof v->text[0], fmt, ap);
+  va_end(ap);
+  v->weight[v->n++] = weight;
+}
+
+void rp_verdict_make(const rp_run *r, rp_verdict *v) {
+  memset(v, 0, sizeof *v);
+  rp_parts *p = &v->parts;
+  p->step = mean_of(r, "step_s");
+  p->data = mean_of(r, "data_wait_s");
+  p->forward = mean_of(r, "forward_s");
+  p->backward = mean_of(r, "backward_s");
+  p->comm = mean_of(r, "comm_wait_s");
+  p->optim = mean_of(r, "optim_s");
+  p->hidden = rp_find(r, "comm_hidden") ? mean_of(r, "comm_hidden") : NAN;
+  p->skew = rp_find(r, "busy_skew") ? mean_of(r, "busy_skew") : 1;
+  double run_s = 0;
+  const rp_series *tm = rp_find(r, "time");
+  if (tm && tm->n > 1)
+    run_s = tm->y[tm->n - 1] - tm->y[0];
+  p->ckpt_share = run_s > 0 ? total_of(r, "ckpt_s") / run_s : 0;
+  /* The slowest rank by busy time. */
+  p->slowest = -1;
+  double mean = 0;
+  for (int i = 0; i < r->nranks; i++)
+    mean += r->rank_sum[RP_RANK_BUSY][i] / (double)r->nranks;
+  double worst = 0;
+  for (int i = 0; i < r->nranks; i++)
+    if (r->rank_sum[RP_RANK_BUSY][i] > worst) {
+      worst = r->rank_sum[RP_RANK_BUSY][i];
+      p->slowest = i;
+    }
+  p->slowest_excess = mean > 0 ? worst / mean - 1 : 0;
+  if (r->train_lines == 0 || !(p->step > 0)) {
+    snprintf(v->headline, sizeof v->headline,
+             "No verdict yet: no training step has been logged.");
+    return;
+  }
+  const double S = p->step;
+  double data = p->data / S, comm = p->comm / S;
+  double compute = (p->forward + p->backward + p->optim) / S;
+  char prefetch[32];
+  config_value(r, "data", "prefetch", prefetch, sizeof prefetch);
+  /* A straggler makes the others wait at the reductions: name it before
+   * the communication it shows up as. */
+  if (p->skew >= 1.25 && p->slowest >= 0)
+    add_finding(v, 2.0 + p->skew,
+                "Imbalanced ranks: rank %d computes %.0f%% longer than the "
+                "mean of the %d ranks (busy_skew %.2f); the others wait for "
+                "it at every reduction. Look for a slower or busier host, "
+                "or uneven data, on that rank.",
+                p->slowest, 100 * p->slowest_excess, r->nranks, p->skew);
+  if (data >= 0.2)
+    add_finding(v, data,
+                "Data-loading bound: the loader's wait is %.0f%% of the step "
+                "(%.1f of %.1f ms). Raise data.prefetch (now %s) so batches "
+                "are ready ahead, or make the data cheaper to read.",
+                100 * data, 1e3 * p->data, 1e3 * S,
+                prefetch[0] ? prefetch : "?");
+  if (comm >= 0.2) {
+    char hid[96] = "";
+    if (isfinite(p->hidden))
+      snprintf(hid, sizeof hid,
+               "; %.0f%% of reduction time is exposed after "
+               "backward",
+               100 * (1 - p->hidden));
+    add_finding(v, comm,
+                "Communication bound: %.0f%% of the step waits for gradient "
+                "reductions (%.1f of %.1f ms)%s. Fewer bytes a step help: "
+                "parallel.compress: bf16, train.accumulate, or a larger "
+                "batch; so do faster links.",
+                100 * comm, 1e3 * p->comm, 1e3 * S, hid);
+  }
+  if (p->ckpt_share >= 0.1)
+    add_finding(v, p->ckpt_share,
+                "Checkpoint bound: saves take %.0f%% of the run's time; raise "
+                "checkpoint.every.",
+                100 * p->ckpt_share);
+  if (v->n == 0)
+    add_finding(v, compute,
+                "Compute bound: forward, backward and the optimizer are %.0f%% "
+                "of the step (data wait %.0f%%, communication wait %.0f%%). "
+                "Speed comes from the kernels and threads (train.threads), a "
+                "larger batch, or more ranks.",
+                100 * compute, 100 * data, 100 * comm);
+  /* The heaviest first. */
+  for (int i = 1; i < v->n; i++)
+    for (int j = i; j > 0 && v->weight[j] > v->weight[j - 1]; j--) {
+      char tmp[sizeof v->text[0]];
+      memcpy(tmp, v->text[j], sizeof tmp);
+      memcpy(v->text[j], v->text[j - 1], sizeof tmp);
+      memcpy(v->text[j - 1], tmp, sizeof tmp);
+      double w = v->weight[j];
+      v->weight[j] = v->weight[j - 1];
+      v->weight[j - 1] = w;
+    }
+  snprintf(v->headline, sizeof v->headline, "%s", v->text[0]);
+}

@@ -1,0 +1,375 @@
+/* loom report's plots, drawn through a pen so that the page (SVG) and the
+ * PNG files (a raster) show the same thing: curves over steps, stacked bars
+ * of a step's parts and of memory by category, and each rank's parts. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "report.h"
+
+enum {
+  ML = 76, /* margins of the plot area */
+  MR = 18,
+  MT = 50,
+  MB = 46,
+  TEXT_PX = 12,
+  TITLE_PX = 14,
+};
+#define INK 0x222222u
+#define GRID 0xe2e2e2u
+#define AXIS 0x555555u
+
+static const uint32_t palette[] = {0x1f77b4, 0xff7f0e, 0x2ca02c, 0xd62728,
+                                   0x9467bd, 0x8c564b, 0xe377c2, 0x7f7f7f,
+                                   0xbcbd22, 0x17becf};
+
+/* The data to plot area mapping. */
+typedef struct frame {
+  double x0, x1, y0, y1;     /* data ranges */
+  double px0, px1, py0, py1; /* pixels: left, right, bottom, top */
+} frame;
+
+static double fx(const frame *f, double x) {
+  return f->px0 + (x - f->x0) / (f->x1 - f->x0) * (f->px1 - f->px0);
+}
+static double fy(const frame *f, double y) {
+  return f->py0 - (y - f->y0) / (f->y1 - f->y0) * (f->py0 - f->py1);
+}
+
+/* A step of 1, 2 or 5 times a power of ten giving about `want` ticks. */
+static double nice_step(double range, int want) {
+  double raw = range / want;
+  double mag = pow(10, floor(log10(raw)));
+  double f = raw / mag;
+  return (f < 1.5 ? 1 : f < 3 ? 2 : f < 7 ? 5 : 10) * mag;
+}
+
+static void fmt_tick(char *buf, size_t n, double v, double step) {
+  if (fabs(v) < step * 1e-6)
+    v = 0;
+  if (fabs(v) >= 1e5 || (fabs(v) < 1e-3 && v != 0))
+    snprintf(buf, n, "%.2g", v);
+  else
+    snprintf(buf, n, "%.4g", v);
+}
+
+/* Pads a range that is a point, then rounds it out to whole ticks. */
+static void range_fix(double *lo, double *hi, bool from_zero) {
+  if (!isfinite(*lo) || !isfinite(*hi)) {
+    *lo = 0;
+    *hi = 1;
+  }
+  if (from_zero && *lo > 0)
+    *lo = 0;
+  if (*hi - *lo < 1e-12 * (fabs(*hi) + 1)) {
+    double d = fabs(*hi) > 0 ? fabs(*hi) * 0.1 : 1;
+    *lo -= from_zero && *lo == 0 ? 0 : d;
+    *hi += d;
+  }
+}
+
+static void legend(const rp_pen *p, const char *const *names,
+                   const uint32_t *colors, int n) {
+  double x = RP_PLOT_W - MR;
+  for (int i = n - 1; i >= 0; i--) {
+    double w = 0.62 * TEXT_PX * (double)strlen(names[i]);
+    p->text(p->ctx, x, MT - 16, names[i], INK, TEXT_PX, 1, false);
+    x -= w + 6;
+    p->rect(p->ctx, x - 10, MT - 21, 10, 10, colors[i], 1);
+    x -= 24;
+  }
+}
+
+/* Title, grid, axes and their labels; the frame for the data. */
+static frame axes(const rp_pen *p, const char *title, const char *xlabel,
+                  const char *ylabel, double x0, double x1, double y0,
+                  double y1, bool int_x) {
+  frame f = {x0, x1, y0, y1, ML, RP_PLOT_W - MR, RP_PLOT_H - MB, MT};
+  p->rect(p->ctx, 0, 0, RP_PLOT_W, RP_PLOT_H, 0xffffff, 1);
+  p->text(p->ctx, ML, 16, title, INK, TITLE_PX, -1, false);
+  double ys = nice_step(y1 - y0, 5);
+  double yt = ceil(y0 / ys);
+  for (int i = 0; i < 64 && (yt + i) * ys <= y1 + ys * 1e-9; i++) {
+    double v = (yt + i) * ys;
+    double y = fy(&f, v);
+    p->line(p->ctx, f.px0, y, f.px1, y, GRID, 1);
+    char b[32];
+    fmt_tick(b, sizeof b, v, ys);
+    p->text(p->ctx, f.px0 - 6, y, b, INK, TEXT_PX, 1, false);
+  }
+  double xs = nice_step(x1 - x0, 8);
+  if (int_x && xs < 1)
+    xs = 1;
+  double xt = ceil(x0 / xs);
+  for (int i = 0; i < 64 && (xt + i) * xs <= x1 + xs * 1e-9; i++) {
+    double v = (xt + i) * xs;
+    double x = fx(&f, v);
+    p->line(p->ctx, x, f.py0, x, f.py0 + 4, AXIS, 1);
+    char b[32];
+    fmt_tick(b, sizeof b, v, xs);
+    p->text(p->ctx, x, f.py0 + 14, b, INK, TEXT_PX, 0, false);
+  }
+  p->line(p->ctx, f.px0, f.py0, f.px1, f.py0, AXIS, 1);
+  p->line(p->ctx, f.px0, f.py0, f.px0, f.py1, AXIS, 1);
+  p->text(p->ctx, (f.px0 + f.px1) / 2, RP_PLOT_H - 10, xlabel, INK, TEXT_PX, 0,
+          false);
+  p->text(p->ctx, 14, (f.py0 + f.py1) / 2, ylabel, INK, TEXT_PX, 0, true);
+  return f;
+}
+
+/* ---------------------------------------------------------------- curves */
+
+typedef struct curve {
+  const rp_series *s;
+  const char *name;
+  double scale; /* the value shown: y * scale */
+  bool dots;
+} curve;
+
+static void draw_curves(const rp_pen *p, const char *title, const char *ylabel,
+                        const curve *c, int n, bool from_zero) {
+  double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
+  const char *names[8];
+  uint32_t colors[8];
+  int nl = 0;
+  for (int i = 0; i < n; i++) {
+    if (!c[i].s)
+      continue;
+    names[nl] = c[i].name;
+    colors[nl++] = palette[i % 10];
+    for (int k = 0; k < c[i].s->n; k++) {
+      double y = c[i].s->y[k] * c[i].scale;
+      if (!isfinite(y))
+        continue;
+      x0 = fmin(x0, c[i].s->x[k]);
+      x1 = fmax(x1, c[i].s->x[k]);
+      y0 = fmin(y0, y);
+      y1 = fmax(y1, y);
+    }
+  }
+  range_fix(&x0, &x1, false);
+  range_fix(&y0, &y1, from_zero);
+  double pad = (y1 - y0) * 0.05;
+  y1 += pad;
+  if (!from_zero)
+    y0 -= pad;
+  frame f = axes(p, title, "step", ylabel, x0, x1, y0, y1, true);
+  for (int i = 0; i < n; i++) {
+    const rp_series *s = c[i].s;
+    if (!s)
+      continue;
+    uint32_t col = palette[i % 10];
+    bool have = false;
+    double px = 0, py = 0;
+    for (int k = 0; k < s->n; k++) {
+      double y = s->y[k] * c[i].scale;
+      if (!isfinite(y)) {
+        have = false;
+        continue;
+      }
+      double qx = fx(&f, s->x[k]), qy = fy(&f, y);
+      if (have)
+        p->line(p->ctx, px, py, qx, qy, col, 2);
+      if (c[i].dots || s->n == 1)
+        p->dot(p->ctx, qx, qy, 3, col);
+      px = qx;
+      py = qy;
+      have = true;
+    }
+  }
+  legend(p, names, colors, nl);
+}
+
+/* ------------------------------------------------------------ stacked bars */
+
+typedef struct stack {
+  const char *name;
+  const rp_series *s; /* by line; NULL: from vals */
+  const double *vals; /* per bar */
+  double scale;
+} stack;
+
+/* Bars at xs (nb of them), each the stack of the parts' values; the line
+ * over them (its own series) when given. */
+static void draw_stacks(const rp_pen *p, const char *title, const char *xlabel,
+                        const char *ylabel, const double *xs, int nb,
+                        const stack *parts, int np, const curve *over,
+                        bool int_x) {
+  double top = 0;
+  for (int b = 0; b < nb; b++) {
+    double sum = 0;
+    for (int k = 0; k < np; k++) {
+      double v = parts[k].s ? (b < parts[k].s->n ? parts[k].s->y[b] : 0)
+                            : parts[k].vals[b];
+      sum += isfinite(v) && v > 0 ? v * parts[k].scale : 0;
+    }
+    top = fmax(top, sum);
+  }
+  if (over && over->s)
+    for (int k = 0; k < over->s->n; k++)
+      if (isfinite(over->s->y[k]))
+        top = fmax(top, over->s->y[k] * over->scale);
+  double x0 = nb ? xs[0] : 0, x1 = nb ? xs[nb - 1] : 1;
+  double gap = 1;
+  for (int b = 1; b < nb; b++)
+    gap = b == 1 ? xs[1] - xs[0] : fmin(gap, xs[b] - xs[b - 1]);
+  if (!(gap > 0))
+    gap = 1;
+  x0 -= gap * 0.6;
+  x1 += gap * 0.6;
+  double y0 = 0, y1 = top;
+  range_fix(&y0, &y1, true);
+  y1 *= 1.05;
+  frame f = axes(p, title, xlabel, ylabel, x0, x1, y0, y1, int_x);
+  double w = fmax(1, (fx(&f, gap) - fx(&f, 0)) * 0.8);
+  for (int b = 0; b < nb; b++) {
+    double base = 0;
+    for (int k = 0; k < np; k++) {
+      double v = parts[k].s ? (b < parts[k].s->n ? parts[k].s->y[b] : 0)
+                            : parts[k].vals[b];
+      v = isfinite(v) && v > 0 ? v * parts[k].scale : 0;
+      if (v <= 0)
+        continue;
+      double ya = fy(&f, base), yb = fy(&f, base + v);
+      p->rect(p->ctx, fx(&f, xs[b]) - w / 2, yb, w, ya - yb, palette[k % 10],
+              1);
+      base += v;
+    }
+  }
+  const char *names[12];
+  uint32_t colors[12];
+  int nl = 0;
+  for (int k = 0; k < np && nl < 11; k++) {
+    names[nl] = parts[k].name;
+    colors[nl++] = palette[k % 10];
+  }
+  if (over && over->s) {
+    uint32_t col = INK;
+    for (int k = 1; k < over->s->n; k++)
+      p->line(p->ctx, fx(&f, over->s->x[k - 1]),
+              fy(&f, over->s->y[k - 1] * over->scale), fx(&f, over->s->x[k]),
+              fy(&f, over->s->y[k] * over->scale), col, 2);
+    for (int k = 0; k < over->s->n; k++)
+      p->dot(p->ctx, fx(&f, over->s->x[k]), fy(&f, over->s->y[k] * over->scale),
+             2.5, col);
+    names[nl] = over->name;
+    colors[nl++] = col;
+  }
+  legend(p, names, colors, nl);
+}
+
+/* The training lines' steps (the x of step_s). */
+static const rp_series *train_x(const rp_run *r) {
+  return rp_find(r, "step_s");
+}
+
+int rp_plots(const rp_run *r, rp_plot_desc *out, int max) {
+  int n = 0;
+#define ADD(ID, TITLE)                                                         \
+  do {                                                                         \
+    if (n < max)                                                               \
+      out[n++] = (rp_plot_desc){ID, TITLE};                                    \
+  } while (0)
+  if (rp_find(r, "loss") || rp_find(r, "val_loss"))
+    ADD("loss", "Loss");
+  if (rp_find(r, "accuracy") || rp_find(r, "val_accuracy"))
+    ADD("accuracy", "Accuracy");
+  if (rp_find(r, "lr"))
+    ADD("lr", "Learning rate");
+  if (rp_find(r, "tokens_per_s") || rp_find(r, "samples_per_s"))
+    ADD("throughput", "Throughput");
+  if (train_x(r))
+    ADD("step_time", "Where a step's time goes");
+  if (rp_find(r, "mem_params_mb"))
+    ADD("memory", "Memory by category (rank 0)");
+  if (r->nranks > 1 && r->rank_lines > 0)
+    ADD("ranks", "Each rank's step");
+  if (rp_find(r, "grad_norm"))
+    ADD("grad_norm", "Gradient norm (before clipping)");
+#undef ADD
+  return n;
+}
+
+void rp_plot_draw(const rp_run *r, const char *id, const rp_pen *p) {
+  if (!strcmp(id, "loss")) {
+    curve c[] = {{rp_find(r, "loss"), "train loss", 1, false},
+                 {rp_find(r, "val_loss"), "validation loss", 1, true}};
+    draw_curves(p, "Loss", "loss", c, 2, false);
+  } else if (!strcmp(id, "accuracy")) {
+    curve c[] = {
+        {rp_find(r, "accuracy"), "train accuracy", 100, false},
+        {rp_find(r, "val_accuracy"), "validation accuracy", 100, true}};
+    draw_curves(p, "Accuracy", "%", c, 2, false);
+  } else if (!strcmp(id, "lr")) {
+    curve c[] = {{rp_find(r, "lr"), "learning rate", 1, false}};
+    draw_curves(p, "Learning rate", "lr", c, 1, true);
+  } else if (!strcmp(id, "throughput")) {
+    const rp_series *t = rp_find(r, "tokens_per_s");
+    curve c[] = {{t ? t : rp_find(r, "samples_per_s"),
+                  t ? "tokens/s" : "samples/s", 1, false}};
+    draw_curves(p, "Throughput (all ranks)", t ? "tokens/s" : "samples/s", c, 1,
+                true);
+  } else if (!strcmp(id, "step_time")) {
+    const rp_series *st = train_x(r);
+    /* What the parts leave of the step: loop overhead, the loss's
+     * all-reduce, progress. */
+    double other[4096] = {0};
+    int nb = st->n < 4096 ? st->n : 4096;
+    const char *keys[] = {"data_wait_s", "forward_s", "backward_s",
+                          "comm_wait_s", "optim_s"};
+    for (int b = 0; b < nb; b++) {
+      double sum = 0;
+      for (int k = 0; k < 5; k++) {
+        const rp_series *s = rp_find(r, keys[k]);
+        sum += s && b < s->n && isfinite(s->y[b]) ? s->y[b] : 0;
+      }
+      other[b] = fmax(0, st->y[b] - sum);
+    }
+    stack parts[] = {{"data wait", rp_find(r, "data_wait_s"), NULL, 1e3},
+                     {"forward", rp_find(r, "forward_s"), NULL, 1e3},
+                     {"backward", rp_find(r, "backward_s"), NULL, 1e3},
+                     {"comm wait", rp_find(r, "comm_wait_s"), NULL, 1e3},
+                     {"optimizer", rp_find(r, "optim_s"), NULL, 1e3},
+                     {"other", NULL, other, 1e3}};
+    /* A part the run does not log (comm wait on one rank) is left out. */
+    stack use[6];
+    int nu = 0;
+    for (int k = 0; k < 6; k++)
+      if (parts[k].s || parts[k].vals)
+        use[nu++] = parts[k];
+    draw_stacks(p, "Where a step's time goes (rank 0, mean of each window)",
+                "step", "ms a step", st->x, nb, use, nu, NULL, true);
+  } else if (!strcmp(id, "memory")) {
+    const rp_series *pm = rp_find(r, "mem_params_mb");
+    stack parts[] = {{"parameters", pm, NULL, 1},
+                     {"gradients", rp_find(r, "mem_grads_mb"), NULL, 1},
+                     {"optimizer", rp_find(r, "mem_optim_mb"), NULL, 1},
+                     {"activations", rp_find(r, "mem_act_mb"), NULL, 1},
+                     {"communication", rp_find(r, "mem_comm_mb"), NULL, 1},
+                     {"data", rp_find(r, "mem_data_mb"), NULL, 1}};
+    stack use[6];
+    int nu = 0;
+    for (int k = 0; k < 6; k++)
+      if (parts[k].s)
+        use[nu++] = parts[k];
+    curve over = {rp_find(r, "peak_rss_mb"), "peak RSS", 1, true};
+    draw_stacks(p, "Memory by category (rank 0) and the process's peak RSS",
+                "step", "MiB", pm->x, pm->n, use, nu, &over, true);
+  } else if (!strcmp(id, "ranks")) {
+    int n = r->nranks;
+    double xs[RP_MAX_RANKS] = {0}, v[RP_RANK_N][RP_MAX_RANKS] = {{0}};
+    for (int i = 0; i < n; i++) {
+      xs[i] = i;
+      for (int k = 0; k < RP_RANK_N; k++)
+        v[k][i] = r->rank_sum[k][i] / (double)r->rank_lines;
+    }
+    stack parts[] = {{"busy", NULL, v[RP_RANK_BUSY], 1e3},
+                     {"data wait", NULL, v[RP_RANK_DATA], 1e3},
+                     {"comm wait", NULL, v[RP_RANK_COMM], 1e3}};
+    draw_stacks(p, "Each rank's step: busy and waiting (mean ms a step)",
+                "rank", "ms a step", xs, n, parts, 3, NULL, true);
+  } else if (!strcmp(id, "grad_norm")) {
+    curve c[] = {{rp_find(r, "grad_norm"), "gradient norm", 1, false}};
+    draw_curves(p, "Gradient norm (before clipping)", "norm", c, 1, true);
+  }
+}
