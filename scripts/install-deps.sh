@@ -20,6 +20,7 @@ PKGS=(
   libyaml-dev            # YAML configs
   libcjson-dev           # JSON: manifests, metrics, reports
   zlib1g-dev             # gzip-compressed data files
+  libcurl4-openssl-dev   # MLflow's REST API (log.mlflow)
   libopenmpi-dev         # Open MPI, the default MPI (comm layer)
   openmpi-bin            # mpirun, used by loom run
   libmpich-dev           # MPICH, the second MPI CI builds against
@@ -38,9 +39,12 @@ for p in "${PKGS[@]}"; do
 done
 
 # Python packages the tests read loom's output with (TensorBoard's event
-# reader), from PyPI into a virtual environment; the tests make it too.
+# reader; MLflow's server and client, in a venv of their own), from PyPI
+# into virtual environments; the tests make them too.
 pyenv() {
-  [ "${LOOM_NO_PYPI:-0}" = 1 ] || "$(dirname "$0")/ensure-pyenv.sh" >/dev/null
+  [ "${LOOM_NO_PYPI:-0}" = 1 ] && return 0
+  "$(dirname "$0")/ensure-pyenv.sh" >/dev/null
+  "$(dirname "$0")/ensure-mlflow.sh" >/dev/null
 }
 
 if [ ${#missing[@]} -eq 0 ]; then

@@ -1,7 +1,7 @@
 /* loom obs: what training shows of itself. Metric sinks: RUN/metrics.jsonl
- * (one JSON object per line) and TensorBoard event files (RUN/tb/); the
- * timeline trace (RUN/trace/). Later: memory by category, the report
- * (docs/observe.md).
+ * (one JSON object per line), TensorBoard event files (RUN/tb/) and an
+ * MLflow tracking server (its REST API); the timeline trace (RUN/trace/).
+ * Later: memory by category, the report (docs/observe.md).
  *
  *   loom_metrics_opts o = loom_metrics_opts_default();
  *   o.tensorboard = true;
@@ -150,6 +150,89 @@ typedef struct loom_report_info {
 } loom_report_info;
 loom_status loom_report_write(const char *run_dir, const char *out_path,
                               const char *png_dir, loom_report_info *info);
+
+/* --------------------------------------------------------------- MLflow */
+/* A run on an MLflow tracking server, over its REST API (libcurl). The
+ * calls below never wait for the network: they append to a queue in
+ * memory (a mutex, a condition variable) and return; a sender thread of
+ * the handle does every HTTP request. It finds the experiment by name (or
+ * creates it), creates the run, then sends what is queued in batches
+ * (runs/log-batch, within MLflow's limits per call) and artifacts
+ * (mlflow-artifacts PUT, the server's artifact proxy, on by default in
+ * `mlflow server`).
+ *
+ * The server may be away at any time: a request that fails (no
+ * connection, a timeout, HTTP 5xx or 429) is tried again with backoff
+ * (0.5 s, doubling to 10 s) and nothing is lost while the queue has room;
+ * the first failure is one warning, the reconnection one info line. A
+ * batch the server refuses (HTTP 4xx: a bad name, a param logged twice
+ * with two values) is a warning with the server's message and is dropped.
+ * Keys are checked as MLflow checks them (letters, digits and _ - . / :
+ * space, at most 250 bytes, a path without empty, "." or ".." parts): one
+ * that is not is dropped with one warning. NaN and infinities are sent as
+ * MLflow's JSON has them ("NaN", "Infinity"); MLflow stores an infinity as
+ * +-DBL_MAX.
+ *
+ *   loom_mlflow_opts o = loom_mlflow_opts_default();
+ *   o.uri = "http://127.0.0.1:5000";
+ *   o.experiment = "kjv-gpt";
+ *   loom_mlflow_open(&m, &o);
+ *   loom_mlflow_param(m, "optim.lr", "3e-4");
+ *   loom_mlflow_metric(m, "loss", 2.5, step, loom_time_wall());
+ *   loom_mlflow_artifact(m, "config.yaml", "config.yaml");
+ *   loom_mlflow_close(m, "FINISHED", 30);
+ */
+typedef struct loom_mlflow loom_mlflow;
+typedef struct loom_mlflow_opts {
+  const char *uri;        /* http://HOST:PORT of a tracking server */
+  const char *experiment; /* experiment name; made when missing (default
+                             "Default") */
+  const char *run_name;   /* NULL: the server's default */
+  double timeout_s;       /* one HTTP request's limit (default 5) */
+  size_t max_buffered;    /* metric values kept while the server is away
+                             (default 100000); beyond it the oldest are
+                             dropped and counted */
+} loom_mlflow_opts;
+loom_mlflow_opts loom_mlflow_opts_default(void);
+/* Starts the sender thread; it finds or creates the experiment and creates
+ * the run. Never fails because the server is unreachable (that is retried,
+ * a warning once); fails only on bad arguments (uri not http://..., an
+ * empty experiment name: LOOM_ERR_INVALID_ARG) or no memory. */
+loom_status loom_mlflow_open(loom_mlflow **out, const loom_mlflow_opts *o);
+/* A run's parameter. MLflow's params are immutable: a key logged again
+ * with the same value is nothing, with another value a warning (the first
+ * stays). Values longer than MLflow's 6000 characters are cut, warned. */
+void loom_mlflow_param(loom_mlflow *m, const char *key, const char *value);
+/* A run's tag (the last value logged wins); values cut at 8000 bytes. */
+void loom_mlflow_tag(loom_mlflow *m, const char *key, const char *value);
+/* One value of a metric at step; wall_time_s: Unix seconds (<= 0: now),
+ * sent in milliseconds as MLflow keeps it. */
+void loom_mlflow_metric(loom_mlflow *m, const char *key, double value,
+                        int64_t step, double wall_time_s);
+/* An artifact: the file's bytes (read when called) uploaded as
+ * artifact_path (e.g. "config.yaml", "ckpt/manifest.json"; relative,
+ * without "." or ".." parts). LOOM_ERR_IO when the file cannot be read,
+ * LOOM_ERR_INVALID_ARG for a bad path. */
+loom_status loom_mlflow_artifact(loom_mlflow *m, const char *local_path,
+                                 const char *artifact_path);
+/* The run's id ("" until the server answered). */
+const char *loom_mlflow_run_id(const loom_mlflow *m);
+typedef struct loom_mlflow_stats {
+  uint64_t sent;     /* values (metrics, params, tags, artifacts) the
+                        server took */
+  uint64_t dropped;  /* values given up: the buffer full, refused by the
+                        server (4xx), bad keys */
+  uint64_t pending;  /* values queued or being sent */
+  uint64_t failures; /* requests that failed and are retried */
+  bool connected;    /* the last request got an answer */
+} loom_mlflow_stats;
+void loom_mlflow_get_stats(const loom_mlflow *m, loom_mlflow_stats *s);
+/* Sends what is buffered (waits at most deadline_s), ends the run with
+ * status "FINISHED" / "FAILED" / "KILLED" (NULL: "FINISHED"), stops the
+ * thread and frees m. What could not be sent is a warning naming how many
+ * values were lost. Returns within about deadline_s + timeout_s. NULL is
+ * a no-op. */
+void loom_mlflow_close(loom_mlflow *m, const char *status, double deadline_s);
 
 LOOM_API_END
 #ifdef __cplusplus
