@@ -35,6 +35,8 @@ typedef struct loom_metrics_opts {
   bool tensorboard; /* RUN_DIR/tb/events.out.tfevents.* (default false) */
   bool append;      /* metrics.jsonl: append (a resumed run), else start it
                        anew; an event file is always a new one */
+  struct loom_mlflow *mlflow; /* every number of a line also as an MLflow
+                                 metric at its step (borrowed; NULL: none) */
 } loom_metrics_opts;
 loom_metrics_opts loom_metrics_opts_default(void);
 loom_status loom_metrics_open_opts(loom_metrics **out, const char *run_dir,
@@ -184,14 +186,21 @@ loom_status loom_report_write(const char *run_dir, const char *out_path,
  */
 typedef struct loom_mlflow loom_mlflow;
 typedef struct loom_mlflow_opts {
-  const char *uri;        /* http://HOST:PORT of a tracking server */
+  const char *uri;        /* http://HOST:PORT (or https://) of a server */
   const char *experiment; /* experiment name; made when missing (default
                              "Default") */
   const char *run_name;   /* NULL: the server's default */
-  double timeout_s;       /* one HTTP request's limit (default 5) */
-  size_t max_buffered;    /* metric values kept while the server is away
-                             (default 100000); beyond it the oldest are
-                             dropped and counted */
+  const char *run_id;     /* NULL or "": a new run; else go on with this
+                             run (a resumed training run), or a new one
+                             when the server does not know it */
+  /* Called on the sender thread as soon as the server made the run (NULL:
+   * not called): where a resumed job will find its id. */
+  void (*on_run)(const char *run_id, void *ctx);
+  void *on_run_ctx;
+  double timeout_s;    /* one HTTP request's limit (default 5) */
+  size_t max_buffered; /* metric values kept while the server is away
+                          (default 100000); beyond it the oldest are
+                          dropped and counted */
 } loom_mlflow_opts;
 loom_mlflow_opts loom_mlflow_opts_default(void);
 /* Starts the sender thread; it finds or creates the experiment and creates

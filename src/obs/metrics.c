@@ -21,6 +21,8 @@ struct loom_metrics {
   int ntb;
   char tb_tags[TB_MAX][48];
   float tb_values[TB_MAX];
+  double values[TB_MAX]; /* the same in full, for MLflow */
+  loom_mlflow *mlflow;   /* borrowed, or NULL */
   int64_t step;
   double time;
 };
@@ -58,6 +60,7 @@ loom_status loom_metrics_open_opts(loom_metrics **out, const char *run_dir,
     loom_metrics_close(m);
     return s;
   }
+  m->mlflow = o.mlflow;
   *out = m;
   return LOOM_OK;
 }
@@ -108,6 +111,7 @@ static void tb_note(loom_metrics *m, const char *k, double v) {
   else if (strcmp(k, "epoch") != 0 && strcmp(k, "ranks") != 0 &&
            m->ntb < TB_MAX) {
     snprintf(m->tb_tags[m->ntb], sizeof m->tb_tags[0], "%s", k);
+    m->values[m->ntb] = v;
     m->tb_values[m->ntb++] = (float)v;
   }
 }
@@ -170,6 +174,9 @@ loom_status loom_metrics_end(loom_metrics *m) {
   if (m->f && (fwrite(m->line, 1, m->len, m->f) != m->len || fflush(m->f) != 0))
     return loom_error(LOOM_ERR_IO, "cannot write '%s': %s", m->path,
                       strerror(errno));
+  for (int i = 0; m->mlflow && i < m->ntb; i++)
+    loom_mlflow_metric(m->mlflow, m->tb_tags[i], m->values[i], m->step,
+                       m->time);
   if (m->tb && m->ntb > 0) {
     const char *tags[TB_MAX];
     for (int i = 0; i < m->ntb; i++)

@@ -118,6 +118,9 @@ struct loom_mlflow {
   char experiment_id[ID_MAX];
   char *artifact_dir; /* the run's artifacts below the proxy's root, or NULL */
   atomic_bool have_run;
+  char *resume_id; /* a run to go on with (opts.run_id), or NULL */
+  void (*on_run)(const char *run_id, void *ctx);
+  void *on_run_ctx;
 
   /* The sender's own. */
   CURL *curl;
@@ -656,8 +659,56 @@ static req_result create_run(loom_mlflow *m, double deadline, char *msg,
     atomic_store(&m->have_run, true);
     LOOM_INFO("mlflow: run %s in experiment '%s' at %s", m->run_id,
               m->experiment, m->uri);
+    if (m->on_run)
+      m->on_run(m->run_id, m->on_run_ctx);
   }
   cJSON_Delete(j);
+  return r;
+}
+
+/* Goes on with an earlier run (a resumed training run): its experiment and
+ * artifact place from runs/get, its status back to RUNNING. REQ_REFUSED
+ * when the server does not know it (the caller then makes a new run). */
+static req_result resume_run(loom_mlflow *m, double deadline, char *msg,
+                             size_t cap) {
+  char *id = curl_easy_escape(m->curl, m->resume_id, 0);
+  if (!id) {
+    snprintf(msg, cap, "out of memory");
+    return REQ_RETRY;
+  }
+  char path[ID_MAX * 3 + 64];
+  snprintf(path, sizeof path, "/api/2.0/mlflow/runs/get?run_id=%s", id);
+  curl_free(id);
+  req_result r = http(m, "GET", path, NULL, 0, NULL, deadline, msg, cap);
+  if (r != REQ_OK)
+    return r;
+  cJSON *j = answer(m);
+  const cJSON *info = cJSON_GetObjectItemCaseSensitive(
+      cJSON_GetObjectItemCaseSensitive(j, "run"), "info");
+  const cJSON *rid = cJSON_GetObjectItemCaseSensitive(info, "run_id");
+  const cJSON *eid = cJSON_GetObjectItemCaseSensitive(info, "experiment_id");
+  const cJSON *uri = cJSON_GetObjectItemCaseSensitive(info, "artifact_uri");
+  if (!cJSON_IsString(rid) || !cJSON_IsString(eid) ||
+      strlen(rid->valuestring) >= ID_MAX ||
+      strlen(eid->valuestring) >= ID_MAX) {
+    snprintf(msg, cap, "runs/get: an answer without a run");
+    cJSON_Delete(j);
+    return REQ_REFUSED;
+  }
+  snprintf(m->run_id, sizeof m->run_id, "%s", rid->valuestring);
+  snprintf(m->experiment_id, sizeof m->experiment_id, "%s", eid->valuestring);
+  if (cJSON_IsString(uri))
+    m->artifact_dir = artifact_dir(uri->valuestring);
+  cJSON_Delete(j);
+  cJSON *req = cJSON_CreateObject();
+  cJSON_AddStringToObject(req, "run_id", m->run_id);
+  cJSON_AddStringToObject(req, "status", "RUNNING");
+  r = post_json(m, "/api/2.0/mlflow/runs/update", req, deadline, msg, cap);
+  cJSON_Delete(req);
+  if (r == REQ_OK) {
+    atomic_store(&m->have_run, true);
+    LOOM_INFO("mlflow: going on with run %s at %s", m->run_id, m->uri);
+  }
   return r;
 }
 
@@ -800,7 +851,19 @@ static void *sender_main(void *arg) {
 
     req_result r;
     size_t n = 0;
-    if (!ready) {
+    if (!ready && m->resume_id) {
+      r = resume_run(m, deadline, msg, sizeof msg);
+      if (r == REQ_REFUSED) {
+        LOOM_WARN("mlflow: cannot go on with run %s (%s): starting a new run",
+                  m->resume_id, msg);
+        loom_free(m->resume_id);
+        m->resume_id = NULL;
+        m->experiment_id[0] = '\0';
+        r = REQ_OK; /* on to a new run at once */
+      } else if (r == REQ_OK) {
+        ready = true;
+      }
+    } else if (!ready) {
       r = m->experiment_id[0] ? REQ_OK
                               : find_experiment(m, deadline, msg, sizeof msg);
       if (r == REQ_OK)
@@ -910,6 +973,7 @@ static void free_handle(loom_mlflow *m) {
   loom_free(m->uri);
   loom_free(m->experiment);
   loom_free(m->run_name);
+  loom_free(m->resume_id);
   loom_free(m->artifact_dir);
   loom_free(m->resp.body);
   loom_free(m->user);
@@ -933,10 +997,13 @@ loom_status loom_mlflow_open(loom_mlflow **out, const loom_mlflow_opts *opts) {
   *out = NULL;
   loom_mlflow_opts o = opts ? *opts : loom_mlflow_opts_default();
   const char *uri = o.uri ? o.uri : "";
-  if (strncmp(uri, "http://", 7) != 0 || !uri[7])
+  size_t scheme = !strncmp(uri, "http://", 7)    ? 7
+                  : !strncmp(uri, "https://", 8) ? 8
+                                                 : 0;
+  if (!scheme || !uri[scheme])
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "mlflow: uri '%s' is not a tracking server's "
-                      "http://HOST:PORT",
+                      "http://HOST:PORT or https://HOST[:PORT]",
                       uri);
   if (!o.experiment || !*o.experiment)
     return loom_error(LOOM_ERR_INVALID_ARG, "mlflow: no experiment name");
@@ -958,6 +1025,9 @@ loom_status loom_mlflow_open(loom_mlflow **out, const loom_mlflow_opts *opts) {
   m->uri = dup_n(uri, n);
   m->experiment = dup_str(o.experiment);
   m->run_name = o.run_name ? dup_str(o.run_name) : NULL;
+  m->on_run = o.on_run;
+  m->on_run_ctx = o.on_run_ctx;
+  m->resume_id = o.run_id && o.run_id[0] ? dup_str(o.run_id) : NULL;
   m->user = user_name();
   m->timeout_ms = (long)ceil(o.timeout_s * 1000);
   m->max_buffered = o.max_buffered;

@@ -736,6 +736,7 @@ void loom_trainer_free(loom_trainer *t) {
   loom_free(t->bounds);
   loom_progress_free(t->progress);
   loom_metrics_close(t->metrics);
+  loom_train_mlflow_close(t); /* after the metrics, which feed it */
   loom_optim_free(t->optim);
   loom_loader_free(t->train_loader);
   loom_dataset_free(t->train_ds);
@@ -1223,8 +1224,12 @@ static loom_status open_outputs(loom_trainer *t) {
                 (long long)t->total_steps);
   if (!is_rank0(t))
     return LOOM_OK;
-  if ((cfg->log.metrics || cfg->log.tensorboard) && cfg->log.run_dir[0]) {
+  if (cfg->log.mlflow_uri[0] && cfg->log.run_dir[0])
+    LOOM_TRY(loom_train_mlflow_open(t));
+  if ((cfg->log.metrics || cfg->log.tensorboard || t->mlflow) &&
+      cfg->log.run_dir[0]) {
     loom_metrics_opts mo = loom_metrics_opts_default();
+    mo.mlflow = t->mlflow;
     mo.jsonl = cfg->log.metrics;
     mo.tensorboard = cfg->log.tensorboard;
     mo.append = t->step > 0;
@@ -1524,7 +1529,9 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
        * any metrics are written (the same on every rank). */
       double mine[RANK_N], *ranks = NULL;
       rank_parts(&w, now, mine);
-      if ((cfg->log.metrics || cfg->log.tensorboard) && cfg->log.run_dir[0])
+      if ((cfg->log.metrics || cfg->log.tensorboard ||
+           cfg->log.mlflow_uri[0]) &&
+          cfg->log.run_dir[0])
         LOOM_TRY_GOTO(s, gather_ranks(t, mine, &ranks), out);
       if (t->metrics)
         s = write_metrics(t, &w, epoch, lr, rate, gnorm, now, res->train_loss,
@@ -1577,6 +1584,9 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
       res->seconds > 0
           ? units_per_step * (double)(t->step - res->start_step) / res->seconds
           : 0;
+  /* The report and the artifacts; a run stopped early is KILLED (a
+   * restart goes on with it). */
+  loom_train_mlflow_finish(t, t->step == t->total_steps);
 out:
   loom_free(sums);
   stop_handlers_restore(&sh);

@@ -41,6 +41,21 @@ static void cpu_model(char *out, size_t n) {
 
 const char *loom_train_git_commit(void) { return LOOM_GIT_COMMIT; }
 
+const char *loom_train_strategy_name(const loom_trainer *t) {
+  if (t->nranks <= 1)
+    return "single";
+  switch (t->zero) {
+  case 1:
+    return "zero1";
+  case 2:
+    return "zero2";
+  case 3:
+    return "zero3";
+  default:
+    return "ddp";
+  }
+}
+
 static loom_status env_json(const loom_trainer *t, char **out) {
   cJSON *o = cJSON_CreateObject();
   if (!o)
@@ -69,8 +84,7 @@ static loom_status env_json(const loom_trainer *t, char **out) {
       cJSON_AddStringToObject(o, "host", host) &&
       cJSON_AddNumberToObject(o, "ranks", t->nranks) &&
       cJSON_AddNumberToObject(o, "threads_per_rank", loom_threads()) &&
-      cJSON_AddStringToObject(
-          o, "strategy", loom_cfg_strategy_names[t->cfg.parallel.strategy]) &&
+      cJSON_AddStringToObject(o, "strategy", loom_train_strategy_name(t)) &&
       cJSON_AddStringToObject(o, "cpu", model) &&
       cJSON_AddStringToObject(o, "cpu_flags", flags) &&
       cJSON_AddStringToObject(o, "kernels", loom_isa_name(loom_cpu_isa())) &&

@@ -80,8 +80,10 @@ struct loom_trainer {
   loom_sched sched;
   loom_metrics *metrics;
   loom_progress *progress;
-  bool tracing;       /* this trainer opened the process's trace */
-  FILE *rank_log;     /* log.per_rank: RUN/logs/rank-K.log */
+  bool tracing;        /* this trainer opened the process's trace */
+  FILE *rank_log;      /* log.per_rank: RUN/logs/rank-K.log */
+  loom_mlflow *mlflow; /* log.mlflow (rank 0) */
+  char mlflow_status[16];
   double *unit_t0;    /* (2 x units) trace: when each unit's forward and
                          backward began */
   bool is_text;       /* tokens: throughput in tokens, no accuracy */
@@ -195,6 +197,16 @@ void loom_train_trace_close(loom_trainer *t);
 loom_status loom_train_write_run_info(const loom_trainer *t);
 /* The git commit loom was built from ("" when unknown). */
 const char *loom_train_git_commit(void);
+/* The strategy the trainer runs: single, ddp, zero1, zero2, zero3. */
+const char *loom_train_strategy_name(const loom_trainer *t);
+
+/* log.mlflow (src/train/mlflow.c), rank 0: the run opened with its
+ * parameters and tags (going on with RUN/mlflow_run_id when resumed; the
+ * id is written there as soon as the server made the run); at the end the
+ * report written and the artifacts sent; closed with its status. */
+loom_status loom_train_mlflow_open(loom_trainer *t);
+void loom_train_mlflow_finish(loom_trainer *t, bool finished);
+void loom_train_mlflow_close(loom_trainer *t);
 void loom_train_trace_mem(const loom_train_mem *mem);
 /* After the checkpoint of `step` was committed: the corrupt fault. */
 void loom_train_fault_after_save(loom_trainer *t, int64_t step);

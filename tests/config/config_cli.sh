@@ -50,6 +50,19 @@ run "$LOOM" config check "$T/shown.yaml"
 check "shown reads back" test "$rc" -eq 0
 check "same hash" has "$h1"
 
+# log.mlflow: a group of keys inside a section; the uri checked.
+printf 'log:\n  mlflow:\n    uri: http://127.0.0.1:5000\n    experiment: e1\n' >"$T/mlflow.yaml"
+run "$LOOM" config check "$T/mlflow.yaml"
+check "log.mlflow as a group reads" test "$rc" -eq 0
+printf 'log:\n  mlflow:\n    uri: ftp://x\n' >"$T/mlflow_bad.yaml"
+run "$LOOM" config check "$T/mlflow_bad.yaml"
+check "a bad log.mlflow.uri exits 2" test "$rc" -eq 2
+check "naming the place and what is supported" has "mlflow_bad.yaml:3:5: key 'log.mlflow.uri': 'ftp://x': expected the tracking server as http://HOST:PORT"
+printf 'log:\n  mlflow:\n    url: http://x\n' >"$T/mlflow_key.yaml"
+run "$LOOM" config check "$T/mlflow_key.yaml"
+check "an unknown key in the group exits 2" test "$rc" -eq 2
+check "naming it" has "key 'log.mlflow.url': unknown key (did you mean 'log.mlflow.uri'?)"
+
 run "$LOOM" config schema
 check "schema lists keys" has "parallel.bucket_mb"
 run "$LOOM" config schema --markdown

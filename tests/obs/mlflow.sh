@@ -154,4 +154,66 @@ assert r.info.status == "FINISHED", r.info.status
 print("300 steps (100 before, 100 during, 100 after the outage), each once, FINISHED")
 PY
 if [ $? = 0 ]; then ok "outage: $(tail -1 "$tmp/check2")"; else bad "outage: $(tail -5 "$tmp/check2")"; fi
+# ------------------------- 3. loom train with log.mlflow, resumed, restarted
+# Two ranks train 8 steps (a FINISHED MLflow run; RUN/mlflow_run_id); the
+# job is then resumed to 16 steps, rank 1 exits after step 12, loom run
+# starts it again from the step-8 checkpoint: one MLflow run throughout,
+# gone on with, its params the configuration (as first logged: MLflow's
+# params do not change), its tags the job, every number of metrics.jsonl at
+# its step, the artifacts, FINISHED.
+cat "$SRC"/docs/*.md 2>/dev/null | head -c 60000 >"$tmp/text.txt"
+tr=("$SRC/examples/small_gpt.yaml" --set "data.path=$tmp/text.txt" --set model.layers=1
+  --set model.d_model=32 --set model.heads=2 --set model.context=32 --set train.batch_size=2
+  --set log.every=2 --set train.eval_every=8 --set train.eval_batches=1
+  --set checkpoint.every=4 --set "log.mlflow.uri=$URI" --set log.mlflow.experiment=loom-test
+  --set "log.run_dir=$tmp/run" --quiet)
+"$LOOM" run -n 2 --timeout 120 "$LOOM" train "${tr[@]}" --set train.steps=8 >"$tmp/out3" 2>&1 ||
+  bad "loom train with log.mlflow: $(tail -5 "$tmp/out3")"
+[ -s "$tmp/run/mlflow_run_id" ] && ok "RUN/mlflow_run_id written" || bad "no RUN/mlflow_run_id"
+LOOM_FAULT=1:12:exit "$LOOM" run -n 2 --timeout 120 --max-restarts 1 --restart-delay 0 \
+  "$LOOM" train "${tr[@]}" --set train.steps=16 >>"$tmp/out3" 2>&1 ||
+  bad "loom train with log.mlflow, resumed: $(tail -5 "$tmp/out3")"
+"$PY" - "$URI" "$tmp/run" <<'PY' >"$tmp/check3" 2>&1
+import json, math, os, sys, tempfile
+from mlflow import MlflowClient
+uri, run = sys.argv[1:3]
+c = MlflowClient(tracking_uri=uri)
+e = c.get_experiment_by_name("loom-test")
+runs = c.search_runs([e.experiment_id])
+assert len(runs) == 1, f"{len(runs)} runs: a resume and a restart go on with the same run"
+r = runs[0]
+assert r.info.run_id == open(run + "/mlflow_run_id").read().strip()
+assert r.info.status == "FINISHED", r.info.status
+assert r.info.run_name == "run", r.info.run_name
+p = r.data.params
+assert p["model.d_model"] == "32" and p["train.steps"] == "8", p
+assert p["log.mlflow.experiment"] == '"loom-test"' or p["log.mlflow.experiment"] == "loom-test", p["log.mlflow.experiment"]
+assert len(p) > 60, len(p)
+t = r.data.tags
+assert t["loom.ranks"] == "2" and t["loom.strategy"] == "ddp", t
+want = {}
+for line in open(run + "/metrics.jsonl"):
+    o = json.loads(line)
+    for k, v in o.items():
+        if k in ("step", "epoch", "time", "ranks") or not isinstance(v, (int, float)) or isinstance(v, bool):
+            continue
+        want.setdefault(k, {}).setdefault(o["step"], []).append(float(v))
+for k, steps in want.items():
+    got = {}
+    for m in c.get_metric_history(r.info.run_id, k):
+        got.setdefault(m.step, []).append(m.value)
+    assert sorted(got) == sorted(steps), (k, sorted(got), sorted(steps))
+    for s, vals in got.items():
+        for v in vals:
+            assert any(math.isclose(v, w, rel_tol=1e-7, abs_tol=1e-12) for w in steps[s]), (k, s, v, steps[s])
+arts = sorted(a.path for a in c.list_artifacts(r.info.run_id))
+assert arts == ["config.yaml", "env.json", "report.html"], arts
+d = c.download_artifacts(r.info.run_id, "config.yaml", tempfile.mkdtemp())
+assert open(d, "rb").read() == open(run + "/config.yaml", "rb").read()
+assert 16 in want["loss"] and 10 in want["loss"], sorted(want["loss"])
+print(f"1 run over a resume and a restart, {len(p)} params, {len(want)} metrics at every step of metrics.jsonl, 3 artifacts, FINISHED")
+PY
+if [ $? = 0 ]; then ok "loom train: $(tail -1 "$tmp/check3")"; else bad "loom train with log.mlflow: $(tail -8 "$tmp/check3")"; fi
+grep -q "restart" "$tmp/out3" && ok "the job was restarted" || bad "the job was not restarted: $(tail -3 "$tmp/out3")"
+
 finish obs_mlflow

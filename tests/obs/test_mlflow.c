@@ -90,7 +90,7 @@ TT_TEST(test_bad_args) {
   loom_mlflow_opts o = loom_mlflow_opts_default();
   TT_CHECK(o.timeout_s == 5);
   TT_CHECK_EQ(o.max_buffered, 100000);
-  const char *bad[] = {"ftp://x", "", NULL, "http://", "https://example.com"};
+  const char *bad[] = {"ftp://x", "", NULL, "http://", "https://"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     o.uri = bad[i];
     TT_CHECK_EQ(loom_mlflow_open(&m, &o), LOOM_ERR_INVALID_ARG);
