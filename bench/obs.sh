@@ -1,23 +1,47 @@
 #!/usr/bin/env bash
 # bench/obs: what observing costs. The three reference workloads (fashion-mlp,
 # fashion-cnn, kjv-gpt; one rank, STEPS steps, a metrics line every EVERY,
-# the first line not counted) with nothing on, with log.trace, and with
-# log.tensorboard, the variants in turn for ROUNDS rounds in the same run;
+# the first line not counted) with nothing on, with log.trace, with
+# log.tensorboard, with log.per_rank and with log.mlflow (a local `mlflow
+# server` from scripts/ensure-mlflow.sh; left out when PyPI is not there),
+# the variants in turn for ROUNDS rounds in the same run;
 # the table gives each variant's median step (metrics.jsonl step_s) and its
 # overhead against nothing. kjv-gpt runs STEPS / 5 steps (its steps are
 # 60 times longer).
-#   usage: bench/obs.sh [BUILD_DIR]   env: STEPS (200), EVERY (10), ROUNDS (3)
+#   usage: bench/obs.sh [BUILD_DIR]   env: STEPS (200), EVERY (10), ROUNDS (3),
+#          VARIANTS ("none trace tensorboard per_rank mlflow")
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 BUILD=${1:-$LOOM_ROOT/build}
 LOOM="$BUILD/loom"
 [ -x "$LOOM" ] || { echo "build it first: make build" >&2; exit 1; }
 STEPS=${STEPS:-200} EVERY=${EVERY:-10} ROUNDS=${ROUNDS:-3}
+VARIANTS=${VARIANTS:-none trace tensorboard per_rank mlflow}
 bench_check_load
 bench_fair_env 1
 export LOOM_THREADS=${LOOM_THREADS:-1} LOOM_LOG=warn
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+server=
+trap '[ -n "$server" ] && kill -- -"$server" 2>/dev/null; rm -rf "$tmp"' EXIT
+MLFLOW_URI=
+if [[ " $VARIANTS " == *" mlflow "* ]]; then
+  if PY=$("$LOOM_ROOT/scripts/ensure-mlflow.sh" 2>/dev/null); then
+    port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false setsid "$(dirname "$PY")/mlflow" server \
+      --backend-store-uri "sqlite:///$tmp/mlflow.db" --artifacts-destination "$tmp/art" \
+      --host 127.0.0.1 --port "$port" --workers 1 >"$tmp/mlflow.log" 2>&1 &
+    server=$!
+    for _ in $(seq 240); do
+      "$PY" -c 'import sys, urllib.request
+urllib.request.urlopen(sys.argv[1] + "/health", timeout=2)' "http://127.0.0.1:$port" 2>/dev/null && break
+      sleep 0.5
+    done
+    MLFLOW_URI=http://127.0.0.1:$port
+  else
+    echo "# mlflow: scripts/ensure-mlflow.sh failed (no PyPI?): left out"
+    VARIANTS=${VARIANTS/mlflow/}
+  fi
+fi
 echo "# one rank x $LOOM_THREADS threads, $STEPS steps, a metrics line every $EVERY (the first not counted), $ROUNDS rounds in turn"
 rows="$tmp/rows"
 : >"$rows"
@@ -27,6 +51,8 @@ one() { # WORKLOAD VARIANT
   case $2 in
   trace) extra=(--set log.trace=true) ;;
   tensorboard) extra=(--set log.tensorboard=true) ;;
+  per_rank) extra=(--set log.per_rank=true) ;;
+  mlflow) extra=(--set "log.mlflow.uri=$MLFLOW_URI" --set log.mlflow.experiment=bench) ;;
   esac
   rm -rf "$d"
   "$LOOM" train "$LOOM_ROOT/examples/$1.yaml" --quiet --resume never --set train.epochs=0 \
@@ -42,7 +68,7 @@ PY
 }
 for _ in $(seq "$ROUNDS"); do
   for w in fashion_mlp fashion_cnn kjv_gpt; do
-    for v in none trace tensorboard; do one $w $v; done
+    for v in $VARIANTS; do one $w $v; done
   done
 done
 python3 - "$rows" <<'PY'

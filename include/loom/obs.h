@@ -119,6 +119,13 @@ void loom_trace_counter(const char *name, double t, const char *args);
  * "user"). Nest up to 32 deep; an end without a begin does nothing. */
 void loom_trace_begin(const char *name);
 void loom_trace_end(void);
+/* The wall clock (Unix seconds) as the trace records it. */
+double loom_trace_wall(void);
+/* Records this rank's wall clock less rank 0's, measured by the caller
+ * (the trainer: a barrier then both clocks read, the median of `rounds`,
+ * spread_s the range of those rounds): loom report --trace puts ranks of
+ * several hosts on rank 0's clock with it. */
+void loom_trace_clock_sync(double offset_s, double spread_s, int rounds);
 
 /* Merges the rank-K.json files of dir into one trace at out_path (a new
  * file): every rank a process (pid K, sorted by rank), all on one time
@@ -129,6 +136,8 @@ typedef struct loom_trace_merge_info {
   int ranks;
   uint64_t events;
   bool one_host; /* aligned by the monotonic clock */
+  bool synced;   /* several hosts, their wall clocks brought to rank 0's by
+                    the offsets measured at the start (loom_clock_sync) */
 } loom_trace_merge_info;
 loom_status loom_trace_merge(const char *dir, const char *out_path,
                              loom_trace_merge_info *info);

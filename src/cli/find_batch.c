@@ -180,13 +180,16 @@ static void run_trial(const char *config_path, const char *const *sets,
 }
 
 /* What the trials wrote: the directory, b<N> run directories holding
- * metrics.jsonl, and b<N>.log. Nothing else is removed (nor followed). */
+ * metrics.jsonl, config.yaml and env.json, and b<N>.log. Nothing else is
+ * removed (nor followed). */
 static bool trial_name(const char *name, bool is_dir, int depth, void *ctx) {
   (void)ctx;
   if (depth == 0)
     return is_dir && strncmp(name, "loom-find-batch-", 16) == 0;
   if (depth == 2)
-    return !is_dir && strcmp(name, "metrics.jsonl") == 0;
+    return !is_dir &&
+           (strcmp(name, "metrics.jsonl") == 0 ||
+            strcmp(name, "config.yaml") == 0 || strcmp(name, "env.json") == 0);
   if (depth != 1 || name[0] != 'b')
     return false;
   const char *p = name + 1;

@@ -61,7 +61,10 @@ static int merge_trace(const char *run, const char *out) {
          "https://ui.perfetto.dev or chrome://tracing)\n",
          out, info.ranks, info.ranks == 1 ? "" : "s",
          (unsigned long long)info.events,
-         info.one_host ? "host's monotonic" : "wall");
+         info.one_host ? "host's monotonic"
+         : info.synced ? "wall (brought to rank 0's by the offsets measured "
+                         "at the start)"
+                       : "wall");
   return LOOM_EXIT_OK;
 }
 

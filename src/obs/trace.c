@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -84,6 +85,32 @@ static void json_escape(char *dst, size_t cap, const char *s) {
 
 static double us(double t) { return (t - g_t0) * 1e6; }
 
+/* LOOM_TRACE_EMULATE_HOSTS=SKEW (tests): rank K names its host
+ * "<host>/rank<K>" and reads the wall clock SKEW*K seconds ahead, as
+ * ranks on hosts whose clocks disagree would. */
+static double emulated_skew(int rank) {
+  const char *e = getenv("LOOM_TRACE_EMULATE_HOSTS");
+  return e && *e ? strtod(e, NULL) * rank : 0;
+}
+
+double loom_trace_wall(void) {
+  return loom_time_wall() + emulated_skew(g_rank);
+}
+
+void loom_trace_clock_sync(double offset_s, double spread_s, int rounds) {
+  if (!loom_trace_enabled())
+    return;
+  char line[256];
+  int n = snprintf(line, sizeof line,
+                   "{\"ph\":\"M\",\"name\":\"loom_clock_sync\",\"pid\":%d,"
+                   "\"tid\":0,\"args\":{\"offset_s\":%.9f,\"spread_s\":%.9f,"
+                   "\"rounds\":%d}},\n",
+                   g_rank, offset_s, spread_s, rounds);
+  if (n > 0 && (size_t)n < sizeof line)
+    put_line(line, (size_t)n);
+  loom_trace_flush();
+}
+
 bool loom_trace_enabled(void) { return atomic_load(&g_on); }
 
 const char *loom_trace_path(void) { return g_path; }
@@ -124,6 +151,10 @@ loom_status loom_trace_start(const char *path, int rank) {
    * across hosts. */
   char host[256] = "", ehost[300];
   gethostname(host, sizeof host - 1);
+  if (getenv("LOOM_TRACE_EMULATE_HOSTS")) {
+    size_t hl = strlen(host);
+    snprintf(host + hl, sizeof host - hl, "/rank%d", rank);
+  }
   json_escape(ehost, sizeof ehost, host);
   fprintf(g_f,
           "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"tid\":0,"
@@ -131,7 +162,7 @@ loom_status loom_trace_start(const char *path, int rank) {
           "{\"ph\":\"M\",\"name\":\"loom_clock\",\"pid\":%d,\"tid\":0,"
           "\"args\":{\"monotonic_s\":%.9f,\"wall_s\":%.6f,\"host\":\"%s\"}},"
           "\n",
-          rank, rank, rank, g_t0, loom_time_wall(), ehost);
+          rank, rank, rank, g_t0, loom_trace_wall(), ehost);
   atomic_store(&g_on, true);
   pthread_mutex_unlock(&g_mu);
   loom_trace_thread_name("main");

@@ -18,6 +18,8 @@ typedef struct rank_file {
   double mono, wall; /* its ts 0 */
   char host[256];
   bool have_clock;
+  double offset; /* loom_clock_sync: its wall clock less rank 0's */
+  bool have_sync;
 } rank_file;
 
 static int cmp_rank(const void *a, const void *b) {
@@ -49,10 +51,24 @@ static loom_status read_clock(rank_file *r) {
     return loom_error(LOOM_ERR_IO, "cannot open %s: %s", r->path,
                       strerror(errno));
   char line[4096];
-  for (int i = 0; i < 16 && fgets(line, sizeof line, f); i++) {
+  /* The clock record comes first; the sync record (several ranks) soon
+   * after, once the trainer measured it. */
+  for (int i = 0; i < 256 && fgets(line, sizeof line, f); i++) {
+    if (i >= 16 && !r->have_clock)
+      break;
+    if (!strstr(line, "\"loom_clock"))
+      continue;
     cJSON *e = parse_line(line);
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(e, "name");
     const cJSON *args = cJSON_GetObjectItemCaseSensitive(e, "args");
+    if (cJSON_IsString(name) && !strcmp(name->valuestring, "loom_clock_sync") &&
+        cJSON_IsObject(args)) {
+      const cJSON *o = cJSON_GetObjectItemCaseSensitive(args, "offset_s");
+      if (cJSON_IsNumber(o)) {
+        r->offset = o->valuedouble;
+        r->have_sync = true;
+      }
+    }
     if (cJSON_IsString(name) && !strcmp(name->valuestring, "loom_clock") &&
         cJSON_IsObject(args)) {
       const cJSON *m = cJSON_GetObjectItemCaseSensitive(args, "monotonic_s");
@@ -67,7 +83,7 @@ static loom_status read_clock(rank_file *r) {
       }
     }
     cJSON_Delete(e);
-    if (r->have_clock)
+    if (r->have_clock && r->have_sync)
       break;
   }
   fclose(f);
@@ -194,12 +210,18 @@ loom_status loom_trace_merge(const char *dir, const char *out_path,
   int n = 0;
   LOOM_TRY(list_ranks(dir, &r, &n));
   loom_status s = LOOM_OK;
-  bool one_host = true;
+  bool one_host = true, synced = true;
   for (int i = 0; s == LOOM_OK && i < n; i++) {
     s = read_clock(&r[i]);
     if (s == LOOM_OK && strcmp(r[i].host, r[0].host) != 0)
       one_host = false;
+    synced &= r[i].have_sync;
   }
+  /* Across hosts: each rank's wall clock brought to rank 0's by the offset
+   * measured at the start, when every rank has it; else the wall clocks as
+   * they are (as well as the hosts agree). */
+  for (int i = 0; s == LOOM_OK && i < n; i++)
+    r[i].wall -= synced ? r[i].offset : 0;
   FILE *out = NULL;
   if (s == LOOM_OK)
     s = loom_fs_open_append(out_path, true, &out);
@@ -230,6 +252,7 @@ loom_status loom_trace_merge(const char *dir, const char *out_path,
     info->ranks = n;
     info->events = events;
     info->one_host = one_host;
+    info->synced = !one_host && synced;
   }
   loom_free(r);
   return s;

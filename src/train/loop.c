@@ -675,6 +675,7 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   if (s == LOOM_OK)
     s = loom_train_trace_open(t);
   LOOM_TRY_GOTO(s, loom_train_agree(t, s, "setting up"), fail);
+  LOOM_TRY_GOTO(s, loom_train_trace_sync(t), fail);
   if (t->zero == 2 && t->nranks > 1)
     LOOM_TRY_GOTO(s, zero2_params(t), fail);
   if (t->units > 1 || cfg->parallel.deterministic || t->zero ||

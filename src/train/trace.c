@@ -86,6 +86,52 @@ loom_status loom_train_trace_open(loom_trainer *t) {
   return LOOM_OK;
 }
 
+/* A blocking collective on the world. */
+static loom_status world_wait(loom_status s, loom_req *r) {
+  return s == LOOM_OK ? loom_wait(r) : s;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+loom_status loom_train_trace_sync(loom_trainer *t) {
+  if (!t->world || t->nranks == 1)
+    return LOOM_OK;
+  /* Whether any rank traces (LOOM_TRACE may be set on some only): all
+   * measure together or none does. */
+  int32_t mine = t->tracing, any = 0;
+  loom_req r = LOOM_REQ_INIT;
+  LOOM_TRY(world_wait(
+      loom_allreduce(&mine, &any, 1, LOOM_I32, LOOM_MAX, t->world, &r), &r));
+  if (!any)
+    return LOOM_OK;
+  /* Rounds of: a barrier, every rank reads its wall clock as the barrier
+   * lets it go, the readings gathered. The barrier's release reaches the
+   * ranks within its latency (microseconds on a host, a network's one-way
+   * latency across hosts): the median of the rounds is the offset. */
+  enum { ROUNDS = 9 };
+  double off[ROUNDS];
+  double *all = loom_calloc((size_t)t->nranks, sizeof *all);
+  if (!all)
+    return LOOM_ERR_NOMEM;
+  loom_status s = LOOM_OK;
+  for (int k = 0; s == LOOM_OK && k < ROUNDS; k++) {
+    s = world_wait(loom_barrier(t->world, &r), &r);
+    double now = loom_trace_wall();
+    if (s == LOOM_OK)
+      s = world_wait(loom_allgather(&now, all, 1, LOOM_F64, t->world, &r), &r);
+    off[k] = all[t->rank] - all[0];
+  }
+  loom_free(all);
+  if (s != LOOM_OK)
+    return loom_error_context(s, "trace: measuring the ranks' clocks");
+  qsort(off, ROUNDS, sizeof off[0], cmp_double);
+  loom_trace_clock_sync(off[ROUNDS / 2], off[ROUNDS - 1] - off[0], ROUNDS);
+  return LOOM_OK;
+}
+
 void loom_train_trace_mem(const loom_train_mem *mem) {
   if (!loom_trace_enabled())
     return;

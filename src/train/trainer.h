@@ -191,6 +191,9 @@ void loom_train_fault_after_step(loom_trainer *t);
  * loom_train_mem_get) and writes what is buffered. */
 loom_status loom_train_trace_open(loom_trainer *t);
 void loom_train_trace_close(loom_trainer *t);
+/* Several ranks, any tracing: every rank's wall clock against rank 0's,
+ * recorded in its trace (collective over the world). */
+loom_status loom_train_trace_sync(loom_trainer *t);
 
 /* RUN/config.yaml (the resolved configuration) and RUN/env.json (version,
  * commit, host, CPU, kernels, ranks, threads, start), rank 0. */

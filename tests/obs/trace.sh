@@ -86,6 +86,36 @@ grep '^ok' "$tmp/check" | head -50
 grep -q FAILED "$tmp/check" && { bad "trace content:"; grep -v '^ok' "$tmp/check"; }
 grep -q '^ok' "$tmp/check" || { bad "no checks ran"; cat "$tmp/check"; }
 
+# Ranks on hosts whose clocks disagree (emulated: rank K names its host
+# <host>/rankK and reads the wall clock 5 s x K ahead): the merge brings
+# them to rank 0's clock by the offsets measured at the start; each step's
+# optimizer span (after the same all-reduce) begins at about the same time
+# on both ranks. Without the offsets they would be 5 s apart.
+LOOM_TRACE_EMULATE_HOSTS=5 run 2 train "${gpt[@]}" --set log.trace=true --set "log.run_dir=$tmp/hosts"
+[ $rc = 0 ] || { bad "2-rank traced run, emulated hosts (rc $rc)"; cat "$tmp/out"; }
+"$LOOM" report --trace "$tmp/hosts" >"$tmp/rep" 2>&1 && grep -q "brought to rank 0's" "$tmp/rep" &&
+  ok "emulated hosts: $(cat "$tmp/rep")" || { bad "emulated hosts: report --trace"; cat "$tmp/rep"; }
+mkdir -p "$tmp/nosync"
+for f in "$tmp"/hosts/trace/rank-*.json; do grep -v loom_clock_sync "$f" >"$tmp/nosync/$(basename "$f")"; done
+"$LOOM" report --trace "$tmp/nosync" -o "$tmp/nosync.json" >"$tmp/rep2" 2>&1
+python3 - "$tmp/hosts/trace.json" "$tmp/nosync.json" <<'PY' >"$tmp/check" 2>&1
+import json, sys
+def gaps(path):
+    ev = json.load(open(path))
+    opt = {}
+    for e in ev:
+        if e.get("ph") == "X" and e.get("name") == "optimizer":
+            opt.setdefault(e["args"]["step"], {})[e["pid"]] = e["ts"]
+    return [abs(v[1] - v[0]) / 1e6 for v in opt.values() if len(v) == 2]
+synced, raw = gaps(sys.argv[1]), gaps(sys.argv[2])
+assert len(synced) == 6, synced
+assert max(synced) < 0.05, f"synced: ranks' optimizer starts {max(synced):.3f} s apart"
+assert min(raw) > 4.9, f"the control without offsets: {min(raw):.3f} s apart"
+print(f"ok: steps aligned within {1e3 * max(synced):.2f} ms (without the offsets {min(raw):.2f} s apart)")
+PY
+grep -q '^ok' "$tmp/check" && ok "emulated hosts: $(cat "$tmp/check" | sed 's/^ok: //')" ||
+  { bad "emulated hosts: alignment"; cat "$tmp/check"; }
+
 # A file cut short mid-line (a crash) still merges, without that line.
 cp -r "$tmp/run/trace" "$tmp/cut"
 f="$tmp/cut/rank-1.json"
