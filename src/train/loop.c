@@ -1397,6 +1397,8 @@ static loom_status write_metrics(loom_trainer *t, const run_window *w,
   loom_metrics_num(m, "mem_act_mb", (double)mem->act / mib);
   loom_metrics_num(m, "mem_comm_mb", (double)mem->comm / mib);
   loom_metrics_num(m, "mem_data_mb", (double)mem->data / mib);
+  loom_metrics_num(m, "mem_comm_peak_mb", (double)mem->comm_peak / mib);
+  loom_metrics_num(m, "mem_data_peak_mb", (double)mem->data_peak / mib);
   /* Not per step: what the saves since the last line took, whole. */
   if (win->ckpt > 0)
     loom_metrics_num(m, "ckpt_s", win->ckpt);
