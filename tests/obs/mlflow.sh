@@ -13,7 +13,9 @@
 # mlflow_driver (tests/obs/mlflow_driver.c) does the logging. LOOM_NO_PYPI=1
 # skips it (no PyPI), saying so.
 . "$(dirname "$0")/../lib.sh"
-export LOOM_LOG=warn
+export LOOM_LOG=warn LOOM_THREADS=1 OMP_NUM_THREADS=1
+# Open MPI's own leaks (the 2-rank runs) under the ASan build.
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$SRC/tests/parallel/lsan_mpi.supp:fast_unwind_on_malloc=0:print_suppressions=0}
 if [ "${LOOM_NO_PYPI:-0}" = 1 ]; then
   echo "skipped: LOOM_NO_PYPI=1 (the MLflow server and client come from PyPI)"
   exit 0
