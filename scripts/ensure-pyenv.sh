@@ -3,14 +3,18 @@
 # event reader), in a virtual environment made on first use from PyPI;
 # prints the interpreter's path. Idempotent.
 #   LOOM_PY_VENV: where (default ~/.cache/loom/py-venv).
+# Other environments are made the same way (scripts/ensure-mlflow.sh):
+#   LOOM_PY_PKGS (what pip installs), LOOM_PY_MODS (what must import),
+#   LOOM_PY_NAME (the name in messages).
 set -euo pipefail
 venv=${LOOM_PY_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/loom/py-venv}
-pkgs=(tensorboard)
-mods="tensorboard.backend.event_processing.event_accumulator"
+read -r -a pkgs <<<"${LOOM_PY_PKGS:-tensorboard}"
+mods=${LOOM_PY_MODS:-tensorboard.backend.event_processing.event_accumulator}
+name=${LOOM_PY_NAME:-ensure-pyenv}
 PY="$venv/bin/python"
 if ! "$PY" -c "import $mods" >/dev/null 2>&1; then
   if [ ! -x "$PY" ]; then
-    echo "ensure-pyenv: making the virtual environment $venv" >&2
+    echo "$name: making the virtual environment $venv" >&2
     mkdir -p "$(dirname "$venv")"
     if ! python3 -m venv "$venv" >&2; then
       rm -rf "$venv"
@@ -20,7 +24,7 @@ if ! "$PY" -c "import $mods" >/dev/null 2>&1; then
       python3 -m venv "$venv" >&2
     fi
   fi
-  echo "ensure-pyenv: pip install ${pkgs[*]} into $venv" >&2
+  echo "$name: pip install ${pkgs[*]} into $venv" >&2
   "$venv/bin/pip" install -q --disable-pip-version-check "${pkgs[@]}" >&2
   "$PY" -c "import $mods" >&2
 fi

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "loom/core.h"
 
@@ -170,5 +171,39 @@ __attribute__((unused)) static int tt_finish(void) {
   fflush(stdout);
   return tt_failed ? 1 : 0;
 }
+
+/* stderr into a buffer (up to 64 KiB), to check what was warned:
+ *   tt_capture_begin(); ...; TT_CHECK_HAS(tt_capture_end(), "warning"); */
+static char tt_captured[65536];
+static FILE *tt_cap_file;
+static int tt_cap_saved = -1;
+
+__attribute__((unused)) static void tt_capture_begin(void) {
+  fflush(stderr);
+  tt_cap_file = tmpfile();
+  tt_cap_saved = dup(2);
+  dup2(fileno(tt_cap_file), 2);
+}
+
+__attribute__((unused)) static const char *tt_capture_end(void) {
+  fflush(stderr);
+  dup2(tt_cap_saved, 2);
+  close(tt_cap_saved);
+  rewind(tt_cap_file);
+  size_t n = fread(tt_captured, 1, sizeof tt_captured - 1, tt_cap_file);
+  tt_captured[n] = '\0';
+  fclose(tt_cap_file);
+  return tt_captured;
+}
+
+#define TT_CHECK_HAS(hay, needle)                                              \
+  do {                                                                         \
+    const char *h_ = (hay), *n_ = (needle);                                    \
+    if (!h_ || !strstr(h_, n_)) {                                              \
+      tt_fail_prefix(__FILE__, __LINE__);                                      \
+      fprintf(stderr, "'%s' not in:\n  %s\n", n_, h_ ? h_ : "(null)");         \
+      tt_fail_done();                                                          \
+    }                                                                          \
+  } while (0)
 
 #endif /* LOOM_TT_H */

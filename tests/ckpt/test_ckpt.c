@@ -55,39 +55,6 @@ static void fill_bits(void *p, size_t bytes, uint64_t seed) {
     b[i] = (unsigned char)loom_rng_u32(&r);
 }
 
-/* stderr into a buffer, to check the warnings. */
-static char captured[16384];
-static FILE *cap_file;
-static int cap_saved = -1;
-
-static void capture_begin(void) {
-  fflush(stderr);
-  cap_file = tmpfile();
-  cap_saved = dup(2);
-  dup2(fileno(cap_file), 2);
-}
-
-static const char *capture_end(void) {
-  fflush(stderr);
-  dup2(cap_saved, 2);
-  close(cap_saved);
-  rewind(cap_file);
-  size_t n = fread(captured, 1, sizeof captured - 1, cap_file);
-  captured[n] = '\0';
-  fclose(cap_file);
-  return captured;
-}
-
-#define CHECK_HAS(hay, needle)                                                 \
-  do {                                                                         \
-    const char *h_ = (hay), *n_ = (needle);                                    \
-    if (!h_ || !strstr(h_, n_)) {                                              \
-      tt_fail_prefix(__FILE__, __LINE__);                                      \
-      fprintf(stderr, "'%s' not in:\n  %s\n", n_, h_ ? h_ : "(null)");         \
-      tt_fail_done();                                                          \
-    }                                                                          \
-  } while (0)
-
 /* A small model: three views over N = 1003 floats. */
 #define N 1003
 static loom_param views_a[3], views_b[2];
@@ -272,7 +239,7 @@ TT_TEST(test_round_trip) {
   TT_CHECK_STR(fi.name, "shard_00000.bin");
   TT_CHECK_EQ(fi.n_blocks, 16 + 16 + 3);
   TT_CHECK_OK(loom_ckpt_verify(c));
-  CHECK_HAS(loom_ckpt_manifest_text(c), "\"manifest_crc32c\"");
+  TT_CHECK_HAS(loom_ckpt_manifest_text(c), "\"manifest_crc32c\"");
   /* Whole and partial reads, bitwise. */
   static float got[N];
   TT_CHECK_OK(loom_ckpt_read_range(c, "params", 0, N, got));
@@ -413,9 +380,9 @@ static void bad_tiling(const int64_t *bounds, loom_dtype dt1, const char *msg) {
     TT_CHECK_OK(loom_ckpt_writer_write(w[r]));
   }
   TT_CHECK_EQ(loom_ckpt_writer_commit(w[0]), LOOM_ERR_MISMATCH);
-  CHECK_HAS(loom_last_error(), msg);
+  TT_CHECK_HAS(loom_last_error(), msg);
   loom_ckpt_writer_abort(w[0]);
-  CHECK_HAS(loom_last_error(), msg); /* cleaning up keeps the message */
+  TT_CHECK_HAS(loom_last_error(), msg); /* cleaning up keeps the message */
   TT_CHECK(!dir_has_tmp(root));
   TT_CHECK(!exists(loom_ckpt_writer_path(w[0])));
   loom_ckpt_writer_free(w[0]);
@@ -506,8 +473,8 @@ TT_TEST(test_commit_checks) {
   TT_REQUIRE_OK(loom_ckpt_writer_new(&w, root, 4, &o));
   TT_CHECK_OK(loom_ckpt_writer_write(w));
   TT_CHECK_EQ(loom_ckpt_writer_commit(w), LOOM_ERR_IO);
-  CHECK_HAS(loom_last_error(), "shard_00001.bin: No such file or directory "
-                               "(did rank 1 write its shard?)");
+  TT_CHECK_HAS(loom_last_error(), "shard_00001.bin: No such file or directory "
+                                  "(did rank 1 write its shard?)");
   loom_ckpt_writer_abort(w);
   loom_ckpt_writer_free(w);
   TT_CHECK(!dir_has_tmp(root));
@@ -523,8 +490,8 @@ TT_TEST(test_commit_checks) {
   TT_CHECK_OK(loom_ckpt_writer_write(w3));
   TT_CHECK_OK(loom_ckpt_writer_write(w));
   TT_CHECK_EQ(loom_ckpt_writer_commit(w), LOOM_ERR_MISMATCH);
-  CHECK_HAS(loom_last_error(), "written by rank 1 of 3 for step 4, expected "
-                               "rank 1 of 2 for step 4 (a stale file?)");
+  TT_CHECK_HAS(loom_last_error(), "written by rank 1 of 3 for step 4, expected "
+                                  "rank 1 of 2 for step 4 (a stale file?)");
   loom_ckpt_writer_abort(w);
   loom_ckpt_writer_free(w);
   loom_ckpt_writer_free(w3);
@@ -544,23 +511,23 @@ static void expect_fallback(const char *root, int64_t want, const char *warn,
   loom_ckpt_open_opts oo = loom_ckpt_open_opts_default();
   oo.layout_hash = loom_ckpt_layout_hash(views_a, 3);
   loom_ckpt *c = NULL;
-  capture_begin();
+  tt_capture_begin();
   loom_status st = loom_ckpt_open_latest_valid(&c, root, &oo);
-  const char *out = capture_end();
+  const char *out = tt_capture_end();
   TT_CHECK_OK(st);
   TT_REQUIRE(c != NULL);
   TT_CHECK_EQ(loom_ckpt_get_meta(c)->step, want);
   check_state(c, s);
   loom_ckpt_close(c);
   if (warn)
-    CHECK_HAS(out, warn);
+    TT_CHECK_HAS(out, warn);
   else
     TT_CHECK_STR(out, "");
   char dir[512];
   int64_t step = 0;
-  capture_begin();
+  tt_capture_begin();
   st = loom_ckpt_find_latest_valid(root, &oo, dir, sizeof dir, &step);
-  capture_end();
+  tt_capture_end();
   TT_CHECK_OK(st);
   TT_CHECK_EQ(step, want);
   TT_CHECK(strstr(dir, "/step_000000") != NULL);
@@ -604,7 +571,7 @@ TT_TEST(test_damage) {
   TT_CHECK_OK(loom_ckpt_find_latest_valid(root, NULL, p, sizeof p, &step));
   TT_CHECK_EQ(step, -1);
   TT_CHECK_EQ(loom_ckpt_open(&c, root, NULL), LOOM_ERR_IO);
-  CHECK_HAS(loom_last_error(), "no such checkpoint directory");
+  TT_CHECK_HAS(loom_last_error(), "no such checkpoint directory");
 
   /* Healthy: latest, no warning. */
   three(root, s);
@@ -622,14 +589,14 @@ TT_TEST(test_damage) {
            "%s/shard_00000.bin: block of 'params' [0, 1003) at "
            "byte 64: checksum mismatch",
            d3);
-  CHECK_HAS(loom_last_error(), p);
+  TT_CHECK_HAS(loom_last_error(), p);
   TT_CHECK_OK(open_dir(root, 3, LOOM_CKPT_VERIFY_META));
   loom_ckpt_open_opts meta = loom_ckpt_open_opts_default();
   meta.verify = LOOM_CKPT_VERIFY_META;
   TT_REQUIRE_OK(loom_ckpt_open(&c, d3, &meta));
   static float got[N];
   TT_CHECK_EQ(loom_ckpt_read_range(c, "params", 5, 6, got), LOOM_ERR_CORRUPT);
-  CHECK_HAS(loom_last_error(), p);
+  TT_CHECK_HAS(loom_last_error(), p);
   TT_CHECK_OK(loom_ckpt_read_range(c, "optim.adamw.m", 0, N, got));
   TT_CHECK_EQ(loom_ckpt_verify(c), LOOM_ERR_CORRUPT);
   TT_CHECK_EQ(loom_ckpt_verify_file(c, 0, LOOM_CKPT_VERIFY_FULL),
@@ -652,8 +619,8 @@ TT_TEST(test_damage) {
   TT_CHECK_OK(open_dir(root, 3, LOOM_CKPT_VERIFY_NONE)); /* manifest only */
   TT_CHECK_EQ(open_dir(root, 3, LOOM_CKPT_VERIFY_META), LOOM_ERR_CORRUPT);
   snprintf(p, sizeof p, "%s/shard_00000.bin: truncated: ", d3);
-  CHECK_HAS(loom_last_error(), p);
-  CHECK_HAS(loom_last_error(), "bytes, the manifest says");
+  TT_CHECK_HAS(loom_last_error(), p);
+  TT_CHECK_HAS(loom_last_error(), "bytes, the manifest says");
   expect_fallback(root, 2, p, &s[1]);
 
   /* A missing manifest. */
@@ -695,7 +662,7 @@ TT_TEST(test_damage) {
   }
   TT_CHECK_EQ(open_dir(root, 3, LOOM_CKPT_VERIFY_META), LOOM_ERR_CORRUPT);
   snprintf(p, sizeof p, "%s/manifest.json: checksum mismatch", d3);
-  CHECK_HAS(loom_last_error(), p);
+  TT_CHECK_HAS(loom_last_error(), p);
   expect_fallback(root, 2, p, &s[1]);
 
   /* A manifest cut short. */
@@ -706,7 +673,7 @@ TT_TEST(test_damage) {
   TT_CHECK(truncate(p, 300) == 0);
   TT_CHECK_EQ(open_dir(root, 3, LOOM_CKPT_VERIFY_META), LOOM_ERR_CORRUPT);
   snprintf(p, sizeof p, "%s/manifest.json: no manifest_crc32c at its end", d3);
-  CHECK_HAS(loom_last_error(), p);
+  TT_CHECK_HAS(loom_last_error(), p);
   expect_fallback(root, 2, p, &s[1]);
 
   /* A manifest from another model (another layout) in step 3. */
@@ -719,7 +686,7 @@ TT_TEST(test_damage) {
            "%s/manifest.json: written for another model (layout "
            "hash 0x",
            d3);
-  CHECK_HAS(loom_last_error(), p);
+  TT_CHECK_HAS(loom_last_error(), p);
   expect_fallback(root, 2, p, &s[1]);
 
   /* `latest` missing: the newest valid checkpoint, with a warning. */
@@ -759,14 +726,14 @@ TT_TEST(test_damage) {
     loom_ckpt_dir_name(root, i, d3, sizeof d3);
     TT_CHECK_OK(loom_ckpt_damage(d3, LOOM_CKPT_DAMAGE_TRUNCATE, 0));
   }
-  capture_begin();
+  tt_capture_begin();
   loom_status st = loom_ckpt_open_latest_valid(&c, root, NULL);
-  const char *out = capture_end();
+  const char *out = tt_capture_end();
   TT_CHECK_EQ(st, LOOM_ERR_CORRUPT);
   TT_CHECK(c == NULL);
   snprintf(p, sizeof p, "%s: no valid checkpoint (3 damaged", root);
-  CHECK_HAS(loom_last_error(), p);
-  CHECK_HAS(out, "step_00000001/shard_00000.bin: truncated");
+  TT_CHECK_HAS(loom_last_error(), p);
+  TT_CHECK_HAS(out, "step_00000001/shard_00000.bin: truncated");
 }
 
 TT_TEST(test_keep_and_history) {
@@ -840,9 +807,9 @@ static void check_after_failure(const char *root, const state *s1) {
   check_saved(root, 1, s1);
   TT_CHECK(!dir_has_tmp(root));
   loom_ckpt *c = NULL;
-  capture_begin();
+  tt_capture_begin();
   loom_status st = loom_ckpt_open_latest_valid(&c, root, NULL);
-  const char *out = capture_end();
+  const char *out = tt_capture_end();
   TT_CHECK_OK(st);
   TT_CHECK(c != NULL);
   TT_CHECK_STR(out, "");
@@ -866,8 +833,8 @@ TT_TEST(test_failed_save) {
       break;
     failures++;
     TT_CHECK_EQ(st, LOOM_ERR_IO);
-    CHECK_HAS(loom_last_error(), "No space left on device");
-    CHECK_HAS(loom_last_error(), root);
+    TT_CHECK_HAS(loom_last_error(), "No space left on device");
+    TT_CHECK_HAS(loom_last_error(), root);
     check_after_failure(root, &s1);
   }
   TT_CHECK(failures >= 10);
@@ -895,8 +862,8 @@ TT_TEST(test_failed_save) {
   loom_ckpt_fail_io_after(3, EIO); /* open, header, then the payload */
   TT_CHECK_EQ(loom_ckpt_writer_write(w[1]), LOOM_ERR_IO);
   loom_ckpt_fail_io_after(0, 0);
-  CHECK_HAS(loom_last_error(), "shard_00001.bin: write failed: Input/output "
-                               "error");
+  TT_CHECK_HAS(loom_last_error(), "shard_00001.bin: write failed: Input/output "
+                                  "error");
   char p[2048];
   snprintf(p, sizeof p, "%s/.step_00000002.tmp/shard_00001.bin", root);
   TT_CHECK(!exists(p)); /* the failed rank removed its file */
@@ -934,8 +901,8 @@ TT_TEST(test_enospc_tmpfs) {
   TT_CHECK_OK(loom_ckpt_save(root, 1, &m, &b1, 1, 0));
   loom_status st = loom_ckpt_save(root, 2, &m, &b2, 1, 0);
   TT_CHECK_EQ(st, LOOM_ERR_IO);
-  CHECK_HAS(loom_last_error(), "No space left on device");
-  CHECK_HAS(loom_last_error(), "/.step_00000002.tmp/shard_00000.bin");
+  TT_CHECK_HAS(loom_last_error(), "No space left on device");
+  TT_CHECK_HAS(loom_last_error(), "/.step_00000002.tmp/shard_00000.bin");
   TT_CHECK(!dir_has_tmp(root));
   int64_t latest = -1;
   TT_CHECK_OK(loom_ckpt_read_latest(root, &latest));
@@ -1010,8 +977,9 @@ TT_TEST(test_async) {
   loom_clear_error();
   TT_CHECK_EQ(loom_ckpt_writer_wait(w), LOOM_ERR_IO);
   loom_ckpt_fail_io_after(0, 0);
-  CHECK_HAS(loom_last_error(), "shard_00000.bin: write failed: No space left "
-                               "on device");
+  TT_CHECK_HAS(loom_last_error(),
+               "shard_00000.bin: write failed: No space left "
+               "on device");
   loom_ckpt_writer_abort(w);
   loom_ckpt_writer_free(w);
   TT_CHECK(!dir_has_tmp(root));
@@ -1058,11 +1026,11 @@ TT_TEST(test_alloc_failures) {
     loom_ckpt *c = NULL;
     float got[40];
     loom_alloc_fail_after(n);
-    capture_begin();
+    tt_capture_begin();
     loom_status st = loom_ckpt_open_latest_valid(&c, root, NULL);
     if (st == LOOM_OK)
       st = loom_ckpt_read_range(c, "params", 3, 43, got);
-    capture_end();
+    tt_capture_end();
     loom_alloc_fail_after(0);
     loom_ckpt_close(c);
     if (st == LOOM_OK) {
@@ -1084,7 +1052,7 @@ TT_TEST(test_misuse) {
   TT_CHECK_EQ(loom_ckpt_writer_new(&w, root, -1, &o), LOOM_ERR_INVALID_ARG);
   o.rank = 2;
   TT_CHECK_EQ(loom_ckpt_writer_new(&w, root, 1, &o), LOOM_ERR_INVALID_ARG);
-  CHECK_HAS(loom_last_error(), "rank 2 of world 1");
+  TT_CHECK_HAS(loom_last_error(), "rank 2 of world 1");
   o.rank = 0;
   TT_REQUIRE_OK(loom_ckpt_writer_new(&w, root, 1, &o));
   float x[4] = {0};
@@ -1109,7 +1077,7 @@ TT_TEST(test_misuse) {
   m.lr = INFINITY;
   TT_CHECK_EQ(loom_ckpt_writer_set_meta(w, &m), LOOM_ERR_INVALID_ARG);
   TT_CHECK_EQ(loom_ckpt_writer_commit(w), LOOM_ERR_INVALID_ARG);
-  CHECK_HAS(loom_last_error(), "commit needs rank 0's shard written first");
+  TT_CHECK_HAS(loom_last_error(), "commit needs rank 0's shard written first");
   TT_CHECK_OK(loom_ckpt_writer_write(w));
   TT_CHECK_EQ(loom_ckpt_writer_write(w), LOOM_ERR_INVALID_ARG);
   TT_CHECK_EQ(loom_ckpt_writer_add(w, "q", LOOM_F32, 4, 0, 4, x),
@@ -1136,7 +1104,7 @@ TT_TEST(test_misuse) {
   loom_ckpt_open_opts oo = loom_ckpt_open_opts_default();
   oo.verify = LOOM_CKPT_VERIFY_META;
   TT_CHECK_EQ(loom_ckpt_open(&c, dir, &oo), LOOM_ERR_CORRUPT);
-  CHECK_HAS(loom_last_error(), "shard_00000.bin: header checksum mismatch");
+  TT_CHECK_HAS(loom_last_error(), "shard_00000.bin: header checksum mismatch");
 }
 
 /* Rewrites the manifest's own checksum after an edit, as a careful forger

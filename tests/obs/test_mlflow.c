@@ -20,39 +20,6 @@
 #include "loom/obs.h"
 #include "tt.h"
 
-/* stderr into a buffer, to check the warnings. */
-static char captured[65536];
-static FILE *cap_file;
-static int cap_saved = -1;
-
-static void capture_begin(void) {
-  fflush(stderr);
-  cap_file = tmpfile();
-  cap_saved = dup(2);
-  dup2(fileno(cap_file), 2);
-}
-
-static const char *capture_end(void) {
-  fflush(stderr);
-  dup2(cap_saved, 2);
-  close(cap_saved);
-  rewind(cap_file);
-  size_t n = fread(captured, 1, sizeof captured - 1, cap_file);
-  captured[n] = '\0';
-  fclose(cap_file);
-  return captured;
-}
-
-#define CHECK_HAS(hay, needle)                                                 \
-  do {                                                                         \
-    const char *h_ = (hay), *n_ = (needle);                                    \
-    if (!h_ || !strstr(h_, n_)) {                                              \
-      tt_fail_prefix(__FILE__, __LINE__);                                      \
-      fprintf(stderr, "'%s' not in:\n  %s\n", n_, h_ ? h_ : "(null)");         \
-      tt_fail_done();                                                          \
-    }                                                                          \
-  } while (0)
-
 /* A listening socket on 127.0.0.1 at a port the system chose. */
 static int listen_any(int *port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -120,10 +87,10 @@ TT_TEST(test_unreachable) {
   o.timeout_s = 0.2;
   o.max_buffered = 500;
   loom_mlflow *m = NULL;
-  capture_begin();
+  tt_capture_begin();
   loom_status st = loom_mlflow_open(&m, &o);
   if (st != LOOM_OK) {
-    capture_end();
+    tt_capture_end();
     TT_REQUIRE_OK(st);
   }
   loom_mlflow_param(m, "lr", "0.1");
@@ -147,14 +114,14 @@ TT_TEST(test_unreachable) {
   t0 = loom_time_now();
   loom_mlflow_close(m, "FINISHED", deadline);
   double t_close = loom_time_now() - t0;
-  const char *err = capture_end();
+  const char *err = tt_capture_end();
   printf("10000 metric calls: %.1f ms; close: %.2f s (deadline %.1f s)\n",
          t_calls * 1e3, t_close, deadline);
   TT_CHECK(t_close < deadline + o.timeout_s + 1);
-  CHECK_HAS(err, "cannot reach");
-  CHECK_HAS(err, "the oldest are dropped");
-  CHECK_HAS(err, "'bad key?' is not a name MLflow takes");
-  CHECK_HAS(err, "502 values were not sent");
+  TT_CHECK_HAS(err, "cannot reach");
+  TT_CHECK_HAS(err, "the oldest are dropped");
+  TT_CHECK_HAS(err, "'bad key?' is not a name MLflow takes");
+  TT_CHECK_HAS(err, "502 values were not sent");
   /* One warning for the failures, however many there were. */
   const char *first = strstr(err, "cannot reach");
   TT_CHECK(first && !strstr(first + 1, "cannot reach"));
@@ -361,10 +328,10 @@ TT_TEST(test_fake_server) {
   loom_mlflow *m = NULL;
   loom_log_level level = loom_log_get_level();
   loom_log_set_level(LOOM_LOG_INFO); /* the reconnection's line */
-  capture_begin();
+  tt_capture_begin();
   loom_status st = loom_mlflow_open(&m, &o);
   if (st != LOOM_OK) {
-    capture_end();
+    tt_capture_end();
     loom_log_set_level(level);
     TT_REQUIRE_OK(st);
   }
@@ -401,13 +368,13 @@ TT_TEST(test_fake_server) {
   TT_CHECK_EQ(s.dropped, 1);
   loom_mlflow_metric(m, "m", 1.0 / 2503, 2500, 0); /* goes on after it */
   loom_mlflow_close(m, "KILLED", 10);
-  const char *err = capture_end();
+  const char *err = tt_capture_end();
   loom_log_set_level(level);
-  CHECK_HAS(err, "param 'p0' was logged already as 'v'");
-  CHECK_HAS(err, "INVALID_PARAMETER_VALUE: refused here");
-  CHECK_HAS(err, "cannot reach");     /* the 503 */
-  CHECK_HAS(err, "again; sending");   /* and back */
-  TT_CHECK(!strstr(err, "not sent")); /* nothing lost */
+  TT_CHECK_HAS(err, "param 'p0' was logged already as 'v'");
+  TT_CHECK_HAS(err, "INVALID_PARAMETER_VALUE: refused here");
+  TT_CHECK_HAS(err, "cannot reach");   /* the 503 */
+  TT_CHECK_HAS(err, "again; sending"); /* and back */
+  TT_CHECK(!strstr(err, "not sent"));  /* nothing lost */
 
   pthread_mutex_lock(&f->mu);
   f->stop = true;
