@@ -66,6 +66,10 @@ void loom_runstat_gate(void);
 bool loom_runstat_standby(void);
 /* A completed step (the first one timestamped); one pwrite. */
 void loom_runstat_step(int64_t step);
+/* Alive between steps (an evaluation batch, a checkpoint being written):
+ * loom run's hang detection counts it like a step, without taking it for
+ * one in the step time. At most one write a second. */
+void loom_runstat_beat(void);
 /* A note, e.g. "fault injected: segv at step 37", "watchdog: ...". */
 void loom_runstat_note(const char *what);
 /* The exit code the process is about to return. */
@@ -94,6 +98,7 @@ typedef struct loom_runstat_record {
   int64_t step;       /* the last completed step, -1 none */
   int64_t first_step; /* the first step this process completed, -1 none */
   double t_step, t_first_step;
+  double t_beat; /* the last loom_runstat_beat (0 none) */
   int exit_code; /* -1: none recorded; -2: left through exit() without
                     loom_runstat_exit (code unknown) */
   int signal;    /* fatal signal caught, 0 none */

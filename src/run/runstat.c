@@ -49,6 +49,7 @@ const char *loom_runstat_phase_name(loom_run_phase p) {
   X(F_T_FIRST_STEP, "t_first_step", 17)                                        \
   X(F_STEP, "step", 20)                                                        \
   X(F_T_STEP, "t_step", 17)                                                    \
+  X(F_T_BEAT, "t_beat", 17)                                                    \
   X(F_EXIT, "exit", 11)                                                        \
   X(F_SIGNAL, "signal", 4)                                                     \
   X(F_T_EXIT, "t_exit", 17)                                                    \
@@ -91,7 +92,9 @@ static struct {
   int len;          /* bytes in the record */
   char buf[RECORD_MAX];
   bool first_step_done;
-} rs = {PTHREAD_ONCE_INIT, PTHREAD_MUTEX_INITIALIZER, -1, 0, {0}, 0, "", false};
+  double last_beat; /* loom_time_now() of the last beat written */
+} rs = {
+    PTHREAD_ONCE_INIT, PTHREAD_MUTEX_INITIALIZER, -1, 0, {0}, 0, "", false, 0};
 
 /* Formatting without stdio: the fatal-signal handler uses it too. */
 static int fmt_u64(char *out, uint64_t v) {
@@ -328,6 +331,21 @@ void loom_runstat_step(int64_t step) {
   pthread_mutex_unlock(&rs.mu);
 }
 
+void loom_runstat_beat(void) {
+  loom_runstat_init();
+  if (rs.fd < 0)
+    return;
+  /* At most one write a second: evaluation calls it every batch. */
+  double now = loom_time_now();
+  pthread_mutex_lock(&rs.mu);
+  if (now - rs.last_beat >= 1.0) {
+    rs.last_beat = now;
+    set_now(F_T_BEAT);
+    write_range(F_T_BEAT, F_T_BEAT);
+  }
+  pthread_mutex_unlock(&rs.mu);
+}
+
 void loom_runstat_note(const char *what) {
   loom_runstat_init();
   if (rs.fd < 0 || !what)
@@ -503,6 +521,9 @@ loom_status loom_runstat_read(const char *dir, int rank,
           break;
         case F_T_STEP:
           out->t_step = parse_time(v);
+          break;
+        case F_T_BEAT:
+          out->t_beat = parse_time(v);
           break;
         case F_EXIT:
           if (none || !loom_parse_int(v, &out->exit_code))

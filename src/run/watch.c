@@ -239,7 +239,9 @@ static bool find_hang(loom_run_watch *w, double now) {
   int best = -1;
   for (int i = 0; i < w->n; i++) {
     loom_watch_rank *r = &w->ranks[i];
-    if (!r->local || r->dead || r->hb_step < 0 || now - r->hb_t <= limit ||
+    /* The last sign of life: a step, or a beat (evaluating, saving). */
+    double alive = r->rec.t_beat > r->hb_t ? r->rec.t_beat : r->hb_t;
+    if (!r->local || r->dead || r->hb_step < 0 || now - alive <= limit ||
         r->rec.phase == LOOM_RUNSTAT_DONE)
       continue;
     if (best < 0 || r->hb_step < w->ranks[best].hb_step ||
@@ -253,7 +255,7 @@ static bool find_hang(loom_run_watch *w, double now) {
   f->found = true;
   f->hang = true;
   f->hang_timeout = limit;
-  f->idle_s = now - r->hb_t;
+  f->idle_s = now - (r->rec.t_beat > r->hb_t ? r->rec.t_beat : r->hb_t);
   f->rank = r->rank;
   f->pid = r->rec.pid;
   snprintf(f->host, sizeof f->host, "%s", r->rec.host);

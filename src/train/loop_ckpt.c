@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "loom/ckpt.h"
+#include "loom/run.h"
 #include "trainer.h"
 
 static int g_rank = 0, g_world = 1;
@@ -280,6 +281,7 @@ loom_status loom_train_ckpt_save(loom_trainer *t) {
     return LOOM_OK;
   /* The previous async save must be complete before the next starts. */
   LOOM_TRY(loom_train_ckpt_finish(t));
+  loom_runstat_beat(); /* waiting for it was not a hang */
   double t0 = loom_time_now();
   loom_ckpt_writer_opts wo = loom_ckpt_writer_opts_default();
   wo.rank = t->rank;

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# A long evaluation is not a hang: the final evaluation covers the whole
+# validation split, which can take far longer than a step. Each evaluation
+# batch beats (loom_runstat_beat), and loom run's hang detection counts the
+# beat as a sign of life: with --hang-timeout 2 a job whose final evaluation
+# takes several seconds finishes instead of being killed as "no progress"
+# (and restarted into the same evaluation).
+. "$(dirname "$0")/../lib.sh"
+export LOOM_THREADS=1 OMP_NUM_THREADS=1 LOOM_LOG=warn
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$SRC/tests/parallel/lsan_mpi.supp:fast_unwind_on_malloc=0:print_suppressions=0}
+for _ in 1 2 3 4 5 6 7 8; do cat "$SRC"/docs/*.md; done >"$tmp/text.txt"
+# Half the text is the validation split: thousands of one-row batches.
+"$LOOM" run -n 2 --hang-timeout 2 --max-restarts 0 "$LOOM" train "$SRC/examples/small_gpt.yaml" \
+  --set "data.path=$tmp/text.txt" --set data.val_fraction=0.5 --set model.layers=2 \
+  --set model.d_model=64 --set model.heads=2 --set model.context=64 --set train.batch_size=1 \
+  --set train.steps=4 --set log.every=1 --set train.eval_every=100 --set checkpoint.enabled=false \
+  --set "log.run_dir=$tmp/run" --quiet >"$tmp/out" 2>&1
+rc=$?
+t_last=$(python3 -c 'import json,sys
+ls=[json.loads(l) for l in open(sys.argv[1])]
+print(ls[-1]["time"] - [l for l in ls if "step_s" in l][-1]["time"])' "$tmp/run/metrics.jsonl" 2>/dev/null)
+if [ $rc = 0 ] && grep -q '"val_loss"' "$tmp/run/metrics.jsonl"; then
+  ok "a final evaluation of ${t_last:-?} s under --hang-timeout 2 finished"
+else
+  bad "rc $rc: $(tail -3 "$tmp/out")"
+fi
+# The evaluation must have outlasted the timeout for the check to mean
+# anything.
+python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) > 2.2 else 1)" "${t_last:-0}" &&
+  ok "the evaluation outlasted the hang timeout" ||
+  bad "the evaluation took ${t_last:-?} s, not over the 2 s timeout: make the split larger"
+finish run_eval_alive
