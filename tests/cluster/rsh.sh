@@ -1,0 +1,23 @@
+#!/bin/sh
+# An ssh stand-in for mpirun on the emulated hosts (tests/cluster/hosts.sh):
+# "logging in" to hostK or 10.79.0.(10+K) enters that host's network
+# namespace with hostname hostK and runs the command string there, as sshd
+# would. Options before the host (-x, -o ...) are ignored.
+while [ $# -gt 0 ]; do
+  case $1 in
+  -o | -p | -l | -i) shift 2 ;;
+  -*) shift ;;
+  *) break ;;
+  esac
+done
+host=$1
+shift
+case $host in
+host[0-9]*) k=${host#host} ;;
+10.79.0.*) k=$((${host##*.} - 10)) ;;
+*)
+  echo "rsh.sh: unknown host '$host' (expected hostK or 10.79.0.(10+K))" >&2
+  exit 255
+  ;;
+esac
+exec ip netns exec "${HOSTS_PREFIX:?}n$k" unshare --uts -- /bin/sh -c 'hostname "$0"; eval "$1"' "host$k" "$*"
