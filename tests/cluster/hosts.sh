@@ -23,8 +23,8 @@ hosts_can() { # whether namespaces can be made here (root, ip netns)
 
 hosts_down() {
   local i
-  for i in $(seq 1 "$HOSTS_N"); do ip netns del "${HOSTS_PREFIX}n$i" 2>/dev/null; done
-  ip netns del "${HOSTS_PREFIX}sw" 2>/dev/null
+  for i in $(seq 1 "$HOSTS_N"); do ip netns del "${HOSTS_PREFIX}n$i" 2>/dev/null || true; done
+  ip netns del "${HOSTS_PREFIX}sw" 2>/dev/null || true
   HOSTS_N=0
   return 0
 }
