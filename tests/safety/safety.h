@@ -110,38 +110,15 @@ static bool is_link(const char *path) {
   return lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode);
 }
 
-/* stderr captured: loom's warnings. */
-static char captured[65536];
-static FILE *cap_file;
-static int cap_saved = -1;
-static void capture_begin(void) {
-  fflush(stderr);
-  cap_file = tmpfile();
-  cap_saved = dup(2);
-  dup2(fileno(cap_file), 2);
-}
+/* stderr captured: loom's warnings (tests/tt.h), shown in the test's
+ * output too, for whoever reads a failure. */
+static void capture_begin(void) { tt_capture_begin(); }
 static const char *capture_end(void) {
-  fflush(stderr);
-  dup2(cap_saved, 2);
-  close(cap_saved);
-  rewind(cap_file);
-  size_t n = fread(captured, 1, sizeof captured - 1, cap_file);
-  captured[n] = '\0';
-  fclose(cap_file);
-  /* Shown in the test's output too, for whoever reads a failure. */
-  fputs(captured, stderr);
-  return captured;
+  const char *c = tt_capture_end();
+  fputs(c, stderr);
+  return c;
 }
-
-#define CHECK_HAS(hay, needle)                                                 \
-  do {                                                                         \
-    const char *h_ = (hay), *n_ = (needle);                                    \
-    if (!h_ || !strstr(h_, n_)) {                                              \
-      tt_fail_prefix(__FILE__, __LINE__);                                      \
-      fprintf(stderr, "'%s' not in:\n  %s\n", n_, h_ ? h_ : "(null)");         \
-      tt_fail_done();                                                          \
-    }                                                                          \
-  } while (0)
+#define CHECK_HAS TT_CHECK_HAS
 
 /* rm -rf of base_dir, without following links (FTW_PHYS) or crossing into
  * another file system; read-only directories made writable first. */
