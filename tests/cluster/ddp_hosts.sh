@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # DDP across emulated hosts (tests/cluster/hosts.sh: network namespaces, a
 # bridge, 1 Gbit/s tbf links): `loom run --hosts` over Open MPI with its
-# daemons started through the ssh stand-in, 2 hosts x 1 rank and 2 hosts x
-# 2 ranks, deterministic mode: every loss and the validation loss equal,
-# bit for bit, those of the same number of ranks on one host; each rank
+# daemons started through the ssh stand-in, 2 hosts x 1 rank, 2 hosts x 2
+# ranks and 4 hosts x 2 ranks, deterministic mode: every loss and the
+# validation loss equal, bit for bit, those of the same number of ranks on
+# one host and those of one rank; each rank
 # says which host it ran on; the gradients went over the links (the byte
 # counters); nothing is left behind. Skips (77) where namespaces cannot be
 # made (not root).
@@ -15,8 +16,8 @@ hosts_can || { echo "skipped: cannot make network namespaces here (needs root an
 "$LOOM" run --dry-run -n 2 prog | grep -q '^command: mpirun.openmpi\|^command: [^ ]*ompi\|^command: mpirun ' ||
   { echo "skipped: loom is built against another MPI; the emulated hosts drive Open MPI's rsh agent"; exit 77; }
 trap 'hosts_down; rm -rf "$tmp"' EXIT
-hosts_up 2 1gbit || { bad "making 2 emulated hosts"; finish cluster_ddp; }
-ok "2 emulated hosts, 1 Gbit/s links"
+hosts_up 4 1gbit || { bad "making 4 emulated hosts"; finish cluster_ddp; }
+ok "4 emulated hosts, 1 Gbit/s links"
 
 cat "$SRC"/docs/*.md 2>/dev/null | head -c 100000 >"$tmp/text.txt"
 cfg=("$SRC/examples/small_gpt.yaml" --set "data.path=$tmp/text.txt" --set model.layers=2
@@ -37,27 +38,37 @@ rx() { # K: bytes host K received on its link
 print(json.load(sys.stdin)[0]["stats64"]["rx"]["bytes"])'
 }
 
-for per in 1 2; do
-  np=$((2 * per))
+# Deterministic mode: any number of ranks gives the bits of one rank.
+"$LOOM" train "${cfg[@]}" --set "log.run_dir=$tmp/one1" >"$tmp/one1.out" 2>&1 ||
+  bad "one rank: $(tail -3 "$tmp/one1.out")"
+# LAYOUT: hosts x ranks a host.
+for layout in 2x1 2x2 4x2; do
+  nh=${layout%x*} per=${layout#*x}
+  np=$((nh * per))
+  spec=$(for k in $(seq 1 "$nh"); do printf 'host%d:%d,' "$k" "$per"; done)
+  spec=${spec%,}
   "$LOOM" run -n "$np" --timeout 300 "$LOOM" train "${cfg[@]}" --set "log.run_dir=$tmp/one$np" \
     >"$tmp/one$np.out" 2>&1 || bad "$np ranks on one host: $(tail -3 "$tmp/one$np.out")"
   before=$(rx 2)
-  on_host 1 "$LOOM" run --hosts "host1:$per,host2:$per" -n "$np" --timeout 300 \
+  on_host 1 "$LOOM" run --hosts "$spec" -n "$np" --timeout 300 \
     "$LOOM" train "${cfg[@]}" --set "log.run_dir=$tmp/two$np" >"$tmp/two$np.out" 2>&1 ||
-    bad "2 hosts x $per: $(tail -5 "$tmp/two$np.out")"
+    bad "$nh hosts x $per: $(tail -5 "$tmp/two$np.out")"
   moved=$(($(rx 2) - before))
   if [ -s "$tmp/two$np/metrics.jsonl" ] && [ "$(losses "$tmp/one$np")" = "$(losses "$tmp/two$np")" ] &&
     [ "$(losses "$tmp/two$np" | grep -c val_loss)" = 1 ]; then
-    ok "2 hosts x $per rank(s): every loss and the validation loss equal $np ranks on one host, bit for bit"
+    ok "$nh hosts x $per rank(s): every loss and the validation loss equal $np ranks on one host, bit for bit"
   else
-    bad "2 hosts x $per: losses differ: $(diff <(losses "$tmp/one$np") <(losses "$tmp/two$np") | head -4)"
+    bad "$nh hosts x $per: losses differ: $(diff <(losses "$tmp/one$np") <(losses "$tmp/two$np") | head -4)"
   fi
+  [ "$(losses "$tmp/one1")" = "$(losses "$tmp/two$np")" ] &&
+    ok "$nh hosts x $per: the bits of one rank" || bad "$nh hosts x $per: differs from one rank"
   hosts=$(grep -ho ' of '"$np"' on host[0-9]' "$tmp/two$np"/logs/rank-*.log | sort | uniq -c | tr -s ' ' | tr '\n' ';')
-  [ "$hosts" = " $per of $np on host1; $per of $np on host2;" ] &&
-    ok "2 hosts x $per: the ranks ran on host1 and host2 ($hosts)" || bad "2 hosts x $per: ranks on: $hosts"
+  want=$(for k in $(seq 1 "$nh"); do printf ' %d of %d on host%d;' "$per" "$np" "$k"; done)
+  [ "$hosts" = "$want" ] &&
+    ok "$nh hosts x $per: $per rank(s) on each host ($hosts)" || bad "$nh hosts x $per: ranks on: $hosts"
   # 8 steps of an all-reduce of the gradients (~0.5 M parameters, 2 MB).
-  [ "$moved" -gt 8000000 ] && ok "2 hosts x $per: host2 received $((moved / 1000000)) MB over its link" ||
-    bad "2 hosts x $per: host2 received only $moved bytes: the ranks did not talk over the link"
+  [ "$moved" -gt 8000000 ] && ok "$nh hosts x $per: host2 received $((moved / 1000000)) MB over its link" ||
+    bad "$nh hosts x $per: host2 received only $moved bytes: the ranks did not talk over the link"
 done
 
 hosts_down
