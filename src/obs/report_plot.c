@@ -258,6 +258,40 @@ static void draw_stacks(const rp_pen *p, const char *title, const char *xlabel,
   legend(p, names, colors, nl);
 }
 
+/* Bars at most: more lines than this are drawn as bars of consecutive
+ * lines, each the mean of its lines (a bar under 2 px says nothing). */
+enum { MAX_BARS = 300 };
+
+/* The lines of `lines` (its x) into nb <= MAX_BARS bars: xs[b] the last
+ * step of bar b, vals[k][b] the mean of parts[k] over its lines (0 for a
+ * NULL part). With `rest`, part n-1 is what lines' y leaves after the other
+ * parts (at least 0). Returns nb. */
+static int bin_lines(const rp_series *lines, const rp_series *const *parts,
+                     int n, bool rest, double xs[MAX_BARS],
+                     double vals[][MAX_BARS]) {
+  int nl = lines ? lines->n : 0;
+  int nb = nl < MAX_BARS ? nl : MAX_BARS;
+  for (int b = 0; b < nb; b++) {
+    int lo = (int)((int64_t)b * nl / nb),
+        hi = (int)((int64_t)(b + 1) * nl / nb);
+    xs[b] = lines->x[hi - 1];
+    for (int k = 0; k < n; k++)
+      vals[k][b] = 0;
+    for (int i = lo; i < hi; i++) {
+      double sum = 0;
+      for (int k = 0; k < n; k++) {
+        const rp_series *s = parts[k];
+        double v = s && i < s->n && isfinite(s->y[i]) ? s->y[i] : 0;
+        if (rest && k == n - 1)
+          v = fmax(0, lines->y[i] - sum);
+        sum += v;
+        vals[k][b] += v / (double)(hi - lo);
+      }
+    }
+  }
+  return nb;
+}
+
 /* The training lines' steps (the x of step_s). */
 static const rp_series *train_x(const rp_run *r) {
   return rp_find(r, "step_s");
@@ -311,50 +345,46 @@ void rp_plot_draw(const rp_run *r, const char *id, const rp_pen *p) {
                 true);
   } else if (!strcmp(id, "step_time")) {
     const rp_series *st = train_x(r);
-    /* What the parts leave of the step: loop overhead, the loss's
-     * all-reduce, progress. */
-    double other[4096] = {0};
-    int nb = st->n < 4096 ? st->n : 4096;
     const char *keys[] = {"data_wait_s", "forward_s", "backward_s",
                           "comm_wait_s", "optim_s"};
-    for (int b = 0; b < nb; b++) {
-      double sum = 0;
-      for (int k = 0; k < 5; k++) {
-        const rp_series *s = rp_find(r, keys[k]);
-        sum += s && b < s->n && isfinite(s->y[b]) ? s->y[b] : 0;
-      }
-      other[b] = fmax(0, st->y[b] - sum);
-    }
-    stack parts[] = {{"data wait", rp_find(r, "data_wait_s"), NULL, 1e3},
-                     {"forward", rp_find(r, "forward_s"), NULL, 1e3},
-                     {"backward", rp_find(r, "backward_s"), NULL, 1e3},
-                     {"comm wait", rp_find(r, "comm_wait_s"), NULL, 1e3},
-                     {"optimizer", rp_find(r, "optim_s"), NULL, 1e3},
-                     {"other", NULL, other, 1e3}};
-    /* A part the run does not log (comm wait on one rank) is left out. */
+    const char *names[] = {"data wait", "forward", "backward", "comm wait",
+                           "optimizer"};
+    const rp_series *ps[6] = {NULL};
+    for (int k = 0; k < 5; k++)
+      ps[k] = rp_find(r, keys[k]);
+    /* What the parts leave of the step (loop overhead, the loss's
+     * all-reduce, progress) is its sixth part: ps[5] stays NULL. */
+    double xs[MAX_BARS], vals[6][MAX_BARS];
+    int nb = bin_lines(st, ps, 6, true, xs, vals);
     stack use[6];
     int nu = 0;
     for (int k = 0; k < 6; k++)
-      if (parts[k].s || parts[k].vals)
-        use[nu++] = parts[k];
-    draw_stacks(p, "Where a step's time goes (rank 0, mean of each window)",
-                "step", "ms a step", st->x, nb, use, nu, NULL, true);
+      if (k == 5 || ps[k])
+        use[nu++] = (stack){k == 5 ? "other" : names[k], NULL, vals[k], 1e3};
+    draw_stacks(p,
+                st->n > nb ? "Where a step's time goes (rank 0, mean of each "
+                             "bar's windows)"
+                           : "Where a step's time goes (rank 0, mean of each "
+                             "window)",
+                "step", "ms a step", xs, nb, use, nu, NULL, true);
   } else if (!strcmp(id, "memory")) {
-    const rp_series *pm = rp_find(r, "mem_params_mb");
-    stack parts[] = {{"parameters", pm, NULL, 1},
-                     {"gradients", rp_find(r, "mem_grads_mb"), NULL, 1},
-                     {"optimizer", rp_find(r, "mem_optim_mb"), NULL, 1},
-                     {"activations", rp_find(r, "mem_act_mb"), NULL, 1},
-                     {"communication", rp_find(r, "mem_comm_mb"), NULL, 1},
-                     {"data", rp_find(r, "mem_data_mb"), NULL, 1}};
+    const char *keys[] = {"mem_params_mb", "mem_grads_mb", "mem_optim_mb",
+                          "mem_act_mb",    "mem_comm_mb",  "mem_data_mb"};
+    const char *names[] = {"parameters",  "gradients",     "optimizer",
+                           "activations", "communication", "data"};
+    const rp_series *ps[6];
+    for (int k = 0; k < 6; k++)
+      ps[k] = rp_find(r, keys[k]);
+    double xs[MAX_BARS], vals[6][MAX_BARS];
+    int nb = bin_lines(ps[0], ps, 6, false, xs, vals);
     stack use[6];
     int nu = 0;
     for (int k = 0; k < 6; k++)
-      if (parts[k].s)
-        use[nu++] = parts[k];
+      if (ps[k])
+        use[nu++] = (stack){names[k], NULL, vals[k], 1};
     curve over = {rp_find(r, "peak_rss_mb"), "peak RSS", 1, true};
     draw_stacks(p, "Memory by category (rank 0) and the process's peak RSS",
-                "step", "MiB", pm->x, pm->n, use, nu, &over, true);
+                "step", "MiB", xs, nb, use, nu, &over, true);
   } else if (!strcmp(id, "ranks")) {
     int n = r->nranks;
     double xs[RP_MAX_RANKS] = {0}, v[RP_RANK_N][RP_MAX_RANKS] = {{0}};

@@ -204,6 +204,36 @@ fi
   grep -q "1 unreadable lines skipped, the first at line 3" "$tmp/live/report.html" &&
   ok "an unreadable line is skipped and said" || bad "unreadable line: $(cat "$tmp/rep.out")"
 
+# --- a long run: 5,000 windows are drawn as 300 bars, the last at the last
+# step (each the mean of its windows), not cut short.
+python3 - "$tmp/compute/metrics.jsonl" "$tmp/long" <<'PY'
+import json, os, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if '"step_s"' in l]
+os.makedirs(sys.argv[2], exist_ok=True)
+with open(sys.argv[2] + "/metrics.jsonl", "w") as f:
+    for i in range(5000):
+        r = dict(lines[i % len(lines)])
+        r["step"] = i + 1
+        f.write(json.dumps(r) + "\n")
+PY
+if "$LOOM" report "$tmp/long" >"$tmp/rep.out" 2>&1; then
+  python3 - "$tmp/long/report.html" <<'PY' >"$tmp/check" 2>&1
+import re, sys
+page = open(sys.argv[1]).read()
+for plot in ("step_time", "memory"):
+    body = page.split(f'id="plot-{plot}"')[1].split("</svg>")[0]
+    xs = sorted({round(float(x) + float(w) / 2, 1) for x, w in re.findall(r'<rect x="([0-9.]+)" y="[0-9.]+" width="([0-9.]+)"', body) if float(w) < 5})
+    assert 250 <= len(xs) <= 300, (plot, len(xs))
+    ticks = [int(t) for t in re.findall(r'>([0-9]+)</text>', body)]
+    assert max(ticks) >= 4000, (plot, max(ticks))
+print("ok")
+PY
+  grep -q '^ok' "$tmp/check" && ok "a long run: 5,000 windows as 300 bars to the last step" ||
+    bad "a long run: $(tail -4 "$tmp/check")"
+else
+  bad "a long run: $(cat "$tmp/rep.out")"
+fi
+
 # --- errors.
 mkdir -p "$tmp/empty"
 "$LOOM" report "$tmp/empty" >"$tmp/out" 2>&1
