@@ -24,6 +24,7 @@ static atomic_int log_rank = -1;
 /* The file sink: set and cleared by the trainer, written by any thread. */
 static pthread_mutex_t file_mu = PTHREAD_MUTEX_INITIALIZER;
 static FILE *log_file;
+static atomic_bool file_on; /* log_file is set: read without the lock */
 static atomic_bool console_quiet;
 
 static loom_log_level level_from_env(void) {
@@ -53,6 +54,7 @@ void loom_log_set_rank(int rank) { atomic_store(&log_rank, rank); }
 void loom_log_set_file(FILE *f, bool quiet) {
   pthread_mutex_lock(&file_mu);
   log_file = f;
+  atomic_store(&file_on, f != NULL);
   atomic_store(&console_quiet, f && quiet);
   pthread_mutex_unlock(&file_mu);
 }
@@ -95,12 +97,8 @@ void loom_log(loom_log_level level, const char *fmt, ...) {
   if (atomic_load(&console_quiet) && level < LOOM_LOG_WARN)
     to_console = false;
   /* The file keeps info and above whatever the console shows. */
-  bool to_file = level >= (shown < LOOM_LOG_INFO ? shown : LOOM_LOG_INFO);
-  if (to_file) {
-    pthread_mutex_lock(&file_mu);
-    to_file = log_file != NULL;
-    pthread_mutex_unlock(&file_mu);
-  }
+  bool to_file = atomic_load(&file_on) &&
+                 level >= (shown < LOOM_LOG_INFO ? shown : LOOM_LOG_INFO);
   if (!to_console && !to_file)
     return;
   char msg[2048];

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "internal.h"
 #include "loom/obs.h"
 
 enum { TB_MAX = 64 }; /* scalars a line may carry to TensorBoard */
@@ -20,8 +21,7 @@ struct loom_metrics {
   loom_tb *tb;
   int ntb;
   char tb_tags[TB_MAX][48];
-  float tb_values[TB_MAX];
-  double values[TB_MAX]; /* the same in full, for MLflow */
+  double values[TB_MAX]; /* MLflow's; TensorBoard gets them as f32 */
   loom_mlflow *mlflow;   /* borrowed, or NULL */
   int64_t step;
   double time;
@@ -111,8 +111,7 @@ static void tb_note(loom_metrics *m, const char *k, double v) {
   else if (strcmp(k, "epoch") != 0 && strcmp(k, "ranks") != 0 &&
            m->ntb < TB_MAX) {
     snprintf(m->tb_tags[m->ntb], sizeof m->tb_tags[0], "%s", k);
-    m->values[m->ntb] = v;
-    m->tb_values[m->ntb++] = (float)v;
+    m->values[m->ntb++] = v;
   }
 }
 
@@ -179,9 +178,12 @@ loom_status loom_metrics_end(loom_metrics *m) {
                        m->time);
   if (m->tb && m->ntb > 0) {
     const char *tags[TB_MAX];
-    for (int i = 0; i < m->ntb; i++)
+    float values[TB_MAX];
+    for (int i = 0; i < m->ntb; i++) {
       tags[i] = m->tb_tags[i];
-    return loom_tb_scalars(m->tb, m->step, m->time, tags, m->tb_values, m->ntb);
+      values[i] = (float)m->values[i];
+    }
+    return loom_tb_scalars(m->tb, m->step, m->time, tags, values, m->ntb);
   }
   return LOOM_OK;
 }
@@ -193,4 +195,49 @@ void loom_metrics_close(loom_metrics *m) {
     fclose(m->f);
   loom_tb_close(m->tb);
   loom_free(m);
+}
+
+loom_status loom_obs_read_file(const char *path, char **data, size_t *len) {
+  *data = NULL;
+  if (len)
+    *len = 0;
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return loom_error(LOOM_ERR_IO, "cannot read %s: %s", path, strerror(errno));
+  loom_status st = LOOM_OK;
+  size_t cap = 0, n = 0;
+  char *buf = NULL;
+  for (;;) {
+    if (n == cap) { /* room for the NUL too */
+      size_t c = cap ? cap * 2 : 64 * 1024;
+      char *b = loom_malloc(c + 1);
+      if (!b) {
+        st = LOOM_ERR_NOMEM;
+        break;
+      }
+      if (n)
+        memcpy(b, buf, n);
+      loom_free(buf);
+      buf = b;
+      cap = c;
+    }
+    size_t got = fread(buf + n, 1, cap - n, f);
+    n += got;
+    if (got == 0) {
+      if (ferror(f))
+        st = loom_error(LOOM_ERR_IO, "cannot read %s: %s", path,
+                        strerror(errno));
+      break;
+    }
+  }
+  fclose(f);
+  if (st != LOOM_OK) {
+    loom_free(buf);
+    return st;
+  }
+  buf[n] = '\0';
+  *data = buf;
+  if (len)
+    *len = n;
+  return LOOM_OK;
 }

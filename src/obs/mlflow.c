@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "internal.h"
 #include "loom/obs.h"
 
 /* MLflow's limits (mlflow/utils/validation.py): per log-batch call at most
@@ -1207,50 +1208,6 @@ static bool valid_artifact_path(const char *p) {
   }
 }
 
-static loom_status read_file(const char *path, unsigned char **data,
-                             size_t *len) {
-  *data = NULL;
-  *len = 0;
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return loom_error(LOOM_ERR_IO, "mlflow: cannot read artifact '%s': %s",
-                      path, strerror(errno));
-  loom_status st = LOOM_OK;
-  size_t cap = 0, n = 0;
-  unsigned char *buf = NULL;
-  for (;;) {
-    if (n == cap) {
-      size_t c = cap ? cap * 2 : 64 * 1024;
-      unsigned char *b = loom_malloc(c);
-      if (!b) {
-        st = LOOM_ERR_NOMEM;
-        break;
-      }
-      if (n)
-        memcpy(b, buf, n);
-      loom_free(buf);
-      buf = b;
-      cap = c;
-    }
-    size_t got = fread(buf + n, 1, cap - n, f);
-    n += got;
-    if (got == 0) {
-      if (ferror(f))
-        st = loom_error(LOOM_ERR_IO, "mlflow: cannot read artifact '%s': %s",
-                        path, strerror(errno));
-      break;
-    }
-  }
-  fclose(f);
-  if (st != LOOM_OK) {
-    loom_free(buf);
-    return st;
-  }
-  *data = buf;
-  *len = n;
-  return LOOM_OK;
-}
-
 loom_status loom_mlflow_artifact(loom_mlflow *m, const char *local_path,
                                  const char *artifact_path) {
   if (!m || !local_path)
@@ -1263,7 +1220,11 @@ loom_status loom_mlflow_artifact(loom_mlflow *m, const char *local_path,
   artifact *a = loom_calloc(1, sizeof *a);
   if (!a)
     return LOOM_ERR_NOMEM;
-  loom_status st = read_file(local_path, &a->data, &a->len);
+  char *bytes = NULL;
+  loom_status st = loom_obs_read_file(local_path, &bytes, &a->len);
+  if (st != LOOM_OK)
+    st = loom_error_context(st, "mlflow: artifact");
+  a->data = (unsigned char *)bytes;
   if (st == LOOM_OK && !(a->path = dup_str(artifact_path)))
     st = LOOM_ERR_NOMEM;
   if (st != LOOM_OK) {

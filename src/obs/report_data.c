@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "internal.h"
 #include "report.h"
 
 static rp_series *series_get(rp_run *r, const char *key, bool make) {
@@ -54,38 +55,6 @@ static bool series_push(rp_series *s, double x, double y) {
   return true;
 }
 
-/* A whole file into memory (NUL-terminated); NULL and *missing when it is
- * not there. */
-static char *slurp(const char *path, size_t *len, bool *missing) {
-  *missing = false;
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    *missing = errno == ENOENT;
-    return NULL;
-  }
-  size_t cap = 1 << 16, n = 0;
-  char *buf = loom_malloc(cap + 1);
-  while (buf) {
-    size_t got = fread(buf + n, 1, cap - n, f);
-    n += got;
-    if (n < cap)
-      break;
-    char *more = loom_malloc(cap * 2 + 1);
-    if (more)
-      memcpy(more, buf, n);
-    loom_free(buf);
-    buf = more;
-    cap *= 2;
-  }
-  fclose(f);
-  if (!buf)
-    return NULL;
-  buf[n] = '\0';
-  if (len)
-    *len = n;
-  return buf;
-}
-
 /* Each rank's array of one line, summed into r->rank_sum[k]. */
 static void add_ranks(rp_run *r, const cJSON *o, int k, const char *key) {
   const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -104,14 +73,15 @@ static void add_ranks(rp_run *r, const cJSON *o, int k, const char *key) {
 }
 
 static loom_status read_metrics(rp_run *r, const char *path) {
-  size_t len = 0;
-  bool missing;
-  char *text = slurp(path, &len, &missing);
-  if (!text)
+  char *text = NULL;
+  if (loom_obs_read_file(path, &text, NULL) != LOOM_OK) {
+    char why[600];
+    snprintf(why, sizeof why, "%s", loom_last_error());
     return loom_error(LOOM_ERR_IO,
-                      "%s: %s (a run directory holds metrics.jsonl once "
+                      "%s (a run directory holds metrics.jsonl once "
                       "training has logged a step)",
-                      path, missing ? "not found" : strerror(errno));
+                      why);
+  }
   loom_status st = LOOM_OK;
   char *line = text;
   int lineno = 0;
@@ -169,10 +139,9 @@ static loom_status read_metrics(rp_run *r, const char *path) {
 static void read_env(rp_run *r, const char *dir) {
   char path[4096];
   snprintf(path, sizeof path, "%s/env.json", dir);
-  bool missing;
-  char *text = slurp(path, NULL, &missing);
-  if (!text)
-    return;
+  char *text = NULL;
+  if (loom_obs_read_file(path, &text, NULL) != LOOM_OK)
+    return; /* an older run, or none written: the page says so */
   r->env = cJSON_Parse(text);
   loom_free(text);
   const cJSON *t = cJSON_GetObjectItemCaseSensitive(r->env, "total_steps");
@@ -193,8 +162,8 @@ loom_status rp_read(rp_run *r, const char *dir) {
     r->mtime = (double)sb.st_mtime;
   read_env(r, dir);
   snprintf(path, sizeof path, "%s/config.yaml", dir);
-  bool missing;
-  r->config = slurp(path, NULL, &missing);
+  if (loom_obs_read_file(path, &r->config, NULL) != LOOM_OK)
+    r->config = NULL; /* the page says it was not found */
   const rp_series *vl = rp_find(r, "val_loss");
   r->finished = r->total_steps > 0 && vl && vl->n > 0 &&
                 (int64_t)vl->x[vl->n - 1] >= r->total_steps;

@@ -1,0 +1,14 @@
+/* What the obs layer's files share and keep to themselves. */
+#ifndef LOOM_OBS_INTERNAL_H
+#define LOOM_OBS_INTERNAL_H
+
+#include <stddef.h>
+
+#include "loom/core.h"
+
+/* A whole file into memory (loom_malloc, NUL-terminated; *len, if not
+ * NULL, the bytes without the NUL). LOOM_ERR_IO naming the file and the
+ * reason; LOOM_ERR_NOMEM. */
+loom_status loom_obs_read_file(const char *path, char **data, size_t *len);
+
+#endif
