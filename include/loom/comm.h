@@ -172,6 +172,11 @@ typedef struct loom_comm_opts {
   bool shm;                  /* LOOM_COMM_SHM: intra-host shared-memory data
                                 path of the mpi backend, default on */
   size_t chunk_bytes;        /* LOOM_COMM_CHUNK: pipeline chunk, default 256K */
+  bool hier;                 /* LOOM_COMM_HIER: groups across hosts with the
+                                same number of ranks on each (more than one)
+                                all-reduce hierarchically: inside each host
+                                over shared memory, between hosts 1/L of the
+                                data per rank; default on (needs shm) */
 } loom_comm_opts;
 
 /* Defaults, overridden by the LOOM_COMM_* environment variables. */
@@ -206,6 +211,9 @@ int loom_group_local_size(const loom_group *g);
 /* "self" or "mpi"; and whether the intra-host shared-memory path is on. */
 const char *loom_group_backend(const loom_group *g);
 bool loom_group_shm(const loom_group *g);
+/* Whether g's all-reduces are hierarchical: g spans hosts with the same
+ * number of ranks (more than one) on each, LOOM_COMM_HIER on. */
+bool loom_group_hier(const loom_group *g);
 /* LOOM_OK, or the error that broke the group (a timeout with
  * LOOM_COMM_ABORT=0), with its message recorded on this thread. */
 loom_status loom_group_error(loom_group *g);

@@ -525,10 +525,11 @@ static void print_header(const bench_args *a, loom_group *g, bool mpi) {
   if (loom_group_rank(g) != 0)
     return;
   printf("# loom bench comm: %s, %s, %s, %d ranks (backend %s, shared "
-         "memory %s%s)\n",
+         "memory %s%s%s)\n",
          loom_comm_op_name(a->op), loom_dtype_name(a->dtype),
          loom_redop_name(a->redop), loom_group_size(g), loom_group_backend(g),
          loom_group_shm(g) ? "on" : "off",
+         loom_group_hier(g) ? ", hierarchical all-reduce" : "",
          a->shared ? ", buffers from loom_group_mem_alloc" : "");
   printf("# %11s %12s %5s %5s | %10s %8s %8s %6s", "size(B)", "count", "type",
          "redop", "loom(us)", "algbw", "busbw", "#wrong");

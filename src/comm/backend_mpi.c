@@ -28,13 +28,15 @@ typedef struct mpi_ctx {
   MPI_Datatype half[2]; /* bf16, f16 */
   MPI_Op half_op[LOOM_REDOP_COUNT];
   uint64_t shm_made; /* segments created by this process (unique names) */
+  int fake_host;     /* LOOM_COMM_FAKE_HOSTS: this rank's host, else -1 */
 } mpi_ctx;
 static mpi_ctx G; /* one per process; touched only by the comm thread */
 
 typedef struct mpi_group {
-  MPI_Comm comm; /* data */
-  MPI_Comm ctl;  /* check headers */
-  loom_shm *shm; /* NULL when the group spans hosts (or LOOM_COMM_SHM=0) */
+  MPI_Comm comm;   /* data */
+  MPI_Comm ctl;    /* check headers */
+  loom_shm *shm;   /* NULL when the group spans hosts (or LOOM_COMM_SHM=0) */
+  loom_hier *hier; /* spans hosts, L ranks on each: the all-reduce path */
   loom_comm_desc mine;
   loom_comm_desc *descs; /* [P] headers received */
   MPI_Request *creqs;    /* [2P] header sends and receives */
@@ -51,7 +53,7 @@ typedef struct mpi_group {
   int mem_allocs;    /* allocations made, the same count on every rank */
 } mpi_group;
 
-enum { PH_START, PH_CHECK_SHM, PH_CHECK_MPI, PH_DATA, PH_SHM };
+enum { PH_START, PH_CHECK_SHM, PH_CHECK_MPI, PH_DATA, PH_SHM, PH_HIER };
 
 typedef struct mpi_state {
   MPI_Request req[MPI_WINDOW];
@@ -164,6 +166,7 @@ static void group_release(mpi_group *mg) {
   if (!mg)
     return;
   loom_shm_close(mg->shm);
+  loom_hier_close(mg->hier);
   if (mg->ctl != MPI_COMM_NULL)
     MPI_Comm_free(&mg->ctl);
   if (mg->comm != MPI_COMM_NULL)
@@ -179,46 +182,97 @@ static void group_release(mpi_group *mg) {
   loom_free(mg);
 }
 
-/* Maps one segment shared by all ranks of a single-host group; every rank
- * learns whether all succeeded, so they agree on the path. */
-static void setup_shm(loom_comm_ctx *ctx, loom_group *g, mpi_group *mg) {
+/* Maps one segment shared by the ranks of comm (all on one host); every
+ * rank learns whether all succeeded, so they agree on the path. */
+static loom_shm *open_shm(loom_comm_ctx *ctx, MPI_Comm comm, int rank, int size,
+                          const char *label) {
   char name[64] = "";
   int ok = 1;
   loom_shm *shm = NULL;
-  if (g->rank == 0) {
+  if (rank == 0) {
     snprintf(name, sizeof name, "/loom-%d-%llu", (int)getpid(),
              (unsigned long long)G.shm_made++);
-    if (loom_shm_open(&shm, name, true, 0, g->size, ctx->opts.chunk_bytes,
+    if (loom_shm_open(&shm, name, true, 0, size, ctx->opts.chunk_bytes,
                       ctx->oversubscribed) != LOOM_OK) {
-      LOOM_WARN("comm: no shared-memory path for group %s: %s", g->label,
+      LOOM_WARN("comm: no shared-memory path for group %s: %s", label,
                 loom_last_error());
       name[0] = '\0';
     }
   }
-  if (MPI_Bcast(name, sizeof name, MPI_CHAR, 0, mg->comm) != MPI_SUCCESS)
+  if (MPI_Bcast(name, sizeof name, MPI_CHAR, 0, comm) != MPI_SUCCESS)
     name[0] = '\0';
   if (!name[0])
     ok = 0;
-  else if (g->rank != 0 && loom_shm_open(&shm, name, false, g->rank, g->size,
-                                         ctx->opts.chunk_bytes,
-                                         ctx->oversubscribed) != LOOM_OK) {
-    LOOM_WARN("comm: cannot map the shared memory of group %s: %s", g->label,
+  else if (rank != 0 &&
+           loom_shm_open(&shm, name, false, rank, size, ctx->opts.chunk_bytes,
+                         ctx->oversubscribed) != LOOM_OK) {
+    LOOM_WARN("comm: cannot map the shared memory of group %s: %s", label,
               loom_last_error());
     ok = 0;
   }
   int all = 0;
-  if (MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, mg->comm) != MPI_SUCCESS)
+  if (MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS)
     all = 0;
   /* Everyone has mapped it (or given up): the name can go, so nothing is
    * left in /dev/shm even if the job is killed. */
-  if (g->rank == 0 && name[0])
+  if (rank == 0 && name[0])
     loom_shm_unlink(name);
   if (!all) {
     loom_shm_close(shm);
     shm = NULL;
   }
-  mg->shm = shm;
-  g->shm = shm != NULL;
+  return shm;
+}
+
+/* A group across hosts with the same number of ranks L > 1 on each gets
+ * the hierarchical all-reduce: the host's segment (local, the ranks of
+ * this host in group order) and the communicator of this local rank across
+ * hosts. All ranks agree, or none takes it. */
+static void setup_hier(loom_comm_ctx *ctx, loom_group *g, mpi_group *mg,
+                       MPI_Comm local) {
+  int lmin = 0, lmax = 0;
+  if (MPI_Allreduce(&g->local_size, &lmin, 1, MPI_INT, MPI_MIN, mg->comm) !=
+          MPI_SUCCESS ||
+      MPI_Allreduce(&g->local_size, &lmax, 1, MPI_INT, MPI_MAX, mg->comm) !=
+          MPI_SUCCESS)
+    return;
+  if (lmin != lmax || lmin < 2 || lmin == g->size) {
+    if (lmin != lmax)
+      LOOM_DEBUG("comm: group %s has %d to %d ranks a host: the flat "
+                 "all-reduce",
+                 g->label, lmin, lmax);
+    return;
+  }
+  char label[128];
+  snprintf(label, sizeof label, "%s (this host's ranks)", g->label);
+  loom_shm *shm = open_shm(ctx, local, g->local_rank, g->local_size, label);
+  MPI_Comm cross = MPI_COMM_NULL;
+  int ok = shm != NULL;
+  if (MPI_Comm_split(mg->comm, g->local_rank, g->rank, &cross) != MPI_SUCCESS)
+    ok = 0;
+  loom_hier *h = NULL;
+  if (ok) {
+    MPI_Comm_set_errhandler(cross, MPI_ERRORS_RETURN);
+    if (loom_hier_open(&h, shm, &cross, g->local_rank, g->local_size,
+                       g->size / g->local_size,
+                       ctx->opts.chunk_bytes) != LOOM_OK)
+      ok = 0;
+  }
+  int all = 0;
+  if (MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, mg->comm) != MPI_SUCCESS)
+    all = 0;
+  if (all) {
+    mg->hier = h;
+    g->hier = true;
+    return;
+  }
+  if (h) {
+    loom_hier_close(h); /* owns shm and cross */
+    return;
+  }
+  loom_shm_close(shm);
+  if (cross != MPI_COMM_NULL)
+    MPI_Comm_free(&cross);
 }
 
 /* Fills g from a communicator it now owns (blocking MPI calls: every member
@@ -243,14 +297,16 @@ static loom_status setup_group(loom_comm_ctx *ctx, loom_group *g,
   }
   MPI_Comm_set_errhandler(mg->ctl, MPI_ERRORS_RETURN);
   MPI_Comm local;
-  s = mpi_status(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, g->rank,
-                                     MPI_INFO_NULL, &local),
+  /* LOOM_COMM_FAKE_HOSTS (tests): consecutive world ranks as hosts. */
+  s = mpi_status(G.fake_host >= 0
+                     ? MPI_Comm_split(comm, G.fake_host, g->rank, &local)
+                     : MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, g->rank,
+                                           MPI_INFO_NULL, &local),
                  "MPI_Comm_split_type");
   if (s != LOOM_OK)
     goto fail;
   MPI_Comm_rank(local, &g->local_rank);
   MPI_Comm_size(local, &g->local_size);
-  MPI_Comm_free(&local);
   size_t p = (size_t)g->size;
   mg->descs = loom_calloc(p, sizeof(loom_comm_desc));
   mg->creqs = loom_calloc(2 * p, sizeof(MPI_Request));
@@ -260,14 +316,21 @@ static loom_status setup_group(loom_comm_ctx *ctx, loom_group *g,
   mg->recs = loom_calloc(p, sizeof *mg->recs);
   if (!mg->descs || !mg->creqs || !mg->ibuf || !mg->counts || !mg->displs ||
       !mg->recs) {
+    MPI_Comm_free(&local);
     s = LOOM_ERR_NOMEM;
     goto fail;
   }
   for (size_t i = 0; i < 2 * p; i++)
     mg->creqs[i] = MPI_REQUEST_NULL;
   if (ctx->opts.shm && g->size > 1 && g->local_size == g->size &&
-      g->size <= LOOM_SHM_MAX_RANKS)
-    setup_shm(ctx, g, mg);
+      g->size <= LOOM_SHM_MAX_RANKS) {
+    mg->shm = open_shm(ctx, mg->comm, g->rank, g->size, g->label);
+    g->shm = mg->shm != NULL;
+  } else if (ctx->opts.shm && ctx->opts.hier && g->local_size < g->size &&
+             g->local_size <= LOOM_SHM_MAX_RANKS) {
+    setup_hier(ctx, g, mg, local);
+  }
+  MPI_Comm_free(&local);
   return LOOM_OK;
 fail:
   group_release(mg);
@@ -310,6 +373,27 @@ static loom_status check_launcher_size(void) {
                       n, vars[i], v, size, lib[0] ? lib : "another MPI");
   }
   return LOOM_OK;
+}
+
+/* LOOM_COMM_FAKE_HOSTS=K (tests, benchmarks): the world's ranks count as K
+ * hosts of consecutive ranks, so one machine exercises the paths of groups
+ * that span hosts. Returns this rank's host, or -1. */
+static int fake_host(MPI_Comm world) {
+  const char *v = getenv("LOOM_COMM_FAKE_HOSTS");
+  if (!v || !*v)
+    return -1;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  char *end = NULL;
+  long k = strtol(v, &end, 10);
+  if (*end != '\0' || k < 1 || k > size || size % k != 0) {
+    LOOM_WARN("LOOM_COMM_FAKE_HOSTS='%s' is not a number of hosts dividing "
+              "the %d ranks; ignored",
+              v, size);
+    return -1;
+  }
+  return rank / (size / (int)k);
 }
 
 static loom_status mpi_init(loom_comm_ctx *ctx, loom_group *world) {
@@ -376,6 +460,7 @@ static loom_status mpi_init(loom_comm_ctx *ctx, loom_group *world) {
   }
   ctx->oversubscribed = lsize > loom_cores();
   ctx->bctx = &G;
+  G.fake_host = fake_host(comm);
   return setup_group(ctx, world, comm);
 }
 
@@ -544,6 +629,10 @@ static int data_start(loom_group *g, loom_op *op) {
   for (int w = 0; w < MPI_WINDOW; w++)
     ms->req[w] = MPI_REQUEST_NULL;
   op->phase = PH_DATA;
+  if (loom_hier_takes(mg->hier, op)) {
+    op->phase = PH_HIER;
+    return loom_hier_start(mg->hier, op);
+  }
   if (mg->shm && loom_shm_supports(op->kind)) {
     op->phase = PH_SHM;
     bool moved = false;
@@ -808,6 +897,8 @@ static int mpi_progress(loom_group *g, loom_op *op, bool *moved, bool *poll) {
   }
   case PH_SHM:
     return loom_shm_run(mg->shm, op, moved);
+  case PH_HIER:
+    return loom_hier_progress(mg->hier, op, moved, poll);
   case PH_DATA: {
     *poll = true;
     bool all = true;
@@ -854,6 +945,10 @@ static void mpi_stuck(loom_group *g, loom_op *op, char *buf, size_t n) {
     loom_shm_stuck(mg->shm, op, buf, n);
     return;
   }
+  if (op->phase == PH_HIER) {
+    loom_hier_stuck(mg->hier, buf, n);
+    return;
+  }
   if (op->phase == PH_CHECK_MPI) {
     bool *flag = loom_calloc((size_t)g->size, sizeof *flag);
     if (flag) {
@@ -880,11 +975,15 @@ static void mpi_stuck(loom_group *g, loom_op *op, char *buf, size_t n) {
 
 static bool mpi_sleep(loom_group *g, loom_op *op, double seconds) {
   mpi_group *mg = g->bg;
-  if (!mg || !mg->shm || (op->phase != PH_SHM && op->phase != PH_CHECK_SHM))
+  loom_shm *shm = !mg                    ? NULL
+                  : op->phase == PH_HIER ? loom_hier_waiting_shm(mg->hier)
+                  : op->phase == PH_SHM || op->phase == PH_CHECK_SHM ? mg->shm
+                                                                     : NULL;
+  if (!shm)
     return false;
   loom_comm_ctx *ctx = g->ctx;
-  atomic_store(&ctx->sleep_bell, loom_shm_bell(mg->shm));
-  loom_shm_sleep(mg->shm, seconds, &ctx->queued, ctx->q_seen);
+  atomic_store(&ctx->sleep_bell, loom_shm_bell(shm));
+  loom_shm_sleep(shm, seconds, &ctx->queued, ctx->q_seen);
   atomic_store(&ctx->sleep_bell, NULL);
   return true;
 }
@@ -953,11 +1052,21 @@ void loom_comm_path_counts(loom_group *g, uint64_t *direct, uint64_t *staged) {
   loom_shm_counts(mg ? mg->shm : NULL, direct, staged);
 }
 
+uint64_t loom_comm_hier_count(loom_group *g) {
+  mpi_group *mg = g && g->ctx->be == &loom_backend_mpi ? g->bg : NULL;
+  return loom_hier_count(mg ? mg->hier : NULL);
+}
+
 #else /* !LOOM_HAVE_MPI */
 
 void loom_comm_path_counts(loom_group *g, uint64_t *direct, uint64_t *staged) {
   (void)g;
   *direct = *staged = 0;
+}
+
+uint64_t loom_comm_hier_count(loom_group *g) {
+  (void)g;
+  return 0;
 }
 
 loom_status loom_comm_mpi_types(loom_dtype dt, loom_redop op, void *mpi_dtype,

@@ -106,7 +106,8 @@ loom_comm_opts loom_comm_opts_default(void) {
                       .check = false,
                       .abort_on_timeout = true,
                       .shm = true,
-                      .chunk_bytes = 256 * 1024};
+                      .chunk_bytes = 256 * 1024,
+                      .hier = true};
   const char *v = getenv("LOOM_COMM_BACKEND");
   if (v && *v) {
     int i = 0;
@@ -122,6 +123,7 @@ loom_comm_opts loom_comm_opts_default(void) {
   o.check = env_flag("LOOM_COMM_CHECK", o.check);
   o.abort_on_timeout = env_flag("LOOM_COMM_ABORT", o.abort_on_timeout);
   o.shm = env_flag("LOOM_COMM_SHM", o.shm);
+  o.hier = env_flag("LOOM_COMM_HIER", o.hier);
   o.chunk_bytes = env_bytes("LOOM_COMM_CHUNK", o.chunk_bytes);
   return o;
 }
@@ -1068,6 +1070,7 @@ const char *loom_group_backend(const loom_group *g) {
   return g ? g->ctx->be->name : "none";
 }
 bool loom_group_shm(const loom_group *g) { return g && g->shm; }
+bool loom_group_hier(const loom_group *g) { return g && g->hier; }
 
 loom_status loom_group_error(loom_group *g) {
   if (!g || !atomic_load(&g->broken))

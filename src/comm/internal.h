@@ -73,6 +73,7 @@ struct loom_group {
   int rank, size, local_rank, local_size;
   bool is_world;
   bool shm;          /* the shared-memory data path is on */
+  bool hier;         /* all-reduces go hierarchically (hier.c) */
   int refs;          /* world: loom_group_world calls not yet freed */
   char label[96];    /* "world", "world/split2(color 0)" */
   uint64_t next_seq; /* comm thread: sequence of the next collective */
@@ -210,6 +211,26 @@ atomic_uint *loom_shm_bell(loom_shm *s);
 void loom_shm_ring(atomic_uint *bell);
 void loom_shm_stuck(loom_shm *s, loom_op *op, char *buf, size_t n);
 void loom_shm_counts(const loom_shm *s, uint64_t *direct, uint64_t *staged);
+
+/* ---- hier.c: the all-reduce of a group spanning hosts (mpi backend) */
+typedef struct loom_hier loom_hier;
+/* Takes ownership of shm (the host's ranks) and of *cross (an MPI_Comm of
+ * the ranks with this local rank, one a host). */
+loom_status loom_hier_open(loom_hier **out, loom_shm *shm, void *cross,
+                           int lrank, int local_size, int hosts,
+                           size_t chunk_bytes);
+void loom_hier_close(loom_hier *h);
+bool loom_hier_takes(const loom_hier *h, const loom_op *op);
+/* 1 when op completed (op->status says how), 0 while it runs. */
+int loom_hier_start(loom_hier *h, loom_op *op);
+int loom_hier_progress(loom_hier *h, loom_op *op, bool *moved, bool *poll);
+/* The segment the operation waits on, NULL while MPI has it. */
+loom_shm *loom_hier_waiting_shm(const loom_hier *h);
+void loom_hier_stuck(loom_hier *h, char *buf, size_t n);
+uint64_t loom_hier_count(const loom_hier *h);
+
+/* All-reduces of g so far on the hierarchical path (0 without it). */
+uint64_t loom_comm_hier_count(loom_group *g);
 
 /* Collectives of g so far on the shared-memory path, direct and staged
  * (0, 0 without it). Read it on the communication thread or when the

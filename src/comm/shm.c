@@ -268,6 +268,11 @@ static void reg_info(loom_shm *s, const loom_op *op, struct shm_reg *r) {
     break;
   case LOOM_COMM_REDUCE_SCATTER:
     send_len = p * op->count * e;
+    if (op->counts) {
+      send_len = 0;
+      for (size_t j = 0; j < p; j++)
+        send_len += op->counts[j] * e;
+    }
     break;
   case LOOM_COMM_ALLGATHER:
     recv_len = p * op->count * e;
@@ -473,8 +478,15 @@ static size_t displ_of(const loom_op *op, int r) {
   return d;
 }
 
+/* Rank r's count: all-gather-v, and the reduce-scatter with counts that
+ * the hierarchical all-reduce runs inside a host (hier.c), have one each. */
 static size_t count_of(const loom_op *op, int r) {
-  return op->kind == LOOM_COMM_ALLGATHERV ? op->counts[r] : op->count;
+  return op->counts ? op->counts[r] : op->count;
+}
+
+/* Where rank r's block starts in a reduce-scatter's input. */
+static size_t block_of(const loom_op *op, int r) {
+  return op->counts ? displ_of(op, r) : (size_t)r * op->count;
 }
 
 static void setup(loom_shm *s, loom_op *op, shm_state *st) {
@@ -504,6 +516,9 @@ static void setup(loom_shm *s, loom_op *op, shm_state *st) {
   case LOOM_COMM_ALLTOALL:
     st->cm = piece_elems(s, e);
     n = op->count;
+    for (int j = 0; op->counts && j < s->size; j++)
+      if (op->counts[j] > n)
+        n = op->counts[j];
     break;
   default: /* barrier */
     st->cm = 1;
@@ -588,13 +603,14 @@ static void produce(loom_shm *s, loom_op *op, shm_state *st, uint64_t par) {
     break;
   }
   case LOOM_COMM_REDUCE_SCATTER:
-  case LOOM_COMM_ALLTOALL: {
-    size_t m = op->count > off ? min_sz(st->cm, op->count - off) : 0;
-    for (int j = 0; j < p; j++)
-      copy(dst + (size_t)j * st->cm * e,
-           src + ((size_t)j * op->count + off) * e, m * e);
+  case LOOM_COMM_ALLTOALL:
+    for (int j = 0; j < p; j++) {
+      size_t cj = count_of(op, j);
+      size_t m = cj > off ? min_sz(st->cm, cj - off) : 0;
+      copy(dst + (size_t)j * st->cm * e, src + (block_of(op, j) + off) * e,
+           m * e);
+    }
     break;
-  }
   default:
     break;
   }
@@ -626,7 +642,8 @@ static void consume(loom_shm *s, loom_op *op, shm_state *st, uint64_t par) {
     break;
   }
   case LOOM_COMM_REDUCE_SCATTER: {
-    size_t m = op->count > off ? min_sz(st->cm, op->count - off) : 0;
+    size_t cm = count_of(op, me);
+    size_t m = cm > off ? min_sz(st->cm, cm - off) : 0;
     if (m) {
       const void *in[LOOM_SHM_MAX_RANKS];
       for (int j = 0; j < p; j++)
@@ -704,11 +721,12 @@ static bool direct_work(loom_shm *s, loom_op *op, shm_state *st) {
       break;
     }
     case LOOM_COMM_REDUCE_SCATTER: {
-      if (c >= op->count)
+      size_t mine = count_of(op, me);
+      if (c >= mine)
         return true;
-      m = min_sz(DIRECT_BLOCK, op->count - c);
+      m = min_sz(DIRECT_BLOCK, mine - c);
       for (int j = 0; j < p; j++)
-        in[j] = s->psend[j] + ((size_t)me * op->count + c) * e;
+        in[j] = s->psend[j] + (block_of(op, me) + c) * e;
       loom_comm_reduce((char *)op->recv + c * e, in, p, m, op->dtype, op->redop,
                        p);
       break;

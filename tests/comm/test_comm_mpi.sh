@@ -20,9 +20,15 @@ for np in 1 2 3 4; do
   run "$np" LOOM_COMM_SHM=1
 done
 run 2 LOOM_COMM_SHM=0
+# Two hosts of two ranks (consecutive ranks as hosts): the all-reduce goes
+# through both hosts' shared memory and MPI between them.
+run 4 LOOM_COMM_FAKE_HOSTS=2
 if [ -z "${LOOM_TEST_SANITIZED:-}" ]; then
   run 3 LOOM_COMM_SHM=0
   run 3 LOOM_COMM_CHUNK=4096
+  run 4 LOOM_COMM_FAKE_HOSTS=2 LOOM_COMM_CHUNK=4096
+  run 4 LOOM_COMM_FAKE_HOSTS=4
+  run 6 LOOM_COMM_FAKE_HOSTS=3
   run 2 LOOM_COMM_CHECK=0
 else
   run 2 LOOM_COMM_CHUNK=4096
