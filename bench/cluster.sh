@@ -8,10 +8,13 @@
 # MPI_Allreduce, all on the same buffers in the same run, flat and
 # hierarchical alternating ROUNDS times (the best of each is kept). busbw
 # against the link rate says how much of the wire a large all-reduce uses.
-# Needs root.
+# Then DDP training of kjv-gpt (DDP_MODEL) on HOSTS x 2 ranks: loom flat,
+# loom hierarchical and PyTorch DDP (gloo; its processes started on each
+# host with env://), tokens/s, alternating ROUNDS times. Needs root.
 #   usage: bench/cluster.sh [BUILD_DIR]   env: RATES ("1gbit 200mbit"),
 #          HOSTS ("2"), SIZES (1M,16M,64M), LAYOUTS ("1 2": ranks a host),
-#          ROUNDS (2)
+#          ROUNDS (2), DDP (1; 0 skips the training part), DDP_MODEL
+#          (kjv-gpt), DDP_STEPS (15), NO_TORCH=1 (loom only)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 BUILD=${1:-$LOOM_ROOT/build}
@@ -67,5 +70,76 @@ for rate in $RATES; do
             bf = k / best[k, "flat"] / 1e3 * f; bh = k / best[k, "hier"] / 1e3 * f; bm = k / mpi[k] / 1e3 * f
             printf "%12d | %6.3f | %6.3f | %6.3f | %5.2fx\n", k, bf, bh, bm, bh / bf } }' "$tmp/all"
     done
+  done
+done
+
+[ "${DDP:-1}" = 1 ] || exit 0
+# ---- DDP training across the hosts: loom (flat, hierarchical), PyTorch.
+BENCH="$BUILD/tests/parallel/ddp_bench"
+[ -x "$BENCH" ] || { echo "bench/cluster: no $BENCH (make build)" >&2; exit 1; }
+torch=0
+bench_torch_peer && torch=1
+bench_fair_env 1
+M=${DDP_MODEL:-kjv-gpt} STEPS=${DDP_STEPS:-15}
+loom_ddp() { # HOSTS HIER: rank 0's JSON line
+  local h=$1 list="" i
+  for i in $(seq 1 "$h"); do list="$list${list:+,}host$i:2"; done
+  on_host 1 env LOOM_COMM_HIER="$2" "$LOOM" run --hosts "$list" -n $((2 * h)) --threads 1 \
+    "$BENCH" --model "$M" --steps "$STEPS" 2>/dev/null | grep '^{' | tail -1
+}
+torch_ddp() { # HOSTS: PyTorch DDP (gloo), 2 processes a host, env:// at host1
+  local h=$1 k r port=$((29000 + $$ % 1000)) pids=()
+  for k in $(seq 1 "$h"); do
+    for r in 0 1; do
+      local rank=$(((k - 1) * 2 + r))
+      [ $rank = 0 ] && continue
+      on_host "$k" env RANK=$rank LOCAL_RANK=$r WORLD_SIZE=$((2 * h)) MASTER_ADDR=10.79.0.11 \
+        MASTER_PORT=$port GLOO_SOCKET_IFNAME=lnk0 OMP_WAIT_POLICY=PASSIVE \
+        "$TORCH_PYTHON" "$BENCH_DIR/torch/ddp_scaling.py" --worker --model "$M" --threads 1 \
+        --steps "$STEPS" --timeout 300 >/dev/null 2>&1 &
+      pids+=($!)
+    done
+  done
+  on_host 1 env RANK=0 LOCAL_RANK=0 WORLD_SIZE=$((2 * h)) MASTER_ADDR=10.79.0.11 \
+    MASTER_PORT=$port GLOO_SOCKET_IFNAME=lnk0 OMP_WAIT_POLICY=PASSIVE \
+    "$TORCH_PYTHON" "$BENCH_DIR/torch/ddp_scaling.py" --worker --model "$M" --threads 1 \
+    --steps "$STEPS" --timeout 300 2>/dev/null | grep '^{' | tail -1
+  wait "${pids[@]}" 2>/dev/null || true
+}
+echo "# DDP $M across emulated hosts, 2 ranks a host x 1 thread: ${TORCH_PEER:-PyTorch: skipped}"
+for rate in $RATES; do
+  for h in $HOSTS; do
+    hosts_down
+    hosts_up "$h" "$rate"
+    : >"$tmp/ddp"
+    for r in $(seq "$ROUNDS"); do
+      echo "flat $(loom_ddp "$h" 0)" >>"$tmp/ddp"
+      echo "hier $(loom_ddp "$h" 1)" >>"$tmp/ddp"
+      [ $torch = 1 ] && echo "torch $(torch_ddp "$h")" >>"$tmp/ddp"
+    done
+    python3 - "$tmp/ddp" "$rate" "$h" <<'PY'
+import json, sys
+best = {}
+for line in open(sys.argv[1]):
+    side, _, js = line.partition(" ")
+    try:
+        r = json.loads(js)
+    except ValueError:
+        print(f"# {side}: a round failed", file=sys.stderr)
+        continue
+    t = r.get("throughput", 0)
+    if t > best.get(side, (0, None))[0]:
+        best[side] = (t, r)
+unit = next((r.get("unit", "items") for _, r in best.values()), "items")
+print(f"## {sys.argv[2]}, {sys.argv[3]} hosts x 2: best round, {unit}/s")
+for side in ("flat", "hier", "torch"):
+    if side in best:
+        print(f"{side:6s} {best[side][0]:12,.0f}")
+if "hier" in best and "flat" in best:
+    print(f"hierarchical / flat {best['hier'][0] / best['flat'][0]:.2f}x")
+if "torch" in best:
+    top = max(best.get("hier", (0,))[0], best.get("flat", (0,))[0])
+    print(f"loom (better of the two) / PyTorch DDP {top / best['torch'][0]:.2f}x")
+PY
   done
 done

@@ -621,6 +621,15 @@ static loom_status open_rank_log(loom_trainer *t) {
   gethostname(host, sizeof host - 1);
   loom_log_file("---- rank %d of %d on %s, pid %ld: a new attempt", t->rank,
                 t->nranks, host, (long)getpid());
+  if (t->world)
+    loom_log_file("comm: backend %s, %d of the %d ranks on this host; %s",
+                  loom_group_backend(t->world), loom_group_local_size(t->world),
+                  t->nranks,
+                  loom_group_hier(t->world)
+                      ? "all-reduce hierarchical (shared memory inside the "
+                        "host, MPI between hosts)"
+                  : loom_group_shm(t->world) ? "shared memory between the ranks"
+                                             : "MPI between the ranks");
   return LOOM_OK;
 }
 
