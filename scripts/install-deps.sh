@@ -25,6 +25,10 @@ PKGS=(
   openmpi-bin            # mpirun, used by loom run
   libmpich-dev           # MPICH, the second MPI CI builds against
   mpich                  # MPICH's mpiexec (hydra)
+  munge                  # SLURM's authentication (tests/cluster/slurm.sh starts its own munged)
+  slurmctld              # SLURM's controller (started by hand in the test, not by apt)
+  slurmd                 # SLURM's node daemon (likewise)
+  slurm-client           # sbatch, srun, squeue, scontrol (examples/slurm/train.sbatch)
   dataset-fashion-mnist  # Fashion-MNIST images (fashion-mlp, fashion-cnn)
   bible-kjv-text         # the King James Bible (kjv-gpt)
   bible-kjv              # its reader, which prints the text
@@ -62,6 +66,7 @@ for _ in $(seq 1 120); do
   if ! fuser /var/lib/dpkg/lock-frontend >/dev/null 2>&1; then break; fi
   sleep 1
 done
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# The lock may be taken again between the check above and apt: apt waits.
+$SUDO apt-get -o DPkg::Lock::Timeout=600 update -qq
+$SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}"
 pyenv

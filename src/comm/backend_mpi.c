@@ -372,6 +372,8 @@ static loom_status check_launcher_size(void) {
                       "mpirun of that MPI, or with `loom run`",
                       n, vars[i], v, size, lib[0] ? lib : "another MPI");
   }
+  if (size == 1)
+    return loom_comm_check_srun_alone(loom_comm_mpi_impl());
   return LOOM_OK;
 }
 

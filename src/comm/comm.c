@@ -139,6 +139,38 @@ static bool launched_by_mpi(void) {
   return false;
 }
 
+loom_status loom_comm_check_srun_alone(const char *mpi_lib) {
+  /* mpirun and mpiexec inside an allocation say the world's size
+   * themselves; their ranks keep the variables of the srun step that
+   * started the daemons (SLURM_PROCID is 0 for every rank), which say
+   * nothing about the world. */
+  if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE"))
+    return LOOM_OK;
+  const char *v = getenv("SLURM_STEP_NUM_TASKS");
+  if (!v || !*v)
+    return LOOM_OK;
+  char *end = NULL;
+  long n = strtol(v, &end, 10);
+  if (*end != '\0' || n <= 1)
+    return LOOM_OK;
+  if (strcmp(mpi_lib, "none") == 0)
+    return loom_error(LOOM_ERR_UNSUPPORTED,
+                      "srun started %ld tasks (SLURM_STEP_NUM_TASKS=%s) but "
+                      "this loom was built without MPI: they would train as "
+                      "%ld separate one-rank jobs; rebuild with "
+                      "-DLOOM_MPI=openmpi or mpich",
+                      n, v, n);
+  const bool mpich = strcmp(mpi_lib, "mpich") == 0;
+  return loom_error(LOOM_ERR_MISMATCH,
+                    "srun started %ld tasks (SLURM_STEP_NUM_TASKS=%s) but "
+                    "this one is alone in its world: srun gave it no process "
+                    "management interface that %s speaks, and %ld separate "
+                    "one-rank jobs would train side by side; start it with "
+                    "srun --mpi=%s, or with `loom run`",
+                    n, v, mpich ? "MPICH" : "Open MPI", n,
+                    mpich ? "pmi2" : "pmix");
+}
+
 /* ------------------------------------------------------ the thread loop */
 
 /* After op's DONE store (op itself is not touched: only its address is
@@ -509,6 +541,12 @@ loom_status loom_group_world(const loom_comm_opts *opts, loom_group **out) {
                         "with -DLOOM_MPI=openmpi or mpich");
     }
 #endif
+  } else if (o.backend == LOOM_COMM_AUTO) {
+    loom_status ss = loom_comm_check_srun_alone(loom_comm_mpi_impl());
+    if (ss != LOOM_OK) {
+      pthread_mutex_unlock(&g_lock);
+      return ss;
+    }
   }
   if (o.chunk_bytes < 4096)
     o.chunk_bytes = 4096;

@@ -156,6 +156,12 @@ struct loom_comm_ctx {
   loom_op *fl_head, *fl_tail; /* taken from the queue, not finished */
 };
 
+/* ---- comm.c */
+/* A process that srun started as one of N > 1 tasks, yet alone in its
+ * world (no launcher variables of an MPI: srun gave it no PMI, or one its
+ * MPI does not speak): LOOM_ERR_MISMATCH naming the fix; else LOOM_OK. */
+loom_status loom_comm_check_srun_alone(const char *mpi_lib);
+
 /* ---- reduce.c */
 /* out = in[0] op in[1] op ... in[k-1] elementwise, in that order; avg
  * divides by div. out may alias any input. bf16/f16 accumulate in f32. */

@@ -524,6 +524,20 @@ static int env_count(const char *name) {
   return (int)n; /* SLURM_CPUS_ON_NODE may read "4(x2)": the leading count */
 }
 
+/* Inside a SLURM allocation (sbatch, salloc, or a step of one). */
+static bool in_slurm(void) {
+  const char *j = getenv("SLURM_JOB_ID");
+  return j && *j;
+}
+
+/* The allocation's nodes (1 when SLURM does not say). */
+static int slurm_nodes(void) {
+  int n = env_count("SLURM_NNODES");
+  if (n < 1)
+    n = env_count("SLURM_JOB_NUM_NODES");
+  return n < 1 ? 1 : n;
+}
+
 /* The hosts of --hosts or --hostfile into *hs; the number of ranks, within
  * --min-np/--max-np (elastic: as many as the hosts offer now). -1 when
  * there are too few. */
@@ -546,8 +560,9 @@ static int plan_ranks(const run_opts *o, host_slots *hs, bool *have_hosts,
   if (np == 0) {
     if (*have_hosts)
       np = *slots;
-    else if (getenv("SLURM_JOB_ID"))
-      np = env_count("SLURM_NTASKS");
+    else if (in_slurm()) /* srun's own default: one task per node */
+      np = env_count("SLURM_NTASKS") > 0 ? env_count("SLURM_NTASKS")
+                                         : slurm_nodes();
     if (np <= 0)
       np = 1;
   }
@@ -569,33 +584,39 @@ static launcher choose_launcher(const run_opts *o, int np, bool have_hosts) {
     return o->launch;
   if (np == 1 && !have_hosts)
     return LAUNCH_DIRECT;
-  if (getenv("SLURM_JOB_ID") && !have_hosts)
+  if (in_slurm() && !have_hosts)
     return LAUNCH_SRUN;
   return LAUNCH_MPIRUN;
 }
 
-/* Threads per rank: this host's cores shared by the ranks it runs (unless
- * --threads), set for the ranks as LOOM_THREADS, OMP_NUM_THREADS and
- * OPENBLAS_NUM_THREADS; with the attempt and the rank count. Returns the
- * ranks per host and this host's cores. */
+/* Threads per rank: the CPUs SLURM gave each task (SLURM_CPUS_PER_TASK,
+ * from --cpus-per-task), else this host's cores shared by the ranks it runs
+ * (unless --threads), set for the ranks as LOOM_THREADS, OMP_NUM_THREADS
+ * and OPENBLAS_NUM_THREADS; with the attempt and the rank count. Returns
+ * the ranks per host and this host's cores. */
 static void plan_threads(const run_opts *o, launcher l, const host_slots *hs,
                          bool have_hosts, int np, int attempt, int *per_host,
                          int *cores) {
+  /* srun and an mpirun inside an allocation spread the ranks over its
+   * nodes (block distribution: at most this many on one). */
+  const bool slurm = in_slurm() && !have_hosts;
   *per_host = np;
   if (l == LAUNCH_DIRECT) {
     *per_host = 1;
   } else if (have_hosts) {
     *per_host = max_ranks_per_host(hs, np);
-  } else if (l == LAUNCH_SRUN) {
-    int nodes = env_count("SLURM_NNODES");
-    if (nodes < 1)
-      nodes = 1;
+  } else if (slurm) {
+    int nodes = slurm_nodes();
     *per_host = (np + nodes - 1) / nodes;
   }
   *cores = loom_cores();
-  if (l == LAUNCH_SRUN && env_count("SLURM_CPUS_ON_NODE") > 0)
+  if (slurm && l != LAUNCH_DIRECT && env_count("SLURM_CPUS_ON_NODE") > 0)
     *cores = env_count("SLURM_CPUS_ON_NODE");
-  int threads = o->threads ? o->threads : *cores / *per_host;
+  int threads = *cores / *per_host;
+  if (slurm && env_count("SLURM_CPUS_PER_TASK") > 0)
+    threads = env_count("SLURM_CPUS_PER_TASK");
+  if (o->threads)
+    threads = o->threads;
   if (threads < 1)
     threads = 1;
   char buf[32];
@@ -603,7 +624,10 @@ static void plan_threads(const run_opts *o, launcher l, const host_slots *hs,
   set_default("LOOM_THREADS", buf);
   set_default("OMP_NUM_THREADS", buf);
   set_default("OPENBLAS_NUM_THREADS", buf);
-  snprintf(buf, sizeof buf, "%d", attempt);
+  /* A job SLURM requeued (a node failed, preemption, scontrol requeue) is
+   * a restart too: its count goes on from SLURM_RESTART_COUNT. */
+  snprintf(buf, sizeof buf, "%d",
+           attempt + (in_slurm() ? env_count("SLURM_RESTART_COUNT") : 0));
   setenv("LOOM_RESTART_COUNT", buf, 1);
   snprintf(buf, sizeof buf, "%d", np);
   setenv("LOOM_RUN_NP", buf, 1);
@@ -682,10 +706,14 @@ static int build_plan(const run_opts *o, int attempt, argv_buf *cmd,
   pi->np = np;
   pi->slots = slots;
   pi->local = 0;
-  if (l == LAUNCH_DIRECT || (l == LAUNCH_MPIRUN && !have_hosts))
+  if (l == LAUNCH_DIRECT)
     pi->local = np;
   else if (have_hosts && l == LAUNCH_MPIRUN)
     pi->local = local_ranks(&hs, np, &all_local);
+  else if (in_slurm() && slurm_nodes() > 1)
+    all_local = false; /* srun or mpirun spread them: how many here? */
+  else
+    pi->local = np; /* mpirun here, or srun in a one-node allocation */
   int per_host, cores;
   plan_threads(o, l, &hs, have_hosts, np, attempt, &per_host, &cores);
   char nps[32];
@@ -703,6 +731,15 @@ static int build_plan(const run_opts *o, int attempt, argv_buf *cmd,
     push(cmd, "--kill-on-bad-exit=1");
     /* Open MPI talks PMIx, MPICH PMI-2; the wrong one gives singletons. */
     push(cmd, impl == MPI_MPICH ? "--mpi=pmi2" : "--mpi=pmix");
+    /* srun of SLURM 22.05 does not take --cpus-per-task from the
+     * allocation (23.11 does again): without it each task is given one
+     * CPU, and where tasks are bound to their CPUs the threads share it. */
+    if (env_count("SLURM_CPUS_PER_TASK") > 0) {
+      char c[48];
+      snprintf(c, sizeof c, "--cpus-per-task=%d",
+               env_count("SLURM_CPUS_PER_TASK"));
+      push(cmd, c);
+    }
     break;
   case LAUNCH_MPIRUN: {
     const char *mr = o->mpirun ? o->mpirun : default_mpirun(impl);
