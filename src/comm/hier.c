@@ -6,9 +6,16 @@
  * sends 1/L of the buffer, the host's L ranks in parallel, where the flat
  * algorithm runs one ring or tree of all ranks across the links.
  *
+ * Between hosts the piece goes around a ring of the H ranks that hold it
+ * (reduce-scatter, then all-gather, H-1 steps each, MPI_Isend/MPI_Irecv):
+ * every rank sends and receives 2(H-1)/H of its piece, both directions of
+ * every link busy at once. MPI's own nonblocking all-reduce (Open MPI's
+ * libnbc) reduces to a root and broadcasts for fewer than 4 ranks, which
+ * uses one direction at a time: half the link.
+ *
  * Every rank ends with the same bits: each piece is reduced inside a host by
- * one rank, between hosts by MPI's all-reduce (the same result on every
- * member), then copied. The order of the sum differs from the flat
+ * one rank, each segment of it between hosts along the ring in a fixed
+ * order, then copied. The order of the sum differs from the flat
  * algorithm's (as MPI's own algorithms differ by size), so results agree to
  * rounding; deterministic DDP never depends on it (its tree reduces pairs). */
 #include "internal.h"
@@ -20,12 +27,15 @@
 #include <stdio.h>
 #include <string.h>
 
-/* The buffer goes in blocks, pipelined: while MPI carries block k between
- * hosts, the host reduces block k+1 and gathers block k-1. Each local rank's
- * piece of a block is one MPI all-reduce of LOOM_COMM_CHUNK x 4 bytes, the
- * size the flat path posts. The host's steps run in one fixed order on every
- * rank (RS 0, RS 1, AG 0, RS 2, AG 1, ...), whatever the timing. */
-#define HIER_AHEAD 2 /* blocks reduced ahead of the gather (MPI in flight) */
+/* The buffer goes in blocks, pipelined: while MPI carries blocks k..k+3
+ * between hosts, the host reduces the next and gathers the oldest. Each
+ * local rank's piece of a block is LOOM_COMM_CHUNK bytes (256 KiB): on
+ * 2 emulated hosts x 2 ranks at 200 Mbit/s and 1 Gbit/s, 1 MiB pieces kept
+ * the links 10-20% less busy (a ring step waits for its whole segment), and
+ * fewer blocks ahead left them idle between steps. The host's steps run in
+ * one fixed order on every rank (RS 0..3, AG 0, RS 4, AG 1, ...), whatever
+ * the timing. */
+#define HIER_AHEAD 4 /* blocks reduced ahead of the gather (MPI in flight) */
 
 struct loom_hier {
   loom_shm *shm;  /* this host's ranks */
@@ -41,7 +51,14 @@ struct loom_hier {
   size_t *counts; /* [L] the local ranks' pieces of sub's block */
   size_t block;   /* elements a block */
   size_t nblocks, next_rs, next_ag; /* blocks; next of each step */
-  MPI_Request req[HIER_AHEAD];      /* block k's inter-host all-reduce */
+  /* Blocks between hosts, block k in flight[k % HIER_AHEAD]. */
+  struct flight {
+    int step;          /* ring steps done: H-1 reduce, H-1 gather */
+    bool posted;       /* this step's send and receive are posted */
+    MPI_Request rq[2]; /* send, receive */
+    char *tmp;         /* a segment received to be reduced */
+    size_t tmp_bytes;
+  } flight[HIER_AHEAD];
 };
 
 loom_status loom_hier_open(loom_hier **out, loom_shm *shm, void *cross,
@@ -62,7 +79,7 @@ loom_status loom_hier_open(loom_hier **out, loom_shm *shm, void *cross,
   h->chunk_bytes = chunk_bytes;
   h->counts = counts;
   for (int w = 0; w < HIER_AHEAD; w++)
-    h->req[w] = MPI_REQUEST_NULL;
+    h->flight[w].rq[0] = h->flight[w].rq[1] = MPI_REQUEST_NULL;
   *out = h;
   return LOOM_OK;
 }
@@ -74,6 +91,10 @@ void loom_hier_close(loom_hier *h) {
   if (h->cross != MPI_COMM_NULL)
     MPI_Comm_free(&h->cross);
   loom_free(h->counts);
+  for (int w = 0; w < HIER_AHEAD; w++) {
+    loom_free(h->flight[w].tmp);
+    loom_mem_sub(LOOM_MEM_COMM, h->flight[w].tmp_bytes);
+  }
   loom_free(h);
 }
 
@@ -104,20 +125,28 @@ static void block_of(const loom_hier *h, const loom_op *op, size_t k,
   *len = op->count - *lo < h->block ? op->count - *lo : h->block;
 }
 
-/* Fills counts with the local ranks' pieces of block k (on cache lines;
- * the last ones may be short or empty); returns this rank's offset. */
-static size_t pieces(loom_hier *h, const loom_op *op, size_t k) {
+/* Local rank i's piece of block k (on cache lines; the last ones may be
+ * short or empty): its first element in the buffer and its length. */
+static void piece_of(const loom_hier *h, const loom_op *op, size_t k, int i,
+                     size_t *at, size_t *n) {
   size_t e = loom_dtype_size(op->dtype), lo, len;
   block_of(h, op, k, &lo, &len);
   size_t align = 64 / e ? 64 / e : 1;
   size_t seg = (len + (size_t)h->L - 1) / (size_t)h->L;
   seg = (seg + align - 1) / align * align;
-  size_t mine = 0;
+  size_t from = (size_t)i * seg < len ? (size_t)i * seg : len;
+  *at = lo + from;
+  *n = len - from < seg ? len - from : seg;
+}
+
+/* Fills counts with the local ranks' pieces of block k (for the host's
+ * step about to start; never while one runs); returns this rank's offset. */
+static size_t pieces(loom_hier *h, const loom_op *op, size_t k) {
+  size_t mine = 0, at;
   for (int i = 0; i < h->L; i++) {
-    size_t at = (size_t)i * seg < len ? (size_t)i * seg : len;
-    h->counts[i] = len - at < seg ? len - at : seg;
+    piece_of(h, op, k, i, &at, &h->counts[i]);
     if (i == h->lrank)
-      mine = lo + at;
+      mine = at;
   }
   return mine;
 }
@@ -150,45 +179,115 @@ static void enter_sub(loom_hier *h, const loom_op *op, size_t k, bool rs) {
   h->sub_rs = rs;
 }
 
-/* Posts block k's piece between hosts (nothing when it is empty). */
-static int post_cross(loom_hier *h, loom_op *op, size_t k) {
-  MPI_Request *rq = &h->req[k % HIER_AHEAD];
-  *rq = MPI_REQUEST_NULL;
-  size_t mine = pieces(h, op, k), n = h->counts[h->lrank];
-  if (h->H < 2 || n == 0)
-    return 0;
-  MPI_Datatype t;
-  MPI_Op o;
-  if (loom_comm_mpi_types(op->dtype, summed(op->redop), &t, &o) != LOOM_OK) {
+/* Segment j of H of a piece of n elements. */
+static void segment(size_t n, int H, int j, size_t *lo, size_t *len) {
+  size_t seg = (n + (size_t)H - 1) / (size_t)H;
+  *lo = (size_t)j * seg < n ? (size_t)j * seg : n;
+  *len = n - *lo < seg ? n - *lo : seg;
+}
+
+/* Posts ring step f->step of block k: reduce-scatter steps send segment
+ * (r - s) and receive (r - s - 1) into tmp; all-gather steps send
+ * (r + 1 - t) and receive (r - t) in place. */
+static int post_step(loom_hier *h, loom_op *op, size_t k) {
+  struct flight *f = &h->flight[k % HIER_AHEAD];
+  size_t e = loom_dtype_size(op->dtype), mine, n;
+  piece_of(h, op, k, h->lrank, &mine, &n);
+  char *piece = (char *)op->recv + mine * e;
+  int H = h->H, r = 0;
+  MPI_Comm_rank(h->cross, &r);
+  bool rs = f->step < H - 1;
+  int t = rs ? f->step : f->step - (H - 1);
+  int sj = rs ? r - t : r + 1 - t, rj = rs ? r - t - 1 : r - t;
+  sj = ((sj % H) + H) % H;
+  rj = ((rj % H) + H) % H;
+  size_t slo, slen, rlo, rlen;
+  segment(n, H, sj, &slo, &slen);
+  segment(n, H, rj, &rlo, &rlen);
+  if (rs && f->tmp_bytes < rlen * e) {
+    loom_free(f->tmp);
+    loom_mem_sub(LOOM_MEM_COMM, f->tmp_bytes);
+    f->tmp = loom_malloc(rlen * e);
+    f->tmp_bytes = f->tmp ? rlen * e : 0;
+    loom_mem_add(LOOM_MEM_COMM, f->tmp_bytes);
+    if (!f->tmp) {
+      loom_comm_op_fail(op, LOOM_ERR_NOMEM,
+                        "allreduce between hosts: no "
+                        "memory for a segment");
+      return 1;
+    }
+  }
+  MPI_Datatype dt;
+  if (loom_comm_mpi_types(op->dtype, LOOM_SUM, &dt, NULL) != LOOM_OK) {
     loom_comm_op_fail(op, LOOM_ERR_UNSUPPORTED, "%s", loom_last_error());
     return 1;
   }
-  char *piece = (char *)op->recv + mine * loom_dtype_size(op->dtype);
-  int rc = MPI_Iallreduce(MPI_IN_PLACE, piece, (int)n, t, o, h->cross, rq);
-  return rc == MPI_SUCCESS ? 0 : fail(op, rc, "MPI_Iallreduce");
+  /* One tag a block slot and step: both ends post them in the same order. */
+  int tag = 1000 +
+            (int)((k % HIER_AHEAD) * (size_t)(2 * H) + (size_t)f->step) % 30000;
+  int rc = MPI_Irecv(rs ? (void *)f->tmp : piece + rlo * e, (int)rlen, dt,
+                     (r - 1 + H) % H, tag, h->cross, &f->rq[1]);
+  if (rc == MPI_SUCCESS)
+    rc = MPI_Isend(piece + slo * e, (int)slen, dt, (r + 1) % H, tag, h->cross,
+                   &f->rq[0]);
+  if (rc != MPI_SUCCESS)
+    return fail(op, rc, "ring step");
+  f->posted = true;
+  return 0;
 }
 
-/* Whether block k's inter-host all-reduce is over; -1 on an error. */
+/* Starts block k between hosts (nothing to do for an empty piece). */
+static int post_cross(loom_hier *h, loom_op *op, size_t k) {
+  struct flight *f = &h->flight[k % HIER_AHEAD];
+  f->step = 0;
+  f->posted = false;
+  f->rq[0] = f->rq[1] = MPI_REQUEST_NULL;
+  size_t mine, n;
+  piece_of(h, op, k, h->lrank, &mine, &n);
+  if (h->H < 2 || n == 0) {
+    f->step = 2 * (h->H - 1);
+    return 0;
+  }
+  return post_step(h, op, k);
+}
+
+/* Advances block k's ring; 1 once it is over, 0 while it runs, -1 on an
+ * error (op failed). */
 static int cross_done(loom_hier *h, loom_op *op, size_t k, bool *moved) {
-  MPI_Request *rq = &h->req[k % HIER_AHEAD];
-  if (*rq == MPI_REQUEST_NULL)
-    return 1;
-  int flag = 0;
-  int rc = MPI_Test(rq, &flag, MPI_STATUS_IGNORE);
-  if (rc != MPI_SUCCESS) {
-    fail(op, rc, "MPI_Test");
-    return -1;
-  }
-  if (flag) {
-    *rq = MPI_REQUEST_NULL;
+  struct flight *f = &h->flight[k % HIER_AHEAD];
+  int H = h->H;
+  while (f->step < 2 * (H - 1)) {
+    int flag = 0;
+    int rc = MPI_Testall(2, f->rq, &flag, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      fail(op, rc, "ring step");
+      return -1;
+    }
+    if (!flag)
+      return 0;
     *moved = true;
+    if (f->step < H - 1) { /* add the received segment to ours */
+      size_t e = loom_dtype_size(op->dtype);
+      size_t mine, n, lo, len;
+      piece_of(h, op, k, h->lrank, &mine, &n);
+      int r = 0;
+      MPI_Comm_rank(h->cross, &r);
+      segment(n, H, (((r - f->step - 1) % H) + H) % H, &lo, &len);
+      char *at = (char *)op->recv + (mine + lo) * e;
+      const void *in[2] = {at, f->tmp};
+      loom_comm_reduce(at, in, 2, len, op->dtype, summed(op->redop), 1);
+    }
+    f->step++;
+    f->posted = false;
+    if (f->step < 2 * (H - 1) && post_step(h, op, k))
+      return -1;
   }
-  return flag;
+  return 1;
 }
 
 static bool cross_in_flight(const loom_hier *h) {
   for (int w = 0; w < HIER_AHEAD; w++)
-    if (h->req[w] != MPI_REQUEST_NULL)
+    if (h->flight[w].posted)
       return true;
   return false;
 }
@@ -240,7 +339,7 @@ int loom_hier_progress(loom_hier *h, loom_op *op, bool *moved, bool *poll) {
 
 int loom_hier_start(loom_hier *h, loom_op *op) {
   size_t e = loom_dtype_size(op->dtype);
-  size_t piece = h->chunk_bytes * 4 / e;
+  size_t piece = h->chunk_bytes / e;
   if (piece > (size_t)INT_MAX / 2)
     piece = (size_t)INT_MAX / 2;
   if (piece < 64)
@@ -250,7 +349,7 @@ int loom_hier_start(loom_hier *h, loom_op *op) {
   h->next_rs = h->next_ag = 0;
   h->sub_on = false;
   for (int w = 0; w < HIER_AHEAD; w++)
-    h->req[w] = MPI_REQUEST_NULL;
+    h->flight[w].posted = false;
   bool moved = false, poll = false;
   return loom_hier_progress(h, op, &moved, &poll);
 }
