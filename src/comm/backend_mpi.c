@@ -29,6 +29,8 @@ typedef struct mpi_ctx {
   MPI_Op half_op[LOOM_REDOP_COUNT];
   uint64_t shm_made; /* segments created by this process (unique names) */
   int fake_host;     /* LOOM_COMM_FAKE_HOSTS: this rank's host, else -1 */
+  unsigned nonce;    /* in segment names: a killed job's leftover of the
+                        same pid (recycled) is not in the way */
 } mpi_ctx;
 static mpi_ctx G; /* one per process; touched only by the comm thread */
 
@@ -190,7 +192,7 @@ static loom_shm *open_shm(loom_comm_ctx *ctx, MPI_Comm comm, int rank, int size,
   int ok = 1;
   loom_shm *shm = NULL;
   if (rank == 0) {
-    snprintf(name, sizeof name, "/loom-%d-%llu", (int)getpid(),
+    snprintf(name, sizeof name, "/loom-%d-%08x-%llu", (int)getpid(), G.nonce,
              (unsigned long long)G.shm_made++);
     if (loom_shm_open(&shm, name, true, 0, size, ctx->opts.chunk_bytes,
                       ctx->oversubscribed) != LOOM_OK) {
@@ -463,6 +465,9 @@ static loom_status mpi_init(loom_comm_ctx *ctx, loom_group *world) {
   ctx->oversubscribed = lsize > loom_cores();
   ctx->bctx = &G;
   G.fake_host = fake_host(comm);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  G.nonce = (unsigned)ts.tv_nsec ^ ((unsigned)ts.tv_sec << 20);
   return setup_group(ctx, world, comm);
 }
 
@@ -560,8 +565,8 @@ static int mem_alloc_start(loom_group *g, loom_op *op) {
     return 1;
   }
   memset(&mg->mine_rec, 0, sizeof mg->mine_rec);
-  snprintf(mg->mine_rec.name, sizeof mg->mine_rec.name, "/loom-%d-m%llu",
-           (int)getpid(), (unsigned long long)G.shm_made++);
+  snprintf(mg->mine_rec.name, sizeof mg->mine_rec.name, "/loom-%d-%08x-m%llu",
+           (int)getpid(), G.nonce, (unsigned long long)G.shm_made++);
   mg->mine_rec.bytes = bytes;
   if (loom_shm_map(mg->mine_rec.name, bytes, true, &op->recv) != LOOM_OK) {
     LOOM_WARN("comm: no shared memory for mem_alloc on group %s: %s", g->label,
