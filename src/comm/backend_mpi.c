@@ -31,6 +31,8 @@ typedef struct mpi_ctx {
   int fake_host;     /* LOOM_COMM_FAKE_HOSTS: this rank's host, else -1 */
   unsigned nonce;    /* in segment names: a killed job's leftover of the
                         same pid (recycled) is not in the way */
+  bool env_init;     /* LOOM_INIT=env://: the world was grown (envinit.c);
+                        a host's ranks are found by host name */
 } mpi_ctx;
 static mpi_ctx G; /* one per process; touched only by the comm thread */
 
@@ -66,6 +68,8 @@ _Static_assert(sizeof(mpi_state) <= sizeof(((loom_op *)0)->bstate),
                "mpi state fits the request");
 
 static mpi_state *ms_of(loom_op *op) { return (mpi_state *)(void *)op->bstate; }
+
+static int split_local(MPI_Comm comm, int key, MPI_Comm *out);
 
 /* --------------------------------------------------------------- types */
 
@@ -299,12 +303,7 @@ static loom_status setup_group(loom_comm_ctx *ctx, loom_group *g,
   }
   MPI_Comm_set_errhandler(mg->ctl, MPI_ERRORS_RETURN);
   MPI_Comm local;
-  /* LOOM_COMM_FAKE_HOSTS (tests): consecutive world ranks as hosts. */
-  s = mpi_status(G.fake_host >= 0
-                     ? MPI_Comm_split(comm, G.fake_host, g->rank, &local)
-                     : MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, g->rank,
-                                           MPI_INFO_NULL, &local),
-                 "MPI_Comm_split_type");
+  s = mpi_status(split_local(comm, g->rank, &local), "MPI_Comm_split_type");
   if (s != LOOM_OK)
     goto fail;
   MPI_Comm_rank(local, &g->local_rank);
@@ -400,6 +399,36 @@ static int fake_host(MPI_Comm world) {
   return rank / (size / (int)k);
 }
 
+/* The ranks of comm on this host, ordered by key: MPI's view, or the
+ * hosts of LOOM_COMM_FAKE_HOSTS (tests), or, for a world grown from
+ * env://, the ranks with this host name (Open MPI counts processes that
+ * joined by connect/accept as remote even on one host). */
+static int split_local(MPI_Comm comm, int key, MPI_Comm *out) {
+  if (G.fake_host >= 0)
+    return MPI_Comm_split(comm, G.fake_host, key, out);
+  if (!G.env_init)
+    return MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, key, MPI_INFO_NULL,
+                               out);
+  int size = 0, rank = 0, len = 0;
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_rank(comm, &rank);
+  char me[MPI_MAX_PROCESSOR_NAME] = "";
+  MPI_Get_processor_name(me, &len);
+  char *all = loom_calloc((size_t)size, MPI_MAX_PROCESSOR_NAME);
+  if (!all)
+    return MPI_ERR_NO_MEM;
+  int rc = MPI_Allgather(me, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all,
+                         MPI_MAX_PROCESSOR_NAME, MPI_CHAR, comm);
+  int color = rank;
+  for (int i = 0; rc == MPI_SUCCESS && i < size; i++)
+    if (strcmp(all + (size_t)i * MPI_MAX_PROCESSOR_NAME, me) == 0) {
+      color = i; /* the first rank of this host */
+      break;
+    }
+  loom_free(all);
+  return rc == MPI_SUCCESS ? MPI_Comm_split(comm, color, key, out) : rc;
+}
+
 static loom_status mpi_init(loom_comm_ctx *ctx, loom_group *world) {
   int inited = 0, finalized = 0, provided = 0;
   MPI_Initialized(&inited);
@@ -409,6 +438,18 @@ static loom_status mpi_init(loom_comm_ctx *ctx, loom_group *world) {
                       "MPI was already finalised; keep the world group for "
                       "the life of the process");
   memset(&G, 0, sizeof G);
+  G.env_init = ctx->env_init;
+  if (G.env_init) {
+    if (inited)
+      return loom_error(LOOM_ERR_INVALID_ARG,
+                        "LOOM_INIT=env://: MPI was already initialised; "
+                        "let loom initialise it");
+    loom_status es = loom_envinit_before_mpi();
+    if (es != LOOM_OK) {
+      loom_envinit_finish(); /* rank 0's server and its files */
+      return es;
+    }
+  }
   if (!inited) {
     /* This thread makes every MPI call, so FUNNELED is enough and keeps
      * MPI's own locking out of the data path. */
@@ -430,7 +471,7 @@ static loom_status mpi_init(loom_comm_ctx *ctx, loom_group *world) {
                         "initialise MPI)",
                         provided);
   }
-  loom_status ls = check_launcher_size();
+  loom_status ls = G.env_init ? LOOM_OK : check_launcher_size();
   if (ls != LOOM_OK) {
     if (G.we_init)
       MPI_Finalize();
@@ -449,22 +490,25 @@ static loom_status mpi_init(loom_comm_ctx *ctx, loom_group *world) {
   G.started = true;
 
   MPI_Comm comm;
-  loom_status s = mpi_status(MPI_Comm_dup(MPI_COMM_WORLD, &comm),
-                             "MPI_Comm_dup(MPI_COMM_WORLD)");
-  if (s != LOOM_OK)
+  loom_status s = G.env_init ? loom_envinit_world(&comm)
+                             : mpi_status(MPI_Comm_dup(MPI_COMM_WORLD, &comm),
+                                          "MPI_Comm_dup(MPI_COMM_WORLD)");
+  if (s != LOOM_OK) {
+    if (G.env_init)
+      loom_envinit_finish();
     return s;
+  }
+  G.fake_host = fake_host(comm);
   /* Oversubscription is decided before the segment is made: the shared
    * path yields at once when ranks outnumber cores. */
   MPI_Comm local;
   int lsize = 1;
-  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL,
-                          &local) == MPI_SUCCESS) {
+  if (split_local(comm, 0, &local) == MPI_SUCCESS) {
     MPI_Comm_size(local, &lsize);
     MPI_Comm_free(&local);
   }
   ctx->oversubscribed = lsize > loom_cores();
   ctx->bctx = &G;
-  G.fake_host = fake_host(comm);
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   G.nonce = (unsigned)ts.tv_nsec ^ ((unsigned)ts.tv_sec << 20);
@@ -486,6 +530,8 @@ static void mpi_finalize(loom_comm_ctx *ctx) {
   }
   if (G.we_init)
     MPI_Finalize();
+  if (G.env_init)
+    loom_envinit_finish();
 }
 
 /* ----------------------------------------------------------- operations */

@@ -519,8 +519,37 @@ loom_status loom_group_world(const loom_comm_opts *opts, loom_group **out) {
   }
   loom_comm_opts o = opts ? *opts : loom_comm_opts_default();
   const loom_backend *be = &loom_backend_self;
-  if (o.backend == LOOM_COMM_MPI ||
-      (o.backend == LOOM_COMM_AUTO && launched_by_mpi())) {
+  bool env_init = false;
+  if (loom_envinit_wanted() && !launched_by_mpi()) {
+    /* LOOM_INIT=env://: torchrun's variables say the world. */
+    int er = 0, es = 1;
+    loom_status s = loom_envinit_read(&er, &es);
+    if (s != LOOM_OK) {
+      pthread_mutex_unlock(&g_lock);
+      return s;
+    }
+    env_init = es > 1;
+    if (env_init && strcmp(loom_comm_mpi_impl(), "openmpi") != 0) {
+      pthread_mutex_unlock(&g_lock);
+      return loom_error(LOOM_ERR_UNSUPPORTED,
+                        "LOOM_INIT=env:// needs Open MPI (its ompi-server "
+                        "and MPI_Comm_accept/connect); this loom is built "
+                        "with %s: start the ranks with its launcher",
+                        loom_comm_mpi_impl());
+    }
+  }
+  if (env_init) {
+#ifdef LOOM_HAVE_MPI
+    be = &loom_backend_mpi;
+#else
+    pthread_mutex_unlock(&g_lock);
+    return loom_error(LOOM_ERR_UNSUPPORTED,
+                      "LOOM_INIT=env:// with WORLD_SIZE > 1, but this loom "
+                      "was built without MPI; rebuild with "
+                      "-DLOOM_MPI=openmpi");
+#endif
+  } else if (o.backend == LOOM_COMM_MPI ||
+             (o.backend == LOOM_COMM_AUTO && launched_by_mpi())) {
 #ifdef LOOM_HAVE_MPI
     be = &loom_backend_mpi;
 #else
@@ -560,6 +589,7 @@ loom_status loom_group_world(const loom_comm_opts *opts, loom_group **out) {
     return LOOM_ERR_NOMEM;
   }
   ctx->opts = o;
+  ctx->env_init = env_init;
   ctx->be = be;
   ctx->spin_s = env_number("LOOM_COMM_SPIN_US", 50) * 1e-6;
   ctx->world = w;

@@ -124,6 +124,7 @@ struct loom_comm_ctx {
   loom_group *world;
   int groups;          /* live groups (guarded by the global lock) */
   bool oversubscribed; /* more ranks on this host than cores: yield at once */
+  bool env_init;       /* LOOM_INIT=env:// with WORLD_SIZE > 1 */
   double spin_s;       /* how long waiting threads spin before sleeping */
   pthread_t thread;
   int owner_pid;
@@ -161,6 +162,20 @@ struct loom_comm_ctx {
  * world (no launcher variables of an MPI: srun gave it no PMI, or one its
  * MPI does not speak): LOOM_ERR_MISMATCH naming the fix; else LOOM_OK. */
 loom_status loom_comm_check_srun_alone(const char *mpi_lib);
+
+/* ---- envinit.c: LOOM_INIT=env:// (mpi backend) */
+bool loom_envinit_wanted(void); /* LOOM_INIT is set */
+/* Reads LOOM_INIT, RANK, WORLD_SIZE, MASTER_ADDR/PORT, LOOM_RDZV_TIMEOUT;
+ * errors name the variable. */
+loom_status loom_envinit_read(int *rank, int *size);
+#ifdef LOOM_HAVE_MPI
+/* Before MPI_Init: the rendezvous (and rank 0's ompi-server). */
+loom_status loom_envinit_before_mpi(void);
+/* After MPI_Init: *(MPI_Comm *)out = the world of WORLD_SIZE ranks. */
+loom_status loom_envinit_world(void *out);
+/* After MPI_Finalize: rank 0's server stopped, its files removed. */
+void loom_envinit_finish(void);
+#endif
 
 /* ---- reduce.c */
 /* out = in[0] op in[1] op ... in[k-1] elementwise, in that order; avg

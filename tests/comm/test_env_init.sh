@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# LOOM_INIT=env://: ranks started by a plain shell loop with torchrun's
+# variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK) form
+# one world: the comm test's whole matrix at 3 and 4 ranks (the host's
+# ranks found by name: the shared-memory path is on); DDP training equals
+# `loom run -n 2` bit for bit; errors name what is wrong (no master in
+# time, a rank missing, sizes that disagree, an unknown method, a missing
+# variable), without hanging; the rendezvous leaves no process or file.
+. "$(dirname "$0")/../lib.sh"
+BIN=$1
+export TMPDIR=$tmp LOOM_THREADS=1 OMP_NUM_THREADS=1
+base=$((20000 + $$ % 20000))
+n=0
+# start N PROG...: ranks 0..N-1 in the background, logs $tmp/e.K; waits.
+start() {
+  local np=$1 r pids=()
+  shift
+  n=$((n + 1))
+  for r in $(seq 0 $((np - 1))); do
+    LOOM_INIT=env:// RANK=$r WORLD_SIZE=$np LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 \
+      MASTER_PORT=$((base + n)) LOOM_RDZV_TIMEOUT=${TO:-60} "$@" >"$tmp/e.$r" 2>&1 &
+    pids+=($!)
+  done
+  codes=""
+  for r in "${pids[@]}"; do
+    wait "$r"
+    codes="$codes $?"
+  done
+}
+
+for np in 3 4; do
+  t0=$(date +%s.%N)
+  start $np env LOOM_COMM_CHECK=1 "$BIN"
+  t1=$(date +%s.%N)
+  if [ "$codes" = "$(printf ' 0%.0s' $(seq $np))" ] && grep -q "backend mpi, shm 1, $np ranks" "$tmp/e.0"; then
+    ok "$np ranks from a shell loop: the comm matrix passes, shared memory on ($(echo "$t1 - $t0" | bc) s with the tests)"
+  else
+    bad "$np ranks: exit codes$codes"
+    tail -n 5 "$tmp"/e.*
+  fi
+done
+
+# DDP, deterministic: the same bits as loom run -n 2.
+cat "$SRC"/docs/*.md | head -c 60000 >"$tmp/text.txt"
+cfg=("$SRC/examples/small_gpt.yaml" --set "data.path=$tmp/text.txt" --set model.layers=1
+  --set model.d_model=32 --set model.heads=2 --set model.context=16 --set train.batch_size=2
+  --set train.steps=6 --set log.every=1 --set parallel.strategy=ddp
+  --set parallel.deterministic=true --set checkpoint.enabled=false --set log.per_rank=true --quiet)
+"$LOOM" run -n 2 --timeout 120 "$LOOM" train "${cfg[@]}" --set "log.run_dir=$tmp/ref" >"$tmp/ref.out" 2>&1 ||
+  bad "loom run -n 2: $(tail -3 "$tmp/ref.out")"
+start 2 "$LOOM" train "${cfg[@]}" --set "log.run_dir=$tmp/env"
+losses() { grep -o '"loss": *[^,}]*' "$1/metrics.jsonl"; }
+if [ "$codes" = " 0 0" ] && [ -s "$tmp/env/metrics.jsonl" ] && [ "$(losses "$tmp/ref")" = "$(losses "$tmp/env")" ]; then
+  ok "loom train on 2 env:// ranks: every loss equals loom run -n 2, bit for bit"
+else
+  bad "env:// training: codes$codes; $(diff <(losses "$tmp/ref") <(losses "$tmp/env") | head -3)"
+  tail -n 5 "$tmp"/e.*
+fi
+grep -q "2 of the 2 ranks on this host; shared memory" "$tmp/env/logs/rank-1.log" &&
+  ok "rank 1's log: $(grep -o 'comm: .*' "$tmp/env/logs/rank-1.log" | head -1)" ||
+  bad "rank 1's log: $(grep 'comm:' "$tmp/env/logs/rank-1.log")"
+
+# Errors: each names the problem and ends the process, no hang.
+TO=2 start 1 env RANK=1 WORLD_SIZE=2 "$BIN"
+[ "$codes" != " 0" ] && grep -q "rank 1 cannot reach the master 127.0.0.1:$((base + n)) within LOOM_RDZV_TIMEOUT" "$tmp/e.0" &&
+  ok "no master: $(grep -o 'env://.*' "$tmp/e.0" | head -1)" || { bad "no master"; cat "$tmp/e.0"; }
+TO=2 start 1 env WORLD_SIZE=3 "$BIN"
+[ "$codes" != " 0" ] && grep -q "1 of 3 ranks joined at port $((base + n)) within LOOM_RDZV_TIMEOUT; missing: 1 2" "$tmp/e.0" &&
+  ok "ranks missing: $(grep -o 'env://.*' "$tmp/e.0" | head -1)" || { bad "ranks missing"; cat "$tmp/e.0"; }
+# Rank 1 believes in a world of 3, rank 0 in one of 2.
+n=$((n + 1))
+LOOM_INIT=env:// RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$((base + n)) LOOM_RDZV_TIMEOUT=20 \
+  "$BIN" >"$tmp/e.0" 2>&1 &
+p0=$!
+LOOM_INIT=env:// RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$((base + n)) LOOM_RDZV_TIMEOUT=20 \
+  "$BIN" >"$tmp/e.1" 2>&1
+c1=$?
+wait $p0
+c0=$?
+[ $c0 != 0 ] && [ $c1 != 0 ] && grep -q "said rank 1 of 3; the master has WORLD_SIZE 2" "$tmp/e.0" &&
+  grep -q "does not match the master's world" "$tmp/e.1" &&
+  ok "sizes disagree: both exit ($c0, $c1): $(grep -o 'env://.*' "$tmp/e.0" | head -1)" ||
+  { bad "sizes disagree ($c0, $c1)"; cat "$tmp/e.0" "$tmp/e.1"; }
+LOOM_INIT=tcp://x RANK=0 WORLD_SIZE=2 "$BIN" >"$tmp/e.0" 2>&1
+[ $? != 0 ] && grep -q "LOOM_INIT='tcp://x': the one method is env://" "$tmp/e.0" &&
+  ok "an unknown method is named" || { bad "unknown method"; cat "$tmp/e.0"; }
+LOOM_INIT=env:// WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 "$BIN" >"$tmp/e.0" 2>&1
+[ $? != 0 ] && grep -q "needs RANK in the environment" "$tmp/e.0" &&
+  ok "a missing RANK is named" || { bad "missing RANK"; cat "$tmp/e.0"; }
+LOOM_INIT=env:// RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=99999 "$BIN" >"$tmp/e.0" 2>&1
+[ $? != 0 ] && grep -q "MASTER_PORT='99999' is not a whole number from 1 to 65535" "$tmp/e.0" &&
+  ok "a bad MASTER_PORT is named" || { bad "bad port"; cat "$tmp/e.0"; }
+
+# Nothing left: the rendezvous directory, ompi-server, the singletons' orted.
+left=$(find "$tmp" -maxdepth 1 -name 'loom-rdzv-*' | wc -l)
+[ "$left" = 0 ] && ok "no rendezvous directory left" || bad "$left rendezvous directories left"
+for _ in $(seq 100); do
+  procs=$(pgrep -f "ompi-server --no-daemonize -r $tmp/" | while read -r p; do
+    [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" = Z ] || echo "$p"; done)
+  [ -z "$procs" ] && break
+  sleep 0.1 # polled: the server ends on its parent's SIGTERM
+done
+[ -z "$procs" ] && ok "no ompi-server left" || bad "ompi-server left: $procs"
+finish comm_env_init
