@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# LOOM_INIT=env:// across emulated hosts (tests/cluster/hosts.sh): each rank
+# started on its own host by hand, no mpirun, with torchrun's variables and
+# host1 as the master. 2 hosts x 2 ranks of deterministic DDP give the bits
+# of the same 4 ranks under loom run on one host; each host's ranks find
+# each other (shared memory inside the host, the hierarchical all-reduce
+# between hosts); the gradients crossed the link; a rank whose master is
+# on no host gives up naming it; nothing is left behind. Skips (77) where
+# namespaces cannot be made (not root) or loom is built against MPICH.
+. "$(dirname "$0")/../lib.sh"
+. "$(dirname "$0")/hosts.sh"
+export LOOM_THREADS=1 OMP_NUM_THREADS=1 LOOM_LOG=warn TMPDIR=$tmp
+hosts_can || { echo "skipped: cannot make network namespaces here (needs root and ip netns)"; exit 77; }
+"$LOOM" run --dry-run -n 2 prog | grep -q '^command: mpirun.openmpi\|^command: [^ ]*ompi\|^command: mpirun ' ||
+  { echo "skipped: LOOM_INIT=env:// needs Open MPI"; exit 77; }
+trap 'hosts_down; rm -rf "$tmp"' EXIT
+hosts_up 2 1gbit || { bad "making 2 emulated hosts"; finish cluster_env; }
+
+cat "$SRC"/docs/*.md 2>/dev/null | head -c 100000 >"$tmp/text.txt"
+cfg=("$SRC/examples/small_gpt.yaml" --set "data.path=$tmp/text.txt" --set model.layers=2
+  --set model.d_model=64 --set model.heads=2 --set model.context=32 --set train.batch_size=2
+  --set train.steps=6 --set log.every=1 --set parallel.strategy=ddp
+  --set parallel.deterministic=true --set checkpoint.enabled=false --set log.per_rank=true --quiet)
+losses() { grep -o '"loss": *[^,}]*' "$1/metrics.jsonl"; }
+rx() { ip -n "${HOSTS_PREFIX}n$1" -s -j link show lnk0 | python3 -c 'import json, sys
+print(json.load(sys.stdin)[0]["stats64"]["rx"]["bytes"])'; }
+
+"$LOOM" run -n 4 --timeout 300 "$LOOM" train "${cfg[@]}" --set "log.run_dir=$tmp/ref" >"$tmp/ref.out" 2>&1 ||
+  bad "4 ranks on one host: $(tail -3 "$tmp/ref.out")"
+port=$((20000 + $$ % 20000))
+before=$(rx 2)
+t0=$(date +%s.%N)
+pids=()
+for r in 0 1 2 3; do
+  k=$((r / 2 + 1))
+  on_host $k env LOOM_INIT=env:// MASTER_ADDR=10.79.0.11 MASTER_PORT=$port RANK=$r WORLD_SIZE=4 \
+    LOCAL_RANK=$((r % 2)) LOOM_RDZV_TIMEOUT=120 "$LOOM" train "${cfg[@]}" --set "log.run_dir=$tmp/env" \
+    >"$tmp/r$r.out" 2>&1 &
+  pids+=($!)
+done
+codes=""
+for p in "${pids[@]}"; do wait "$p"; codes="$codes $?"; done
+secs=$(echo "$(date +%s.%N) - $t0" | bc)
+moved=$(($(rx 2) - before))
+if [ "$codes" = " 0 0 0 0" ] && [ -s "$tmp/env/metrics.jsonl" ] && [ "$(losses "$tmp/ref")" = "$(losses "$tmp/env")" ]; then
+  ok "2 hosts x 2 ranks from env://, no mpirun: every loss equals 4 ranks under loom run, bit for bit (${secs%???????} s with start-up)"
+else
+  bad "env:// across hosts: exit codes$codes; $(diff <(losses "$tmp/ref") <(losses "$tmp/env") | head -3)"
+  tail -n 5 "$tmp"/r*.out
+fi
+for r in 0 3; do
+  grep -q "2 of the 4 ranks on this host; all-reduce hierarchical" "$tmp/env/logs/rank-$r.log" &&
+    grep -q " of 4 on host$((r / 2 + 1))" "$tmp/env/logs/rank-$r.log" &&
+    ok "rank $r: $(grep -o 'rank [0-9] of 4 on host[0-9]' "$tmp/env/logs/rank-$r.log" | head -1); $(grep -o 'comm: .*' "$tmp/env/logs/rank-$r.log" | head -1)" ||
+    bad "rank $r's log: $(grep -h 'comm:\|of 4 on' "$tmp/env/logs/rank-$r.log")"
+done
+[ "$moved" -gt 1000000 ] && ok "host2 received $((moved / 1000000)) MB over its link" ||
+  bad "host2 received only $moved bytes"
+
+# A master on no host: the rank gives up within LOOM_RDZV_TIMEOUT, naming it.
+on_host 2 env LOOM_INIT=env:// MASTER_ADDR=10.79.0.99 MASTER_PORT=$port RANK=1 WORLD_SIZE=2 \
+  LOOM_RDZV_TIMEOUT=3 "$LOOM" train "${cfg[@]}" --set "log.run_dir=$tmp/none" >"$tmp/none.out" 2>&1
+[ $? != 0 ] && grep -q "cannot reach the master 10.79.0.99:$port" "$tmp/none.out" &&
+  ok "an unreachable master: $(grep -o 'env://.*' "$tmp/none.out" | head -1)" || { bad "unreachable master"; cat "$tmp/none.out"; }
+
+hosts_down
+left=$(ip netns list | grep -c "^${HOSTS_PREFIX}" || true)
+[ "$left" = 0 ] && ok "no namespace left" || bad "$left namespaces left"
+[ -z "$(find "$tmp" -maxdepth 1 -name 'loom-rdzv-*')" ] && ok "no rendezvous directory left" || bad "rendezvous directory left"
+finish cluster_env
