@@ -246,6 +246,20 @@ static loom_status connect_master(void) {
                     E.rank, E.addr, E.port, last);
 }
 
+/* Rank 0's directory for the server: its two files, then itself. */
+static void remove_dir(void) {
+  if (!E.dir[0])
+    return;
+  int dfd = open(E.dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd >= 0) {
+    unlinkat(dfd, "uri", 0);
+    unlinkat(dfd, "ompi-server.log", 0);
+    close(dfd);
+  }
+  rmdir(E.dir);
+  E.dir[0] = '\0';
+}
+
 /* Rank 0: ompi-server, whose URI every process needs before MPI_Init. */
 static loom_status start_server(char *uri, size_t cap) {
   const char *tmp = getenv("TMPDIR");
@@ -292,16 +306,28 @@ static loom_status start_server(char *uri, size_t cap) {
     }
     if (got) {
       uri[strcspn(uri, "\n")] = '\0';
+      /* Read: the files can go now (the server keeps its log open), so a
+       * rank 0 killed later leaves nothing behind. */
+      remove_dir();
       return LOOM_OK;
     }
     int st;
     if (waitpid(E.server, &st, WNOHANG) == E.server) {
       E.server = -1;
+      char said[512] = "";
+      FILE *lf = fopen(log, "r");
+      if (lf) {
+        size_t k = fread(said, 1, sizeof said - 1, lf);
+        said[k] = '\0';
+        fclose(lf);
+      }
+      for (char *c = said; *c; c++)
+        if (*c == '\n')
+          *c = ' ';
       return loom_error(LOOM_ERR_IO,
                         "env://: ompi-server (Open MPI's, needed to join "
-                        "ranks started without mpirun) exited at start; see "
-                        "%s",
-                        log);
+                        "ranks started without mpirun) exited at start: %s",
+                        said[0] ? said : "(it said nothing)");
     }
     struct timespec ts = {0, 20 * 1000 * 1000};
     nanosleep(&ts, NULL); /* polling a file the server writes */
@@ -590,16 +616,7 @@ void loom_envinit_finish(void) {
     }
     E.server = -1;
   }
-  if (E.dir[0]) { /* the server's two files, then the directory: ours */
-    int dfd = open(E.dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (dfd >= 0) {
-      unlinkat(dfd, "uri", 0);
-      unlinkat(dfd, "ompi-server.log", 0);
-      close(dfd);
-    }
-    rmdir(E.dir);
-    E.dir[0] = '\0';
-  }
+  remove_dir();
 }
 
 #endif /* LOOM_HAVE_MPI */

@@ -175,9 +175,14 @@ static void at_exit(void) {
 }
 
 static int env_rank(void) {
-  static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK",
-                                     "PMI_RANK", "SLURM_PROCID"};
+  /* RANK first with LOOM_INIT (env://; SLURM_PROCID may be the step's
+   * then), never without: elsewhere it may mean anything. */
+  const char *init = getenv("LOOM_INIT");
+  static const char *const vars[] = {"RANK", "OMPI_COMM_WORLD_RANK",
+                                     "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"};
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    if (i == 0 && !(init && *init))
+      continue;
     const char *v = getenv(vars[i]);
     if (v && *v) {
       char *end;

@@ -32,7 +32,8 @@ extern char **environ;
   X(LAUNCH_AUTO, "auto")                                                       \
   X(LAUNCH_MPIRUN, "mpirun")                                                   \
   X(LAUNCH_SRUN, "srun")                                                       \
-  X(LAUNCH_DIRECT, "direct")
+  X(LAUNCH_DIRECT, "direct")                                                   \
+  X(LAUNCH_ENV, "env")
 
 typedef enum {
 #define X_ENUM(name, text) name,
@@ -48,6 +49,11 @@ static const char *const launcher_names[] = {
 };
 _Static_assert(sizeof launcher_names / sizeof launcher_names[0] == LAUNCH_COUNT,
                "launcher names");
+
+/* The hidden first argument of `loom run` that makes it the launcher of
+ * one host's ranks under --nnodes (envspawn.c). */
+#define ENV_RANKS "--env-ranks"
+int loom_run_env_ranks(int argc, char **argv);
 
 /* Which MPI the library was built against: its launcher must match, or
  * every rank starts as a singleton. */
@@ -79,6 +85,10 @@ typedef struct run_opts {
   double hang_timeout; /* no step for this long is a hang (0: derived) */
   bool dry_run;
   bool verbose;
+  /* torchrun's start: this host's ranks join the others through env://. */
+  int nnodes, node_rank, nproc; /* nnodes 0: not this way */
+  const char *master_addr;
+  int master_port;
   char **prog; /* program and its arguments */
 } run_opts;
 
@@ -132,6 +142,18 @@ static void usage(FILE *f) {
       "                         job is stopped and restarted like after "
       "a crash (default\n"
       "                         max(60, 20 x the median step time))\n"
+      "      --nnodes N         torchrun's start, without mpirun: N hosts, "
+      "each running\n"
+      "                         loom run with the same flags and its own "
+      "--node-rank;\n"
+      "                         the ranks meet at the master through "
+      "LOOM_INIT=env://\n"
+      "      --node-rank K      this host, 0 .. N-1 (its ranks are K x L "
+      ".. K x L + L-1)\n"
+      "      --nproc-per-node L ranks on this host (default 1)\n"
+      "      --master-addr A    the host of rank 0, reachable from every "
+      "host\n"
+      "      --master-port P    a free TCP port there (default 29500)\n"
       "      --dry-run          print what would run\n"
       "  -v, --verbose          print the launch command\n\n"
       "Each rank gets LOOM_THREADS, OMP_NUM_THREADS and "
@@ -173,6 +195,8 @@ static int parse_args(int argc, char **argv, run_opts *o) {
   o->restart_delay = 1.0;
   o->stop_grace = 30.0;
   o->standby = -1;
+  o->master_port = 29500;
+  bool node_rank_set = false;
   int i = 1;
   for (; i < argc; i++) {
     const char *a = argv[i];
@@ -201,8 +225,29 @@ static int parse_args(int argc, char **argv, run_opts *o) {
       return -1;
     }
     i++;
-    if (strcmp(a, "-n") == 0 || strcmp(a, "-np") == 0 ||
-        strcmp(a, "--np") == 0) {
+    if (strcmp(a, "--nnodes") == 0) {
+      if (parse_int(v, "--nnodes", 1, &o->nnodes))
+        return -1;
+    } else if (strcmp(a, "--node-rank") == 0 || strcmp(a, "--node_rank") == 0) {
+      if (parse_int(v, "--node-rank", 0, &o->node_rank))
+        return -1;
+      node_rank_set = true;
+    } else if (strcmp(a, "--nproc-per-node") == 0 ||
+               strcmp(a, "--nproc_per_node") == 0) {
+      if (parse_int(v, "--nproc-per-node", 1, &o->nproc))
+        return -1;
+    } else if (strcmp(a, "--master-addr") == 0 ||
+               strcmp(a, "--master_addr") == 0) {
+      o->master_addr = v;
+    } else if (strcmp(a, "--master-port") == 0 ||
+               strcmp(a, "--master_port") == 0) {
+      if (parse_int(v, "--master-port", 1, &o->master_port) ||
+          o->master_port > 65535) {
+        fprintf(stderr, "loom run: --master-port is a TCP port, 1-65535\n");
+        return -1;
+      }
+    } else if (strcmp(a, "-n") == 0 || strcmp(a, "-np") == 0 ||
+               strcmp(a, "--np") == 0) {
       if (parse_int(v, "-n", 1, &o->np))
         return -1;
     } else if (strcmp(a, "--hosts") == 0 || strcmp(a, "--host") == 0) {
@@ -290,6 +335,47 @@ static int parse_args(int argc, char **argv, run_opts *o) {
               o->max_np);
       return -1;
     }
+  }
+  if (o->nnodes || node_rank_set || o->nproc || o->master_addr) {
+    if (!o->nnodes) {
+      fprintf(stderr, "loom run: --node-rank, --nproc-per-node and "
+                      "--master-addr go with --nnodes\n");
+      return -1;
+    }
+    if (o->np || o->hosts || o->hostfile || o->min_np || o->max_np ||
+        (o->launch != LAUNCH_AUTO && o->launch != LAUNCH_ENV)) {
+      fprintf(stderr, "loom run: --nnodes starts this host's ranks itself: "
+                      "not with -n, --hosts, --hostfile, --min-np, --max-np "
+                      "or --launcher\n");
+      return -1;
+    }
+    if (!node_rank_set && o->nnodes > 1) {
+      fprintf(stderr,
+              "loom run: --nnodes %d needs --node-rank (this host, "
+              "0 .. %d)\n",
+              o->nnodes, o->nnodes - 1);
+      return -1;
+    }
+    if (o->node_rank >= o->nnodes) {
+      fprintf(stderr, "loom run: --node-rank %d is not below --nnodes %d\n",
+              o->node_rank, o->nnodes);
+      return -1;
+    }
+    if (!o->master_addr && o->nnodes > 1) {
+      fprintf(stderr,
+              "loom run: --nnodes %d needs --master-addr (the host "
+              "of --node-rank 0)\n",
+              o->nnodes);
+      return -1;
+    }
+    if (!o->nproc)
+      o->nproc = 1;
+    if (!o->master_addr)
+      o->master_addr = "127.0.0.1";
+    o->launch = LAUNCH_ENV;
+  } else if (o->launch == LAUNCH_ENV) {
+    fprintf(stderr, "loom run: --launcher env goes with --nnodes\n");
+    return -1;
   }
   o->prog = argv + i;
   return 0;
@@ -554,6 +640,8 @@ static int plan_ranks(const run_opts *o, host_slots *hs, bool *have_hosts,
       return -1;
     *have_hosts = true;
   }
+  if (o->nnodes)
+    return o->nnodes * o->nproc;
   int np = o->np;
   for (int h = 0; *have_hosts && h < hs->n; h++)
     *slots += hs->slots[h];
@@ -603,6 +691,8 @@ static void plan_threads(const run_opts *o, launcher l, const host_slots *hs,
   *per_host = np;
   if (l == LAUNCH_DIRECT) {
     *per_host = 1;
+  } else if (l == LAUNCH_ENV) {
+    *per_host = o->nproc;
   } else if (have_hosts) {
     *per_host = max_ranks_per_host(hs, np);
   } else if (slurm) {
@@ -708,6 +798,8 @@ static int build_plan(const run_opts *o, int attempt, argv_buf *cmd,
   pi->local = 0;
   if (l == LAUNCH_DIRECT)
     pi->local = np;
+  else if (l == LAUNCH_ENV)
+    pi->local = o->nproc;
   else if (have_hosts && l == LAUNCH_MPIRUN)
     pi->local = local_ranks(&hs, np, &all_local);
   else if (in_slurm() && slurm_nodes() > 1)
@@ -724,6 +816,25 @@ static int build_plan(const run_opts *o, int attempt, argv_buf *cmd,
   switch (l) {
   case LAUNCH_DIRECT:
     break;
+  case LAUNCH_ENV: {
+    /* This loom, as the launcher of this host's ranks (env_ranks_main). */
+    char self[4096], nums[4][32];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0) {
+      fprintf(stderr, "loom run: cannot find its own executable\n");
+      return -1;
+    }
+    self[len] = '\0';
+    snprintf(nums[0], sizeof nums[0], "%d", o->nproc);
+    snprintf(nums[1], sizeof nums[1], "%d", o->node_rank * o->nproc);
+    snprintf(nums[2], sizeof nums[2], "%d", np);
+    snprintf(nums[3], sizeof nums[3], "%d", o->master_port);
+    const char *args[] = {self,    "run",          ENV_RANKS, nums[0], nums[1],
+                          nums[2], o->master_addr, nums[3],   "--"};
+    for (size_t k = 0; k < sizeof args / sizeof args[0]; k++)
+      push(cmd, args[k]);
+    break;
+  }
   case LAUNCH_SRUN:
     push(cmd, "srun");
     push(cmd, "-n");
@@ -1537,6 +1648,8 @@ static bool after_failure(job *jb, int attempt, const loom_run_result *r,
 }
 
 int loom_run_main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], ENV_RANKS) == 0)
+    return loom_run_env_ranks(argc - 1, argv + 1);
   run_opts o;
   int pr = parse_args(argc, argv, &o);
   if (pr != 0)

@@ -4,7 +4,8 @@
 # host1 as the master. 2 hosts x 2 ranks of deterministic DDP give the bits
 # of the same 4 ranks under loom run on one host; each host's ranks find
 # each other (shared memory inside the host, the hierarchical all-reduce
-# between hosts); the gradients crossed the link; a rank whose master is
+# between hosts); the gradients crossed the link; the same job through
+# `loom run --nnodes 2 --node-rank K` on each host; a rank whose master is
 # on no host gives up naming it; nothing is left behind. Skips (77) where
 # namespaces cannot be made (not root) or loom is built against MPICH.
 . "$(dirname "$0")/../lib.sh"
@@ -56,6 +57,21 @@ for r in 0 3; do
 done
 [ "$moved" -gt 1000000 ] && ok "host2 received $((moved / 1000000)) MB over its link" ||
   bad "host2 received only $moved bytes"
+
+# The same with torchrun's flags: loom run --nnodes on each host.
+for k in 1 2; do
+  on_host $k "$LOOM" run --nnodes 2 --node-rank $((k - 1)) --nproc-per-node 2 --master-addr 10.79.0.11 \
+    --master-port $((port + 1)) --timeout 200 "$LOOM" train "${cfg[@]}" --set "log.run_dir=$tmp/nn" \
+    >"$tmp/nn$k.out" 2>&1 &
+  pids[$k]=$!
+done
+wait "${pids[1]}"
+c1=$?
+wait "${pids[2]}"
+c2=$?
+[ $c1 = 0 ] && [ $c2 = 0 ] && [ "$(losses "$tmp/ref")" = "$(losses "$tmp/nn")" ] &&
+  ok "loom run --nnodes 2 --node-rank K --nproc-per-node 2 on each host: every loss equals loom run -n 4" ||
+  { bad "--nnodes across hosts ($c1, $c2)"; tail -n 5 "$tmp"/nn*.out; }
 
 # A master on no host: the rank gives up within LOOM_RDZV_TIMEOUT, naming it.
 on_host 2 env LOOM_INIT=env:// MASTER_ADDR=10.79.0.99 MASTER_PORT=$port RANK=1 WORLD_SIZE=2 \

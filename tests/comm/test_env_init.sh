@@ -5,7 +5,9 @@
 # ranks found by name: the shared-memory path is on); DDP training equals
 # `loom run -n 2` bit for bit; errors name what is wrong (no master in
 # time, a rank missing, sizes that disagree, an unknown method, a missing
-# variable), without hanging; the rendezvous leaves no process or file.
+# variable), without hanging; `loom run --nnodes 1 --nproc-per-node 2`
+# equals loom run -n 2 and restarts a killed rank's group, which resumes;
+# the rendezvous leaves no process or file.
 . "$(dirname "$0")/../lib.sh"
 BIN=$1
 export TMPDIR=$tmp LOOM_THREADS=1 OMP_NUM_THREADS=1
@@ -59,6 +61,35 @@ fi
 grep -q "2 of the 2 ranks on this host; shared memory" "$tmp/env/logs/rank-1.log" &&
   ok "rank 1's log: $(grep -o 'comm: .*' "$tmp/env/logs/rank-1.log" | head -1)" ||
   bad "rank 1's log: $(grep 'comm:' "$tmp/env/logs/rank-1.log")"
+
+# loom run --nnodes (torchrun's flags): this host's ranks through env://,
+# supervised; a rank killed mid-run restarts the host's group, which
+# resumes from its checkpoint to the same bits.
+"$LOOM" run --nnodes 1 --nproc-per-node 2 --master-port $((base + 90)) --timeout 120 \
+  "$LOOM" train "${cfg[@]}" --set "log.run_dir=$tmp/nn" >"$tmp/nn.out" 2>&1 &&
+  [ "$(losses "$tmp/ref")" = "$(losses "$tmp/nn")" ] &&
+  ok "loom run --nnodes 1 --nproc-per-node 2: every loss equals loom run -n 2" ||
+  { bad "loom run --nnodes"; tail -n 5 "$tmp/nn.out"; }
+LOOM_FAULT=1:4:segv "$LOOM" run --nnodes 1 --nproc-per-node 2 --master-port $((base + 91)) \
+  --max-restarts 1 --timeout 120 "$LOOM" train "${cfg[@]}" --set checkpoint.enabled=true \
+  --set checkpoint.every=2 --set "log.run_dir=$tmp/nf" >"$tmp/nf.out" 2>&1
+rc=$?
+steps() { python3 -c 'import json, sys
+seen = {}
+for l in open(sys.argv[1] + "/metrics.jsonl"):
+    r = json.loads(l)
+    if "loss" in r: seen[r["step"]] = repr(r["loss"])
+print(" ".join(seen[k] for k in sorted(seen)))' "$1"; }
+[ $rc = 0 ] && grep -q "restart 1 of 1" "$tmp/nf.out" && grep -q "recovered in" "$tmp/nf.out" &&
+  [ "$(steps "$tmp/nf")" = "$(steps "$tmp/ref")" ] &&
+  ok "--nnodes, rank 1 killed at step 4: restarted, resumed from step 2, every loss the same" ||
+  { bad "--nnodes restart (rc $rc)"; tail -n 8 "$tmp/nf.out"; }
+"$LOOM" run --nnodes 2 --nproc-per-node 2 "$LOOM" train x.yaml >"$tmp/u.out" 2>&1
+[ $? = 2 ] && grep -q "needs --node-rank" "$tmp/u.out" && ok "--nnodes 2 without --node-rank: exit 2" ||
+  { bad "--nnodes usage"; cat "$tmp/u.out"; }
+"$LOOM" run --nnodes 2 --node-rank 1 "$LOOM" train x.yaml >"$tmp/u.out" 2>&1
+[ $? = 2 ] && grep -q "needs --master-addr" "$tmp/u.out" && ok "--nnodes 2 without --master-addr: exit 2" ||
+  { bad "--nnodes master"; cat "$tmp/u.out"; }
 
 # Errors: each names the problem and ends the process, no hang.
 TO=2 start 1 env RANK=1 WORLD_SIZE=2 "$BIN"
