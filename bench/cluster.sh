@@ -131,7 +131,7 @@ for line in open(sys.argv[1]):
     if t > best.get(side, (0, None))[0]:
         best[side] = (t, r)
 unit = next((r.get("unit", "items") for _, r in best.values()), "items")
-print(f"## {sys.argv[2]}, {sys.argv[3]} hosts x 2: best round, {unit}/s")
+print(f"## {sys.argv[2]}, {sys.argv[3]} hosts x 2: best round, {unit}")
 for side in ("flat", "hier", "torch"):
     if side in best:
         print(f"{side:6s} {best[side][0]:12,.0f}")

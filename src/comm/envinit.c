@@ -335,6 +335,25 @@ static loom_status start_server(char *uri, size_t cap) {
   return loom_error(LOOM_ERR_TIMEOUT, "env://: ompi-server gave no URI");
 }
 
+/* "LOOM-RDZV1 RANK WORLD" */
+static bool parse_hello(const char *m, int *rank, int *world) {
+  size_t h = strlen(HELLO);
+  if (strncmp(m, HELLO " ", h + 1) != 0)
+    return false;
+  char *end = NULL;
+  errno = 0;
+  long r = strtol(m + h + 1, &end, 10);
+  if (end == m + h + 1 || *end != ' ' || errno || r < 0 || r > 1 << 24)
+    return false;
+  const char *w0 = end + 1;
+  long w = strtol(w0, &end, 10);
+  if (end == w0 || *end != '\0' || errno || w < 1 || w > 1 << 24)
+    return false;
+  *rank = (int)r;
+  *world = (int)w;
+  return true;
+}
+
 /* Rank 0: every other rank's hello, checked. */
 static loom_status gather_hellos(void) {
   int lfd = -1;
@@ -361,8 +380,7 @@ static loom_status gather_hellos(void) {
     fcntl(fd, F_SETFD, FD_CLOEXEC);
     uint32_t n;
     int r = -1, ws = -1;
-    if (recv_msg(fd, buf, sizeof buf, &n) != 0 ||
-        sscanf(buf, HELLO " %d %d", &r, &ws) != 2) {
+    if (recv_msg(fd, buf, sizeof buf, &n) != 0 || !parse_hello(buf, &r, &ws)) {
       close(fd); /* not one of ours: a scanner, a stale job */
       continue;
     }
