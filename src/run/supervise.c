@@ -705,6 +705,10 @@ static void plan_threads(const run_opts *o, launcher l, const host_slots *hs,
   int threads = *cores / *per_host;
   if (slurm && env_count("SLURM_CPUS_PER_TASK") > 0)
     threads = env_count("SLURM_CPUS_PER_TASK");
+  /* A user's LOOM_THREADS sets the BLAS and OpenMP pools too (unless set
+   * themselves): 3 loom threads beside 1 OpenMP thread was the surprise. */
+  if (env_count("LOOM_THREADS") > 0)
+    threads = env_count("LOOM_THREADS");
   if (o->threads)
     threads = o->threads;
   if (threads < 1)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The mpi backend's launch checks: a size announced by the launcher that MPI
 # does not see is an error naming both; ranks started without a thread
-# count divide the host's cores.
+# count divide the host's cores; a user's LOOM_THREADS sets all three pools.
 set -u
 PROG=${1:?usage: test_comm_launch.sh PROGRAM}
 LOOM=${LOOM_BIN:?LOOM_BIN must name the loom executable}
@@ -13,5 +13,9 @@ var=PMI_SIZE
 "$PROG" mismatch $var || fail=1
 # An empty LOOM_THREADS is kept by loom run and means "not set".
 LOOM_THREADS= OMP_NUM_THREADS= "$LOOM" run -n 2 "$PROG" threads || fail=1
-[ $fail = 0 ] && echo "2 passed, 0 failed" || echo "FAILED"
+# A user's LOOM_THREADS sets the BLAS and OpenMP pools to the same.
+line=$(env -u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS LOOM_THREADS=3 "$LOOM" run --dry-run -n 2 prog | tail -1)
+[ "$line" = "LOOM_THREADS=3 OMP_NUM_THREADS=3 OPENBLAS_NUM_THREADS=3" ] ||
+  { echo "FAILED: LOOM_THREADS=3 gave: $line"; fail=1; }
+[ $fail = 0 ] && echo "3 passed, 0 failed" || echo "FAILED"
 exit $fail
