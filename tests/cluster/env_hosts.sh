@@ -11,6 +11,7 @@
 . "$(dirname "$0")/../lib.sh"
 . "$(dirname "$0")/hosts.sh"
 export LOOM_THREADS=1 OMP_NUM_THREADS=1 LOOM_LOG=warn TMPDIR=$tmp
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$SRC/tests/parallel/lsan_mpi.supp:fast_unwind_on_malloc=0:print_suppressions=0}
 hosts_can || { echo "skipped: cannot make network namespaces here (needs root and ip netns)"; exit 77; }
 "$LOOM" run --dry-run -n 2 prog | grep -q '^command: mpirun.openmpi\|^command: [^ ]*ompi\|^command: mpirun ' ||
   { echo "skipped: LOOM_INIT=env:// needs Open MPI"; exit 77; }
