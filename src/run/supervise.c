@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "hostfile.h"
@@ -511,6 +512,106 @@ static int local_ranks(const host_slots *hs, int np, bool *all_local) {
   return n;
 }
 
+/* --min-np (elastic): before each start, every other host is asked to run
+ * `true` through mpirun's agent (OMPI_MCA_plm_rsh_agent, else ssh in batch
+ * mode); a host that does not answer within 15 s is left out of this start
+ * while the others still offer --min-np slots, and asked again at the next
+ * start (a host that came back is taken in). */
+static const char *g_hosts_live; /* the hosts left, for mpirun's --host */
+
+static bool host_answers(const char *host) {
+  const char *agent = getenv("OMPI_MCA_plm_rsh_agent");
+  char buf[1024];
+  snprintf(buf, sizeof buf, "%s", agent && *agent ? agent : "ssh");
+  buf[strcspn(buf, ":")] = '\0'; /* "ssh : rsh": the first */
+  char *argv[24];
+  int n = 0;
+  for (char *t = strtok(buf, " \t"); t && n < 16; t = strtok(NULL, " \t"))
+    argv[n++] = t;
+  if (n == 0)
+    return true;
+  const char *base = strrchr(argv[0], '/');
+  base = base ? base + 1 : argv[0];
+  if (strcmp(base, "ssh") == 0) {
+    static char o1[] = "-o", b[] = "BatchMode=yes", o2[] = "-o",
+                c[] = "ConnectTimeout=10";
+    argv[n++] = o1;
+    argv[n++] = b;
+    argv[n++] = o2;
+    argv[n++] = c;
+  }
+  static char t[] = "true";
+  argv[n++] = (char *)(uintptr_t)host;
+  argv[n++] = t;
+  argv[n] = NULL;
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (fd >= 0) {
+      dup2(fd, 0);
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    execvp(argv[0], argv);
+    _exit(127);
+  }
+  if (pid < 0)
+    return true; /* cannot ask: let mpirun try */
+  double until = loom_time_now() + 15;
+  int st = 0;
+  while (waitpid(pid, &st, WNOHANG) == 0) {
+    if (loom_time_now() > until) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      return false;
+    }
+    loom_run_sleep(0.05); /* polling the probe's exit */
+  }
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+/* Leaves the hosts that do not answer out of hs; 0, or -1 (no memory). */
+static int drop_silent_hosts(host_slots *hs) {
+  static char *live;
+  free(live);
+  live = NULL;
+  g_hosts_live = NULL;
+  host_slots keep = {0};
+  const char *p = hs->names;
+  int dropped = 0;
+  for (int h = 0; h < hs->n && p && *p; h++) {
+    const char *colon = strchr(p, ':');
+    if (!colon)
+      break;
+    size_t len = (size_t)(colon - p);
+    char name[256];
+    snprintf(name, sizeof name, "%.*s", (int)len, p);
+    if (is_local_host(p, len) || host_answers(name)) {
+      if (add_host(&keep, p, len, hs->slots[h])) {
+        free(keep.names);
+        return -1;
+      }
+    } else {
+      fprintf(stderr,
+              "loom run: host %s does not answer (its agent could not run "
+              "`true` there): left out of this start\n",
+              name);
+      dropped++;
+    }
+    const char *comma = strchr(colon, ',');
+    p = comma ? comma + 1 : NULL;
+  }
+  if (!dropped) {
+    free(keep.names);
+    return 0;
+  }
+  free(hs->names);
+  *hs = keep;
+  live = hs->names ? strdup(hs->names) : NULL;
+  g_hosts_live = live;
+  return 0;
+}
+
 static bool in_path(const char *name) {
   const char *path = getenv("PATH");
   if (!path || strchr(name, '/'))
@@ -642,6 +743,8 @@ static int plan_ranks(const run_opts *o, host_slots *hs, bool *have_hosts,
   }
   if (o->nnodes)
     return o->nnodes * o->nproc;
+  if (*have_hosts && o->min_np && !o->dry_run && drop_silent_hosts(hs))
+    return -1;
   int np = o->np;
   for (int h = 0; *have_hosts && h < hs->n; h++)
     *slots += hs->slots[h];
@@ -754,7 +857,10 @@ static void push_openmpi(const run_opts *o, argv_buf *cmd, const char *np,
   push(cmd, "none");
   push(cmd, "-np");
   push(cmd, np);
-  if (o->hosts) {
+  if (g_hosts_live) { /* some hosts did not answer: the others */
+    push(cmd, "--host");
+    push(cmd, g_hosts_live);
+  } else if (o->hosts) {
     push(cmd, "--host");
     push(cmd, o->hosts);
   } else if (o->hostfile) {

@@ -2,7 +2,8 @@
 # An ssh stand-in for mpirun on the emulated hosts (tests/cluster/hosts.sh):
 # "logging in" to hostK or 10.79.0.(10+K) enters that host's network
 # namespace with hostname hostK and runs the command string there, as sshd
-# would. Options before the host (-x, -o ...) are ignored.
+# would; a host whose link is down does not answer (exit 255, like ssh).
+# Options before the host (-x, -o ...) are ignored.
 while [ $# -gt 0 ]; do
   case $1 in
   -o | -p | -l | -i) shift 2 ;;
@@ -20,4 +21,9 @@ host[0-9]*) k=${host#host} ;;
   exit 255
   ;;
 esac
+# A host whose link is down cannot be reached, as ssh could not.
+ip -n "${HOSTS_PREFIX:?}n$k" link show lnk0 2>/dev/null | grep -q 'state UP' || {
+  echo "rsh.sh: host$k: no route to host (its link is down)" >&2
+  exit 255
+}
 exec ip netns exec "${HOSTS_PREFIX:?}n$k" unshare --uts -- /bin/sh -c 'hostname "$0"; eval "$1"' "host$k" "$*"
