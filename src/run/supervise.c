@@ -605,9 +605,9 @@ static int drop_silent_hosts(host_slots *hs) {
     free(keep.names);
     return 0;
   }
+  live = keep.names ? strdup(keep.names) : NULL;
   free(hs->names);
   *hs = keep;
-  live = hs->names ? strdup(hs->names) : NULL;
   g_hosts_live = live;
   return 0;
 }
