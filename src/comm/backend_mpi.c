@@ -242,7 +242,8 @@ static void setup_hier(loom_comm_ctx *ctx, loom_group *g, mpi_group *mg,
       MPI_Allreduce(&g->local_size, &lmax, 1, MPI_INT, MPI_MAX, mg->comm) !=
           MPI_SUCCESS)
     return;
-  if (lmin != lmax || lmin < 2 || lmin == g->size) {
+  if (lmin != lmax || lmin < 2 || lmin == g->size ||
+      lmax > LOOM_SHM_MAX_RANKS) {
     if (lmin != lmax)
       LOOM_DEBUG("comm: group %s has %d to %d ranks a host: the flat "
                  "all-reduce",
@@ -327,8 +328,7 @@ static loom_status setup_group(loom_comm_ctx *ctx, loom_group *g,
       g->size <= LOOM_SHM_MAX_RANKS) {
     mg->shm = open_shm(ctx, mg->comm, g->rank, g->size, g->label);
     g->shm = mg->shm != NULL;
-  } else if (ctx->opts.shm && ctx->opts.hier && g->local_size < g->size &&
-             g->local_size <= LOOM_SHM_MAX_RANKS) {
+  } else if (ctx->opts.shm && ctx->opts.hier && g->local_size < g->size) {
     setup_hier(ctx, g, mg, local);
   }
   MPI_Comm_free(&local);
@@ -1075,11 +1075,13 @@ static void drain_stdio(double max_s) {
 }
 
 static void mpi_abort(loom_comm_ctx *ctx, int code) {
-  (void)ctx;
   fflush(stdout);
   fflush(stderr);
   drain_stdio(2.0);
-  MPI_Abort(MPI_COMM_WORLD, code);
+  /* A world grown from env:// is not MPI_COMM_WORLD (that is this process
+   * alone): abort the grown one, so the other ranks go down too. */
+  mpi_group *w = G.env_init && ctx->world ? ctx->world->bg : NULL;
+  MPI_Abort(w ? w->comm : MPI_COMM_WORLD, code);
 }
 
 static void *mpi_native(loom_group *g) {

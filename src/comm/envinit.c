@@ -362,7 +362,10 @@ static loom_status gather_hellos(void) {
   char buf[512];
   for (int got = 1; got < E.size && s == LOOM_OK;) {
     struct pollfd pf = {lfd, POLLIN, 0};
-    if (left_ms() == 0 || poll(&pf, 1, left_ms()) == 0) {
+    int pr = left_ms() == 0 ? 0 : poll(&pf, 1, left_ms());
+    if (pr < 0 && errno == EINTR)
+      continue;
+    if (pr <= 0) {
       char missing[200] = "";
       for (int i = 1, n = 0; i < E.size && n < 20; i++)
         if (E.fds[i] < 0)
@@ -409,7 +412,6 @@ static loom_status gather_hellos(void) {
 loom_status loom_envinit_before_mpi(void) {
   if (E.size < 2)
     return LOOM_OK;
-  signal(SIGPIPE, SIG_IGN);
   char msg[2048];
   uint32_t n;
   if (E.rank == 0) {
@@ -446,6 +448,11 @@ loom_status loom_envinit_before_mpi(void) {
                         E.addr, E.port, msg);
     setenv("OMPI_MCA_pmix_server_uri", msg + 3, 1);
   }
+  /* Everyone is here: the world's wiring gets a whole timeout of its own
+   * (ranks that came late, an image pulled slowly, spent the first). */
+  int secs = 300;
+  env_int("LOOM_RDZV_TIMEOUT", 1, 86400, false, 300, &secs);
+  E.deadline = now() + secs;
   if (getuid() == 0) { /* Open MPI's singleton daemon refuses root else */
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
     setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
@@ -619,7 +626,20 @@ loom_status loom_envinit_world(void *out_comm) {
   return s;
 }
 
+/* The rendezvous sockets, when the world did not form. */
+static void close_sockets(void) {
+  for (int i = 1; E.fds && i < E.size; i++)
+    if (E.fds[i] >= 0)
+      close(E.fds[i]); /* the others hear the master is gone at once */
+  loom_free(E.fds);
+  E.fds = NULL;
+  if (E.master >= 0)
+    close(E.master);
+  E.master = -1;
+}
+
 void loom_envinit_finish(void) {
+  close_sockets();
   if (E.server > 0) { /* SIGTERM, then SIGKILL after 5 s */
     kill(E.server, SIGTERM);
     double until = now() + 5;

@@ -44,6 +44,8 @@ struct loom_hier {
   size_t chunk_bytes;
   uint64_t seq;   /* sub-operations entered on shm */
   uint64_t n_ops; /* all-reduces taken (tests) */
+  bool broken;    /* an all-reduce failed midway: its peers and requests
+                     are out of step, so every later one fails at once */
   /* The operation in flight (one collective a group at a time). */
   loom_op sub;    /* the host's step in flight */
   bool sub_on;    /* sub is running */
@@ -87,14 +89,21 @@ loom_status loom_hier_open(loom_hier **out, loom_shm *shm, void *cross,
 void loom_hier_close(loom_hier *h) {
   if (!h)
     return;
+  for (int w = 0; w < HIER_AHEAD; w++) {
+    /* A failed or abandoned all-reduce may have left receives posted into
+     * tmp: cancelled before it (and the communicator) goes. */
+    for (int q = 0; q < 2; q++)
+      if (h->flight[w].rq[q] != MPI_REQUEST_NULL) {
+        MPI_Cancel(&h->flight[w].rq[q]);
+        MPI_Request_free(&h->flight[w].rq[q]);
+      }
+    loom_free(h->flight[w].tmp);
+    loom_mem_sub(LOOM_MEM_COMM, h->flight[w].tmp_bytes);
+  }
   loom_shm_close(h->shm);
   if (h->cross != MPI_COMM_NULL)
     MPI_Comm_free(&h->cross);
   loom_free(h->counts);
-  for (int w = 0; w < HIER_AHEAD; w++) {
-    loom_free(h->flight[w].tmp);
-    loom_mem_sub(LOOM_MEM_COMM, h->flight[w].tmp_bytes);
-  }
   loom_free(h);
 }
 
@@ -292,7 +301,16 @@ static bool cross_in_flight(const loom_hier *h) {
   return false;
 }
 
+static int progress(loom_hier *h, loom_op *op, bool *moved, bool *poll);
+
 int loom_hier_progress(loom_hier *h, loom_op *op, bool *moved, bool *poll) {
+  int done = progress(h, op, moved, poll);
+  if (done && op->status != LOOM_OK)
+    h->broken = true;
+  return done;
+}
+
+static int progress(loom_hier *h, loom_op *op, bool *moved, bool *poll) {
   /* MPI moves its messages only inside MPI calls: test what is in flight
    * on every pass, so blocks cross while the host reduces and gathers. */
   if (cross_in_flight(h)) {
@@ -338,6 +356,12 @@ int loom_hier_progress(loom_hier *h, loom_op *op, bool *moved, bool *poll) {
 }
 
 int loom_hier_start(loom_hier *h, loom_op *op) {
+  if (h->broken) {
+    loom_comm_op_fail(op, LOOM_ERR_REMOTE,
+                      "an earlier all-reduce between hosts failed midway; "
+                      "this group cannot all-reduce any more");
+    return 1;
+  }
   size_t e = loom_dtype_size(op->dtype);
   size_t piece = h->chunk_bytes / e;
   if (piece > (size_t)INT_MAX / 2)

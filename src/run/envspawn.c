@@ -68,9 +68,19 @@ int loom_run_env_ranks(int argc, char **argv) {
   setenv("MASTER_ADDR", argv[4], 1);
   setenv("LOOM_INIT", "env://", 1);
   pid_t me = getpid();
-  for (int i = 0; i < L; i++) {
+  /* Signals wait while a rank is forked, so each one reaches every rank
+   * started; the child takes the defaults back before it runs. */
+  sigset_t block, old;
+  sigemptyset(&block);
+  for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+    sigaddset(&block, sigs[i]);
+  for (int i = 0; i < L && !got_sig; i++) {
+    sigprocmask(SIG_BLOCK, &block, &old);
     pid_t p = fork();
     if (p == 0) {
+      for (size_t k = 0; k < sizeof sigs / sizeof sigs[0]; k++)
+        signal(sigs[k], SIG_DFL);
+      sigprocmask(SIG_SETMASK, &old, NULL);
       prctl(PR_SET_PDEATHSIG, SIGTERM); /* never outlive the launcher */
       if (getppid() != me)
         _exit(1);
@@ -83,12 +93,14 @@ int loom_run_env_ranks(int argc, char **argv) {
               strerror(errno));
       _exit(127);
     }
+    if (p > 0)
+      kids[nkids++] = p;
+    sigprocmask(SIG_SETMASK, &old, NULL);
     if (p < 0) {
       fprintf(stderr, "loom run: fork: %s\n", strerror(errno));
       pass_on(SIGTERM);
       break;
     }
-    kids[nkids++] = p;
   }
   int code = 0, left = nkids;
   bool failed = nkids < L;

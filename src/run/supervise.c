@@ -518,6 +518,7 @@ static int local_ranks(const host_slots *hs, int np, bool *all_local) {
  * while the others still offer --min-np slots, and asked again at the next
  * start (a host that came back is taken in). */
 static const char *g_hosts_live; /* the hosts left, for mpirun's --host */
+static bool g_no_probe;          /* planning a standby: no asking */
 
 static bool host_answers(const char *host) {
   const char *agent = getenv("OMPI_MCA_plm_rsh_agent");
@@ -604,6 +605,11 @@ static int drop_silent_hosts(host_slots *hs) {
   if (!dropped) {
     free(keep.names);
     return 0;
+  }
+  if (keep.n == 0) {
+    fprintf(stderr, "loom run: no host of the hostfile answers\n");
+    free(keep.names);
+    return -1;
   }
   live = keep.names ? strdup(keep.names) : NULL;
   free(hs->names);
@@ -743,7 +749,8 @@ static int plan_ranks(const run_opts *o, host_slots *hs, bool *have_hosts,
   }
   if (o->nnodes)
     return o->nnodes * o->nproc;
-  if (*have_hosts && o->min_np && !o->dry_run && drop_silent_hosts(hs))
+  if (*have_hosts && o->min_np && !o->dry_run && !g_no_probe &&
+      drop_silent_hosts(hs))
     return -1;
   int np = o->np;
   for (int h = 0; *have_hosts && h < hs->n; h++)
@@ -1075,7 +1082,9 @@ static void start_standby(job *jb) {
   int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
   if (saved >= 0 && null >= 0)
     dup2(null, STDERR_FILENO);
+  g_no_probe = true; /* inside the watch loop: never a 15 s probe there */
   int bad = build_plan(o, next, &cmd, &used, &pi);
+  g_no_probe = false;
   fflush(stderr);
   if (saved >= 0) {
     dup2(saved, STDERR_FILENO);
