@@ -132,6 +132,16 @@ wait_for 120 "step 4's checkpoint of job $jid" latest_is "$tmp/warned" 4 &&
 wait_for 60 "job $jid back in the queue" job_requeued "$jid" &&
   scontrol update JobId="$jid" StartTime=now || bad "job $jid did not requeue itself: $(job_state "$jid"); $(tail -3 "$tmp/warned.out")"
 wait_for 120 "job $jid (warned)" job_gone "$jid"
+# Under load SLURM 22.05 was seen (once in CI) to fail the second start of
+# a job that requeued itself, before its script printed anything
+# (JobState=FAILED). loom's part was done (the ranks saved, the script
+# requeued the job): say what SLURM said, requeue it once more, go on.
+if [ "$(job_state "$jid")" != COMPLETED ] && ! grep -q 'resuming from' "$tmp/warned.out"; then
+  echo "note: SLURM's second start of job $jid failed before it printed: $(scontrol show job "$jid" | grep -o 'JobState=[^ ]*\|Reason=[^ ]*\|ExitCode=[^ ]*' | tr '\n' ' '); requeued once more"
+  scontrol requeue "$jid" 2>/dev/null
+  wait_for 60 "job $jid back in the queue" job_requeued "$jid" && scontrol update JobId="$jid" StartTime=now
+  wait_for 120 "job $jid (warned, again)" job_gone "$jid"
+fi
 check_job warned "job warned of its time limit in $((SECONDS - t)) s"
 stop=$(grep -o 'stopped by SIGTERM at step [0-9]*, checkpoint saved' "$tmp/warned.out" | grep -o 'step [0-9]*')
 resumed=$(grep -o 'resuming from [^ ]* (step [0-9]*' "$tmp/warned.out" | grep -o 'step [0-9]*')
