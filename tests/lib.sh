@@ -19,6 +19,16 @@ run() { # N ARGS...: loom run -n N loom ARGS (output in $tmp/out, code in $rc)
   "$LOOM" run -n "$n" --timeout 120 "$LOOM" "$@" >"$tmp/out" 2>&1
   rc=$?
 }
+# RUN: each step's loss, the last one written for a step (a resumed run
+# writes the steps after its checkpoint again), in step order.
+loss_steps() {
+  python3 -c 'import json, sys
+seen = {}
+for l in open(sys.argv[1] + "/metrics.jsonl"):
+    r = json.loads(l)
+    if "loss" in r: seen[r["step"]] = repr(r["loss"])
+print(" ".join(seen[k] for k in sorted(seen)))' "$1"
+}
 finish() { # NAME: the summary line and the exit status
   [ $fail = 0 ] && echo "$1: all passed"
   exit $fail

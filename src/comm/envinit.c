@@ -246,17 +246,29 @@ static loom_status connect_master(void) {
                     E.rank, E.addr, E.port, last);
 }
 
-/* Rank 0's directory for the server: its two files, then itself. */
+/* Rank 0's directory for the server: itself and its two files, nothing
+ * else (the fs helper removes without following links). */
+static bool server_own(const char *name, bool is_dir, int depth, void *ctx) {
+  (void)ctx;
+  if (depth == 0)
+    return is_dir && strncmp(name, "loom-rdzv-", 10) == 0;
+  return depth == 1 && !is_dir &&
+         (strcmp(name, "uri") == 0 || strcmp(name, "ompi-server.log") == 0);
+}
+
 static void remove_dir(void) {
   if (!E.dir[0])
     return;
-  int dfd = open(E.dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (dfd >= 0) {
-    unlinkat(dfd, "uri", 0);
-    unlinkat(dfd, "ompi-server.log", 0);
-    close(dfd);
+  char *slash = strrchr(E.dir, '/');
+  if (slash) {
+    *slash = '\0';
+    int dfd = loom_fs_open_dir(E.dir[0] ? E.dir : "/");
+    *slash = '/';
+    if (dfd >= 0) {
+      loom_fs_remove_own(dfd, slash + 1, E.dir, server_own, NULL, NULL);
+      close(dfd);
+    }
   }
-  rmdir(E.dir);
   E.dir[0] = '\0';
 }
 

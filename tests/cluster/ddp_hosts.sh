@@ -11,13 +11,7 @@
 # made (not root).
 . "$(dirname "$0")/../lib.sh"
 . "$(dirname "$0")/hosts.sh"
-export LOOM_THREADS=1 OMP_NUM_THREADS=1 LOOM_LOG=warn
-export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$SRC/tests/parallel/lsan_mpi.supp:fast_unwind_on_malloc=0:print_suppressions=0}
-hosts_can || { echo "skipped: cannot make network namespaces here (needs root and ip netns)"; exit 77; }
-"$LOOM" run --dry-run -n 2 prog | grep -q '^command: mpirun.openmpi\|^command: [^ ]*ompi\|^command: mpirun ' ||
-  { echo "skipped: loom is built against another MPI; the emulated hosts drive Open MPI's rsh agent"; exit 77; }
-trap 'hosts_down; rm -rf "$tmp"' EXIT
-hosts_up 4 1gbit || { bad "making 4 emulated hosts"; finish cluster_ddp; }
+hosts_start 4 1gbit cluster_ddp "loom is built against another MPI; the emulated hosts drive Open MPI's rsh agent"
 ok "4 emulated hosts, 1 Gbit/s links"
 
 cat "$SRC"/docs/*.md 2>/dev/null | head -c 100000 >"$tmp/text.txt"

@@ -9,25 +9,13 @@
 # trains on. Skips (77) without root or with MPICH.
 . "$(dirname "$0")/../lib.sh"
 . "$(dirname "$0")/hosts.sh"
-export LOOM_THREADS=1 OMP_NUM_THREADS=1 LOOM_LOG=warn
-export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$SRC/tests/parallel/lsan_mpi.supp:fast_unwind_on_malloc=0:print_suppressions=0}
-hosts_can || { echo "skipped: cannot make network namespaces here (needs root and ip netns)"; exit 77; }
-"$LOOM" run --dry-run -n 2 prog | grep -q '^command: mpirun.openmpi\|^command: [^ ]*ompi\|^command: mpirun ' ||
-  { echo "skipped: the emulated hosts drive Open MPI's rsh agent"; exit 77; }
-trap 'hosts_down; rm -rf "$tmp"' EXIT
-hosts_up 2 1gbit || { bad "making 2 emulated hosts"; finish cluster_elastic; }
+hosts_start 2 1gbit cluster_elastic "the emulated hosts drive Open MPI's rsh agent"
 
 cat "$SRC"/docs/*.md 2>/dev/null | head -c 100000 >"$tmp/text.txt"
 cfg=("$SRC/examples/small_gpt.yaml" --set "data.path=$tmp/text.txt" --set model.layers=1
   --set model.d_model=32 --set model.heads=2 --set model.context=16 --set train.batch_size=2
   --set train.steps=12 --set log.every=1 --set parallel.strategy=ddp --set parallel.deterministic=true
   --set parallel.virtual_shards=4 --set checkpoint.every=2 --quiet)
-steps() { python3 -c 'import json, sys
-seen = {}
-for l in open(sys.argv[1] + "/metrics.jsonl"):
-    r = json.loads(l)
-    if "loss" in r: seen[r["step"]] = repr(r["loss"])
-print(" ".join(seen[k] for k in sorted(seen)))' "$1"; }
 last_step() { [ -s "$1/metrics.jsonl" ] && tail -n 1 "$1/metrics.jsonl" | grep -o '"step": *[0-9]*' | grep -o '[0-9]*$' || echo 0; }
 
 "$LOOM" run -n 4 --timeout 200 "$LOOM" train "${cfg[@]}" --set "log.run_dir=$tmp/ref" >"$tmp/ref.out" 2>&1 ||
@@ -49,7 +37,7 @@ ip -n "${HOSTS_PREFIX}n2" link set lnk0 down
 for p in $(ip netns pids "${HOSTS_PREFIX}n2"); do kill -9 "$p" 2>/dev/null; done
 wait $job
 rc=$?
-if [ $rc = 0 ] && grep -q "host host2 does not answer" "$tmp/el.out" && [ "$(steps "$tmp/el")" = "$(steps "$tmp/ref")" ]; then
+if [ $rc = 0 ] && grep -q "host host2 does not answer" "$tmp/el.out" && [ "$(loss_steps "$tmp/el")" = "$(loss_steps "$tmp/ref")" ]; then
   ok "host2 left: restarted on host1 alone, every loss the bits of 4 ranks; loom run said: $(grep -h 'does not answer\|recovered in' "$tmp/el.out" | tr '\n' ' ')"
 else
   bad "host2 leaving (rc $rc)"

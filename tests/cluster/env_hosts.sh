@@ -10,13 +10,8 @@
 # namespaces cannot be made (not root) or loom is built against MPICH.
 . "$(dirname "$0")/../lib.sh"
 . "$(dirname "$0")/hosts.sh"
-export LOOM_THREADS=1 OMP_NUM_THREADS=1 LOOM_LOG=warn TMPDIR=$tmp
-export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$SRC/tests/parallel/lsan_mpi.supp:fast_unwind_on_malloc=0:print_suppressions=0}
-hosts_can || { echo "skipped: cannot make network namespaces here (needs root and ip netns)"; exit 77; }
-"$LOOM" run --dry-run -n 2 prog | grep -q '^command: mpirun.openmpi\|^command: [^ ]*ompi\|^command: mpirun ' ||
-  { echo "skipped: LOOM_INIT=env:// needs Open MPI"; exit 77; }
-trap 'hosts_down; rm -rf "$tmp"' EXIT
-hosts_up 2 1gbit || { bad "making 2 emulated hosts"; finish cluster_env; }
+export TMPDIR=$tmp
+hosts_start 2 1gbit cluster_env "LOOM_INIT=env:// needs Open MPI"
 
 cat "$SRC"/docs/*.md 2>/dev/null | head -c 100000 >"$tmp/text.txt"
 cfg=("$SRC/examples/small_gpt.yaml" --set "data.path=$tmp/text.txt" --set model.layers=2

@@ -9,6 +9,7 @@
 #   hosts_up N [RATE]   make them (RATE like 1gbit; empty: no limit)
 #   on_host K CMD...    run CMD on host K (in the foreground)
 #   hosts_down          remove them (also at exit)
+#   hosts_start N RATE NAME WHY   a test's whole start (below)
 #   HOSTS_AGENT         the ssh stand-in for mpirun (tests/cluster/rsh.sh)
 HOSTS_PREFIX="lm$(($$ % 100000))"
 HOSTS_N=0
@@ -60,4 +61,18 @@ on_host() { # K CMD...
     OMPI_MCA_oob_tcp_if_include=lnk0 OMPI_MCA_btl_tcp_if_include=lnk0 \
     OMPI_MCA_btl=self,vader,tcp OMPI_MCA_pml=ob1 \
     /bin/sh -c 'hostname "$0"; exec "$@"' "host$k" "$@"
+}
+
+# The start of every emulated-hosts test: one thread a rank, quiet logs,
+# Open MPI's own leaks suppressed (ASan), skip (77) without namespaces or
+# when loom is not built with Open MPI (WHY says what needs it), removal at
+# exit, then N hosts at RATE (NAME: the test, for its summary line).
+hosts_start() { # N RATE NAME WHY
+  export LOOM_THREADS=1 OMP_NUM_THREADS=1 LOOM_LOG=warn
+  export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$SRC/tests/parallel/lsan_mpi.supp:fast_unwind_on_malloc=0:print_suppressions=0}
+  hosts_can || { echo "skipped: cannot make network namespaces here (needs root and ip netns)"; exit 77; }
+  "$LOOM" run --dry-run -n 2 prog | grep -q '^command: mpirun.openmpi\|^command: [^ ]*ompi\|^command: mpirun ' ||
+    { echo "skipped: $4"; exit 77; }
+  trap 'hosts_down; rm -rf "$tmp"' EXIT
+  hosts_up "$1" "$2" || { bad "making $1 emulated hosts"; finish "$3"; }
 }

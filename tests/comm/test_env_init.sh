@@ -74,14 +74,8 @@ LOOM_FAULT=1:4:segv "$LOOM" run --nnodes 1 --nproc-per-node 2 --master-port $((b
   --max-restarts 1 --timeout 120 "$LOOM" train "${cfg[@]}" --set checkpoint.enabled=true \
   --set checkpoint.every=2 --set "log.run_dir=$tmp/nf" >"$tmp/nf.out" 2>&1
 rc=$?
-steps() { python3 -c 'import json, sys
-seen = {}
-for l in open(sys.argv[1] + "/metrics.jsonl"):
-    r = json.loads(l)
-    if "loss" in r: seen[r["step"]] = repr(r["loss"])
-print(" ".join(seen[k] for k in sorted(seen)))' "$1"; }
 [ $rc = 0 ] && grep -q "restart 1 of 1" "$tmp/nf.out" && grep -q "recovered in" "$tmp/nf.out" &&
-  [ "$(steps "$tmp/nf")" = "$(steps "$tmp/ref")" ] &&
+  [ "$(loss_steps "$tmp/nf")" = "$(loss_steps "$tmp/ref")" ] &&
   ok "--nnodes, rank 1 killed at step 4: restarted, resumed from step 2, every loss the same" ||
   { bad "--nnodes restart (rc $rc)"; tail -n 8 "$tmp/nf.out"; }
 "$LOOM" run --nnodes 2 --nproc-per-node 2 "$LOOM" train x.yaml >"$tmp/u.out" 2>&1
