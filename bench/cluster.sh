@@ -13,6 +13,7 @@
 # host with env://), tokens/s, alternating ROUNDS times. Needs root.
 #   usage: bench/cluster.sh [BUILD_DIR]   env: RATES ("1gbit 200mbit"),
 #          HOSTS ("2"), SIZES (1M,16M,64M), LAYOUTS ("1 2": ranks a host),
+#          OPS ("allreduce"; also allgather, reducescatter: ZeRO's two),
 #          ROUNDS (2), DDP (1; 0 skips the training part), DDP_MODEL
 #          (kjv-gpt), DDP_STEPS (15), NO_TORCH=1 (loom only)
 set -euo pipefail
@@ -21,7 +22,7 @@ BUILD=${1:-$LOOM_ROOT/build}
 LOOM="$BUILD/loom"
 [ -x "$LOOM" ] || { echo "build it first: make build" >&2; exit 1; }
 RATES=${RATES:-1gbit 200mbit} HOSTS=${HOSTS:-2} SIZES=${SIZES:-1M,16M,64M}
-LAYOUTS=${LAYOUTS:-1 2} ROUNDS=${ROUNDS:-2}
+LAYOUTS=${LAYOUTS:-1 2} ROUNDS=${ROUNDS:-2} OPS=${OPS:-allreduce}
 SRC=$LOOM_ROOT
 tmp=$(mktemp -d)
 . "$LOOM_ROOT/tests/cluster/hosts.sh"
@@ -29,21 +30,22 @@ hosts_can || { echo "bench/cluster: needs root and ip netns" >&2; exit 1; }
 trap 'hosts_down; rm -rf "$tmp"' EXIT
 bench_check_load
 export LOOM_THREADS=1 OMP_NUM_THREADS=1
-echo "# loom bench comm allreduce f32 across emulated hosts (tbf both ways; ~5 us latency)"
+echo "# loom bench comm ($OPS) f32 across emulated hosts (tbf both ways; ~5 us latency)"
 
 one() { # HOSTS PER HIER OUT
   local h=$1 per=$2 hier=$3 list="" i
   for i in $(seq 1 "$h"); do list="$list${list:+,}host$i:$per"; done
   on_host 1 env LOOM_COMM_HIER="$hier" "$LOOM" run --hosts "$list" -n $((h * per)) \
-    "$LOOM" bench comm --op allreduce --sizes "$SIZES" 2>&1 | grep -v '^\[bench\]' >"$4"
+    "$LOOM" bench comm --op "$op" --sizes "$SIZES" 2>&1 | grep -v '^\[bench\]' >"$4"
 }
 
 for rate in $RATES; do
   for h in $HOSTS; do
     hosts_down
     hosts_up "$h" "$rate"
+    for op in $OPS; do
     for per in $LAYOUTS; do
-      echo "## $rate, $h hosts x $per rank(s)"
+      echo "## $op, $rate, $h hosts x $per rank(s)"
       if [ "$per" = 1 ]; then
         one "$h" 1 1 "$tmp/t" && cat "$tmp/t"
         continue
@@ -59,16 +61,19 @@ for rate in $RATES; do
       # Per size: the best loom time of each, and plain MPI's best.
       cat "$tmp"/flat.* | awk '!/^#/ && NF > 8 {print "flat", $1, $6, $11}' >"$tmp/all"
       cat "$tmp"/hier.* | awk '!/^#/ && NF > 8 {print "hier", $1, $6, $11}' >>"$tmp/all"
-      awk -v per="$per" -v h="$h" '
+      # busbw as nccl-tests count it: algbw x 2(p-1)/p for an all-reduce,
+      # x (p-1)/p for the others.
+      awk -v per="$per" -v h="$h" -v op="$op" '
         { k = $2; if (!(k in seen)) { seen[k] = 1; order[++n] = k }
           if (!((k, $1) in best) || $3 < best[k, $1]) best[k, $1] = $3
           if (!(k in mpi) || $4 < mpi[k]) mpi[k] = $4 }
         END {
-          p = h * per; f = 2 * (p - 1) / p
-          printf "# best of the rounds, busbw GB/s (%d ranks): size | flat | hierarchical | MPI_Allreduce | hierarchical / flat\n", p
+          p = h * per; f = (op == "allreduce" ? 2 : 1) * (p - 1) / p
+          printf "# best of the rounds, busbw GB/s (%d ranks): size | flat | hierarchical | plain MPI | hierarchical / flat\n", p
           for (i = 1; i <= n; i++) { k = order[i]
             bf = k / best[k, "flat"] / 1e3 * f; bh = k / best[k, "hier"] / 1e3 * f; bm = k / mpi[k] / 1e3 * f
             printf "%12d | %6.3f | %6.3f | %6.3f | %5.2fx\n", k, bf, bh, bm, bh / bf } }' "$tmp/all"
+    done
     done
   done
 done

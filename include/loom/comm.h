@@ -214,6 +214,10 @@ bool loom_group_shm(const loom_group *g);
 /* Whether g's all-reduces are hierarchical: g spans hosts with the same
  * number of ranks (more than one) on each, LOOM_COMM_HIER on. */
 bool loom_group_hier(const loom_group *g);
+/* Whether its reduce-scatters and all-gathers are too: hierarchical, and
+ * each host's ranks consecutive in the group, hosts in order (rank = host
+ * * ranks a host + local rank, as launchers place them). */
+bool loom_group_hier_gather(const loom_group *g);
 /* LOOM_OK, or the error that broke the group (a timeout with
  * LOOM_COMM_ABORT=0), with its message recorded on this thread. */
 loom_status loom_group_error(loom_group *g);

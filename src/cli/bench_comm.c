@@ -529,7 +529,10 @@ static void print_header(const bench_args *a, loom_group *g, bool mpi) {
          loom_comm_op_name(a->op), loom_dtype_name(a->dtype),
          loom_redop_name(a->redop), loom_group_size(g), loom_group_backend(g),
          loom_group_shm(g) ? "on" : "off",
-         loom_group_hier(g) ? ", hierarchical all-reduce" : "",
+         loom_group_hier_gather(g)
+             ? ", hierarchical all-reduce, reduce-scatter, all-gather"
+         : loom_group_hier(g) ? ", hierarchical all-reduce"
+                              : "",
          a->shared ? ", buffers from loom_group_mem_alloc" : "");
   printf("# %11s %12s %5s %5s | %10s %8s %8s %6s", "size(B)", "count", "type",
          "redop", "loom(us)", "algbw", "busbw", "#wrong");

@@ -258,10 +258,19 @@ static void setup_hier(loom_comm_ctx *ctx, loom_group *g, mpi_group *mg,
   if (MPI_Comm_split(mg->comm, g->local_rank, g->rank, &cross) != MPI_SUCCESS)
     ok = 0;
   loom_hier *h = NULL;
+  /* Reduce-scatter and all-gather go hierarchical only where each host's
+   * ranks are consecutive in the group, in host order. */
+  int host_major = 0, hrank = -1;
+  if (ok && MPI_Comm_rank(cross, &hrank) == MPI_SUCCESS)
+    host_major = g->rank == hrank * g->local_size + g->local_rank;
+  int all_major = 0;
+  if (MPI_Allreduce(&host_major, &all_major, 1, MPI_INT, MPI_MIN, mg->comm) !=
+      MPI_SUCCESS)
+    all_major = 0;
   if (ok) {
     MPI_Comm_set_errhandler(cross, MPI_ERRORS_RETURN);
     if (loom_hier_open(&h, shm, &cross, g->local_rank, g->local_size,
-                       g->size / g->local_size,
+                       g->size / g->local_size, all_major != 0,
                        ctx->opts.chunk_bytes) != LOOM_OK)
       ok = 0;
   }
@@ -271,6 +280,7 @@ static void setup_hier(loom_comm_ctx *ctx, loom_group *g, mpi_group *mg,
   if (all) {
     mg->hier = h;
     g->hier = true;
+    g->hier_gather = all_major != 0;
     return;
   }
   if (h) {
@@ -1112,6 +1122,12 @@ uint64_t loom_comm_hier_count(loom_group *g) {
   return loom_hier_count(mg ? mg->hier : NULL);
 }
 
+void loom_comm_hier_counts(loom_group *g, uint64_t *allreduce,
+                           uint64_t *reduce_scatter, uint64_t *allgather) {
+  mpi_group *mg = g && g->ctx->be == &loom_backend_mpi ? g->bg : NULL;
+  loom_hier_counts(mg ? mg->hier : NULL, allreduce, reduce_scatter, allgather);
+}
+
 #else /* !LOOM_HAVE_MPI */
 
 void loom_comm_path_counts(loom_group *g, uint64_t *direct, uint64_t *staged) {
@@ -1122,6 +1138,12 @@ void loom_comm_path_counts(loom_group *g, uint64_t *direct, uint64_t *staged) {
 uint64_t loom_comm_hier_count(loom_group *g) {
   (void)g;
   return 0;
+}
+
+void loom_comm_hier_counts(loom_group *g, uint64_t *allreduce,
+                           uint64_t *reduce_scatter, uint64_t *allgather) {
+  (void)g;
+  *allreduce = *reduce_scatter = *allgather = 0;
 }
 
 loom_status loom_comm_mpi_types(loom_dtype dt, loom_redop op, void *mpi_dtype,

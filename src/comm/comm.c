@@ -1140,6 +1140,8 @@ const char *loom_group_backend(const loom_group *g) {
 bool loom_group_shm(const loom_group *g) { return g && g->shm; }
 bool loom_group_hier(const loom_group *g) { return g && g->hier; }
 
+bool loom_group_hier_gather(const loom_group *g) { return g && g->hier_gather; }
+
 loom_status loom_group_error(loom_group *g) {
   if (!g || !atomic_load(&g->broken))
     return LOOM_OK;

@@ -17,7 +17,18 @@
  * one rank, each segment of it between hosts along the ring in a fixed
  * order, then copied. The order of the sum differs from the flat
  * algorithm's (as MPI's own algorithms differ by size), so results agree to
- * rounding; deterministic DDP never depends on it (its tree reduces pairs). */
+ * rounding; deterministic DDP never depends on it (its tree reduces pairs).
+ *
+ * Reduce-scatter and all-gather(v) take the same two levels where each
+ * host's ranks are consecutive in the group (rank = host * L + local rank,
+ * as launchers place them): a reduce-scatter reduces, inside the host, the
+ * blocks of each host's ranks in turn (local rank i gets the host's sum of
+ * the block of rank (h, i)), then the H ranks of local rank i reduce-scatter
+ * those H partial blocks around a ring; an all-gather first passes each
+ * rank's piece around the ring of its local rank, then gathers each host's
+ * pieces inside the host. Between hosts every rank sends (H-1)/H of what
+ * the flat ring would send across all P ranks; the host's steps overlap the
+ * ring's. Other placements keep MPI's flat algorithms. */
 #include "internal.h"
 
 #ifdef LOOM_HAVE_MPI
@@ -42,10 +53,21 @@ struct loom_hier {
   MPI_Comm cross; /* the ranks of this local rank, one a host */
   int lrank, L, H;
   size_t chunk_bytes;
-  uint64_t seq;   /* sub-operations entered on shm */
-  uint64_t n_ops; /* all-reduces taken (tests) */
-  bool broken;    /* an all-reduce failed midway: its peers and requests
-                     are out of step, so every later one fails at once */
+  uint64_t seq;        /* sub-operations entered on shm */
+  uint64_t n_ops;      /* all-reduces taken (tests) */
+  uint64_t n_rs, n_ag; /* reduce-scatters and all-gathers taken */
+  int hrank;           /* this host's place among the hosts (cross rank) */
+  loom_comm_op kind;   /* the operation in flight */
+  bool host_major;     /* group rank = hrank * L + lrank on every rank */
+  size_t *gcounts;     /* [L*H] every rank's count (all-gather) */
+  size_t *displs;      /* [L*H] where each rank's piece starts */
+  char *acc;           /* [H * count] reduce-scatter: the host's partial
+                          block for each host */
+  size_t acc_bytes;
+  int ring_s, sub_j; /* reduce-scatter/all-gather: ring steps and host
+                        steps done */
+  bool broken;       /* an all-reduce failed midway: its peers and requests
+                        are out of step, so every later one fails at once */
   /* The operation in flight (one collective a group at a time). */
   loom_op sub;    /* the host's step in flight */
   bool sub_on;    /* sub is running */
@@ -65,14 +87,22 @@ struct loom_hier {
 
 loom_status loom_hier_open(loom_hier **out, loom_shm *shm, void *cross,
                            int lrank, int local_size, int hosts,
-                           size_t chunk_bytes) {
+                           bool host_major, size_t chunk_bytes) {
   loom_hier *h = loom_calloc(1, sizeof *h);
   size_t *counts = loom_calloc((size_t)local_size, sizeof *counts);
-  if (!h || !counts) {
+  size_t P = (size_t)local_size * (size_t)hosts;
+  size_t *gcounts = loom_calloc(P, sizeof *gcounts);
+  size_t *displs = loom_calloc(P, sizeof *displs);
+  if (!h || !counts || !gcounts || !displs) {
     loom_free(h);
     loom_free(counts);
+    loom_free(gcounts);
+    loom_free(displs);
     return LOOM_ERR_NOMEM;
   }
+  h->gcounts = gcounts;
+  h->displs = displs;
+  h->host_major = host_major;
   h->shm = shm;
   h->cross = *(MPI_Comm *)cross;
   h->lrank = lrank;
@@ -80,6 +110,7 @@ loom_status loom_hier_open(loom_hier **out, loom_shm *shm, void *cross,
   h->H = hosts;
   h->chunk_bytes = chunk_bytes;
   h->counts = counts;
+  MPI_Comm_rank(h->cross, &h->hrank);
   for (int w = 0; w < HIER_AHEAD; w++)
     h->flight[w].rq[0] = h->flight[w].rq[1] = MPI_REQUEST_NULL;
   *out = h;
@@ -89,6 +120,10 @@ loom_status loom_hier_open(loom_hier **out, loom_shm *shm, void *cross,
 void loom_hier_close(loom_hier *h) {
   if (!h)
     return;
+  LOOM_DEBUG("comm: hierarchical path: %llu all-reduces, %llu "
+             "reduce-scatters, %llu all-gathers",
+             (unsigned long long)h->n_ops, (unsigned long long)h->n_rs,
+             (unsigned long long)h->n_ag);
   for (int w = 0; w < HIER_AHEAD; w++) {
     /* A failed or abandoned all-reduce may have left receives posted into
      * tmp: cancelled before it (and the communicator) goes. */
@@ -104,14 +139,44 @@ void loom_hier_close(loom_hier *h) {
   if (h->cross != MPI_COMM_NULL)
     MPI_Comm_free(&h->cross);
   loom_free(h->counts);
+  loom_free(h->gcounts);
+  loom_free(h->displs);
+  loom_free(h->acc);
+  loom_mem_sub(LOOM_MEM_COMM, h->acc_bytes);
   loom_free(h);
 }
 
 bool loom_hier_takes(const loom_hier *h, const loom_op *op) {
-  return h && op->kind == LOOM_COMM_ALLREDUCE && op->count > 0;
+  if (!h)
+    return false;
+  /* Every rank decides alike: on the kind, the count (the same on every
+   * rank but all-gather-v's own) and the counts (the same array). */
+  switch (op->kind) {
+  case LOOM_COMM_ALLREDUCE:
+    return op->count > 0;
+  case LOOM_COMM_REDUCE_SCATTER:
+  case LOOM_COMM_ALLGATHER:
+    return h->host_major && op->count > 0 && op->count <= (size_t)INT_MAX;
+  case LOOM_COMM_ALLGATHERV:
+    if (!h->host_major)
+      return false;
+    for (int q = 0; q < h->L * h->H; q++)
+      if (op->counts[q] > (size_t)INT_MAX)
+        return false;
+    return true;
+  default:
+    return false;
+  }
 }
 
 uint64_t loom_hier_count(const loom_hier *h) { return h ? h->n_ops : 0; }
+
+void loom_hier_counts(const loom_hier *h, uint64_t *allreduce,
+                      uint64_t *reduce_scatter, uint64_t *allgather) {
+  *allreduce = h ? h->n_ops : 0;
+  *reduce_scatter = h ? h->n_rs : 0;
+  *allgather = h ? h->n_ag : 0;
+}
 
 static loom_redop summed(loom_redop op) {
   return op == LOOM_AVG ? LOOM_SUM : op;
@@ -122,8 +187,8 @@ static int fail(loom_op *op, int rc, const char *what) {
   int len = 0;
   if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS)
     snprintf(msg, sizeof msg, "MPI error %d", rc);
-  loom_comm_op_fail(op, LOOM_ERR_REMOTE, "allreduce between hosts: %s: %s",
-                    what, msg);
+  loom_comm_op_fail(op, LOOM_ERR_REMOTE, "%s between hosts: %s: %s",
+                    loom_comm_op_name(op->kind), what, msg);
   return 1;
 }
 
@@ -310,9 +375,12 @@ static bool cross_in_flight(const loom_hier *h) {
 }
 
 static int progress(loom_hier *h, loom_op *op, bool *moved, bool *poll);
+static int rsag_progress(loom_hier *h, loom_op *op, bool *moved, bool *poll);
 
 int loom_hier_progress(loom_hier *h, loom_op *op, bool *moved, bool *poll) {
-  int done = progress(h, op, moved, poll);
+  int done = op->kind == LOOM_COMM_ALLREDUCE
+                 ? progress(h, op, moved, poll)
+                 : rsag_progress(h, op, moved, poll);
   if (done && op->status != LOOM_OK)
     h->broken = true;
   return done;
@@ -363,13 +431,240 @@ static int progress(loom_hier *h, loom_op *op, bool *moved, bool *poll) {
   return 1;
 }
 
+/* ------------------------------------ reduce-scatter and all-gather(v) */
+
+/* Grows the partial blocks' buffer to bytes; false when out of memory. */
+static bool acc_reserve(loom_hier *h, size_t bytes) {
+  if (h->acc_bytes >= bytes)
+    return true;
+  loom_free(h->acc);
+  loom_mem_sub(LOOM_MEM_COMM, h->acc_bytes);
+  h->acc = loom_malloc(bytes);
+  h->acc_bytes = h->acc ? bytes : 0;
+  loom_mem_add(LOOM_MEM_COMM, h->acc_bytes);
+  return h->acc != NULL;
+}
+
+/* The host step j of a reduce-scatter or all-gather: the hosts in the order
+ * the ring needs them (one before this one's first, this one's last for a
+ * reduce-scatter; this one's first for an all-gather). */
+static int rsag_host(const loom_hier *h, const loom_op *op, int j) {
+  int off = op->kind == LOOM_COMM_REDUCE_SCATTER ? -1 - j : -j;
+  return ((h->hrank + off) % h->H + h->H) % h->H;
+}
+
+/* Starts host step j: reduce-scatter the blocks of host x's ranks into
+ * partial block x, or all-gather the pieces of host x's ranks. */
+static void rsag_enter_sub(loom_hier *h, const loom_op *op, int j) {
+  int x = rsag_host(h, op, j), L = h->L;
+  size_t e = loom_dtype_size(op->dtype);
+  bool rs = op->kind == LOOM_COMM_REDUCE_SCATTER;
+  loom_op *s = &h->sub;
+  memset(s, 0, sizeof *s);
+  s->kind = rs ? LOOM_COMM_REDUCE_SCATTER : LOOM_COMM_ALLGATHERV;
+  s->dtype = op->dtype;
+  s->redop = summed(op->redop);
+  s->root = -1;
+  if (rs) {
+    for (int i = 0; i < L; i++)
+      h->counts[i] = op->count;
+    s->counts = h->counts;
+    s->count = op->count;
+    s->send = (const char *)op->send + (size_t)x * (size_t)L * op->count * e;
+    s->recv = h->acc + (size_t)x * op->count * e;
+  } else {
+    int q0 = x * L;
+    s->counts = h->gcounts + q0;
+    s->count = h->gcounts[q0 + h->lrank];
+    s->recv = (char *)op->recv + h->displs[q0] * e;
+    s->send = (char *)op->recv + h->displs[q0 + h->lrank] * e;
+  }
+  s->group = op->group;
+  s->collective = true;
+  s->seq = ++h->seq;
+  s->started = true;
+  loom_comm_desc d;
+  loom_comm_desc_of(s, L, &d);
+  loom_shm_enter(h->shm, s, &d);
+  h->sub_on = true;
+  h->sub_rs = rs;
+}
+
+/* Posts ring step t. Reduce-scatter: send partial block (r-t-1), receive
+ * the previous host's (r-t-2) into tmp. All-gather: pass on the piece of
+ * host (r-t), receive host (r-t-1)'s in place. */
+static int rsag_post(loom_hier *h, loom_op *op) {
+  struct flight *f = &h->flight[0];
+  int H = h->H, r = h->hrank, t = h->ring_s;
+  size_t e = loom_dtype_size(op->dtype);
+  MPI_Datatype dt;
+  if (loom_comm_mpi_types(op->dtype, LOOM_SUM, &dt, NULL) != LOOM_OK) {
+    loom_comm_op_fail(op, LOOM_ERR_UNSUPPORTED, "%s", loom_last_error());
+    return 1;
+  }
+  const void *sb;
+  void *rb;
+  size_t sn, rn;
+  if (op->kind == LOOM_COMM_REDUCE_SCATTER) {
+    int sj = ((r - t - 1) % H + H) % H;
+    sn = rn = op->count;
+    if (f->tmp_bytes < rn * e) {
+      loom_free(f->tmp);
+      loom_mem_sub(LOOM_MEM_COMM, f->tmp_bytes);
+      f->tmp = loom_malloc(rn * e);
+      f->tmp_bytes = f->tmp ? rn * e : 0;
+      loom_mem_add(LOOM_MEM_COMM, f->tmp_bytes);
+      if (!f->tmp) {
+        loom_comm_op_fail(op, LOOM_ERR_NOMEM,
+                          "reducescatter between hosts: no memory for a "
+                          "block");
+        return 1;
+      }
+    }
+    sb = h->acc + (size_t)sj * op->count * e;
+    rb = f->tmp;
+  } else {
+    int qs = (((r - t) % H + H) % H) * h->L + h->lrank;
+    int qr = (((r - t - 1) % H + H) % H) * h->L + h->lrank;
+    sn = h->gcounts[qs];
+    rn = h->gcounts[qr];
+    sb = (const char *)op->recv + h->displs[qs] * e;
+    rb = (char *)op->recv + h->displs[qr] * e;
+  }
+  int tag = 900 + t % 30000;
+  int rc =
+      MPI_Irecv(rb, (int)rn, dt, (r - 1 + H) % H, tag, h->cross, &f->rq[1]);
+  if (rc == MPI_SUCCESS)
+    rc = MPI_Isend(sb, (int)sn, dt, (r + 1) % H, tag, h->cross, &f->rq[0]);
+  if (rc != MPI_SUCCESS)
+    return fail(op, rc, "ring step");
+  f->posted = true;
+  return 0;
+}
+
+/* Tests the ring step in flight: 1 once both ends are done, 0 while they
+ * run, -1 on an error (op failed). */
+static int rsag_test(loom_hier *h, loom_op *op) {
+  struct flight *f = &h->flight[0];
+  bool all = true;
+  for (int q = 0; q < 2; q++) {
+    if (f->rq[q] == MPI_REQUEST_NULL)
+      continue;
+    int flag = 0;
+    int rc = MPI_Test(&f->rq[q], &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      fail(op, rc, "ring step");
+      return -1;
+    }
+    all = all && flag;
+  }
+  return all;
+}
+
+/* Reduce-scatter: ring step t may start once partial block (r-t-1) is
+ * reduced inside the host (host step t), and its received block is added
+ * once block (r-t-2) is (host step t+1). All-gather: the host gathers host
+ * j's pieces once ring step j-1 brought them; the ring runs freely. */
+static int rsag_progress(loom_hier *h, loom_op *op, bool *moved, bool *poll) {
+  struct flight *f = &h->flight[0];
+  int H = h->H;
+  bool rs = op->kind == LOOM_COMM_REDUCE_SCATTER;
+  size_t e = loom_dtype_size(op->dtype);
+  for (;;) {
+    bool step = false;
+    if (f->posted) {
+      *poll = true;
+      int done = rsag_test(h, op);
+      if (done < 0)
+        return 1;
+      if (done && (!rs || h->sub_j >= h->ring_s + 2)) {
+        if (rs) {
+          int x = ((h->hrank - h->ring_s - 2) % H + H) % H;
+          char *at = h->acc + (size_t)x * op->count * e;
+          const void *in[2] = {at, f->tmp};
+          loom_comm_reduce(at, in, 2, op->count, op->dtype, summed(op->redop),
+                           1);
+        }
+        f->posted = false;
+        h->ring_s++;
+        step = true;
+      }
+    }
+    if (!f->posted && h->ring_s < H - 1 && (!rs || h->sub_j > h->ring_s)) {
+      if (rsag_post(h, op))
+        return 1;
+      step = true;
+    }
+    if (h->sub_on) {
+      if (loom_shm_run(h->shm, &h->sub, moved)) {
+        h->sub_on = false;
+        h->sub_j++;
+        step = true;
+      }
+    }
+    if (!h->sub_on && h->sub_j < H && (rs || h->ring_s >= h->sub_j)) {
+      rsag_enter_sub(h, op, h->sub_j);
+      step = true;
+    }
+    if (h->sub_j == H && h->ring_s == H - 1 && !h->sub_on && !f->posted)
+      break;
+    if (!step)
+      return 0;
+    *moved = true;
+  }
+  if (rs) {
+    memcpy(op->recv, h->acc + (size_t)h->hrank * op->count * e, op->count * e);
+    if (op->redop == LOOM_AVG)
+      loom_comm_divide(op->recv, op->count, op->dtype, h->L * h->H);
+    h->n_rs++;
+  } else {
+    h->n_ag++;
+  }
+  return 1;
+}
+
+static int rsag_start(loom_hier *h, loom_op *op) {
+  size_t e = loom_dtype_size(op->dtype);
+  int P = h->L * h->H;
+  h->ring_s = h->sub_j = 0;
+  h->sub_on = false;
+  h->flight[0].posted = false;
+  h->flight[0].rq[0] = h->flight[0].rq[1] = MPI_REQUEST_NULL;
+  if (op->kind == LOOM_COMM_REDUCE_SCATTER) {
+    if (!acc_reserve(h, (size_t)h->H * op->count * e)) {
+      loom_comm_op_fail(op, LOOM_ERR_NOMEM,
+                        "reducescatter between hosts: no memory for %d "
+                        "partial blocks of %zu elements",
+                        h->H, op->count);
+      return 1;
+    }
+  } else {
+    size_t d = 0;
+    for (int q = 0; q < P; q++) {
+      h->gcounts[q] =
+          op->kind == LOOM_COMM_ALLGATHERV ? op->counts[q] : op->count;
+      h->displs[q] = d;
+      d += h->gcounts[q];
+    }
+    int me = h->hrank * h->L + h->lrank;
+    char *mine = (char *)op->recv + h->displs[me] * e;
+    if (op->send != mine && h->gcounts[me])
+      memcpy(mine, op->send, h->gcounts[me] * e);
+  }
+  bool moved = false, poll = false;
+  return loom_hier_progress(h, op, &moved, &poll);
+}
+
 int loom_hier_start(loom_hier *h, loom_op *op) {
   if (h->broken) {
     loom_comm_op_fail(op, LOOM_ERR_REMOTE,
-                      "an earlier all-reduce between hosts failed midway; "
-                      "this group cannot all-reduce any more");
+                      "an earlier collective between hosts failed midway; "
+                      "this group's hierarchical path is out of step");
     return 1;
   }
+  h->kind = op->kind;
+  if (op->kind != LOOM_COMM_ALLREDUCE)
+    return rsag_start(h, op);
   size_t e = loom_dtype_size(op->dtype);
   size_t piece = h->chunk_bytes / e;
   if (piece > (size_t)INT_MAX / 2)
@@ -392,6 +687,21 @@ loom_shm *loom_hier_waiting_shm(const loom_hier *h) {
 
 void loom_hier_stuck(loom_hier *h, char *buf, size_t n) {
   char inner[LOOM_OP_ERR_MAX];
+  if (h->kind != LOOM_COMM_ALLREDUCE) {
+    const char *what = loom_comm_op_name(h->kind);
+    if (!h->sub_on) {
+      snprintf(buf, n,
+               "stalled in the %s between hosts (ring step %d of %d, local "
+               "rank %d's ring, MPI); which hosts have not arrived is "
+               "unknown",
+               what, h->ring_s + 1, h->H - 1, h->lrank);
+      return;
+    }
+    loom_shm_stuck(h->shm, &h->sub, inner, sizeof inner);
+    snprintf(buf, n, "inside the host (%s, host step %d of %d), local %s", what,
+             h->sub_j + 1, h->H, inner);
+    return;
+  }
   if (!h->sub_on) {
     snprintf(buf, n,
              "stalled in the all-reduce between hosts (block %zu of %zu, "

@@ -74,6 +74,7 @@ struct loom_group {
   bool is_world;
   bool shm;          /* the shared-memory data path is on */
   bool hier;         /* all-reduces go hierarchically (hier.c) */
+  bool hier_gather;  /* reduce-scatters and all-gathers too */
   int refs;          /* world: loom_group_world calls not yet freed */
   char label[96];    /* "world", "world/split2(color 0)" */
   uint64_t next_seq; /* comm thread: sequence of the next collective */
@@ -239,7 +240,7 @@ typedef struct loom_hier loom_hier;
  * the ranks with this local rank, one a host). */
 loom_status loom_hier_open(loom_hier **out, loom_shm *shm, void *cross,
                            int lrank, int local_size, int hosts,
-                           size_t chunk_bytes);
+                           bool host_major, size_t chunk_bytes);
 void loom_hier_close(loom_hier *h);
 bool loom_hier_takes(const loom_hier *h, const loom_op *op);
 /* 1 when op completed (op->status says how), 0 while it runs. */
@@ -249,9 +250,14 @@ int loom_hier_progress(loom_hier *h, loom_op *op, bool *moved, bool *poll);
 loom_shm *loom_hier_waiting_shm(const loom_hier *h);
 void loom_hier_stuck(loom_hier *h, char *buf, size_t n);
 uint64_t loom_hier_count(const loom_hier *h);
+void loom_hier_counts(const loom_hier *h, uint64_t *allreduce,
+                      uint64_t *reduce_scatter, uint64_t *allgather);
 
 /* All-reduces of g so far on the hierarchical path (0 without it). */
 uint64_t loom_comm_hier_count(loom_group *g);
+/* The same for reduce-scatters and all-gathers (all-gather-v too). */
+void loom_comm_hier_counts(loom_group *g, uint64_t *allreduce,
+                           uint64_t *reduce_scatter, uint64_t *allgather);
 
 /* Collectives of g so far on the shared-memory path, direct and staged
  * (0, 0 without it). Read it on the communication thread or when the

@@ -625,7 +625,11 @@ static loom_status open_rank_log(loom_trainer *t) {
     loom_log_file("comm: backend %s, %d of the %d ranks on this host; %s",
                   loom_group_backend(t->world), loom_group_local_size(t->world),
                   t->nranks,
-                  loom_group_hier(t->world)
+                  loom_group_hier_gather(t->world)
+                      ? "all-reduce, reduce-scatter and all-gather "
+                        "hierarchical (shared memory inside the host, MPI "
+                        "between hosts)"
+                  : loom_group_hier(t->world)
                       ? "all-reduce hierarchical (shared memory inside the "
                         "host, MPI between hosts)"
                   : loom_group_shm(t->world) ? "shared memory between the ranks"

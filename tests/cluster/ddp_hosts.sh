@@ -4,7 +4,8 @@
 # daemons started through the ssh stand-in, 2 hosts x 1 rank, 2 hosts x 2
 # ranks and 4 hosts x 2 ranks, deterministic mode: every loss and the
 # validation loss equal, bit for bit, those of the same number of ranks on
-# one host and those of one rank; each rank
+# one host and those of one rank; ZeRO-1 and ZeRO-3 at 2 x 2 too, their
+# all-gathers hierarchical; each rank
 # says which host it ran on; the gradients went over the links (the byte
 # counters); not deterministic, the hierarchical all-reduce agrees with the
 # flat one to rounding; nothing is left behind. Skips (77) where namespaces cannot be
@@ -66,6 +67,20 @@ for layout in 2x1 2x2 4x2; do
     bad "$nh hosts x $per: host2 received only $moved bytes: the ranks did not talk over the link"
 done
 
+# ZeRO across 2 hosts x 2: the parameters' all-gathers (and the
+# deterministic gradient sums' all-gather-v) take the two levels too, and
+# the result is still the bits of one rank.
+for strat in zero1 zero3; do
+  on_host 1 env LOOM_LOG=debug "$LOOM" run --hosts host1:2,host2:2 -n 4 --timeout 300 \
+    "$LOOM" train "${cfg[@]}" --set parallel.strategy=$strat --set "log.run_dir=$tmp/$strat" \
+    >"$tmp/$strat.out" 2>&1 || bad "2 hosts x 2, $strat: $(tail -5 "$tmp/$strat.out")"
+  gathers=$(grep -o '\[rank 3\] debug: comm: hierarchical path: .*' "$tmp/$strat.out" | grep -o '[0-9]* all-gathers')
+  [ -s "$tmp/$strat/metrics.jsonl" ] && [ "$(losses "$tmp/one1")" = "$(losses "$tmp/$strat")" ] &&
+    [ "${gathers%% *}" -gt 8 ] 2>/dev/null &&
+    ok "2 hosts x 2, $strat: the bits of one rank; rank 3 took $gathers hierarchically" ||
+    bad "2 hosts x 2, $strat: gathers '$gathers'; $(diff <(losses "$tmp/one1") <(losses "$tmp/$strat") | head -4)"
+done
+
 # Not deterministic: the gradients' all-reduce goes hierarchically (shared
 # memory inside each host, one piece a rank between hosts), and agrees with
 # the flat all-reduce (LOOM_COMM_HIER=0) to rounding; each run says which.
@@ -76,7 +91,7 @@ for mode in hier flat; do
     "$LOOM" train "${fast[@]}" --set "log.run_dir=$tmp/$mode" >"$tmp/$mode.out" 2>&1 ||
     bad "2 hosts x 2, $mode all-reduce: $(tail -5 "$tmp/$mode.out")"
 done
-grep -q "all-reduce hierarchical" "$tmp/hier/logs/rank-0.log" &&
+grep -q "all-reduce, reduce-scatter and all-gather hierarchical" "$tmp/hier/logs/rank-0.log" &&
   grep -q "MPI between the ranks" "$tmp/flat/logs/rank-0.log" &&
   ok "2 hosts x 2: $(grep -o 'comm: .*' "$tmp/hier/logs/rank-0.log" | head -1)" ||
   bad "2 hosts x 2: the logs do not say hierarchical / flat: $(grep -h 'comm:' "$tmp"/{hier,flat}/logs/rank-0.log)"

@@ -46,7 +46,7 @@ else
   tail -n 5 "$tmp"/r*.out
 fi
 for r in 0 3; do
-  grep -q "2 of the 4 ranks on this host; all-reduce hierarchical" "$tmp/env/logs/rank-$r.log" &&
+  grep -q "2 of the 4 ranks on this host; all-reduce, reduce-scatter and all-gather hierarchical" "$tmp/env/logs/rank-$r.log" &&
     grep -q " of 4 on host$((r / 2 + 1))" "$tmp/env/logs/rank-$r.log" &&
     ok "rank $r: $(grep -o 'rank [0-9] of 4 on host[0-9]' "$tmp/env/logs/rank-$r.log" | head -1); $(grep -o 'comm: .*' "$tmp/env/logs/rank-$r.log" | head -1)" ||
     bad "rank $r's log: $(grep -h 'comm:\|of 4 on' "$tmp/env/logs/rank-$r.log")"

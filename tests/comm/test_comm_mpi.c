@@ -297,7 +297,8 @@ TT_TEST(test_world_ops) {
   tgroup t = {.g = world, .rank = R, .size = P};
   for (int k = 0; k < P; k++)
     t.members[k] = k;
-  uint64_t h0 = loom_comm_hier_count(world);
+  uint64_t h0 = loom_comm_hier_count(world), a0, rs0, ag0;
+  loom_comm_hier_counts(world, &a0, &rs0, &ag0);
   all_ops(&t, true);
   /* LOOM_COMM_FAKE_HOSTS=K with more than one rank a host: the all-reduces
    * took the hierarchical path (and matched the reference above). */
@@ -306,13 +307,23 @@ TT_TEST(test_world_ops) {
   bool hier = hosts > 1 && P % hosts == 0 && P / hosts > 1 &&
               strcmp(getenv("LOOM_COMM_HIER") ? getenv("LOOM_COMM_HIER") : "1",
                      "0") != 0;
-  if (hier)
+  uint64_t a1, rs1, ag1;
+  loom_comm_hier_counts(world, &a1, &rs1, &ag1);
+  if (hier) {
+    /* Consecutive ranks make the hosts: reduce-scatter, all-gather and
+     * all-gather-v took the two levels too. */
     TT_CHECK(loom_comm_hier_count(world) - h0 > 50);
-  else
+    TT_CHECK(rs1 - rs0 > 50);
+    TT_CHECK(ag1 - ag0 > 50);
+  } else {
     TT_CHECK_EQ(loom_comm_hier_count(world), 0);
+    TT_CHECK_EQ(rs1 + ag1, 0);
+  }
   if (R == 0 && hier)
-    printf("hierarchical all-reduces: %llu\n",
-           (unsigned long long)(loom_comm_hier_count(world) - h0));
+    printf("hierarchical all-reduces: %llu, reduce-scatters: %llu, "
+           "all-gathers: %llu\n",
+           (unsigned long long)(loom_comm_hier_count(world) - h0),
+           (unsigned long long)(rs1 - rs0), (unsigned long long)(ag1 - ag0));
 }
 
 /* The same on memory from loom_group_mem_alloc (every rank's buffers
