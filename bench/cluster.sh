@@ -15,7 +15,11 @@
 #          HOSTS ("2"), SIZES (1M,16M,64M), LAYOUTS ("1 2": ranks a host),
 #          OPS ("allreduce"; also allgather, reducescatter: ZeRO's two),
 #          ROUNDS (2), DDP (1; 0 skips the training part), DDP_MODEL
-#          (kjv-gpt), DDP_STEPS (15), NO_TORCH=1 (loom only)
+#          (kjv-gpt; gpt85: the ~85M-parameter byte GPT of bench/zero.sh,
+#          12 layers, d_model 768, context 256, one row a rank, loom train
+#          against bench/torch/fsdp.py --strategy ddp; a list runs each),
+#          DDP_STEPS (15 for kjv-gpt, 4 for gpt85), NO_TORCH=1 (loom only),
+#          COMM (1; 0 skips the collectives part)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 BUILD=${1:-$LOOM_ROOT/build}
@@ -39,7 +43,7 @@ one() { # HOSTS PER HIER OUT
     "$LOOM" bench comm --op "$op" --sizes "$SIZES" 2>&1 | grep -v '^\[bench\]' >"$4"
 }
 
-for rate in $RATES; do
+[ "${COMM:-1}" = 1 ] && for rate in $RATES; do
   for h in $HOSTS; do
     hosts_down
     hosts_up "$h" "$rate"
@@ -85,32 +89,60 @@ BENCH="$BUILD/tests/parallel/ddp_bench"
 torch=0
 bench_torch_peer && torch=1
 bench_fair_env 1
-M=${DDP_MODEL:-kjv-gpt} STEPS=${DDP_STEPS:-15}
+head -c 30000 /dev/urandom | base64 >"$tmp/text.txt"
+G85=(--set model.layers=12 --set model.d_model=768 --set model.heads=12 --set model.context=256
+  --set train.batch_size=1 --set checkpoint.every=0 --set log.every=1 --set train.eval_every=0
+  --set train.eval_batches=1 --set "data.path=$tmp/text.txt" --set parallel.strategy=ddp)
 loom_ddp() { # HOSTS HIER: rank 0's JSON line
   local h=$1 list="" i
   for i in $(seq 1 "$h"); do list="$list${list:+,}host$i:2"; done
+  if [ "$M" = gpt85 ]; then
+    rm -rf "$tmp/g85"
+    on_host 1 env LOOM_COMM_HIER="$2" LOOM_LOG=warn "$LOOM" run --hosts "$list" -n $((2 * h)) \
+      --threads 1 --timeout 3000 "$LOOM" train "$LOOM_ROOT/examples/small_gpt.yaml" --resume never \
+      --quiet "${G85[@]}" --set train.steps="$STEPS" --set "log.run_dir=$tmp/g85" >/dev/null 2>&1 || return 0
+    python3 - "$tmp/g85" $((2 * h)) <<'PY'
+import json, statistics, sys
+steps = [json.loads(l)["step_s"] for l in open(sys.argv[1] + "/metrics.jsonl") if '"step_s"' in l]
+step = statistics.median(steps[1:] or steps)
+print(json.dumps({"throughput": 256 * int(sys.argv[2]) / step, "unit": "tokens/s"}))
+PY
+    return 0
+  fi
   on_host 1 env LOOM_COMM_HIER="$2" "$LOOM" run --hosts "$list" -n $((2 * h)) --threads 1 \
     "$BENCH" --model "$M" --steps "$STEPS" 2>/dev/null | grep '^{' | tail -1
 }
 torch_ddp() { # HOSTS: PyTorch DDP (gloo), 2 processes a host, env:// at host1
-  local h=$1 k r port=$((29000 + $$ % 1000)) pids=()
+  local h=$1 k r port=$((29000 + $$ % 1000)) pids=() cmd
+  if [ "$M" = gpt85 ]; then
+    cmd=("$BENCH_DIR/torch/fsdp.py" --worker --strategy ddp --steps "$STEPS")
+  else
+    cmd=("$BENCH_DIR/torch/ddp_scaling.py" --worker --model "$M" --threads 1 --steps "$STEPS"
+      --timeout 300)
+  fi
   for k in $(seq 1 "$h"); do
     for r in 0 1; do
       local rank=$(((k - 1) * 2 + r))
       [ $rank = 0 ] && continue
       on_host "$k" env RANK=$rank LOCAL_RANK=$r WORLD_SIZE=$((2 * h)) MASTER_ADDR=10.79.0.11 \
         MASTER_PORT=$port GLOO_SOCKET_IFNAME=lnk0 OMP_WAIT_POLICY=PASSIVE \
-        "$TORCH_PYTHON" "$BENCH_DIR/torch/ddp_scaling.py" --worker --model "$M" --threads 1 \
-        --steps "$STEPS" --timeout 300 >/dev/null 2>&1 &
+        "$TORCH_PYTHON" "${cmd[@]}" >/dev/null 2>&1 &
       pids+=($!)
     done
   done
   on_host 1 env RANK=0 LOCAL_RANK=0 WORLD_SIZE=$((2 * h)) MASTER_ADDR=10.79.0.11 \
     MASTER_PORT=$port GLOO_SOCKET_IFNAME=lnk0 OMP_WAIT_POLICY=PASSIVE \
-    "$TORCH_PYTHON" "$BENCH_DIR/torch/ddp_scaling.py" --worker --model "$M" --threads 1 \
-    --steps "$STEPS" --timeout 300 2>/dev/null | grep '^{' | tail -1
+    "$TORCH_PYTHON" "${cmd[@]}" 2>/dev/null | grep '^{' | tail -1 |
+    python3 -c 'import json, sys
+for l in sys.stdin:
+    r = json.loads(l)
+    if "tokens_per_s" in r:
+        r = {"throughput": r["tokens_per_s"], "unit": "tokens/s"}
+    print(json.dumps(r))'
   wait "${pids[@]}" 2>/dev/null || true
 }
+for M in ${DDP_MODEL:-kjv-gpt}; do
+if [ "$M" = gpt85 ]; then STEPS=${DDP_STEPS:-4}; else STEPS=${DDP_STEPS:-15}; fi
 echo "# DDP $M across emulated hosts, 2 ranks a host x 1 thread: ${TORCH_PEER:-PyTorch: skipped}"
 for rate in $RATES; do
   for h in $HOSTS; do
@@ -122,7 +154,7 @@ for rate in $RATES; do
       echo "hier $(loom_ddp "$h" 1)" >>"$tmp/ddp"
       [ $torch = 1 ] && echo "torch $(torch_ddp "$h")" >>"$tmp/ddp"
     done
-    python3 - "$tmp/ddp" "$rate" "$h" <<'PY'
+    python3 - "$tmp/ddp" "$rate" "$h" "$M" <<'PY'
 import json, sys
 best = {}
 for line in open(sys.argv[1]):
@@ -136,7 +168,7 @@ for line in open(sys.argv[1]):
     if t > best.get(side, (0, None))[0]:
         best[side] = (t, r)
 unit = next((r.get("unit", "items") for _, r in best.values()), "items")
-print(f"## {sys.argv[2]}, {sys.argv[3]} hosts x 2: best round, {unit}")
+print(f"## {sys.argv[4]}, {sys.argv[2]}, {sys.argv[3]} hosts x 2: best round, {unit}")
 for side in ("flat", "hier", "torch"):
     if side in best:
         print(f"{side:6s} {best[side][0]:12,.0f}")
@@ -147,4 +179,5 @@ if "torch" in best:
     print(f"loom (better of the two) / PyTorch DDP {top / best['torch'][0]:.2f}x")
 PY
   done
+done
 done

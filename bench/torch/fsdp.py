@@ -1,7 +1,10 @@
 """PyTorch side of bench/zero: a byte-level GPT trained with DDP or FSDP2
 (fully_shard, FULL_SHARD or SHARD_GRAD_OP) over gloo on CPU, P processes x 1
 thread; prints one JSON line: tokens/s (median step) and the peak RSS of
-each rank."""
+each rank. With --worker, one process of a job started by someone else
+(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment: bench/cluster
+starts them on emulated hosts); rank 0 prints the line, the slowest rank's
+step."""
 
 import argparse
 import json
@@ -32,6 +35,7 @@ def parse():
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--port", type=int, default=29533)
+    p.add_argument("--worker", action="store_true")
     return p.parse_args()
 
 
@@ -40,6 +44,28 @@ def worker(rank, args, q):
     os.environ["MASTER_PORT"] = str(args.port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
+    q.put(train(rank, args))
+    dist.barrier()
+
+
+def env_worker(args):
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
+    r = train(rank, args)
+    t = torch.tensor([r["step_s"], r["rss_mb"]], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        step = float(t[0])
+        print(json.dumps({"impl": "pytorch", "strategy": args.strategy, "ranks": world,
+                          "params": r["params"], "step_s": step,
+                          "tokens_per_s": args.batch * args.context * world / step,
+                          "rss_mb": float(t[1])}), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def train(rank, args):
     torch.manual_seed(1337)
     model = workloads.GPT(V=256, T=args.context, L=args.layers, C=args.d_model, NH=args.heads)
     nparams = sum(p.numel() for p in model.parameters())
@@ -68,12 +94,14 @@ def worker(rank, args, q):
     # first step warms up
     step = statistics.median(times[1:] if len(times) > 1 else times)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    q.put({"rank": rank, "step_s": step, "rss_mb": rss, "params": nparams})
-    dist.barrier()
+    return {"rank": rank, "step_s": step, "rss_mb": rss, "params": nparams}
 
 
 def main():
     args = parse()
+    if args.worker:
+        env_worker(args)
+        return
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=worker, args=(r, args, q)) for r in range(args.ranks)]

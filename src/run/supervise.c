@@ -531,6 +531,13 @@ static bool host_answers(const char *host) {
     argv[n++] = t;
   if (n == 0)
     return true;
+  /* mpirun's own extra arguments for its agent (e.g. "-p 2222 -i KEY"),
+   * placed as Open MPI places them: after the agent, before the host. */
+  char extra[512];
+  const char *ra = getenv("OMPI_MCA_plm_rsh_args");
+  snprintf(extra, sizeof extra, "%s", ra ? ra : "");
+  for (char *t = strtok(extra, " \t"); t && n < 16; t = strtok(NULL, " \t"))
+    argv[n++] = t;
   const char *base = strrchr(argv[0], '/');
   base = base ? base + 1 : argv[0];
   if (strcmp(base, "ssh") == 0) {

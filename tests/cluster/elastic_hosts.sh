@@ -45,7 +45,10 @@ else
 fi
 # host2 comes back: the next start takes it in and trains on to step 16.
 ip -n "${HOSTS_PREFIX}n2" link set lnk0 up
-on_host 1 "$LOOM" run --hostfile "$tmp/hosts" --min-np 2 --max-restarts 1 --timeout 200 \
+# (mpirun's extra agent arguments, OMPI_MCA_plm_rsh_args, go to the probe
+# as well, before the host.)
+on_host 1 env OMPI_MCA_plm_rsh_args="-o ServerAliveInterval=7" RSH_LOG="$tmp/rsh.log" \
+  "$LOOM" run --hostfile "$tmp/hosts" --min-np 2 --max-restarts 1 --timeout 200 \
   "$LOOM" train "${cfg[@]}" --set train.steps=16 --set log.per_rank=true --set "log.run_dir=$tmp/el" \
   >"$tmp/back.out" 2>&1
 rc=$?
@@ -56,6 +59,9 @@ else
   bad "host2 coming back (rc $rc)"
   tail -n 10 "$tmp/back.out"
 fi
+grep -qx -- "-o ServerAliveInterval=7 host2 true" "$tmp/rsh.log" &&
+  ok "the probe passed OMPI_MCA_plm_rsh_args to the agent: $(grep -m1 ' true$' "$tmp/rsh.log")" ||
+  bad "the probe's agent call: $(cat "$tmp/rsh.log" 2>/dev/null | head -3)"
 hosts_down
 left=$(ip netns list | grep -c "^${HOSTS_PREFIX}" || true)
 [ "$left" = 0 ] && ok "no namespace left" || bad "$left namespaces left"

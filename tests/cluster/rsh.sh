@@ -3,7 +3,9 @@
 # "logging in" to hostK or 10.79.0.(10+K) enters that host's network
 # namespace with hostname hostK and runs the command string there, as sshd
 # would; a host whose link is down does not answer (exit 255, like ssh).
-# Options before the host (-x, -o ...) are ignored.
+# Options before the host (-x, -o ...) are ignored; with RSH_LOG set, each
+# call's arguments are appended to that file.
+[ -n "${RSH_LOG:-}" ] && echo "$*" >>"$RSH_LOG"
 while [ $# -gt 0 ]; do
   case $1 in
   -o | -p | -l | -i) shift 2 ;;
