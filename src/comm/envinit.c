@@ -46,6 +46,7 @@ static struct {
   int rank, size, port;
   char addr[256];
   double deadline;
+  int secs;      /* LOOM_RDZV_TIMEOUT (loom run --rdzv-timeout) */
   int *fds;      /* rank 0: [size] sockets of the others */
   int master;    /* the others: socket to rank 0 */
   pid_t server;  /* rank 0: ompi-server */
@@ -115,6 +116,7 @@ loom_status loom_envinit_read(int *rank, int *size) {
                       "name or address) in the environment");
   snprintf(E.addr, sizeof E.addr, "%s", a ? a : "127.0.0.1");
   E.deadline = now() + secs;
+  E.secs = secs;
   *rank = E.rank;
   *size = E.size;
   return LOOM_OK;
@@ -242,8 +244,9 @@ static loom_status connect_master(void) {
   }
   return loom_error(LOOM_ERR_TIMEOUT,
                     "env://: rank %d cannot reach the master %s:%d within "
-                    "LOOM_RDZV_TIMEOUT (last: %s)",
-                    E.rank, E.addr, E.port, last);
+                    "%d s (LOOM_RDZV_TIMEOUT, loom run --rdzv-timeout; "
+                    "last: %s)",
+                    E.rank, E.addr, E.port, E.secs, last);
 }
 
 /* Rank 0's directory for the server: itself and its two files, nothing
@@ -385,8 +388,9 @@ static loom_status gather_hellos(void) {
                         sizeof missing - strlen(missing), " %d", i);
       s = loom_error(LOOM_ERR_TIMEOUT,
                      "env://: %d of %d ranks joined at port %d within "
-                     "LOOM_RDZV_TIMEOUT; missing:%s",
-                     got, E.size, E.port, missing);
+                     "%d s (LOOM_RDZV_TIMEOUT, loom run --rdzv-timeout); "
+                     "missing:%s",
+                     got, E.size, E.port, E.secs, missing);
       break;
     }
     int fd = accept(lfd, NULL, NULL);

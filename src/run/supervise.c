@@ -90,7 +90,8 @@ typedef struct run_opts {
   int nnodes, node_rank, nproc; /* nnodes 0: not this way */
   const char *master_addr;
   int master_port;
-  char **prog; /* program and its arguments */
+  int rdzv_timeout; /* seconds; 0: LOOM_RDZV_TIMEOUT or its default */
+  char **prog;      /* program and its arguments */
 } run_opts;
 
 static void usage(FILE *f) {
@@ -155,6 +156,10 @@ static void usage(FILE *f) {
       "      --master-addr A    the host of rank 0, reachable from every "
       "host\n"
       "      --master-port P    a free TCP port there (default 29500)\n"
+      "      --rdzv-timeout S   a rank that has not met the others in S "
+      "seconds gives up,\n"
+      "                         naming what it waited for (default 300; "
+      "LOOM_RDZV_TIMEOUT)\n"
       "      --dry-run          print what would run\n"
       "  -v, --verbose          print the launch command\n\n"
       "Each rank gets LOOM_THREADS, OMP_NUM_THREADS and "
@@ -247,6 +252,13 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         fprintf(stderr, "loom run: --master-port is a TCP port, 1-65535\n");
         return -1;
       }
+    } else if (strcmp(a, "--rdzv-timeout") == 0 ||
+               strcmp(a, "--rdzv_timeout") == 0) {
+      if (parse_int(v, "--rdzv-timeout", 1, &o->rdzv_timeout) ||
+          o->rdzv_timeout > 86400) {
+        fprintf(stderr, "loom run: --rdzv-timeout is 1-86400 seconds\n");
+        return -1;
+      }
     } else if (strcmp(a, "-n") == 0 || strcmp(a, "-np") == 0 ||
                strcmp(a, "--np") == 0) {
       if (parse_int(v, "-n", 1, &o->np))
@@ -337,10 +349,11 @@ static int parse_args(int argc, char **argv, run_opts *o) {
       return -1;
     }
   }
-  if (o->nnodes || node_rank_set || o->nproc || o->master_addr) {
+  if (o->nnodes || node_rank_set || o->nproc || o->master_addr ||
+      o->rdzv_timeout) {
     if (!o->nnodes) {
-      fprintf(stderr, "loom run: --node-rank, --nproc-per-node and "
-                      "--master-addr go with --nnodes\n");
+      fprintf(stderr, "loom run: --node-rank, --nproc-per-node, "
+                      "--master-addr and --rdzv-timeout go with --nnodes\n");
       return -1;
     }
     if (o->np || o->hosts || o->hostfile || o->min_np || o->max_np ||
@@ -373,6 +386,11 @@ static int parse_args(int argc, char **argv, run_opts *o) {
       o->nproc = 1;
     if (!o->master_addr)
       o->master_addr = "127.0.0.1";
+    if (o->rdzv_timeout) { /* the ranks read it (comm/envinit.c) */
+      char t[32];
+      snprintf(t, sizeof t, "%d", o->rdzv_timeout);
+      setenv("LOOM_RDZV_TIMEOUT", t, 1);
+    }
     o->launch = LAUNCH_ENV;
   } else if (o->launch == LAUNCH_ENV) {
     fprintf(stderr, "loom run: --launcher env goes with --nnodes\n");

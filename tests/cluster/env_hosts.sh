@@ -74,6 +74,16 @@ on_host 2 env LOOM_INIT=env:// MASTER_ADDR=10.79.0.99 MASTER_PORT=$port RANK=1 W
   LOOM_RDZV_TIMEOUT=3 "$LOOM" train "${cfg[@]}" --set "log.run_dir=$tmp/none" >"$tmp/none.out" 2>&1
 [ $? != 0 ] && grep -q "cannot reach the master 10.79.0.99:$port" "$tmp/none.out" &&
   ok "an unreachable master: $(grep -o 'env://.*' "$tmp/none.out" | head -1)" || { bad "unreachable master"; cat "$tmp/none.out"; }
+# The same through loom run --nnodes with --rdzv-timeout: its rank gives up
+# in time, and loom run exits non-zero (nothing to restart into).
+start=$(date +%s)
+on_host 2 "$LOOM" run --nnodes 2 --node-rank 1 --nproc-per-node 1 --master-addr 10.79.0.99 \
+  --master-port $((port + 2)) --rdzv-timeout 3 --timeout 60 "$LOOM" train "${cfg[@]}" \
+  --set "log.run_dir=$tmp/none2" >"$tmp/none2.out" 2>&1
+rc=$? took=$(($(date +%s) - start))
+[ $rc != 0 ] && [ $took -lt 40 ] && grep -q "cannot reach the master 10.79.0.99:$((port + 2))" "$tmp/none2.out" &&
+  ok "loom run --rdzv-timeout 3, master unreachable: exit $rc after ${took} s" ||
+  { bad "loom run --rdzv-timeout (rc $rc, ${took} s)"; tail -5 "$tmp/none2.out"; }
 
 hosts_down
 left=$(ip netns list | grep -c "^${HOSTS_PREFIX}" || true)

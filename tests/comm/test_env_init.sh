@@ -87,10 +87,10 @@ rc=$?
 
 # Errors: each names the problem and ends the process, no hang.
 TO=2 start 1 env RANK=1 WORLD_SIZE=2 "$BIN"
-[ "$codes" != " 0" ] && grep -q "rank 1 cannot reach the master 127.0.0.1:$((base + n)) within LOOM_RDZV_TIMEOUT" "$tmp/e.0" &&
+[ "$codes" != " 0" ] && grep -q "rank 1 cannot reach the master 127.0.0.1:$((base + n)) within 2 s (LOOM_RDZV_TIMEOUT" "$tmp/e.0" &&
   ok "no master: $(grep -o 'env://.*' "$tmp/e.0" | head -1)" || { bad "no master"; cat "$tmp/e.0"; }
 TO=2 start 1 env WORLD_SIZE=3 "$BIN"
-[ "$codes" != " 0" ] && grep -q "1 of 3 ranks joined at port $((base + n)) within LOOM_RDZV_TIMEOUT; missing: 1 2" "$tmp/e.0" &&
+[ "$codes" != " 0" ] && grep -q "1 of 3 ranks joined at port $((base + n)) within 2 s (LOOM_RDZV_TIMEOUT, loom run --rdzv-timeout); missing: 1 2" "$tmp/e.0" &&
   ok "ranks missing: $(grep -o 'env://.*' "$tmp/e.0" | head -1)" || { bad "ranks missing"; cat "$tmp/e.0"; }
 # Rank 1 believes in a world of 3, rank 0 in one of 2.
 n=$((n + 1))
