@@ -1,18 +1,31 @@
 # A SLURM cluster of this test's own, sourced after tests/lib.sh: a munged,
-# a slurmctld and a slurmd started by hand (no systemd here), every file
-# under $tmp/slurm (config, state, spool, logs, pid files, the munge key
-# and socket, the nodes' TmpFS where the PMIx plugin makes its directories),
-# ports found free, all daemons as root (SlurmUser=root: nothing has to be
-# readable by the slurm user). The munged has a socket of its own, so it
-# neither needs nor disturbs one that serves the machine. The daemons, and
-# the jobs through sbatch, carry SLURM_TEST_MARK in their environment: what
-# is left after slurm_down is found by it. Stopped only by the pids in
+# a slurmctld and one slurmd a node, started by hand (no systemd here),
+# every file under $tmp/slurm (config, state, spool, logs, pid files, the
+# munge key and socket, each node's TmpFS where the PMIx plugin makes its
+# directories), ports found free, all daemons as root (SlurmUser=root:
+# nothing has to be readable by the slurm user). The munged has a socket of
+# its own, so it neither needs nor disturbs one that serves the machine
+# (its socket is a path: every network namespace reaches it). The daemons,
+# and the jobs through sbatch, carry SLURM_TEST_MARK in their environment:
+# what is left after slurm_down is found by it. Stopped only by the pids in
 # their own pid files.
 #   slurm_can          root, and the binaries (installed when missing)
-#   slurm_up           start it; SLURM_CONF is exported for the clients
+#   slurm_up           one node "localhost" on this machine; SLURM_CONF is
+#                      exported for the clients
+#   slurm_prepare      munged and slurm.conf only, for SLURM_CTLD (the
+#                      SlurmctldHost line's value), SLURM_NODES (NodeName
+#                      lines), SLURM_PARTITION (its Nodes=),
+#                      SLURM_NODE_TIMEOUT (SlurmdTimeout) and
+#                      SLURM_KILL_WAIT (KillWait); the caller
+#                      starts slurmctld and the slurmds where it wants them
+#   slurm_node_dirs N  make node N's spool and TmpFS
 #   slurm_down         cancel every job, stop the daemons (also at exit)
+#   slurm_stop_node N  stop node N's slurmd (by its pid file)
 #   slurm_left         pids of processes still carrying the mark
+#   node_idle [NODE]   NODE (localhost) is idle
 #   wait_for S WHAT CMD...  poll CMD until it succeeds, S seconds at most
+# The clients (sinfo, squeue, scancel) are called by name: a test whose
+# slurmctld is reached only from a namespace wraps them in functions.
 SLURM_DIR="$tmp/slurm"
 SLURM_TEST_MARK="loom-slurm-test-$$-$RANDOM"
 SLURM_BINS="munged munge slurmctld slurmd sbatch squeue scontrol scancel srun salloc sinfo"
@@ -50,9 +63,14 @@ alive() {
 
 port_free() { ! ss -Htln "sport = :$1" | grep -q .; }
 
-slurm_up() {
-  local d=$SLURM_DIR host p
-  host=$(hostname -s)
+SLURM_CTLD="$(hostname -s)(127.0.0.1)"
+SLURM_NODES="NodeName=localhost NodeAddr=127.0.0.1 CPUs=4 State=UNKNOWN"
+SLURM_PARTITION=localhost
+SLURM_NODE_TIMEOUT=60
+SLURM_KILL_WAIT=10
+
+slurm_prepare() {
+  local d=$SLURM_DIR p
   mkdir -p "$d"/munge "$d"/state "$d"/spool "$d"/log "$d"/nodetmp "$d"/tmp || return 1
   chmod 700 "$d"/munge
   head -c 1024 /dev/urandom >"$d"/munge/key && chmod 400 "$d"/munge/key || return 1
@@ -68,7 +86,7 @@ slurm_up() {
   cat >"$d"/slurm.conf <<EOF
 # Written by tests/cluster/slurmd.sh for one test; removed with it.
 ClusterName=lt$$
-SlurmctldHost=$host(127.0.0.1)
+SlurmctldHost=$SLURM_CTLD
 SlurmctldPort=$p
 SlurmdPort=$((p + 1))
 SlurmUser=root
@@ -83,14 +101,19 @@ SwitchType=switch/none
 MpiDefault=none
 # A rank that fails ends its step (an MPICH step would hang otherwise).
 KillOnBadExit=1
+# A node that was down (killed, not responding) is back in service once
+# its slurmd registers again.
 ReturnToService=2
 SlurmctldPidFile=$d/slurmctld.pid
-SlurmdPidFile=$d/slurmd.pid
+# Per node (%n: its NodeName): the slurmd's pid file, spool and log, and
+# the TmpFS where the PMIx plugin makes its directories (one for all
+# nodes, they would collide: "File exists").
+SlurmdPidFile=$d/slurmd.%n.pid
 StateSaveLocation=$d/state
-SlurmdSpoolDir=$d/spool
+SlurmdSpoolDir=$d/spool/%n
 SlurmctldLogFile=$d/log/slurmctld.log
-SlurmdLogFile=$d/log/slurmd.log
-TmpFS=$d/nodetmp
+SlurmdLogFile=$d/log/slurmd.%n.log
+TmpFS=$d/nodetmp/%n
 SlurmctldDebug=info
 SlurmdDebug=info
 SchedulerType=sched/backfill
@@ -102,22 +125,32 @@ AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 MessageTimeout=10
-SlurmdTimeout=60
+# A node whose slurmd has not answered for this long is down: its jobs are
+# requeued (--requeue) or ended.
+SlurmdTimeout=$SLURM_NODE_TIMEOUT
 InactiveLimit=0
 # Finished jobs stay visible to scontrol for the whole test.
 MinJobAge=600
-KillWait=10
-NodeName=localhost NodeAddr=127.0.0.1 CPUs=4 State=UNKNOWN
-PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+# SIGTERM to a job's processes, then SIGKILL this much later.
+KillWait=$SLURM_KILL_WAIT
+$SLURM_NODES
+PartitionName=debug Nodes=$SLURM_PARTITION Default=YES MaxTime=INFINITE State=UP
 EOF
   export SLURM_CONF="$d/slurm.conf"
+}
+
+slurm_node_dirs() { mkdir -p "$SLURM_DIR/spool/$1" "$SLURM_DIR/nodetmp/$1"; }
+
+slurm_up() {
+  slurm_prepare || return 1
   env SLURM_TEST_MARK="$SLURM_TEST_MARK" slurmctld || return 1
+  slurm_node_dirs localhost || return 1
   env SLURM_TEST_MARK="$SLURM_TEST_MARK" slurmd -N localhost || return 1
   wait_for 60 "the node to be idle" node_idle
 }
 
 munge_ok() { munge -S "$SLURM_DIR/munge/sock" -n </dev/null 2>/dev/null | unmunge -S "$SLURM_DIR/munge/sock" >/dev/null 2>&1; }
-node_idle() { sinfo -h -n localhost -o %T 2>/dev/null | grep -q '^idle'; }
+node_idle() { sinfo -h -n "${1:-localhost}" -o %T 2>/dev/null | grep -q '^idle'; }
 queue_empty() { [ -z "$(squeue -h -o %i 2>/dev/null)" ]; }
 
 stop_pidfile() { # FILE NAME: SIGTERM, then SIGKILL after 10 s
@@ -141,10 +174,13 @@ slurm_down() {
     scancel --quiet --user="$(id -un)" 2>/dev/null
     wait_for 30 "the jobs to end" queue_empty
   fi
-  stop_pidfile "$SLURM_DIR/slurmd.pid" slurmd
+  local pf
+  for pf in "$SLURM_DIR"/slurmd.*.pid; do stop_pidfile "$pf" slurmd; done
   stop_pidfile "$SLURM_DIR/slurmctld.pid" slurmctld
   stop_pidfile "$SLURM_DIR/munge/pid" munged
 }
+
+slurm_stop_node() { stop_pidfile "$SLURM_DIR/slurmd.$1.pid" slurmd; }
 
 slurm_left() { # pids of live processes with this test's mark
   local e pid
