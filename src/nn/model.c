@@ -570,6 +570,16 @@ loom_status loom_model_forward(loom_model *m, const loom_tensor *input,
   loom_shape s = loom_shape_make(input->dtype, input->ndim, input->shape);
   LOOM_TRY(loom_model_plan(m, &s));
   m->have_forward = false;
+  if (m->precision == LOOM_BF16 && !m->params_bf16) {
+    /* a shape_only model running on bound parameters (ZeRO-2) */
+    m->params_bf16 =
+        loom_malloc((size_t)(m->numel ? m->numel : 1) * sizeof(loom_bf16));
+    if (!m->params_bf16)
+      return loom_error_context(LOOM_ERR_NOMEM,
+                                "model: the bf16 copy of %lld parameters",
+                                (long long)m->numel);
+    m->bf16_stale = true;
+  }
   if (m->params_bf16 && m->bf16_stale) {
     /* once per change of the parameters (an optimizer step), not per use */
     loom_cvt_f32_to_bf16(m->params_bf16, m->params, m->numel);
