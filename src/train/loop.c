@@ -283,6 +283,9 @@ void loom_train_mem_get(const loom_trainer *t, loom_train_mem *out) {
   out->params = out->params_peak = all;
   if (t->z3)
     loom_zero3_resident(t->z3, &out->params, &out->params_peak);
+  /* bf16: the weight copy the matmuls read (docs/precision.md) */
+  out->params += loom_model_bf16_bytes(t->model);
+  out->params_peak += loom_model_bf16_bytes(t->model);
   out->grads = out->grads_peak = all;
   if (t->ddp)
     loom_ddp_grad_resident(t->ddp, &out->grads, &out->grads_peak);
