@@ -73,6 +73,67 @@ loom_status loom_linear_backward(float *dinp, float *dweight, float *dbias,
                                  const float *dout, const float *inp,
                                  const float *weight, int N, int C, int OC);
 
+/* ------------------------------------------------------------------ bf16 */
+
+/* Mixed precision (docs/precision.md). Conversions round to nearest even;
+ * a NaN stays a NaN (made quiet), infinities stay, a value past bf16's
+ * largest rounds to infinity. Elementwise, any thread count, same bits. */
+void loom_cvt_f32_to_bf16(loom_bf16 *out, const float *in, int64_t n);
+void loom_cvt_bf16_to_f32(float *out, const loom_bf16 *in, int64_t n);
+/* out = in rounded to bf16, kept in f32 (out may be in). */
+void loom_round_bf16(float *out, const float *in, int64_t n);
+
+/* How the bf16 matmuls run on this CPU. CONVERT: operands converted on
+ * load to f32 and the f32 GEMM (the only path this build implements; it
+ * runs on every CPU and gives, up to the summation order, what a bf16
+ * unit with f32 accumulation gives). AMX and AVX512_BF16 name the bf16
+ * instructions the CPU has, for the path that will use them through
+ * oneDNN's matmul. */
+#define LOOM_BF16_PATH_LIST(X)                                                 \
+  X(LOOM_BF16_PATH_CONVERT, "convert")                                         \
+  X(LOOM_BF16_PATH_AVX512_BF16, "avx512_bf16")                                 \
+  X(LOOM_BF16_PATH_AMX, "amx")
+typedef enum {
+#define LOOM_X_ENUM(name, text) name,
+  LOOM_BF16_PATH_LIST(LOOM_X_ENUM)
+#undef LOOM_X_ENUM
+      LOOM_BF16_PATH_COUNT
+} loom_bf16_path;
+const char *loom_bf16_path_name(loom_bf16_path p);
+/* The path the bf16 kernels take in this process. */
+loom_bf16_path loom_bf16_get_path(void);
+/* One line for the start-up log: "AVX2 (f32 arithmetic, bf16 storage)". */
+const char *loom_bf16_path_describe(void);
+
+/* C(M,N) = alpha op(A) op(B) + beta C with A and B in bf16 and C in f32:
+ * each product of two bf16 values is exact in f32, and the sums are f32
+ * (so the result is the f32 GEMM of the bf16 values, up to the order of
+ * the sums). scratch: loom_gemm_bf16_scratch_floats(M, N, K) floats.
+ * Same contract as loom_gemm otherwise (thread-count invariant). */
+int64_t loom_gemm_bf16_scratch_floats(int M, int N, int K);
+loom_status loom_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K,
+                           float alpha, const loom_bf16 *A, int lda,
+                           const loom_bf16 *B, int ldb, float beta, float *C,
+                           int ldc, float *scratch);
+
+/* The linear layer with bf16 operands: out(N,OC) = bf16(inp) @ weight^T +
+ * bias, where inp is f32 (rounded to bf16 here) or bf16 (in_dtype), weight
+ * (OC,C) bf16, bias f32 or NULL, out f32. Backward rounds dout to bf16 for
+ * the two matmuls (dinp += bf16(dout) @ weight, dweight += bf16(dout)^T @
+ * bf16(inp), both f32 sums) and sums dbias from the f32 dout, as the f32
+ * layer does. scratch: loom_linear_bf16_scratch_floats(N, C, OC) floats,
+ * for forward and backward alike. */
+int64_t loom_linear_bf16_scratch_floats(int N, int C, int OC);
+loom_status loom_linear_forward_bf16(float *out, const void *inp,
+                                     loom_dtype in_dtype,
+                                     const loom_bf16 *weight, const float *bias,
+                                     int N, int C, int OC, float *scratch);
+loom_status loom_linear_backward_bf16(float *dinp, float *dweight, float *dbias,
+                                      const float *dout, const void *inp,
+                                      loom_dtype in_dtype,
+                                      const loom_bf16 *weight, int N, int C,
+                                      int OC, float *scratch);
+
 /* ----------------------------------------------------------- elementwise */
 
 void loom_add_forward(float *out, const float *a, const float *b, int64_t n);

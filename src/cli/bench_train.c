@@ -36,17 +36,19 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: loom bench train [--model fashion-mlp|fashion-cnn|"
-             "kjv-gpt|all] [--threads N]\n"
-             "                        [--steps S] [--warmup W] [--json]\n"
-             "\n"
-             "--threads 0 (default): LOOM_THREADS or all cores.\n"
-             "S timed steps (>= 1, default 30) after W untimed (default 5).\n"
-             "\n"
-             "Times full training steps (forward, loss, backward, optimizer)\n"
-             "of the reference workloads on synthetic data, fp32, one\n"
-             "process, and prints the median-step throughput. --json prints\n"
-             "one JSON line per workload (bench/train_throughput reads it).\n");
+  fprintf(f,
+          "usage: loom bench train [--model fashion-mlp|fashion-cnn|"
+          "kjv-gpt|all] [--threads N]\n"
+          "                        [--steps S] [--warmup W] "
+          "[--precision f32|bf16] [--json]\n"
+          "\n"
+          "--threads 0 (default): LOOM_THREADS or all cores.\n"
+          "S timed steps (>= 1, default 30) after W untimed (default 5).\n"
+          "\n"
+          "Times full training steps (forward, loss, backward, optimizer)\n"
+          "of the reference workloads on synthetic data, f32 (or bf16), one\n"
+          "process, and prints the median-step throughput. --json prints\n"
+          "one JSON line per workload (bench/train_throughput reads it).\n");
 }
 
 /* The 1, 5 and 15 minute load averages; all 0 when /proc/loadavg is
@@ -83,8 +85,8 @@ static int parse_count(const char *opt, const char *s, int lo, int *out) {
   return 0;
 }
 
-static loom_status build(const workload *w, loom_model **model,
-                         loom_optim **optim) {
+static loom_status build(const workload *w, loom_dtype precision,
+                         loom_model **model, loom_optim **optim) {
   loom_model_opts mo = loom_model_opts_default();
   mo.seed = 1;
   loom_optim_opts oo = loom_optim_opts_default();
@@ -98,6 +100,7 @@ static loom_status build(const workload *w, loom_model **model,
     loom_gpt_opts o = loom_gpt_opts_default();
     LOOM_TRY(loom_gpt_new(model, &o, NULL));
   }
+  LOOM_TRY(loom_model_set_precision(*model, precision));
   if (strcmp(w->name, "kjv-gpt") == 0) {
     oo.kind = LOOM_OPTIM_ADAMW;
     oo.weight_decay = 0.01;
@@ -110,8 +113,8 @@ static loom_status build(const workload *w, loom_model **model,
                         loom_model_num_params(*model));
 }
 
-static loom_status run_one(const workload *w, int threads, int steps,
-                           int warmup, bool json) {
+static loom_status run_one(const workload *w, loom_dtype precision, int threads,
+                           int steps, int warmup, bool json) {
   loom_model *model = NULL;
   loom_optim *optim = NULL;
   loom_xent *xent = NULL;
@@ -119,7 +122,7 @@ static loom_status run_one(const workload *w, int threads, int steps,
   double *times = NULL;
   loom_status s;
   bool text = w->per_row > 1;
-  LOOM_TRY_GOTO(s, build(w, &model, &optim), out);
+  LOOM_TRY_GOTO(s, build(w, precision, &model, &optim), out);
   LOOM_TRY_GOTO(s, loom_xent_new(&xent), out);
   if (text) {
     int64_t d[2] = {w->batch, w->per_row};
@@ -162,6 +165,7 @@ static loom_status run_one(const workload *w, int threads, int steps,
     LOOM_TRY_GOTO(s, loom_xent_backward(xent, &dlogits, 1.0f), out);
     LOOM_TRY_GOTO(s, loom_model_backward(model, NULL, NULL), out);
     LOOM_TRY_GOTO(s, loom_optim_step(optim, params, grads, lr), out);
+    loom_model_params_updated(model); /* bf16: a new copy, once a step */
     if (i >= 0)
       times[i] = loom_time_now() - t0;
   }
@@ -176,16 +180,17 @@ static loom_status run_one(const workload *w, int threads, int steps,
     printf("{\"bench\":\"train_throughput\",\"impl\":\"loom\",\"version\":"
            "\"%s\",\"model\":\"%s\",\"procs\":1,\"threads\":%d,\"unit\":"
            "\"%s\",\"throughput\":%.1f,\"step_s\":%.6f,\"gflops\":%.2f,"
-           "\"gemm\":\"%s\",\"isa\":\"%s\",\"loadavg_start\":[%.2f,%.2f,%."
-           "2f]}\n",
+           "\"gemm\":\"%s\",\"isa\":\"%s\",\"precision\":\"%s\","
+           "\"loadavg_start\":[%.2f,%.2f,%.2f]}\n",
            loom_version(), w->name, threads, w->unit, tput, med, gflops,
            loom_gemm_backend_name(loom_gemm_get_backend()),
-           loom_isa_name(loom_cpu_isa()), load[0], load[1], load[2]);
+           loom_isa_name(loom_cpu_isa()), loom_dtype_name(precision), load[0],
+           load[1], load[2]);
   else
     printf("%-12s threads %d: %10.0f %s (median step %.2f ms, %.1f "
-           "GFLOP/s, %s kernels)\n",
+           "GFLOP/s, %s kernels, %s)\n",
            w->name, threads, tput, w->unit, med * 1e3, gflops,
-           loom_isa_name(loom_cpu_isa()));
+           loom_isa_name(loom_cpu_isa()), loom_dtype_name(precision));
   fflush(stdout);
 out:
   loom_free(times);
@@ -201,6 +206,7 @@ int loom_bench_train(int argc, char **argv) {
   const char *model = "all";
   int threads = 0, steps = 30, warmup = 5;
   bool json = false;
+  loom_dtype precision = LOOM_F32;
   for (int i = 1; i < argc; i++) {
     bool next = i + 1 < argc;
     if (strcmp(argv[i], "--model") == 0 && next)
@@ -217,6 +223,18 @@ int loom_bench_train(int argc, char **argv) {
       if (parse_count(argv[i], argv[i + 1], 0, &warmup))
         return LOOM_EXIT_USAGE;
       i++;
+    } else if (strcmp(argv[i], "--precision") == 0 && next) {
+      i++;
+      if (strcmp(argv[i], "f32") == 0)
+        precision = LOOM_F32;
+      else if (strcmp(argv[i], "bf16") == 0)
+        precision = LOOM_BF16;
+      else {
+        fprintf(stderr,
+                "loom bench train: --precision %s: expected f32 or bf16\n",
+                argv[i]);
+        return LOOM_EXIT_USAGE;
+      }
     } else if (strcmp(argv[i], "--json") == 0)
       json = true;
     else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
@@ -236,7 +254,8 @@ int loom_bench_train(int argc, char **argv) {
     if (strcmp(model, "all") != 0 && strcmp(model, workloads[i].name) != 0)
       continue;
     any = true;
-    if (run_one(&workloads[i], threads, steps, warmup, json) != LOOM_OK) {
+    if (run_one(&workloads[i], precision, threads, steps, warmup, json) !=
+        LOOM_OK) {
       fprintf(stderr, "loom bench train: %s: %s\n", workloads[i].name,
               loom_last_error());
       return LOOM_EXIT_FAIL;

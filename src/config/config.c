@@ -231,10 +231,13 @@ static const loom_config_key keys[] = {
          "a segment)"),
     KENUM_TODO("train.precision", train.precision, "f32",
                loom_cfg_precision_names, 0,
-               "arithmetic of forward and backward: f32, bf16 or f16 (the "
-               "master weights and optimizer stay f32)",
-               BIT(LOOM_CFG_PRECISION_BF16) | BIT(LOOM_CFG_PRECISION_F16),
-               "mixed precision comes in a later release"),
+               "arithmetic of forward and backward: f32, or bf16 (models mlp "
+               "and gpt: matmuls of bf16 operands summed in f32, bf16 "
+               "activations kept for them; norms, softmax, the loss, "
+               "gradients, reductions, master weights and optimizer f32; "
+               "docs/precision.md), or f16",
+               BIT(LOOM_CFG_PRECISION_F16),
+               "f16 with loss scaling comes in a later release"),
     KFLOAT_TODO("train.loss_scale", train.loss_scale, "0", 0, 16777216, 0,
                 "f16: a fixed loss scale, or 0 = dynamic scaling",
                 "loss scaling comes with train.precision f16"),
@@ -1412,6 +1415,20 @@ static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
                    "gather parameters unit by unit); strategy '%s' supports "
                    "blocks only",
                    cfg->parallel.shard_unit,
+                   loom_cfg_strategy_names[cfg->parallel.strategy]);
+  if (cfg->train.precision == LOOM_CFG_PRECISION_BF16 &&
+      m->name == LOOM_CFG_MODEL_CNN)
+    return cfg_err(origin_of(org, "train.precision", &none), "train.precision",
+                   "bf16 is implemented for model mlp and gpt; model 'cnn' "
+                   "(its convolutions) runs in f32 only for now (use "
+                   "train.precision f32)");
+  if (cfg->train.precision == LOOM_CFG_PRECISION_BF16 &&
+      (cfg->parallel.strategy == LOOM_CFG_STRATEGY_ZERO3 ||
+       cfg->parallel.strategy == LOOM_CFG_STRATEGY_FSDP))
+    return cfg_err(origin_of(org, "train.precision", &none), "train.precision",
+                   "bf16 with parallel.strategy '%s' is not implemented yet "
+                   "(parameters gathered unit by unit); supported: none, "
+                   "ddp, zero1, zero2 or auto",
                    loom_cfg_strategy_names[cfg->parallel.strategy]);
   if (ac_every > 0 && m->name != LOOM_CFG_MODEL_GPT)
     return cfg_err(origin_of(org, "train.activation_checkpointing", &none),

@@ -98,3 +98,41 @@ bool loom_gemm_get_deterministic(void) {
   atomic_compare_exchange_strong(&g_det, &expected, d);
   return atomic_load(&g_det) != 0;
 }
+
+/* ------------------------------------------------------------------ bf16 */
+
+static const char *const bf16_path_names[] = {
+#define LOOM_X_NAME(name, text) text,
+    LOOM_BF16_PATH_LIST(LOOM_X_NAME)
+#undef LOOM_X_NAME
+};
+_Static_assert(sizeof bf16_path_names / sizeof bf16_path_names[0] ==
+                   LOOM_BF16_PATH_COUNT,
+               "one name per bf16 path");
+
+const char *loom_bf16_path_name(loom_bf16_path p) {
+  if ((int)p < 0 || p >= LOOM_BF16_PATH_COUNT)
+    return "unknown";
+  return bf16_path_names[p];
+}
+
+/* Only the conversion path is built: oneDNN's bf16 matmul for AMX and
+ * AVX512-BF16 comes later (docs/precision.md). */
+loom_bf16_path loom_bf16_get_path(void) { return LOOM_BF16_PATH_CONVERT; }
+
+const char *loom_bf16_path_describe(void) {
+  const loom_cpu_features *f = loom_cpu_get_features();
+  const bool avx2 = loom_cpu_isa() == LOOM_ISA_AVX2;
+  if (f->amx_bf16)
+    return avx2 ? "AVX2 (f32 arithmetic, bf16 storage; this CPU's AMX is "
+                  "not used yet)"
+                : "base (f32 arithmetic, bf16 storage; this CPU's AMX is "
+                  "not used yet)";
+  if (f->avx512_bf16)
+    return avx2 ? "AVX2 (f32 arithmetic, bf16 storage; this CPU's "
+                  "AVX512-BF16 is not used yet)"
+                : "base (f32 arithmetic, bf16 storage; this CPU's "
+                  "AVX512-BF16 is not used yet)";
+  return avx2 ? "AVX2 (f32 arithmetic, bf16 storage)"
+              : "base (f32 arithmetic, bf16 storage)";
+}

@@ -9,10 +9,11 @@ typedef struct attention {
   int B, T;
   const float *qkvo; /* (B,T,3C) the qkv child's output */
   float *att;        /* (B,NH,T,T) softmax probabilities */
-  float *y;          /* (B,T,C) heads concatenated */
-  float *dy;         /* (B,T,C) scratch */
-  float *dqkv;       /* (B,T,3C) scratch */
-  float *datt;       /* (B,NH,T,T) scratch of the kernel */
+  void *y;           /* (B,T,C) heads concatenated: f32, bf16 in bf16 */
+  bool bf16;
+  float *dy;   /* (B,T,C) scratch */
+  float *dqkv; /* (B,T,3C) scratch */
+  float *datt; /* (B,NH,T,T) scratch of the kernel */
 } attention;
 
 static loom_status attention_params(loom_module *m, loom_nn_visit *v) {
@@ -25,7 +26,7 @@ static loom_status attention_plan(loom_module *m, loom_nn_plan *p,
                                   const loom_shape *in, loom_shape *out) {
   attention *a = (attention *)m;
   char buf[96];
-  LOOM_TRY(loom_nn_check_f32(m, in, 3, a->C));
+  LOOM_TRY(loom_nn_check_float(m, p, in, 3, a->C));
   if (in->ndim != 3)
     return loom_module_error(m, LOOM_ERR_INVALID_ARG,
                              "expects (B,T,%d), got %s", a->C,
@@ -45,8 +46,12 @@ static loom_status attention_plan(loom_module *m, loom_nn_plan *p,
   LOOM_TRY(loom_module_plan(a->qkv, p, in, &s));
   loom_nn_plan_scratch_release(p, kid);
   a->att = loom_nn_plan_floats(p, BHTT);
-  a->y = loom_nn_plan_floats(p, BTC);
-  LOOM_TRY(loom_module_plan(a->proj, p, in, out));
+  /* proj, a linear layer, takes the heads in bf16 */
+  a->bf16 = p->bf16;
+  s = *in;
+  s.dtype = a->bf16 ? LOOM_BF16 : LOOM_F32;
+  a->y = loom_nn_plan_act(p, (size_t)BTC * loom_dtype_size(s.dtype));
+  LOOM_TRY(loom_module_plan(a->proj, p, &s, out));
   loom_nn_plan_scratch_release(p, mark);
   return LOOM_OK;
 }
@@ -55,8 +60,15 @@ static loom_status attention_forward(loom_module *m, loom_nn_ctx *ctx,
                                      const void *in, const float **out) {
   attention *a = (attention *)m;
   LOOM_TRY(loom_module_forward(a->qkv, ctx, in, &a->qkvo));
-  LOOM_TRY(
-      loom_attention_forward(a->y, a->att, a->qkvo, a->B, a->T, a->C, a->NH));
+  if (a->bf16) {
+    /* the f32 heads in dy (free until backward), then rounded */
+    LOOM_TRY(loom_attention_forward(a->dy, a->att, a->qkvo, a->B, a->T, a->C,
+                                    a->NH));
+    loom_cvt_f32_to_bf16(a->y, a->dy, (int64_t)a->B * a->T * a->C);
+  } else {
+    LOOM_TRY(
+        loom_attention_forward(a->y, a->att, a->qkvo, a->B, a->T, a->C, a->NH));
+  }
   return loom_module_forward(a->proj, ctx, a->y, out);
 }
 
@@ -86,6 +98,7 @@ static const loom_module_ops attention_ops = {
     .forward = attention_forward,
     .backward = attention_backward,
     .free = attention_free,
+    .bf16_in = true,
 };
 
 loom_status loom_attention_new(loom_module **out, int C, int NH, bool bias) {

@@ -95,6 +95,7 @@ static const loom_module_ops conv2d_ops = {
     .forward = conv2d_forward,
     .backward = conv2d_backward,
     .free = conv2d_free,
+    .f32_only = true, /* bf16 convolution comes later (docs/precision.md) */
 };
 
 loom_status loom_conv2d_new(loom_module **out, int C, int OC, int K, int stride,

@@ -29,6 +29,13 @@ struct loom_nn_plan {
   size_t rc_used;  /* bytes of the current segment */
   size_t rc_peak;  /* the largest segment */
   size_t rc_total; /* size of the recompute region (binding pass) */
+  /* Mixed precision (docs/precision.md): the model runs in bf16, and the
+   * module planned next may hand its output on in bf16 (its consumer takes
+   * bf16: loom_nn_takes_bf16). loom_module_plan moves out_bf16 into the
+   * module (loom_module.out_bf16) and clears it, so it never reaches the
+   * module's own children by accident. */
+  bool bf16;
+  bool out_bf16;
 };
 
 /* One parameter as listed, before the flat buffers exist. */
@@ -53,6 +60,8 @@ struct loom_nn_visit {
     int unit, view;
   } * urefs; /* (nurefs) */
   int nurefs, cap_urefs;
+  /* The first module listed that cannot run in bf16 (ops->f32_only). */
+  const loom_module *f32_only;
 };
 
 void loom_nn_visit_init(loom_nn_visit *v);
@@ -63,6 +72,23 @@ loom_status loom_nn_visit_root(loom_nn_visit *v, loom_module *root);
 /* Checks a float input whose last dimension must be C (C <= 0: any). */
 loom_status loom_nn_check_f32(const loom_module *m, const loom_shape *in,
                               int min_ndim, int64_t C);
+/* The same, also taking a bf16 input when the plan is in bf16 (modules
+ * whose first operation is a bf16 matmul: linear, attention, mlp). */
+loom_status loom_nn_check_float(const loom_module *m, const loom_nn_plan *p,
+                                const loom_shape *in, int min_ndim, int64_t C);
+/* Whether m takes a bf16 input in a bf16 plan (ops->bf16_in, or a
+ * sequential whose first child does). */
+bool loom_nn_takes_bf16(const loom_module *m, const loom_nn_plan *p);
+/* An output of n elements for a module: bf16 (2 bytes each) when
+ * m->out_bf16, else f32; sets out->dtype to match. */
+void *loom_nn_plan_out(loom_nn_plan *p, const loom_module *m, int64_t n,
+                       loom_shape *out);
+/* The bf16 copy of the k-th own parameter of m (a bf16 model only). */
+static inline const loom_bf16 *loom_nn_param_bf16(const loom_nn_ctx *c,
+                                                  const loom_module *m, int k) {
+  return c->params_bf16 + c->views[m->param_first + k].offset;
+}
+
 /* numel fits the int dimensions of the kernels. */
 loom_status loom_nn_check_int(const loom_module *m, const char *what,
                               int64_t n);

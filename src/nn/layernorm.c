@@ -7,7 +7,7 @@ typedef struct layernorm {
   bool bias;
   int N;
   const float *in; /* (N,C), kept from forward */
-  float *out;      /* (N,C) */
+  void *out;       /* (N,C) f32, or bf16 when handed on in bf16 */
   float *mean;     /* (N) */
   float *rstd;     /* (N) */
   float *zeros;    /* (C) stands for the bias when there is none */
@@ -40,7 +40,7 @@ static loom_status layernorm_plan(loom_module *m, loom_nn_plan *p,
   LOOM_TRY(loom_nn_check_int(m, "input", N * l->C));
   l->N = (int)N;
   *out = *in;
-  l->out = loom_nn_plan_floats(p, N * l->C);
+  l->out = loom_nn_plan_out(p, m, N * l->C, out);
   l->mean = loom_nn_plan_floats(p, N);
   l->rstd = loom_nn_plan_floats(p, N);
   l->dsink = loom_nn_plan_scratch_floats(p, N * l->C);
@@ -58,8 +58,12 @@ static loom_status layernorm_forward(loom_module *m, loom_nn_ctx *ctx,
   layernorm *l = (layernorm *)m;
   l->in = in;
   const float *b = l->bias ? loom_nn_param(ctx, m, 1) : l->zeros;
-  loom_layernorm_forward(l->out, l->mean, l->rstd, l->in,
-                         loom_nn_param(ctx, m, 0), b, l->N, l->C);
+  /* bf16: the f32 output in dsink (free until backward), then rounded */
+  float *y = m->out_bf16 ? l->dsink : l->out;
+  loom_layernorm_forward(y, l->mean, l->rstd, l->in, loom_nn_param(ctx, m, 0),
+                         b, l->N, l->C);
+  if (m->out_bf16)
+    loom_cvt_f32_to_bf16(l->out, y, (int64_t)l->N * l->C);
   *out = l->out;
   return LOOM_OK;
 }

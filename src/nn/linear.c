@@ -9,8 +9,11 @@ typedef struct linear {
   const loom_module *owner; /* tied: the module owning the weight */
   int owner_k;
   int N;
-  const float *in; /* (N,C), kept from forward */
-  float *out;      /* (N,OC) */
+  const void *in; /* (N,C) f32, or bf16 in a bf16 model; kept from forward */
+  float *out;     /* (N,OC) */
+  /* bf16 model: the operands in f32 (loom_linear_bf16_scratch_floats) */
+  float *scratch;
+  bool bf16;
 } linear;
 
 static loom_status linear_params(loom_module *m, loom_nn_visit *v) {
@@ -49,14 +52,24 @@ static loom_status linear_plan(loom_module *m, loom_nn_plan *p,
   if (l->C <= 0)
     return loom_module_error(m, LOOM_ERR_INVALID_ARG,
                              "tied weight not resolved (not in a model)");
-  LOOM_TRY(loom_nn_check_f32(m, in, 1, l->C));
+  LOOM_TRY(loom_nn_check_float(m, p, in, 1, l->C));
   int64_t N = loom_nn_rows(in);
   LOOM_TRY(loom_nn_check_int(m, "input", N * l->C));
   LOOM_TRY(loom_nn_check_int(m, "output", N * l->OC));
   l->N = (int)N;
   *out = *in;
+  out->dtype = LOOM_F32;
   out->dim[out->ndim - 1] = l->OC;
   l->out = loom_nn_plan_floats(p, N * l->OC);
+  l->bf16 = p->bf16;
+  l->scratch = NULL;
+  if (l->bf16) {
+    /* forward and backward each use it within the call */
+    size_t mark = loom_nn_plan_scratch_mark(p);
+    l->scratch = loom_nn_plan_scratch_floats(
+        p, loom_linear_bf16_scratch_floats(l->N, l->C, l->OC));
+    loom_nn_plan_scratch_release(p, mark);
+  }
   return LOOM_OK;
 }
 
@@ -65,13 +78,27 @@ static const float *linear_weight(const linear *l, const loom_nn_ctx *ctx) {
                   : loom_nn_param(ctx, &l->base, 0);
 }
 
+static const loom_bf16 *linear_weight_bf16(const linear *l,
+                                           const loom_nn_ctx *ctx) {
+  return l->owner ? loom_nn_param_bf16(ctx, l->owner, l->owner_k)
+                  : loom_nn_param_bf16(ctx, &l->base, 0);
+}
+
 static loom_status linear_forward(loom_module *m, loom_nn_ctx *ctx,
                                   const void *in, const float **out) {
   linear *l = (linear *)m;
   l->in = in;
   const float *b = l->bias ? loom_nn_param(ctx, m, 1) : NULL;
-  LOOM_TRY(loom_linear_forward(l->out, l->in, linear_weight(l, ctx), b, l->N,
-                               l->C, l->OC));
+  if (l->bf16) {
+    if (!ctx->params_bf16)
+      return loom_module_error(m, LOOM_ERR_INTERNAL, "no bf16 weights");
+    LOOM_TRY(loom_linear_forward_bf16(l->out, l->in, m->in.dtype,
+                                      linear_weight_bf16(l, ctx), b, l->N, l->C,
+                                      l->OC, l->scratch));
+  } else {
+    LOOM_TRY(loom_linear_forward(l->out, l->in, linear_weight(l, ctx), b, l->N,
+                                 l->C, l->OC));
+  }
   *out = l->out;
   return LOOM_OK;
 }
@@ -82,6 +109,10 @@ static loom_status linear_backward(loom_module *m, loom_nn_ctx *ctx,
   float *dw = l->owner ? loom_nn_grad(ctx, l->owner, l->owner_k)
                        : loom_nn_grad(ctx, m, 0);
   float *db = l->bias ? loom_nn_grad(ctx, m, 1) : NULL;
+  if (l->bf16)
+    return loom_linear_backward_bf16(dinp, dw, db, dout, l->in, m->in.dtype,
+                                     linear_weight_bf16(l, ctx), l->N, l->C,
+                                     l->OC, l->scratch);
   return loom_linear_backward(dinp, dw, db, dout, l->in, linear_weight(l, ctx),
                               l->N, l->C, l->OC);
 }
@@ -95,6 +126,7 @@ static const loom_module_ops linear_ops = {
     .forward = linear_forward,
     .backward = linear_backward,
     .free = linear_free,
+    .bf16_in = true,
 };
 
 loom_status loom_linear_new(loom_module **out, int C, int OC, bool bias) {

@@ -151,6 +151,8 @@ loom_status loom_module_plan(loom_module *m, loom_nn_plan *p,
                                (long long)in->dim[i]);
   loom_shape o;
   memset(&o, 0, sizeof o);
+  m->out_bf16 = p->bf16 && p->out_bf16;
+  p->out_bf16 = false;
   LOOM_TRY(m->ops->plan(m, p, in, &o));
   m->in = *in;
   m->out = o;
@@ -249,6 +251,31 @@ loom_status loom_nn_check_f32(const loom_module *m, const loom_shape *in,
   return LOOM_OK;
 }
 
+loom_status loom_nn_check_float(const loom_module *m, const loom_nn_plan *p,
+                                const loom_shape *in, int min_ndim, int64_t C) {
+  if (p->bf16 && in->dtype == LOOM_BF16) {
+    loom_shape f = *in;
+    f.dtype = LOOM_F32;
+    return loom_nn_check_f32(m, &f, min_ndim, C);
+  }
+  return loom_nn_check_f32(m, in, min_ndim, C);
+}
+
+bool loom_nn_takes_bf16(const loom_module *m, const loom_nn_plan *p) {
+  if (!p->bf16 || !m)
+    return false;
+  if (loom_nn_is_sequential(m))
+    return loom_sequential_count(m) > 0 &&
+           loom_nn_takes_bf16(loom_sequential_child(m, 0), p);
+  return m->ops->bf16_in;
+}
+
+void *loom_nn_plan_out(loom_nn_plan *p, const loom_module *m, int64_t n,
+                       loom_shape *out) {
+  out->dtype = m->out_bf16 ? LOOM_BF16 : LOOM_F32;
+  return loom_nn_plan_act(p, (size_t)n * loom_dtype_size(out->dtype));
+}
+
 loom_status loom_nn_check_int(const loom_module *m, const char *what,
                               int64_t n) {
   if (n > INT32_MAX)
@@ -312,6 +339,8 @@ loom_status loom_nn_visit_root(loom_nn_visit *v, loom_module *root) {
   v->prefix[0] = '\0';
   root->path[0] = '\0';
   reset_module(root);
+  if (root->ops->f32_only)
+    v->f32_only = root;
   return root->ops->params(root, v);
 }
 
@@ -322,6 +351,8 @@ loom_status loom_nn_visit_child(loom_nn_visit *v, const char *name,
   LOOM_TRY(join_name(child->path, saved, name ? name : ""));
   memcpy(v->prefix, child->path, sizeof v->prefix);
   reset_module(child);
+  if (child->ops->f32_only && !v->f32_only)
+    v->f32_only = child;
   if (v->depth == 0)
     v->unit = v->nunits++;
   v->depth++;

@@ -20,12 +20,18 @@ static loom_status block_params(loom_module *m, loom_nn_visit *v) {
   return loom_nn_visit_child(v, "mlp", b->mlp);
 }
 
+/* Plans kid on `in`; `next` is the module its output feeds (it may take it
+ * in bf16 in a bf16 model), NULL for the residual stream (f32). */
 static loom_status plan_kid(loom_module *m, loom_nn_plan *p, loom_module *kid,
-                            const loom_shape *in, loom_shape *out) {
+                            const loom_module *next, const loom_shape *in,
+                            loom_shape *out) {
   size_t mark = loom_nn_plan_scratch_mark(p);
+  p->out_bf16 = loom_nn_takes_bf16(next, p);
   LOOM_TRY(loom_module_plan(kid, p, in, out));
   loom_nn_plan_scratch_release(p, mark);
-  if (!loom_shape_equal(in, out)) {
+  loom_shape same = *out;
+  same.dtype = in->dtype;
+  if (!loom_shape_equal(in, &same)) {
     char a[96], c[96];
     return loom_module_error(m, LOOM_ERR_INTERNAL, "%s maps %s to %s",
                              kid->path, loom_shape_str(in, a, sizeof a),
@@ -47,12 +53,12 @@ static loom_status block_plan(loom_module *m, loom_nn_plan *p,
   size_t mark = loom_nn_plan_scratch_mark(p);
   b->dr = loom_nn_plan_scratch_floats(p, b->n);
   b->dtmp = loom_nn_plan_scratch_floats(p, b->n);
-  loom_shape s;
-  LOOM_TRY(plan_kid(m, p, b->ln1, in, &s));
-  LOOM_TRY(plan_kid(m, p, b->attn, in, &s));
+  loom_shape s, u;
+  LOOM_TRY(plan_kid(m, p, b->ln1, b->attn, in, &s));
+  LOOM_TRY(plan_kid(m, p, b->attn, NULL, &s, &u));
   b->r = loom_nn_plan_floats(p, b->n);
-  LOOM_TRY(plan_kid(m, p, b->ln2, in, &s));
-  LOOM_TRY(plan_kid(m, p, b->mlp, in, &s));
+  LOOM_TRY(plan_kid(m, p, b->ln2, b->mlp, in, &s));
+  LOOM_TRY(plan_kid(m, p, b->mlp, NULL, &s, &u));
   b->out = loom_nn_plan_floats(p, b->n);
   loom_nn_plan_scratch_release(p, mark);
   *out = *in;
@@ -62,7 +68,7 @@ static loom_status block_plan(loom_module *m, loom_nn_plan *p,
 static loom_status block_forward(loom_module *m, loom_nn_ctx *ctx,
                                  const void *in, const float **out) {
   block *b = (block *)m;
-  const float *x = in, *t, *u;
+  const float *x = in, *t, *u; /* t: bf16 data in a bf16 model */
   LOOM_TRY(loom_module_forward(b->ln1, ctx, x, &t));
   LOOM_TRY(loom_module_forward(b->attn, ctx, t, &u));
   loom_add_forward(b->r, x, u, b->n);

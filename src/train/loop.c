@@ -36,9 +36,31 @@ loom_status loom_train_model_new(const loom_config *cfg, bool defer_init,
   return loom_train_model_make(cfg, &mo, out);
 }
 
+static loom_status model_build(const loom_config *cfg,
+                               const loom_model_opts *base, loom_model **out);
+
+/* The precision is the model's (docs/precision.md); configs whose
+ * precision a model cannot honour were refused by loom_config_validate. */
 loom_status loom_train_model_make(const loom_config *cfg,
                                   const loom_model_opts *base,
                                   loom_model **out) {
+  LOOM_TRY(model_build(cfg, base, out));
+  if (cfg->train.precision == LOOM_CFG_PRECISION_F32)
+    return LOOM_OK;
+  loom_dtype p =
+      cfg->train.precision == LOOM_CFG_PRECISION_BF16 ? LOOM_BF16 : LOOM_F16;
+  loom_status s = loom_model_set_precision(*out, p);
+  if (s != LOOM_OK) {
+    loom_model_free(*out);
+    *out = NULL;
+    return loom_error_context(s, "train.precision %s",
+                              loom_cfg_precision_names[cfg->train.precision]);
+  }
+  return LOOM_OK;
+}
+
+static loom_status model_build(const loom_config *cfg,
+                               const loom_model_opts *base, loom_model **out) {
   const loom_config_model *mc = &cfg->model;
   loom_model_opts mo = *base;
   mo.seed = (uint64_t)cfg->train.seed;
@@ -261,6 +283,9 @@ void loom_train_mem_get(const loom_trainer *t, loom_train_mem *out) {
   out->params = out->params_peak = all;
   if (t->z3)
     loom_zero3_resident(t->z3, &out->params, &out->params_peak);
+  /* bf16: the weight copy the matmuls read (docs/precision.md) */
+  out->params += loom_model_bf16_bytes(t->model);
+  out->params_peak += loom_model_bf16_bytes(t->model);
   out->grads = out->grads_peak = all;
   if (t->ddp)
     loom_ddp_grad_resident(t->ddp, &out->grads, &out->grads_peak);
@@ -491,6 +516,10 @@ static loom_status setup_local(loom_trainer *t) {
               "GEMM %s, %d thread(s)",
               loom_isa_name(loom_cpu_isa()),
               loom_gemm_backend_name(loom_gemm_get_backend()), loom_threads());
+  if (t->rank == 0 && !t->opts.quiet &&
+      loom_model_precision(t->model) == LOOM_BF16)
+    LOOM_INFO("bf16: %s; master weights, optimizer and reductions f32",
+              loom_bf16_path_describe());
   return loom_train_ckpt_prepare(t);
 }
 
@@ -725,6 +754,7 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   }
   if (t->z3)
     LOOM_TRY_GOTO(s, loom_zero3_shard(t->z3), fail);
+  loom_model_params_updated(t->model); /* loaded or drawn: a new bf16 copy */
   loom_runstat_phase(LOOM_RUNSTAT_LOADED);
   *out = t;
   return LOOM_OK;
@@ -1213,6 +1243,8 @@ static loom_status optim_step(loom_trainer *t, float lr, double *gnorm,
   }
   if (t->zero == 1 || t->zero == 2)
     LOOM_TRY(zero1_gather(t, params));
+  /* bf16: the weight copy is made again once, on the next forward */
+  loom_model_params_updated(t->model);
   double el = loom_time_now() - t0;
   if (t->ddp) {
     loom_ddp_get_stats(t->ddp, &ds);

@@ -374,7 +374,9 @@ TT_TEST(issue10_regressions) {
     const char *extra;
     bool trains;
   } cases[] = {
-      {"train.precision=bf16", BASE_MLP, NULL, false},
+      {"train.precision=bf16", BASE_MLP, NULL, true},
+      {"train.precision=bf16", BASE_CNN, NULL, false},
+      {"train.precision=f16", BASE_MLP, NULL, false},
       {"train.loss_scale=128", BASE_MLP, NULL, false},
       {"log.profile=true", BASE_MLP, NULL, false},
       {"parallel.zero_stage=2", BASE_MLP, NULL, false},

@@ -1,0 +1,411 @@
+/* Mixed precision in nn: each module type in bf16 against the same model
+ * in f32 (outputs, parameter and input gradients), the linear layer to the
+ * bit against f32 arithmetic on bf16-rounded operands, the activation
+ * memory that bf16 saves, when the bf16 weight copy is refreshed, thread
+ * counts and activation checkpointing (same bits), and the errors.
+ *
+ * Tolerance of the comparison with f32, relative in norm over a whole
+ * tensor: TOL = 2^-5 (3.1%). Rounding to bf16 moves an operand by at most
+ * u = 2^-9 relative; a product of two rounded operands by at most 2u + u^2
+ * (0.4%) of its size, and a matmul's result by that much of sum |a b|.
+ * A gradient here goes through at most four such roundings in a row (the
+ * weight, the input or the activation handed on in bf16, the output
+ * gradient, and the layer above's), and with inputs of random signs
+ * sum |a b| stays within about twice |sum a b| in norm: 4 x 2 x 0.4% =
+ * 3.1%. What is measured is 3 to 10 times smaller (the errors have random
+ * signs); an error in the path (an f32 operand read as bf16, a stale
+ * weight) is far larger. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "gradcheck.h"
+#include "loom/kernels.h"
+
+#define TOL (1.0 / 32.0)
+
+static double rel_err(const float *a, const float *b, int64_t n) {
+  double d = 0, s = 0;
+  for (int64_t i = 0; i < n; i++) {
+    d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    s += (double)b[i] * b[i];
+  }
+  return s > 0 ? sqrt(d / s) : sqrt(d);
+}
+
+typedef loom_status (*build_fn)(loom_model **out);
+
+#define WRAP(out, ctor, root)                                                  \
+  do {                                                                         \
+    loom_module *root = NULL;                                                  \
+    LOOM_TRY(ctor);                                                            \
+    return loom_model_new(out, root, NULL);                                    \
+  } while (0)
+
+static loom_status b_linear(loom_model **out) {
+  WRAP(out, loom_linear_new(&l, 37, 23, true), l);
+}
+
+/* linear, activation, linear */
+static loom_status b_seq(loom_model **out, bool gelu) {
+  loom_module *s, *k;
+  LOOM_TRY(loom_sequential_new(&s));
+  loom_status st = loom_linear_new(&k, 37, 64, true);
+  if (st == LOOM_OK)
+    st = loom_sequential_add(s, "fc1", k);
+  if (st == LOOM_OK)
+    st = gelu ? loom_gelu_new(&k) : loom_relu_new(&k);
+  if (st == LOOM_OK)
+    st = loom_sequential_add(s, "act", k);
+  if (st == LOOM_OK)
+    st = loom_linear_new(&k, 64, 23, true);
+  if (st == LOOM_OK)
+    st = loom_sequential_add(s, "fc2", k);
+  if (st != LOOM_OK) {
+    loom_module_free(s);
+    return st;
+  }
+  return loom_model_new(out, s, NULL);
+}
+static loom_status b_relu(loom_model **out) { return b_seq(out, false); }
+static loom_status b_gelu(loom_model **out) { return b_seq(out, true); }
+
+/* layernorm into a linear layer (the norm hands its output on in bf16) */
+static loom_status b_ln(loom_model **out) {
+  loom_module *s, *k;
+  LOOM_TRY(loom_sequential_new(&s));
+  loom_status st = loom_layernorm_new(&k, 37, true);
+  if (st == LOOM_OK)
+    st = loom_sequential_add(s, "ln", k);
+  if (st == LOOM_OK)
+    st = loom_linear_new(&k, 37, 23, true);
+  if (st == LOOM_OK)
+    st = loom_sequential_add(s, "fc", k);
+  if (st != LOOM_OK) {
+    loom_module_free(s);
+    return st;
+  }
+  return loom_model_new(out, s, NULL);
+}
+
+static loom_status b_attn(loom_model **out) {
+  WRAP(out, loom_attention_new(&a, 32, 4, true), a);
+}
+
+static loom_status b_mlp(loom_model **out) {
+  WRAP(out, loom_mlp_new(&a, 32, 96, true, 0.0f), a);
+}
+
+static loom_status b_block(loom_model **out) {
+  WRAP(out, loom_transformer_block_new(&a, 32, 4, 4, true, 0.0f), a);
+}
+
+static loom_gpt_opts tiny_gpt(void) {
+  loom_gpt_opts o = loom_gpt_opts_default();
+  o.vocab = 29;
+  o.context = 12;
+  o.n_layer = 2;
+  o.d_model = 32;
+  o.n_head = 4;
+  return o;
+}
+
+static loom_status b_gpt(loom_model **out) {
+  loom_gpt_opts o = tiny_gpt();
+  return loom_gpt_new(out, &o, NULL);
+}
+
+static loom_status b_fmlp(loom_model **out) {
+  loom_fashion_mlp_opts o = loom_fashion_mlp_opts_default();
+  o.hidden = 48;
+  return loom_fashion_mlp_new(out, &o, NULL);
+}
+
+/* Runs forward and backward with the same input and output gradient;
+ * out/grads/dinp filled (dinp only for a float input). */
+typedef struct run {
+  float *out, *grads, *dinp;
+  int64_t out_n, np, in_n;
+} run;
+
+static void run_free(run *r) {
+  loom_free(r->out);
+  loom_free(r->grads);
+  loom_free(r->dinp);
+  memset(r, 0, sizeof *r);
+}
+
+static loom_status run_model(loom_model *m, const loom_tensor *in, run *r) {
+  loom_tensor y;
+  memset(r, 0, sizeof *r);
+  LOOM_TRY(loom_model_forward(m, in, &y));
+  r->out_n = loom_tensor_numel(&y);
+  r->np = loom_model_num_params(m);
+  r->in_n = loom_tensor_numel(in);
+  r->out = loom_malloc((size_t)r->out_n * sizeof(float));
+  float *dout = loom_malloc((size_t)r->out_n * sizeof(float));
+  r->grads = loom_malloc((size_t)r->np * sizeof(float));
+  r->dinp = loom_malloc((size_t)r->in_n * sizeof(float));
+  if (!r->out || !dout || !r->grads || !r->dinp) {
+    loom_free(dout);
+    return LOOM_ERR_NOMEM;
+  }
+  memcpy(r->out, y.data, (size_t)r->out_n * sizeof(float));
+  gc_fill_normal(dout, r->out_n, 31, 1.0f);
+  loom_tensor dy = loom_tensor_view(dout, LOOM_F32, y.ndim, y.shape);
+  loom_tensor dx = loom_tensor_view(r->dinp, in->dtype, in->ndim, in->shape);
+  loom_model_zero_grad(m);
+  loom_status st =
+      loom_model_backward(m, &dy, in->dtype == LOOM_F32 ? &dx : NULL);
+  loom_free(dout);
+  LOOM_TRY(st);
+  memcpy(r->grads, loom_model_grads(m), (size_t)r->np * sizeof(float));
+  return LOOM_OK;
+}
+
+/* A ReLU is a kink: a pre-activation within a rounding of 0 falls on the
+ * other side in bf16 and its row's gradient changes by O(1), not by the
+ * format's error. The ReLU model's fc1 gets biases of +-2 (its
+ * pre-activations have a standard deviation of about 0.6 here), so no
+ * pre-activation lies that close to 0; half the units are on, half off. */
+static void away_from_kink(loom_model *m) {
+  int i;
+  if (loom_model_find(m, "fc1.bias", &i) != LOOM_OK)
+    return;
+  const loom_param *v = loom_model_view(m, i);
+  float *b = loom_model_params(m) + v->offset;
+  for (int64_t j = 0; j < v->numel; j++)
+    b[j] += j % 2 ? 2.0f : -2.0f;
+  loom_model_params_updated(m);
+}
+
+/* The model in f32 and in bf16 from the same seed on the same input. */
+static void compare(const char *name, build_fn build, const loom_tensor *in) {
+  loom_model *a = NULL, *b = NULL;
+  TT_REQUIRE_OK(build(&a));
+  TT_REQUIRE_OK(build(&b));
+  if (build == b_relu) {
+    away_from_kink(a);
+    away_from_kink(b);
+  }
+  TT_REQUIRE_OK(loom_model_set_precision(b, LOOM_BF16));
+  TT_CHECK_EQ(loom_model_precision(b), LOOM_BF16);
+  run ra, rb;
+  TT_REQUIRE_OK(run_model(a, in, &ra));
+  TT_REQUIRE_OK(run_model(b, in, &rb));
+  double e = rel_err(rb.out, ra.out, ra.out_n), worst = e;
+  TT_CHECK(e <= TOL);
+  TT_CHECK(e > 0); /* it did round */
+  for (int i = 0; i < loom_model_num_views(a); i++) {
+    const loom_param *v = loom_model_view(a, i);
+    double g = rel_err(rb.grads + v->offset, ra.grads + v->offset, v->numel);
+    if (!(g <= TOL))
+      fprintf(stderr, "  %s: %s gradient off by %.3g\n", name, v->name, g);
+    TT_CHECK(g <= TOL);
+    worst = g > worst ? g : worst;
+  }
+  if (in->dtype == LOOM_F32) {
+    double g = rel_err(rb.dinp, ra.dinp, ra.in_n);
+    TT_CHECK(g <= TOL);
+    worst = g > worst ? g : worst;
+  }
+  printf("  %-12s output %.2e, worst gradient or output %.2e (tolerance "
+         "%.2e)\n",
+         name, e, worst, TOL);
+  run_free(&ra);
+  run_free(&rb);
+  loom_model_free(a);
+  loom_model_free(b);
+}
+
+static float *normal(int64_t n, uint64_t seed) {
+  float *x = loom_malloc((size_t)n * sizeof(float));
+  if (x)
+    gc_fill_normal(x, n, seed, 1.0f);
+  return x;
+}
+
+TT_TEST(modules_against_f32) {
+  float *x = normal(2 * 9 * 37, 1);
+  float *xc = normal(2 * 9 * 32, 2);
+  float *img = normal(6 * 784, 3);
+  int32_t ids[2 * 12];
+  TT_REQUIRE(x && xc && img);
+  for (int i = 0; i < 2 * 12; i++)
+    ids[i] = (i * 7 + 3) % 29;
+  loom_tensor t37 = loom_tensor_view(x, LOOM_F32, 3, (int64_t[]){2, 9, 37});
+  loom_tensor t32 = loom_tensor_view(xc, LOOM_F32, 3, (int64_t[]){2, 9, 32});
+  loom_tensor ti = loom_tensor_view(img, LOOM_F32, 2, (int64_t[]){6, 784});
+  loom_tensor tok = loom_tensor_view(ids, LOOM_I32, 2, (int64_t[]){2, 12});
+  compare("linear", b_linear, &t37);
+  compare("relu", b_relu, &t37);
+  compare("gelu", b_gelu, &t37);
+  compare("layernorm", b_ln, &t37);
+  compare("attention", b_attn, &t32);
+  compare("mlp", b_mlp, &t32);
+  compare("block", b_block, &t32);
+  compare("gpt", b_gpt, &tok);
+  compare("fashion-mlp", b_fmlp, &ti);
+  loom_free(x);
+  loom_free(xc);
+  loom_free(img);
+}
+
+/* Without a bias, and with weights, input and output gradient already
+ * bf16 values, the bf16 layer's arithmetic is f32's: the same bits. */
+TT_TEST(linear_exact) {
+  loom_module *la, *lb;
+  loom_model *a, *b;
+  TT_REQUIRE_OK(loom_linear_new(&la, 45, 19, false));
+  TT_REQUIRE_OK(loom_model_new(&a, la, NULL));
+  TT_REQUIRE_OK(loom_linear_new(&lb, 45, 19, false));
+  TT_REQUIRE_OK(loom_model_new(&b, lb, NULL));
+  TT_REQUIRE_OK(loom_model_set_precision(b, LOOM_BF16));
+  loom_round_bf16(loom_model_params(a), loom_model_params(a),
+                  loom_model_num_params(a));
+  const int64_t N = 33;
+  float *x = normal(N * 45, 5), *xr = normal(N * 45, 5);
+  TT_REQUIRE(x && xr);
+  loom_round_bf16(xr, xr, N * 45);
+  loom_tensor tx = loom_tensor_view(x, LOOM_F32, 2, (int64_t[]){N, 45});
+  loom_tensor txr = loom_tensor_view(xr, LOOM_F32, 2, (int64_t[]){N, 45});
+  loom_tensor ya, yb, dya, dyb;
+  TT_REQUIRE_OK(loom_model_forward(a, &txr, &ya));
+  TT_REQUIRE_OK(loom_model_forward(b, &tx, &yb));
+  TT_CHECK(memcmp(ya.data, yb.data, (size_t)N * 19 * sizeof(float)) == 0);
+  TT_REQUIRE_OK(loom_model_output_grad(a, &dya));
+  TT_REQUIRE_OK(loom_model_output_grad(b, &dyb));
+  gc_fill_normal(dya.data, N * 19, 8, 1.0f);
+  gc_fill_normal(dyb.data, N * 19, 8, 1.0f);
+  loom_round_bf16(dya.data, dya.data, N * 19);
+  float *dxa = normal(N * 45, 1), *dxb = normal(N * 45, 1);
+  TT_REQUIRE(dxa && dxb);
+  loom_tensor ta = loom_tensor_view(dxa, LOOM_F32, 2, (int64_t[]){N, 45});
+  loom_tensor tb = loom_tensor_view(dxb, LOOM_F32, 2, (int64_t[]){N, 45});
+  TT_REQUIRE_OK(loom_model_backward(a, NULL, &ta));
+  TT_REQUIRE_OK(loom_model_backward(b, NULL, &tb));
+  TT_CHECK(memcmp(dxa, dxb, (size_t)N * 45 * sizeof(float)) == 0);
+  TT_CHECK(memcmp(loom_model_grads(a), loom_model_grads(b),
+                  (size_t)loom_model_num_params(a) * sizeof(float)) == 0);
+  loom_free(x);
+  loom_free(xr);
+  loom_free(dxa);
+  loom_free(dxb);
+  loom_model_free(a);
+  loom_model_free(b);
+}
+
+/* What is kept from forward to backward shrinks: the outputs handed on to
+ * bf16 matmuls are 2 bytes an element instead of 4. */
+TT_TEST(activation_memory) {
+  loom_model *m;
+  size_t a32, a16, s32, s16;
+  TT_REQUIRE_OK(loom_fashion_mlp_new(&m, NULL, NULL));
+  loom_shape in = loom_shape_make(LOOM_F32, 4, (int64_t[]){128, 1, 28, 28});
+  TT_REQUIRE_OK(loom_model_act_bytes(m, &in, &a32, &s32));
+  TT_REQUIRE_OK(loom_model_set_precision(m, LOOM_BF16));
+  TT_REQUIRE_OK(loom_model_act_bytes(m, &in, &a16, &s16));
+  /* fc1 and fc2 out f32, the two ReLUs' outputs bf16, fc3 out f32 */
+  TT_CHECK_EQ(a32, (size_t)128 * (512 * 4 + 10) * 4);
+  TT_CHECK_EQ(a16, (size_t)128 * (512 * 2 * 4 + 512 * 2 * 2 + 10 * 4));
+  TT_CHECK_EQ(loom_model_bf16_bytes(m), (size_t)669706 * 2);
+  printf("  fashion-mlp batch 128: activations %zu -> %zu bytes, scratch %zu "
+         "-> %zu\n",
+         a32, a16, s32, s16);
+  loom_model_free(m);
+  TT_REQUIRE_OK(loom_gpt_new(&m, NULL, NULL));
+  in = loom_shape_make(LOOM_I32, 2, (int64_t[]){32, 128});
+  TT_REQUIRE_OK(loom_model_act_bytes(m, &in, &a32, &s32));
+  TT_REQUIRE_OK(loom_model_set_precision(m, LOOM_BF16));
+  TT_REQUIRE_OK(loom_model_act_bytes(m, &in, &a16, &s16));
+  /* per block ln1, heads, ln2 (C each) and GELU (4C) at 2 bytes, and
+   * ln_f: (4 * 7 + 1) * B*T*C * 2 bytes fewer */
+  TT_CHECK_EQ(a32 - a16, (size_t)(4 * 7 + 1) * 32 * 128 * 128 * 2);
+  printf("  kjv-gpt batch 32x128: activations %zu -> %zu bytes (%.1f%%), "
+         "scratch %zu -> %zu\n",
+         a32, a16, 100.0 * (double)a16 / (double)a32, s32, s16);
+  loom_model_free(m);
+}
+
+/* The copy is made on the first forward after a change the model knows
+ * of (set_precision, init, bind) or loom_model_params_updated; writing the
+ * parameters alone leaves the copy (so a step reads it, never rebuilds). */
+TT_TEST(copy_refresh) {
+  loom_model *m;
+  TT_REQUIRE_OK(b_linear(&m));
+  TT_REQUIRE_OK(loom_model_set_precision(m, LOOM_BF16));
+  float *x = normal(4 * 37, 9);
+  TT_REQUIRE(x);
+  loom_tensor t = loom_tensor_view(x, LOOM_F32, 2, (int64_t[]){4, 37});
+  float y1[4 * 23], y2[4 * 23], y3[4 * 23];
+  loom_tensor y;
+  TT_REQUIRE_OK(loom_model_forward(m, &t, &y));
+  memcpy(y1, y.data, sizeof y1);
+  float *p = loom_model_params(m);
+  for (int i = 0; i < 37 * 23; i++) /* the weight only */
+    p[i] *= 2.0f;
+  TT_REQUIRE_OK(loom_model_forward(m, &t, &y));
+  memcpy(y2, y.data, sizeof y2);
+  TT_CHECK(memcmp(y1, y2, sizeof y1) == 0);
+  loom_model_params_updated(m);
+  TT_REQUIRE_OK(loom_model_forward(m, &t, &y));
+  memcpy(y3, y.data, sizeof y3);
+  TT_CHECK(memcmp(y1, y3, sizeof y1) != 0);
+  /* back to f32: the copy goes, the f32 weights are used */
+  TT_REQUIRE_OK(loom_model_set_precision(m, LOOM_F32));
+  TT_CHECK_EQ(loom_model_bf16_bytes(m), (size_t)0);
+  TT_REQUIRE_OK(loom_model_forward(m, &t, &y));
+  TT_CHECK(memcmp(y3, y.data, sizeof y3) != 0);
+  loom_free(x);
+  loom_model_free(m);
+}
+
+/* Same bits at 1 and 2 threads, and with activation checkpointing. */
+TT_TEST(bf16_same_bits) {
+  int32_t ids[4 * 12];
+  for (int i = 0; i < 4 * 12; i++)
+    ids[i] = (i * 5 + 1) % 29;
+  loom_tensor tok = loom_tensor_view(ids, LOOM_I32, 2, (int64_t[]){4, 12});
+  run r[3];
+  for (int k = 0; k < 3; k++) {
+    loom_model *m;
+    loom_gpt_opts o = tiny_gpt();
+    o.checkpoint_every = k == 2 ? 1 : 0;
+    TT_REQUIRE_OK(loom_gpt_new(&m, &o, NULL));
+    TT_REQUIRE_OK(loom_model_set_precision(m, LOOM_BF16));
+    loom_set_threads(k == 1 ? 2 : 1);
+    TT_REQUIRE_OK(run_model(m, &tok, &r[k]));
+    loom_model_free(m);
+  }
+  loom_set_threads(0);
+  for (int k = 1; k < 3; k++) {
+    TT_CHECK(memcmp(r[0].out, r[k].out, (size_t)r[0].out_n * 4) == 0);
+    TT_CHECK(memcmp(r[0].grads, r[k].grads, (size_t)r[0].np * 4) == 0);
+  }
+  for (int k = 0; k < 3; k++)
+    run_free(&r[k]);
+}
+
+TT_TEST(bf16_errors) {
+  loom_model *m;
+  TT_REQUIRE_OK(loom_fashion_cnn_new(&m, NULL, NULL));
+  TT_CHECK(loom_model_set_precision(m, LOOM_BF16) == LOOM_ERR_UNSUPPORTED);
+  TT_CHECK(strstr(loom_last_error(), "conv1 (conv2d)") != NULL);
+  TT_CHECK_EQ(loom_model_precision(m), LOOM_F32);
+  loom_model_free(m);
+  TT_REQUIRE_OK(b_linear(&m));
+  TT_CHECK(loom_model_set_precision(m, LOOM_F16) == LOOM_ERR_UNSUPPORTED);
+  TT_CHECK(loom_model_set_precision(m, LOOM_I32) == LOOM_ERR_UNSUPPORTED);
+  TT_CHECK_OK(loom_model_set_precision(m, LOOM_F32));
+  loom_model_free(m);
+}
+
+int main(void) {
+  TT_RUN(modules_against_f32);
+  TT_RUN(linear_exact);
+  TT_RUN(activation_memory);
+  TT_RUN(copy_refresh);
+  TT_RUN(bf16_same_bits);
+  TT_RUN(bf16_errors);
+  return tt_finish();
+}
