@@ -160,10 +160,13 @@ bool loom_hier_takes(const loom_hier *h, const loom_op *op) {
   case LOOM_COMM_ALLGATHERV:
     if (!h->host_major)
       return false;
-    for (int q = 0; q < h->L * h->H; q++)
+    size_t total = 0;
+    for (int q = 0; q < h->L * h->H; q++) {
       if (op->counts[q] > (size_t)INT_MAX)
         return false;
-    return true;
+      total += op->counts[q];
+    }
+    return total > 0;
   default:
     return false;
   }
