@@ -351,6 +351,12 @@ int loom_pipe_instances(const loom_pipe *p);
  * [*lo, *hi) (what its optimizer steps and its checkpoint slice holds). */
 void loom_pipe_units(const loom_pipe *p, int *first, int *end);
 void loom_pipe_owned(const loom_pipe *p, int64_t *lo, int64_t *hi);
+/* Every stage's owned range: bounds (P + 1 entries), stage s owning
+ * [bounds[s], bounds[s + 1]). */
+void loom_pipe_bounds(const loom_pipe *p, int64_t *bounds);
+/* Bytes of the instances' activation arenas and the stage's buffers of
+ * received activations and their gradients. */
+size_t loom_pipe_act_bytes(const loom_pipe *p);
 /* Every range the stage reads: owned and borrowed, merged; *n entries. */
 const loom_range *loom_pipe_ranges(const loom_pipe *p, int *n);
 
@@ -396,7 +402,8 @@ typedef struct loom_pipe_stats {
   double step_s;    /* from the first forward to the last wait of a step */
   double wait_s;    /* blocked on neighbours (activations, gradients,
                        borrowed weights) within it */
-  double compute_s; /* forward and backward of the instances (and loss) */
+  double forward_s;  /* forward of the instances (and the loss) */
+  double backward_s; /* their backward */
   double sync_s;    /* borrowed weights' exchanges and the dp sum */
   double last_step_s, last_wait_s;
 } loom_pipe_stats;

@@ -55,6 +55,7 @@ struct loom_pipe {
   loom_pipe_schedule schedule;
   int u0, u1;     /* units [u0, u1) */
   int64_t lo, hi; /* owned range of the flat buffers */
+  int64_t *bounds; /* (P + 1) every stage's owned range */
   loom_range *ranges;
   int nranges; /* every range read: owned and borrowed, merged */
   borrow *bor;
@@ -345,6 +346,13 @@ loom_status loom_pipe_new(loom_pipe **out, loom_model *model, loom_group *pp,
   p->u1 = first[p->stage + 1];
   p->lo = cum[p->u0];
   p->hi = cum[p->u1];
+  p->bounds = loom_calloc((size_t)p->P + 1, sizeof *p->bounds);
+  if (!p->bounds) {
+    s = LOOM_ERR_NOMEM;
+    goto fail;
+  }
+  for (int k = 0; k <= p->P; k++)
+    p->bounds[k] = cum[first[k]];
   LOOM_TRY_GOTO(s, find_borrows(p, first, cum), fail);
   LOOM_TRY_GOTO(s, stage_shapes(p, &o.input), fail);
   LOOM_TRY_GOTO(s, make_slots(p, make, user), fail);
@@ -392,6 +400,7 @@ void loom_pipe_free(loom_pipe *p) {
   loom_free(p->slots);
   loom_free(p->bor);
   loom_free(p->ranges);
+  loom_free(p->bounds);
   loom_free(p->active);
   loom_free(p->dp_reqs);
   loom_free(p);
@@ -409,6 +418,20 @@ void loom_pipe_units(const loom_pipe *p, int *first, int *end) {
 void loom_pipe_owned(const loom_pipe *p, int64_t *lo, int64_t *hi) {
   *lo = p->lo;
   *hi = p->hi;
+}
+
+void loom_pipe_bounds(const loom_pipe *p, int64_t *bounds) {
+  memcpy(bounds, p->bounds, (size_t)(p->P + 1) * sizeof *bounds);
+}
+
+size_t loom_pipe_act_bytes(const loom_pipe *p) {
+  size_t b = 0;
+  for (int k = 0; k < p->K; k++) {
+    b += loom_model_arena_bytes(p->slots[k].m);
+    if (p->slots[k].in)
+      b += 2 * (size_t)(p->in_shape.dim[0] * p->in_row) * sizeof(float);
+  }
+  return b;
 }
 
 const loom_range *loom_pipe_ranges(const loom_pipe *p, int *n) {
@@ -486,7 +509,7 @@ static loom_status fwd(loom_pipe *p, const int64_t *rows, int n, int i,
       LOOM_TRY(loom_model_output_grad(sl->m, &dy));
     LOOM_TRY(io->loss(io->user, mb, &y, train ? &dy : NULL));
   }
-  p->st.compute_s += loom_time_now() - t0;
+  p->st.forward_s += loom_time_now() - t0;
   if (!train && p->stage > 0)
     LOOM_TRY(post_recv(p, rows, n, i + p->K)); /* the input is free */
   if (last)
@@ -517,7 +540,7 @@ static loom_status bwd(loom_pipe *p, const int64_t *rows, int n, int i) {
   }
   double t0 = loom_time_now();
   LOOM_TRY(loom_model_backward(sl->m, NULL, p->stage > 0 ? &din : NULL));
-  p->st.compute_s += loom_time_now() - t0;
+  p->st.backward_s += loom_time_now() - t0;
   if (p->stage == 0)
     return LOOM_OK;
   LOOM_TRY(loom_send(sl->din, (size_t)(rows[mb] * p->in_row), LOOM_F32,

@@ -29,11 +29,12 @@ static const char *sched_name(const loom_trainer *t) {
 static loom_status fill_meta(loom_trainer *t, loom_ckpt_meta *meta) {
   *meta = loom_ckpt_meta_default();
   snprintf(meta->strategy, sizeof meta->strategy, "%s",
-           t->zero == 1   ? "zero1"
-           : t->zero == 2 ? "zero2"
-           : t->zero == 3 ? "zero3"
-           : t->ddp       ? "ddp"
-                          : "none");
+           t->zero == 1    ? "zero1"
+           : t->zero == 2  ? "zero2"
+           : t->zero == 3  ? "zero3"
+           : t->pipe       ? "pipeline"
+           : t->ddp        ? "ddp"
+                           : "none");
   meta->config_hash = loom_config_hash(&t->cfg);
   meta->n_views = loom_model_num_views(t->model);
   meta->views = loom_model_view(t->model, 0);
@@ -374,6 +375,13 @@ static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
     loom_train_slice(t, t->rank, &lo, &hi);
     LOOM_TRY(loom_ckpt_read_range(c, "params", lo, hi,
                                   loom_model_params(t->model) + lo));
+  } else if (t->pipe) { /* what the stage reads: its own and borrowed */
+    int nr;
+    const loom_range *r = loom_pipe_ranges(t->pipe, &nr);
+    for (int k = 0; k < nr; k++)
+      LOOM_TRY(loom_ckpt_read_range(c, "params", r[k].offset,
+                                    r[k].offset + r[k].numel,
+                                    loom_model_params(t->model) + r[k].offset));
   } else {
     LOOM_TRY(
         loom_ckpt_read_range(c, "params", 0, n, loom_model_params(t->model)));
