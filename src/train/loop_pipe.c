@@ -22,13 +22,18 @@ loom_status loom_train_mesh(loom_trainer *t) {
   t->replicas = t->nranks;
   t->stage = 0;
   t->stages = 1;
-  if (t->nranks % P != 0 || (pc->dp > 0 && pc->dp * P != t->nranks))
+  if (pc->dp > 0 && pc->dp * P != t->nranks)
     return loom_error(LOOM_ERR_CONFIG,
-                      "parallel.dp %s x parallel.tp 1 x parallel.pp %d: the "
-                      "mesh needs %s ranks, the job has %d",
-                      pc->dp > 0 ? "" : "auto", P,
-                      pc->dp > 0 ? "" : "a multiple of parallel.pp",
-                      t->nranks);
+                      "parallel.dp %lld x parallel.tp 1 x parallel.pp %d = "
+                      "%lld ranks, but the job has %d (start %lld, or set "
+                      "parallel.dp auto)",
+                      (long long)pc->dp, P, (long long)(pc->dp * P),
+                      t->nranks, (long long)(pc->dp * P));
+  if (t->nranks % P != 0)
+    return loom_error(LOOM_ERR_CONFIG,
+                      "parallel.pp %d does not divide the job's %d ranks "
+                      "(parallel.dp auto takes ranks / parallel.pp replicas)",
+                      P, t->nranks);
   if (P == 1)
     return LOOM_OK;
   /* Stages on neighbouring ranks (the same host first, as launchers place
