@@ -263,7 +263,6 @@ loom_status loom_zero3_shard(loom_zero3 *z);
  * boundary since the last loom_zero3_shard (page granularity). */
 void loom_zero3_resident(const loom_zero3 *z, size_t *now, size_t *peak);
 
-
 /* ============================================================ pipeline */
 
 /* Pipeline parallelism (GPipe, Huang et al. 2019; 1F1B, Narayanan et al.
@@ -399,12 +398,12 @@ void loom_pipe_set_training(loom_pipe *p, bool training);
 /* Per-step times: the last step's and the sums since the last reset. */
 typedef struct loom_pipe_stats {
   int64_t steps;
-  double step_s;    /* from the first forward to the last wait of a step */
-  double wait_s;    /* blocked on neighbours (activations, gradients,
-                       borrowed weights) within it */
+  double step_s;     /* from the first forward to the last wait of a step */
+  double wait_s;     /* blocked on neighbours (activations, gradients,
+                        borrowed weights) within it */
   double forward_s;  /* forward of the instances (and the loss) */
   double backward_s; /* their backward */
-  double sync_s;    /* borrowed weights' exchanges and the dp sum */
+  double sync_s;     /* borrowed weights' exchanges and the dp sum */
   double last_step_s, last_wait_s;
 } loom_pipe_stats;
 void loom_pipe_get_stats(const loom_pipe *p, loom_pipe_stats *out);

@@ -1262,6 +1262,12 @@ static loom_status check_mesh(const loom_config *cfg, const cfg_origins *org,
   if (P == 1)
     return LOOM_OK;
   const cfg_loc *l = origin_of(org, "parallel.pp", none);
+  if (cfg->train.batch_size == 0)
+    return cfg_err(origin_of(org, "train.batch_size", none), "train.batch_size",
+                   "auto with parallel.pp %lld: give a number (loom estimate "
+                   "and --find-batch-size size one replica of the whole "
+                   "model, not a stage)",
+                   (long long)P);
   if (m->name != LOOM_CFG_MODEL_GPT)
     return cfg_err(l, "parallel.pp",
                    "%lld stages: pipeline parallelism supports model gpt "

@@ -40,8 +40,8 @@ typedef struct borrow {
 /* One instance of the stage and what travels with its micro-batch. */
 typedef struct slot {
   loom_model *m;
-  float *in;  /* (rows, ...) stage > 0: the received activations */
-  float *din; /* (rows, ...) stage > 0: their gradient, sent back */
+  float *in;         /* (rows, ...) stage > 0: the received activations */
+  float *din;        /* (rows, ...) stage > 0: their gradient, sent back */
   loom_req in_req;   /* the receive into in */
   loom_req out_req;  /* the send of the instance's output */
   loom_req dout_req; /* the receive into the instance's output gradient */
@@ -53,15 +53,15 @@ struct loom_pipe {
   loom_group *pp, *dp;
   int stage, P, M, K;
   loom_pipe_schedule schedule;
-  int u0, u1;     /* units [u0, u1) */
-  int64_t lo, hi; /* owned range of the flat buffers */
+  int u0, u1;      /* units [u0, u1) */
+  int64_t lo, hi;  /* owned range of the flat buffers */
   int64_t *bounds; /* (P + 1) every stage's owned range */
   loom_range *ranges;
   int nranges; /* every range read: owned and borrowed, merged */
   borrow *bor;
-  int nbor; /* every stage's borrowed ranges (the same list on every rank) */
-  slot *slots;   /* (K) */
-  int *active;   /* (max(M, ...)) micro-batches with rows, in order */
+  int nbor;    /* every stage's borrowed ranges (the same list on every rank) */
+  slot *slots; /* (K) */
+  int *active; /* (max(M, ...)) micro-batches with rows, in order */
   int active_cap;
   loom_shape in_shape; /* a micro-batch's input at this stage, most rows */
   int64_t in_row;      /* floats per row of it (stage > 0) */
@@ -175,8 +175,8 @@ static loom_status own_bounds(const loom_model *m, int64_t *cum) {
                           "pipeline: unit %d (%s) has parameters at %lld, "
                           "expected %lld: the units' parameters must follow "
                           "each other in forward order",
-                          u, loom_model_unit_name(m, u),
-                          (long long)r[k].offset, (long long)cum[u + 1]);
+                          u, loom_model_unit_name(m, u), (long long)r[k].offset,
+                          (long long)cum[u + 1]);
       cum[u + 1] = r[k].offset + r[k].numel;
     }
   }
@@ -253,8 +253,8 @@ static loom_status stage_shapes(loom_pipe *p, const loom_shape *in) {
   loom_module *root = loom_model_root(p->model);
   loom_shape x = *in;
   for (int u = 0; u < p->u0; u++)
-    LOOM_TRY(loom_nn_plan_dry((loom_module *)loom_sequential_child(root, u),
-                              &x, &x));
+    LOOM_TRY(loom_nn_plan_dry((loom_module *)loom_sequential_child(root, u), &x,
+                              &x));
   p->in_shape = x;
   p->in_row = x.ndim > 0 && x.dim[0] > 0 ? loom_shape_numel(&x) / x.dim[0] : 0;
   if (p->stage > 0 && x.dtype != LOOM_F32)
@@ -510,19 +510,24 @@ static loom_status fwd(loom_pipe *p, const int64_t *rows, int n, int i,
     LOOM_TRY(io->loss(io->user, mb, &y, train ? &dy : NULL));
   }
   p->st.forward_s += loom_time_now() - t0;
-  if (!train && p->stage > 0)
-    LOOM_TRY(post_recv(p, rows, n, i + p->K)); /* the input is free */
-  if (last)
-    return LOOM_OK;
-  LOOM_TRY(loom_send(y.data, ny, LOOM_F32, p->stage + 1, TAG_ACT, p->pp,
-                     &sl->out_req));
-  if (train) {
-    loom_tensor dy;
-    LOOM_TRY(loom_model_output_grad(sl->m, &dy));
-    LOOM_TRY(loom_recv(dy.data, ny, LOOM_F32, p->stage + 1, TAG_GRAD, p->pp,
-                       &sl->dout_req));
+  if (!last) {
+    LOOM_TRY(loom_send(y.data, ny, LOOM_F32, p->stage + 1, TAG_ACT, p->pp,
+                       &sl->out_req));
+    if (train) {
+      loom_tensor dy;
+      LOOM_TRY(loom_model_output_grad(sl->m, &dy));
+      LOOM_TRY(loom_recv(dy.data, ny, LOOM_F32, p->stage + 1, TAG_GRAD, p->pp,
+                         &sl->dout_req));
+    }
   }
-  return LOOM_OK;
+  if (train || p->stage == 0)
+    return LOOM_OK;
+  /* Forward only: the input is free for the next micro-batch of the slot,
+   * unless the output being sent is a view of it (a module may give one). */
+  const float *yd = y.data;
+  if (yd >= sl->in && yd < sl->in + p->in_shape.dim[0] * p->in_row)
+    LOOM_TRY(wait_timed(p, &sl->out_req));
+  return post_recv(p, rows, n, i + p->K);
 }
 
 /* Backward of active micro-batch i: its input gradient goes back to the
@@ -672,8 +677,8 @@ loom_status loom_pipe_finish_grads(loom_pipe *p) {
     for (int c = 0; c < p->ndp; c++) {
       int64_t a = p->lo + (int64_t)c * p->chunk;
       int64_t e = a + p->chunk < p->hi ? a + p->chunk : p->hi;
-      LOOM_TRY(loom_allreduce(g + a, g + a, (size_t)(e - a), LOOM_F32,
-                              LOOM_SUM, p->dp, &p->dp_reqs[c]));
+      LOOM_TRY(loom_allreduce(g + a, g + a, (size_t)(e - a), LOOM_F32, LOOM_SUM,
+                              p->dp, &p->dp_reqs[c]));
     }
     LOOM_TRY(loom_wait_all(p->dp_reqs, (size_t)p->ndp));
   }
@@ -714,6 +719,4 @@ void loom_pipe_get_stats(const loom_pipe *p, loom_pipe_stats *out) {
   *out = p->st;
 }
 
-void loom_pipe_reset_stats(loom_pipe *p) {
-  memset(&p->st, 0, sizeof p->st);
-}
+void loom_pipe_reset_stats(loom_pipe *p) { memset(&p->st, 0, sizeof p->st); }

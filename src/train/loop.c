@@ -1377,6 +1377,7 @@ static loom_status train_step(loom_trainer *t, double *sums, double g[SUM_N],
   *gnorm = NAN;
   *lr = loom_sched_lr(&t->sched, t->step);
   loom_req sums_req = LOOM_REQ_INIT;
+  memset(g, 0, SUM_N * sizeof(double)); /* written by the reduction */
   if (t->pipe) {
     /* The loss is on the last stages; the stop and checkpoint flags on
      * every rank: summed over the world while the optimizer runs. */
@@ -1387,18 +1388,17 @@ static loom_status train_step(loom_trainer *t, double *sums, double g[SUM_N],
   }
   loom_status os = optim_step(t, *lr, gnorm, tm);
   if (t->pipe) {
+    /* Waited for even after a failure: the request lives on this stack. */
     loom_status ws = loom_wait(&sums_req);
     LOOM_TRY(os);
     LOOM_TRY(ws);
     LOOM_TRY(loom_train_ckpt_poll(t, g));
-  }
-  LOOM_TRY(os);
-  if (t->pipe) {
-    /* done above */
   } else if (t->ddp) {
+    LOOM_TRY(os);
     LOOM_TRY(loom_ddp_sum_wait(t->ddp, g));
     LOOM_TRY(loom_train_ckpt_poll(t, g));
   } else {
+    LOOM_TRY(os);
     memcpy(g, sums, SUM_N * sizeof(double));
     g[SUM_STOP] = stop_requested ? 1 : 0;
   }
@@ -1523,8 +1523,8 @@ static loom_status write_metrics(loom_trainer *t, const run_window *w,
     if (!v)
       return LOOM_ERR_NOMEM;
     static const char *const keys[RANK_N] = {
-        "rank_busy_s", "rank_data_wait_s", "rank_comm_wait_s",
-        "rank_pp_step_s", "rank_pp_wait_s"};
+        "rank_busy_s", "rank_data_wait_s", "rank_comm_wait_s", "rank_pp_step_s",
+        "rank_pp_wait_s"};
     for (int k = 0; k < (t->pipe ? RANK_N : RANK_PP_STEP); k++) {
       for (int r = 0; r < t->nranks; r++)
         v[r] = ranks[r * RANK_N + k];

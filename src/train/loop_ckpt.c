@@ -29,12 +29,12 @@ static const char *sched_name(const loom_trainer *t) {
 static loom_status fill_meta(loom_trainer *t, loom_ckpt_meta *meta) {
   *meta = loom_ckpt_meta_default();
   snprintf(meta->strategy, sizeof meta->strategy, "%s",
-           t->zero == 1    ? "zero1"
-           : t->zero == 2  ? "zero2"
-           : t->zero == 3  ? "zero3"
-           : t->pipe       ? "pipeline"
-           : t->ddp        ? "ddp"
-                           : "none");
+           t->zero == 1   ? "zero1"
+           : t->zero == 2 ? "zero2"
+           : t->zero == 3 ? "zero3"
+           : t->pipe      ? "pipeline"
+           : t->ddp       ? "ddp"
+                          : "none");
   meta->config_hash = loom_config_hash(&t->cfg);
   meta->n_views = loom_model_num_views(t->model);
   meta->views = loom_model_view(t->model, 0);

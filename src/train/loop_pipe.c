@@ -27,8 +27,8 @@ loom_status loom_train_mesh(loom_trainer *t) {
                       "parallel.dp %lld x parallel.tp 1 x parallel.pp %d = "
                       "%lld ranks, but the job has %d (start %lld, or set "
                       "parallel.dp auto)",
-                      (long long)pc->dp, P, (long long)(pc->dp * P),
-                      t->nranks, (long long)(pc->dp * P));
+                      (long long)pc->dp, P, (long long)(pc->dp * P), t->nranks,
+                      (long long)(pc->dp * P));
   if (t->nranks % P != 0)
     return loom_error(LOOM_ERR_CONFIG,
                       "parallel.pp %d does not divide the job's %d ranks "
@@ -112,8 +112,8 @@ loom_status loom_train_pipe_new(loom_trainer *t, const loom_shape *input) {
   o.input = *input;
   o.input.dim[0] = t->batch / t->micro;
   o.chunk = (int64_t)(pc->bucket_mb * 1024 * 1024 / sizeof(float));
-  loom_status s = loom_pipe_new(&t->pipe, t->model, t->pp_group,
-                                t->dp_group, make_instance, t, &o);
+  loom_status s = loom_pipe_new(&t->pipe, t->model, t->pp_group, t->dp_group,
+                                make_instance, t, &o);
   loom_free(cost);
   if (s != LOOM_OK)
     return loom_error_context(s, "pipeline stage %d", t->stage);
@@ -135,10 +135,9 @@ loom_status loom_train_pipe_new(loom_trainer *t, const loom_shape *input) {
     char units[256];
     size_t off = 0;
     for (int s2 = 0; s2 < t->stages && off < sizeof units; s2++)
-      off += (size_t)snprintf(units + off, sizeof units - off, "%s%lld",
-                              s2 ? " | " : "",
-                              (long long)(t->stage_bounds[s2 + 1] -
-                                          t->stage_bounds[s2]));
+      off += (size_t)snprintf(
+          units + off, sizeof units - off, "%s%lld", s2 ? " | " : "",
+          (long long)(t->stage_bounds[s2 + 1] - t->stage_bounds[s2]));
     LOOM_INFO("pipeline parallel: %d stages x %d replica(s), schedule %s, "
               "%d micro-batches of %lld rows (bubble (P-1)/(M+P-1) = %.3f); "
               "parameters per stage: %s",
@@ -216,8 +215,8 @@ static loom_status pipe_loss(void *user, int mb, const loom_tensor *y,
   loom_trainer *t = c->t;
   int64_t lo = mb * c->mb_rows;
   int64_t n = y->shape[0];
-  const int32_t *tg = (const int32_t *)c->b->y.data +
-                      lo * (t->is_text ? c->b->y.shape[1] : 1);
+  const int32_t *tg =
+      (const int32_t *)c->b->y.data + lo * (t->is_text ? c->b->y.shape[1] : 1);
   loom_xent_stats st;
   LOOM_TRY(loom_xent_forward(t->xent, y, tg, &st));
   double *u = c->part ? c->part : c->sums;
@@ -255,14 +254,16 @@ loom_status loom_train_pipe_micro(loom_trainer *t, double *sums,
     LOOM_TRY_GOTO(s, loom_loader_next(t->train_loader, &b), done);
     tm->data += b->wait_s + late;
     *epoch = b->epoch;
-    pipe_ctx c = {.t = t, .b = b, .mb_rows = t->batch / t->micro,
-                  .total = total, .sums = sums};
+    pipe_ctx c = {.t = t,
+                  .b = b,
+                  .mb_rows = t->batch / t->micro,
+                  .total = total,
+                  .sums = sums};
     int64_t nb = loom_loader_batches_per_epoch(t->train_loader);
     int64_t gb = b->capacity * t->replicas;
-    int64_t first = loom_loader_batch_first(t->train_loader, b->epoch,
-                                            b->index);
-    c.base = (uint64_t)(b->epoch * nb * gb + first +
-                        t->replica * b->capacity);
+    int64_t first =
+        loom_loader_batch_first(t->train_loader, b->epoch, b->index);
+    c.base = (uint64_t)(b->epoch * nb * gb + first + t->replica * b->capacity);
     for (int k = 0; k < t->micro; k++) {
       int64_t left = b->size - k * c.mb_rows;
       r[k] = left < 0 ? 0 : left > c.mb_rows ? c.mb_rows : left;

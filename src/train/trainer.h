@@ -133,11 +133,11 @@ struct loom_trainer {
    * (a pipeline's stages on neighbouring ranks). Without a pipeline every
    * rank is a replica of its own (replica = rank, stages 1). */
   int replica, replicas, stage, stages;
-  int micro;          /* M: micro-batches of each batch (parallel) */
+  int micro; /* M: micro-batches of each batch (parallel) */
   loom_group *pp_group, *dp_group; /* NULL without a pipeline */
   loom_pipe *pipe;                 /* parallel.pp > 1 */
-  float *pbuf, *gbuf; /* the pipeline's parameter and gradient buffers:
-                         reserved, only the stage's ranges touched */
+  float *pbuf, *gbuf;    /* the pipeline's parameter and gradient buffers:
+                            reserved, only the stage's ranges touched */
   int64_t *stage_bounds; /* (stages + 1) every stage's owned range */
 
   /* Recovery. With a checkpoint to load, the model is built without its
