@@ -64,6 +64,12 @@ LOOM_API_BEGIN
   X(LOOM_CFG_COMPRESS_NONE, "none")                                            \
   X(LOOM_CFG_COMPRESS_BF16, "bf16")                                            \
   X(LOOM_CFG_COMPRESS_F16, "f16")
+/* parallel.pp_schedule: the same values, in the same order, as the
+ * parallel layer's loom_pipe_schedule (checked where the trainer passes
+ * it on; config does not link the parallel layer). */
+#define LOOM_CFG_PP_SCHEDULE_LIST(X)                                           \
+  X(LOOM_CFG_PP_GPIPE, "gpipe")                                                \
+  X(LOOM_CFG_PP_1F1B, "1f1b")
 
 #define LOOM_X_ENUM(name, text) name,
 typedef enum {
@@ -78,6 +84,9 @@ typedef enum {
 typedef enum {
   LOOM_CFG_ON_ERROR_LIST(LOOM_X_ENUM) LOOM_CFG_ON_ERROR_COUNT
 } loom_cfg_on_error;
+typedef enum {
+  LOOM_CFG_PP_SCHEDULE_LIST(LOOM_X_ENUM) LOOM_CFG_PP_SCHEDULE_COUNT
+} loom_cfg_pp_schedule;
 typedef enum {
   LOOM_CFG_STRATEGY_LIST(LOOM_X_ENUM) LOOM_CFG_STRATEGY_COUNT
 } loom_cfg_strategy;
@@ -98,6 +107,7 @@ extern const char *const loom_cfg_precision_names[LOOM_CFG_PRECISION_COUNT];
 extern const char *const loom_cfg_on_error_names[LOOM_CFG_ON_ERROR_COUNT];
 extern const char *const loom_cfg_strategy_names[LOOM_CFG_STRATEGY_COUNT];
 extern const char *const loom_cfg_compress_names[LOOM_CFG_COMPRESS_COUNT];
+extern const char *const loom_cfg_pp_schedule_names[LOOM_CFG_PP_SCHEDULE_COUNT];
 
 /* ---------------------------------------------------------- the config */
 
@@ -179,6 +189,11 @@ typedef struct loom_config_parallel {
   int64_t virtual_shards;
   loom_cfg_compress compress;
   char shard_unit[LOOM_CONFIG_STR_MAX];
+  /* The mesh: dp x tp x pp ranks (dp 0 = auto: the world size / (tp pp)). */
+  int64_t dp, tp, pp;
+  int64_t micro_batches;            /* M: micro-batches of a pipeline step */
+  loom_cfg_pp_schedule pp_schedule; /* gpipe or 1f1b */
+  loom_config_ints pp_split;        /* units per stage ([]: balanced) */
 } loom_config_parallel;
 
 /* A plain value: copy it with `=`, nothing to free. */

@@ -339,7 +339,9 @@ typedef struct loom_model_opts {
   /* No parameter or gradient buffers at all (loom_model_params and
    * loom_model_grads return NULL): the layout and the activation sizes only,
    * for sizing a model larger than this machine (loom estimate). Such a
-   * model cannot run forward (false). */
+   * model runs only once buffers are bound (loom_model_bind_params and
+   * loom_model_bind_grads: a pipeline stage's copies of the model share
+   * one pair of buffers) (false). */
   bool shape_only;
 } loom_model_opts;
 loom_model_opts loom_model_opts_default(void);
@@ -457,6 +459,13 @@ const loom_range *loom_model_unit_ranges(const loom_model *m, int u, int *n);
 /* Sorts r[0..n) by offset and merges overlapping or touching ranges in
  * place; returns how many remain. */
 int loom_ranges_merge(loom_range *r, int n);
+/* Only units [first, end) run from now on (a pipeline stage): forward
+ * takes what unit `first` takes (the token ids, or the activations of the
+ * unit before it) and gives what unit end - 1 gives; backward can give the
+ * gradient of a float input. (0, num_units) runs the whole model again.
+ * LOOM_ERR_INVALID_ARG for a root that is not a sequential or a range out
+ * of bounds. */
+loom_status loom_model_set_unit_range(loom_model *m, int first, int end);
 /* Called around each unit's forward and backward (NULL: none). An error
  * stops the pass and is returned by it. */
 void loom_model_set_unit_hook(loom_model *m, loom_unit_hook fn, void *user);

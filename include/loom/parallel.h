@@ -263,6 +263,154 @@ loom_status loom_zero3_shard(loom_zero3 *z);
  * boundary since the last loom_zero3_shard (page granularity). */
 void loom_zero3_resident(const loom_zero3 *z, size_t *now, size_t *peak);
 
+/* ============================================================ pipeline */
+
+/* Pipeline parallelism (GPipe, Huang et al. 2019; 1F1B, Narayanan et al.
+ * 2019, PipeDream-Flush): the model's units (loom_model_num_units: the
+ * children of its root sequential) are cut into P contiguous stages, one
+ * per rank of a pipeline group; a stage's own parameters are then one
+ * contiguous range of the flat buffers. Each rank's batch is cut into M
+ * micro-batches; activations go forward and their gradients backward
+ * between neighbouring stages by loom_send / loom_recv on the
+ * communication thread, receives posted ahead.
+ *
+ * A stage runs K copies of its part of the model (instances made by the
+ * caller's function, buffers bound to the model's): one per micro-batch in
+ * flight, each with its own activation arena; backward adds into the one
+ * gradient buffer, so micro-batches accumulate. GPipe keeps all M in
+ * flight (K = M); 1F1B keeps at most P - s on stage s (K = min(M, P - s)).
+ * Both run the backward passes in micro-batch order 0, 1, ..., M-1, so they
+ * add the same gradients in the same order: the same bits.
+ *
+ * Weights read by a stage that does not own them (GPT's output layer reads
+ * the token embedding, owned by stage 0) are borrowed: after backward the
+ * borrower sends its gradient of them to the owner, which adds it
+ * (loom_pipe_finish_grads); after the optimizer the owner sends the new
+ * values back (loom_pipe_sync_params). With a data-parallel group the
+ * owned range's gradient is then summed over it (in chunks, in place). */
+
+#define LOOM_PIPE_SCHEDULE_LIST(X)                                             \
+  X(LOOM_PIPE_GPIPE, "gpipe")                                                  \
+  X(LOOM_PIPE_1F1B, "1f1b")
+
+typedef enum {
+#define LOOM_X_ENUM(name, text) name,
+  LOOM_PIPE_SCHEDULE_LIST(LOOM_X_ENUM)
+#undef LOOM_X_ENUM
+      LOOM_PIPE_SCHEDULE_COUNT
+} loom_pipe_schedule;
+const char *loom_pipe_schedule_name(loom_pipe_schedule s);
+
+typedef struct loom_pipe loom_pipe;
+
+/* Makes one more copy of the model, same layout, without buffers of its
+ * own (loom_model_opts.shape_only): the pipeline binds them. */
+typedef loom_status (*loom_pipe_model_fn)(void *user, loom_model **out);
+
+typedef struct loom_pipe_opts {
+  int micro_batches;           /* M (1) */
+  loom_pipe_schedule schedule; /* LOOM_PIPE_1F1B */
+  /* Units of each stage ((P) entries adding up to the model's units), or
+   * NULL: balanced, contiguous stages minimising the largest sum of
+   * unit_cost (the units' parameter counts when unit_cost is NULL). */
+  const int *split;
+  const double *unit_cost; /* (units) estimated compute of each unit */
+  /* The micro-batch's input shape at stage 0 (rows = dim[0] the most of a
+   * micro-batch); each stage's input shape follows from it. */
+  loom_shape input;
+  /* Elements per chunk of the data-parallel sum of the gradients (0: one
+   * chunk). */
+  int64_t chunk;
+} loom_pipe_opts;
+loom_pipe_opts loom_pipe_opts_default(void);
+
+/* Stage boundaries for P stages of n units: writes first (P + 1 entries:
+ * stage s runs units [first[s], first[s + 1])) from split (P units counts)
+ * or, when split is NULL, from cost (n) minimising the most expensive
+ * stage (every stage gets one unit at least). LOOM_ERR_INVALID_ARG when
+ * P > n or split does not add up to n. */
+loom_status loom_pipe_partition(int n, int P, const int *split,
+                                const double *cost, int *first);
+
+/* Collective over pp (each rank is the stage of its rank in pp) and dp
+ * (NULL or one rank: no data parallelism; otherwise the ranks holding the
+ * same stage of other replicas). model (borrowed) gives the layout and the
+ * buffers: the stage reads and writes only its ranges of them
+ * (loom_pipe_ranges). make is called K times. */
+loom_status loom_pipe_new(loom_pipe **out, loom_model *model, loom_group *pp,
+                          loom_group *dp, loom_pipe_model_fn make, void *user,
+                          const loom_pipe_opts *opts);
+void loom_pipe_free(loom_pipe *p);
+
+int loom_pipe_stage(const loom_pipe *p);
+int loom_pipe_stages(const loom_pipe *p);
+/* Instances this stage keeps (activations of K micro-batches). */
+int loom_pipe_instances(const loom_pipe *p);
+/* This stage's units [*first, *end) and owned range of the flat buffers
+ * [*lo, *hi) (what its optimizer steps and its checkpoint slice holds). */
+void loom_pipe_units(const loom_pipe *p, int *first, int *end);
+void loom_pipe_owned(const loom_pipe *p, int64_t *lo, int64_t *hi);
+/* Every stage's owned range: bounds (P + 1 entries), stage s owning
+ * [bounds[s], bounds[s + 1]). */
+void loom_pipe_bounds(const loom_pipe *p, int64_t *bounds);
+/* Bytes of the instances' activation arenas and the stage's buffers of
+ * received activations and their gradients. */
+size_t loom_pipe_act_bytes(const loom_pipe *p);
+/* Every range the stage reads: owned and borrowed, merged; *n entries. */
+const loom_range *loom_pipe_ranges(const loom_pipe *p, int *n);
+
+/* What a step needs from its caller. prepare: before micro-batch mb's
+ * forward on every stage (set the instance's dropout keys with
+ * loom_model_set_step); on stage 0 it also points *x at mb's input (rows
+ * rows). loss: on the last stage, after mb's forward: the output y; in a
+ * training step write the gradient of the step's loss with respect to y
+ * into dy (its shape); dy is NULL in a forward-only pass. */
+typedef struct loom_pipe_io {
+  loom_status (*prepare)(void *user, int mb, loom_model *inst, loom_tensor *x);
+  loom_status (*loss)(void *user, int mb, const loom_tensor *y,
+                      loom_tensor *dy);
+  void *user;
+} loom_pipe_io;
+
+/* One training pass of the schedule over micro-batches 0..M-1, rows[mb]
+ * rows each (the same on every stage; 0 skips a micro-batch). Gradients
+ * add into the model's gradient buffer (clear the stage's ranges with
+ * loom_pipe_zero_grad first). */
+loom_status loom_pipe_step(loom_pipe *p, const int64_t *rows,
+                           const loom_pipe_io *io);
+/* Forward only (evaluation): the micro-batches through the stages, in
+ * order; loss gets dy NULL. n micro-batches. */
+loom_status loom_pipe_forward(loom_pipe *p, int n, const int64_t *rows,
+                              const loom_pipe_io *io);
+/* Clears the gradients of every range the stage reads. */
+void loom_pipe_zero_grad(loom_pipe *p);
+/* After loom_pipe_step: borrowed gradients added into their owners', then
+ * the owned range summed over dp. */
+loom_status loom_pipe_finish_grads(loom_pipe *p);
+/* The global sum of squares of the gradient (each stage its owned range,
+ * summed over pp; collective over pp). */
+loom_status loom_pipe_grad_sumsq(loom_pipe *p, double *out);
+/* After the optimizer stepped the owned ranges: owners send borrowed
+ * weights' new values to their borrowers (collective over pp). */
+loom_status loom_pipe_sync_params(loom_pipe *p);
+void loom_pipe_set_training(loom_pipe *p, bool training);
+
+/* Per-step times: the last step's and the sums since the last reset. */
+typedef struct loom_pipe_stats {
+  int64_t steps;
+  double step_s;     /* from the first forward to the last wait of a step */
+  double wait_s;     /* blocked on neighbours (activations, gradients,
+                        borrowed weights) within it */
+  double forward_s;  /* forward of the instances (and the loss) */
+  double backward_s; /* their backward */
+  double sync_s;     /* borrowed weights' exchanges and the dp sum */
+  double last_step_s, last_wait_s;
+} loom_pipe_stats;
+void loom_pipe_get_stats(const loom_pipe *p, loom_pipe_stats *out);
+void loom_pipe_reset_stats(loom_pipe *p);
+/* The ideal idle share of a stage, (P - 1) / (M + P - 1). */
+double loom_pipe_bubble_theory(int stages, int micro_batches);
+
 LOOM_API_END
 #ifdef __cplusplus
 }

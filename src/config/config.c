@@ -27,6 +27,8 @@ const char *const loom_cfg_strategy_names[] = {
     LOOM_CFG_STRATEGY_LIST(LOOM_X_NAME)};
 const char *const loom_cfg_compress_names[] = {
     LOOM_CFG_COMPRESS_LIST(LOOM_X_NAME)};
+const char *const loom_cfg_pp_schedule_names[] = {
+    LOOM_CFG_PP_SCHEDULE_LIST(LOOM_X_NAME)};
 static const char *const type_names[] = {LOOM_CFG_TYPE_LIST(LOOM_X_NAME)};
 #undef LOOM_X_NAME
 
@@ -43,10 +45,14 @@ _Static_assert(COUNT_OF(loom_cfg_strategy_names) == LOOM_CFG_STRATEGY_COUNT,
                "");
 _Static_assert(COUNT_OF(loom_cfg_compress_names) == LOOM_CFG_COMPRESS_COUNT,
                "");
+_Static_assert(COUNT_OF(loom_cfg_pp_schedule_names) ==
+                   LOOM_CFG_PP_SCHEDULE_COUNT,
+               "");
 _Static_assert(COUNT_OF(type_names) == LOOM_CFG_TYPE_COUNT, "");
 /* Enum fields are read and written as int. */
 _Static_assert(sizeof(loom_cfg_model) == sizeof(int) &&
                    sizeof(loom_cfg_strategy) == sizeof(int) &&
+                   sizeof(loom_cfg_pp_schedule) == sizeof(int) &&
                    sizeof(loom_progress_mode) == sizeof(int) &&
                    sizeof(loom_act) == sizeof(int) &&
                    sizeof(loom_tail) == sizeof(int) &&
@@ -332,6 +338,36 @@ static const loom_config_key keys[] = {
     KENUM("parallel.compress", parallel.compress, "none",
           loom_cfg_compress_names, 0,
           "ddp: dtype of gradients in communication: none (f32), bf16 or f16"),
+    KINT("parallel.dp", parallel.dp, "auto", 1, 1048576, AU,
+         "data-parallel replicas of the mesh dp x tp x pp (which must be "
+         "the world size), or auto: the world size / (tp x pp)"),
+    KINT_TODO("parallel.tp", parallel.tp, "1", 1, 4096, 0,
+              "tensor-parallel ranks of the mesh (each layer's weights split "
+              "over them)",
+              "tensor parallelism comes in a later release; the mesh has "
+              "data (parallel.dp) and pipeline (parallel.pp) dimensions"),
+    KINT("parallel.pp", parallel.pp, "1", 1, 4096, 0,
+         "pipeline stages of the mesh: the model (gpt) cut into pp "
+         "contiguous runs of its units (the embedding, each transformer "
+         "block, the final norm, the output layer), one per rank; ranks "
+         "r..r+pp-1 form one pipeline"),
+    KINT("parallel.micro_batches", parallel.micro_batches, "1", 1, 65536, 0,
+         "M: each rank's batch (train.batch_size rows, which M must divide) "
+         "is cut into M micro-batches that flow through the pipeline one "
+         "after another; the idle share of a stage is (pp-1)/(M+pp-1). On "
+         "one stage: M micro-batches accumulated, the same arithmetic"),
+    KENUM("parallel.pp_schedule", parallel.pp_schedule, "1f1b",
+          loom_cfg_pp_schedule_names, 0,
+          "pipeline schedule: gpipe (all forwards, then all backwards: "
+          "activations of M micro-batches kept) or 1f1b (one forward, one "
+          "backward in turn after a warm-up: at most pp - stage kept). The "
+          "same results, bit for bit"),
+    KLIST("parallel.pp_split", parallel.pp_split, "[]", 1, 1048576, 0, 0,
+          "units of each pipeline stage, in order (pp numbers that add up to "
+          "the model's units: 1 embedding + the blocks, or checkpointed "
+          "segments, + 1 final norm + 1 output layer, + 1 dropout when "
+          "model.dropout > 0); [] = balanced by the estimated compute of "
+          "each unit"),
 };
 #define NKEYS COUNT_OF(keys)
 
@@ -1180,6 +1216,111 @@ static loom_status check_todo(const loom_config *cfg, const cfg_origins *org,
   return LOOM_OK;
 }
 
+/* The mesh keys (parallel.dp, pp, micro_batches, pp_split) against the
+ * rest; the world size itself is known only at start-up. */
+static loom_status check_mesh(const loom_config *cfg, const cfg_origins *org,
+                              cfg_loc *none, int ac_every) {
+  const loom_config_parallel *pc = &cfg->parallel;
+  const loom_config_model *m = &cfg->model;
+  const int64_t M = pc->micro_batches, P = pc->pp;
+  if (M > 1 && cfg->train.batch_size == 0)
+    return cfg_err(origin_of(org, "parallel.micro_batches", none),
+                   "parallel.micro_batches",
+                   "%lld micro-batches need a train.batch_size they divide, "
+                   "not auto",
+                   (long long)M);
+  if (cfg->train.batch_size > 0 && cfg->train.batch_size % M != 0)
+    return cfg_err(origin_of(org, "parallel.micro_batches", none),
+                   "parallel.micro_batches",
+                   "%lld does not divide train.batch_size (%lld): every "
+                   "micro-batch has the same rows",
+                   (long long)M, (long long)cfg->train.batch_size);
+  if (M > 1 && pc->deterministic)
+    return cfg_err(origin_of(org, "parallel.micro_batches", none),
+                   "parallel.micro_batches",
+                   "%lld: parallel.deterministic supports 1 (its virtual "
+                   "shards already cut the batch)",
+                   (long long)M);
+  /* A GPT's units: the embedding, a dropout when on, the blocks (or
+   * checkpointed segments), the final norm and the output layer. */
+  int64_t units = 0;
+  if (m->name == LOOM_CFG_MODEL_GPT)
+    units = 3 + (m->dropout > 0) +
+            (ac_every > 0 ? (m->layers + ac_every - 1) / ac_every : m->layers);
+  if (pc->pp_split.n > 0) {
+    int64_t sum = 0;
+    for (int i = 0; i < pc->pp_split.n; i++)
+      sum += pc->pp_split.v[i];
+    if (pc->pp_split.n != P || (units > 0 && sum != units))
+      return cfg_err(origin_of(org, "parallel.pp_split", none),
+                     "parallel.pp_split",
+                     "%d stages of %lld units in all; parallel.pp is %lld and "
+                     "the model has %lld units (1 embedding%s + %lld %s + 1 "
+                     "final norm + 1 output layer)",
+                     pc->pp_split.n, (long long)sum, (long long)P,
+                     (long long)units, m->dropout > 0 ? " + 1 dropout" : "",
+                     (long long)(units - 3 - (m->dropout > 0)),
+                     ac_every > 0 ? "checkpointed segments" : "blocks");
+  }
+  if (P == 1)
+    return LOOM_OK;
+  const cfg_loc *l = origin_of(org, "parallel.pp", none);
+  if (cfg->train.batch_size == 0)
+    return cfg_err(origin_of(org, "train.batch_size", none), "train.batch_size",
+                   "auto with parallel.pp %lld: give a number (loom estimate "
+                   "and --find-batch-size size one replica of the whole "
+                   "model, not a stage)",
+                   (long long)P);
+  if (m->name != LOOM_CFG_MODEL_GPT)
+    return cfg_err(l, "parallel.pp",
+                   "%lld stages: pipeline parallelism supports model gpt "
+                   "(its units: embedding, blocks, norm, output layer); "
+                   "model '%s' supports 1",
+                   (long long)P, loom_cfg_model_names[m->name]);
+  if (P > units)
+    return cfg_err(l, "parallel.pp",
+                   "%lld stages but the model has %lld units (1 embedding%s "
+                   "+ %lld %s + 1 final norm + 1 output layer): at most one "
+                   "stage a unit",
+                   (long long)P, (long long)units,
+                   m->dropout > 0 ? " + 1 dropout" : "",
+                   (long long)(units - 3 - (m->dropout > 0)),
+                   ac_every > 0 ? "checkpointed segments" : "blocks");
+  if (pc->strategy != LOOM_CFG_STRATEGY_AUTO &&
+      pc->strategy != LOOM_CFG_STRATEGY_DDP)
+    return cfg_err(origin_of(org, "parallel.strategy", none),
+                   "parallel.strategy",
+                   "'%s' with parallel.pp %lld: the pipeline supports auto "
+                   "or ddp (data parallel over parallel.dp); ZeRO with a "
+                   "pipeline comes later",
+                   loom_cfg_strategy_names[pc->strategy], (long long)P);
+  if (pc->deterministic)
+    return cfg_err(origin_of(org, "parallel.deterministic", none),
+                   "parallel.deterministic",
+                   "true with parallel.pp %lld: the pipeline supports false",
+                   (long long)P);
+  if (cfg->train.precision != LOOM_CFG_PRECISION_F32)
+    return cfg_err(origin_of(org, "train.precision", none), "train.precision",
+                   "'%s' with parallel.pp %lld: the pipeline's stages train "
+                   "in f32 for now (supported: f32)",
+                   loom_cfg_precision_names[cfg->train.precision],
+                   (long long)P);
+  if (pc->compress != LOOM_CFG_COMPRESS_NONE)
+    return cfg_err(origin_of(org, "parallel.compress", none),
+                   "parallel.compress",
+                   "'%s' with parallel.pp %lld: the pipeline's gradient "
+                   "reduction supports none",
+                   loom_cfg_compress_names[pc->compress], (long long)P);
+  if (pc->first_bucket_mb != 1.0)
+    return cfg_err(origin_of(org, "parallel.first_bucket_mb", none),
+                   "parallel.first_bucket_mb",
+                   "is for ddp without a pipeline: with parallel.pp %lld "
+                   "each stage's gradient is reduced over parallel.dp in "
+                   "chunks of parallel.bucket_mb after its last backward",
+                   (long long)P);
+  return LOOM_OK;
+}
+
 /* Fashion-MNIST images: what the mlp and cnn read. */
 #define IMAGE_C 1
 #define IMAGE_HW 28
@@ -1464,6 +1605,7 @@ static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
         origin_of(org, "parallel.deterministic", &none),
         "parallel.deterministic",
         "needs parallel.strategy 'auto', 'ddp' or 'zero1' (got 'none')");
+  LOOM_TRY(check_mesh(cfg, org, &none, ac_every));
   if ((cfg->schedule.name == LOOM_SCHED_COSINE ||
        cfg->schedule.name == LOOM_SCHED_LINEAR) &&
       cfg->train.steps > 0 && cfg->schedule.warmup_steps >= cfg->train.steps)

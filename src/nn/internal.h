@@ -121,6 +121,9 @@ loom_status loom_nn_relu_pool_backward_to(loom_module *relu, loom_module *pool,
                                           const float *dout, float *dinp);
 /* Is m a sequential (its children are the model's units)? */
 bool loom_nn_is_sequential(const loom_module *m);
+/* Only children [lo, hi) run in plan, forward and backward (a pipeline
+ * stage: loom_model_set_unit_range). */
+loom_status loom_nn_sequential_set_range(loom_module *seq, int lo, int hi);
 /* The ReLU's side of it. */
 bool loom_nn_is_relu(const loom_module *m);
 void loom_nn_relu_set_input(loom_module *m, const float *in);

@@ -119,6 +119,18 @@ const loom_range *loom_model_unit_ranges(const loom_model *m, int u, int *n) {
   return m->unit_ranges + m->unit_first[u];
 }
 
+loom_status loom_model_set_unit_range(loom_model *m, int first, int end) {
+  if (!m->seq_root)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "model: a range of units needs a sequential root (its "
+                      "root is a %s)",
+                      m->root->ops->name);
+  LOOM_TRY(loom_nn_sequential_set_range(m->root, first, end));
+  m->planned = false;
+  m->have_forward = false;
+  return LOOM_OK;
+}
+
 void loom_model_set_unit_hook(loom_model *m, loom_unit_hook fn, void *user) {
   m->unit_hook = fn;
   m->unit_user = user;

@@ -22,7 +22,13 @@ typedef struct sequential {
    * fc1 would otherwise spend a fifth of the step's GEMM work on the
    * gradient of the images. */
   int lead;
+  /* The children that run: [lo, hi) (all of them unless a model runs a
+   * range of its units, loom_model_set_unit_range: a pipeline stage). */
+  int lo, hi;
 } sequential;
+
+/* The end of the range that runs (hi 0: every child). */
+static int seq_hi(const sequential *s) { return s->hi > 0 ? s->hi : s->n; }
 
 static loom_status sequential_params(loom_module *m, loom_nn_visit *v) {
   sequential *s = (sequential *)m;
@@ -43,31 +49,32 @@ static loom_status sequential_plan(loom_module *m, loom_nn_plan *p,
   sequential *s = (sequential *)m;
   if (s->n == 0)
     return loom_module_error(m, LOOM_ERR_INVALID_ARG, "has no modules");
+  const int lo = s->lo, hi = seq_hi(s);
   /* A dry run gives the children's shapes, so the gradient buffers can be
    * taken below the children's scratch on the stack. */
   loom_shape x = *in;
-  for (int i = 0; i < s->n; i++)
+  for (int i = lo; i < hi; i++)
     LOOM_TRY(loom_nn_plan_dry(s->kids[i].m, &x, &x));
   /* A ReLU fused with the pooling after it writes neither its output nor
    * that output's gradient: neither is planned. */
-  for (int i = 0; i < s->n; i++)
+  for (int i = lo; i < hi; i++)
     s->kids[i].fuse_next =
-        i + 1 < s->n && (i == 0 || !s->kids[i - 1].fuse_next) &&
+        i + 1 < hi && (i == lo || !s->kids[i - 1].fuse_next) &&
         loom_nn_relu_pool_fusable(s->kids[i].m, s->kids[i + 1].m);
   int64_t max_mid = 0;
-  for (int i = 0; i + 1 < s->n; i++) {
+  for (int i = lo; i + 1 < hi; i++) {
     int64_t numel = loom_shape_numel(&s->kids[i].m->out);
     if (!s->kids[i].fuse_next && numel > max_mid)
       max_mid = numel;
   }
   size_t mark = loom_nn_plan_scratch_mark(p);
   s->buf[0] = s->buf[1] = NULL;
-  if (s->n > 1) {
+  if (hi - lo > 1) {
     s->buf[0] = loom_nn_plan_scratch_floats(p, max_mid);
     s->buf[1] = loom_nn_plan_scratch_floats(p, max_mid);
   }
   x = *in;
-  for (int i = 0; i < s->n; i++) {
+  for (int i = lo; i < hi; i++) {
     size_t kid_mark = loom_nn_plan_scratch_mark(p);
     p->no_out = s->kids[i].fuse_next;
     /* bf16 out when the next child (or, for the last, our parent) takes it */
@@ -98,7 +105,7 @@ static loom_status sequential_forward(loom_module *m, loom_nn_ctx *ctx,
                                       const void *in, const float **out) {
   sequential *s = (sequential *)m;
   const void *x = in;
-  for (int i = 0; i < s->n; i++) {
+  for (int i = s->lo; i < seq_hi(s); i++) {
     const float *y;
     int a = i;
     if (s->kids[i].fuse_next) {
@@ -122,14 +129,14 @@ static loom_status sequential_backward(loom_module *m, loom_nn_ctx *ctx,
   sequential *s = (sequential *)m;
   const float *g = dout;
   int cur = -1; /* the buffer g is in; the next fresh one is the other */
-  for (int i = s->n - 1; i >= 0; i--) {
+  for (int i = seq_hi(s) - 1; i >= s->lo; i--) {
     loom_module *kid = s->kids[i].m;
     float *dst = dinp;
     /* the ReLU of a fused pair (i - 1, i) writing its input gradient */
-    int first = i >= 1 && s->kids[i - 1].fuse_next ? i - 1 : i;
+    int first = i > s->lo && s->kids[i - 1].fuse_next ? i - 1 : i;
     const int hi = i, lo = first;
     LOOM_TRY(units(m, ctx, lo, hi, LOOM_UNIT_PRE_BACKWARD));
-    if (first > 0 && (dinp || first > s->lead)) {
+    if (first > s->lo && (dinp || first > s->lead)) {
       /* a fresh buffer: written by the child, or cleared for it */
       cur = cur == 0 ? 1 : 0;
       dst = s->buf[cur];
@@ -237,6 +244,20 @@ fail:
 
 int loom_sequential_count(const loom_module *seq) {
   return seq && seq->ops == &sequential_ops ? ((const sequential *)seq)->n : 0;
+}
+
+loom_status loom_nn_sequential_set_range(loom_module *seq, int lo, int hi) {
+  if (!loom_nn_is_sequential(seq))
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "sequential: a range of children needs a sequential");
+  sequential *s = (sequential *)seq;
+  if (lo < 0 || hi > s->n || lo >= hi)
+    return loom_module_error(seq, LOOM_ERR_INVALID_ARG,
+                             "children [%d, %d) out of range (it has %d)", lo,
+                             hi, s->n);
+  s->lo = lo;
+  s->hi = hi == s->n ? 0 : hi;
+  return LOOM_OK;
 }
 
 bool loom_nn_is_sequential(const loom_module *m) {

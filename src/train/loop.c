@@ -191,8 +191,8 @@ static loom_status make_loader(loom_trainer *t) {
   lo.sampler.shuffle = t->cfg.data.shuffle;
   lo.sampler.tail = (loom_tail)t->cfg.data.tail;
   lo.sampler.batch = t->batch;
-  lo.sampler.rank = t->rank;
-  lo.sampler.world = t->nranks;
+  lo.sampler.rank = t->replica;
+  lo.sampler.world = t->replicas;
   lo.prefetch = (int)t->cfg.data.prefetch;
   LOOM_TRY(loom_loader_new(&t->train_loader, t->train_ds, &lo));
   int64_t nb = loom_loader_batches_per_epoch(t->train_loader);
@@ -218,6 +218,8 @@ static loom_status make_optim(loom_trainer *t) {
   oo.weight_decay = oc->weight_decay;
   if (t->zero) /* the state of this rank's slice only */
     loom_train_slice(t, t->rank, &oo.shard_begin, &oo.shard_end);
+  if (t->pipe) /* the state of this stage's parameters only */
+    loom_pipe_owned(t->pipe, &oo.shard_begin, &oo.shard_end);
   int nv = loom_model_num_views(t->model);
   loom_param *views = loom_calloc((size_t)nv, sizeof *views);
   if (!views)
@@ -238,7 +240,7 @@ static loom_status make_optim(loom_trainer *t) {
    * (one virtual shard in deterministic mode): the config's lr is what that
    * batch trains well with. */
   int64_t base = t->cfg.train.batch_size;
-  int64_t global_batch = t->batch * t->accumulate * t->nranks;
+  int64_t global_batch = t->batch * t->accumulate * t->replicas;
   LOOM_TRY(loom_lr_scale(sc->scaling, sd.lr, global_batch, base, &sd.lr));
   sd.warmup_steps = sc->warmup_steps;
   sd.total_steps = t->total_steps;
@@ -267,6 +269,14 @@ loom_status loom_train_agree(loom_trainer *t, loom_status mine,
 }
 
 void loom_train_slice(const loom_trainer *t, int r, int64_t *lo, int64_t *hi) {
+  if (t->stage_bounds) {
+    /* A pipeline: the replicas of a stage share its range, in order. */
+    int s = r % t->stages, d = r / t->stages, D = t->replicas;
+    int64_t a = t->stage_bounds[s], n = t->stage_bounds[s + 1] - a;
+    *lo = a + n * d / D;
+    *hi = a + n * (d + 1) / D;
+    return;
+  }
   if (t->bounds) {
     *lo = t->bounds[r];
     *hi = t->bounds[r + 1];
@@ -295,6 +305,11 @@ void loom_train_mem_get(const loom_trainer *t, loom_train_mem *out) {
       out->optim += (size_t)st.count * sizeof(float);
   }
   out->act = loom_model_arena_bytes(t->model);
+  if (t->pipe) { /* the stage's pages of the reserved buffers */
+    out->params = out->params_peak = loom_vmem_resident(t->pbuf, 0, all);
+    out->grads = out->grads_peak = loom_vmem_resident(t->gbuf, 0, all);
+    out->act = loom_pipe_act_bytes(t->pipe);
+  }
   loom_mem_get(LOOM_MEM_COMM, &out->comm, &out->comm_peak);
   loom_mem_get(LOOM_MEM_DATA, &out->data, &out->data_peak);
 }
@@ -340,6 +355,16 @@ static loom_status open_world(loom_trainer *t) {
   t->batch = t->cfg.train.batch_size;
   t->shard_rows = t->batch;
   t->units = 1;
+  t->micro = (int)pc->micro_batches;
+  LOOM_TRY(loom_train_mesh(t));
+  if (t->stages > 1) {
+    /* Each stage's gradient is summed over the replicas by the pipeline
+     * (the loss weighs each row by 1/rows of the step): units 1. */
+    if (t->rank == 0 && pc->strategy == LOOM_CFG_STRATEGY_DDP &&
+        t->replicas == 1 && !t->opts.quiet)
+      LOOM_INFO("parallel.strategy ddp with one replica: nothing to reduce");
+    return LOOM_OK;
+  }
   switch (pc->strategy) {
   case LOOM_CFG_STRATEGY_ZERO1:
     t->zero = 1;
@@ -458,7 +483,7 @@ static loom_status setup_local(loom_trainer *t) {
     /* Memory allows the batch; the data may not: one step of the whole
      * world must fit in an epoch. */
     int64_t len = loom_dataset_len(t->train_ds);
-    int64_t per = (int64_t)t->nranks * t->shards * t->accumulate;
+    int64_t per = (int64_t)t->replicas * t->shards * t->accumulate;
     int64_t most = len / (per > 0 ? per : 1);
     if (most < 1)
       most = 1;
@@ -487,6 +512,12 @@ static loom_status setup_local(loom_trainer *t) {
         return loom_error_context(LOOM_ERR_NOMEM, "the parameter buffer");
       loom_model_bind_params(t->model, t->zparams);
     }
+  } else if (t->stages > 1) {
+    /* The stage's instances run the model; this copy holds the layout and
+     * the buffers (reserved: only the stage's ranges are touched). */
+    loom_model_opts mo = loom_model_opts_default();
+    mo.shape_only = true;
+    LOOM_TRY(loom_train_model_make(&t->cfg, &mo, &t->model));
   } else {
     LOOM_TRY(loom_train_model_new(&t->cfg, t->init_deferred, &t->model));
   }
@@ -496,12 +527,11 @@ static loom_status setup_local(loom_trainer *t) {
   t->total_steps = t->cfg.train.steps > 0
                        ? t->cfg.train.steps
                        : t->cfg.train.epochs * t->steps_per_epoch;
-  LOOM_TRY(make_optim(t));
   /* Plan the largest forward now so the loop never allocates: a rank's
-   * batch, or one virtual shard of it. */
+   * batch, one virtual shard or one micro-batch of it. */
   loom_dataset_info info;
   loom_dataset_get_info(t->train_ds, &info);
-  int64_t rows = t->shards > 1 ? t->cfg.train.batch_size : t->batch;
+  int64_t rows = t->shards > 1 ? t->cfg.train.batch_size : t->batch / t->micro;
   loom_shape in;
   if (t->is_text) {
     int64_t d[2] = {rows, info.T};
@@ -510,7 +540,11 @@ static loom_status setup_local(loom_trainer *t) {
     int64_t d[4] = {rows, info.C, info.H, info.W};
     in = loom_shape_make(LOOM_F32, 4, d);
   }
-  LOOM_TRY(loom_model_plan(t->model, &in));
+  if (t->stages > 1)
+    LOOM_TRY(loom_train_pipe_new(t, &in));
+  LOOM_TRY(make_optim(t));
+  if (!t->pipe)
+    LOOM_TRY(loom_model_plan(t->model, &in));
   if (t->rank == 0 && !t->opts.quiet)
     LOOM_INFO("kernels: %s (LOOM_ISA chooses among the copies this CPU runs), "
               "GEMM %s, %d thread(s)",
@@ -554,12 +588,13 @@ static loom_status init_fresh(loom_trainer *t) {
  * whole batch without virtual shards. */
 static void shard_rows(const loom_trainer *t, int64_t size, int j, int64_t *lo,
                        int64_t *n) {
-  if (t->shards <= 1) {
+  if (t->shards <= 1 && t->micro <= 1) {
     *lo = 0;
     *n = size;
     return;
   }
-  int64_t R = t->cfg.train.batch_size;
+  /* a virtual shard, or one of parallel.micro_batches on one stage */
+  int64_t R = t->shards > 1 ? t->cfg.train.batch_size : t->batch / t->micro;
   *lo = j * R;
   int64_t left = size - *lo;
   *n = left < 0 ? 0 : left > R ? R : left;
@@ -571,7 +606,15 @@ static loom_status forward_rows(loom_trainer *t, const loom_batch *b,
 static loom_status backward_rows(loom_trainer *t, float scale,
                                  loom_step_times *tm);
 
+/* The pieces of a rank's batch that run forward and backward apart:
+ * virtual shards (deterministic), micro-batches, or the whole batch. */
+static int batch_pieces(const loom_trainer *t) {
+  return t->shards > 1 ? t->shards : t->micro;
+}
+
 static bool wants_warm_up(const loom_trainer *t) {
+  if (t->pipe) /* its passes are the pipeline's, with its neighbours */
+    return false;
   if (t->opts.warm_up >= 0)
     return t->opts.warm_up > 0;
   return loom_runstat_standby(); /* loom_runstat_gate is about to wait */
@@ -594,7 +637,7 @@ static loom_status warm_up(loom_trainer *t) {
     idx[i] = i;
   loom_step_times tm = {0};
   bool sync = t->ddp ? loom_ddp_get_sync(t->ddp) : true;
-  int S = t->shards;
+  int S = batch_pieces(t);
   loom_status s = LOOM_OK;
   LOOM_TRY_GOTO(s, loom_batch_alloc(&b, t->train_ds, t->batch), done);
   LOOM_TRY_GOTO(s, loom_dataset_fill(t->train_ds, 0, idx, rows, &b), done);
@@ -609,8 +652,10 @@ static loom_status warm_up(loom_trainer *t) {
   for (int j = 0; j < S; j++) {
     int64_t lo, n;
     shard_rows(t, b.size, j, &lo, &n);
-    if (S > 1)
+    if (t->shards > 1)
       LOOM_TRY_GOTO(s, loom_ddp_shard_begin(t->ddp, j), done);
+    else if (t->ddp)
+      loom_ddp_set_sync(t->ddp, j == S - 1);
     if (n == 0)
       continue;
     loom_xent_stats st;
@@ -720,8 +765,8 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   LOOM_TRY_GOTO(s, loom_train_trace_sync(t), fail);
   if (t->zero == 2 && t->nranks > 1)
     LOOM_TRY_GOTO(s, zero2_params(t), fail);
-  if (t->units > 1 || cfg->parallel.deterministic || t->zero ||
-      cfg->parallel.strategy == LOOM_CFG_STRATEGY_DDP)
+  if (!t->pipe && (t->units > 1 || cfg->parallel.deterministic || t->zero ||
+                   cfg->parallel.strategy == LOOM_CFG_STRATEGY_DDP))
     LOOM_TRY_GOTO(s, make_ddp(t), fail);
   if (t->zero == 3) {
     loom_zero3_opts zo = loom_zero3_opts_default();
@@ -743,7 +788,11 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   }
   loom_runstat_gate();
   LOOM_TRY_GOTO(s, loom_train_ckpt_resume(t), fail);
-  if (t->z3 && !t->resumed) {
+  if (t->pipe && !t->resumed) {
+    /* This stage's draws (and its borrowed weights': the same values as
+     * their owner's, each view having its own stream). */
+    LOOM_TRY_GOTO(s, loom_train_pipe_init_params(t), fail);
+  } else if (t->z3 && !t->resumed) {
     /* This rank's slice of the draws, a view at a time. */
     LOOM_TRY_GOTO(s, loom_zero3_init_params(t->z3), fail);
   } else if (t->zero >= 2 && !t->resumed) {
@@ -776,6 +825,7 @@ void loom_trainer_free(loom_trainer *t) {
   loom_free(t->snap); /* the write thread read it until the wait above */
   loom_zero3_free(t->z3);
   loom_ddp_free(t->ddp);
+  loom_train_pipe_free(t);
   loom_free(t->zero_counts);
   loom_free(t->bounds);
   loom_progress_free(t->progress);
@@ -798,9 +848,9 @@ void loom_trainer_free(loom_trainer *t) {
 /* ------------------------------------------------------------- the loop */
 
 /* Rows of global micro-batch `batch` of `epoch`, every rank's together. */
-static int64_t global_rows(const loom_trainer *t, int64_t epoch,
-                           int64_t batch) {
-  int64_t gb = t->batch * t->nranks;
+int64_t loom_train_global_rows(const loom_trainer *t, int64_t epoch,
+                               int64_t batch) {
+  int64_t gb = t->batch * t->replicas;
   if (t->cfg.data.tail == LOOM_TAIL_PARTIAL) {
     int64_t left =
         t->train_len - loom_loader_batch_first(t->train_loader, epoch, batch);
@@ -828,10 +878,10 @@ static loom_status forward_rows(loom_trainer *t, const loom_batch *b,
   /* Dropout keys: the global index of the first row, the same at any world
    * size. */
   int64_t nb = loom_loader_batches_per_epoch(t->train_loader);
-  int64_t gb = b->capacity * t->nranks;
+  int64_t gb = b->capacity * t->replicas;
   int64_t first = loom_loader_batch_first(t->train_loader, b->epoch, b->index);
   uint64_t base =
-      (uint64_t)(b->epoch * nb * gb + first + t->rank * b->capacity + lo);
+      (uint64_t)(b->epoch * nb * gb + first + t->replica * b->capacity + lo);
   loom_model_set_step(t->model, (uint64_t)t->step, base);
   loom_tensor x = b->x;
   const int32_t *y = (const int32_t *)b->y.data;
@@ -888,12 +938,12 @@ static volatile sig_atomic_t stop_requested;
  * backward, so they travel ahead of the gradient buckets). */
 static loom_status step_micro(loom_trainer *t, double *sums,
                               loom_step_times *tm, int64_t *epoch) {
-  int S = t->shards;
+  int S = batch_pieces(t);
   loom_loader_state ls;
   loom_loader_get_state(t->train_loader, &ls);
   int64_t total = 0;
   for (int64_t m = 0; m < t->accumulate; m++) {
-    total += global_rows(t, ls.epoch, ls.batch);
+    total += loom_train_global_rows(t, ls.epoch, ls.batch);
     if (++ls.batch >= loom_loader_epoch_batches(t->train_loader, ls.epoch)) {
       ls.epoch++;
       ls.batch = 0;
@@ -917,8 +967,10 @@ static loom_status step_micro(loom_trainer *t, double *sums,
     for (int j = 0; j < S; j++) {
       int64_t lo, n;
       shard_rows(t, b->size, j, &lo, &n);
-      if (S > 1)
+      if (t->shards > 1)
         LOOM_TRY(loom_ddp_shard_begin(t->ddp, j));
+      else if (t->ddp) /* micro-batches: the last one reduces */
+        loom_ddp_set_sync(t->ddp, last && j == S - 1);
       /* An empty share of a short last batch adds nothing. Under ZeRO-3 the
        * passes gather parameters from every rank, so it runs them anyway,
        * on one row of whatever the buffer holds, with weight 0. */
@@ -932,7 +984,7 @@ static loom_status step_micro(loom_trainer *t, double *sums,
         LOOM_TRY(forward_rows(t, b, lo, n, &st, tm));
       if (empty)
         memset(&st, 0, sizeof st);
-      double *u = sums + (S > 1 ? j : 0) * SUM_N;
+      double *u = sums + (t->shards > 1 ? j : 0) * SUM_N;
       u[SUM_LOSS] += st.loss_sum;
       u[SUM_COUNT] += (double)st.count;
       u[SUM_CORRECT] += (double)st.correct;
@@ -982,6 +1034,21 @@ static loom_status evaluate(loom_trainer *t, int64_t max_batches, double *loss,
   }
   LOOM_TRY_GOTO(s, loom_batch_alloc(&b, t->val_ds, so.batch), done);
   loom_model_set_training(t->model, false);
+  if (t->pipe) {
+    /* Replica d takes batches d, d + D, ...; all its stages run each one
+     * (the last adds the sums). */
+    loom_pipe_set_training(t->pipe, false);
+    for (int64_t i = t->replica; i < nb; i += t->replicas) {
+      int64_t count;
+      LOOM_TRY_GOTO(s, loom_sampler_batch(sp, i, idx, &count), done);
+      if (count == 0)
+        continue;
+      LOOM_TRY_GOTO(s, loom_dataset_fill(t->val_ds, 0, idx, count, &b), done);
+      LOOM_TRY_GOTO(s, loom_train_pipe_eval(t, &b, part + i * 3), done);
+      loom_runstat_beat();
+    }
+    goto done;
+  }
   /* ZeRO-3 gathers each unit's parameters from all ranks as forward goes:
    * every rank runs as many forwards (a rank past the last batch runs the
    * last one again and keeps nothing of it). */
@@ -1012,6 +1079,8 @@ static loom_status evaluate(loom_trainer *t, int64_t max_batches, double *loss,
   }
 done:
   loom_model_set_training(t->model, true);
+  if (t->pipe)
+    loom_pipe_set_training(t->pipe, true);
   /* Agree even on failure: the other ranks are about to add the sums. */
   s = loom_train_agree(t, s, "evaluation");
   if (s == LOOM_OK && (!part || !all))
@@ -1215,6 +1284,8 @@ static loom_status zero1_gather(loom_trainer *t, float *params) {
  * by bucket as the reductions complete. */
 static loom_status optim_step(loom_trainer *t, float lr, double *gnorm,
                               loom_step_times *tm) {
+  if (t->pipe)
+    return loom_train_pipe_optim(t, lr, gnorm, tm);
   double t0 = loom_time_now();
   float *params = loom_model_params(t->model);
   int64_t n = loom_model_num_params(t->model);
@@ -1313,6 +1384,8 @@ static void window_add(run_window *w, const loom_step_times *tm) {
   w->times.reduce += tm->reduce;
   w->times.optim += tm->optim;
   w->times.data += tm->data;
+  w->times.pipe_step += tm->pipe_step;
+  w->times.pipe_wait += tm->pipe_wait;
 }
 
 /* One training step: gradients cleared, the micro-batches' forward and
@@ -1324,17 +1397,40 @@ static loom_status train_step(loom_trainer *t, double *sums, double g[SUM_N],
   double ts = loom_time_now();
   if (t->ddp)
     LOOM_TRY(loom_ddp_zero_grad(t->ddp));
+  else if (t->pipe)
+    loom_pipe_zero_grad(t->pipe);
   else
     loom_model_zero_grad(t->model);
   memset(sums, 0, (size_t)t->shards * SUM_N * sizeof(double));
-  LOOM_TRY(step_micro(t, sums, tm, epoch));
+  if (t->pipe)
+    LOOM_TRY(loom_train_pipe_micro(t, sums, tm, epoch));
+  else
+    LOOM_TRY(step_micro(t, sums, tm, epoch));
   *gnorm = NAN;
   *lr = loom_sched_lr(&t->sched, t->step);
-  LOOM_TRY(optim_step(t, *lr, gnorm, tm));
-  if (t->ddp) {
+  loom_req sums_req = LOOM_REQ_INIT;
+  memset(g, 0, SUM_N * sizeof(double)); /* written by the reduction */
+  if (t->pipe) {
+    /* The loss is on the last stages; the stop and checkpoint flags on
+     * every rank: summed over the world while the optimizer runs. */
+    sums[SUM_STOP] = stop_requested ? 1 : 0;
+    loom_train_ckpt_flags(t, sums);
+    LOOM_TRY(loom_allreduce(sums, g, SUM_N, LOOM_F64, LOOM_SUM, t->world,
+                            &sums_req));
+  }
+  loom_status os = optim_step(t, *lr, gnorm, tm);
+  if (t->pipe) {
+    /* Waited for even after a failure: the request lives on this stack. */
+    loom_status ws = loom_wait(&sums_req);
+    LOOM_TRY(os);
+    LOOM_TRY(ws);
+    LOOM_TRY(loom_train_ckpt_poll(t, g));
+  } else if (t->ddp) {
+    LOOM_TRY(os);
     LOOM_TRY(loom_ddp_sum_wait(t->ddp, g));
     LOOM_TRY(loom_train_ckpt_poll(t, g));
   } else {
+    LOOM_TRY(os);
     memcpy(g, sums, SUM_N * sizeof(double));
     g[SUM_STOP] = stop_requested ? 1 : 0;
   }
@@ -1353,14 +1449,16 @@ static loom_status train_step(loom_trainer *t, double *sums, double g[SUM_N],
 /* What each rank says of its own steps at a metrics line: the time it
  * computed (the step less its waits for data and for the reductions), and
  * those two waits; per step, over the window. */
-enum { RANK_BUSY, RANK_DATA, RANK_COMM, RANK_N };
+enum { RANK_BUSY, RANK_DATA, RANK_COMM, RANK_PP_STEP, RANK_PP_WAIT, RANK_N };
 
 static void rank_parts(const run_window *w, double now, double out[RANK_N]) {
   const double n = (double)w->steps;
   double step = (now - w->t0) / n;
   out[RANK_DATA] = w->times.data / n;
   out[RANK_COMM] = w->times.comm_wait / n;
-  out[RANK_BUSY] = step - out[RANK_DATA] - out[RANK_COMM];
+  out[RANK_PP_STEP] = w->times.pipe_step / n;
+  out[RANK_PP_WAIT] = w->times.pipe_wait / n;
+  out[RANK_BUSY] = step - out[RANK_DATA] - out[RANK_COMM] - out[RANK_PP_WAIT];
 }
 
 /* Every rank's parts on rank 0 ((nranks, RANK_N) into *all, made here; NULL
@@ -1456,9 +1554,10 @@ static loom_status write_metrics(loom_trainer *t, const run_window *w,
     double *v = loom_calloc((size_t)t->nranks, sizeof *v);
     if (!v)
       return LOOM_ERR_NOMEM;
-    static const char *const keys[RANK_N] = {"rank_busy_s", "rank_data_wait_s",
-                                             "rank_comm_wait_s"};
-    for (int k = 0; k < RANK_N; k++) {
+    static const char *const keys[RANK_N] = {
+        "rank_busy_s", "rank_data_wait_s", "rank_comm_wait_s", "rank_pp_step_s",
+        "rank_pp_wait_s"};
+    for (int k = 0; k < (t->pipe ? RANK_N : RANK_PP_STEP); k++) {
       for (int r = 0; r < t->nranks; r++)
         v[r] = ranks[r * RANK_N + k];
       loom_metrics_nums(m, keys[k], v, t->nranks);
@@ -1471,7 +1570,27 @@ static loom_status write_metrics(loom_trainer *t, const run_window *w,
       sum += b;
     }
     loom_metrics_num(m, "busy_skew", sum > 0 ? mx * t->nranks / sum : 1);
+    if (t->pipe) {
+      /* The bubble: each rank's share of its schedule spent waiting for
+       * its neighbours, averaged over the ranks, next to the theory. */
+      double b = 0;
+      for (int r = 0; r < t->nranks; r++) {
+        double st = ranks[r * RANK_N + RANK_PP_STEP];
+        v[r] = st > 0 ? ranks[r * RANK_N + RANK_PP_WAIT] / st : 0;
+        b += v[r];
+      }
+      loom_metrics_nums(m, "rank_pp_bubble", v, t->nranks);
+      loom_metrics_num(m, "pp_bubble", b / t->nranks);
+    }
     loom_free(v);
+  }
+  if (t->pipe) {
+    loom_metrics_int(m, "pp_stages", t->stages);
+    loom_metrics_int(m, "dp_replicas", t->replicas);
+    loom_metrics_int(m, "pp_micro_batches", t->micro);
+    loom_metrics_num(m, "pp_bubble_theory",
+                     loom_pipe_bubble_theory(t->stages, t->micro));
+    loom_metrics_num(m, "pp_wait_s", win->pipe_wait / n);
   }
   return loom_metrics_end(m);
 }
@@ -1528,7 +1647,7 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
   double units_per_row = t->is_text ? (double)info.T : 1.0;
   /* Every rank's rows: the throughput is the job's. */
   double units_per_step =
-      units_per_row * (double)(t->batch * t->accumulate) * (double)t->nranks;
+      units_per_row * (double)(t->batch * t->accumulate) * (double)t->replicas;
   double t_start = loom_time_now();
   run_window w = {.t0 = t_start};
   int64_t stop_at = t->opts.stop_at;

@@ -32,6 +32,7 @@ static loom_status fill_meta(loom_trainer *t, loom_ckpt_meta *meta) {
            t->zero == 1   ? "zero1"
            : t->zero == 2 ? "zero2"
            : t->zero == 3 ? "zero3"
+           : t->pipe      ? "pipeline"
            : t->ddp       ? "ddp"
                           : "none");
   meta->config_hash = loom_config_hash(&t->cfg);
@@ -374,6 +375,13 @@ static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
     loom_train_slice(t, t->rank, &lo, &hi);
     LOOM_TRY(loom_ckpt_read_range(c, "params", lo, hi,
                                   loom_model_params(t->model) + lo));
+  } else if (t->pipe) { /* what the stage reads: its own and borrowed */
+    int nr;
+    const loom_range *r = loom_pipe_ranges(t->pipe, &nr);
+    for (int k = 0; k < nr; k++)
+      LOOM_TRY(loom_ckpt_read_range(c, "params", r[k].offset,
+                                    r[k].offset + r[k].numel,
+                                    loom_model_params(t->model) + r[k].offset));
   } else {
     LOOM_TRY(
         loom_ckpt_read_range(c, "params", 0, n, loom_model_params(t->model)));

@@ -44,6 +44,8 @@ const char *loom_train_git_commit(void) { return LOOM_GIT_COMMIT; }
 const char *loom_train_strategy_name(const loom_trainer *t) {
   if (t->nranks <= 1)
     return "single";
+  if (t->pipe)
+    return t->replicas > 1 ? "ddp+pipeline" : "pipeline";
   switch (t->zero) {
   case 1:
     return "zero1";

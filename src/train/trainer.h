@@ -18,6 +18,9 @@
 typedef struct loom_step_times {
   double data, forward, backward, comm_wait, optim, reduce, total;
   double ckpt; /* saving checkpoints at step boundaries */
+  /* A pipeline stage: its schedule's length and the time it waited for
+   * its neighbours within it (the bubble). */
+  double pipe_step, pipe_wait;
 } loom_step_times;
 
 /* What every rank sums each step: loss, rows, correct rows, stop request,
@@ -126,6 +129,17 @@ struct loom_trainer {
   int units;          /* reduction units: ranks, or virtual shards */
   int64_t train_len;  /* samples in the training set */
 
+  /* The mesh: replicas x stages = nranks, rank = replica x stages + stage
+   * (a pipeline's stages on neighbouring ranks). Without a pipeline every
+   * rank is a replica of its own (replica = rank, stages 1). */
+  int replica, replicas, stage, stages;
+  int micro; /* M: micro-batches of each batch (parallel) */
+  loom_group *pp_group, *dp_group; /* NULL without a pipeline */
+  loom_pipe *pipe;                 /* parallel.pp > 1 */
+  float *pbuf, *gbuf;    /* the pipeline's parameter and gradient buffers:
+                            reserved, only the stage's ranges touched */
+  int64_t *stage_bounds; /* (stages + 1) every stage's owned range */
+
   /* Recovery. With a checkpoint to load, the model is built without its
    * random draws; they are made only when none was loaded after all. */
   bool init_deferred;
@@ -184,6 +198,30 @@ loom_status loom_train_fault_init(loom_trainer *t);
 double loom_train_fault_data_delay(loom_trainer *t);
 /* After step t->step: exit, segv, hang or slow as asked. */
 void loom_train_fault_after_step(loom_trainer *t);
+
+/* loop_pipe.c: the mesh (replicas, stages, their groups; collective over
+ * the world when there is a pipeline) from parallel.dp and parallel.pp. */
+loom_status loom_train_mesh(loom_trainer *t);
+/* The pipeline of this stage (model, buffers, instances): after the model
+ * was made shape_only, before the optimizer. No communication. */
+loom_status loom_train_pipe_new(loom_trainer *t, const loom_shape *input);
+void loom_train_pipe_free(loom_trainer *t);
+/* A fresh start: this stage's parameters drawn, view by view. */
+loom_status loom_train_pipe_init_params(loom_trainer *t);
+/* One step's micro-batches through the pipeline (sums as step_micro's). */
+loom_status loom_train_pipe_micro(loom_trainer *t, double *sums,
+                                  loom_step_times *tm, int64_t *epoch);
+/* The step after it: borrowed gradients, the dp sum, clipping, the
+ * optimizer on the stage's range, borrowed weights back. */
+loom_status loom_train_pipe_optim(loom_trainer *t, float lr, double *gnorm,
+                                  loom_step_times *tm);
+/* Evaluation batch i's sums (loss, rows, correct) added into part, on the
+ * last stage; every stage of the replica runs it. */
+loom_status loom_train_pipe_eval(loom_trainer *t, const loom_batch *b,
+                                 double *part);
+/* Rows of global batch (epoch, batch), every replica's together. */
+int64_t loom_train_global_rows(const loom_trainer *t, int64_t epoch,
+                               int64_t batch);
 
 /* trace.c: the timeline (log.trace or LOOM_TRACE=DIR): opens this rank's
  * file and hooks the model's units and the communication thread into it;

@@ -1,0 +1,722 @@
+/* Pipeline parallelism: a model's units cut into stages over the ranks of a
+ * group, micro-batches through them under GPipe or 1F1B, borrowed (tied)
+ * weights, and the data-parallel sum of a stage's gradient. */
+#include <math.h>
+#include <string.h>
+
+#include "loom/parallel.h"
+
+/* One tag per kind of message: messages between two ranks with the same
+ * tag match in the order they were posted, and both sides post them in
+ * micro-batch order. */
+enum {
+  TAG_ACT = 101,       /* activations, stage s -> s + 1 */
+  TAG_GRAD = 102,      /* their gradients, s + 1 -> s */
+  TAG_TIED_GRAD = 103, /* a borrowed weight's gradient, borrower -> owner */
+  TAG_TIED_VAL = 104   /* its new values, owner -> borrower */
+};
+
+#define LOOM_X_NAME(name, text) text,
+static const char *const schedule_names[] = {
+    LOOM_PIPE_SCHEDULE_LIST(LOOM_X_NAME)};
+#undef LOOM_X_NAME
+_Static_assert(sizeof schedule_names / sizeof schedule_names[0] ==
+                   LOOM_PIPE_SCHEDULE_COUNT,
+               "a name per schedule");
+
+const char *loom_pipe_schedule_name(loom_pipe_schedule s) {
+  return (unsigned)s < LOOM_PIPE_SCHEDULE_COUNT ? schedule_names[s] : "?";
+}
+
+/* A range of the flat buffers that stage `borrower` reads and stage
+ * `owner` steps. */
+typedef struct borrow {
+  loom_range r;
+  int owner, borrower;
+  float *tmp; /* (r.numel) on the owner: the borrower's gradient */
+  loom_req req;
+} borrow;
+
+/* One instance of the stage and what travels with its micro-batch. */
+typedef struct slot {
+  loom_model *m;
+  float *in;         /* (rows, ...) stage > 0: the received activations */
+  float *din;        /* (rows, ...) stage > 0: their gradient, sent back */
+  loom_req in_req;   /* the receive into in */
+  loom_req out_req;  /* the send of the instance's output */
+  loom_req dout_req; /* the receive into the instance's output gradient */
+  loom_req din_req;  /* the send of din */
+} slot;
+
+struct loom_pipe {
+  loom_model *model;
+  loom_group *pp, *dp;
+  int stage, P, M, K;
+  loom_pipe_schedule schedule;
+  int u0, u1;      /* units [u0, u1) */
+  int64_t lo, hi;  /* owned range of the flat buffers */
+  int64_t *bounds; /* (P + 1) every stage's owned range */
+  loom_range *ranges;
+  int nranges; /* every range read: owned and borrowed, merged */
+  borrow *bor;
+  int nbor;    /* every stage's borrowed ranges (the same list on every rank) */
+  slot *slots; /* (K) */
+  int *active; /* (max(M, ...)) micro-batches with rows, in order */
+  int active_cap;
+  loom_shape in_shape; /* a micro-batch's input at this stage, most rows */
+  int64_t in_row;      /* floats per row of it (stage > 0) */
+  int64_t chunk;
+  loom_req *dp_reqs; /* (ndp) */
+  int ndp;
+  loom_pipe_stats st;
+  double wait_now; /* waits of the step under way */
+};
+
+loom_pipe_opts loom_pipe_opts_default(void) {
+  loom_pipe_opts o;
+  memset(&o, 0, sizeof o);
+  o.micro_batches = 1;
+  o.schedule = LOOM_PIPE_1F1B;
+  return o;
+}
+
+double loom_pipe_bubble_theory(int stages, int micro_batches) {
+  if (stages < 1 || micro_batches < 1)
+    return 0;
+  return (double)(stages - 1) / (double)(micro_batches + stages - 1);
+}
+
+/* --------------------------------------------------------- partitioning */
+
+loom_status loom_pipe_partition(int n, int P, const int *split,
+                                const double *cost, int *first) {
+  if (P < 1 || n < P)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "pipeline: %d stages for %d units (at least one unit a "
+                      "stage)",
+                      P, n);
+  first[0] = 0;
+  if (split) {
+    for (int s = 0; s < P; s++) {
+      if (split[s] < 1)
+        return loom_error(LOOM_ERR_INVALID_ARG,
+                          "pipeline: stage %d of the split has %d units", s,
+                          split[s]);
+      first[s + 1] = first[s] + split[s];
+    }
+    if (first[P] != n)
+      return loom_error(LOOM_ERR_INVALID_ARG,
+                        "pipeline: the split has %d units, the model %d",
+                        first[P], n);
+    return LOOM_OK;
+  }
+  /* best[s][j]: the least largest stage cost of units [0, j) in s + 1
+   * stages; cut[s][j] where its last stage begins (the linear partition
+   * problem, dynamic programming in O(P n^2)). */
+  double *pre = loom_calloc((size_t)n + 1, sizeof *pre);
+  double *best = loom_calloc((size_t)P * (size_t)(n + 1), sizeof *best);
+  int *cut = loom_calloc((size_t)P * (size_t)(n + 1), sizeof *cut);
+  if (!pre || !best || !cut) {
+    loom_free(pre);
+    loom_free(best);
+    loom_free(cut);
+    return LOOM_ERR_NOMEM;
+  }
+  for (int j = 0; j < n; j++)
+    pre[j + 1] = pre[j] + (cost ? cost[j] : 1.0);
+#define B(s, j) best[(size_t)(s) * (size_t)(n + 1) + (size_t)(j)]
+#define C(s, j) cut[(size_t)(s) * (size_t)(n + 1) + (size_t)(j)]
+  for (int j = 1; j <= n; j++)
+    B(0, j) = pre[j];
+  for (int s = 1; s < P; s++)
+    for (int j = s + 1; j <= n; j++) {
+      B(s, j) = INFINITY;
+      /* the last stage is [i, j), at least one unit; s stages before */
+      for (int i = s; i < j; i++) {
+        double last = pre[j] - pre[i];
+        double v = B(s - 1, i) > last ? B(s - 1, i) : last;
+        if (v < B(s, j)) { /* strict: the earliest cut of equal cost */
+          B(s, j) = v;
+          C(s, j) = i;
+        }
+      }
+    }
+  int j = n;
+  first[P] = n;
+  for (int s = P - 1; s >= 1; s--) {
+    j = C(s, j);
+    first[s] = j;
+  }
+#undef B
+#undef C
+  loom_free(pre);
+  loom_free(best);
+  loom_free(cut);
+  return LOOM_OK;
+}
+
+/* ----------------------------------------------------------------- setup */
+
+/* cum[u]: where unit u's own parameters begin (units own contiguous,
+ * ascending ranges in forward order; a range below cum[u] is read from an
+ * earlier unit: tied). (n + 1) entries, cum[n] = the model's size. */
+static loom_status own_bounds(const loom_model *m, int64_t *cum) {
+  int n = loom_model_num_units(m);
+  cum[0] = 0;
+  for (int u = 0; u < n; u++) {
+    int nr;
+    const loom_range *r = loom_model_unit_ranges(m, u, &nr);
+    cum[u + 1] = cum[u];
+    for (int k = 0; k < nr; k++) {
+      if (r[k].offset + r[k].numel <= cum[u])
+        continue; /* borrowed */
+      if (r[k].offset != cum[u + 1])
+        return loom_error(LOOM_ERR_INVALID_ARG,
+                          "pipeline: unit %d (%s) has parameters at %lld, "
+                          "expected %lld: the units' parameters must follow "
+                          "each other in forward order",
+                          u, loom_model_unit_name(m, u), (long long)r[k].offset,
+                          (long long)cum[u + 1]);
+      cum[u + 1] = r[k].offset + r[k].numel;
+    }
+  }
+  if (cum[n] != loom_model_num_params(m))
+    return loom_error(LOOM_ERR_INTERNAL,
+                      "pipeline: the units own %lld of %lld parameters",
+                      (long long)cum[n], (long long)loom_model_num_params(m));
+  return LOOM_OK;
+}
+
+/* The borrowed ranges of every stage, and this stage's ranges. */
+static loom_status find_borrows(loom_pipe *p, const int *first,
+                                const int64_t *cum) {
+  const loom_model *m = p->model;
+  int n = loom_model_num_units(m), total = 0;
+  for (int u = 0; u < n; u++) {
+    int nr;
+    (void)loom_model_unit_ranges(m, u, &nr);
+    total += nr;
+  }
+  p->bor = loom_calloc((size_t)(total ? total : 1), sizeof *p->bor);
+  p->ranges = loom_calloc((size_t)total + 1, sizeof *p->ranges);
+  loom_range *tmp = loom_calloc((size_t)(total ? total : 1), sizeof *tmp);
+  if (!p->bor || !p->ranges || !tmp) {
+    loom_free(tmp);
+    return LOOM_ERR_NOMEM;
+  }
+  for (int s = 0; s < p->P; s++) {
+    int64_t lo = cum[first[s]], hi = cum[first[s + 1]];
+    int nt = 0;
+    for (int u = first[s]; u < first[s + 1]; u++) {
+      int nr;
+      const loom_range *r = loom_model_unit_ranges(m, u, &nr);
+      for (int k = 0; k < nr; k++)
+        if (r[k].offset < lo || r[k].offset + r[k].numel > hi)
+          tmp[nt++] = r[k];
+    }
+    nt = loom_ranges_merge(tmp, nt);
+    for (int k = 0; k < nt; k++) {
+      int owner = -1;
+      for (int o = 0; o < p->P; o++)
+        if (tmp[k].offset >= cum[first[o]] &&
+            tmp[k].offset + tmp[k].numel <= cum[first[o + 1]])
+          owner = o;
+      if (owner < 0 || owner == s) {
+        loom_free(tmp);
+        return loom_error(LOOM_ERR_UNSUPPORTED,
+                          "pipeline: stage %d reads parameters [%lld, %lld) "
+                          "that span several stages",
+                          s, (long long)tmp[k].offset,
+                          (long long)(tmp[k].offset + tmp[k].numel));
+      }
+      p->bor[p->nbor++] = (borrow){.r = tmp[k], .owner = owner, .borrower = s};
+    }
+    if (s == p->stage) {
+      p->ranges[0] = (loom_range){lo, hi - lo};
+      memcpy(p->ranges + 1, tmp, (size_t)nt * sizeof *tmp);
+      p->nranges = loom_ranges_merge(p->ranges, nt + 1);
+    }
+  }
+  loom_free(tmp);
+  for (int i = 0; i < p->nbor; i++)
+    if (p->bor[i].owner == p->stage) {
+      p->bor[i].tmp = loom_malloc((size_t)p->bor[i].r.numel * sizeof(float));
+      if (!p->bor[i].tmp)
+        return LOOM_ERR_NOMEM;
+    }
+  return LOOM_OK;
+}
+
+/* This stage's input shape for the micro-batch input `in` of stage 0: the
+ * units before it, dry-run on the model's root. */
+static loom_status stage_shapes(loom_pipe *p, const loom_shape *in) {
+  loom_module *root = loom_model_root(p->model);
+  loom_shape x = *in;
+  for (int u = 0; u < p->u0; u++)
+    LOOM_TRY(loom_nn_plan_dry((loom_module *)loom_sequential_child(root, u), &x,
+                              &x));
+  p->in_shape = x;
+  p->in_row = x.ndim > 0 && x.dim[0] > 0 ? loom_shape_numel(&x) / x.dim[0] : 0;
+  if (p->stage > 0 && x.dtype != LOOM_F32)
+    return loom_error(LOOM_ERR_UNSUPPORTED,
+                      "pipeline: stage %d's input is %s, not f32", p->stage,
+                      loom_dtype_name(x.dtype));
+  return LOOM_OK;
+}
+
+static loom_status make_slots(loom_pipe *p, loom_pipe_model_fn make,
+                              void *user) {
+  p->slots = loom_calloc((size_t)p->K, sizeof *p->slots);
+  if (!p->slots)
+    return LOOM_ERR_NOMEM;
+  float *params = loom_model_params(p->model);
+  float *grads = loom_model_grads(p->model);
+  if (!params || !grads)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "pipeline: the model has no parameter or gradient "
+                      "buffer to share");
+  size_t bytes = (size_t)(p->in_shape.dim[0] * p->in_row) * sizeof(float);
+  for (int k = 0; k < p->K; k++) {
+    slot *sl = &p->slots[k];
+    LOOM_TRY(make(user, &sl->m));
+    if (loom_model_layout_hash(sl->m) != loom_model_layout_hash(p->model))
+      return loom_error(LOOM_ERR_MISMATCH,
+                        "pipeline: an instance's layout differs from the "
+                        "model's");
+    loom_model_bind_params(sl->m, params);
+    loom_model_bind_grads(sl->m, grads);
+    LOOM_TRY(loom_model_set_unit_range(sl->m, p->u0, p->u1));
+    if (p->stage > 0) {
+      sl->in = loom_malloc(bytes ? bytes : 1);
+      sl->din = loom_malloc(bytes ? bytes : 1);
+      if (!sl->in || !sl->din)
+        return loom_error_context(LOOM_ERR_NOMEM,
+                                  "pipeline: activation buffers");
+    }
+    /* plan now for the largest micro-batch: no allocation in the steps */
+    loom_shape s = p->in_shape;
+    LOOM_TRY(loom_model_plan(sl->m, &s));
+  }
+  return LOOM_OK;
+}
+
+loom_status loom_pipe_new(loom_pipe **out, loom_model *model, loom_group *pp,
+                          loom_group *dp, loom_pipe_model_fn make, void *user,
+                          const loom_pipe_opts *opts) {
+  *out = NULL;
+  loom_pipe_opts o = opts ? *opts : loom_pipe_opts_default();
+  if (o.micro_batches < 1 || (unsigned)o.schedule >= LOOM_PIPE_SCHEDULE_COUNT ||
+      !make || o.input.ndim < 1 || o.input.dim[0] < 1)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "pipeline: bad options (micro-batches %d, schedule %d, "
+                      "an input shape and a function that makes instances "
+                      "are needed)",
+                      o.micro_batches, (int)o.schedule);
+  int n = loom_model_num_units(model);
+  loom_pipe *p = loom_calloc(1, sizeof *p);
+  int *first = NULL;
+  int64_t *cum = NULL;
+  if (!p)
+    return LOOM_ERR_NOMEM;
+  loom_status s = LOOM_OK;
+  p->model = model;
+  p->pp = pp;
+  p->dp = dp && loom_group_size(dp) > 1 ? dp : NULL;
+  p->stage = loom_group_rank(pp);
+  p->P = loom_group_size(pp);
+  p->M = o.micro_batches;
+  p->schedule = o.schedule;
+  /* GPipe keeps every micro-batch's activations until its backward; 1F1B
+   * at most P - s on stage s (its warm-up forwards and one more). */
+  p->K = o.schedule == LOOM_PIPE_GPIPE ? p->M
+         : p->M < p->P - p->stage      ? p->M
+                                       : p->P - p->stage;
+  first = loom_calloc((size_t)p->P + 1, sizeof *first);
+  cum = loom_calloc((size_t)n + 1, sizeof *cum);
+  p->active_cap = p->M;
+  p->active = loom_calloc((size_t)p->active_cap, sizeof *p->active);
+  if (!first || !cum || !p->active) {
+    s = LOOM_ERR_NOMEM;
+    goto fail;
+  }
+  LOOM_TRY_GOTO(s, loom_pipe_partition(n, p->P, o.split, o.unit_cost, first),
+                fail);
+  LOOM_TRY_GOTO(s, own_bounds(model, cum), fail);
+  p->u0 = first[p->stage];
+  p->u1 = first[p->stage + 1];
+  p->lo = cum[p->u0];
+  p->hi = cum[p->u1];
+  p->bounds = loom_calloc((size_t)p->P + 1, sizeof *p->bounds);
+  if (!p->bounds) {
+    s = LOOM_ERR_NOMEM;
+    goto fail;
+  }
+  for (int k = 0; k <= p->P; k++)
+    p->bounds[k] = cum[first[k]];
+  LOOM_TRY_GOTO(s, find_borrows(p, first, cum), fail);
+  LOOM_TRY_GOTO(s, stage_shapes(p, &o.input), fail);
+  LOOM_TRY_GOTO(s, make_slots(p, make, user), fail);
+  if (p->dp) {
+    int64_t len = p->hi - p->lo;
+    p->chunk = o.chunk > 0 ? o.chunk : (len > 0 ? len : 1);
+    p->ndp = len > 0 ? (int)((len + p->chunk - 1) / p->chunk) : 0;
+    p->dp_reqs = loom_calloc((size_t)(p->ndp ? p->ndp : 1), sizeof(loom_req));
+    if (!p->dp_reqs) {
+      s = LOOM_ERR_NOMEM;
+      goto fail;
+    }
+  }
+  loom_free(first);
+  loom_free(cum);
+  *out = p;
+  return LOOM_OK;
+fail:
+  loom_free(first);
+  loom_free(cum);
+  loom_pipe_free(p);
+  return s;
+}
+
+void loom_pipe_free(loom_pipe *p) {
+  if (!p)
+    return;
+  for (int k = 0; p->slots && k < p->K; k++) {
+    slot *sl = &p->slots[k];
+    /* nothing may still write into the buffers */
+    (void)loom_wait(&sl->in_req);
+    (void)loom_wait(&sl->out_req);
+    (void)loom_wait(&sl->dout_req);
+    (void)loom_wait(&sl->din_req);
+    loom_model_free(sl->m);
+    loom_free(sl->in);
+    loom_free(sl->din);
+  }
+  for (int i = 0; p->bor && i < p->nbor; i++) {
+    (void)loom_wait(&p->bor[i].req);
+    loom_free(p->bor[i].tmp);
+  }
+  if (p->dp_reqs)
+    (void)loom_wait_all(p->dp_reqs, (size_t)p->ndp);
+  loom_free(p->slots);
+  loom_free(p->bor);
+  loom_free(p->ranges);
+  loom_free(p->bounds);
+  loom_free(p->active);
+  loom_free(p->dp_reqs);
+  loom_free(p);
+}
+
+int loom_pipe_stage(const loom_pipe *p) { return p->stage; }
+int loom_pipe_stages(const loom_pipe *p) { return p->P; }
+int loom_pipe_instances(const loom_pipe *p) { return p->K; }
+
+void loom_pipe_units(const loom_pipe *p, int *first, int *end) {
+  *first = p->u0;
+  *end = p->u1;
+}
+
+void loom_pipe_owned(const loom_pipe *p, int64_t *lo, int64_t *hi) {
+  *lo = p->lo;
+  *hi = p->hi;
+}
+
+void loom_pipe_bounds(const loom_pipe *p, int64_t *bounds) {
+  memcpy(bounds, p->bounds, (size_t)(p->P + 1) * sizeof *bounds);
+}
+
+size_t loom_pipe_act_bytes(const loom_pipe *p) {
+  size_t b = 0;
+  for (int k = 0; k < p->K; k++) {
+    b += loom_model_arena_bytes(p->slots[k].m);
+    if (p->slots[k].in)
+      b += 2 * (size_t)(p->in_shape.dim[0] * p->in_row) * sizeof(float);
+  }
+  return b;
+}
+
+const loom_range *loom_pipe_ranges(const loom_pipe *p, int *n) {
+  *n = p->nranges;
+  return p->ranges;
+}
+
+void loom_pipe_set_training(loom_pipe *p, bool training) {
+  for (int k = 0; k < p->K; k++)
+    loom_model_set_training(p->slots[k].m, training);
+}
+
+void loom_pipe_zero_grad(loom_pipe *p) {
+  float *g = loom_model_grads(p->model);
+  for (int i = 0; i < p->nranges; i++)
+    memset(g + p->ranges[i].offset, 0,
+           (size_t)p->ranges[i].numel * sizeof(float));
+}
+
+/* ------------------------------------------------------------ schedules */
+
+/* Waits for a request; the time blocked counts as waiting for neighbours. */
+static loom_status wait_timed(loom_pipe *p, loom_req *r) {
+  bool done;
+  loom_status s = loom_test(r, &done);
+  if (done)
+    return s;
+  double t0 = loom_time_now();
+  s = loom_wait(r);
+  p->wait_now += loom_time_now() - t0;
+  return s;
+}
+
+static loom_shape rows_shape(const loom_shape *s, int64_t rows) {
+  loom_shape x = *s;
+  x.dim[0] = rows;
+  return x;
+}
+
+/* Posts the receive of the activations of active micro-batch i (stage >
+ * 0) into its slot's input buffer. */
+static loom_status post_recv(loom_pipe *p, const int64_t *rows, int n, int i) {
+  if (p->stage == 0 || i >= n)
+    return LOOM_OK;
+  slot *sl = &p->slots[i % p->K];
+  size_t count = (size_t)(rows[p->active[i]] * p->in_row);
+  return loom_recv(sl->in, count, LOOM_F32, p->stage - 1, TAG_ACT, p->pp,
+                   &sl->in_req);
+}
+
+/* Forward of active micro-batch i; in training the receive of its output
+ * gradient is posted (stage < P - 1) or the loss writes it (last). */
+static loom_status fwd(loom_pipe *p, const int64_t *rows, int n, int i,
+                       const loom_pipe_io *io, bool train) {
+  int mb = p->active[i];
+  slot *sl = &p->slots[i % p->K];
+  bool last = p->stage == p->P - 1;
+  loom_tensor x;
+  memset(&x, 0, sizeof x);
+  if (p->stage > 0) {
+    LOOM_TRY(wait_timed(p, &sl->in_req));
+    loom_shape s = rows_shape(&p->in_shape, rows[mb]);
+    x = loom_tensor_view(sl->in, LOOM_F32, s.ndim, s.dim);
+  }
+  /* the instance's output is about to be overwritten */
+  LOOM_TRY(wait_timed(p, &sl->out_req));
+  double t0 = loom_time_now();
+  LOOM_TRY(io->prepare(io->user, mb, sl->m, p->stage == 0 ? &x : NULL));
+  loom_tensor y;
+  LOOM_TRY(loom_model_forward(sl->m, &x, &y));
+  size_t ny = (size_t)loom_tensor_numel(&y);
+  if (last) {
+    loom_tensor dy;
+    if (train)
+      LOOM_TRY(loom_model_output_grad(sl->m, &dy));
+    LOOM_TRY(io->loss(io->user, mb, &y, train ? &dy : NULL));
+  }
+  p->st.forward_s += loom_time_now() - t0;
+  if (!last) {
+    LOOM_TRY(loom_send(y.data, ny, LOOM_F32, p->stage + 1, TAG_ACT, p->pp,
+                       &sl->out_req));
+    if (train) {
+      loom_tensor dy;
+      LOOM_TRY(loom_model_output_grad(sl->m, &dy));
+      LOOM_TRY(loom_recv(dy.data, ny, LOOM_F32, p->stage + 1, TAG_GRAD, p->pp,
+                         &sl->dout_req));
+    }
+  }
+  if (train || p->stage == 0)
+    return LOOM_OK;
+  /* Forward only: the input is free for the next micro-batch of the slot,
+   * unless the output being sent is a view of it (a module may give one). */
+  const float *yd = y.data;
+  if (yd >= sl->in && yd < sl->in + p->in_shape.dim[0] * p->in_row)
+    LOOM_TRY(wait_timed(p, &sl->out_req));
+  return post_recv(p, rows, n, i + p->K);
+}
+
+/* Backward of active micro-batch i: its input gradient goes back to the
+ * stage before, whose next activations can then come into the slot. */
+static loom_status bwd(loom_pipe *p, const int64_t *rows, int n, int i) {
+  int mb = p->active[i];
+  slot *sl = &p->slots[i % p->K];
+  if (p->stage < p->P - 1)
+    LOOM_TRY(wait_timed(p, &sl->dout_req));
+  loom_tensor din;
+  if (p->stage > 0) {
+    LOOM_TRY(wait_timed(p, &sl->din_req));
+    loom_shape s = rows_shape(&p->in_shape, rows[mb]);
+    din = loom_tensor_view(sl->din, LOOM_F32, s.ndim, s.dim);
+  }
+  double t0 = loom_time_now();
+  LOOM_TRY(loom_model_backward(sl->m, NULL, p->stage > 0 ? &din : NULL));
+  p->st.backward_s += loom_time_now() - t0;
+  if (p->stage == 0)
+    return LOOM_OK;
+  LOOM_TRY(loom_send(sl->din, (size_t)(rows[mb] * p->in_row), LOOM_F32,
+                     p->stage - 1, TAG_GRAD, p->pp, &sl->din_req));
+  return post_recv(p, rows, n, i + p->K);
+}
+
+/* The micro-batches with rows, in order; their number. */
+static int list_active(loom_pipe *p, int m, const int64_t *rows) {
+  int n = 0;
+  for (int mb = 0; mb < m; mb++) {
+    if (rows[mb] > p->in_shape.dim[0] || rows[mb] < 0)
+      return -1;
+    if (rows[mb] > 0)
+      p->active[n++] = mb;
+  }
+  return n;
+}
+
+/* Every send and receive of the slots complete. */
+static loom_status drain(loom_pipe *p) {
+  loom_status first = LOOM_OK;
+  for (int k = 0; k < p->K; k++) {
+    slot *sl = &p->slots[k];
+    loom_req *r[] = {&sl->in_req, &sl->out_req, &sl->dout_req, &sl->din_req};
+    for (size_t j = 0; j < sizeof r / sizeof r[0]; j++) {
+      loom_status s = wait_timed(p, r[j]);
+      if (first == LOOM_OK)
+        first = s;
+    }
+  }
+  return first;
+}
+
+loom_status loom_pipe_step(loom_pipe *p, const int64_t *rows,
+                           const loom_pipe_io *io) {
+  int n = list_active(p, p->M, rows);
+  if (n < 0)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "pipeline: a micro-batch has more rows than planned "
+                      "(%lld)",
+                      (long long)p->in_shape.dim[0]);
+  double t0 = loom_time_now();
+  p->wait_now = 0;
+  for (int i = 0; i < p->K && i < n; i++)
+    LOOM_TRY(post_recv(p, rows, n, i));
+  if (p->schedule == LOOM_PIPE_GPIPE) {
+    /* GPipe: every forward, then every backward (in micro-batch order,
+     * as 1F1B, so that both add the same gradients in the same order). */
+    for (int i = 0; i < n; i++)
+      LOOM_TRY(fwd(p, rows, n, i, io, true));
+    for (int i = 0; i < n; i++)
+      LOOM_TRY(bwd(p, rows, n, i));
+  } else {
+    /* 1F1B (PipeDream-Flush, Narayanan et al. 2021, fig. 4): P - s - 1
+     * warm-up forwards, then one forward and one backward in turn, then
+     * the remaining backwards. */
+    int w = p->P - p->stage - 1;
+    if (w > n)
+      w = n;
+    for (int i = 0; i < w; i++)
+      LOOM_TRY(fwd(p, rows, n, i, io, true));
+    for (int i = 0; i + w < n; i++) {
+      LOOM_TRY(fwd(p, rows, n, i + w, io, true));
+      LOOM_TRY(bwd(p, rows, n, i));
+    }
+    for (int i = n - w; i < n; i++)
+      LOOM_TRY(bwd(p, rows, n, i));
+  }
+  LOOM_TRY(drain(p));
+  double el = loom_time_now() - t0;
+  p->st.steps++;
+  p->st.step_s += el;
+  p->st.wait_s += p->wait_now;
+  p->st.last_step_s = el;
+  p->st.last_wait_s = p->wait_now;
+  return LOOM_OK;
+}
+
+loom_status loom_pipe_forward(loom_pipe *p, int n, const int64_t *rows,
+                              const loom_pipe_io *io) {
+  if (n > p->active_cap) {
+    int *a = loom_calloc((size_t)n, sizeof *a);
+    if (!a)
+      return LOOM_ERR_NOMEM;
+    loom_free(p->active);
+    p->active = a;
+    p->active_cap = n;
+  }
+  int na = list_active(p, n, rows);
+  if (na < 0)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "pipeline: a micro-batch has more rows than planned "
+                      "(%lld)",
+                      (long long)p->in_shape.dim[0]);
+  for (int i = 0; i < p->K && i < na; i++)
+    LOOM_TRY(post_recv(p, rows, na, i));
+  for (int i = 0; i < na; i++)
+    LOOM_TRY(fwd(p, rows, na, i, io, false));
+  return drain(p);
+}
+
+/* ------------------------------------------------- gradients, weights */
+
+loom_status loom_pipe_finish_grads(loom_pipe *p) {
+  float *g = loom_model_grads(p->model);
+  double t0 = loom_time_now();
+  for (int i = 0; i < p->nbor; i++) {
+    borrow *b = &p->bor[i];
+    if (b->borrower == p->stage)
+      LOOM_TRY(loom_send(g + b->r.offset, (size_t)b->r.numel, LOOM_F32,
+                         b->owner, TAG_TIED_GRAD, p->pp, &b->req));
+    else if (b->owner == p->stage)
+      LOOM_TRY(loom_recv(b->tmp, (size_t)b->r.numel, LOOM_F32, b->borrower,
+                         TAG_TIED_GRAD, p->pp, &b->req));
+  }
+  for (int i = 0; i < p->nbor; i++) {
+    borrow *b = &p->bor[i];
+    if (b->borrower != p->stage && b->owner != p->stage)
+      continue;
+    LOOM_TRY(loom_wait(&b->req));
+    if (b->owner == p->stage) {
+      float *d = g + b->r.offset;
+      for (int64_t j = 0; j < b->r.numel; j++)
+        d[j] += b->tmp[j];
+    }
+  }
+  if (p->dp) {
+    for (int c = 0; c < p->ndp; c++) {
+      int64_t a = p->lo + (int64_t)c * p->chunk;
+      int64_t e = a + p->chunk < p->hi ? a + p->chunk : p->hi;
+      LOOM_TRY(loom_allreduce(g + a, g + a, (size_t)(e - a), LOOM_F32, LOOM_SUM,
+                              p->dp, &p->dp_reqs[c]));
+    }
+    LOOM_TRY(loom_wait_all(p->dp_reqs, (size_t)p->ndp));
+  }
+  p->st.sync_s += loom_time_now() - t0;
+  return LOOM_OK;
+}
+
+loom_status loom_pipe_grad_sumsq(loom_pipe *p, double *out) {
+  const float *g = loom_model_grads(p->model);
+  double mine = loom_grad_sumsq(g + p->lo, p->hi - p->lo);
+  loom_req r = LOOM_REQ_INIT;
+  LOOM_TRY(loom_allreduce(&mine, out, 1, LOOM_F64, LOOM_SUM, p->pp, &r));
+  return loom_wait(&r);
+}
+
+loom_status loom_pipe_sync_params(loom_pipe *p) {
+  float *w = loom_model_params(p->model);
+  double t0 = loom_time_now();
+  for (int i = 0; i < p->nbor; i++) {
+    borrow *b = &p->bor[i];
+    if (b->owner == p->stage)
+      LOOM_TRY(loom_send(w + b->r.offset, (size_t)b->r.numel, LOOM_F32,
+                         b->borrower, TAG_TIED_VAL, p->pp, &b->req));
+    else if (b->borrower == p->stage)
+      LOOM_TRY(loom_recv(w + b->r.offset, (size_t)b->r.numel, LOOM_F32,
+                         b->owner, TAG_TIED_VAL, p->pp, &b->req));
+  }
+  for (int i = 0; i < p->nbor; i++)
+    if (p->bor[i].owner == p->stage || p->bor[i].borrower == p->stage)
+      LOOM_TRY(loom_wait(&p->bor[i].req));
+  p->st.sync_s += loom_time_now() - t0;
+  return LOOM_OK;
+}
+
+/* ------------------------------------------------------------ statistics */
+
+void loom_pipe_get_stats(const loom_pipe *p, loom_pipe_stats *out) {
+  *out = p->st;
+}
+
+void loom_pipe_reset_stats(loom_pipe *p) { memset(&p->st, 0, sizeof p->st); }

@@ -1,0 +1,326 @@
+/* The trainer's mesh and pipeline: replicas x stages of ranks, the GPT's
+ * units cut into stages (loom_pipe), its steps, optimizer and evaluation. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "loom/kernels.h"
+#include "loom/nn.h"
+#include "trainer.h"
+
+/* The config's schedule names are the parallel layer's. */
+_Static_assert((int)LOOM_CFG_PP_GPIPE == (int)LOOM_PIPE_GPIPE &&
+                   (int)LOOM_CFG_PP_1F1B == (int)LOOM_PIPE_1F1B &&
+                   (int)LOOM_CFG_PP_SCHEDULE_COUNT ==
+                       (int)LOOM_PIPE_SCHEDULE_COUNT,
+               "parallel.pp_schedule follows loom_pipe_schedule");
+
+loom_status loom_train_mesh(loom_trainer *t) {
+  const loom_config_parallel *pc = &t->cfg.parallel;
+  int P = (int)pc->pp;
+  t->replica = t->rank;
+  t->replicas = t->nranks;
+  t->stage = 0;
+  t->stages = 1;
+  if (pc->dp > 0 && pc->dp * P != t->nranks)
+    return loom_error(LOOM_ERR_CONFIG,
+                      "parallel.dp %lld x parallel.tp 1 x parallel.pp %d = "
+                      "%lld ranks, but the job has %d (start %lld, or set "
+                      "parallel.dp auto)",
+                      (long long)pc->dp, P, (long long)(pc->dp * P), t->nranks,
+                      (long long)(pc->dp * P));
+  if (t->nranks % P != 0)
+    return loom_error(LOOM_ERR_CONFIG,
+                      "parallel.pp %d does not divide the job's %d ranks "
+                      "(parallel.dp auto takes ranks / parallel.pp replicas)",
+                      P, t->nranks);
+  if (P == 1)
+    return LOOM_OK;
+  /* Stages on neighbouring ranks (the same host first, as launchers place
+   * consecutive ranks), replicas apart. */
+  t->stages = P;
+  t->stage = t->rank % P;
+  t->replica = t->rank / P;
+  t->replicas = t->nranks / P;
+  LOOM_TRY(loom_group_split(t->world, t->replica, t->stage, &t->pp_group));
+  LOOM_TRY(loom_group_split(t->world, t->stage, t->replica, &t->dp_group));
+  return LOOM_OK;
+}
+
+/* ------------------------------------------------------------- building */
+
+static loom_status make_instance(void *user, loom_model **out) {
+  const loom_trainer *t = user;
+  loom_model_opts mo = loom_model_opts_default();
+  mo.shape_only = true;
+  return loom_train_model_make(&t->cfg, &mo, out);
+}
+
+/* Forward FLOPs per token of each unit of the GPT (backward is about
+ * twice that everywhere, so the ratios hold): a block 24 C^2 (qkv, proj,
+ * the 4x MLP) + 2 T C (attention, causal: half of 4 T C), the output
+ * layer 2 C V, the embedding, norm and dropout a few C. */
+static void unit_costs(const loom_trainer *t, const loom_model *m,
+                       double *cost) {
+  const loom_config_model *mc = &t->cfg.model;
+  double C = (double)mc->d_model, T = (double)mc->context;
+  double V = (double)mc->vocab;
+  int n = loom_model_num_units(m), every = 1;
+  if (loom_config_checkpoint_every(t->cfg.train.activation_checkpointing,
+                                   &every) != LOOM_OK ||
+      every < 1)
+    every = 1;
+  for (int u = 0; u < n; u++) {
+    const char *name = loom_model_unit_name(m, u);
+    const loom_module *root = loom_model_root((loom_model *)m);
+    const char *type = loom_module_type(loom_sequential_child(root, u));
+    if (strcmp(name, "head") == 0)
+      cost[u] = 2 * C * V;
+    else if (strcmp(type, "transformer_block") == 0)
+      cost[u] = 24 * C * C + 2 * T * C;
+    else if (strcmp(type, "checkpoint") == 0) /* K blocks, recomputed */
+      cost[u] = (24 * C * C + 2 * T * C) * (double)every;
+    else
+      cost[u] = 4 * C;
+  }
+}
+
+loom_status loom_train_pipe_new(loom_trainer *t, const loom_shape *input) {
+  const loom_config_parallel *pc = &t->cfg.parallel;
+  size_t n = (size_t)loom_model_num_params(t->model);
+  size_t bytes = (n ? n : 1) * sizeof(float);
+  /* Reserved: the pages of other stages' parameters are never touched. */
+  t->pbuf = loom_vmem_new(bytes);
+  t->gbuf = loom_vmem_new(bytes);
+  if (!t->pbuf || !t->gbuf)
+    return loom_error_context(LOOM_ERR_NOMEM, "the pipeline's buffers");
+  loom_model_bind_params(t->model, t->pbuf);
+  loom_model_bind_grads(t->model, t->gbuf);
+  int nu = loom_model_num_units(t->model);
+  double *cost = loom_calloc((size_t)nu, sizeof *cost);
+  int split[LOOM_CONFIG_LIST_MAX];
+  if (!cost)
+    return LOOM_ERR_NOMEM;
+  unit_costs(t, t->model, cost);
+  for (int i = 0; i < pc->pp_split.n; i++)
+    split[i] = (int)pc->pp_split.v[i];
+  loom_pipe_opts o = loom_pipe_opts_default();
+  o.micro_batches = t->micro;
+  o.schedule = (loom_pipe_schedule)pc->pp_schedule;
+  o.split = pc->pp_split.n > 0 ? split : NULL;
+  o.unit_cost = cost;
+  o.input = *input;
+  o.input.dim[0] = t->batch / t->micro;
+  o.chunk = (int64_t)(pc->bucket_mb * 1024 * 1024 / sizeof(float));
+  loom_status s = loom_pipe_new(&t->pipe, t->model, t->pp_group, t->dp_group,
+                                make_instance, t, &o);
+  loom_free(cost);
+  if (s != LOOM_OK)
+    return loom_error_context(s, "pipeline stage %d", t->stage);
+  t->stage_bounds = loom_calloc((size_t)t->stages + 1, sizeof(int64_t));
+  if (!t->stage_bounds)
+    return LOOM_ERR_NOMEM;
+  loom_pipe_bounds(t->pipe, t->stage_bounds);
+  int u0, u1;
+  loom_pipe_units(t->pipe, &u0, &u1);
+  loom_log_file("pipeline stage %d of %d (replica %d of %d): units %d..%d "
+                "(%s .. %s), parameters [%lld, %lld), %d instance(s)",
+                t->stage, t->stages, t->replica, t->replicas, u0, u1 - 1,
+                loom_model_unit_name(t->model, u0),
+                loom_model_unit_name(t->model, u1 - 1),
+                (long long)t->stage_bounds[t->stage],
+                (long long)t->stage_bounds[t->stage + 1],
+                loom_pipe_instances(t->pipe));
+  if (t->rank == 0 && !t->opts.quiet) {
+    char units[256];
+    size_t off = 0;
+    for (int s2 = 0; s2 < t->stages && off < sizeof units; s2++)
+      off += (size_t)snprintf(
+          units + off, sizeof units - off, "%s%lld", s2 ? " | " : "",
+          (long long)(t->stage_bounds[s2 + 1] - t->stage_bounds[s2]));
+    LOOM_INFO("pipeline parallel: %d stages x %d replica(s), schedule %s, "
+              "%d micro-batches of %lld rows (bubble (P-1)/(M+P-1) = %.3f); "
+              "parameters per stage: %s",
+              t->stages, t->replicas, loom_pipe_schedule_name(o.schedule),
+              t->micro, (long long)(t->batch / t->micro),
+              loom_pipe_bubble_theory(t->stages, t->micro), units);
+  }
+  return LOOM_OK;
+}
+
+void loom_train_pipe_free(loom_trainer *t) {
+  loom_pipe_free(t->pipe);
+  t->pipe = NULL;
+  if (t->model) {
+    loom_model_bind_params(t->model, NULL);
+    loom_model_bind_grads(t->model, NULL);
+  }
+  size_t n = t->model ? (size_t)loom_model_num_params(t->model) : 0;
+  size_t bytes = (n ? n : 1) * sizeof(float);
+  loom_vmem_free(t->pbuf, bytes);
+  loom_vmem_free(t->gbuf, bytes);
+  t->pbuf = t->gbuf = NULL;
+  loom_free(t->stage_bounds);
+  t->stage_bounds = NULL;
+  loom_group_free(t->pp_group);
+  loom_group_free(t->dp_group);
+  t->pp_group = t->dp_group = NULL;
+}
+
+loom_status loom_train_pipe_init_params(loom_trainer *t) {
+  int nr;
+  const loom_range *r = loom_pipe_ranges(t->pipe, &nr);
+  for (int i = 0; i < loom_model_num_views(t->model); i++) {
+    const loom_param *v = loom_model_view(t->model, i);
+    for (int k = 0; k < nr; k++)
+      if (v->offset >= r[k].offset &&
+          v->offset + v->numel <= r[k].offset + r[k].numel) {
+        /* loom_model_init_view draws into the bound buffer */
+        LOOM_TRY(loom_model_init_view(t->model, i));
+        break;
+      }
+  }
+  return LOOM_OK;
+}
+
+/* ---------------------------------------------------------------- steps */
+
+/* What the pipeline's callbacks see of the step. */
+typedef struct pipe_ctx {
+  loom_trainer *t;
+  const loom_batch *b;
+  int64_t mb_rows; /* rows of a full micro-batch */
+  int64_t total;   /* rows of the whole step, every replica's */
+  double *sums;    /* SUM_N: this rank's loss statistics */
+  uint64_t base;   /* global index of the batch's first row */
+  double *part;    /* evaluation: the batch's loss, rows, correct */
+} pipe_ctx;
+
+static loom_status pipe_prepare(void *user, int mb, loom_model *inst,
+                                loom_tensor *x) {
+  pipe_ctx *c = user;
+  int64_t lo = mb * c->mb_rows;
+  /* Dropout keys: the global index of the micro-batch's first row, as
+   * one rank running the same rows would use. */
+  loom_model_set_step(inst, (uint64_t)c->t->step, c->base + (uint64_t)lo);
+  if (!x)
+    return LOOM_OK;
+  int64_t n = c->b->size - lo < c->mb_rows ? c->b->size - lo : c->mb_rows;
+  return loom_tensor_slice0(&c->b->x, lo, n, x);
+}
+
+static loom_status pipe_loss(void *user, int mb, const loom_tensor *y,
+                             loom_tensor *dy) {
+  pipe_ctx *c = user;
+  loom_trainer *t = c->t;
+  int64_t lo = mb * c->mb_rows;
+  int64_t n = y->shape[0];
+  const int32_t *tg =
+      (const int32_t *)c->b->y.data + lo * (t->is_text ? c->b->y.shape[1] : 1);
+  loom_xent_stats st;
+  LOOM_TRY(loom_xent_forward(t->xent, y, tg, &st));
+  double *u = c->part ? c->part : c->sums;
+  u[SUM_LOSS] += st.loss_sum;
+  u[SUM_COUNT] += (double)st.count;
+  u[SUM_CORRECT] += (double)st.correct;
+  if (!dy)
+    return LOOM_OK;
+  /* This micro-batch's mean loss weighed by its share of the step's rows:
+   * the step's gradient is that of the mean over all its rows, as on one
+   * rank (the replicas' gradients are then summed). */
+  return loom_xent_backward(t->xent, dy, (float)((double)n / (double)c->total));
+}
+
+loom_status loom_train_pipe_micro(loom_trainer *t, double *sums,
+                                  loom_step_times *tm, int64_t *epoch) {
+  loom_loader_state ls;
+  loom_loader_get_state(t->train_loader, &ls);
+  int64_t total = 0;
+  for (int64_t m = 0; m < t->accumulate; m++) {
+    total += loom_train_global_rows(t, ls.epoch, ls.batch);
+    if (++ls.batch >= loom_loader_epoch_batches(t->train_loader, ls.epoch)) {
+      ls.epoch++;
+      ls.batch = 0;
+    }
+  }
+  int64_t *r = loom_calloc((size_t)t->micro, sizeof *r);
+  if (!r)
+    return LOOM_ERR_NOMEM;
+  loom_status s = LOOM_OK;
+  loom_pipe_io io = {pipe_prepare, pipe_loss, NULL};
+  for (int64_t m = 0; m < t->accumulate && s == LOOM_OK; m++) {
+    const loom_batch *b;
+    double late = t->n_faults > 0 ? loom_train_fault_data_delay(t) : 0;
+    LOOM_TRY_GOTO(s, loom_loader_next(t->train_loader, &b), done);
+    tm->data += b->wait_s + late;
+    *epoch = b->epoch;
+    pipe_ctx c = {.t = t,
+                  .b = b,
+                  .mb_rows = t->batch / t->micro,
+                  .total = total,
+                  .sums = sums};
+    int64_t nb = loom_loader_batches_per_epoch(t->train_loader);
+    int64_t gb = b->capacity * t->replicas;
+    int64_t first =
+        loom_loader_batch_first(t->train_loader, b->epoch, b->index);
+    c.base = (uint64_t)(b->epoch * nb * gb + first + t->replica * b->capacity);
+    for (int k = 0; k < t->micro; k++) {
+      int64_t left = b->size - k * c.mb_rows;
+      r[k] = left < 0 ? 0 : left > c.mb_rows ? c.mb_rows : left;
+    }
+    io.user = &c;
+    loom_pipe_stats before, after;
+    loom_pipe_get_stats(t->pipe, &before);
+    s = loom_pipe_step(t->pipe, r, &io);
+    loom_pipe_get_stats(t->pipe, &after);
+    tm->forward += after.forward_s - before.forward_s;
+    tm->backward += after.backward_s - before.backward_s;
+    tm->pipe_wait += after.wait_s - before.wait_s;
+    tm->pipe_step += after.step_s - before.step_s;
+  }
+done:
+  loom_free(r);
+  return s;
+}
+
+loom_status loom_train_pipe_optim(loom_trainer *t, float lr, double *gnorm,
+                                  loom_step_times *tm) {
+  double t0 = loom_time_now();
+  loom_pipe_stats before, after;
+  loom_pipe_get_stats(t->pipe, &before);
+  LOOM_TRY(loom_pipe_finish_grads(t->pipe));
+  float *params = loom_model_params(t->model);
+  float *grads = loom_model_grads(t->model);
+  int64_t lo, hi;
+  loom_pipe_owned(t->pipe, &lo, &hi);
+  double clip = t->cfg.optim.grad_clip;
+  if (clip > 0) {
+    double ss;
+    LOOM_TRY(loom_pipe_grad_sumsq(t->pipe, &ss));
+    LOOM_TRY(loom_grad_clip_sumsq(grads + lo, hi - lo, ss, (float)clip, gnorm));
+  }
+  LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
+  LOOM_TRY(loom_pipe_sync_params(t->pipe));
+  loom_pipe_get_stats(t->pipe, &after);
+  double sync = after.sync_s - before.sync_s;
+  tm->comm_wait += sync;
+  tm->optim += loom_time_now() - t0 - sync;
+  return LOOM_OK;
+}
+
+loom_status loom_train_pipe_eval(loom_trainer *t, const loom_batch *b,
+                                 double *part) {
+  int64_t mbr = t->cfg.train.batch_size / t->micro;
+  int64_t *r = loom_calloc((size_t)t->micro, sizeof *r);
+  if (!r)
+    return LOOM_ERR_NOMEM;
+  for (int k = 0; k < t->micro; k++) {
+    int64_t left = b->size - k * mbr;
+    r[k] = left < 0 ? 0 : left > mbr ? mbr : left;
+  }
+  pipe_ctx c = {.t = t, .b = b, .mb_rows = mbr, .total = 1, .part = part};
+  loom_pipe_io io = {pipe_prepare, pipe_loss, &c};
+  loom_status s = loom_pipe_forward(t->pipe, t->micro, r, &io);
+  loom_free(r);
+  return s;
+}
