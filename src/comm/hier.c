@@ -263,6 +263,42 @@ static void segment(size_t n, int H, int j, size_t *lo, size_t *len) {
   *len = n - *lo < seg ? n - *lo : seg;
 }
 
+/* Tests a ring step's two requests: 1 once both ends are done, 0 while
+ * they run, -1 on an error (op failed). One MPI_Test each (MPICH's
+ * MPI_Testall with MPI_STATUSES_IGNORE trips gcc's -Wstringop-overflow). */
+static int flight_test(struct flight *f, loom_op *op) {
+  bool all = true;
+  for (int q = 0; q < 2; q++) {
+    if (f->rq[q] == MPI_REQUEST_NULL)
+      continue;
+    int flag = 0;
+    int rc = MPI_Test(&f->rq[q], &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      fail(op, rc, "ring step");
+      return -1;
+    }
+    all = all && flag;
+  }
+  return all;
+}
+
+/* Room for a received segment of `bytes` in f->tmp; false (op failed) when
+ * out of memory. */
+static bool flight_tmp(struct flight *f, size_t bytes, loom_op *op) {
+  if (f->tmp_bytes >= bytes)
+    return true;
+  loom_free(f->tmp);
+  loom_mem_sub(LOOM_MEM_COMM, f->tmp_bytes);
+  f->tmp = loom_malloc(bytes);
+  f->tmp_bytes = f->tmp ? bytes : 0;
+  loom_mem_add(LOOM_MEM_COMM, f->tmp_bytes);
+  if (!f->tmp)
+    loom_comm_op_fail(op, LOOM_ERR_NOMEM,
+                      "%s between hosts: no memory for a received segment",
+                      loom_comm_op_name(op->kind));
+  return f->tmp != NULL;
+}
+
 /* Posts ring step f->step of block k: reduce-scatter steps send segment
  * (r - s) and receive (r - s - 1) into tmp; all-gather steps send
  * (r + 1 - t) and receive (r - t) in place. */
@@ -281,19 +317,8 @@ static int post_step(loom_hier *h, loom_op *op, size_t k) {
   size_t slo, slen, rlo, rlen;
   segment(n, H, sj, &slo, &slen);
   segment(n, H, rj, &rlo, &rlen);
-  if (rs && f->tmp_bytes < rlen * e) {
-    loom_free(f->tmp);
-    loom_mem_sub(LOOM_MEM_COMM, f->tmp_bytes);
-    f->tmp = loom_malloc(rlen * e);
-    f->tmp_bytes = f->tmp ? rlen * e : 0;
-    loom_mem_add(LOOM_MEM_COMM, f->tmp_bytes);
-    if (!f->tmp) {
-      loom_comm_op_fail(op, LOOM_ERR_NOMEM,
-                        "allreduce between hosts: no "
-                        "memory for a segment");
-      return 1;
-    }
-  }
+  if (rs && !flight_tmp(f, rlen * e, op))
+    return 1;
   MPI_Datatype dt;
   if (loom_comm_mpi_types(op->dtype, LOOM_SUM, &dt, NULL) != LOOM_OK) {
     loom_comm_op_fail(op, LOOM_ERR_UNSUPPORTED, "%s", loom_last_error());
@@ -334,22 +359,9 @@ static int cross_done(loom_hier *h, loom_op *op, size_t k, bool *moved) {
   struct flight *f = &h->flight[k % HIER_AHEAD];
   int H = h->H;
   while (f->step < 2 * (H - 1)) {
-    /* One MPI_Test each (MPICH's MPI_Testall with MPI_STATUSES_IGNORE
-     * trips gcc's -Wstringop-overflow). */
-    bool all = true;
-    for (int q = 0; q < 2; q++) {
-      if (f->rq[q] == MPI_REQUEST_NULL)
-        continue;
-      int flag = 0;
-      int rc = MPI_Test(&f->rq[q], &flag, MPI_STATUS_IGNORE);
-      if (rc != MPI_SUCCESS) {
-        fail(op, rc, "ring step");
-        return -1;
-      }
-      all = all && flag;
-    }
-    if (!all)
-      return 0;
+    int all = flight_test(f, op);
+    if (all <= 0)
+      return all;
     *moved = true;
     if (f->step < H - 1) { /* add the received segment to ours */
       size_t e = loom_dtype_size(op->dtype);
@@ -511,19 +523,8 @@ static int rsag_post(loom_hier *h, loom_op *op) {
   if (op->kind == LOOM_COMM_REDUCE_SCATTER) {
     int sj = ((r - t - 1) % H + H) % H;
     sn = rn = op->count;
-    if (f->tmp_bytes < rn * e) {
-      loom_free(f->tmp);
-      loom_mem_sub(LOOM_MEM_COMM, f->tmp_bytes);
-      f->tmp = loom_malloc(rn * e);
-      f->tmp_bytes = f->tmp ? rn * e : 0;
-      loom_mem_add(LOOM_MEM_COMM, f->tmp_bytes);
-      if (!f->tmp) {
-        loom_comm_op_fail(op, LOOM_ERR_NOMEM,
-                          "reducescatter between hosts: no memory for a "
-                          "block");
-        return 1;
-      }
-    }
+    if (!flight_tmp(f, rn * e, op))
+      return 1;
     sb = h->acc + (size_t)sj * op->count * e;
     rb = f->tmp;
   } else {
@@ -545,25 +546,6 @@ static int rsag_post(loom_hier *h, loom_op *op) {
   return 0;
 }
 
-/* Tests the ring step in flight: 1 once both ends are done, 0 while they
- * run, -1 on an error (op failed). */
-static int rsag_test(loom_hier *h, loom_op *op) {
-  struct flight *f = &h->flight[0];
-  bool all = true;
-  for (int q = 0; q < 2; q++) {
-    if (f->rq[q] == MPI_REQUEST_NULL)
-      continue;
-    int flag = 0;
-    int rc = MPI_Test(&f->rq[q], &flag, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) {
-      fail(op, rc, "ring step");
-      return -1;
-    }
-    all = all && flag;
-  }
-  return all;
-}
-
 /* Reduce-scatter: ring step t may start once partial block (r-t-1) is
  * reduced inside the host (host step t), and its received block is added
  * once block (r-t-2) is (host step t+1). All-gather: the host gathers host
@@ -577,7 +559,7 @@ static int rsag_progress(loom_hier *h, loom_op *op, bool *moved, bool *poll) {
     bool step = false;
     if (f->posted) {
       *poll = true;
-      int done = rsag_test(h, op);
+      int done = flight_test(f, op);
       if (done < 0)
         return 1;
       if (done && (!rs || h->sub_j >= h->ring_s + 2)) {
