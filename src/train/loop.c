@@ -859,6 +859,20 @@ int64_t loom_train_global_rows(const loom_trainer *t, int64_t epoch,
   return gb;
 }
 
+int64_t loom_train_step_rows(const loom_trainer *t) {
+  loom_loader_state ls;
+  loom_loader_get_state(t->train_loader, &ls);
+  int64_t total = 0;
+  for (int64_t m = 0; m < t->accumulate; m++) {
+    total += loom_train_global_rows(t, ls.epoch, ls.batch);
+    if (++ls.batch >= loom_loader_epoch_batches(t->train_loader, ls.epoch)) {
+      ls.epoch++;
+      ls.batch = 0;
+    }
+  }
+  return total;
+}
+
 /* A phase of the step on the trace's main track, with the step's number
  * (the optimizer step it belongs to). */
 static void trace_step_span(const loom_trainer *t, const char *name, double t0,
@@ -939,16 +953,7 @@ static volatile sig_atomic_t stop_requested;
 static loom_status step_micro(loom_trainer *t, double *sums,
                               loom_step_times *tm, int64_t *epoch) {
   int S = batch_pieces(t);
-  loom_loader_state ls;
-  loom_loader_get_state(t->train_loader, &ls);
-  int64_t total = 0;
-  for (int64_t m = 0; m < t->accumulate; m++) {
-    total += loom_train_global_rows(t, ls.epoch, ls.batch);
-    if (++ls.batch >= loom_loader_epoch_batches(t->train_loader, ls.epoch)) {
-      ls.epoch++;
-      ls.batch = 0;
-    }
-  }
+  int64_t total = loom_train_step_rows(t);
   bool posted = false;
   for (int64_t m = 0; m < t->accumulate; m++) {
     const loom_batch *b;

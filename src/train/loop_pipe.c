@@ -233,16 +233,7 @@ static loom_status pipe_loss(void *user, int mb, const loom_tensor *y,
 
 loom_status loom_train_pipe_micro(loom_trainer *t, double *sums,
                                   loom_step_times *tm, int64_t *epoch) {
-  loom_loader_state ls;
-  loom_loader_get_state(t->train_loader, &ls);
-  int64_t total = 0;
-  for (int64_t m = 0; m < t->accumulate; m++) {
-    total += loom_train_global_rows(t, ls.epoch, ls.batch);
-    if (++ls.batch >= loom_loader_epoch_batches(t->train_loader, ls.epoch)) {
-      ls.epoch++;
-      ls.batch = 0;
-    }
-  }
+  int64_t total = loom_train_step_rows(t);
   int64_t *r = loom_calloc((size_t)t->micro, sizeof *r);
   if (!r)
     return LOOM_ERR_NOMEM;

@@ -222,6 +222,9 @@ loom_status loom_train_pipe_eval(loom_trainer *t, const loom_batch *b,
 /* Rows of global batch (epoch, batch), every replica's together. */
 int64_t loom_train_global_rows(const loom_trainer *t, int64_t epoch,
                                int64_t batch);
+/* Rows of the optimizer step about to run: its t->accumulate global
+ * batches from the loader's position on. */
+int64_t loom_train_step_rows(const loom_trainer *t);
 
 /* trace.c: the timeline (log.trace or LOOM_TRACE=DIR): opens this rank's
  * file and hooks the model's units and the communication thread into it;
