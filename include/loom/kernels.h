@@ -243,6 +243,25 @@ loom_status loom_conv2d_backward(float *dinp, float *dweight, float *dbias,
                                  float *col, const float *dout,
                                  const float *inp, const float *weight,
                                  const loom_conv2d_dims *d);
+/* The convolution with bf16 operands, as the bf16 linear layer: inp is f32
+ * (rounded to bf16 here) or bf16 (in_dtype), weight (OC,C,KH,KW) bf16, bias
+ * f32 or NULL, out f32; the operands are widened into scratch and the f32
+ * kernels above run on them (same engine, same bits as those kernels on
+ * bf16-rounded operands). Backward rounds dout to bf16 for dinp and
+ * dweight and sums dbias from the f32 dout. scratch:
+ * loom_conv2d_bf16_scratch_floats(d) floats (input, weight, output
+ * gradient), col as above. */
+int64_t loom_conv2d_bf16_scratch_floats(const loom_conv2d_dims *d);
+loom_status loom_conv2d_forward_bf16(float *out, float *col, const void *inp,
+                                     loom_dtype in_dtype,
+                                     const loom_bf16 *weight, const float *bias,
+                                     const loom_conv2d_dims *d, float *scratch);
+loom_status loom_conv2d_backward_bf16(float *dinp, float *dweight, float *dbias,
+                                      float *col, const float *dout,
+                                      const void *inp, loom_dtype in_dtype,
+                                      const loom_bf16 *weight,
+                                      const loom_conv2d_dims *d,
+                                      float *scratch);
 /* Direct 7-loop convolution: the reference of tests. */
 void loom_conv2d_forward_ref(float *out, const float *inp, const float *weight,
                              const float *bias, const loom_conv2d_dims *d);

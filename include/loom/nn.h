@@ -139,7 +139,8 @@ struct loom_module_ops {
   loom_status (*backward_to)(loom_module *m, loom_nn_ctx *ctx,
                              const float *dout, float *dinp);
   /* Mixed precision (docs/precision.md). bf16_in: in a bf16 model the
-   * module takes a bf16 input (its first operation is a bf16 matmul), so
+   * module takes a bf16 input (its first operation is a bf16 matmul or
+   * convolution), so
    * the module before it may hand its output on in bf16. f32_only: the
    * module has no bf16 form yet, and loom_model_set_precision refuses
    * bf16 for a model holding one. */
@@ -390,9 +391,10 @@ void loom_model_drop_own_grads(loom_model *m);
 void loom_model_bind_params(loom_model *m, float *params);
 
 /* Mixed precision (docs/precision.md). LOOM_BF16: the matmuls of linear
- * layers (attention's projections, the MLP's, the tied output layer) take
- * bf16 operands and sum in f32; the module before such a layer hands its
- * output on in bf16 (ReLU, GELU, LayerNorm, attention's heads), which is
+ * layers (attention's projections, the MLP's, the tied output layer) and
+ * convolutions take bf16 operands and sum in f32; the module before such
+ * a layer hands its output on in bf16 (ReLU, GELU, LayerNorm, attention's
+ * heads, max pooling), which is
  * also what is kept for backward; everything else (norms, softmax,
  * attention's scores, the loss, gradients, the parameters themselves)
  * stays f32. The model keeps a bf16 copy of its parameters (2 bytes a
@@ -401,7 +403,8 @@ void loom_model_bind_params(loom_model *m, float *params);
  * trainer does), not needed after loom_model_init_params,
  * loom_model_init_view or loom_model_bind_params. LOOM_F32 (the default)
  * frees the copy. LOOM_ERR_UNSUPPORTED for another type, or for bf16 in a
- * model holding a module without a bf16 form (conv2d for now). */
+ * model holding a module without a bf16 form (ops->f32_only; none of
+ * loom's own). */
 loom_status loom_model_set_precision(loom_model *m, loom_dtype precision);
 loom_dtype loom_model_precision(const loom_model *m);
 void loom_model_params_updated(loom_model *m);

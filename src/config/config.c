@@ -237,9 +237,10 @@ static const loom_config_key keys[] = {
          "a segment)"),
     KENUM_TODO("train.precision", train.precision, "f32",
                loom_cfg_precision_names, 0,
-               "arithmetic of forward and backward: f32, or bf16 (models mlp "
-               "and gpt: matmuls of bf16 operands summed in f32, bf16 "
-               "activations kept for them; norms, softmax, the loss, "
+               "arithmetic of forward and backward: f32, or bf16 (models mlp, "
+               "cnn and gpt: matmuls and convolutions of bf16 operands summed "
+               "in f32, bf16 activations kept for them; norms, softmax, the "
+               "loss, "
                "gradients, reductions, master weights and optimizer f32; "
                "docs/precision.md), or f16",
                BIT(LOOM_CFG_PRECISION_F16),
@@ -1557,12 +1558,6 @@ static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
                    "blocks only",
                    cfg->parallel.shard_unit,
                    loom_cfg_strategy_names[cfg->parallel.strategy]);
-  if (cfg->train.precision == LOOM_CFG_PRECISION_BF16 &&
-      m->name == LOOM_CFG_MODEL_CNN)
-    return cfg_err(origin_of(org, "train.precision", &none), "train.precision",
-                   "bf16 is implemented for model mlp and gpt; model 'cnn' "
-                   "(its convolutions) runs in f32 only for now (use "
-                   "train.precision f32)");
   if (cfg->train.precision == LOOM_CFG_PRECISION_BF16 &&
       (cfg->parallel.strategy == LOOM_CFG_STRATEGY_ZERO3 ||
        cfg->parallel.strategy == LOOM_CFG_STRATEGY_FSDP))

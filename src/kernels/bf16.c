@@ -1,7 +1,7 @@
 /* bf16: f32 <-> bf16 conversions (round to nearest even, a NaN stays a
- * NaN), and the GEMM and linear layer with bf16 operands and f32
- * accumulation, computed here by converting the operands on load into f32
- * and running the f32 GEMM: the path of CPUs without bf16 instructions.
+ * NaN), and the GEMM, linear layer and 2-D convolution with bf16 operands
+ * and f32 accumulation, computed here by converting the operands on load into
+ * f32 and running the f32 GEMM: the path of CPUs without bf16 instructions.
  * Built once per instruction set; every copy gives the same bits. */
 #include <omp.h>
 #include <string.h>
@@ -140,7 +140,7 @@ static loom_status load_f32(float *out, const void *in, loom_dtype dt,
     return LOOM_OK;
   default:
     return loom_error(LOOM_ERR_UNSUPPORTED,
-                      "bf16 linear: input of type %s (f32 or bf16)",
+                      "bf16 matmul: input of type %s (f32 or bf16)",
                       loom_dtype_name(dt));
   }
 }
@@ -240,4 +240,61 @@ loom_status LOOM_ISA(loom_linear_backward_bf16)(float *dinp, float *dweight,
     LOOM_TRY(LOOM_ISA(loom_linear_backward)(NULL, NULL, dbias, dout, NULL, NULL,
                                             N, C, OC));
   return LOOM_OK;
+}
+
+/* --------------------------------------------------------- convolution */
+
+int64_t LOOM_ISA(loom_conv2d_bf16_scratch_floats)(const loom_conv2d_dims *d) {
+  if (!d || d->stride < 1)
+    return 0;
+  const int64_t OH = LOOM_ISA(loom_conv2d_out_h)(d);
+  const int64_t OW = LOOM_ISA(loom_conv2d_out_w)(d);
+  return (int64_t)d->N * d->C * d->H * d->W +
+         (int64_t)d->OC * d->C * d->KH * d->KW +
+         (int64_t)d->N * d->OC * OH * OW;
+}
+
+loom_status
+LOOM_ISA(loom_conv2d_forward_bf16)(float *out, float *col, const void *inp,
+                                   loom_dtype in_dtype, const loom_bf16 *weight,
+                                   const float *bias, const loom_conv2d_dims *d,
+                                   float *scratch) {
+  if (!d || d->stride < 1 || !scratch)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "bf16 conv2d forward: bad dims or no scratch");
+  const int64_t in_n = (int64_t)d->N * d->C * d->H * d->W;
+  float *a = scratch;        /* (N,C,H,W) */
+  float *w = scratch + in_n; /* (OC,C,KH,KW) */
+  LOOM_TRY(load_f32(a, inp, in_dtype, in_n));
+  LOOM_ISA(loom_cvt_bf16_to_f32)
+  (w, weight, (int64_t)d->OC * d->C * d->KH * d->KW);
+  return LOOM_ISA(loom_conv2d_forward)(out, col, a, w, bias, d);
+}
+
+loom_status LOOM_ISA(loom_conv2d_backward_bf16)(
+    float *dinp, float *dweight, float *dbias, float *col, const float *dout,
+    const void *inp, loom_dtype in_dtype, const loom_bf16 *weight,
+    const loom_conv2d_dims *d, float *scratch) {
+  if (!d || d->stride < 1 || !scratch)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "bf16 conv2d backward: bad dims or no scratch");
+  const int64_t in_n = (int64_t)d->N * d->C * d->H * d->W;
+  const int64_t w_n = (int64_t)d->OC * d->C * d->KH * d->KW;
+  const int64_t out_n = (int64_t)d->N * d->OC * LOOM_ISA(loom_conv2d_out_h)(d) *
+                        LOOM_ISA(loom_conv2d_out_w)(d);
+  float *a = scratch;  /* (N,C,H,W) */
+  float *w = a + in_n; /* (OC,C,KH,KW) */
+  float *g = w + w_n;  /* (N,OC,OH,OW) */
+  /* the bias gradient from the f32 gradient, as the f32 layer sums it */
+  if (dbias)
+    LOOM_TRY(LOOM_ISA(loom_conv2d_backward)(NULL, NULL, dbias, col, dout, NULL,
+                                            NULL, d));
+  if (!dinp && !dweight)
+    return LOOM_OK;
+  LOOM_ISA(loom_round_bf16)(g, dout, out_n);
+  if (dinp)
+    LOOM_ISA(loom_cvt_bf16_to_f32)(w, weight, w_n);
+  if (dweight)
+    LOOM_TRY(load_f32(a, inp, in_dtype, in_n));
+  return LOOM_ISA(loom_conv2d_backward)(dinp, dweight, NULL, col, g, a, w, d);
 }

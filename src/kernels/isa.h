@@ -48,6 +48,9 @@
   R(int64_t, loom_linear_bf16_scratch_floats, (int N, int C, int OC), (N, C, OC)) \
   R(loom_status, loom_linear_forward_bf16, (float *out, const void *inp, loom_dtype in_dtype, const loom_bf16 *weight, const float *bias, int N, int C, int OC, float *scratch), (out, inp, in_dtype, weight, bias, N, C, OC, scratch)) \
   R(loom_status, loom_linear_backward_bf16, (float *dinp, float *dweight, float *dbias, const float *dout, const void *inp, loom_dtype in_dtype, const loom_bf16 *weight, int N, int C, int OC, float *scratch), (dinp, dweight, dbias, dout, inp, in_dtype, weight, N, C, OC, scratch)) \
+  R(int64_t, loom_conv2d_bf16_scratch_floats, (const loom_conv2d_dims *d), (d)) \
+  R(loom_status, loom_conv2d_forward_bf16, (float *out, float *col, const void *inp, loom_dtype in_dtype, const loom_bf16 *weight, const float *bias, const loom_conv2d_dims *d, float *scratch), (out, col, inp, in_dtype, weight, bias, d, scratch)) \
+  R(loom_status, loom_conv2d_backward_bf16, (float *dinp, float *dweight, float *dbias, float *col, const float *dout, const void *inp, loom_dtype in_dtype, const loom_bf16 *weight, const loom_conv2d_dims *d, float *scratch), (dinp, dweight, dbias, col, dout, inp, in_dtype, weight, d, scratch)) \
   R(loom_status, loom_linear_forward, (float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC), (out, inp, weight, bias, N, C, OC)) \
   R(loom_status, loom_linear_backward, (float *dinp, float *dweight, float *dbias, const float *dout, const float *inp, const float *weight, int N, int C, int OC), (dinp, dweight, dbias, dout, inp, weight, N, C, OC)) \
   V(loom_maxpool2d_forward, (float *out, int32_t *argmax, const float *inp, int N, int C, int H, int W, int K, int S), (out, argmax, inp, N, C, H, W, K, S)) \

@@ -1,4 +1,6 @@
-/* 2-D convolution over (N,C,H,W) by the im2col kernels. */
+/* 2-D convolution over (N,C,H,W) by the im2col kernels (or oneDNN's, as
+ * the kernels choose); in a bf16 model by the same kernels on operands
+ * rounded to bf16 (docs/precision.md). */
 #include "internal.h"
 
 typedef struct conv2d {
@@ -6,9 +8,12 @@ typedef struct conv2d {
   int C, OC, K, stride, pad;
   bool bias;
   loom_conv2d_dims d;
-  const float *in; /* (N,C,H,W), kept from forward */
-  float *out;      /* (N,OC,OH,OW) */
-  float *col;      /* im2col scratch, loom_conv2d_col_floats(d) */
+  const void *in; /* (N,C,H,W) f32, or bf16 in a bf16 model; kept */
+  float *out;     /* (N,OC,OH,OW) */
+  float *col;     /* im2col scratch, loom_conv2d_col_floats(d) */
+  /* bf16 model: the operands in f32 (loom_conv2d_bf16_scratch_floats) */
+  float *scratch;
+  bool bf16;
 } conv2d;
 
 static loom_status conv2d_params(loom_module *m, loom_nn_visit *v) {
@@ -35,7 +40,7 @@ static loom_status conv2d_plan(loom_module *m, loom_nn_plan *p,
                                const loom_shape *in, loom_shape *out) {
   conv2d *c = (conv2d *)m;
   char buf[96];
-  LOOM_TRY(loom_nn_check_f32(m, in, 4, 0));
+  LOOM_TRY(loom_nn_check_float(m, p, in, 4, 0));
   if (in->ndim != 4 || in->dim[1] != c->C)
     return loom_module_error(m, LOOM_ERR_INVALID_ARG,
                              "expects (N,%d,H,W), got %s", c->C,
@@ -64,6 +69,10 @@ static loom_status conv2d_plan(loom_module *m, loom_nn_plan *p,
   c->col = loom_nn_plan_scratch_floats(
       p, p->touched ? loom_conv2d_col_floats_used(&c->d)
                     : loom_conv2d_col_floats(&c->d));
+  c->bf16 = p->bf16;
+  c->scratch = c->bf16 ? loom_nn_plan_scratch_floats(
+                             p, loom_conv2d_bf16_scratch_floats(&c->d))
+                       : NULL;
   return LOOM_OK;
 }
 
@@ -72,8 +81,16 @@ static loom_status conv2d_forward(loom_module *m, loom_nn_ctx *ctx,
   conv2d *c = (conv2d *)m;
   c->in = in;
   const float *b = c->bias ? loom_nn_param(ctx, m, 1) : NULL;
-  LOOM_TRY(loom_conv2d_forward(c->out, c->col, c->in, loom_nn_param(ctx, m, 0),
-                               b, &c->d));
+  if (c->bf16) {
+    if (!ctx->params_bf16)
+      return loom_module_error(m, LOOM_ERR_INTERNAL, "no bf16 weights");
+    LOOM_TRY(loom_conv2d_forward_bf16(c->out, c->col, c->in, m->in.dtype,
+                                      loom_nn_param_bf16(ctx, m, 0), b, &c->d,
+                                      c->scratch));
+  } else {
+    LOOM_TRY(loom_conv2d_forward(c->out, c->col, c->in,
+                                 loom_nn_param(ctx, m, 0), b, &c->d));
+  }
   *out = c->out;
   return LOOM_OK;
 }
@@ -82,6 +99,10 @@ static loom_status conv2d_backward(loom_module *m, loom_nn_ctx *ctx,
                                    const float *dout, float *dinp) {
   conv2d *c = (conv2d *)m;
   float *db = c->bias ? loom_nn_grad(ctx, m, 1) : NULL;
+  if (c->bf16)
+    return loom_conv2d_backward_bf16(
+        dinp, loom_nn_grad(ctx, m, 0), db, c->col, dout, c->in, m->in.dtype,
+        loom_nn_param_bf16(ctx, m, 0), &c->d, c->scratch);
   return loom_conv2d_backward(dinp, loom_nn_grad(ctx, m, 0), db, c->col, dout,
                               c->in, loom_nn_param(ctx, m, 0), &c->d);
 }
@@ -95,7 +116,7 @@ static const loom_module_ops conv2d_ops = {
     .forward = conv2d_forward,
     .backward = conv2d_backward,
     .free = conv2d_free,
-    .f32_only = true, /* bf16 convolution comes later (docs/precision.md) */
+    .bf16_in = true,
 };
 
 loom_status loom_conv2d_new(loom_module **out, int C, int OC, int K, int stride,

@@ -73,7 +73,8 @@ loom_status loom_nn_visit_root(loom_nn_visit *v, loom_module *root);
 loom_status loom_nn_check_f32(const loom_module *m, const loom_shape *in,
                               int min_ndim, int64_t C);
 /* The same, also taking a bf16 input when the plan is in bf16 (modules
- * whose first operation is a bf16 matmul: linear, attention, mlp). */
+ * whose first operation is a bf16 matmul: linear, attention, mlp,
+ * conv2d). */
 loom_status loom_nn_check_float(const loom_module *m, const loom_nn_plan *p,
                                 const loom_shape *in, int min_ndim, int64_t C);
 /* Whether m takes a bf16 input in a bf16 plan (ops->bf16_in, or a

@@ -1,12 +1,16 @@
-/* Max pooling over (N,C,H,W), no padding. */
+/* Max pooling over (N,C,H,W), no padding; in a bf16 model it hands its
+ * output on in bf16 when the module after it takes bf16 (a convolution):
+ * rounding keeps the order, so the max of the rounded values is the
+ * rounded max. */
 #include "internal.h"
 
 typedef struct maxpool2d {
   loom_module base;
   int K, S;
   int N, C, H, W;
-  float *out;      /* (N,C,OH,OW) */
+  void *out;       /* (N,C,OH,OW) f32, or bf16 when handed on in bf16 */
   int32_t *argmax; /* (N,C,OH,OW) */
+  float *tmp;      /* (N,C,OH,OW) scratch: the f32 output before rounding */
 } maxpool2d;
 
 static loom_status maxpool2d_params(loom_module *m, loom_nn_visit *v) {
@@ -33,17 +37,35 @@ static loom_status maxpool2d_plan(loom_module *m, loom_nn_plan *p,
                      (mp->W - mp->K) / mp->S + 1};
   *out = loom_shape_make(LOOM_F32, 4, dims);
   int64_t n = loom_shape_numel(out);
-  mp->out = loom_nn_plan_floats(p, n);
+  mp->out = loom_nn_plan_out(p, m, n, out);
   mp->argmax = loom_nn_plan_act(p, (size_t)n * sizeof(int32_t));
+  mp->tmp = NULL;
+  if (m->out_bf16) {
+    size_t mark = loom_nn_plan_scratch_mark(p);
+    mp->tmp = loom_nn_plan_scratch_floats(p, n);
+    loom_nn_plan_scratch_release(p, mark);
+  }
   return LOOM_OK;
+}
+
+/* The f32 output's place: the output itself, or the scratch rounded into
+ * it (finish). */
+static float *pool_dst(const maxpool2d *mp) {
+  return mp->base.out_bf16 ? mp->tmp : (float *)mp->out;
+}
+
+static void pool_finish(const maxpool2d *mp) {
+  if (mp->base.out_bf16)
+    loom_cvt_f32_to_bf16(mp->out, mp->tmp, loom_shape_numel(&mp->base.out));
 }
 
 static loom_status maxpool2d_forward(loom_module *m, loom_nn_ctx *ctx,
                                      const void *in, const float **out) {
   maxpool2d *mp = (maxpool2d *)m;
   (void)ctx;
-  loom_maxpool2d_forward(mp->out, mp->argmax, in, mp->N, mp->C, mp->H, mp->W,
-                         mp->K, mp->S);
+  loom_maxpool2d_forward(pool_dst(mp), mp->argmax, in, mp->N, mp->C, mp->H,
+                         mp->W, mp->K, mp->S);
+  pool_finish(mp);
   *out = mp->out;
   return LOOM_OK;
 }
@@ -92,8 +114,9 @@ loom_status loom_nn_relu_pool_forward(loom_module *relu, loom_module *pool,
                                       const float *in, const float **out) {
   maxpool2d *mp = (maxpool2d *)pool;
   loom_nn_relu_set_input(relu, in);
-  loom_relu_maxpool2d_forward(mp->out, mp->argmax, in, mp->N, mp->C, mp->H,
+  loom_relu_maxpool2d_forward(pool_dst(mp), mp->argmax, in, mp->N, mp->C, mp->H,
                               mp->W, mp->K, mp->S);
+  pool_finish(mp);
   *out = mp->out;
   return LOOM_OK;
 }

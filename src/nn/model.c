@@ -47,7 +47,8 @@ struct loom_model {
   loom_dtype precision;   /* LOOM_F32 or LOOM_BF16 */
   loom_bf16 *params_bf16; /* (numel) the bf16 copy of params, bf16 only */
   bool bf16_stale;        /* params changed since the copy was made */
-  char f32_only[LOOM_PARAM_NAME_MAX + 32]; /* "conv1 (conv2d)" or "" */
+  char f32_only[LOOM_PARAM_NAME_MAX + 32]; /* "path (type)" of a module
+                                              without a bf16 form, or "" */
 };
 
 loom_model_opts loom_model_opts_default(void) {

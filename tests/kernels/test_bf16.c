@@ -1,5 +1,6 @@
 /* bf16 kernels: the conversions against the scalar ones of core (special
- * values, ties, odd lengths), the bf16 GEMM and linear layer against the
+ * values, ties, odd lengths), the bf16 GEMM, linear layer and convolution
+ * against the
  * f32 kernels on bf16-rounded operands (bitwise on the conversion path)
  * and against the double reference with a tolerance that follows from the
  * format, and thread-count invariance. */
@@ -241,6 +242,84 @@ TT_TEST(linear_bf16) {
   loom_free(xh);
 }
 
+/* The convolution the same way, bitwise, on a shape oneDNN's engine takes
+ * (C >= 4, with the dnnl GEMM backend) and one only im2col takes (C = 1,
+ * stride 2, padding). */
+static void conv_bf16_one(const loom_conv2d_dims d) {
+  const int OH = loom_conv2d_out_h(&d), OW = loom_conv2d_out_w(&d);
+  const size_t nx = (size_t)d.N * d.C * d.H * d.W;
+  const size_t nw = (size_t)d.OC * d.C * d.KH * d.KW;
+  const size_t ny = (size_t)d.N * d.OC * OH * OW;
+  float *x = kt_rand(nx, 21, -2, 2), *w = kt_rand(nw, 22, -0.5f, 0.5f);
+  float *b = kt_rand((size_t)d.OC, 23, -1, 1), *dout = kt_rand(ny, 24, -1, 1);
+  loom_bf16 *wh = loom_malloc(nw * 2), *xh = loom_malloc(nx * 2);
+  float *xr = kt_zeros(nx), *wr = kt_zeros(nw), *dr = kt_zeros(ny);
+  float *col = kt_zeros((size_t)loom_conv2d_col_floats(&d));
+  float *S = kt_zeros((size_t)loom_conv2d_bf16_scratch_floats(&d));
+  float *y = kt_zeros(ny), *y2 = kt_zeros(ny), *yr = kt_zeros(ny);
+  TT_REQUIRE(x && w && b && dout && wh && xh && xr && wr && dr && col && S &&
+             y && y2 && yr);
+  loom_cvt_f32_to_bf16(wh, w, (int64_t)nw);
+  loom_cvt_f32_to_bf16(xh, x, (int64_t)nx);
+  loom_round_bf16(xr, x, (int64_t)nx);
+  loom_round_bf16(wr, w, (int64_t)nw);
+  loom_round_bf16(dr, dout, (int64_t)ny);
+  TT_CHECK_OK(loom_conv2d_forward_bf16(y, col, x, LOOM_F32, wh, b, &d, S));
+  TT_CHECK_OK(loom_conv2d_forward_bf16(y2, col, xh, LOOM_BF16, wh, b, &d, S));
+  TT_CHECK_OK(loom_conv2d_forward(yr, col, xr, wr, b, &d));
+  KT_CHECK_SAME_BITS(y, yr, ny);
+  KT_CHECK_SAME_BITS(y2, yr, ny);
+
+  float *dx = kt_rand(nx, 25, -1, 1), *dw = kt_rand(nw, 26, -1, 1);
+  float *db = kt_rand((size_t)d.OC, 27, -1, 1);
+  float *dxr = kt_copy(dx, nx), *dwr = kt_copy(dw, nw);
+  float *dbr = kt_copy(db, (size_t)d.OC);
+  float *dx2 = kt_copy(dx, nx), *dw2 = kt_copy(dw, nw);
+  float *db2 = kt_copy(db, (size_t)d.OC);
+  TT_REQUIRE(dx && dw && db && dxr && dwr && dbr && dx2 && dw2 && db2);
+  TT_CHECK_OK(
+      loom_conv2d_backward_bf16(dx, dw, db, col, dout, x, LOOM_F32, wh, &d, S));
+  TT_CHECK_OK(loom_conv2d_backward_bf16(dx2, dw2, db2, col, dout, xh, LOOM_BF16,
+                                        wh, &d, S));
+  TT_CHECK_OK(loom_conv2d_backward(dxr, dwr, NULL, col, dr, xr, wr, &d));
+  TT_CHECK_OK(loom_conv2d_backward(NULL, NULL, dbr, col, dout, NULL, NULL, &d));
+  KT_CHECK_SAME_BITS(dx, dxr, nx);
+  KT_CHECK_SAME_BITS(dw, dwr, nw);
+  KT_CHECK_SAME_BITS(db, dbr, (size_t)d.OC);
+  KT_CHECK_SAME_BITS(dx2, dxr, nx);
+  KT_CHECK_SAME_BITS(dw2, dwr, nw);
+  KT_CHECK_SAME_BITS(db2, dbr, (size_t)d.OC);
+  TT_CHECK(loom_conv2d_forward_bf16(y, col, x, LOOM_I32, wh, b, &d, S) ==
+           LOOM_ERR_UNSUPPORTED);
+  float *all[] = {x,  w,  b,  dout, xr,  wr,  dr,  col, S,   y,  y2,
+                  yr, dx, dw, db,   dxr, dwr, dbr, dx2, dw2, db2};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    loom_free(all[i]);
+  loom_free(wh);
+  loom_free(xh);
+}
+
+TT_TEST(conv2d_bf16) {
+  conv_bf16_one((loom_conv2d_dims){.N = 5,
+                                   .C = 6,
+                                   .H = 12,
+                                   .W = 11,
+                                   .OC = 8,
+                                   .KH = 3,
+                                   .KW = 3,
+                                   .stride = 1,
+                                   .pad = 1});
+  conv_bf16_one((loom_conv2d_dims){.N = 3,
+                                   .C = 1,
+                                   .H = 13,
+                                   .W = 10,
+                                   .OC = 4,
+                                   .KH = 5,
+                                   .KW = 5,
+                                   .stride = 2,
+                                   .pad = 2});
+}
+
 /* Same bits at 1, 2 and 3 threads, on shapes where the GEMM grid tiles
  * and the conversions run in parallel. */
 TT_TEST(bf16_thread_invariance) {
@@ -293,6 +372,7 @@ int main(void) {
   TT_RUN(gemm_bf16_shapes);
   TT_RUN(gemm_bf16_args);
   TT_RUN(linear_bf16);
+  TT_RUN(conv2d_bf16);
   TT_RUN(bf16_thread_invariance);
   TT_RUN(bf16_path_named);
   return tt_finish();

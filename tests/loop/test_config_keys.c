@@ -375,7 +375,7 @@ TT_TEST(issue10_regressions) {
     bool trains;
   } cases[] = {
       {"train.precision=bf16", BASE_MLP, NULL, true},
-      {"train.precision=bf16", BASE_CNN, NULL, false},
+      {"train.precision=bf16", BASE_CNN, NULL, true},
       {"train.precision=f16", BASE_MLP, NULL, false},
       {"train.loss_scale=128", BASE_MLP, NULL, false},
       {"log.profile=true", BASE_MLP, NULL, false},

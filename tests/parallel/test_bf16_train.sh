@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # train.precision bf16 under `loom run`: deterministic mode gives the same
-# bits (weights, losses) on 1, 2 and 4 ranks for the MLP and a GPT, as in
-# f32 (test_ddp_train.sh), and not f32's bits; a bf16 run stopped at a
+# bits (weights, losses) on 1, 2 and 4 ranks for the MLP, a CNN and a GPT,
+# as in f32 (test_ddp_train.sh), and not f32's bits; a bf16 run stopped at a
 # checkpoint and resumed ends with the weights of the run that did not stop
 # (the f32 master weights are what is saved; the bf16 copy is made again).
 . "$(dirname "$0")/../lib.sh"
@@ -15,9 +15,12 @@ cat "$SRC/README.md" "$SRC/docs/"*.md | head -c 200000 >>"$tmp/text.txt"
 det=(--resume never --set parallel.deterministic=true
   --set parallel.virtual_shards=4 --set train.accumulate=2
   --set log.every=1 --set log.progress=off --set train.precision=bf16)
-for model in mlp gpt; do
+for model in mlp cnn gpt; do
   if [ $model = mlp ]; then
     cfg=("$SRC/examples/small_mlp.yaml" --set train.batch_size=4
+      --set train.steps=12 --set train.eval_every=6)
+  elif [ $model = cnn ]; then
+    cfg=("$SRC/examples/small_cnn.yaml" --set train.batch_size=4
       --set train.steps=12 --set train.eval_every=6)
   else
     cfg=("$SRC/examples/small_gpt.yaml" --set "data.path=$tmp/text.txt"
