@@ -34,7 +34,8 @@ hosts_can || { echo "bench/cluster: needs root and ip netns" >&2; exit 1; }
 trap 'hosts_down; rm -rf "$tmp"' EXIT
 bench_check_load
 export LOOM_THREADS=1 OMP_NUM_THREADS=1
-echo "# loom bench comm ($OPS) f32 across emulated hosts (tbf both ways; ~5 us latency)"
+[ "${COMM:-1}" = 1 ] &&
+  echo "# loom bench comm ($OPS) f32 across emulated hosts (tbf both ways; ~5 us latency)"
 
 one() { # HOSTS PER HIER OUT
   local h=$1 per=$2 hier=$3 list="" i
