@@ -282,21 +282,28 @@ static int flight_test(struct flight *f, loom_op *op) {
   return all;
 }
 
+/* Grows *buf (*have bytes, counted as communication memory) to at least
+ * bytes; false when out of memory (*buf is then NULL). */
+static bool grow_buf(char **buf, size_t *have, size_t bytes) {
+  if (*have >= bytes)
+    return true;
+  loom_free(*buf);
+  loom_mem_sub(LOOM_MEM_COMM, *have);
+  *buf = loom_malloc(bytes);
+  *have = *buf ? bytes : 0;
+  loom_mem_add(LOOM_MEM_COMM, *have);
+  return *buf != NULL;
+}
+
 /* Room for a received segment of `bytes` in f->tmp; false (op failed) when
  * out of memory. */
 static bool flight_tmp(struct flight *f, size_t bytes, loom_op *op) {
-  if (f->tmp_bytes >= bytes)
+  if (grow_buf(&f->tmp, &f->tmp_bytes, bytes))
     return true;
-  loom_free(f->tmp);
-  loom_mem_sub(LOOM_MEM_COMM, f->tmp_bytes);
-  f->tmp = loom_malloc(bytes);
-  f->tmp_bytes = f->tmp ? bytes : 0;
-  loom_mem_add(LOOM_MEM_COMM, f->tmp_bytes);
-  if (!f->tmp)
-    loom_comm_op_fail(op, LOOM_ERR_NOMEM,
-                      "%s between hosts: no memory for a received segment",
-                      loom_comm_op_name(op->kind));
-  return f->tmp != NULL;
+  loom_comm_op_fail(op, LOOM_ERR_NOMEM,
+                    "%s between hosts: no memory for a received segment",
+                    loom_comm_op_name(op->kind));
+  return false;
 }
 
 /* Posts ring step f->step of block k: reduce-scatter steps send segment
@@ -447,18 +454,6 @@ static int progress(loom_hier *h, loom_op *op, bool *moved, bool *poll) {
 }
 
 /* ------------------------------------ reduce-scatter and all-gather(v) */
-
-/* Grows the partial blocks' buffer to bytes; false when out of memory. */
-static bool acc_reserve(loom_hier *h, size_t bytes) {
-  if (h->acc_bytes >= bytes)
-    return true;
-  loom_free(h->acc);
-  loom_mem_sub(LOOM_MEM_COMM, h->acc_bytes);
-  h->acc = loom_malloc(bytes);
-  h->acc_bytes = h->acc ? bytes : 0;
-  loom_mem_add(LOOM_MEM_COMM, h->acc_bytes);
-  return h->acc != NULL;
-}
 
 /* The host step j of a reduce-scatter or all-gather: the hosts in the order
  * the ring needs them (one before this one's first, this one's last for a
@@ -616,7 +611,7 @@ static int rsag_start(loom_hier *h, loom_op *op) {
   h->flight[0].posted = false;
   h->flight[0].rq[0] = h->flight[0].rq[1] = MPI_REQUEST_NULL;
   if (op->kind == LOOM_COMM_REDUCE_SCATTER) {
-    if (!acc_reserve(h, (size_t)h->H * op->count * e)) {
+    if (!grow_buf(&h->acc, &h->acc_bytes, (size_t)h->H * op->count * e)) {
       loom_comm_op_fail(op, LOOM_ERR_NOMEM,
                         "reducescatter between hosts: no memory for %d "
                         "partial blocks of %zu elements",

@@ -170,17 +170,10 @@ loom_status LOOM_ISA(loom_gemm_bf16)(bool trans_a, bool trans_b, int M, int N,
                                      int lda, const loom_bf16 *B, int ldb,
                                      float beta, float *C, int ldc,
                                      float *scratch) {
-  if (M < 0 || N < 0 || K < 0)
-    return loom_error(LOOM_ERR_INVALID_ARG, "gemm_bf16: negative size %dx%dx%d",
-                      M, N, K);
+  LOOM_TRY(loom_kern_gemm_dims("gemm_bf16", trans_a, trans_b, M, N, K, lda, ldb,
+                               ldc));
   const int ar = trans_a ? K : M, ac = trans_a ? M : K;
   const int br = trans_b ? N : K, bc = trans_b ? K : N;
-  if (lda < (ac > 1 ? ac : 1) || ldb < (bc > 1 ? bc : 1) ||
-      ldc < (N > 1 ? N : 1))
-    return loom_error(LOOM_ERR_INVALID_ARG,
-                      "gemm_bf16 %dx%dx%d: leading dimensions lda=%d ldb=%d "
-                      "ldc=%d too small (need >= %d, %d, %d)",
-                      M, N, K, lda, ldb, ldc, ac, bc, N);
   if (M == 0 || N == 0)
     return LOOM_OK;
   if (K > 0 && alpha != 0.0f && (!A || !B || !scratch))

@@ -290,16 +290,8 @@ loom_status LOOM_ISA(loom_gemm)(bool trans_a, bool trans_b, int M, int N, int K,
                                 float alpha, const float *A, int lda,
                                 const float *B, int ldb, float beta, float *C,
                                 int ldc) {
-  if (M < 0 || N < 0 || K < 0)
-    return loom_error(LOOM_ERR_INVALID_ARG, "gemm: negative size %dx%dx%d", M,
-                      N, K);
-  const int acols = trans_a ? M : K, bcols = trans_b ? K : N;
-  if (lda < (acols > 1 ? acols : 1) || ldb < (bcols > 1 ? bcols : 1) ||
-      ldc < (N > 1 ? N : 1))
-    return loom_error(LOOM_ERR_INVALID_ARG,
-                      "gemm %dx%dx%d: leading dimensions lda=%d ldb=%d ldc=%d "
-                      "too small (need >= %d, %d, %d)",
-                      M, N, K, lda, ldb, ldc, acols, bcols, N);
+  LOOM_TRY(
+      loom_kern_gemm_dims("gemm", trans_a, trans_b, M, N, K, lda, ldb, ldc));
   if (M == 0 || N == 0)
     return LOOM_OK;
   if (!C || (K > 0 && alpha != 0.0f && (!A || !B)))

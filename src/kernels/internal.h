@@ -18,6 +18,24 @@
 /* Elementwise loops fork threads only above this many elements: below it
  * the fork/join costs more than it saves. */
 #define LOOM_KERN_PAR_MIN 32768
+
+/* The sizes and leading dimensions of C (MxN) = op(A) op(B), row-major:
+ * LOOM_OK, or the error naming `what` (gemm, gemm_bf16). */
+static inline loom_status loom_kern_gemm_dims(const char *what, bool trans_a,
+                                              bool trans_b, int M, int N, int K,
+                                              int lda, int ldb, int ldc) {
+  if (M < 0 || N < 0 || K < 0)
+    return loom_error(LOOM_ERR_INVALID_ARG, "%s: negative size %dx%dx%d", what,
+                      M, N, K);
+  const int acols = trans_a ? M : K, bcols = trans_b ? K : N;
+  if (lda < (acols > 1 ? acols : 1) || ldb < (bcols > 1 ? bcols : 1) ||
+      ldc < (N > 1 ? N : 1))
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "%s %dx%dx%d: leading dimensions lda=%d ldb=%d ldc=%d "
+                      "too small (need >= %d, %d, %d)",
+                      what, M, N, K, lda, ldb, ldc, acols, bcols, N);
+  return LOOM_OK;
+}
 /* Lanes of the fixed-order reductions: 16 floats = one AVX-512 register or
  * two AVX2 ones. The result depends only on n, never on the thread count. */
 #define LOOM_KERN_LANES 16
