@@ -331,6 +331,12 @@ loom_pipe_opts loom_pipe_opts_default(void);
  * P > n or split does not add up to n. */
 loom_status loom_pipe_partition(int n, int P, const int *split,
                                 const double *cost, int *first);
+/* cum (n + 1 entries, n = the model's units): where unit u's own
+ * parameters begin, cum[n] the model's size; stage s of a partition owns
+ * [cum[first[s]], cum[first[s + 1]]). A unit's range below cum[u] is
+ * borrowed (tied) from an earlier unit. LOOM_ERR_INVALID_ARG when the
+ * units' own parameters do not follow each other in forward order. */
+loom_status loom_pipe_own_bounds(const loom_model *m, int64_t *cum);
 
 /* Collective over pp (each rank is the stage of its rank in pp) and dp
  * (NULL or one rank: no data parallelism; otherwise the ranks holding the

@@ -128,13 +128,32 @@ typedef struct loom_train_estimate {
                            gradients, zero2's parameters: counted in its RSS) */
   double ckpt_bytes;    /* the async checkpoint's copy of the state */
   double process_bytes; /* the process itself: code, libraries, threads
-                           (LOOM_ESTIMATE_PROCESS_MB, measured) */
+                           (LOOM_ESTIMATE_PROCESS_MB, and
+                           LOOM_ESTIMATE_MPI_MB on more than one
+                           rank; measured) */
   double total_bytes;   /* all of the above */
+  /* Bytes this rank sends per optimizer step: the gradient reduction over
+   * the data-parallel ranks (and ZeRO's gathers) as bandwidth-optimal
+   * algorithms move them (2 (D - 1) / D of the buffer for an all-reduce,
+   * (D - 1) / D for a reduce-scatter or an all-gather), and a pipeline
+   * stage's activations, their gradients and the tied embedding. */
+  double sent_bytes;
+  /* Pipeline parallelism (parallel.pp > 1): the estimate is of one stage. */
+  int stages;           /* parallel.pp (1: no pipeline) */
+  int stage;            /* the stage estimated */
+  int dp;               /* data-parallel replicas (ranks / stages) */
+  int unit_first;       /* the stage's units [unit_first, unit_end) of the */
+  int unit_end;         /* model's root sequential */
+  int instances;        /* micro-batches whose activations it keeps */
+  int64_t stage_params; /* parameters the stage owns */
 } loom_train_estimate;
 /* What a `loom train` process holds before its model and data: code,
- * libraries (oneDNN, OpenBLAS, MPI), OpenMP and communication threads
- * (measured: 19 MiB alone, 21 MiB a rank of 2; AMD EPYC, Debian 12). */
-#define LOOM_ESTIMATE_PROCESS_MB 20.0
+ * libraries (oneDNN, OpenBLAS), OpenMP and communication threads, and on
+ * more than one rank MPI's own (its shared-memory transport's segments).
+ * Measured with a GPT of 13,000 parameters: 24.0 MiB alone, 34.2-34.9 MiB
+ * a rank of 2 or 4 (AMD EPYC, Debian 12, Open MPI 4.1). */
+#define LOOM_ESTIMATE_PROCESS_MB 22.0
+#define LOOM_ESTIMATE_MPI_MB 10.0
 
 /* Estimates cfg on `ranks` ranks (>= 1) under `strategy` (the config's own
  * when LOOM_CFG_STRATEGY_AUTO: none on one rank, else ddp). Builds the
@@ -143,6 +162,11 @@ typedef struct loom_train_estimate {
 loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
                                        loom_cfg_strategy strategy,
                                        loom_train_estimate *out);
+/* With parallel.pp > 1, loom_train_estimate_memory gives the stage with
+ * the largest total; this one gives stage `stage` (0 .. pp - 1) of the
+ * mesh (ranks / pp data-parallel replicas). */
+loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
+                                      int stage, loom_train_estimate *out);
 /* The process's peak resident set so far, in bytes (getrusage). */
 double loom_train_peak_rss(void);
 

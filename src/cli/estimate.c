@@ -21,11 +21,14 @@ static void usage(FILE *f) {
       "data.prefetch + 1 batches and the data set held in memory, sized\n"
       "from its files), communication buffers, the async checkpoint's\n"
       "copy, and their total with the process itself (code, libraries,\n"
-      "threads), in MiB, for every strategy (or only S). Strategies this\n"
-      "build cannot run yet are marked 'forecast'. A training run writes\n"
-      "its measured peak (peak_rss_mb) into metrics.jsonl.\n\n"
+      "threads; MPI's on more than one rank), in MiB, for every strategy\n"
+      "(or only S), and what a rank sends per step (sent/step). With\n"
+      "parallel.pp > 1, one row per pipeline stage instead. Strategies\n"
+      "this build cannot run yet are marked 'forecast'. A training run\n"
+      "writes its measured peak (peak_rss_mb) into metrics.jsonl.\n\n"
       "  -n N              ranks\n"
-      "  --strategy S      ddp, zero1, zero2, zero3, fsdp or none\n"
+      "  --strategy S      ddp, zero1, zero2, zero3, fsdp or none (with\n"
+      "                    parallel.pp: ddp)\n"
       "  --memory BYTES    also the largest train.batch_size whose total\n"
       "                    fits BYTES (suffix K, M, G or T: powers of 1024),\n"
       "                    under S or the config's strategy\n"
@@ -53,13 +56,17 @@ bool loom_cli_parse_bytes(const char *s, double *out) {
 
 static void row(const loom_train_estimate *e) {
   const double mib = 1024.0 * 1024.0;
+  char name[32];
+  if (e->stages > 1)
+    snprintf(name, sizeof name, "stage%d", e->stage);
+  else
+    snprintf(name, sizeof name, "%s", loom_cfg_strategy_names[e->strategy]);
   printf("%-8s %-9s %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f "
-         "%10.1f\n",
-         loom_cfg_strategy_names[e->strategy],
-         e->available ? "yes" : "forecast", e->param_bytes / mib,
+         "%10.1f %10.1f\n",
+         name, e->available ? "yes" : "forecast", e->param_bytes / mib,
          e->grad_bytes / mib, e->optim_bytes / mib, e->act_bytes / mib,
          e->data_bytes / mib, e->comm_bytes / mib, e->ckpt_bytes / mib,
-         e->total_bytes / mib);
+         e->total_bytes / mib, e->sent_bytes / mib);
 }
 
 /* Whether batch b fits: its estimate is within budget. A size the model
@@ -68,7 +75,9 @@ static void row(const loom_train_estimate *e) {
 static loom_status batch_fits(loom_config *cfg, int ranks, loom_cfg_strategy s,
                               double budget, int64_t b, bool *fits,
                               loom_train_estimate *e) {
-  cfg->train.batch_size = b;
+  /* b micro-batches' rows: a batch parallel.micro_batches divides */
+  cfg->train.batch_size =
+      b * (cfg->parallel.micro_batches > 1 ? cfg->parallel.micro_batches : 1);
   loom_status st = loom_train_estimate_memory(cfg, ranks, s, e);
   if (st == LOOM_ERR_UNSUPPORTED && b > 1) {
     *fits = false;
@@ -104,7 +113,8 @@ loom_status loom_cli_largest_batch(loom_config *cfg, int ranks,
     else
       hi = mid;
   }
-  *best = lo;
+  *best =
+      lo * (cfg->parallel.micro_batches > 1 ? cfg->parallel.micro_batches : 1);
   return LOOM_OK;
 }
 
@@ -179,6 +189,15 @@ int loom_cmd_estimate(int argc, char **argv) {
     rc = st == LOOM_ERR_CONFIG ? LOOM_EXIT_USAGE : LOOM_EXIT_FAIL;
     goto done;
   }
+  if (cfg.parallel.pp > 1 && only >= 0 && only != LOOM_CFG_STRATEGY_DDP) {
+    fprintf(stderr,
+            "loom estimate: --strategy %s with parallel.pp %lld: the "
+            "pipeline's replicas sum gradients as ddp does (supported: "
+            "ddp)\n",
+            strategy, (long long)cfg.parallel.pp);
+    rc = LOOM_EXIT_USAGE;
+    goto done;
+  }
   if (cfg.train.batch_size == 0) {
     /* auto: what loom train under loom run -n N on one host would take. */
     double share = 0.8 * loom_cli_mem_total() / ranks;
@@ -210,8 +229,8 @@ int loom_cmd_estimate(int argc, char **argv) {
          ranks == 1 ? "" : "s", (long long)e.batch,
          loom_optim_kind_name(cfg.optim.name));
   printf("# MiB per rank (all ranks on one host); total includes %.0f MiB "
-         "for the process itself (code, libraries, threads)\n",
-         LOOM_ESTIMATE_PROCESS_MB);
+         "for the process itself (code, libraries, threads%s)\n",
+         e.process_bytes / (1024.0 * 1024.0), ranks > 1 ? ", MPI" : "");
   if (!e.dataset_known)
     printf("# data: the loader's batches only; the data set (%s) was not "
            "found, so its memory is not counted\n",
@@ -225,10 +244,38 @@ int loom_cmd_estimate(int argc, char **argv) {
     printf("# data: the loader's batches and the data set in memory "
            "(%.1f MiB)\n",
            e.dataset_bytes / (1024.0 * 1024.0));
-  printf("%-8s %-9s %10s %10s %10s %10s %10s %10s %10s %10s\n", "strategy",
-         "runs", "params", "grads", "optimizer", "activation", "data", "comm",
-         "ckpt", "total");
-  for (int s = 0; s < LOOM_CFG_STRATEGY_COUNT; s++) {
+  if (cfg.parallel.pp > 1)
+    printf("# mesh: dp %d x tp 1 x pp %lld, %lld micro-batch%s of %lld rows, "
+           "schedule %s; one row a stage (units [first, end) of the "
+           "model)\n",
+           e.dp, (long long)cfg.parallel.pp,
+           (long long)cfg.parallel.micro_batches,
+           cfg.parallel.micro_batches == 1 ? "" : "es", (long long)e.batch,
+           loom_cfg_pp_schedule_names[cfg.parallel.pp_schedule]);
+  printf("# sent/step: MiB this rank sends per optimizer step (gradient "
+         "reduction%s)\n",
+         cfg.parallel.pp > 1 ? ", activations and their gradients between "
+                               "stages, tied weights"
+                             : " and ZeRO's gathers");
+  printf("%-8s %-9s %10s %10s %10s %10s %10s %10s %10s %10s %10s\n",
+         cfg.parallel.pp > 1 ? "stage" : "strategy", "runs", "params", "grads",
+         "optimizer", "activation", "data", "comm", "ckpt", "total",
+         "sent/step");
+  for (int st2 = 0; cfg.parallel.pp > 1 && st2 < (int)cfg.parallel.pp; st2++) {
+    st = loom_train_estimate_stage(&cfg, ranks, st2, &e);
+    if (st != LOOM_OK) {
+      fprintf(stderr, "loom estimate: %s\n", loom_last_error());
+      rc = st == LOOM_ERR_CONFIG ? LOOM_EXIT_USAGE : LOOM_EXIT_FAIL;
+      goto done;
+    }
+    row(&e);
+    int u0 = e.unit_first, u1 = e.unit_end;
+    printf("#   stage %d: units [%d, %d), %lld parameters, %d micro-batch%s "
+           "in flight\n",
+           st2, u0, u1, (long long)e.stage_params, e.instances,
+           e.instances == 1 ? "" : "es");
+  }
+  for (int s = 0; cfg.parallel.pp == 1 && s < LOOM_CFG_STRATEGY_COUNT; s++) {
     if (s == LOOM_CFG_STRATEGY_AUTO || s == LOOM_CFG_STRATEGY_FSDP)
       continue; /* auto resolves to one of them; fsdp is zero3 */
     if (only >= 0 && s != only &&
@@ -258,6 +305,10 @@ int loom_cmd_estimate(int argc, char **argv) {
       printf("largest train.batch_size within %s under %s: none (even 1 row "
              "needs more)\n",
              memory, loom_cfg_strategy_names[s]);
+    else if (cfg.parallel.pp > 1)
+      printf("largest train.batch_size within %s under pp %lld: %lld (every "
+             "stage fits)\n",
+             memory, (long long)cfg.parallel.pp, (long long)best);
     else
       printf("largest train.batch_size within %s under %s: %lld\n", memory,
              loom_cfg_strategy_names[s], (long long)best);

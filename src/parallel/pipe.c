@@ -157,10 +157,8 @@ loom_status loom_pipe_partition(int n, int P, const int *split,
 
 /* ----------------------------------------------------------------- setup */
 
-/* cum[u]: where unit u's own parameters begin (units own contiguous,
- * ascending ranges in forward order; a range below cum[u] is read from an
- * earlier unit: tied). (n + 1) entries, cum[n] = the model's size. */
-static loom_status own_bounds(const loom_model *m, int64_t *cum) {
+/* Units own contiguous, ascending ranges in forward order. */
+loom_status loom_pipe_own_bounds(const loom_model *m, int64_t *cum) {
   int n = loom_model_num_units(m);
   cum[0] = 0;
   for (int u = 0; u < n; u++) {
@@ -341,7 +339,7 @@ loom_status loom_pipe_new(loom_pipe **out, loom_model *model, loom_group *pp,
   }
   LOOM_TRY_GOTO(s, loom_pipe_partition(n, p->P, o.split, o.unit_cost, first),
                 fail);
-  LOOM_TRY_GOTO(s, own_bounds(model, cum), fail);
+  LOOM_TRY_GOTO(s, loom_pipe_own_bounds(model, cum), fail);
   p->u0 = first[p->stage];
   p->u1 = first[p->stage + 1];
   p->lo = cum[p->u0];

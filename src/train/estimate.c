@@ -9,7 +9,9 @@
 #include <sys/stat.h>
 
 #include "loom/data.h"
+#include "loom/nn.h"
 #include "loom/optim.h"
+#include "loom/parallel.h"
 #include "trainer.h"
 
 double loom_train_peak_rss(void) {
@@ -91,6 +93,29 @@ static bool dataset_memory(const loom_config *cfg, double *resident,
   return true;
 }
 
+/* The loader's ring: the batch in use and data.prefetch ahead, each of the
+ * rank's rows (f32 images and an int32 label, or int32 tokens and their
+ * int32 targets); and the data set. */
+static void loader_memory(const loom_config *cfg, int ranks,
+                          loom_train_estimate *out) {
+  const loom_config_parallel *pc = &cfg->parallel;
+  double row = cfg->data.dataset == LOOM_CFG_DATASET_FASHION_MNIST
+                   ? 28.0 * 28.0 * 4.0 + 4.0
+                   : 8.0 * (double)cfg->model.context;
+  int64_t rows = cfg->train.batch_size;
+  if (pc->deterministic && pc->virtual_shards / ranks > 1)
+    rows *= pc->virtual_shards / ranks;
+  out->data_bytes = (double)(cfg->data.prefetch + 1) * (double)rows * row;
+  out->dataset_known =
+      dataset_memory(cfg, &out->dataset_bytes, &out->mapped_bytes);
+  out->data_bytes += out->dataset_bytes;
+}
+
+static double process_bytes(int ranks) {
+  return (LOOM_ESTIMATE_PROCESS_MB + (ranks > 1 ? LOOM_ESTIMATE_MPI_MB : 0)) *
+         1024.0 * 1024.0;
+}
+
 loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
                                        loom_cfg_strategy strategy,
                                        loom_train_estimate *out) {
@@ -98,6 +123,16 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
     return loom_error(LOOM_ERR_INVALID_ARG, "estimate: bad arguments");
   memset(out, 0, sizeof *out);
   const loom_config_parallel *pc = &cfg->parallel;
+  if (pc->pp > 1) {
+    /* The stage that needs the most. */
+    for (int st = 0; st < (int)pc->pp; st++) {
+      loom_train_estimate e;
+      LOOM_TRY(loom_train_estimate_stage(cfg, ranks, st, &e));
+      if (st == 0 || e.total_bytes > out->total_bytes)
+        *out = e;
+    }
+    return LOOM_OK;
+  }
   if (strategy == LOOM_CFG_STRATEGY_AUTO)
     strategy = ranks > 1 || pc->deterministic ? LOOM_CFG_STRATEGY_DDP
                                               : LOOM_CFG_STRATEGY_NONE;
@@ -109,9 +144,14 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
   out->strategy = strategy;
   out->available = true;
   out->ranks = ranks;
-  /* One micro-batch of train.batch_size rows at a time (in deterministic
-   * mode each virtual shard in turn). */
-  out->batch = cfg->train.batch_size;
+  out->stages = 1;
+  out->dp = ranks;
+  out->instances = 1;
+  /* One micro-batch at a time: train.batch_size rows, or its
+   * parallel.micro_batches' share (in deterministic mode each virtual
+   * shard in turn). */
+  out->batch =
+      cfg->train.batch_size / (pc->micro_batches > 1 ? pc->micro_batches : 1);
 
   /* The layout and the plan only: no parameter, gradient or activation
    * buffer is allocated, so a model larger than this machine can be sized. */
@@ -167,12 +207,17 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
   /* The largest slice: ceil(Psi / P). */
   const double slice = ranks > 1 ? (double)((int64_t)psi / ranks + 1) : psi;
   out->params = (int64_t)psi;
+  out->stage_params = (int64_t)psi;
+  out->unit_end = nu;
   /* ZeRO-3: the slice and the units gathered at once (the one computing
    * and the next), which may overlap the slice: at most all of them. */
   out->param_bytes =
       f * (shard_params && ranks > 1
                ? (slice + unit + unit2 < psi ? slice + unit + unit2 : psi)
                : psi);
+  /* bf16: the model's bf16 copy of every parameter (loom_model_bf16_bytes) */
+  if (cfg->train.precision != LOOM_CFG_PRECISION_F32)
+    out->param_bytes += 2.0 * psi;
   /* The model's own gradient buffer, or DDP's (shared memory) that
    * replaces it while DDP lives (the model's is freed then); sharded: the
    * slice and three buckets (two in flight and the one backward is
@@ -192,21 +237,7 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
   /* The arena (activations, scratch, the output's gradient) and the loss's
    * copy of the output (probabilities). */
   out->act_bytes = (double)(act + scratch) + 2.0 * f * out_floats;
-  /* The loader's ring: the batch in use and data.prefetch ahead, each of
-   * the rank's rows (f32 images and an int32 label, or int32 tokens and
-   * their int32 targets). */
-  {
-    double row = cfg->data.dataset == LOOM_CFG_DATASET_FASHION_MNIST
-                     ? 28.0 * 28.0 * 4.0 + 4.0
-                     : 8.0 * (double)cfg->model.context;
-    int64_t rows = cfg->train.batch_size;
-    if (pc->deterministic && pc->virtual_shards / ranks > 1)
-      rows *= pc->virtual_shards / ranks;
-    out->data_bytes = (double)(cfg->data.prefetch + 1) * (double)rows * row;
-  }
-  out->dataset_known =
-      dataset_memory(cfg, &out->dataset_bytes, &out->mapped_bytes);
-  out->data_bytes += out->dataset_bytes;
+  loader_memory(cfg, ranks, out);
   if (ddp && pc->deterministic) {
     int64_t shards = pc->virtual_shards / ranks;
     out->comm_bytes += f * psi * (double)(shards > 1 ? shards - 1 : 0);
@@ -228,9 +259,167 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
         (double)(ranks - 1) / ranks * f * psi *
         ((shared_grads ? 1.0 : 0.0) + (shared_params ? 1.0 : 0.0));
   }
-  out->process_bytes = LOOM_ESTIMATE_PROCESS_MB * 1024.0 * 1024.0;
+  /* Sent per step: an all-reduce of the gradients (DDP), or their
+   * reduce-scatter and the parameters' all-gather (ZeRO 1 and 2), and
+   * ZeRO-3's gather of every unit in forward and again in backward of
+   * each micro-batch. */
+  if (ddp && ranks > 1) {
+    const double share = (double)(ranks - 1) / ranks;
+    const double wire = pc->compress != LOOM_CFG_COMPRESS_NONE ? 2.0 : f;
+    const double passes =
+        (double)cfg->train.accumulate *
+        (double)(pc->micro_batches > 1 ? pc->micro_batches : 1);
+    if (strategy == LOOM_CFG_STRATEGY_DDP)
+      out->sent_bytes = 2.0 * share * wire * psi;
+    else if (shard_params)
+      out->sent_bytes = share * (wire + 2.0 * passes * f) * psi;
+    else
+      out->sent_bytes = share * (wire + f) * psi;
+  }
+  out->process_bytes = process_bytes(ranks);
   if (cfg->checkpoint.enabled && cfg->checkpoint.async)
     out->ckpt_bytes = f * (1.0 + k) * (ranks > 1 ? slice : psi);
+  out->total_bytes = out->param_bytes + out->grad_bytes + out->optim_bytes +
+                     out->act_bytes + out->data_bytes + out->comm_bytes +
+                     out->ckpt_bytes + out->process_bytes;
+  return LOOM_OK;
+}
+
+/* Stage `stage` of a pipeline (docs/parallel.md): the units loom_pipe
+ * gives it (the same partition, from the same costs or parallel.pp_split),
+ * its own parameter range and the tied ones it reads, `instances` copies
+ * of its part of the model each with an arena for one micro-batch, the
+ * activation buffers between stages, and the data-parallel sum of its
+ * range over the replicas. */
+loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
+                                      int stage, loom_train_estimate *out) {
+  if (!cfg || !out || ranks < 1)
+    return loom_error(LOOM_ERR_INVALID_ARG, "estimate: bad arguments");
+  memset(out, 0, sizeof *out);
+  const loom_config_parallel *pc = &cfg->parallel;
+  const int P = (int)pc->pp;
+  if (stage < 0 || stage >= P)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "estimate: stage %d of parallel.pp %d", stage, P);
+  if (ranks % P != 0 || (pc->dp > 0 && pc->dp * P != ranks))
+    return loom_error(LOOM_ERR_CONFIG,
+                      "parallel.dp %lld x parallel.pp %d is not the %d ranks "
+                      "(parallel.dp 0: auto, ranks / parallel.pp)",
+                      (long long)pc->dp, P, ranks);
+  const int D = ranks / P;
+  const int M = pc->micro_batches > 1 ? (int)pc->micro_batches : 1;
+  out->strategy = D > 1 ? LOOM_CFG_STRATEGY_DDP : LOOM_CFG_STRATEGY_NONE;
+  out->available = true;
+  out->ranks = ranks;
+  out->stages = P;
+  out->stage = stage;
+  out->dp = D;
+  out->batch = cfg->train.batch_size / M;
+  out->instances = pc->pp_schedule == LOOM_CFG_PP_GPIPE ? M
+                   : M < P - stage                      ? M
+                                                        : P - stage;
+
+  loom_model_opts mo = loom_model_opts_default();
+  mo.shape_only = true;
+  loom_model *m = NULL;
+  LOOM_TRY(loom_train_model_make(cfg, &mo, &m));
+  const int nu = loom_model_num_units(m);
+  double *cost = loom_calloc((size_t)nu, sizeof *cost);
+  int *first = loom_calloc((size_t)P + 1, sizeof *first);
+  int64_t *cum = loom_calloc((size_t)nu + 1, sizeof *cum);
+  int split[LOOM_CONFIG_LIST_MAX];
+  loom_status s = cost && first && cum ? LOOM_OK : LOOM_ERR_NOMEM;
+  if (s == LOOM_OK) {
+    loom_train_unit_costs(cfg, m, cost);
+    for (int i = 0; i < pc->pp_split.n; i++)
+      split[i] = (int)pc->pp_split.v[i];
+    s = loom_pipe_partition(nu, P, pc->pp_split.n > 0 ? split : NULL, cost,
+                            first);
+  }
+  if (s == LOOM_OK)
+    s = loom_pipe_own_bounds(m, cum);
+  /* The stage's input (the units before it, dry-run) and output. */
+  loom_shape x = input_shape(cfg, out->batch), y;
+  loom_module *root = loom_model_root(m);
+  for (int u = 0; s == LOOM_OK && u < first[stage]; u++)
+    s = loom_nn_plan_dry((loom_module *)loom_sequential_child(root, u), &x, &x);
+  y = x;
+  for (int u = first[stage]; s == LOOM_OK && u < first[stage + 1]; u++)
+    s = loom_nn_plan_dry((loom_module *)loom_sequential_child(root, u), &y, &y);
+  size_t act = 0, scratch = 0;
+  if (s == LOOM_OK)
+    s = loom_model_set_unit_range(m, first[stage], first[stage + 1]);
+  if (s == LOOM_OK)
+    s = loom_model_act_bytes(m, &x, &act, &scratch);
+  /* Borrowed (tied) ranges: those this stage reads from another, and
+   * those others read from it (it keeps a buffer for their gradient). */
+  double borrowed = 0, lent = 0;
+  for (int st = 0; s == LOOM_OK && st < P; st++) {
+    int64_t lo = cum[first[st]], hi = cum[first[st + 1]];
+    for (int u = first[st]; u < first[st + 1]; u++) {
+      int nr;
+      const loom_range *r = loom_model_unit_ranges(m, u, &nr);
+      for (int k = 0; k < nr; k++) {
+        if (r[k].offset >= lo && r[k].offset + r[k].numel <= hi)
+          continue;
+        if (st == stage)
+          borrowed += (double)r[k].numel;
+        else if (r[k].offset >= cum[first[stage]] &&
+                 r[k].offset + r[k].numel <= cum[first[stage + 1]])
+          lent += (double)r[k].numel;
+      }
+    }
+  }
+  if (s == LOOM_OK) {
+    out->params = loom_model_num_params(m);
+    out->unit_first = first[stage];
+    out->unit_end = first[stage + 1];
+    out->stage_params = cum[first[stage + 1]] - cum[first[stage]];
+  }
+  loom_free(cost);
+  loom_free(first);
+  loom_free(cum);
+  loom_model_free(m);
+  if (s != LOOM_OK)
+    return loom_error_context(s, "estimate: planning pipeline stage %d", stage);
+
+  const double f = 4.0; /* f32 */
+  const double k = state_count(cfg);
+  const double own = (double)out->stage_params;
+  const double in_floats = stage > 0 ? (double)loom_shape_numel(&x) : 0;
+  const double out_floats = (double)loom_shape_numel(&y);
+  const bool last = stage == P - 1;
+  /* The buffers are reserved for the whole model; only the stage's range
+   * and what it borrows are touched. */
+  out->param_bytes = f * (own + borrowed);
+  out->grad_bytes = f * (own + borrowed);
+  out->optim_bytes = f * k * own;
+  /* Each instance's arena (activations, scratch, the output's gradient),
+   * its input and the input's gradient from the stage before; the last
+   * stage's loss keeps one micro-batch's probabilities. */
+  out->act_bytes =
+      (double)out->instances *
+          ((double)(act + scratch) + f * out_floats + 2.0 * f * in_floats) +
+      (last ? f * out_floats : 0);
+  loader_memory(cfg, ranks, out);
+  /* The owner's buffer for a borrowed range's gradient; the staging
+   * slots of the shared-memory path. */
+  out->comm_bytes = f * lent;
+  if (ranks > 1)
+    out->comm_bytes +=
+        2.0 * ranks * (double)loom_comm_opts_default().chunk_bytes;
+  /* Sent per step, every accumulation step running M micro-batches:
+   * activations forward (all but the last stage), their gradients back
+   * (all but the first), the borrowed gradients to their owner and the
+   * new values back, the stage's range all-reduced over the replicas. */
+  const double passes = (double)cfg->train.accumulate * (double)M;
+  out->sent_bytes = passes * f * ((last ? 0 : out_floats) + in_floats) +
+                    f * (borrowed + lent);
+  if (D > 1)
+    out->sent_bytes += 2.0 * (double)(D - 1) / D * f * own;
+  out->process_bytes = process_bytes(ranks);
+  if (cfg->checkpoint.enabled && cfg->checkpoint.async)
+    out->ckpt_bytes = f * (1.0 + k) * (own / D + 1.0);
   out->total_bytes = out->param_bytes + out->grad_bytes + out->optim_bytes +
                      out->act_bytes + out->data_bytes + out->comm_bytes +
                      out->ckpt_bytes + out->process_bytes;

@@ -60,13 +60,13 @@ static loom_status make_instance(void *user, loom_model **out) {
  * twice that everywhere, so the ratios hold): a block 24 C^2 (qkv, proj,
  * the 4x MLP) + 2 T C (attention, causal: half of 4 T C), the output
  * layer 2 C V, the embedding, norm and dropout a few C. */
-static void unit_costs(const loom_trainer *t, const loom_model *m,
-                       double *cost) {
-  const loom_config_model *mc = &t->cfg.model;
+void loom_train_unit_costs(const loom_config *cfg, const loom_model *m,
+                           double *cost) {
+  const loom_config_model *mc = &cfg->model;
   double C = (double)mc->d_model, T = (double)mc->context;
   double V = (double)mc->vocab;
   int n = loom_model_num_units(m), every = 1;
-  if (loom_config_checkpoint_every(t->cfg.train.activation_checkpointing,
+  if (loom_config_checkpoint_every(cfg->train.activation_checkpointing,
                                    &every) != LOOM_OK ||
       every < 1)
     every = 1;
@@ -101,7 +101,7 @@ loom_status loom_train_pipe_new(loom_trainer *t, const loom_shape *input) {
   int split[LOOM_CONFIG_LIST_MAX];
   if (!cost)
     return LOOM_ERR_NOMEM;
-  unit_costs(t, t->model, cost);
+  loom_train_unit_costs(&t->cfg, t->model, cost);
   for (int i = 0; i < pc->pp_split.n; i++)
     split[i] = (int)pc->pp_split.v[i];
   loom_pipe_opts o = loom_pipe_opts_default();

@@ -205,6 +205,11 @@ loom_status loom_train_mesh(loom_trainer *t);
 /* The pipeline of this stage (model, buffers, instances): after the model
  * was made shape_only, before the optimizer. No communication. */
 loom_status loom_train_pipe_new(loom_trainer *t, const loom_shape *input);
+/* Forward FLOPs per token of each unit of the GPT m built from cfg (cost:
+ * one entry a unit): what the stages are balanced by (and loom estimate
+ * cuts them by). */
+void loom_train_unit_costs(const loom_config *cfg, const loom_model *m,
+                           double *cost);
 void loom_train_pipe_free(loom_trainer *t);
 /* A fresh start: this stage's parameters drawn, view by view. */
 loom_status loom_train_pipe_init_params(loom_trainer *t);

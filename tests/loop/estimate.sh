@@ -68,6 +68,69 @@ for s in none ddp zero1 zero2 zero3; do
     bad "$s on $n rank(s): measured peak '$peak' MiB vs estimate $est MiB"
 done
 
+# Pipeline stages (parallel.pp): one row a stage whose parameters add up
+# to the model's, each stage's measured peak (log.per_rank's line) within
+# 10% of its row, for 1F1B and GPipe on 2 ranks and dp 2 x pp 2 on 4.
+pp=(--set parallel.pp=2 --set parallel.micro_batches=4 --set train.batch_size=8)
+for mesh in "2 1f1b" "2 gpipe" "4 1f1b"; do
+  set -- $mesh
+  n=$1 sched=$2
+  "$LOOM" estimate "$cfg" "${mid[@]}" "${pp[@]}" --set parallel.pp_schedule=$sched -n $n >"$tmp/out" 2>&1 ||
+    { bad "estimate pp 2 $sched on $n ranks failed"; cat "$tmp/out"; }
+  cp "$tmp/out" "$tmp/est"
+  sum=$(awk '/^#   stage [0-9]+: units/ { s += $7 } END { print s }' "$tmp/out")
+  psi=$(sed -n 's/.* \([0-9]*\) parameters, .*/\1/p' "$tmp/out" | head -1)
+  [ -n "$sum" ] && [ "$sum" = "$psi" ] && ok "pp 2 $sched: the stages' parameters add up to $psi" ||
+    bad "pp 2 $sched: stage parameters $sum of $psi"
+  rd="$tmp/run_pp_${n}_$sched"
+  run $n train "$cfg" "${mid[@]}" "${pp[@]}" --set parallel.pp_schedule=$sched --quiet \
+    --resume never --set train.steps=4 --set train.eval_every=0 --set train.eval_batches=1 \
+    --set checkpoint.enabled=false --set log.every=2 --set log.per_rank=true --set "log.run_dir=$rd"
+  [ $rc = 0 ] || { bad "train pp 2 $sched on $n ranks failed (rc $rc)"; tail -5 "$tmp/out"; }
+  cp "$tmp/est" "$tmp/out"
+  for r in $(seq 0 $((n - 1))); do
+    est=$(col "stage$((r % 2))" 10)
+    peak=$(grep -o 'peak rss [0-9.]*' "$rd/logs/rank-$r.log" 2>/dev/null | tail -1 | cut -d' ' -f3)
+    hi=1.1
+    [ -n "${LOOM_TEST_SANITIZED:-}" ] && hi=1000
+    awk -v p="$peak" -v e="$est" -v h=$hi 'BEGIN { exit !(p > 0 && p >= 0.9 * e && p <= h * e) }' &&
+      ok "pp 2 $sched, $n ranks, rank $r (stage $((r % 2))): measured peak $peak MiB, estimate $est MiB" ||
+      bad "pp 2 $sched, $n ranks, rank $r: measured peak '$peak' MiB vs estimate $est MiB"
+  done
+done
+# dp 2 x pp 2: each stage's range all-reduced over 2 replicas: 2 (D-1)/D
+# of its bytes, plus 4 micro-batches of 2 rows x 64 x 512 activations
+# (stage 0 sends them, stage 1 their gradients) and the tied embedding.
+"$LOOM" estimate "$cfg" "${mid[@]}" "${pp[@]}" -n 4 >"$tmp/out" 2>&1
+for st in 0 1; do
+  own=$(awk -v s="$st" '$1 == "#" && $3 == s":" { print $7 }' "$tmp/out")
+  tied=$((256 * 512))
+  want=$(awk -v o="$own" -v t=$tied 'BEGIN { printf "%.1f", (o * 4 + 4 * 2 * 64 * 512 * 4 + t * 4) / 1048576 }')
+  [ "$(col stage$st 11)" = "$want" ] && ok "dp 2 x pp 2 stage $st sends $want MiB a step" ||
+    bad "dp 2 x pp 2 stage $st sends $(col stage$st 11) MiB, want $want"
+done
+# Not a strategy of the pipeline's replicas: exit 2 naming ddp.
+"$LOOM" estimate "$cfg" "${mid[@]}" "${pp[@]}" -n 2 --strategy zero1 >"$tmp/out" 2>&1
+[ $? = 2 ] && grep -q "supported: ddp" "$tmp/out" && ok "--strategy zero1 with pp refused" ||
+  bad "--strategy zero1 with pp: $(cat "$tmp/out")"
+# Sent per step under DDP: an all-reduce, 2 (N-1)/N of the gradients.
+"$LOOM" estimate "$cfg" "${mid[@]}" -n 4 --strategy ddp >"$tmp/out" 2>&1
+psi=$(sed -n 's/.* \([0-9]*\) parameters, .*/\1/p' "$tmp/out" | head -1)
+want=$(awk -v p="$psi" 'BEGIN { printf "%.1f", 2 * 3 / 4 * 4 * p / 1048576 }')
+[ "$(col ddp 11)" = "$want" ] && ok "ddp on 4 ranks sends $want MiB a step" ||
+  bad "ddp on 4 ranks sends $(col ddp 11) MiB, want $want"
+# bf16: the bf16 copy of the parameters (2 bytes each) on top of f32's.
+"$LOOM" estimate "$cfg" "${mid[@]}" >"$tmp/out" 2>&1
+p32=$(col none 3)
+"$LOOM" estimate "$cfg" "${mid[@]}" --set train.precision=bf16 >"$tmp/out" 2>&1
+want=$(awk -v a="$p32" -v p="$psi" 'BEGIN { printf "%.1f", a + 2 * p / 1048576 }')
+awk -v a="$(col none 3)" -v w="$want" 'BEGIN { exit !(a - w < 0.11 && w - a < 0.11) }' &&
+  ok "bf16 params $(col none 3) MiB (f32 $p32 + the bf16 copy)" || bad "bf16 params $(col none 3), want $want"
+# parallel.micro_batches on one rank: a micro-batch's rows at a time.
+"$LOOM" estimate "$cfg" "${mid[@]}" --set train.batch_size=8 --set parallel.micro_batches=4 >"$tmp/out" 2>&1
+grep -q "micro-batch 2 rows" "$tmp/out" && ok "micro_batches 4 of batch 8: 2 rows a forward" ||
+  bad "micro_batches: $(head -1 "$tmp/out")"
+
 # The three reference models on one rank, with their data sets in memory
 # (Fashion-MNIST's 70,000 images, the KJV text read by both splits): the
 # measured peak within 10% of the estimate.
