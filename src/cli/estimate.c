@@ -28,7 +28,7 @@ static void usage(FILE *f) {
       "writes its measured peak (peak_rss_mb) into metrics.jsonl.\n\n"
       "  -n N              ranks\n"
       "  --strategy S      ddp, zero1, zero2, zero3, fsdp or none (with\n"
-      "                    parallel.pp: ddp)\n"
+      "                    parallel.pp: ddp or zero1)\n"
       "  --memory BYTES    also the largest train.batch_size whose total\n"
       "                    fits BYTES (suffix K, M, G or T: powers of 1024),\n"
       "                    under S or the config's strategy\n"
@@ -189,14 +189,17 @@ int loom_cmd_estimate(int argc, char **argv) {
     rc = st == LOOM_ERR_CONFIG ? LOOM_EXIT_USAGE : LOOM_EXIT_FAIL;
     goto done;
   }
-  if (cfg.parallel.pp > 1 && only >= 0 && only != LOOM_CFG_STRATEGY_DDP) {
-    fprintf(stderr,
-            "loom estimate: --strategy %s with parallel.pp %lld: the "
-            "pipeline's replicas sum gradients as ddp does (supported: "
-            "ddp)\n",
-            strategy, (long long)cfg.parallel.pp);
-    rc = LOOM_EXIT_USAGE;
-    goto done;
+  if (cfg.parallel.pp > 1 && only >= 0) {
+    if (only != LOOM_CFG_STRATEGY_DDP && only != LOOM_CFG_STRATEGY_ZERO1) {
+      fprintf(stderr,
+              "loom estimate: --strategy %s with parallel.pp %lld: the "
+              "pipeline's replicas sum gradients as ddp does (supported: "
+              "ddp, zero1)\n",
+              strategy, (long long)cfg.parallel.pp);
+      rc = LOOM_EXIT_USAGE;
+      goto done;
+    }
+    cfg.parallel.strategy = (loom_cfg_strategy)only;
   }
   if (cfg.train.batch_size == 0) {
     /* auto: what loom train under loom run -n N on one host would take. */

@@ -351,7 +351,9 @@ static const loom_config_key keys[] = {
          "pipeline stages of the mesh: the model (gpt) cut into pp "
          "contiguous runs of its units (the embedding, each transformer "
          "block, the final norm, the output layer), one per rank; ranks "
-         "r..r+pp-1 form one pipeline"),
+         "r..r+pp-1 form one pipeline. With pp > 1, parallel.strategy "
+         "auto or ddp sums each stage's gradient over its replicas, zero1 "
+         "also shards its optimizer state over them"),
     KINT("parallel.micro_batches", parallel.micro_batches, "1", 1, 65536, 0,
          "M: each rank's batch (train.batch_size rows, which M must divide) "
          "is cut into M micro-batches that flow through the pipeline one "
@@ -1288,12 +1290,15 @@ static loom_status check_mesh(const loom_config *cfg, const cfg_origins *org,
                    (long long)(units - 3 - (m->dropout > 0)),
                    ac_every > 0 ? "checkpointed segments" : "blocks");
   if (pc->strategy != LOOM_CFG_STRATEGY_AUTO &&
-      pc->strategy != LOOM_CFG_STRATEGY_DDP)
+      pc->strategy != LOOM_CFG_STRATEGY_DDP &&
+      pc->strategy != LOOM_CFG_STRATEGY_ZERO1)
     return cfg_err(origin_of(org, "parallel.strategy", none),
                    "parallel.strategy",
                    "'%s' with parallel.pp %lld: the pipeline supports auto "
-                   "or ddp (data parallel over parallel.dp); ZeRO with a "
-                   "pipeline comes later",
+                   "or ddp (data parallel over parallel.dp) and zero1 (the "
+                   "optimizer state of each stage sharded over its "
+                   "replicas); zero2, zero3 and fsdp with a pipeline come "
+                   "later",
                    loom_cfg_strategy_names[pc->strategy], (long long)P);
   if (pc->deterministic)
     return cfg_err(origin_of(org, "parallel.deterministic", none),

@@ -308,7 +308,12 @@ loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
                       (long long)pc->dp, P, ranks);
   const int D = ranks / P;
   const int M = pc->micro_batches > 1 ? (int)pc->micro_batches : 1;
-  out->strategy = D > 1 ? LOOM_CFG_STRATEGY_DDP : LOOM_CFG_STRATEGY_NONE;
+  /* zero1: the optimizer state of the stage's range cut among its
+   * replicas, the cuts gathered after the step */
+  const bool zero1 = pc->strategy == LOOM_CFG_STRATEGY_ZERO1;
+  out->strategy = zero1   ? LOOM_CFG_STRATEGY_ZERO1
+                  : D > 1 ? LOOM_CFG_STRATEGY_DDP
+                          : LOOM_CFG_STRATEGY_NONE;
   out->available = true;
   out->ranks = ranks;
   out->stages = P;
@@ -393,7 +398,7 @@ loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
    * and what it borrows are touched. */
   out->param_bytes = f * (own + borrowed);
   out->grad_bytes = f * (own + borrowed);
-  out->optim_bytes = f * k * own;
+  out->optim_bytes = f * k * (zero1 ? own / D + 1.0 : own);
   /* Each instance's arena (activations, scratch, the output's gradient),
    * its input and the input's gradient from the stage before; the last
    * stage's loss keeps one micro-batch's probabilities. */
@@ -416,7 +421,7 @@ loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
   out->sent_bytes = passes * f * ((last ? 0 : out_floats) + in_floats) +
                     f * (borrowed + lent);
   if (D > 1)
-    out->sent_bytes += 2.0 * (double)(D - 1) / D * f * own;
+    out->sent_bytes += (zero1 ? 3.0 : 2.0) * (double)(D - 1) / D * f * own;
   out->process_bytes = process_bytes(ranks);
   if (cfg->checkpoint.enabled && cfg->checkpoint.async)
     out->ckpt_bytes = f * (1.0 + k) * (own / D + 1.0);

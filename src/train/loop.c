@@ -216,9 +216,10 @@ static loom_status make_optim(loom_trainer *t) {
   oo.beta2 = oc->beta2;
   oo.eps = oc->eps;
   oo.weight_decay = oc->weight_decay;
-  if (t->zero) /* the state of this rank's slice only */
+  if (t->zero) /* the state of this rank's slice only (with a pipeline,
+                  its cut of the stage's range) */
     loom_train_slice(t, t->rank, &oo.shard_begin, &oo.shard_end);
-  if (t->pipe) /* the state of this stage's parameters only */
+  else if (t->pipe) /* the state of this stage's parameters only */
     loom_pipe_owned(t->pipe, &oo.shard_begin, &oo.shard_end);
   int nv = loom_model_num_views(t->model);
   loom_param *views = loom_calloc((size_t)nv, sizeof *views);
@@ -359,7 +360,11 @@ static loom_status open_world(loom_trainer *t) {
   LOOM_TRY(loom_train_mesh(t));
   if (t->stages > 1) {
     /* Each stage's gradient is summed over the replicas by the pipeline
-     * (the loss weighs each row by 1/rows of the step): units 1. */
+     * (the loss weighs each row by 1/rows of the step): units 1. zero1:
+     * each replica steps its cut of the stage's range (loom_train_slice)
+     * and the cuts are gathered. */
+    if (pc->strategy == LOOM_CFG_STRATEGY_ZERO1)
+      t->zero = 1;
     if (t->rank == 0 && pc->strategy == LOOM_CFG_STRATEGY_DDP &&
         t->replicas == 1 && !t->opts.quiet)
       LOOM_INFO("parallel.strategy ddp with one replica: nothing to reduce");

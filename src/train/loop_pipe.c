@@ -274,6 +274,30 @@ done:
   return s;
 }
 
+/* zero1: each replica stepped its cut of the stage's range; every
+ * replica gets the whole range (in place: its own cut is where it
+ * belongs), before the tied weights go to the stage that borrows them. */
+static loom_status zero1_gather(loom_trainer *t, float *params) {
+  if (t->replicas == 1)
+    return LOOM_OK;
+  if (!t->zero_counts) {
+    t->zero_counts = loom_calloc((size_t)t->replicas, sizeof *t->zero_counts);
+    if (!t->zero_counts)
+      return LOOM_ERR_NOMEM;
+    for (int d = 0; d < t->replicas; d++) {
+      int64_t lo, hi;
+      loom_train_slice(t, d * t->stages + t->stage, &lo, &hi);
+      t->zero_counts[d] = (size_t)(hi - lo);
+    }
+  }
+  int64_t lo, hi;
+  loom_train_slice(t, t->rank, &lo, &hi);
+  loom_req req = LOOM_REQ_INIT;
+  LOOM_TRY(loom_allgatherv(params + lo, params + t->stage_bounds[t->stage],
+                           t->zero_counts, LOOM_F32, t->dp_group, &req));
+  return loom_wait(&req);
+}
+
 loom_status loom_train_pipe_optim(loom_trainer *t, float lr, double *gnorm,
                                   loom_step_times *tm) {
   double t0 = loom_time_now();
@@ -291,6 +315,8 @@ loom_status loom_train_pipe_optim(loom_trainer *t, float lr, double *gnorm,
     LOOM_TRY(loom_grad_clip_sumsq(grads + lo, hi - lo, ss, (float)clip, gnorm));
   }
   LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
+  if (t->zero == 1)
+    LOOM_TRY(zero1_gather(t, params));
   LOOM_TRY(loom_pipe_sync_params(t->pipe));
   loom_pipe_get_stats(t->pipe, &after);
   double sync = after.sync_s - before.sync_s;

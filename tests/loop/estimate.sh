@@ -109,10 +109,20 @@ for st in 0 1; do
   [ "$(col stage$st 11)" = "$want" ] && ok "dp 2 x pp 2 stage $st sends $want MiB a step" ||
     bad "dp 2 x pp 2 stage $st sends $(col stage$st 11) MiB, want $want"
 done
+# zero1 over the replicas: half the optimizer state, and the stage's
+# range gathered after the step ((D-1)/D of it more sent).
+"$LOOM" estimate "$cfg" "${mid[@]}" "${pp[@]}" -n 4 >"$tmp/out" 2>&1
+o_ddp=$(col stage0 5) s_ddp=$(col stage0 11)
+own=$(awk '$1 == "#" && $3 == "0:" { print $7 }' "$tmp/out")
+"$LOOM" estimate "$cfg" "${mid[@]}" "${pp[@]}" -n 4 --strategy zero1 >"$tmp/out" 2>&1
+awk -v a="$o_ddp" -v b="$(col stage0 5)" -v s="$s_ddp" -v t="$(col stage0 11)" -v o="$own" \
+  'BEGIN { exit !(b - a / 2 < 0.11 && a / 2 - b < 0.11 && (t - s) - 2 * o / 1048576 < 0.11 && 2 * o / 1048576 - (t - s) < 0.11) }' &&
+  ok "zero1 with pp: stage 0's optimizer $(col stage0 5) of $o_ddp MiB, sends $(col stage0 11) MiB" ||
+  bad "zero1 with pp: optimizer $(col stage0 5) (ddp $o_ddp), sent $(col stage0 11) (ddp $s_ddp)"
 # Not a strategy of the pipeline's replicas: exit 2 naming ddp.
-"$LOOM" estimate "$cfg" "${mid[@]}" "${pp[@]}" -n 2 --strategy zero1 >"$tmp/out" 2>&1
-[ $? = 2 ] && grep -q "supported: ddp" "$tmp/out" && ok "--strategy zero1 with pp refused" ||
-  bad "--strategy zero1 with pp: $(cat "$tmp/out")"
+"$LOOM" estimate "$cfg" "${mid[@]}" "${pp[@]}" -n 2 --strategy zero2 >"$tmp/out" 2>&1
+[ $? = 2 ] && grep -q "supported: ddp, zero1" "$tmp/out" && ok "--strategy zero2 with pp refused" ||
+  bad "--strategy zero2 with pp: $(cat "$tmp/out")"
 # Sent per step under DDP: an all-reduce, 2 (N-1)/N of the gradients.
 "$LOOM" estimate "$cfg" "${mid[@]}" -n 4 --strategy ddp >"$tmp/out" 2>&1
 psi=$(sed -n 's/.* \([0-9]*\) parameters, .*/\1/p' "$tmp/out" | head -1)

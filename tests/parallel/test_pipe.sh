@@ -3,7 +3,8 @@
 # parallel.dp) in loom train, a GPT of 3 blocks (6 units: embedding, 3
 # blocks, final norm, output layer tied to the embedding, so 2 and 4 stages
 # split it unevenly), with accumulation and clipping, 20 steps:
-# - pp 2 and pp 4 under gpipe and 1f1b, dp 2 x pp 2, and 4 micro-batches on
+# - pp 2 and pp 4 under gpipe and 1f1b, dp 2 x pp 2 (ddp; zero1 with the
+#   same bits, also when stopped and resumed), and 4 micro-batches on
 #   one rank against one rank without micro-batches (the same global
 #   batch): every step's loss and the final parameters within 1e-5;
 # - gpipe and 1f1b give the same bits, and so do pp 2 and pp 4 (the
@@ -14,7 +15,7 @@
 #   with the bits of the uninterrupted run;
 # - metrics.jsonl has the measured bubble next to the theory;
 # - config errors: parallel.tp 2, pp with the mlp, micro-batches that do not
-#   divide the batch, a bad pp_split, zero1 with pp, a mesh that does not
+#   divide the batch, a bad pp_split, zero2 with pp, a mesh that does not
 #   fit the job.
 . "$(dirname "$0")/../lib.sh"
 HASH=${1:?usage: test_pipe.sh DDP_CKPT_HASH}
@@ -66,6 +67,30 @@ done
 # dp 2 x pp 2: the global batch is batch_size x accumulate x dp
 pp 4 2 1f1b 2 dp2pp2 --set train.batch_size=4
 close "$tmp/dp2pp2" "dp 2 x pp 2, 1f1b, 2 micro-batches"
+# zero1 over dp: each replica steps its cut of the stage's range, the cuts
+# gathered: the bits of ddp's dp 2 x pp 2 (the optimizer is elementwise);
+# stopped at step 7 and resumed (each replica reads its cut of the
+# optimizer state back), the same bits again.
+pp 4 2 1f1b 2 z1 --set train.batch_size=4 --set parallel.strategy=zero1
+a=$(hashof "$tmp/dp2pp2")
+b=$(hashof "$tmp/z1")
+[ -n "$a" ] && [ "$a" = "$b" ] && ok "zero1 dp 2 x pp 2 = ddp dp 2 x pp 2, bit for bit ($b)" ||
+  bad "zero1 dp 2 x pp 2 '$b' vs ddp '$a'"
+python3 - "$tmp/dp2pp2/metrics.jsonl" "$tmp/z1/metrics.jsonl" <<'EOF' &&
+import json, sys
+a, b = ([json.loads(l) for l in open(f) if '"mem_optim_mb"' in l][-1]["mem_optim_mb"]
+        for f in sys.argv[1:])
+assert abs(b / a - 0.5) < 0.01, (a, b)
+EOF
+  ok "zero1 with pp: rank 0 holds half of its stage's optimizer state" ||
+  bad "zero1 with pp: optimizer state not halved"
+pp 4 2 1f1b 2 z1rs --set train.batch_size=4 --set parallel.strategy=zero1 --stop-at 7
+run 4 train "${cfg[@]}" --resume auto --set "log.run_dir=$tmp/z1rs" --set parallel.pp=2 \
+  --set parallel.micro_batches=2 --set train.batch_size=4 --set parallel.strategy=zero1
+c=$(hashof "$tmp/z1rs")
+[ $rc = 0 ] && [ -n "$c" ] && [ "$c" = "$b" ] &&
+  ok "zero1 dp 2 x pp 2 stopped at step 7 and resumed: the same bits ($c)" ||
+  { bad "zero1 resumed '$c' vs '$b' (rc $rc)"; tail -5 "$tmp/out"; }
 a=$(hashof "$tmp/pp2_gpipe")
 for r in pp2_1f1b pp4_gpipe pp4_1f1b; do
   b=$(hashof "$tmp/$r")
@@ -115,7 +140,7 @@ G="$SRC/examples/small_gpt.yaml"
 for x in "parallel.tp=2|not implemented yet; supported: 1" \
   "parallel.micro_batches=3|does not divide train.batch_size" \
   "parallel.pp=2 --set parallel.pp_split=[1,2]|parallel.pp is 2 and the model has 5 units" \
-  "parallel.pp=2 --set parallel.strategy=zero1|the pipeline supports auto or ddp" \
+  "parallel.pp=2 --set parallel.strategy=zero2|the pipeline supports auto or ddp" \
   "parallel.pp=6|at most one stage a unit" \
   "parallel.pp=2 --set model.name=mlp --set data.dataset=fashion-mnist|supports model gpt"; do
   "$LOOM" config check "$G" --set ${x%%|*} >"$tmp/out" 2>&1
