@@ -376,6 +376,13 @@ typedef struct loom_pipe_io {
   loom_status (*loss)(void *user, int mb, const loom_tensor *y,
                       loom_tensor *dy);
   void *user;
+  /* The step's last pass (of train.accumulate): on stage 0, whose
+   * backward ends the step, each chunk of its range starts its sum over
+   * dp as soon as the last micro-batch's backward made it final, so the
+   * sum overlaps that backward. (Other stages finish earlier and their
+   * sums run while stage 0 computes; overlapping theirs would hold back
+   * the input gradients they send, queued behind the sums.) */
+  bool last;
 } loom_pipe_io;
 
 /* One training pass of the schedule over micro-batches 0..M-1, rows[mb]
@@ -411,6 +418,8 @@ typedef struct loom_pipe_stats {
   double backward_s; /* their backward */
   double sync_s;     /* borrowed weights' exchanges and the dp sum */
   double last_step_s, last_wait_s;
+  int64_t dp_chunks;       /* chunks of the range summed over dp */
+  int64_t dp_chunks_early; /* of them, started during the last backward */
 } loom_pipe_stats;
 void loom_pipe_get_stats(const loom_pipe *p, loom_pipe_stats *out);
 void loom_pipe_reset_stats(loom_pipe *p);

@@ -68,6 +68,9 @@ struct loom_pipe {
   int64_t chunk;
   loom_req *dp_reqs; /* (ndp) */
   int ndp;
+  int64_t *dp_final; /* (ndp) elements of each chunk final (overlap) */
+  int dp_held;       /* chunks [0, dp_held) wait for a borrowed gradient */
+  int dp_next;       /* chunks [dp_next, ndp) are summing; -1: none yet */
   loom_pipe_stats st;
   double wait_now; /* waits of the step under way */
 };
@@ -359,10 +362,22 @@ loom_status loom_pipe_new(loom_pipe **out, loom_model *model, loom_group *pp,
     p->chunk = o.chunk > 0 ? o.chunk : (len > 0 ? len : 1);
     p->ndp = len > 0 ? (int)((len + p->chunk - 1) / p->chunk) : 0;
     p->dp_reqs = loom_calloc((size_t)(p->ndp ? p->ndp : 1), sizeof(loom_req));
-    if (!p->dp_reqs) {
+    p->dp_final = loom_calloc((size_t)(p->ndp ? p->ndp : 1), sizeof(int64_t));
+    if (!p->dp_reqs || !p->dp_final) {
       s = LOOM_ERR_NOMEM;
       goto fail;
     }
+    /* A chunk holding a range another stage borrows gets that stage's
+     * gradient added in loom_pipe_finish_grads: it and the chunks below
+     * it (the sums start from the top) wait for it. */
+    for (int i = 0; i < p->nbor; i++)
+      if (p->bor[i].owner == p->stage) {
+        int64_t e = p->bor[i].r.offset + p->bor[i].r.numel - p->lo;
+        int c = (int)((e + p->chunk - 1) / p->chunk);
+        if (c > p->dp_held)
+          p->dp_held = c;
+      }
+    p->dp_next = -1;
   }
   loom_free(first);
   loom_free(cum);
@@ -401,6 +416,7 @@ void loom_pipe_free(loom_pipe *p) {
   loom_free(p->bounds);
   loom_free(p->active);
   loom_free(p->dp_reqs);
+  loom_free(p->dp_final);
   loom_free(p);
 }
 
@@ -528,9 +544,50 @@ static loom_status fwd(loom_pipe *p, const int64_t *rows, int n, int i,
   return post_recv(p, rows, n, i + p->K);
 }
 
+/* Starts the dp sum of chunk c (chunks start from the top, in the same
+ * order on every replica of the stage). */
+static loom_status post_chunk(loom_pipe *p, int c) {
+  float *g = loom_model_grads(p->model);
+  int64_t a = p->lo + (int64_t)c * p->chunk;
+  int64_t e = a + p->chunk < p->hi ? a + p->chunk : p->hi;
+  p->dp_next = c;
+  p->st.dp_chunks++;
+  return loom_allreduce(g + a, g + a, (size_t)(e - a), LOOM_F32, LOOM_SUM,
+                        p->dp, &p->dp_reqs[c]);
+}
+
+/* The last backward's gradient hook: a parameter's gradient is final;
+ * every chunk above the held ones whose elements all are starts its sum. */
+static loom_status final_hook(void *user, int index, int64_t offset,
+                              int64_t numel) {
+  (void)index;
+  loom_pipe *p = user;
+  int64_t a = offset > p->lo ? offset : p->lo;
+  int64_t e = offset + numel < p->hi ? offset + numel : p->hi;
+  for (int64_t x = a; x < e;) {
+    int c = (int)((x - p->lo) / p->chunk);
+    int64_t ce = p->lo + (int64_t)(c + 1) * p->chunk;
+    int64_t y = ce < e ? ce : e;
+    p->dp_final[c] += y - x;
+    x = y;
+  }
+  int c = p->dp_next < 0 ? p->ndp - 1 : p->dp_next - 1;
+  for (; c >= p->dp_held; c--) {
+    int64_t len =
+        (c == p->ndp - 1 ? p->hi : p->lo + (int64_t)(c + 1) * p->chunk) -
+        (p->lo + (int64_t)c * p->chunk);
+    if (p->dp_final[c] < len)
+      break;
+    LOOM_TRY(post_chunk(p, c));
+    p->st.dp_chunks_early++;
+  }
+  return LOOM_OK;
+}
+
 /* Backward of active micro-batch i: its input gradient goes back to the
  * stage before, whose next activations can then come into the slot. */
-static loom_status bwd(loom_pipe *p, const int64_t *rows, int n, int i) {
+static loom_status bwd(loom_pipe *p, const int64_t *rows, int n, int i,
+                       bool last) {
   int mb = p->active[i];
   slot *sl = &p->slots[i % p->K];
   if (p->stage < p->P - 1)
@@ -542,7 +599,16 @@ static loom_status bwd(loom_pipe *p, const int64_t *rows, int n, int i) {
     din = loom_tensor_view(sl->din, LOOM_F32, s.ndim, s.dim);
   }
   double t0 = loom_time_now();
-  LOOM_TRY(loom_model_backward(sl->m, NULL, p->stage > 0 ? &din : NULL));
+  /* stage 0's last backward of the step: the dp sums start in it */
+  bool early = last && p->dp && p->stage == 0 && i == n - 1 && p->ndp > 0;
+  if (early) {
+    memset(p->dp_final, 0, (size_t)p->ndp * sizeof *p->dp_final);
+    loom_model_set_grad_hook(sl->m, final_hook, p);
+  }
+  loom_status s = loom_model_backward(sl->m, NULL, p->stage > 0 ? &din : NULL);
+  if (early)
+    loom_model_set_grad_hook(sl->m, NULL, NULL);
+  LOOM_TRY(s);
   p->st.backward_s += loom_time_now() - t0;
   if (p->stage == 0)
     return LOOM_OK;
@@ -596,7 +662,7 @@ loom_status loom_pipe_step(loom_pipe *p, const int64_t *rows,
     for (int i = 0; i < n; i++)
       LOOM_TRY(fwd(p, rows, n, i, io, true));
     for (int i = 0; i < n; i++)
-      LOOM_TRY(bwd(p, rows, n, i));
+      LOOM_TRY(bwd(p, rows, n, i, io->last));
   } else {
     /* 1F1B (PipeDream-Flush, Narayanan et al. 2021, fig. 4): P - s - 1
      * warm-up forwards, then one forward and one backward in turn, then
@@ -608,10 +674,10 @@ loom_status loom_pipe_step(loom_pipe *p, const int64_t *rows,
       LOOM_TRY(fwd(p, rows, n, i, io, true));
     for (int i = 0; i + w < n; i++) {
       LOOM_TRY(fwd(p, rows, n, i + w, io, true));
-      LOOM_TRY(bwd(p, rows, n, i));
+      LOOM_TRY(bwd(p, rows, n, i, io->last));
     }
     for (int i = n - w; i < n; i++)
-      LOOM_TRY(bwd(p, rows, n, i));
+      LOOM_TRY(bwd(p, rows, n, i, io->last));
   }
   LOOM_TRY(drain(p));
   double el = loom_time_now() - t0;
@@ -672,13 +738,15 @@ loom_status loom_pipe_finish_grads(loom_pipe *p) {
     }
   }
   if (p->dp) {
-    for (int c = 0; c < p->ndp; c++) {
-      int64_t a = p->lo + (int64_t)c * p->chunk;
-      int64_t e = a + p->chunk < p->hi ? a + p->chunk : p->hi;
-      LOOM_TRY(loom_allreduce(g + a, g + a, (size_t)(e - a), LOOM_F32, LOOM_SUM,
-                              p->dp, &p->dp_reqs[c]));
-    }
-    LOOM_TRY(loom_wait_all(p->dp_reqs, (size_t)p->ndp));
+    /* the chunks not started during the last backward, from the top */
+    int c = p->dp_next < 0 ? p->ndp - 1 : p->dp_next - 1;
+    loom_status s = LOOM_OK;
+    for (; c >= 0 && s == LOOM_OK; c--)
+      s = post_chunk(p, c);
+    loom_status w = loom_wait_all(p->dp_reqs, (size_t)p->ndp);
+    p->dp_next = -1;
+    LOOM_TRY(s);
+    LOOM_TRY(w);
   }
   p->st.sync_s += loom_time_now() - t0;
   return LOOM_OK;

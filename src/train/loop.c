@@ -1601,6 +1601,13 @@ static loom_status write_metrics(loom_trainer *t, const run_window *w,
     loom_metrics_num(m, "pp_bubble_theory",
                      loom_pipe_bubble_theory(t->stages, t->micro));
     loom_metrics_num(m, "pp_wait_s", win->pipe_wait / n);
+    /* rank 0 (stage 0): the share of its range's dp sum (chunks) that
+     * started during its last backward, since the start */
+    loom_pipe_stats ps;
+    loom_pipe_get_stats(t->pipe, &ps);
+    if (ps.dp_chunks > 0)
+      loom_metrics_num(m, "pp_dp_overlap",
+                       (double)ps.dp_chunks_early / (double)ps.dp_chunks);
   }
   return loom_metrics_end(m);
 }

@@ -238,8 +238,9 @@ loom_status loom_train_pipe_micro(loom_trainer *t, double *sums,
   if (!r)
     return LOOM_ERR_NOMEM;
   loom_status s = LOOM_OK;
-  loom_pipe_io io = {pipe_prepare, pipe_loss, NULL};
+  loom_pipe_io io = {pipe_prepare, pipe_loss, NULL, false};
   for (int64_t m = 0; m < t->accumulate && s == LOOM_OK; m++) {
+    io.last = m == t->accumulate - 1; /* the dp sum may start in it */
     const loom_batch *b;
     double late = t->n_faults > 0 ? loom_train_fault_data_delay(t) : 0;
     LOOM_TRY_GOTO(s, loom_loader_next(t->train_loader, &b), done);
@@ -336,7 +337,7 @@ loom_status loom_train_pipe_eval(loom_trainer *t, const loom_batch *b,
     r[k] = left < 0 ? 0 : left > mbr ? mbr : left;
   }
   pipe_ctx c = {.t = t, .b = b, .mb_rows = mbr, .total = 1, .part = part};
-  loom_pipe_io io = {pipe_prepare, pipe_loss, &c};
+  loom_pipe_io io = {pipe_prepare, pipe_loss, &c, false};
   loom_status s = loom_pipe_forward(t->pipe, t->micro, r, &io);
   loom_free(r);
   return s;

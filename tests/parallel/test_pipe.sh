@@ -67,6 +67,20 @@ done
 # dp 2 x pp 2: the global batch is batch_size x accumulate x dp
 pp 4 2 1f1b 2 dp2pp2 --set train.batch_size=4
 close "$tmp/dp2pp2" "dp 2 x pp 2, 1f1b, 2 micro-batches"
+# Stage 0's dp sum starts chunk by chunk during its last backward (small
+# chunks here: 0.05 MiB): most chunks early, the same bits (a sum of two
+# replicas does not depend on the chunks).
+pp 4 2 1f1b 2 dp2pp2c --set train.batch_size=4 --set parallel.bucket_mb=0.05
+a=$(hashof "$tmp/dp2pp2")
+b=$(hashof "$tmp/dp2pp2c")
+[ -n "$a" ] && [ "$a" = "$b" ] && ok "dp 2 x pp 2 in 0.05 MiB chunks: the same bits ($b)" ||
+  bad "dp 2 x pp 2 in small chunks '$b' vs '$a'"
+python3 - "$tmp/dp2pp2c/metrics.jsonl" <<'EOF' && ok "stage 0's dp sum overlaps its last backward" || bad "no overlap of stage 0's dp sum"
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1]) if '"pp_dp_overlap"' in l][-1]
+assert r["pp_dp_overlap"] > 0.5, r["pp_dp_overlap"]
+print("pp_dp_overlap", r["pp_dp_overlap"])
+EOF
 # zero1 over dp: each replica steps its cut of the stage's range, the cuts
 # gathered: the bits of ddp's dp 2 x pp 2 (the optimizer is elementwise);
 # stopped at step 7 and resumed (each replica reads its cut of the
