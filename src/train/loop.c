@@ -293,9 +293,9 @@ void loom_train_mem_get(const loom_trainer *t, loom_train_mem *out) {
   out->params = out->params_peak = all;
   if (t->z3)
     loom_zero3_resident(t->z3, &out->params, &out->params_peak);
-  /* bf16: the weight copy the matmuls read (docs/precision.md) */
-  out->params += loom_model_bf16_bytes(t->model);
-  out->params_peak += loom_model_bf16_bytes(t->model);
+  /* bf16/f16: the weight copy the matmuls read (docs/precision.md) */
+  out->params += loom_model_half_bytes(t->model);
+  out->params_peak += loom_model_half_bytes(t->model);
   out->grads = out->grads_peak = all;
   if (t->ddp)
     loom_ddp_grad_resident(t->ddp, &out->grads, &out->grads_peak);
@@ -551,9 +551,10 @@ static loom_status setup_local(loom_trainer *t) {
               loom_isa_name(loom_cpu_isa()),
               loom_gemm_backend_name(loom_gemm_get_backend()), loom_threads());
   if (t->rank == 0 && !t->opts.quiet &&
-      loom_model_precision(t->model) == LOOM_BF16)
-    LOOM_INFO("bf16: %s; master weights, optimizer and reductions f32",
-              loom_bf16_path_describe());
+      loom_model_precision(t->model) != LOOM_F32)
+    LOOM_INFO("%s: %s; master weights, optimizer and reductions f32",
+              loom_dtype_name(loom_model_precision(t->model)),
+              loom_half_path_describe(loom_model_precision(t->model)));
   return loom_train_ckpt_prepare(t);
 }
 
@@ -803,7 +804,7 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   }
   if (t->z3)
     LOOM_TRY_GOTO(s, loom_zero3_shard(t->z3), fail);
-  loom_model_params_updated(t->model); /* loaded or drawn: a new bf16 copy */
+  loom_model_params_updated(t->model); /* loaded or drawn: a new half copy */
   loom_runstat_phase(LOOM_RUNSTAT_LOADED);
   *out = t;
   return LOOM_OK;
@@ -1319,7 +1320,7 @@ static loom_status optim_step(loom_trainer *t, float lr, double *gnorm,
   }
   if (t->zero == 1 || t->zero == 2)
     LOOM_TRY(zero1_gather(t, params));
-  /* bf16: the weight copy is made again once, on the next forward */
+  /* bf16/f16: the weight copy is made again once, on the next forward */
   loom_model_params_updated(t->model);
   double el = loom_time_now() - t0;
   if (t->ddp) {

@@ -1,8 +1,10 @@
-/* bf16: f32 <-> bf16 conversions (round to nearest even, a NaN stays a
- * NaN), and the GEMM, linear layer and 2-D convolution with bf16 operands
- * and f32 accumulation, computed here by converting the operands on load into
- * f32 and running the f32 GEMM: the path of CPUs without bf16 instructions.
- * Built once per instruction set; every copy gives the same bits. */
+/* Half storage, bf16 or f16: f32 <-> bf16 and f32 <-> f16 conversions
+ * (round to nearest even, a NaN stays a NaN), and the GEMM, linear layer
+ * and 2-D convolution with half operands and f32 accumulation, computed
+ * here by converting the operands on load into f32 and running the f32
+ * kernels: the path of CPUs without bf16/f16 arithmetic. f16 conversions
+ * use F16C in the avx2 copy (which requires it) and core's scalar ones in
+ * the base copy; every copy gives the same bits. */
 #include <omp.h>
 #include <string.h>
 
@@ -113,6 +115,44 @@ static void cvt_round(float *out, const float *in, int64_t i0, int64_t i1) {
     out[i] = b2f(f2b(in[i]));
 }
 
+/* f16: F16C converts 8 at a time with the rounding of core's
+ * loom_f32_to_f16 (nearest even, subnormals kept, NaN made quiet with its
+ * top payload bits): the tails and the base copy use that one. */
+static void cvt_f2h(uint16_t *out, const float *in, int64_t i0, int64_t i1) {
+  int64_t i = i0;
+#if defined(__F16C__)
+  for (; i + 8 <= i1; i += 8)
+    _mm_storeu_si128((__m128i *)(void *)(out + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(in + i),
+                                     _MM_FROUND_TO_NEAREST_INT));
+#endif
+  for (; i < i1; i++)
+    out[i] = loom_f32_to_f16(in[i]);
+}
+
+static void cvt_h2f(float *out, const uint16_t *in, int64_t i0, int64_t i1) {
+  int64_t i = i0;
+#if defined(__F16C__)
+  for (; i + 8 <= i1; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(
+                                  (const __m128i *)(const void *)(in + i))));
+#endif
+  for (; i < i1; i++)
+    out[i] = loom_f16_to_f32(in[i]);
+}
+
+static void cvt_round_h(float *out, const float *in, int64_t i0, int64_t i1) {
+  int64_t i = i0;
+#if defined(__F16C__)
+  for (; i + 8 <= i1; i += 8)
+    _mm256_storeu_ps(out + i,
+                     _mm256_cvtph_ps(_mm256_cvtps_ph(
+                         _mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT)));
+#endif
+  for (; i < i1; i++)
+    out[i] = loom_f16_to_f32(loom_f32_to_f16(in[i]));
+}
+
 void LOOM_ISA(loom_cvt_f32_to_bf16)(loom_bf16 *out, const float *in,
                                     int64_t n) {
   CVT_PARALLEL(n, cvt_f2b(out, in, i0, i1));
@@ -127,63 +167,126 @@ void LOOM_ISA(loom_round_bf16)(float *out, const float *in, int64_t n) {
   CVT_PARALLEL(n, cvt_round(out, in, i0, i1));
 }
 
-/* out(n) = the f32 values of in(n), which is f32 (rounded to bf16 here) or
- * bf16 (widened). */
-static loom_status load_f32(float *out, const void *in, loom_dtype dt,
-                            int64_t n) {
+void LOOM_ISA(loom_cvt_f32_to_f16)(loom_f16 *out, const float *in, int64_t n) {
+  CVT_PARALLEL(n, cvt_f2h(out, in, i0, i1));
+}
+
+void LOOM_ISA(loom_cvt_f16_to_f32)(float *out, const loom_f16 *in, int64_t n) {
+  CVT_PARALLEL(n, cvt_h2f(out, in, i0, i1));
+}
+
+void LOOM_ISA(loom_round_f16)(float *out, const float *in, int64_t n) {
+  CVT_PARALLEL(n, cvt_round_h(out, in, i0, i1));
+}
+
+static loom_status not_half(loom_dtype dt, const char *what) {
+  return loom_error(LOOM_ERR_UNSUPPORTED, "%s: %s is not a half type (bf16 or "
+                    "f16)", what, loom_dtype_name(dt));
+}
+
+loom_status LOOM_ISA(loom_cvt_f32_to_half)(loom_dtype dt, uint16_t *out,
+                                           const float *in, int64_t n) {
   switch (dt) {
-  case LOOM_F32:
-    LOOM_ISA(loom_round_bf16)(out, in, n);
+  case LOOM_BF16:
+    LOOM_ISA(loom_cvt_f32_to_bf16)(out, in, n);
     return LOOM_OK;
+  case LOOM_F16:
+    LOOM_ISA(loom_cvt_f32_to_f16)(out, in, n);
+    return LOOM_OK;
+  default:
+    return not_half(dt, "conversion from f32");
+  }
+}
+
+loom_status LOOM_ISA(loom_cvt_half_to_f32)(loom_dtype dt, float *out,
+                                           const uint16_t *in, int64_t n) {
+  switch (dt) {
   case LOOM_BF16:
     LOOM_ISA(loom_cvt_bf16_to_f32)(out, in, n);
     return LOOM_OK;
+  case LOOM_F16:
+    LOOM_ISA(loom_cvt_f16_to_f32)(out, in, n);
+    return LOOM_OK;
   default:
-    return loom_error(LOOM_ERR_UNSUPPORTED,
-                      "bf16 matmul: input of type %s (f32 or bf16)",
-                      loom_dtype_name(dt));
+    return not_half(dt, "conversion to f32");
   }
+}
+
+loom_status LOOM_ISA(loom_round_half)(loom_dtype dt, float *out,
+                                      const float *in, int64_t n) {
+  switch (dt) {
+  case LOOM_BF16:
+    LOOM_ISA(loom_round_bf16)(out, in, n);
+    return LOOM_OK;
+  case LOOM_F16:
+    LOOM_ISA(loom_round_f16)(out, in, n);
+    return LOOM_OK;
+  default:
+    return not_half(dt, "rounding");
+  }
+}
+
+/* out(n) = the f32 values of in(n), which is f32 (rounded to half type dt
+ * here) or of type dt (widened). */
+static loom_status load_f32(float *out, const void *in, loom_dtype in_dt,
+                            loom_dtype dt, int64_t n) {
+  if (in_dt == LOOM_F32)
+    return LOOM_ISA(loom_round_half)(dt, out, in, n);
+  if (in_dt == dt)
+    return LOOM_ISA(loom_cvt_half_to_f32)(dt, out, in, n);
+  return loom_error(LOOM_ERR_UNSUPPORTED,
+                    "%s matmul: input of type %s (f32 or %s)",
+                    loom_dtype_name(dt), loom_dtype_name(in_dt),
+                    loom_dtype_name(dt));
 }
 
 /* ---------------------------------------------------------------- GEMM */
 
-int64_t LOOM_ISA(loom_gemm_bf16_scratch_floats)(int M, int N, int K) {
+int64_t LOOM_ISA(loom_gemm_half_scratch_floats)(int M, int N, int K) {
   return (int64_t)M * K + (int64_t)K * N;
 }
 
-/* rows x cols of a bf16 matrix with row stride ld, widened into a compact
- * f32 one. */
-static void widen_matrix(float *out, const loom_bf16 *in, int rows, int cols,
-                         int ld) {
-  if (ld == cols) {
-    LOOM_ISA(loom_cvt_bf16_to_f32)(out, in, (int64_t)rows * cols);
-    return;
-  }
+/* rows x cols of a half matrix of type dt with row stride ld, widened into
+ * a compact f32 one. */
+static loom_status widen_matrix(loom_dtype dt, float *out, const uint16_t *in,
+                                int rows, int cols, int ld) {
+  if (ld == cols)
+    return LOOM_ISA(loom_cvt_half_to_f32)(dt, out, in, (int64_t)rows * cols);
+  if (dt != LOOM_BF16 && dt != LOOM_F16)
+    return not_half(dt, "gemm_half");
+  const bool bf = dt == LOOM_BF16;
   const int nt = loom_kern_nthreads((int64_t)rows * cols, LOOM_KERN_PAR_MIN);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-  for (int r = 0; r < rows; r++)
-    cvt_b2f(out + (int64_t)r * cols, in + (int64_t)r * ld, 0, cols);
+  for (int r = 0; r < rows; r++) {
+    if (bf)
+      cvt_b2f(out + (int64_t)r * cols, in + (int64_t)r * ld, 0, cols);
+    else
+      cvt_h2f(out + (int64_t)r * cols, in + (int64_t)r * ld, 0, cols);
+  }
+  return LOOM_OK;
 }
 
-loom_status LOOM_ISA(loom_gemm_bf16)(bool trans_a, bool trans_b, int M, int N,
-                                     int K, float alpha, const loom_bf16 *A,
-                                     int lda, const loom_bf16 *B, int ldb,
-                                     float beta, float *C, int ldc,
-                                     float *scratch) {
-  LOOM_TRY(loom_kern_gemm_dims("gemm_bf16", trans_a, trans_b, M, N, K, lda, ldb,
+loom_status LOOM_ISA(loom_gemm_half)(loom_dtype dt, bool trans_a, bool trans_b,
+                                     int M, int N, int K, float alpha,
+                                     const uint16_t *A, int lda,
+                                     const uint16_t *B, int ldb, float beta,
+                                     float *C, int ldc, float *scratch) {
+  LOOM_TRY(loom_kern_gemm_dims("gemm_half", trans_a, trans_b, M, N, K, lda, ldb,
                                ldc));
+  if (dt != LOOM_BF16 && dt != LOOM_F16)
+    return not_half(dt, "gemm_half");
   const int ar = trans_a ? K : M, ac = trans_a ? M : K;
   const int br = trans_b ? N : K, bc = trans_b ? K : N;
   if (M == 0 || N == 0)
     return LOOM_OK;
   if (K > 0 && alpha != 0.0f && (!A || !B || !scratch))
     return loom_error(LOOM_ERR_INVALID_ARG,
-                      "gemm_bf16 %dx%dx%d: NULL matrix or scratch", M, N, K);
+                      "gemm_half %dx%dx%d: NULL matrix or scratch", M, N, K);
   float *a = scratch, *b = NULL;
   if (K > 0 && alpha != 0.0f) {
     b = scratch + (int64_t)M * K;
-    widen_matrix(a, A, ar, ac, lda);
-    widen_matrix(b, B, br, bc, ldb);
+    LOOM_TRY(widen_matrix(dt, a, A, ar, ac, lda));
+    LOOM_TRY(widen_matrix(dt, b, B, br, bc, ldb));
   }
   return LOOM_ISA(loom_gemm)(trans_a, trans_b, M, N, K, alpha, a,
                              ac > 1 ? ac : 1, b, bc > 1 ? bc : 1, beta, C, ldc);
@@ -191,41 +294,38 @@ loom_status LOOM_ISA(loom_gemm_bf16)(bool trans_a, bool trans_b, int M, int N,
 
 /* -------------------------------------------------------------- linear */
 
-int64_t LOOM_ISA(loom_linear_bf16_scratch_floats)(int N, int C, int OC) {
+int64_t LOOM_ISA(loom_linear_half_scratch_floats)(int N, int C, int OC) {
   return (int64_t)N * C + (int64_t)OC * C + (int64_t)N * OC;
 }
 
-loom_status LOOM_ISA(loom_linear_forward_bf16)(float *out, const void *inp,
-                                               loom_dtype in_dtype,
-                                               const loom_bf16 *weight,
-                                               const float *bias, int N, int C,
-                                               int OC, float *scratch) {
+loom_status LOOM_ISA(loom_linear_forward_half)(
+    float *out, const void *inp, loom_dtype in_dtype, loom_dtype dt,
+    const uint16_t *weight, const float *bias, int N, int C, int OC,
+    float *scratch) {
   if (N < 0 || C < 0 || OC < 0)
-    return loom_error(LOOM_ERR_INVALID_ARG, "bf16 linear: negative size");
+    return loom_error(LOOM_ERR_INVALID_ARG, "half linear: negative size");
   float *a = scratch;                  /* (N,C) */
   float *w = scratch + (int64_t)N * C; /* (OC,C) */
-  LOOM_TRY(load_f32(a, inp, in_dtype, (int64_t)N * C));
-  LOOM_ISA(loom_cvt_bf16_to_f32)(w, weight, (int64_t)OC * C);
+  LOOM_TRY(load_f32(a, inp, in_dtype, dt, (int64_t)N * C));
+  LOOM_TRY(LOOM_ISA(loom_cvt_half_to_f32)(dt, w, weight, (int64_t)OC * C));
   return LOOM_ISA(loom_linear_forward)(out, a, w, bias, N, C, OC);
 }
 
-loom_status LOOM_ISA(loom_linear_backward_bf16)(float *dinp, float *dweight,
-                                                float *dbias, const float *dout,
-                                                const void *inp,
-                                                loom_dtype in_dtype,
-                                                const loom_bf16 *weight, int N,
-                                                int C, int OC, float *scratch) {
+loom_status LOOM_ISA(loom_linear_backward_half)(
+    float *dinp, float *dweight, float *dbias, const float *dout,
+    const void *inp, loom_dtype in_dtype, loom_dtype dt, const uint16_t *weight,
+    int N, int C, int OC, float *scratch) {
   if (N < 0 || C < 0 || OC < 0)
-    return loom_error(LOOM_ERR_INVALID_ARG, "bf16 linear: negative size");
+    return loom_error(LOOM_ERR_INVALID_ARG, "half linear: negative size");
   float *d = scratch;             /* (N,OC) */
   float *w = d + (int64_t)N * OC; /* (OC,C) */
   float *a = w + (int64_t)OC * C; /* (N,C) */
   if (dinp || dweight)
-    LOOM_ISA(loom_round_bf16)(d, dout, (int64_t)N * OC);
+    LOOM_TRY(LOOM_ISA(loom_round_half)(dt, d, dout, (int64_t)N * OC));
   if (dinp)
-    LOOM_ISA(loom_cvt_bf16_to_f32)(w, weight, (int64_t)OC * C);
+    LOOM_TRY(LOOM_ISA(loom_cvt_half_to_f32)(dt, w, weight, (int64_t)OC * C));
   if (dweight)
-    LOOM_TRY(load_f32(a, inp, in_dtype, (int64_t)N * C));
+    LOOM_TRY(load_f32(a, inp, in_dtype, dt, (int64_t)N * C));
   LOOM_TRY(
       LOOM_ISA(loom_linear_backward)(dinp, dweight, NULL, d, a, w, N, C, OC));
   /* the bias gradient from the f32 gradient, as the f32 layer sums it */
@@ -237,7 +337,7 @@ loom_status LOOM_ISA(loom_linear_backward_bf16)(float *dinp, float *dweight,
 
 /* --------------------------------------------------------- convolution */
 
-int64_t LOOM_ISA(loom_conv2d_bf16_scratch_floats)(const loom_conv2d_dims *d) {
+int64_t LOOM_ISA(loom_conv2d_half_scratch_floats)(const loom_conv2d_dims *d) {
   if (!d || d->stride < 1)
     return 0;
   const int64_t OH = LOOM_ISA(loom_conv2d_out_h)(d);
@@ -247,30 +347,29 @@ int64_t LOOM_ISA(loom_conv2d_bf16_scratch_floats)(const loom_conv2d_dims *d) {
          (int64_t)d->N * d->OC * OH * OW;
 }
 
-loom_status
-LOOM_ISA(loom_conv2d_forward_bf16)(float *out, float *col, const void *inp,
-                                   loom_dtype in_dtype, const loom_bf16 *weight,
-                                   const float *bias, const loom_conv2d_dims *d,
-                                   float *scratch) {
+loom_status LOOM_ISA(loom_conv2d_forward_half)(
+    float *out, float *col, const void *inp, loom_dtype in_dtype, loom_dtype dt,
+    const uint16_t *weight, const float *bias, const loom_conv2d_dims *d,
+    float *scratch) {
   if (!d || d->stride < 1 || !scratch)
     return loom_error(LOOM_ERR_INVALID_ARG,
-                      "bf16 conv2d forward: bad dims or no scratch");
+                      "half conv2d forward: bad dims or no scratch");
   const int64_t in_n = (int64_t)d->N * d->C * d->H * d->W;
   float *a = scratch;        /* (N,C,H,W) */
   float *w = scratch + in_n; /* (OC,C,KH,KW) */
-  LOOM_TRY(load_f32(a, inp, in_dtype, in_n));
-  LOOM_ISA(loom_cvt_bf16_to_f32)
-  (w, weight, (int64_t)d->OC * d->C * d->KH * d->KW);
+  LOOM_TRY(load_f32(a, inp, in_dtype, dt, in_n));
+  LOOM_TRY(LOOM_ISA(loom_cvt_half_to_f32)(
+      dt, w, weight, (int64_t)d->OC * d->C * d->KH * d->KW));
   return LOOM_ISA(loom_conv2d_forward)(out, col, a, w, bias, d);
 }
 
-loom_status LOOM_ISA(loom_conv2d_backward_bf16)(
+loom_status LOOM_ISA(loom_conv2d_backward_half)(
     float *dinp, float *dweight, float *dbias, float *col, const float *dout,
-    const void *inp, loom_dtype in_dtype, const loom_bf16 *weight,
+    const void *inp, loom_dtype in_dtype, loom_dtype dt, const uint16_t *weight,
     const loom_conv2d_dims *d, float *scratch) {
   if (!d || d->stride < 1 || !scratch)
     return loom_error(LOOM_ERR_INVALID_ARG,
-                      "bf16 conv2d backward: bad dims or no scratch");
+                      "half conv2d backward: bad dims or no scratch");
   const int64_t in_n = (int64_t)d->N * d->C * d->H * d->W;
   const int64_t w_n = (int64_t)d->OC * d->C * d->KH * d->KW;
   const int64_t out_n = (int64_t)d->N * d->OC * LOOM_ISA(loom_conv2d_out_h)(d) *
@@ -278,16 +377,18 @@ loom_status LOOM_ISA(loom_conv2d_backward_bf16)(
   float *a = scratch;  /* (N,C,H,W) */
   float *w = a + in_n; /* (OC,C,KH,KW) */
   float *g = w + w_n;  /* (N,OC,OH,OW) */
+  if (dt != LOOM_BF16 && dt != LOOM_F16)
+    return not_half(dt, "conv2d backward");
   /* the bias gradient from the f32 gradient, as the f32 layer sums it */
   if (dbias)
     LOOM_TRY(LOOM_ISA(loom_conv2d_backward)(NULL, NULL, dbias, col, dout, NULL,
                                             NULL, d));
   if (!dinp && !dweight)
     return LOOM_OK;
-  LOOM_ISA(loom_round_bf16)(g, dout, out_n);
+  LOOM_TRY(LOOM_ISA(loom_round_half)(dt, g, dout, out_n));
   if (dinp)
-    LOOM_ISA(loom_cvt_bf16_to_f32)(w, weight, w_n);
+    LOOM_TRY(LOOM_ISA(loom_cvt_half_to_f32)(dt, w, weight, w_n));
   if (dweight)
-    LOOM_TRY(load_f32(a, inp, in_dtype, in_n));
+    LOOM_TRY(load_f32(a, inp, in_dtype, dt, in_n));
   return LOOM_ISA(loom_conv2d_backward)(dinp, dweight, NULL, col, g, a, w, d);
 }
