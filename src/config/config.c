@@ -1510,23 +1510,18 @@ static loom_status check_loss_scale(const loom_config *cfg,
                    "supports auto or 0",
                    cfg->train.loss_scale,
                    loom_cfg_precision_names[cfg->train.precision]);
-  if (mode != LOOM_LOSS_SCALE_DYNAMIC) {
-    const char *what = mode == LOOM_LOSS_SCALE_STATIC ? "static" : "off";
-    if (cfg->train.loss_scale_init != 65536.0)
-      return cfg_err(origin_of(org, "train.loss_scale_init", none),
-                     "train.loss_scale_init",
+  /* the dynamic scaler's keys, set away from their defaults */
+  static const char *const dyn_keys[] = {"train.loss_scale_init",
+                                         "train.loss_scale_growth_interval"};
+  const bool dyn_set[] = {cfg->train.loss_scale_init != 65536.0,
+                          cfg->train.loss_scale_growth_interval != 2000};
+  for (int i = 0; i < 2 && mode != LOOM_LOSS_SCALE_DYNAMIC; i++)
+    if (dyn_set[i])
+      return cfg_err(origin_of(org, dyn_keys[i], none), dyn_keys[i],
                      "is for dynamic loss scaling (train.loss_scale dynamic, "
                      "or auto with train.precision f16); here loss scaling "
                      "is %s",
-                     what);
-    if (cfg->train.loss_scale_growth_interval != 2000)
-      return cfg_err(origin_of(org, "train.loss_scale_growth_interval", none),
-                     "train.loss_scale_growth_interval",
-                     "is for dynamic loss scaling (train.loss_scale dynamic, "
-                     "or auto with train.precision f16); here loss scaling "
-                     "is %s",
-                     what);
-  }
+                     mode == LOOM_LOSS_SCALE_STATIC ? "static" : "off");
   if (f16 && cfg->parallel.pp > 1)
     return cfg_err(origin_of(org, "train.precision", none), "train.precision",
                    "f16 with parallel.pp %lld is not implemented yet (loss "

@@ -184,46 +184,48 @@ static loom_status not_half(loom_dtype dt, const char *what) {
                     "f16)", what, loom_dtype_name(dt));
 }
 
+/* The conversions of a half type: bf16's or f16's, NULL for another. */
+typedef struct half_cvt {
+  void (*narrow)(uint16_t *out, const float *in, int64_t n);
+  void (*widen)(float *out, const uint16_t *in, int64_t n);
+  void (*round)(float *out, const float *in, int64_t n);
+} half_cvt;
+
+static const half_cvt *cvt_of(loom_dtype dt) {
+  static const half_cvt bf16 = {LOOM_ISA(loom_cvt_f32_to_bf16),
+                                LOOM_ISA(loom_cvt_bf16_to_f32),
+                                LOOM_ISA(loom_round_bf16)};
+  static const half_cvt f16 = {LOOM_ISA(loom_cvt_f32_to_f16),
+                               LOOM_ISA(loom_cvt_f16_to_f32),
+                               LOOM_ISA(loom_round_f16)};
+  return dt == LOOM_BF16 ? &bf16 : dt == LOOM_F16 ? &f16 : NULL;
+}
+
 loom_status LOOM_ISA(loom_cvt_f32_to_half)(loom_dtype dt, uint16_t *out,
                                            const float *in, int64_t n) {
-  switch (dt) {
-  case LOOM_BF16:
-    LOOM_ISA(loom_cvt_f32_to_bf16)(out, in, n);
-    return LOOM_OK;
-  case LOOM_F16:
-    LOOM_ISA(loom_cvt_f32_to_f16)(out, in, n);
-    return LOOM_OK;
-  default:
+  const half_cvt *c = cvt_of(dt);
+  if (!c)
     return not_half(dt, "conversion from f32");
-  }
+  c->narrow(out, in, n);
+  return LOOM_OK;
 }
 
 loom_status LOOM_ISA(loom_cvt_half_to_f32)(loom_dtype dt, float *out,
                                            const uint16_t *in, int64_t n) {
-  switch (dt) {
-  case LOOM_BF16:
-    LOOM_ISA(loom_cvt_bf16_to_f32)(out, in, n);
-    return LOOM_OK;
-  case LOOM_F16:
-    LOOM_ISA(loom_cvt_f16_to_f32)(out, in, n);
-    return LOOM_OK;
-  default:
+  const half_cvt *c = cvt_of(dt);
+  if (!c)
     return not_half(dt, "conversion to f32");
-  }
+  c->widen(out, in, n);
+  return LOOM_OK;
 }
 
 loom_status LOOM_ISA(loom_round_half)(loom_dtype dt, float *out,
                                       const float *in, int64_t n) {
-  switch (dt) {
-  case LOOM_BF16:
-    LOOM_ISA(loom_round_bf16)(out, in, n);
-    return LOOM_OK;
-  case LOOM_F16:
-    LOOM_ISA(loom_round_f16)(out, in, n);
-    return LOOM_OK;
-  default:
+  const half_cvt *c = cvt_of(dt);
+  if (!c)
     return not_half(dt, "rounding");
-  }
+  c->round(out, in, n);
+  return LOOM_OK;
 }
 
 /* out(n) = the f32 values of in(n), which is f32 (rounded to half type dt

@@ -135,12 +135,13 @@ done
 # survive) and skips among them.
 common=("${mlp[@]}" --set train.batch_size=8 --set checkpoint.every=6
   --set train.loss_scale_init=8388608 --set train.loss_scale_growth_interval=4)
-"$LOOM" train "${common[@]}" --resume never --set train.steps=12 \
-  --set "log.run_dir=$tmp/straight" >"$tmp/out" 2>&1 || bad "straight run"
-"$LOOM" train "${common[@]}" --resume never --set train.steps=6 \
-  --set "log.run_dir=$tmp/resumed" >"$tmp/out" 2>&1 || bad "first half"
-"$LOOM" train "${common[@]}" --set train.steps=12 \
-  --set "log.run_dir=$tmp/resumed" >"$tmp/out" 2>&1 || bad "second half"
+for leg in straight:12 resumed:6 resumed:12; do
+  dir=${leg%%:*} to=${leg##*:}
+  fresh=(--resume never)
+  [ "$leg" = resumed:12 ] && fresh=() # from the checkpoint of step 6
+  "$LOOM" train "${common[@]}" "${fresh[@]}" --set train.steps="$to" \
+    --set "log.run_dir=$tmp/$dir" >"$tmp/out" 2>&1 || bad "$dir run to $to"
+done
 a=$("$HASH" "$tmp/straight/ckpt")
 b=$("$HASH" "$tmp/resumed/ckpt")
 [ -n "$a" ] && [ "$a" = "$b" ] &&
