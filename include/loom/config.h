@@ -160,8 +160,8 @@ typedef struct loom_config_train {
   loom_cfg_precision precision;
   /* auto, dynamic, or a number (loom_config_loss_scale) */
   char loss_scale[LOOM_CONFIG_STR_MAX];
-  double loss_scale_init;                 /* dynamic: the first scale */
-  int64_t loss_scale_growth_interval;     /* dynamic: good steps to grow */
+  double loss_scale_init;             /* dynamic: the first scale */
+  int64_t loss_scale_growth_interval; /* dynamic: good steps to grow */
   /* none, blocks or every:K (loom_config_checkpoint_every) */
   char activation_checkpointing[LOOM_CONFIG_STR_MAX];
 } loom_config_train;

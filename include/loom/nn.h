@@ -170,15 +170,15 @@ typedef loom_status (*loom_unit_hook)(void *user, int unit, loom_unit_event ev);
 
 /* What forward and backward see: the flat buffers and the step's keys. */
 struct loom_nn_ctx {
-  float *params;                /* the flat parameter buffer */
+  float *params;               /* the flat parameter buffer */
   const uint16_t *params_half; /* its copy in `half`, else NULL */
-  loom_dtype half;              /* LOOM_BF16 or LOOM_F16; LOOM_F32: none */
-  float *grads;                 /* the flat gradient buffer */
-  const loom_param *views;      /* the model's views */
-  bool training;                /* dropout on */
-  uint64_t seed;                /* the model's seed (dropout masks) */
-  uint64_t step;                /* loom_model_set_step */
-  uint64_t sample_base;         /* global index of this batch's first sample */
+  loom_dtype half;             /* LOOM_BF16 or LOOM_F16; LOOM_F32: none */
+  float *grads;                /* the flat gradient buffer */
+  const loom_param *views;     /* the model's views */
+  bool training;               /* dropout on */
+  uint64_t seed;               /* the model's seed (dropout masks) */
+  uint64_t step;               /* loom_model_set_step */
+  uint64_t sample_base;        /* global index of this batch's first sample */
   loom_grad_hook hook;
   void *hook_user;
   loom_unit_hook unit_hook; /* NULL: none */
@@ -405,9 +405,9 @@ void loom_model_bind_params(loom_model *m, float *params);
  * trainer does), not needed after loom_model_init_params,
  * loom_model_init_view or loom_model_bind_params. LOOM_F32 (the default)
  * frees the copy. f16's range ends at 65504: train it with a loss scaler
- * (loom_scaler, include/loom/optim.h), as the trainer does. LOOM_ERR_UNSUPPORTED
- * for another type, or for a half type in a model holding a module
- * without a half form (ops->f32_only; none of loom's own). */
+ * (loom_scaler, include/loom/optim.h), as the trainer does.
+ * LOOM_ERR_UNSUPPORTED for another type, or for a half type in a model holding
+ * a module without a half form (ops->f32_only; none of loom's own). */
 loom_status loom_model_set_precision(loom_model *m, loom_dtype precision);
 loom_dtype loom_model_precision(const loom_model *m);
 void loom_model_params_updated(loom_model *m);

@@ -250,8 +250,8 @@ static const loom_config_key keys[] = {
          "holds an inf or NaN on any rank, double it after "
          "train.loss_scale_growth_interval good steps), a number > 0 (a "
          "static scale), or 0 (none); f32 and bf16 take auto or 0"),
-    KFLOAT("train.loss_scale_init", train.loss_scale_init, "65536", 0, 1e38,
-           MI, "dynamic loss scaling: the first scale"),
+    KFLOAT("train.loss_scale_init", train.loss_scale_init, "65536", 0, 1e38, MI,
+           "dynamic loss scaling: the first scale"),
     KINT("train.loss_scale_growth_interval", train.loss_scale_growth_interval,
          "2000", 1, 1000000000, 0,
          "dynamic loss scaling: good steps in a row (no inf or NaN) before "
@@ -1476,8 +1476,8 @@ loom_status loom_config_loss_scale(const loom_config *cfg,
   char *end = NULL;
   errno = 0;
   double x = strtod(v, &end);
-  if (!*v || end == v || *end != '\0' || errno != 0 || !isfinite(x) ||
-      x < 0 || x > 1e38)
+  if (!*v || end == v || *end != '\0' || errno != 0 || !isfinite(x) || x < 0 ||
+      x > 1e38)
     return loom_error(LOOM_ERR_CONFIG,
                       "train.loss_scale '%s': expected auto, dynamic, a "
                       "number > 0 (a static scale, at most 1e38) or 0 (none)",
@@ -1492,8 +1492,7 @@ loom_status loom_config_loss_scale(const loom_config *cfg,
  * accepted for nothing); the dynamic scaler's keys only with it; not yet
  * through a pipeline. */
 static loom_status check_loss_scale(const loom_config *cfg,
-                                    const cfg_origins *org,
-                                    cfg_loc *none) {
+                                    const cfg_origins *org, cfg_loc *none) {
   loom_loss_scale_mode mode;
   double scale;
   const cfg_loc *l = origin_of(org, "train.loss_scale", none);

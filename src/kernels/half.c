@@ -122,9 +122,9 @@ static void cvt_f2h(uint16_t *out, const float *in, int64_t i0, int64_t i1) {
   int64_t i = i0;
 #if defined(__F16C__)
   for (; i + 8 <= i1; i += 8)
-    _mm_storeu_si128((__m128i *)(void *)(out + i),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(in + i),
-                                     _MM_FROUND_TO_NEAREST_INT));
+    _mm_storeu_si128(
+        (__m128i *)(void *)(out + i),
+        _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
 #endif
   for (; i < i1; i++)
     out[i] = loom_f32_to_f16(in[i]);
@@ -145,9 +145,9 @@ static void cvt_round_h(float *out, const float *in, int64_t i0, int64_t i1) {
   int64_t i = i0;
 #if defined(__F16C__)
   for (; i + 8 <= i1; i += 8)
-    _mm256_storeu_ps(out + i,
-                     _mm256_cvtph_ps(_mm256_cvtps_ph(
-                         _mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT)));
+    _mm256_storeu_ps(
+        out + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(in + i),
+                                                 _MM_FROUND_TO_NEAREST_INT)));
 #endif
   for (; i < i1; i++)
     out[i] = loom_f16_to_f32(loom_f32_to_f16(in[i]));
@@ -180,8 +180,10 @@ void LOOM_ISA(loom_round_f16)(float *out, const float *in, int64_t n) {
 }
 
 static loom_status not_half(loom_dtype dt, const char *what) {
-  return loom_error(LOOM_ERR_UNSUPPORTED, "%s: %s is not a half type (bf16 or "
-                    "f16)", what, loom_dtype_name(dt));
+  return loom_error(LOOM_ERR_UNSUPPORTED,
+                    "%s: %s is not a half type (bf16 or "
+                    "f16)",
+                    what, loom_dtype_name(dt));
 }
 
 /* The conversions of a half type: bf16's or f16's, NULL for another. */
@@ -236,10 +238,9 @@ static loom_status load_f32(float *out, const void *in, loom_dtype in_dt,
     return LOOM_ISA(loom_round_half)(dt, out, in, n);
   if (in_dt == dt)
     return LOOM_ISA(loom_cvt_half_to_f32)(dt, out, in, n);
-  return loom_error(LOOM_ERR_UNSUPPORTED,
-                    "%s matmul: input of type %s (f32 or %s)",
-                    loom_dtype_name(dt), loom_dtype_name(in_dt),
-                    loom_dtype_name(dt));
+  return loom_error(
+      LOOM_ERR_UNSUPPORTED, "%s matmul: input of type %s (f32 or %s)",
+      loom_dtype_name(dt), loom_dtype_name(in_dt), loom_dtype_name(dt));
 }
 
 /* ---------------------------------------------------------------- GEMM */
@@ -300,10 +301,12 @@ int64_t LOOM_ISA(loom_linear_half_scratch_floats)(int N, int C, int OC) {
   return (int64_t)N * C + (int64_t)OC * C + (int64_t)N * OC;
 }
 
-loom_status LOOM_ISA(loom_linear_forward_half)(
-    float *out, const void *inp, loom_dtype in_dtype, loom_dtype dt,
-    const uint16_t *weight, const float *bias, int N, int C, int OC,
-    float *scratch) {
+loom_status LOOM_ISA(loom_linear_forward_half)(float *out, const void *inp,
+                                               loom_dtype in_dtype,
+                                               loom_dtype dt,
+                                               const uint16_t *weight,
+                                               const float *bias, int N, int C,
+                                               int OC, float *scratch) {
   if (N < 0 || C < 0 || OC < 0)
     return loom_error(LOOM_ERR_INVALID_ARG, "half linear: negative size");
   float *a = scratch;                  /* (N,C) */
@@ -349,10 +352,11 @@ int64_t LOOM_ISA(loom_conv2d_half_scratch_floats)(const loom_conv2d_dims *d) {
          (int64_t)d->N * d->OC * OH * OW;
 }
 
-loom_status LOOM_ISA(loom_conv2d_forward_half)(
-    float *out, float *col, const void *inp, loom_dtype in_dtype, loom_dtype dt,
-    const uint16_t *weight, const float *bias, const loom_conv2d_dims *d,
-    float *scratch) {
+loom_status
+LOOM_ISA(loom_conv2d_forward_half)(float *out, float *col, const void *inp,
+                                   loom_dtype in_dtype, loom_dtype dt,
+                                   const uint16_t *weight, const float *bias,
+                                   const loom_conv2d_dims *d, float *scratch) {
   if (!d || d->stride < 1 || !scratch)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "half conv2d forward: bad dims or no scratch");

@@ -11,9 +11,9 @@ typedef struct attention {
   float *att;        /* (B,NH,T,T) softmax probabilities */
   void *y;           /* (B,T,C) heads concatenated: f32, or the half type */
   loom_dtype half;   /* LOOM_BF16, LOOM_F16, or LOOM_F32: none */
-  float *dy;   /* (B,T,C) scratch */
-  float *dqkv; /* (B,T,3C) scratch */
-  float *datt; /* (B,NH,T,T) scratch of the kernel */
+  float *dy;         /* (B,T,C) scratch */
+  float *dqkv;       /* (B,T,3C) scratch */
+  float *datt;       /* (B,NH,T,T) scratch of the kernel */
 } attention;
 
 static loom_status attention_params(loom_module *m, loom_nn_visit *v) {

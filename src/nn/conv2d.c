@@ -70,9 +70,10 @@ static loom_status conv2d_plan(loom_module *m, loom_nn_plan *p,
       p, p->touched ? loom_conv2d_col_floats_used(&c->d)
                     : loom_conv2d_col_floats(&c->d));
   c->half = p->half;
-  c->scratch = c->half != LOOM_F32 ? loom_nn_plan_scratch_floats(
-                             p, loom_conv2d_half_scratch_floats(&c->d))
-                       : NULL;
+  c->scratch = c->half != LOOM_F32
+                   ? loom_nn_plan_scratch_floats(
+                         p, loom_conv2d_half_scratch_floats(&c->d))
+                   : NULL;
   return LOOM_OK;
 }
 

@@ -86,7 +86,7 @@ void *loom_nn_plan_out(loom_nn_plan *p, const loom_module *m, int64_t n,
                        loom_shape *out);
 /* The half copy of the k-th own parameter of m (a half model only). */
 static inline const uint16_t *loom_nn_param_half(const loom_nn_ctx *c,
-                                                  const loom_module *m, int k) {
+                                                 const loom_module *m, int k) {
   return c->params_half + c->views[m->param_first + k].offset;
 }
 

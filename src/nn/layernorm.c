@@ -63,8 +63,8 @@ static loom_status layernorm_forward(loom_module *m, loom_nn_ctx *ctx,
   loom_layernorm_forward(y, l->mean, l->rstd, l->in, loom_nn_param(ctx, m, 0),
                          b, l->N, l->C);
   if (m->out_half)
-    LOOM_TRY(loom_cvt_f32_to_half(m->out.dtype, l->out, y,
-                                  (int64_t)l->N * l->C));
+    LOOM_TRY(
+        loom_cvt_f32_to_half(m->out.dtype, l->out, y, (int64_t)l->N * l->C));
   *out = l->out;
   return LOOM_OK;
 }

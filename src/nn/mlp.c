@@ -6,12 +6,12 @@ typedef struct mlp {
   int C, H;
   loom_module *fc, *proj, *drop; /* drop may be NULL */
   int64_t N;
-  const float *h; /* (N,H) fc output */
-  void *g;        /* (N,H) GELU output: f32, or half in a half model */
+  const float *h;  /* (N,H) fc output */
+  void *g;         /* (N,H) GELU output: f32, or half in a half model */
   loom_dtype half; /* LOOM_BF16, LOOM_F16, or LOOM_F32: none */
-  float *dg; /* (N,H) scratch */
-  float *dh; /* (N,H) scratch */
-  float *dd; /* (N,C) scratch, with dropout */
+  float *dg;       /* (N,H) scratch */
+  float *dh;       /* (N,H) scratch */
+  float *dd;       /* (N,C) scratch, with dropout */
 } mlp;
 
 static loom_status mlp_params(loom_module *m, loom_nn_visit *v) {

@@ -443,10 +443,9 @@ loom_status loom_model_set_precision(loom_model *m, loom_dtype precision) {
     m->params_half =
         loom_malloc((size_t)(m->numel ? m->numel : 1) * sizeof(uint16_t));
     if (!m->params_half)
-      return loom_error_context(LOOM_ERR_NOMEM,
-                                "model: the %s copy of %lld parameters",
-                                loom_dtype_name(precision),
-                                (long long)m->numel);
+      return loom_error_context(
+          LOOM_ERR_NOMEM, "model: the %s copy of %lld parameters",
+          loom_dtype_name(precision), (long long)m->numel);
   }
   m->precision = precision;
   m->half_stale = true;
@@ -593,10 +592,9 @@ loom_status loom_model_forward(loom_model *m, const loom_tensor *input,
     m->params_half =
         loom_malloc((size_t)(m->numel ? m->numel : 1) * sizeof(uint16_t));
     if (!m->params_half)
-      return loom_error_context(LOOM_ERR_NOMEM,
-                                "model: the %s copy of %lld parameters",
-                                loom_dtype_name(m->precision),
-                                (long long)m->numel);
+      return loom_error_context(
+          LOOM_ERR_NOMEM, "model: the %s copy of %lld parameters",
+          loom_dtype_name(m->precision), (long long)m->numel);
     m->half_stale = true;
   }
   if (m->params_half && m->half_stale) {

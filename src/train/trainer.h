@@ -160,9 +160,9 @@ struct loom_trainer {
 
   /* Loss scaling (train.loss_scale; loop_scale.c, docs/precision.md). */
   loom_loss_scale_mode ls_mode;
-  loom_scaler scaler;  /* STATIC: its scale is the fixed one, never updated */
-  int64_t ls_skipped;  /* steps skipped for inf/NaN gradients, whole run */
-  char ls_extra[160];  /* the checkpoint's extra JSON (the scaler's state) */
+  loom_scaler scaler; /* STATIC: its scale is the fixed one, never updated */
+  int64_t ls_skipped; /* steps skipped for inf/NaN gradients, whole run */
+  char ls_extra[160]; /* the checkpoint's extra JSON (the scaler's state) */
 };
 
 /* This process's rank and the world size (0 and 1 before a trainer is

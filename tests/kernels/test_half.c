@@ -361,10 +361,10 @@ static void linear_half(loom_dtype dt) {
   float *dx2 = kt_copy(dx, (size_t)N * C), *dw2 = kt_copy(dw, (size_t)OC * C);
   float *db2 = kt_copy(db, (size_t)OC);
   TT_REQUIRE(dx && dw && db && dxr && dwr && dbr && dx2 && dw2 && db2);
-  TT_CHECK_OK(loom_linear_backward_half(dx, dw, db, dout, x, LOOM_F32, dt, wh, N, C,
-                                        OC, S));
-  TT_CHECK_OK(loom_linear_backward_half(dx2, dw2, db2, dout, xh, dt, dt, wh,
+  TT_CHECK_OK(loom_linear_backward_half(dx, dw, db, dout, x, LOOM_F32, dt, wh,
                                         N, C, OC, S));
+  TT_CHECK_OK(loom_linear_backward_half(dx2, dw2, db2, dout, xh, dt, dt, wh, N,
+                                        C, OC, S));
   TT_CHECK_OK(loom_linear_backward(dxr, dwr, NULL, dr, xr, wr, N, C, OC));
   TT_CHECK_OK(
       loom_linear_backward(NULL, NULL, dbr, dout, NULL, NULL, N, C, OC));
@@ -420,8 +420,8 @@ static void conv_half_one(loom_dtype dt, const loom_conv2d_dims d) {
   float *dx2 = kt_copy(dx, nx), *dw2 = kt_copy(dw, nw);
   float *db2 = kt_copy(db, (size_t)d.OC);
   TT_REQUIRE(dx && dw && db && dxr && dwr && dbr && dx2 && dw2 && db2);
-  TT_CHECK_OK(
-      loom_conv2d_backward_half(dx, dw, db, col, dout, x, LOOM_F32, dt, wh, &d, S));
+  TT_CHECK_OK(loom_conv2d_backward_half(dx, dw, db, col, dout, x, LOOM_F32, dt,
+                                        wh, &d, S));
   TT_CHECK_OK(loom_conv2d_backward_half(dx2, dw2, db2, col, dout, xh, dt, dt,
                                         wh, &d, S));
   TT_CHECK_OK(loom_conv2d_backward(dxr, dwr, NULL, col, dr, xr, wr, &d));
@@ -444,23 +444,23 @@ static void conv_half_one(loom_dtype dt, const loom_conv2d_dims d) {
 
 static void conv2d_half(loom_dtype dt) {
   conv_half_one(dt, (loom_conv2d_dims){.N = 5,
-                                   .C = 6,
-                                   .H = 12,
-                                   .W = 11,
-                                   .OC = 8,
-                                   .KH = 3,
-                                   .KW = 3,
-                                   .stride = 1,
-                                   .pad = 1});
+                                       .C = 6,
+                                       .H = 12,
+                                       .W = 11,
+                                       .OC = 8,
+                                       .KH = 3,
+                                       .KW = 3,
+                                       .stride = 1,
+                                       .pad = 1});
   conv_half_one(dt, (loom_conv2d_dims){.N = 3,
-                                   .C = 1,
-                                   .H = 13,
-                                   .W = 10,
-                                   .OC = 4,
-                                   .KH = 5,
-                                   .KW = 5,
-                                   .stride = 2,
-                                   .pad = 2});
+                                       .C = 1,
+                                       .H = 13,
+                                       .W = 10,
+                                       .OC = 4,
+                                       .KH = 5,
+                                       .KW = 5,
+                                       .stride = 2,
+                                       .pad = 2});
 }
 
 /* Same bits at 1, 2 and 3 threads, on shapes where the GEMM grid tiles
@@ -483,8 +483,8 @@ static void half_thread_invariance(loom_dtype dt) {
     loom_set_threads(t + 1);
     TT_CHECK_OK(
         loom_linear_forward_half(y[t], x, LOOM_F32, dt, wh, NULL, N, C, OC, S));
-    TT_CHECK_OK(loom_linear_backward_half(dx[t], dw[t], NULL, dout, x, LOOM_F32, dt,
-                                          wh, N, C, OC, S));
+    TT_CHECK_OK(loom_linear_backward_half(dx[t], dw[t], NULL, dout, x, LOOM_F32,
+                                          dt, wh, N, C, OC, S));
   }
   loom_set_threads(0);
   for (int t = 1; t < 3; t++) {

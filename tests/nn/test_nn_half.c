@@ -315,8 +315,8 @@ TT_TEST(linear_exact) {
   TT_REQUIRE_OK(loom_linear_new(&lb, 45, 19, false));
   TT_REQUIRE_OK(loom_model_new(&b, lb, NULL));
   TT_REQUIRE_OK(loom_model_set_precision(b, g_half));
-  TT_CHECK_OK(loom_round_half(g_half, loom_model_params(a), loom_model_params(a),
-                  loom_model_num_params(a)));
+  TT_CHECK_OK(loom_round_half(g_half, loom_model_params(a),
+                              loom_model_params(a), loom_model_num_params(a)));
   const int64_t N = 33;
   float *x = normal(N * 45, 5), *xr = normal(N * 45, 5);
   TT_REQUIRE(x && xr);
@@ -361,10 +361,10 @@ static void conv_exact_one(int C, int OC, int K, int stride, int pad) {
   TT_REQUIRE_OK(loom_model_new(&b, cb, NULL));
   TT_REQUIRE_OK(loom_model_set_precision(b, g_half));
   /* the bias too: both models' f32 bias is then the same */
-  TT_CHECK_OK(loom_round_half(g_half, loom_model_params(a), loom_model_params(a),
-                  loom_model_num_params(a)));
-  TT_CHECK_OK(loom_round_half(g_half, loom_model_params(b), loom_model_params(b),
-                  loom_model_num_params(b)));
+  TT_CHECK_OK(loom_round_half(g_half, loom_model_params(a),
+                              loom_model_params(a), loom_model_num_params(a)));
+  TT_CHECK_OK(loom_round_half(g_half, loom_model_params(b),
+                              loom_model_params(b), loom_model_num_params(b)));
   loom_model_params_updated(b);
   const int64_t N = 3, H = 11, W = 10, nx = N * C * H * W;
   float *x = normal(nx, 5), *xr = normal(nx, 5);
