@@ -158,7 +158,10 @@ typedef struct loom_config_train {
   int64_t epochs, steps, batch_size, accumulate;
   int64_t eval_every, eval_batches, seed, threads;
   loom_cfg_precision precision;
-  double loss_scale;
+  /* auto, dynamic, or a number (loom_config_loss_scale) */
+  char loss_scale[LOOM_CONFIG_STR_MAX];
+  double loss_scale_init;             /* dynamic: the first scale */
+  int64_t loss_scale_growth_interval; /* dynamic: good steps to grow */
   /* none, blocks or every:K (loom_config_checkpoint_every) */
   char activation_checkpointing[LOOM_CONFIG_STR_MAX];
 } loom_config_train;
@@ -248,6 +251,19 @@ uint64_t loom_config_hash(const loom_config *cfg);
 /* train.activation_checkpointing as blocks per checkpointed segment: none
  * 0, blocks 1, every:K K. LOOM_ERR_CONFIG for anything else. */
 loom_status loom_config_checkpoint_every(const char *value, int *every);
+/* Loss scaling (docs/precision.md): train.loss_scale resolved against
+ * train.precision. NONE (auto with f32 or bf16, or 0), STATIC (a number
+ * > 0: *scale), DYNAMIC (dynamic, or auto with f16: *scale is
+ * train.loss_scale_init, then loom_scaler's rules). *scale is 1 for NONE.
+ * LOOM_ERR_CONFIG for a value that is none of auto, dynamic or a finite
+ * number in [0, 1e38]; combinations are loom_config_validate's. */
+typedef enum {
+  LOOM_LOSS_SCALE_NONE,
+  LOOM_LOSS_SCALE_STATIC,
+  LOOM_LOSS_SCALE_DYNAMIC
+} loom_loss_scale_mode;
+loom_status loom_config_loss_scale(const loom_config *cfg,
+                                   loom_loss_scale_mode *mode, double *scale);
 /* parallel.shard_unit: blocks (every 1, min_params 0), every:K (K, 0) or
  * params:N (1, N; N may end in K, M or G for 1e3, 1e6, 1e9).
  * LOOM_ERR_CONFIG for anything else. */

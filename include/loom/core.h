@@ -217,7 +217,9 @@ const char *loom_dtype_name(loom_dtype dt);
 /* Parses "f32", "bf16", ...; LOOM_ERR_INVALID_ARG for an unknown name. */
 loom_status loom_dtype_parse(const char *name, loom_dtype *out);
 
-/* bf16 and f16 storage. Conversions round to nearest even; NaN stays NaN. */
+/* bf16 and f16 storage. Conversions round to nearest even; NaN stays NaN
+ * (f32 -> half: made quiet, top payload bits kept; f16 -> f32: made quiet,
+ * as F16C does); f16 subnormals are kept, |x| >= 65520 becomes inf. */
 typedef uint16_t loom_bf16;
 typedef uint16_t loom_f16;
 loom_bf16 loom_f32_to_bf16(float x);
@@ -457,14 +459,14 @@ loom_status loom_fs_remove_own(int dirfd, const char *name, const char *shown,
 /* ------------------------------------------------- CPU and instruction sets */
 
 typedef struct loom_cpu_features {
-  bool avx2, fma, avx512f, avx512_bf16, amx_bf16, amx_tile;
+  bool avx2, fma, f16c, avx512f, avx512_bf16, amx_bf16, amx_tile;
 } loom_cpu_features;
 /* Read once from CPUID (and, for AMX, whether the OS granted tile state). */
 const loom_cpu_features *loom_cpu_get_features(void);
 
 /* The instruction sets loom's own vector code (kernels, optimizer updates,
  * gradient clipping) is built for, each a complete copy chosen at run time:
- * base is x86-64-v2 (SSE4.2), avx2 adds AVX2 and FMA (x86-64-v3). Every
+ * base is x86-64-v2 (SSE4.2), avx2 adds AVX2, FMA and F16C (x86-64-v3). Every
  * copy computes the same bits; only the speed differs. */
 #define LOOM_ISA_LIST(X)                                                       \
   X(LOOM_ISA_BASE, "base")                                                     \

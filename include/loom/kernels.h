@@ -73,22 +73,40 @@ loom_status loom_linear_backward(float *dinp, float *dweight, float *dbias,
                                  const float *dout, const float *inp,
                                  const float *weight, int N, int C, int OC);
 
-/* ------------------------------------------------------------------ bf16 */
+/* ------------------------------------------------------------------ half */
 
-/* Mixed precision (docs/precision.md). Conversions round to nearest even;
- * a NaN stays a NaN (made quiet), infinities stay, a value past bf16's
- * largest rounds to infinity. Elementwise, any thread count, same bits. */
+/* Mixed precision (docs/precision.md): half storage of type bf16 (8
+ * exponent bits, 8 significant bits) or f16 (5 exponent bits, 11
+ * significant bits), 2 bytes an element. Conversions round to nearest
+ * even; a NaN stays a NaN (made quiet, its top payload bits kept),
+ * infinities stay, a value past the type's largest finite one rounds to
+ * infinity (f16: |x| >= 65520), f16's subnormals are kept (never flushed).
+ * The bits are those of core's scalar loom_f32_to_bf16 / loom_f32_to_f16,
+ * on every instruction set (f16 uses F16C in the avx2 copy). Elementwise,
+ * any thread count, same bits. */
 void loom_cvt_f32_to_bf16(loom_bf16 *out, const float *in, int64_t n);
 void loom_cvt_bf16_to_f32(float *out, const loom_bf16 *in, int64_t n);
 /* out = in rounded to bf16, kept in f32 (out may be in). */
 void loom_round_bf16(float *out, const float *in, int64_t n);
+void loom_cvt_f32_to_f16(loom_f16 *out, const float *in, int64_t n);
+void loom_cvt_f16_to_f32(float *out, const loom_f16 *in, int64_t n);
+/* out = in rounded to f16, kept in f32 (out may be in). */
+void loom_round_f16(float *out, const float *in, int64_t n);
+/* The same for the half type dt (LOOM_BF16 or LOOM_F16; another type is
+ * LOOM_ERR_UNSUPPORTED). */
+loom_status loom_cvt_f32_to_half(loom_dtype dt, uint16_t *out, const float *in,
+                                 int64_t n);
+loom_status loom_cvt_half_to_f32(loom_dtype dt, float *out, const uint16_t *in,
+                                 int64_t n);
+loom_status loom_round_half(loom_dtype dt, float *out, const float *in,
+                            int64_t n);
 
 /* How the bf16 matmuls run on this CPU. CONVERT: operands converted on
  * load to f32 and the f32 GEMM (the only path this build implements; it
  * runs on every CPU and gives, up to the summation order, what a bf16
  * unit with f32 accumulation gives). AMX and AVX512_BF16 name the bf16
  * instructions the CPU has, for the path that will use them through
- * oneDNN's matmul. */
+ * oneDNN's matmul. f16 takes the conversion path everywhere. */
 #define LOOM_BF16_PATH_LIST(X)                                                 \
   X(LOOM_BF16_PATH_CONVERT, "convert")                                         \
   X(LOOM_BF16_PATH_AVX512_BF16, "avx512_bf16")                                 \
@@ -102,36 +120,40 @@ typedef enum {
 const char *loom_bf16_path_name(loom_bf16_path p);
 /* The path the bf16 kernels take in this process. */
 loom_bf16_path loom_bf16_get_path(void);
-/* One line for the start-up log: "AVX2 (f32 arithmetic, bf16 storage)". */
-const char *loom_bf16_path_describe(void);
+/* One line for the start-up log of half type dt: "AVX2 (f32 arithmetic,
+ * bf16 storage)", "F16C (f32 arithmetic, f16 storage)"; "?" for another
+ * type. */
+const char *loom_half_path_describe(loom_dtype dt);
 
-/* C(M,N) = alpha op(A) op(B) + beta C with A and B in bf16 and C in f32:
- * each product of two bf16 values is exact in f32, and the sums are f32
- * (so the result is the f32 GEMM of the bf16 values, up to the order of
- * the sums). scratch: loom_gemm_bf16_scratch_floats(M, N, K) floats.
- * Same contract as loom_gemm otherwise (thread-count invariant). */
-int64_t loom_gemm_bf16_scratch_floats(int M, int N, int K);
-loom_status loom_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K,
-                           float alpha, const loom_bf16 *A, int lda,
-                           const loom_bf16 *B, int ldb, float beta, float *C,
-                           int ldc, float *scratch);
+/* C(M,N) = alpha op(A) op(B) + beta C with A and B of half type dt (bf16
+ * or f16) and C in f32: each product of two bf16 or two f16 values is
+ * exact in f32, and the sums are f32 (so the result is the f32 GEMM of the
+ * half values, up to the order of the sums; on this path, to the bit).
+ * scratch: loom_gemm_half_scratch_floats(M, N, K) floats. Same contract as
+ * loom_gemm otherwise (thread-count invariant). */
+int64_t loom_gemm_half_scratch_floats(int M, int N, int K);
+loom_status loom_gemm_half(loom_dtype dt, bool trans_a, bool trans_b, int M,
+                           int N, int K, float alpha, const uint16_t *A,
+                           int lda, const uint16_t *B, int ldb, float beta,
+                           float *C, int ldc, float *scratch);
 
-/* The linear layer with bf16 operands: out(N,OC) = bf16(inp) @ weight^T +
- * bias, where inp is f32 (rounded to bf16 here) or bf16 (in_dtype), weight
- * (OC,C) bf16, bias f32 or NULL, out f32. Backward rounds dout to bf16 for
- * the two matmuls (dinp += bf16(dout) @ weight, dweight += bf16(dout)^T @
- * bf16(inp), both f32 sums) and sums dbias from the f32 dout, as the f32
- * layer does. scratch: loom_linear_bf16_scratch_floats(N, C, OC) floats,
- * for forward and backward alike. */
-int64_t loom_linear_bf16_scratch_floats(int N, int C, int OC);
-loom_status loom_linear_forward_bf16(float *out, const void *inp,
-                                     loom_dtype in_dtype,
-                                     const loom_bf16 *weight, const float *bias,
+/* The linear layer with half operands of type dt: out(N,OC) = half(inp) @
+ * weight^T + bias, where inp is f32 (rounded to dt here) or of type dt
+ * (in_dtype), weight (OC,C) of type dt, bias f32 or NULL, out f32.
+ * Backward rounds dout to dt for the two matmuls (dinp += half(dout) @
+ * weight, dweight += half(dout)^T @ half(inp), both f32 sums) and sums
+ * dbias from the f32 dout, as the f32 layer does. scratch:
+ * loom_linear_half_scratch_floats(N, C, OC) floats, for forward and
+ * backward alike. */
+int64_t loom_linear_half_scratch_floats(int N, int C, int OC);
+loom_status loom_linear_forward_half(float *out, const void *inp,
+                                     loom_dtype in_dtype, loom_dtype dt,
+                                     const uint16_t *weight, const float *bias,
                                      int N, int C, int OC, float *scratch);
-loom_status loom_linear_backward_bf16(float *dinp, float *dweight, float *dbias,
+loom_status loom_linear_backward_half(float *dinp, float *dweight, float *dbias,
                                       const float *dout, const void *inp,
-                                      loom_dtype in_dtype,
-                                      const loom_bf16 *weight, int N, int C,
+                                      loom_dtype in_dtype, loom_dtype dt,
+                                      const uint16_t *weight, int N, int C,
                                       int OC, float *scratch);
 
 /* ----------------------------------------------------------- elementwise */
@@ -243,23 +265,23 @@ loom_status loom_conv2d_backward(float *dinp, float *dweight, float *dbias,
                                  float *col, const float *dout,
                                  const float *inp, const float *weight,
                                  const loom_conv2d_dims *d);
-/* The convolution with bf16 operands, as the bf16 linear layer: inp is f32
- * (rounded to bf16 here) or bf16 (in_dtype), weight (OC,C,KH,KW) bf16, bias
- * f32 or NULL, out f32; the operands are widened into scratch and the f32
- * kernels above run on them (same engine, same bits as those kernels on
- * bf16-rounded operands). Backward rounds dout to bf16 for dinp and
- * dweight and sums dbias from the f32 dout. scratch:
- * loom_conv2d_bf16_scratch_floats(d) floats (input, weight, output
+/* The convolution with half operands of type dt, as the half linear
+ * layer: inp is f32 (rounded to dt here) or of type dt (in_dtype), weight
+ * (OC,C,KH,KW) of type dt, bias f32 or NULL, out f32; the operands are
+ * widened into scratch and the f32 kernels above run on them (same engine,
+ * same bits as those kernels on rounded operands). Backward rounds dout to
+ * dt for dinp and dweight and sums dbias from the f32 dout. scratch:
+ * loom_conv2d_half_scratch_floats(d) floats (input, weight, output
  * gradient), col as above. */
-int64_t loom_conv2d_bf16_scratch_floats(const loom_conv2d_dims *d);
-loom_status loom_conv2d_forward_bf16(float *out, float *col, const void *inp,
-                                     loom_dtype in_dtype,
-                                     const loom_bf16 *weight, const float *bias,
+int64_t loom_conv2d_half_scratch_floats(const loom_conv2d_dims *d);
+loom_status loom_conv2d_forward_half(float *out, float *col, const void *inp,
+                                     loom_dtype in_dtype, loom_dtype dt,
+                                     const uint16_t *weight, const float *bias,
                                      const loom_conv2d_dims *d, float *scratch);
-loom_status loom_conv2d_backward_bf16(float *dinp, float *dweight, float *dbias,
+loom_status loom_conv2d_backward_half(float *dinp, float *dweight, float *dbias,
                                       float *col, const float *dout,
                                       const void *inp, loom_dtype in_dtype,
-                                      const loom_bf16 *weight,
+                                      loom_dtype dt, const uint16_t *weight,
                                       const loom_conv2d_dims *d,
                                       float *scratch);
 /* Direct 7-loop convolution: the reference of tests. */

@@ -98,9 +98,10 @@ loom_status loom_init_scheme_parse(const char *name, loom_init_scheme *out);
  *   forward  reads `in` (planned shape), sets *out to its output (usually
  *            an act buffer; a view of `in` is allowed) and keeps what
  *            backward needs. `in` must stay unchanged until backward.
- *            In a bf16 model a module planned with out_bf16 writes its
- *            output in bf16 (out dtype LOOM_BF16; *out then points to
- *            loom_bf16 values); gradients are always f32.
+ *            In a half model (bf16 or f16) a module planned with
+ *            out_half writes its output in the model's half type (out
+ *            dtype LOOM_BF16 or LOOM_F16; *out then points to 2-byte
+ *            values); gradients are always f32.
  *   backward ADDS the gradient with respect to its input into `dinp`
  *            (NULL when nobody needs it) and adds its parameters'
  *            gradients into ctx->grads. `dout` is the gradient with respect
@@ -119,7 +120,7 @@ struct loom_module {
   int param_count;                /* its own parameters, not children's */
   bool attached;                  /* has a parent or a model */
   loom_shape in, out;             /* the planned shapes */
-  bool out_bf16; /* planned to hand its output on in bf16 (a bf16 model) */
+  bool out_half; /* planned to hand its output on in half (a half model) */
 };
 
 struct loom_module_ops {
@@ -138,13 +139,13 @@ struct loom_module_ops {
    * otherwise clear first: one pass over it instead of three. */
   loom_status (*backward_to)(loom_module *m, loom_nn_ctx *ctx,
                              const float *dout, float *dinp);
-  /* Mixed precision (docs/precision.md). bf16_in: in a bf16 model the
-   * module takes a bf16 input (its first operation is a bf16 matmul or
-   * convolution), so
-   * the module before it may hand its output on in bf16. f32_only: the
-   * module has no bf16 form yet, and loom_model_set_precision refuses
-   * bf16 for a model holding one. */
-  bool bf16_in;
+  /* Mixed precision (docs/precision.md). half_in: in a half model (bf16
+   * or f16) the module takes an input of that type (its first operation is
+   * a half matmul or convolution), so the module before it may hand its
+   * output on in it. f32_only: the module has no half form yet, and
+   * loom_model_set_precision refuses bf16 and f16 for a model holding
+   * one. */
+  bool half_in;
   bool f32_only;
 };
 
@@ -169,14 +170,15 @@ typedef loom_status (*loom_unit_hook)(void *user, int unit, loom_unit_event ev);
 
 /* What forward and backward see: the flat buffers and the step's keys. */
 struct loom_nn_ctx {
-  float *params;                /* the flat parameter buffer */
-  const loom_bf16 *params_bf16; /* its bf16 copy in a bf16 model, else NULL */
-  float *grads;                 /* the flat gradient buffer */
-  const loom_param *views;      /* the model's views */
-  bool training;                /* dropout on */
-  uint64_t seed;                /* the model's seed (dropout masks) */
-  uint64_t step;                /* loom_model_set_step */
-  uint64_t sample_base;         /* global index of this batch's first sample */
+  float *params;               /* the flat parameter buffer */
+  const uint16_t *params_half; /* its copy in `half`, else NULL */
+  loom_dtype half;             /* LOOM_BF16 or LOOM_F16; LOOM_F32: none */
+  float *grads;                /* the flat gradient buffer */
+  const loom_param *views;     /* the model's views */
+  bool training;               /* dropout on */
+  uint64_t seed;               /* the model's seed (dropout masks) */
+  uint64_t step;               /* loom_model_set_step */
+  uint64_t sample_base;        /* global index of this batch's first sample */
   loom_grad_hook hook;
   void *hook_user;
   loom_unit_hook unit_hook; /* NULL: none */
@@ -390,26 +392,27 @@ void loom_model_drop_own_grads(loom_model *m);
  * restores it. loom_model_params() returns the bound buffer. */
 void loom_model_bind_params(loom_model *m, float *params);
 
-/* Mixed precision (docs/precision.md). LOOM_BF16: the matmuls of linear
- * layers (attention's projections, the MLP's, the tied output layer) and
- * convolutions take bf16 operands and sum in f32; the module before such
- * a layer hands its output on in bf16 (ReLU, GELU, LayerNorm, attention's
- * heads, max pooling), which is
+/* Mixed precision (docs/precision.md). LOOM_BF16 or LOOM_F16 (the half
+ * types): the matmuls of linear layers (attention's projections, the
+ * MLP's, the tied output layer) and convolutions take operands of that
+ * type and sum in f32; the module before such a layer hands its output on
+ * in it (ReLU, GELU, LayerNorm, attention's heads, max pooling), which is
  * also what is kept for backward; everything else (norms, softmax,
  * attention's scores, the loss, gradients, the parameters themselves)
- * stays f32. The model keeps a bf16 copy of its parameters (2 bytes a
+ * stays f32. The model keeps a half copy of its parameters (2 bytes a
  * parameter), made on the first forward after they changed: call
  * loom_model_params_updated after writing them (an optimizer step; the
  * trainer does), not needed after loom_model_init_params,
  * loom_model_init_view or loom_model_bind_params. LOOM_F32 (the default)
- * frees the copy. LOOM_ERR_UNSUPPORTED for another type, or for bf16 in a
- * model holding a module without a bf16 form (ops->f32_only; none of
- * loom's own). */
+ * frees the copy. f16's range ends at 65504: train it with a loss scaler
+ * (loom_scaler, include/loom/optim.h), as the trainer does.
+ * LOOM_ERR_UNSUPPORTED for another type, or for a half type in a model holding
+ * a module without a half form (ops->f32_only; none of loom's own). */
 loom_status loom_model_set_precision(loom_model *m, loom_dtype precision);
 loom_dtype loom_model_precision(const loom_model *m);
 void loom_model_params_updated(loom_model *m);
-/* Bytes of the bf16 parameter copy (0 in f32). */
-size_t loom_model_bf16_bytes(const loom_model *m);
+/* Bytes of the half (bf16 or f16) parameter copy (0 in f32). */
+size_t loom_model_half_bytes(const loom_model *m);
 
 /* Training mode (default) or eval mode (dropout off). */
 void loom_model_set_training(loom_model *m, bool training);

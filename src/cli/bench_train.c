@@ -40,14 +40,15 @@ static void usage(FILE *f) {
           "usage: loom bench train [--model fashion-mlp|fashion-cnn|"
           "kjv-gpt|all] [--threads N]\n"
           "                        [--steps S] [--warmup W] "
-          "[--precision f32|bf16] [--json]\n"
+          "[--precision f32|bf16|f16] [--json]\n"
           "\n"
           "--threads 0 (default): LOOM_THREADS or all cores.\n"
           "S timed steps (>= 1, default 30) after W untimed (default 5).\n"
           "\n"
           "Times full training steps (forward, loss, backward, optimizer)\n"
-          "of the reference workloads on synthetic data, f32 (or bf16), one\n"
-          "process, and prints the median-step throughput. --json prints\n"
+          "of the reference workloads on synthetic data, f32 (or bf16, or f16\n"
+          "with dynamic loss scaling as training does it), one process, and\n"
+          "prints the median-step throughput. --json prints\n"
           "one JSON line per workload (bench/train_throughput reads it).\n");
 }
 
@@ -153,6 +154,11 @@ static loom_status run_one(const workload *w, loom_dtype precision, int threads,
   float *params = loom_model_params(model);
   float *grads = loom_model_grads(model);
   float lr = text ? 3e-4f : 0.05f;
+  /* f16: the loss scaled, the gradients unscaled and checked, as the
+   * trainer does (docs/precision.md); a step with inf/NaN is skipped */
+  loom_scaler sc = loom_scaler_default();
+  const bool scaled = precision == LOOM_F16;
+  const int64_t np = loom_model_num_params(model);
   for (int i = -warmup; i < steps; i++) {
     double t0 = loom_time_now();
     loom_tensor logits, dlogits;
@@ -162,10 +168,15 @@ static loom_status run_one(const workload *w, loom_dtype precision, int threads,
     LOOM_TRY_GOTO(
         s, loom_xent_forward(xent, &logits, (const int32_t *)y.data, &st), out);
     LOOM_TRY_GOTO(s, loom_model_output_grad(model, &dlogits), out);
-    LOOM_TRY_GOTO(s, loom_xent_backward(xent, &dlogits, 1.0f), out);
+    LOOM_TRY_GOTO(
+        s, loom_xent_backward(xent, &dlogits, scaled ? sc.scale : 1.0f), out);
     LOOM_TRY_GOTO(s, loom_model_backward(model, NULL, NULL), out);
-    LOOM_TRY_GOTO(s, loom_optim_step(optim, params, grads, lr), out);
-    loom_model_params_updated(model); /* bf16: a new copy, once a step */
+    bool skip = scaled && loom_scaler_unscale(&sc, grads, np);
+    if (scaled)
+      loom_scaler_update(&sc, skip);
+    if (!skip)
+      LOOM_TRY_GOTO(s, loom_optim_step(optim, params, grads, lr), out);
+    loom_model_params_updated(model); /* bf16/f16: a new copy, once a step */
     if (i >= 0)
       times[i] = loom_time_now() - t0;
   }
@@ -229,9 +240,12 @@ int loom_bench_train(int argc, char **argv) {
         precision = LOOM_F32;
       else if (strcmp(argv[i], "bf16") == 0)
         precision = LOOM_BF16;
+      else if (strcmp(argv[i], "f16") == 0)
+        precision = LOOM_F16;
       else {
         fprintf(stderr,
-                "loom bench train: --precision %s: expected f32 or bf16\n",
+                "loom bench train: --precision %s: expected f32, bf16 or "
+                "f16\n",
                 argv[i]);
         return LOOM_EXIT_USAGE;
       }

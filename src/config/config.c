@@ -235,19 +235,27 @@ static const loom_config_key keys[] = {
          "less activation memory, about one more forward of time): none, "
          "blocks (every transformer block a segment) or every:K (K blocks "
          "a segment)"),
-    KENUM_TODO("train.precision", train.precision, "f32",
-               loom_cfg_precision_names, 0,
-               "arithmetic of forward and backward: f32, or bf16 (models mlp, "
-               "cnn and gpt: matmuls and convolutions of bf16 operands summed "
-               "in f32, bf16 activations kept for them; norms, softmax, the "
-               "loss, "
-               "gradients, reductions, master weights and optimizer f32; "
-               "docs/precision.md), or f16",
-               BIT(LOOM_CFG_PRECISION_F16),
-               "f16 with loss scaling comes in a later release"),
-    KFLOAT_TODO("train.loss_scale", train.loss_scale, "0", 0, 16777216, 0,
-                "f16: a fixed loss scale, or 0 = dynamic scaling",
-                "loss scaling comes with train.precision f16"),
+    KENUM("train.precision", train.precision, "f32", loom_cfg_precision_names,
+          0,
+          "arithmetic of forward and backward: f32, bf16 or f16 (models mlp, "
+          "cnn and gpt: matmuls and convolutions of bf16 or f16 operands "
+          "summed in f32, activations kept for them in that type; norms, "
+          "softmax, the loss, gradients, reductions, master weights and "
+          "optimizer f32; f16 with loss scaling, train.loss_scale; "
+          "docs/precision.md)"),
+    KSTR("train.loss_scale", train.loss_scale, "\"auto\"", 0,
+         "loss scaling, for train.precision f16 (whose range ends at 65504): "
+         "auto (dynamic with f16, none otherwise), dynamic (start at "
+         "train.loss_scale_init, halve it and skip the step when a gradient "
+         "holds an inf or NaN on any rank, double it after "
+         "train.loss_scale_growth_interval good steps), a number > 0 (a "
+         "static scale), or 0 (none); f32 and bf16 take auto or 0"),
+    KFLOAT("train.loss_scale_init", train.loss_scale_init, "65536", 0, 1e38, MI,
+           "dynamic loss scaling: the first scale"),
+    KINT("train.loss_scale_growth_interval", train.loss_scale_growth_interval,
+         "2000", 1, 1000000000, 0,
+         "dynamic loss scaling: good steps in a row (no inf or NaN) before "
+         "the scale doubles"),
     /* checkpoint */
     KBOOL("checkpoint.enabled", checkpoint.enabled, "true", 0,
           "write checkpoints"),
@@ -1460,6 +1468,73 @@ static loom_status check_sizes(const loom_config *cfg, const cfg_origins *org,
 
 /* Range of every key (for configs filled in from C) and the rules that tie
  * keys together. `where` names the source for keys left at their default. */
+loom_status loom_config_loss_scale(const loom_config *cfg,
+                                   loom_loss_scale_mode *mode, double *scale) {
+  const char *v = cfg->train.loss_scale;
+  const bool f16 = cfg->train.precision == LOOM_CFG_PRECISION_F16;
+  if (strcmp(v, "auto") == 0 || strcmp(v, "dynamic") == 0) {
+    const bool dyn = strcmp(v, "dynamic") == 0 || f16;
+    *mode = dyn ? LOOM_LOSS_SCALE_DYNAMIC : LOOM_LOSS_SCALE_NONE;
+    *scale = dyn ? cfg->train.loss_scale_init : 1.0;
+    return LOOM_OK;
+  }
+  char *end = NULL;
+  errno = 0;
+  double x = strtod(v, &end);
+  if (!*v || end == v || *end != '\0' || errno != 0 || !isfinite(x) || x < 0 ||
+      x > 1e38)
+    return loom_error(LOOM_ERR_CONFIG,
+                      "train.loss_scale '%s': expected auto, dynamic, a "
+                      "number > 0 (a static scale, at most 1e38) or 0 (none)",
+                      v);
+  *mode = x > 0 ? LOOM_LOSS_SCALE_STATIC : LOOM_LOSS_SCALE_NONE;
+  *scale = x > 0 ? x : 1.0;
+  return LOOM_OK;
+}
+
+/* Loss scaling is for f16, whose range ends at 65504: f32 and bf16 share
+ * f32's exponent range and need none (so it is refused there rather than
+ * accepted for nothing); the dynamic scaler's keys only with it; not yet
+ * through a pipeline. */
+static loom_status check_loss_scale(const loom_config *cfg,
+                                    const cfg_origins *org, cfg_loc *none) {
+  loom_loss_scale_mode mode;
+  double scale;
+  const cfg_loc *l = origin_of(org, "train.loss_scale", none);
+  if (loom_config_loss_scale(cfg, &mode, &scale) != LOOM_OK)
+    return cfg_err(l, "train.loss_scale",
+                   "'%s': expected auto, dynamic, a number > 0 (a static "
+                   "scale, at most 1e38) or 0 (none)",
+                   cfg->train.loss_scale);
+  const bool f16 = cfg->train.precision == LOOM_CFG_PRECISION_F16;
+  if (!f16 && mode != LOOM_LOSS_SCALE_NONE)
+    return cfg_err(l, "train.loss_scale",
+                   "'%s' is for train.precision f16; precision '%s' has "
+                   "f32's exponent range and needs no loss scaling: it "
+                   "supports auto or 0",
+                   cfg->train.loss_scale,
+                   loom_cfg_precision_names[cfg->train.precision]);
+  /* the dynamic scaler's keys, set away from their defaults */
+  static const char *const dyn_keys[] = {"train.loss_scale_init",
+                                         "train.loss_scale_growth_interval"};
+  const bool dyn_set[] = {cfg->train.loss_scale_init != 65536.0,
+                          cfg->train.loss_scale_growth_interval != 2000};
+  for (int i = 0; i < 2 && mode != LOOM_LOSS_SCALE_DYNAMIC; i++)
+    if (dyn_set[i])
+      return cfg_err(origin_of(org, dyn_keys[i], none), dyn_keys[i],
+                     "is for dynamic loss scaling (train.loss_scale dynamic, "
+                     "or auto with train.precision f16); here loss scaling "
+                     "is %s",
+                     mode == LOOM_LOSS_SCALE_STATIC ? "static" : "off");
+  if (f16 && cfg->parallel.pp > 1)
+    return cfg_err(origin_of(org, "train.precision", none), "train.precision",
+                   "f16 with parallel.pp %lld is not implemented yet (loss "
+                   "scaling is not wired into the pipeline); supported: "
+                   "parallel.pp 1, or bf16 or f32 with a pipeline",
+                   (long long)cfg->parallel.pp);
+  return LOOM_OK;
+}
+
 static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
                                 const char *file) {
   cfg_loc none = {file, NULL, 0, 0};
@@ -1563,14 +1638,16 @@ static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
                    "blocks only",
                    cfg->parallel.shard_unit,
                    loom_cfg_strategy_names[cfg->parallel.strategy]);
-  if (cfg->train.precision == LOOM_CFG_PRECISION_BF16 &&
+  if (cfg->train.precision != LOOM_CFG_PRECISION_F32 &&
       (cfg->parallel.strategy == LOOM_CFG_STRATEGY_ZERO3 ||
        cfg->parallel.strategy == LOOM_CFG_STRATEGY_FSDP))
     return cfg_err(origin_of(org, "train.precision", &none), "train.precision",
-                   "bf16 with parallel.strategy '%s' is not implemented yet "
+                   "%s with parallel.strategy '%s' is not implemented yet "
                    "(parameters gathered unit by unit); supported: none, "
                    "ddp, zero1, zero2 or auto",
+                   loom_cfg_precision_names[cfg->train.precision],
                    loom_cfg_strategy_names[cfg->parallel.strategy]);
+  LOOM_TRY(check_loss_scale(cfg, org, &none));
   if (ac_every > 0 && m->name != LOOM_CFG_MODEL_GPT)
     return cfg_err(origin_of(org, "train.activation_checkpointing", &none),
                    "train.activation_checkpointing",

@@ -60,6 +60,7 @@ static void detect(loom_cpu_features *f) {
   if (!__get_cpuid(1, &a, &b, &c, &d))
     return;
   const int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1;
+  const int f16c = (c >> 29) & 1;
   if (!osxsave || !avx)
     return; /* no OS-saved YMM state: nothing beyond SSE is usable */
   const uint64_t xcr0 = read_xcr0();
@@ -69,6 +70,7 @@ static void detect(loom_cpu_features *f) {
   const uint64_t tile_bits = XCR0_XTILECFG | XCR0_XTILEDATA;
   const int tile_ok = (xcr0 & tile_bits) == tile_bits;
   f->fma = ymm_ok && fma;
+  f->f16c = ymm_ok && f16c;
   unsigned max_leaf = __get_cpuid_max(0, NULL);
   if (max_leaf < 7)
     return;
@@ -136,7 +138,7 @@ static bool isa_on_cpu(loom_isa isa) {
   case LOOM_ISA_BASE:
     return true;
   case LOOM_ISA_AVX2:
-    return f->avx2 && f->fma;
+    return f->avx2 && f->fma && f->f16c;
   default:
     return false;
   }

@@ -61,8 +61,8 @@ loom_f16 loom_f32_to_f16(float x) {
   uint32_t u = f32_bits(x);
   uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t absu = u & 0x7fffffffu;
-  if (absu > 0x7f800000u) /* NaN */
-    return (loom_f16)(sign | 0x7e00u);
+  if (absu > 0x7f800000u) /* NaN: quiet, top payload bits kept (F16C's) */
+    return (loom_f16)(sign | 0x7e00u | ((absu >> 13) & 0x3ffu));
   if (absu >= 0x477ff000u) /* rounds to >= 65520: infinity */
     return (loom_f16)(sign | 0x7c00u);
   if (absu < 0x38800000u) { /* below 2^-14: subnormal or zero */
@@ -83,7 +83,8 @@ float loom_f16_to_f32(loom_f16 h) {
     float f = (float)mant * 5.9604644775390625e-8f;
     return sign ? -f : f;
   }
-  if (exp == 31)
-    return bits_f32(sign | 0x7f800000u | (mant << 13));
+  if (exp == 31) /* infinity, or a NaN made quiet (F16C's) */
+    return bits_f32(sign | 0x7f800000u | (mant << 13) |
+                    (mant ? 0x00400000u : 0u));
   return bits_f32(sign | ((exp + 112) << 23) | (mant << 13));
 }

@@ -120,9 +120,14 @@ const char *loom_bf16_path_name(loom_bf16_path p) {
  * AVX512-BF16 comes later (docs/precision.md). */
 loom_bf16_path loom_bf16_get_path(void) { return LOOM_BF16_PATH_CONVERT; }
 
-const char *loom_bf16_path_describe(void) {
+const char *loom_half_path_describe(loom_dtype dt) {
   const loom_cpu_features *f = loom_cpu_get_features();
   const bool avx2 = loom_cpu_isa() == LOOM_ISA_AVX2;
+  if (dt == LOOM_F16) /* the avx2 copy converts with F16C */
+    return avx2 ? "F16C (f32 arithmetic, f16 storage)"
+                : "base (f32 arithmetic, f16 storage, scalar conversions)";
+  if (dt != LOOM_BF16)
+    return "?";
   if (f->amx_bf16)
     return avx2 ? "AVX2 (f32 arithmetic, bf16 storage; this CPU's AMX is "
                   "not used yet)"

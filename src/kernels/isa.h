@@ -43,14 +43,20 @@
   V(loom_cvt_f32_to_bf16, (loom_bf16 *out, const float *in, int64_t n), (out, in, n)) \
   V(loom_cvt_bf16_to_f32, (float *out, const loom_bf16 *in, int64_t n), (out, in, n)) \
   V(loom_round_bf16, (float *out, const float *in, int64_t n), (out, in, n)) \
-  R(int64_t, loom_gemm_bf16_scratch_floats, (int M, int N, int K), (M, N, K)) \
-  R(loom_status, loom_gemm_bf16, (bool trans_a, bool trans_b, int M, int N, int K, float alpha, const loom_bf16 *A, int lda, const loom_bf16 *B, int ldb, float beta, float *C, int ldc, float *scratch), (trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, scratch)) \
-  R(int64_t, loom_linear_bf16_scratch_floats, (int N, int C, int OC), (N, C, OC)) \
-  R(loom_status, loom_linear_forward_bf16, (float *out, const void *inp, loom_dtype in_dtype, const loom_bf16 *weight, const float *bias, int N, int C, int OC, float *scratch), (out, inp, in_dtype, weight, bias, N, C, OC, scratch)) \
-  R(loom_status, loom_linear_backward_bf16, (float *dinp, float *dweight, float *dbias, const float *dout, const void *inp, loom_dtype in_dtype, const loom_bf16 *weight, int N, int C, int OC, float *scratch), (dinp, dweight, dbias, dout, inp, in_dtype, weight, N, C, OC, scratch)) \
-  R(int64_t, loom_conv2d_bf16_scratch_floats, (const loom_conv2d_dims *d), (d)) \
-  R(loom_status, loom_conv2d_forward_bf16, (float *out, float *col, const void *inp, loom_dtype in_dtype, const loom_bf16 *weight, const float *bias, const loom_conv2d_dims *d, float *scratch), (out, col, inp, in_dtype, weight, bias, d, scratch)) \
-  R(loom_status, loom_conv2d_backward_bf16, (float *dinp, float *dweight, float *dbias, float *col, const float *dout, const void *inp, loom_dtype in_dtype, const loom_bf16 *weight, const loom_conv2d_dims *d, float *scratch), (dinp, dweight, dbias, col, dout, inp, in_dtype, weight, d, scratch)) \
+  V(loom_cvt_f32_to_f16, (loom_f16 *out, const float *in, int64_t n), (out, in, n)) \
+  V(loom_cvt_f16_to_f32, (float *out, const loom_f16 *in, int64_t n), (out, in, n)) \
+  V(loom_round_f16, (float *out, const float *in, int64_t n), (out, in, n)) \
+  R(loom_status, loom_cvt_f32_to_half, (loom_dtype dt, uint16_t *out, const float *in, int64_t n), (dt, out, in, n)) \
+  R(loom_status, loom_cvt_half_to_f32, (loom_dtype dt, float *out, const uint16_t *in, int64_t n), (dt, out, in, n)) \
+  R(loom_status, loom_round_half, (loom_dtype dt, float *out, const float *in, int64_t n), (dt, out, in, n)) \
+  R(int64_t, loom_gemm_half_scratch_floats, (int M, int N, int K), (M, N, K)) \
+  R(loom_status, loom_gemm_half, (loom_dtype dt, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta, float *C, int ldc, float *scratch), (dt, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, scratch)) \
+  R(int64_t, loom_linear_half_scratch_floats, (int N, int C, int OC), (N, C, OC)) \
+  R(loom_status, loom_linear_forward_half, (float *out, const void *inp, loom_dtype in_dtype, loom_dtype dt, const uint16_t *weight, const float *bias, int N, int C, int OC, float *scratch), (out, inp, in_dtype, dt, weight, bias, N, C, OC, scratch)) \
+  R(loom_status, loom_linear_backward_half, (float *dinp, float *dweight, float *dbias, const float *dout, const void *inp, loom_dtype in_dtype, loom_dtype dt, const uint16_t *weight, int N, int C, int OC, float *scratch), (dinp, dweight, dbias, dout, inp, in_dtype, dt, weight, N, C, OC, scratch)) \
+  R(int64_t, loom_conv2d_half_scratch_floats, (const loom_conv2d_dims *d), (d)) \
+  R(loom_status, loom_conv2d_forward_half, (float *out, float *col, const void *inp, loom_dtype in_dtype, loom_dtype dt, const uint16_t *weight, const float *bias, const loom_conv2d_dims *d, float *scratch), (out, col, inp, in_dtype, dt, weight, bias, d, scratch)) \
+  R(loom_status, loom_conv2d_backward_half, (float *dinp, float *dweight, float *dbias, float *col, const float *dout, const void *inp, loom_dtype in_dtype, loom_dtype dt, const uint16_t *weight, const loom_conv2d_dims *d, float *scratch), (dinp, dweight, dbias, col, dout, inp, in_dtype, dt, weight, d, scratch)) \
   R(loom_status, loom_linear_forward, (float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC), (out, inp, weight, bias, N, C, OC)) \
   R(loom_status, loom_linear_backward, (float *dinp, float *dweight, float *dbias, const float *dout, const float *inp, const float *weight, int N, int C, int OC), (dinp, dweight, dbias, dout, inp, weight, N, C, OC)) \
   V(loom_maxpool2d_forward, (float *out, int32_t *argmax, const float *inp, int N, int C, int H, int W, int K, int S), (out, argmax, inp, N, C, H, W, K, S)) \

@@ -9,11 +9,11 @@ typedef struct attention {
   int B, T;
   const float *qkvo; /* (B,T,3C) the qkv child's output */
   float *att;        /* (B,NH,T,T) softmax probabilities */
-  void *y;           /* (B,T,C) heads concatenated: f32, bf16 in bf16 */
-  bool bf16;
-  float *dy;   /* (B,T,C) scratch */
-  float *dqkv; /* (B,T,3C) scratch */
-  float *datt; /* (B,NH,T,T) scratch of the kernel */
+  void *y;           /* (B,T,C) heads concatenated: f32, or the half type */
+  loom_dtype half;   /* LOOM_BF16, LOOM_F16, or LOOM_F32: none */
+  float *dy;         /* (B,T,C) scratch */
+  float *dqkv;       /* (B,T,3C) scratch */
+  float *datt;       /* (B,NH,T,T) scratch of the kernel */
 } attention;
 
 static loom_status attention_params(loom_module *m, loom_nn_visit *v) {
@@ -46,10 +46,10 @@ static loom_status attention_plan(loom_module *m, loom_nn_plan *p,
   LOOM_TRY(loom_module_plan(a->qkv, p, in, &s));
   loom_nn_plan_scratch_release(p, kid);
   a->att = loom_nn_plan_floats(p, BHTT);
-  /* proj, a linear layer, takes the heads in bf16 */
-  a->bf16 = p->bf16;
+  /* proj, a linear layer, takes the heads in half */
+  a->half = p->half;
   s = *in;
-  s.dtype = a->bf16 ? LOOM_BF16 : LOOM_F32;
+  s.dtype = a->half;
   a->y = loom_nn_plan_act(p, (size_t)BTC * loom_dtype_size(s.dtype));
   LOOM_TRY(loom_module_plan(a->proj, p, &s, out));
   loom_nn_plan_scratch_release(p, mark);
@@ -60,11 +60,12 @@ static loom_status attention_forward(loom_module *m, loom_nn_ctx *ctx,
                                      const void *in, const float **out) {
   attention *a = (attention *)m;
   LOOM_TRY(loom_module_forward(a->qkv, ctx, in, &a->qkvo));
-  if (a->bf16) {
+  if (a->half != LOOM_F32) {
     /* the f32 heads in dy (free until backward), then rounded */
     LOOM_TRY(loom_attention_forward(a->dy, a->att, a->qkvo, a->B, a->T, a->C,
                                     a->NH));
-    loom_cvt_f32_to_bf16(a->y, a->dy, (int64_t)a->B * a->T * a->C);
+    LOOM_TRY(loom_cvt_f32_to_half(a->half, a->y, a->dy,
+                                  (int64_t)a->B * a->T * a->C));
   } else {
     LOOM_TRY(
         loom_attention_forward(a->y, a->att, a->qkvo, a->B, a->T, a->C, a->NH));
@@ -98,7 +99,7 @@ static const loom_module_ops attention_ops = {
     .forward = attention_forward,
     .backward = attention_backward,
     .free = attention_free,
-    .bf16_in = true,
+    .half_in = true,
 };
 
 loom_status loom_attention_new(loom_module **out, int C, int NH, bool bias) {

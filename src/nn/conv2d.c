@@ -1,6 +1,6 @@
 /* 2-D convolution over (N,C,H,W) by the im2col kernels (or oneDNN's, as
- * the kernels choose); in a bf16 model by the same kernels on operands
- * rounded to bf16 (docs/precision.md). */
+ * the kernels choose); in a half model (bf16, f16) by the same kernels on
+ * operands rounded to that type (docs/precision.md). */
 #include "internal.h"
 
 typedef struct conv2d {
@@ -8,12 +8,12 @@ typedef struct conv2d {
   int C, OC, K, stride, pad;
   bool bias;
   loom_conv2d_dims d;
-  const void *in; /* (N,C,H,W) f32, or bf16 in a bf16 model; kept */
+  const void *in; /* (N,C,H,W) f32, or half in a half model; kept */
   float *out;     /* (N,OC,OH,OW) */
   float *col;     /* im2col scratch, loom_conv2d_col_floats(d) */
-  /* bf16 model: the operands in f32 (loom_conv2d_bf16_scratch_floats) */
+  /* half model: the operands in f32 (loom_conv2d_half_scratch_floats) */
   float *scratch;
-  bool bf16;
+  loom_dtype half; /* LOOM_BF16, LOOM_F16, or LOOM_F32: none */
 } conv2d;
 
 static loom_status conv2d_params(loom_module *m, loom_nn_visit *v) {
@@ -69,10 +69,11 @@ static loom_status conv2d_plan(loom_module *m, loom_nn_plan *p,
   c->col = loom_nn_plan_scratch_floats(
       p, p->touched ? loom_conv2d_col_floats_used(&c->d)
                     : loom_conv2d_col_floats(&c->d));
-  c->bf16 = p->bf16;
-  c->scratch = c->bf16 ? loom_nn_plan_scratch_floats(
-                             p, loom_conv2d_bf16_scratch_floats(&c->d))
-                       : NULL;
+  c->half = p->half;
+  c->scratch = c->half != LOOM_F32
+                   ? loom_nn_plan_scratch_floats(
+                         p, loom_conv2d_half_scratch_floats(&c->d))
+                   : NULL;
   return LOOM_OK;
 }
 
@@ -81,12 +82,13 @@ static loom_status conv2d_forward(loom_module *m, loom_nn_ctx *ctx,
   conv2d *c = (conv2d *)m;
   c->in = in;
   const float *b = c->bias ? loom_nn_param(ctx, m, 1) : NULL;
-  if (c->bf16) {
-    if (!ctx->params_bf16)
-      return loom_module_error(m, LOOM_ERR_INTERNAL, "no bf16 weights");
-    LOOM_TRY(loom_conv2d_forward_bf16(c->out, c->col, c->in, m->in.dtype,
-                                      loom_nn_param_bf16(ctx, m, 0), b, &c->d,
-                                      c->scratch));
+  if (c->half != LOOM_F32) {
+    if (!ctx->params_half || ctx->half != c->half)
+      return loom_module_error(m, LOOM_ERR_INTERNAL, "no %s weights",
+                               loom_dtype_name(c->half));
+    LOOM_TRY(loom_conv2d_forward_half(c->out, c->col, c->in, m->in.dtype,
+                                      c->half, loom_nn_param_half(ctx, m, 0), b,
+                                      &c->d, c->scratch));
   } else {
     LOOM_TRY(loom_conv2d_forward(c->out, c->col, c->in,
                                  loom_nn_param(ctx, m, 0), b, &c->d));
@@ -99,10 +101,10 @@ static loom_status conv2d_backward(loom_module *m, loom_nn_ctx *ctx,
                                    const float *dout, float *dinp) {
   conv2d *c = (conv2d *)m;
   float *db = c->bias ? loom_nn_grad(ctx, m, 1) : NULL;
-  if (c->bf16)
-    return loom_conv2d_backward_bf16(
+  if (c->half != LOOM_F32)
+    return loom_conv2d_backward_half(
         dinp, loom_nn_grad(ctx, m, 0), db, c->col, dout, c->in, m->in.dtype,
-        loom_nn_param_bf16(ctx, m, 0), &c->d, c->scratch);
+        c->half, loom_nn_param_half(ctx, m, 0), &c->d, c->scratch);
   return loom_conv2d_backward(dinp, loom_nn_grad(ctx, m, 0), db, c->col, dout,
                               c->in, loom_nn_param(ctx, m, 0), &c->d);
 }
@@ -116,7 +118,7 @@ static const loom_module_ops conv2d_ops = {
     .forward = conv2d_forward,
     .backward = conv2d_backward,
     .free = conv2d_free,
-    .bf16_in = true,
+    .half_in = true,
 };
 
 loom_status loom_conv2d_new(loom_module **out, int C, int OC, int K, int stride,

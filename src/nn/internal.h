@@ -29,13 +29,14 @@ struct loom_nn_plan {
   size_t rc_used;  /* bytes of the current segment */
   size_t rc_peak;  /* the largest segment */
   size_t rc_total; /* size of the recompute region (binding pass) */
-  /* Mixed precision (docs/precision.md): the model runs in bf16, and the
-   * module planned next may hand its output on in bf16 (its consumer takes
-   * bf16: loom_nn_takes_bf16). loom_module_plan moves out_bf16 into the
-   * module (loom_module.out_bf16) and clears it, so it never reaches the
+  /* Mixed precision (docs/precision.md): the half type the model runs in
+   * (LOOM_BF16 or LOOM_F16; LOOM_F32: none), and whether the module
+   * planned next may hand its output on in it (its consumer takes half
+   * input: loom_nn_takes_half). loom_module_plan moves out_half into the
+   * module (loom_module.out_half) and clears it, so it never reaches the
    * module's own children by accident. */
-  bool bf16;
-  bool out_bf16;
+  loom_dtype half;
+  bool out_half;
 };
 
 /* One parameter as listed, before the flat buffers exist. */
@@ -60,7 +61,7 @@ struct loom_nn_visit {
     int unit, view;
   } * urefs; /* (nurefs) */
   int nurefs, cap_urefs;
-  /* The first module listed that cannot run in bf16 (ops->f32_only). */
+  /* The first module listed that cannot run in half (ops->f32_only). */
   const loom_module *f32_only;
 };
 
@@ -72,22 +73,21 @@ loom_status loom_nn_visit_root(loom_nn_visit *v, loom_module *root);
 /* Checks a float input whose last dimension must be C (C <= 0: any). */
 loom_status loom_nn_check_f32(const loom_module *m, const loom_shape *in,
                               int min_ndim, int64_t C);
-/* The same, also taking a bf16 input when the plan is in bf16 (modules
- * whose first operation is a bf16 matmul: linear, attention, mlp,
- * conv2d). */
+/* The same, also taking an input of the plan's half type (modules whose
+ * first operation is a half matmul: linear, attention, mlp, conv2d). */
 loom_status loom_nn_check_float(const loom_module *m, const loom_nn_plan *p,
                                 const loom_shape *in, int min_ndim, int64_t C);
-/* Whether m takes a bf16 input in a bf16 plan (ops->bf16_in, or a
+/* Whether m takes a half input in a half plan (ops->half_in, or a
  * sequential whose first child does). */
-bool loom_nn_takes_bf16(const loom_module *m, const loom_nn_plan *p);
-/* An output of n elements for a module: bf16 (2 bytes each) when
- * m->out_bf16, else f32; sets out->dtype to match. */
+bool loom_nn_takes_half(const loom_module *m, const loom_nn_plan *p);
+/* An output of n elements for a module: of the plan's half type (2 bytes
+ * each) when m->out_half, else f32; sets out->dtype to match. */
 void *loom_nn_plan_out(loom_nn_plan *p, const loom_module *m, int64_t n,
                        loom_shape *out);
-/* The bf16 copy of the k-th own parameter of m (a bf16 model only). */
-static inline const loom_bf16 *loom_nn_param_bf16(const loom_nn_ctx *c,
-                                                  const loom_module *m, int k) {
-  return c->params_bf16 + c->views[m->param_first + k].offset;
+/* The half copy of the k-th own parameter of m (a half model only). */
+static inline const uint16_t *loom_nn_param_half(const loom_nn_ctx *c,
+                                                 const loom_module *m, int k) {
+  return c->params_half + c->views[m->param_first + k].offset;
 }
 
 /* numel fits the int dimensions of the kernels. */

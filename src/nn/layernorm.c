@@ -7,7 +7,7 @@ typedef struct layernorm {
   bool bias;
   int N;
   const float *in; /* (N,C), kept from forward */
-  void *out;       /* (N,C) f32, or bf16 when handed on in bf16 */
+  void *out;       /* (N,C) f32, or half when handed on in half */
   float *mean;     /* (N) */
   float *rstd;     /* (N) */
   float *zeros;    /* (C) stands for the bias when there is none */
@@ -58,12 +58,13 @@ static loom_status layernorm_forward(loom_module *m, loom_nn_ctx *ctx,
   layernorm *l = (layernorm *)m;
   l->in = in;
   const float *b = l->bias ? loom_nn_param(ctx, m, 1) : l->zeros;
-  /* bf16: the f32 output in dsink (free until backward), then rounded */
-  float *y = m->out_bf16 ? l->dsink : l->out;
+  /* half: the f32 output in dsink (free until backward), then rounded */
+  float *y = m->out_half ? l->dsink : l->out;
   loom_layernorm_forward(y, l->mean, l->rstd, l->in, loom_nn_param(ctx, m, 0),
                          b, l->N, l->C);
-  if (m->out_bf16)
-    loom_cvt_f32_to_bf16(l->out, y, (int64_t)l->N * l->C);
+  if (m->out_half)
+    LOOM_TRY(
+        loom_cvt_f32_to_half(m->out.dtype, l->out, y, (int64_t)l->N * l->C));
   *out = l->out;
   return LOOM_OK;
 }

@@ -9,11 +9,11 @@ typedef struct linear {
   const loom_module *owner; /* tied: the module owning the weight */
   int owner_k;
   int N;
-  const void *in; /* (N,C) f32, or bf16 in a bf16 model; kept from forward */
+  const void *in; /* (N,C) f32, or half in a half model; kept from forward */
   float *out;     /* (N,OC) */
-  /* bf16 model: the operands in f32 (loom_linear_bf16_scratch_floats) */
+  /* half model: the operands in f32 (loom_linear_half_scratch_floats) */
   float *scratch;
-  bool bf16;
+  loom_dtype half; /* LOOM_BF16, LOOM_F16, or LOOM_F32: none */
 } linear;
 
 static loom_status linear_params(loom_module *m, loom_nn_visit *v) {
@@ -61,13 +61,13 @@ static loom_status linear_plan(loom_module *m, loom_nn_plan *p,
   out->dtype = LOOM_F32;
   out->dim[out->ndim - 1] = l->OC;
   l->out = loom_nn_plan_floats(p, N * l->OC);
-  l->bf16 = p->bf16;
+  l->half = p->half;
   l->scratch = NULL;
-  if (l->bf16) {
+  if (l->half != LOOM_F32) {
     /* forward and backward each use it within the call */
     size_t mark = loom_nn_plan_scratch_mark(p);
     l->scratch = loom_nn_plan_scratch_floats(
-        p, loom_linear_bf16_scratch_floats(l->N, l->C, l->OC));
+        p, loom_linear_half_scratch_floats(l->N, l->C, l->OC));
     loom_nn_plan_scratch_release(p, mark);
   }
   return LOOM_OK;
@@ -78,10 +78,10 @@ static const float *linear_weight(const linear *l, const loom_nn_ctx *ctx) {
                   : loom_nn_param(ctx, &l->base, 0);
 }
 
-static const loom_bf16 *linear_weight_bf16(const linear *l,
-                                           const loom_nn_ctx *ctx) {
-  return l->owner ? loom_nn_param_bf16(ctx, l->owner, l->owner_k)
-                  : loom_nn_param_bf16(ctx, &l->base, 0);
+static const uint16_t *linear_weight_half(const linear *l,
+                                          const loom_nn_ctx *ctx) {
+  return l->owner ? loom_nn_param_half(ctx, l->owner, l->owner_k)
+                  : loom_nn_param_half(ctx, &l->base, 0);
 }
 
 static loom_status linear_forward(loom_module *m, loom_nn_ctx *ctx,
@@ -89,11 +89,12 @@ static loom_status linear_forward(loom_module *m, loom_nn_ctx *ctx,
   linear *l = (linear *)m;
   l->in = in;
   const float *b = l->bias ? loom_nn_param(ctx, m, 1) : NULL;
-  if (l->bf16) {
-    if (!ctx->params_bf16)
-      return loom_module_error(m, LOOM_ERR_INTERNAL, "no bf16 weights");
-    LOOM_TRY(loom_linear_forward_bf16(l->out, l->in, m->in.dtype,
-                                      linear_weight_bf16(l, ctx), b, l->N, l->C,
+  if (l->half != LOOM_F32) {
+    if (!ctx->params_half || ctx->half != l->half)
+      return loom_module_error(m, LOOM_ERR_INTERNAL, "no %s weights",
+                               loom_dtype_name(l->half));
+    LOOM_TRY(loom_linear_forward_half(l->out, l->in, m->in.dtype, l->half,
+                                      linear_weight_half(l, ctx), b, l->N, l->C,
                                       l->OC, l->scratch));
   } else {
     LOOM_TRY(loom_linear_forward(l->out, l->in, linear_weight(l, ctx), b, l->N,
@@ -109,10 +110,10 @@ static loom_status linear_backward(loom_module *m, loom_nn_ctx *ctx,
   float *dw = l->owner ? loom_nn_grad(ctx, l->owner, l->owner_k)
                        : loom_nn_grad(ctx, m, 0);
   float *db = l->bias ? loom_nn_grad(ctx, m, 1) : NULL;
-  if (l->bf16)
-    return loom_linear_backward_bf16(dinp, dw, db, dout, l->in, m->in.dtype,
-                                     linear_weight_bf16(l, ctx), l->N, l->C,
-                                     l->OC, l->scratch);
+  if (l->half != LOOM_F32)
+    return loom_linear_backward_half(dinp, dw, db, dout, l->in, m->in.dtype,
+                                     l->half, linear_weight_half(l, ctx), l->N,
+                                     l->C, l->OC, l->scratch);
   return loom_linear_backward(dinp, dw, db, dout, l->in, linear_weight(l, ctx),
                               l->N, l->C, l->OC);
 }
@@ -126,7 +127,7 @@ static const loom_module_ops linear_ops = {
     .forward = linear_forward,
     .backward = linear_backward,
     .free = linear_free,
-    .bf16_in = true,
+    .half_in = true,
 };
 
 loom_status loom_linear_new(loom_module **out, int C, int OC, bool bias) {

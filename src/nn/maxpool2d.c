@@ -1,5 +1,5 @@
-/* Max pooling over (N,C,H,W), no padding; in a bf16 model it hands its
- * output on in bf16 when the module after it takes bf16 (a convolution):
+/* Max pooling over (N,C,H,W), no padding; in a half model it hands its
+ * output on in half when the module after it takes half (a convolution):
  * rounding keeps the order, so the max of the rounded values is the
  * rounded max. */
 #include "internal.h"
@@ -8,7 +8,7 @@ typedef struct maxpool2d {
   loom_module base;
   int K, S;
   int N, C, H, W;
-  void *out;       /* (N,C,OH,OW) f32, or bf16 when handed on in bf16 */
+  void *out;       /* (N,C,OH,OW) f32, or half when handed on in half */
   int32_t *argmax; /* (N,C,OH,OW) */
   float *tmp;      /* (N,C,OH,OW) scratch: the f32 output before rounding */
 } maxpool2d;
@@ -40,7 +40,7 @@ static loom_status maxpool2d_plan(loom_module *m, loom_nn_plan *p,
   mp->out = loom_nn_plan_out(p, m, n, out);
   mp->argmax = loom_nn_plan_act(p, (size_t)n * sizeof(int32_t));
   mp->tmp = NULL;
-  if (m->out_bf16) {
+  if (m->out_half) {
     size_t mark = loom_nn_plan_scratch_mark(p);
     mp->tmp = loom_nn_plan_scratch_floats(p, n);
     loom_nn_plan_scratch_release(p, mark);
@@ -51,12 +51,14 @@ static loom_status maxpool2d_plan(loom_module *m, loom_nn_plan *p,
 /* The f32 output's place: the output itself, or the scratch rounded into
  * it (finish). */
 static float *pool_dst(const maxpool2d *mp) {
-  return mp->base.out_bf16 ? mp->tmp : (float *)mp->out;
+  return mp->base.out_half ? mp->tmp : (float *)mp->out;
 }
 
-static void pool_finish(const maxpool2d *mp) {
-  if (mp->base.out_bf16)
-    loom_cvt_f32_to_bf16(mp->out, mp->tmp, loom_shape_numel(&mp->base.out));
+static loom_status pool_finish(const maxpool2d *mp) {
+  if (!mp->base.out_half)
+    return LOOM_OK;
+  return loom_cvt_f32_to_half(mp->base.out.dtype, mp->out, mp->tmp,
+                              loom_shape_numel(&mp->base.out));
 }
 
 static loom_status maxpool2d_forward(loom_module *m, loom_nn_ctx *ctx,
@@ -65,7 +67,7 @@ static loom_status maxpool2d_forward(loom_module *m, loom_nn_ctx *ctx,
   (void)ctx;
   loom_maxpool2d_forward(pool_dst(mp), mp->argmax, in, mp->N, mp->C, mp->H,
                          mp->W, mp->K, mp->S);
-  pool_finish(mp);
+  LOOM_TRY(pool_finish(mp));
   *out = mp->out;
   return LOOM_OK;
 }
@@ -116,7 +118,7 @@ loom_status loom_nn_relu_pool_forward(loom_module *relu, loom_module *pool,
   loom_nn_relu_set_input(relu, in);
   loom_relu_maxpool2d_forward(pool_dst(mp), mp->argmax, in, mp->N, mp->C, mp->H,
                               mp->W, mp->K, mp->S);
-  pool_finish(mp);
+  LOOM_TRY(pool_finish(mp));
   *out = mp->out;
   return LOOM_OK;
 }

@@ -6,12 +6,12 @@ typedef struct mlp {
   int C, H;
   loom_module *fc, *proj, *drop; /* drop may be NULL */
   int64_t N;
-  const float *h; /* (N,H) fc output */
-  void *g;        /* (N,H) GELU output: f32, or bf16 in a bf16 model */
-  bool bf16;
-  float *dg; /* (N,H) scratch */
-  float *dh; /* (N,H) scratch */
-  float *dd; /* (N,C) scratch, with dropout */
+  const float *h;  /* (N,H) fc output */
+  void *g;         /* (N,H) GELU output: f32, or half in a half model */
+  loom_dtype half; /* LOOM_BF16, LOOM_F16, or LOOM_F32: none */
+  float *dg;       /* (N,H) scratch */
+  float *dh;       /* (N,H) scratch */
+  float *dd;       /* (N,C) scratch, with dropout */
 } mlp;
 
 static loom_status mlp_params(loom_module *m, loom_nn_visit *v) {
@@ -37,9 +37,9 @@ static loom_status mlp_plan(loom_module *m, loom_nn_plan *pl,
   size_t kid = loom_nn_plan_scratch_mark(pl);
   LOOM_TRY(loom_module_plan(p->fc, pl, in, &s));
   loom_nn_plan_scratch_release(pl, kid);
-  /* proj, a linear layer, takes the GELU's output in bf16 */
-  p->bf16 = pl->bf16;
-  s.dtype = p->bf16 ? LOOM_BF16 : LOOM_F32;
+  /* proj, a linear layer, takes the GELU's output in half */
+  p->half = pl->half;
+  s.dtype = p->half;
   p->g = loom_nn_plan_act(pl, (size_t)NH * loom_dtype_size(s.dtype));
   LOOM_TRY(loom_module_plan(p->proj, pl, &s, out));
   loom_nn_plan_scratch_release(pl, kid);
@@ -53,10 +53,10 @@ static loom_status mlp_forward(loom_module *m, loom_nn_ctx *ctx, const void *in,
                                const float **out) {
   mlp *p = (mlp *)m;
   LOOM_TRY(loom_module_forward(p->fc, ctx, in, &p->h));
-  if (p->bf16) {
+  if (p->half != LOOM_F32) {
     /* the f32 GELU in dg (free until backward), then rounded */
     loom_gelu_forward(p->dg, p->h, p->N * p->H);
-    loom_cvt_f32_to_bf16(p->g, p->dg, p->N * p->H);
+    LOOM_TRY(loom_cvt_f32_to_half(p->half, p->g, p->dg, p->N * p->H));
   } else {
     loom_gelu_forward(p->g, p->h, p->N * p->H);
   }
@@ -96,7 +96,7 @@ static const loom_module_ops mlp_ops = {
     .forward = mlp_forward,
     .backward = mlp_backward,
     .free = mlp_free,
-    .bf16_in = true,
+    .half_in = true,
 };
 
 loom_status loom_mlp_new(loom_module **out, int C, int hidden, bool bias,

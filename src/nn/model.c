@@ -44,11 +44,11 @@ struct loom_model {
   loom_unit_hook unit_obs; /* the observer (trace) */
   void *unit_obs_user;
   /* mixed precision (docs/precision.md) */
-  loom_dtype precision;   /* LOOM_F32 or LOOM_BF16 */
-  loom_bf16 *params_bf16; /* (numel) the bf16 copy of params, bf16 only */
-  bool bf16_stale;        /* params changed since the copy was made */
+  loom_dtype precision;  /* LOOM_F32, LOOM_BF16 or LOOM_F16 */
+  uint16_t *params_half; /* (numel) the half copy of params, half only */
+  bool half_stale;       /* params changed since the copy was made */
   char f32_only[LOOM_PARAM_NAME_MAX + 32]; /* "path (type)" of a module
-                                              without a bf16 form, or "" */
+                                              without a half form, or "" */
 };
 
 loom_model_opts loom_model_opts_default(void) {
@@ -228,7 +228,7 @@ loom_status loom_model_init_params(loom_model *m, const loom_model_opts *o) {
   m->opts = *o;
   for (int i = 0; i < m->nviews; i++)
     init_one(m->params + m->views[i].offset, &m->entries[i], i, o);
-  m->bf16_stale = true;
+  m->half_stale = true;
   return LOOM_OK;
 }
 
@@ -239,7 +239,7 @@ loom_status loom_model_init_view(loom_model *m, int i) {
   if (!m->params)
     return loom_error(LOOM_ERR_INVALID_ARG, "model: no parameter buffer");
   init_one(m->params + m->views[i].offset, &m->entries[i], i, &m->opts);
-  m->bf16_stale = true;
+  m->half_stale = true;
   return LOOM_OK;
 }
 
@@ -347,7 +347,7 @@ void loom_model_free(loom_model *m) {
   loom_free(m->entries);
   loom_free(m->own_params);
   loom_free(m->own_grads);
-  loom_free(m->params_bf16);
+  loom_free(m->params_half);
   loom_free(m->arena);
   loom_free(m->unit_first);
   loom_free(m->unit_ranges);
@@ -416,36 +416,39 @@ void loom_model_bind_grads(loom_model *m, float *grads) {
 
 void loom_model_bind_params(loom_model *m, float *params) {
   m->params = params ? params : m->own_params;
-  m->bf16_stale = true;
+  m->half_stale = true;
 }
 
 /* ----------------------------------------------------- mixed precision */
 
 loom_status loom_model_set_precision(loom_model *m, loom_dtype precision) {
-  if (precision != LOOM_F32 && precision != LOOM_BF16)
+  const bool half = precision == LOOM_BF16 || precision == LOOM_F16;
+  if (precision != LOOM_F32 && !half)
     return loom_error(LOOM_ERR_UNSUPPORTED,
-                      "model: precision %s is not implemented (f32 or bf16)",
+                      "model: precision %s is not implemented (f32, bf16 or "
+                      "f16)",
                       loom_dtype_name(precision));
   if (precision == m->precision)
     return LOOM_OK;
-  if (precision == LOOM_BF16 && m->f32_only[0])
+  if (half && m->f32_only[0])
     return loom_error(LOOM_ERR_UNSUPPORTED,
-                      "model: %s has no bf16 form yet; this model runs in "
+                      "model: %s has no %s form yet; this model runs in "
                       "f32 only",
-                      m->f32_only);
-  if (precision == LOOM_BF16 && !m->opts.shape_only) {
-    m->params_bf16 =
-        loom_malloc((size_t)(m->numel ? m->numel : 1) * sizeof(loom_bf16));
-    if (!m->params_bf16)
-      return loom_error_context(LOOM_ERR_NOMEM,
-                                "model: the bf16 copy of %lld parameters",
-                                (long long)m->numel);
-  } else {
-    loom_free(m->params_bf16);
-    m->params_bf16 = NULL;
+                      m->f32_only, loom_dtype_name(precision));
+  /* bf16 <-> f16: the copy keeps its size, its values are made again */
+  if (!half || m->opts.shape_only) {
+    loom_free(m->params_half);
+    m->params_half = NULL;
+  } else if (!m->params_half) {
+    m->params_half =
+        loom_malloc((size_t)(m->numel ? m->numel : 1) * sizeof(uint16_t));
+    if (!m->params_half)
+      return loom_error_context(
+          LOOM_ERR_NOMEM, "model: the %s copy of %lld parameters",
+          loom_dtype_name(precision), (long long)m->numel);
   }
   m->precision = precision;
-  m->bf16_stale = true;
+  m->half_stale = true;
   m->planned = false; /* the activations change type: plan again */
   m->have_forward = false;
   return LOOM_OK;
@@ -453,10 +456,10 @@ loom_status loom_model_set_precision(loom_model *m, loom_dtype precision) {
 
 loom_dtype loom_model_precision(const loom_model *m) { return m->precision; }
 
-void loom_model_params_updated(loom_model *m) { m->bf16_stale = true; }
+void loom_model_params_updated(loom_model *m) { m->half_stale = true; }
 
-size_t loom_model_bf16_bytes(const loom_model *m) {
-  return m->params_bf16 ? (size_t)m->numel * sizeof(loom_bf16) : 0;
+size_t loom_model_half_bytes(const loom_model *m) {
+  return m->params_half ? (size_t)m->numel * sizeof(uint16_t) : 0;
 }
 
 void loom_model_set_training(loom_model *m, bool training) {
@@ -484,7 +487,7 @@ loom_status loom_model_plan(loom_model *m, const loom_shape *in) {
   /* Counting pass: sizes only. */
   loom_nn_plan p;
   memset(&p, 0, sizeof p);
-  p.bf16 = m->precision == LOOM_BF16;
+  p.half = m->precision;
   loom_shape out;
   LOOM_TRY(loom_module_plan(m->root, &p, in, &out));
   if (out.dtype != LOOM_F32)
@@ -503,7 +506,7 @@ loom_status loom_model_plan(loom_model *m, const loom_shape *in) {
   }
   /* Binding pass: the same requests, now with addresses. */
   memset(&p, 0, sizeof p);
-  p.bf16 = m->precision == LOOM_BF16;
+  p.half = m->precision;
   p.base = m->arena;
   p.act_total = act;
   p.rc_total = rc;
@@ -531,7 +534,7 @@ loom_status loom_model_act_bytes(loom_model *m, const loom_shape *input,
   m->have_forward = false;
   loom_nn_plan p;
   memset(&p, 0, sizeof p);
-  p.bf16 = m->precision == LOOM_BF16;
+  p.half = m->precision;
   p.touched = true;
   loom_shape out;
   LOOM_TRY(loom_module_plan(m->root, &p, input, &out));
@@ -546,7 +549,8 @@ loom_status loom_model_act_bytes(loom_model *m, const loom_shape *input,
 
 static loom_nn_ctx make_ctx(const loom_model *m) {
   loom_nn_ctx c = {.params = m->params,
-                   .params_bf16 = m->params_bf16,
+                   .params_half = m->params_half,
+                   .half = m->precision,
                    .grads = m->grads,
                    .views = m->views,
                    .training = m->training,
@@ -583,20 +587,21 @@ loom_status loom_model_forward(loom_model *m, const loom_tensor *input,
   loom_shape s = loom_shape_make(input->dtype, input->ndim, input->shape);
   LOOM_TRY(loom_model_plan(m, &s));
   m->have_forward = false;
-  if (m->precision == LOOM_BF16 && !m->params_bf16) {
+  if (m->precision != LOOM_F32 && !m->params_half) {
     /* a shape_only model running on bound parameters (ZeRO-2) */
-    m->params_bf16 =
-        loom_malloc((size_t)(m->numel ? m->numel : 1) * sizeof(loom_bf16));
-    if (!m->params_bf16)
-      return loom_error_context(LOOM_ERR_NOMEM,
-                                "model: the bf16 copy of %lld parameters",
-                                (long long)m->numel);
-    m->bf16_stale = true;
+    m->params_half =
+        loom_malloc((size_t)(m->numel ? m->numel : 1) * sizeof(uint16_t));
+    if (!m->params_half)
+      return loom_error_context(
+          LOOM_ERR_NOMEM, "model: the %s copy of %lld parameters",
+          loom_dtype_name(m->precision), (long long)m->numel);
+    m->half_stale = true;
   }
-  if (m->params_bf16 && m->bf16_stale) {
+  if (m->params_half && m->half_stale) {
     /* once per change of the parameters (an optimizer step), not per use */
-    loom_cvt_f32_to_bf16(m->params_bf16, m->params, m->numel);
-    m->bf16_stale = false;
+    LOOM_TRY(loom_cvt_f32_to_half(m->precision, m->params_half, m->params,
+                                  m->numel));
+    m->half_stale = false;
   }
   loom_nn_ctx ctx = make_ctx(m);
   const float *y;

@@ -151,8 +151,8 @@ loom_status loom_module_plan(loom_module *m, loom_nn_plan *p,
                                (long long)in->dim[i]);
   loom_shape o;
   memset(&o, 0, sizeof o);
-  m->out_bf16 = p->bf16 && p->out_bf16;
-  p->out_bf16 = false;
+  m->out_half = p->half != LOOM_F32 && p->out_half;
+  p->out_half = false;
   LOOM_TRY(m->ops->plan(m, p, in, &o));
   m->in = *in;
   m->out = o;
@@ -253,7 +253,7 @@ loom_status loom_nn_check_f32(const loom_module *m, const loom_shape *in,
 
 loom_status loom_nn_check_float(const loom_module *m, const loom_nn_plan *p,
                                 const loom_shape *in, int min_ndim, int64_t C) {
-  if (p->bf16 && in->dtype == LOOM_BF16) {
+  if (p->half != LOOM_F32 && in->dtype == p->half) {
     loom_shape f = *in;
     f.dtype = LOOM_F32;
     return loom_nn_check_f32(m, &f, min_ndim, C);
@@ -261,18 +261,18 @@ loom_status loom_nn_check_float(const loom_module *m, const loom_nn_plan *p,
   return loom_nn_check_f32(m, in, min_ndim, C);
 }
 
-bool loom_nn_takes_bf16(const loom_module *m, const loom_nn_plan *p) {
-  if (!p->bf16 || !m)
+bool loom_nn_takes_half(const loom_module *m, const loom_nn_plan *p) {
+  if (p->half == LOOM_F32 || !m)
     return false;
   if (loom_nn_is_sequential(m))
     return loom_sequential_count(m) > 0 &&
-           loom_nn_takes_bf16(loom_sequential_child(m, 0), p);
-  return m->ops->bf16_in;
+           loom_nn_takes_half(loom_sequential_child(m, 0), p);
+  return m->ops->half_in;
 }
 
 void *loom_nn_plan_out(loom_nn_plan *p, const loom_module *m, int64_t n,
                        loom_shape *out) {
-  out->dtype = m->out_bf16 ? LOOM_BF16 : LOOM_F32;
+  out->dtype = m->out_half ? p->half : LOOM_F32;
   return loom_nn_plan_act(p, (size_t)n * loom_dtype_size(out->dtype));
 }
 

@@ -5,8 +5,8 @@ typedef struct relu {
   loom_module base;
   int64_t n;
   const float *in; /* (n), kept from forward */
-  void *out;       /* (n) f32, or bf16 when handed on in bf16 */
-  float *tmp;      /* (n) scratch: the f32 output before rounding (bf16) */
+  void *out;       /* (n) f32, or half when handed on in half */
+  float *tmp;      /* (n) scratch: the f32 output before rounding (half) */
 } relu;
 
 static loom_status relu_params(loom_module *m, loom_nn_visit *v) {
@@ -24,7 +24,7 @@ static loom_status relu_plan(loom_module *m, loom_nn_plan *p,
   /* Fused with the pooling after it (sequential.c): never written. */
   r->out = p->no_out ? NULL : loom_nn_plan_out(p, m, r->n, out);
   r->tmp = NULL;
-  if (m->out_bf16) {
+  if (m->out_half) {
     size_t mark = loom_nn_plan_scratch_mark(p);
     r->tmp = loom_nn_plan_scratch_floats(p, r->n);
     loom_nn_plan_scratch_release(p, mark);
@@ -37,9 +37,9 @@ static loom_status relu_forward(loom_module *m, loom_nn_ctx *ctx,
   relu *r = (relu *)m;
   (void)ctx;
   r->in = in;
-  if (m->out_bf16) {
+  if (m->out_half) {
     loom_relu_forward(r->tmp, r->in, r->n);
-    loom_cvt_f32_to_bf16(r->out, r->tmp, r->n);
+    LOOM_TRY(loom_cvt_f32_to_half(m->out.dtype, r->out, r->tmp, r->n));
   } else {
     loom_relu_forward(r->out, r->in, r->n);
   }

@@ -77,10 +77,10 @@ static loom_status sequential_plan(loom_module *m, loom_nn_plan *p,
   for (int i = lo; i < hi; i++) {
     size_t kid_mark = loom_nn_plan_scratch_mark(p);
     p->no_out = s->kids[i].fuse_next;
-    /* bf16 out when the next child (or, for the last, our parent) takes it */
-    p->out_bf16 = s->kids[i].fuse_next ? false
-                  : i + 1 < s->n       ? loom_nn_takes_bf16(s->kids[i + 1].m, p)
-                                       : m->out_bf16;
+    /* half out when the next child (or, for the last, our parent) takes it */
+    p->out_half = s->kids[i].fuse_next ? false
+                  : i + 1 < s->n       ? loom_nn_takes_half(s->kids[i + 1].m, p)
+                                       : m->out_half;
     loom_status st = loom_module_plan(s->kids[i].m, p, &x, &x);
     p->no_out = false;
     LOOM_TRY(st);

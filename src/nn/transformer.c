@@ -21,12 +21,12 @@ static loom_status block_params(loom_module *m, loom_nn_visit *v) {
 }
 
 /* Plans kid on `in`; `next` is the module its output feeds (it may take it
- * in bf16 in a bf16 model), NULL for the residual stream (f32). */
+ * in half in a half model), NULL for the residual stream (f32). */
 static loom_status plan_kid(loom_module *m, loom_nn_plan *p, loom_module *kid,
                             const loom_module *next, const loom_shape *in,
                             loom_shape *out) {
   size_t mark = loom_nn_plan_scratch_mark(p);
-  p->out_bf16 = loom_nn_takes_bf16(next, p);
+  p->out_half = loom_nn_takes_half(next, p);
   LOOM_TRY(loom_module_plan(kid, p, in, out));
   loom_nn_plan_scratch_release(p, mark);
   loom_shape same = *out;
@@ -68,7 +68,7 @@ static loom_status block_plan(loom_module *m, loom_nn_plan *p,
 static loom_status block_forward(loom_module *m, loom_nn_ctx *ctx,
                                  const void *in, const float **out) {
   block *b = (block *)m;
-  const float *x = in, *t, *u; /* t: bf16 data in a bf16 model */
+  const float *x = in, *t, *u; /* t: half data in a half model */
   LOOM_TRY(loom_module_forward(b->ln1, ctx, x, &t));
   LOOM_TRY(loom_module_forward(b->attn, ctx, t, &u));
   loom_add_forward(b->r, x, u, b->n);

@@ -27,7 +27,7 @@ const char *loom_fault_kind_name(loom_fault_kind k) {
 
 #define FAULT_SYNTAX                                                           \
   "expected RANK:STEP:KIND[:ARG][,...], KIND one of exit, segv, hang, "        \
-  "corrupt, slow, slow_data"
+  "corrupt, slow, slow_data, grad_inf"
 
 static bool parse_ll(const char *s, size_t n, long long lo, long long hi,
                      long long *out) {

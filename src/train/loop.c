@@ -294,9 +294,9 @@ void loom_train_mem_get(const loom_trainer *t, loom_train_mem *out) {
   out->params = out->params_peak = all;
   if (t->z3)
     loom_zero3_resident(t->z3, &out->params, &out->params_peak);
-  /* bf16: the weight copy the matmuls read (docs/precision.md) */
-  out->params += loom_model_bf16_bytes(t->model);
-  out->params_peak += loom_model_bf16_bytes(t->model);
+  /* bf16/f16: the weight copy the matmuls read (docs/precision.md) */
+  out->params += loom_model_half_bytes(t->model);
+  out->params_peak += loom_model_half_bytes(t->model);
   out->grads = out->grads_peak = all;
   if (t->ddp)
     loom_ddp_grad_resident(t->ddp, &out->grads, &out->grads_peak);
@@ -556,9 +556,11 @@ static loom_status setup_local(loom_trainer *t) {
               loom_isa_name(loom_cpu_isa()),
               loom_gemm_backend_name(loom_gemm_get_backend()), loom_threads());
   if (t->rank == 0 && !t->opts.quiet &&
-      loom_model_precision(t->model) == LOOM_BF16)
-    LOOM_INFO("bf16: %s; master weights, optimizer and reductions f32",
-              loom_bf16_path_describe());
+      loom_model_precision(t->model) != LOOM_F32)
+    LOOM_INFO("%s: %s; master weights, optimizer and reductions f32",
+              loom_dtype_name(loom_model_precision(t->model)),
+              loom_half_path_describe(loom_model_precision(t->model)));
+  LOOM_TRY(loom_train_scale_init(t));
   return loom_train_ckpt_prepare(t);
 }
 
@@ -808,7 +810,7 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   }
   if (t->z3)
     LOOM_TRY_GOTO(s, loom_zero3_shard(t->z3), fail);
-  loom_model_params_updated(t->model); /* loaded or drawn: a new bf16 copy */
+  loom_model_params_updated(t->model); /* loaded or drawn: a new half copy */
   loom_runstat_phase(LOOM_RUNSTAT_LOADED);
   *out = t;
   return LOOM_OK;
@@ -941,7 +943,9 @@ static loom_status backward_rows(loom_trainer *t, float scale,
   double t0 = loom_time_now();
   loom_tensor dlogits;
   LOOM_TRY(loom_model_output_grad(t->model, &dlogits));
-  LOOM_TRY(loom_xent_backward(t->xent, &dlogits, scale));
+  /* f16: the loss weighed by the loss scale (1 without) */
+  LOOM_TRY(
+      loom_xent_backward(t->xent, &dlogits, scale * loom_train_loss_scale(t)));
   LOOM_TRY(loom_model_backward(t->model, NULL, NULL));
   double t1 = loom_time_now();
   tm->backward += t1 - t0;
@@ -1301,7 +1305,11 @@ static loom_status optim_step(loom_trainer *t, float lr, double *gnorm,
   int64_t n = loom_model_num_params(t->model);
   double clip = t->cfg.optim.grad_clip;
   loom_ddp_stats ds;
-  if (t->ddp && clip <= 0) {
+  /* Loss scaling: the whole reduced gradient is checked before any of it
+   * steps (no stepping bucket by bucket); skip: all ranks skip. */
+  const bool scaled = t->ls_mode != LOOM_LOSS_SCALE_NONE;
+  bool skip = false;
+  if (t->ddp && clip <= 0 && !scaled) {
     LOOM_TRY(loom_ddp_step(t->ddp, t->optim, lr));
   } else if (t->zero >= 2) {
     /* This rank holds only its slice of the gradient: the norm is summed
@@ -1310,21 +1318,28 @@ static loom_status optim_step(loom_trainer *t, float lr, double *gnorm,
     float *grads = loom_model_grads(t->model);
     int64_t lo, hi;
     loom_train_slice(t, t->rank, &lo, &hi);
+    LOOM_TRY(loom_train_scale_unscale(t, grads + lo, hi - lo, &skip));
     double ss;
-    LOOM_TRY(loom_ddp_grad_sumsq(t->ddp, &ss));
-    LOOM_TRY(loom_grad_clip_sumsq(grads + lo, hi - lo, ss, (float)clip, gnorm));
-    LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
+    if (!skip && clip > 0) {
+      LOOM_TRY(loom_ddp_grad_sumsq(t->ddp, &ss));
+      LOOM_TRY(
+          loom_grad_clip_sumsq(grads + lo, hi - lo, ss, (float)clip, gnorm));
+    }
+    if (!skip)
+      LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
   } else {
     if (t->ddp)
       LOOM_TRY(loom_ddp_wait(t->ddp));
     float *grads = loom_model_grads(t->model);
-    if (clip > 0)
+    LOOM_TRY(loom_train_scale_unscale(t, grads, n, &skip));
+    if (!skip && clip > 0)
       LOOM_TRY(loom_grad_clip(grads, n, (float)clip, gnorm));
-    LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
+    if (!skip)
+      LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
   }
-  if (t->zero == 1 || t->zero == 2)
+  if (!skip && (t->zero == 1 || t->zero == 2))
     LOOM_TRY(zero1_gather(t, params));
-  /* bf16: the weight copy is made again once, on the next forward */
+  /* bf16/f16: the weight copy is made again once, on the next forward */
   loom_model_params_updated(t->model);
   double el = loom_time_now() - t0;
   if (t->ddp) {
@@ -1560,6 +1575,7 @@ static loom_status write_metrics(loom_trainer *t, const run_window *w,
     loom_metrics_num(m, "ckpt_s", win->ckpt);
   if (t->cfg.optim.grad_clip > 0)
     loom_metrics_num(m, "grad_norm", gnorm);
+  loom_train_scale_metrics(t, m);
   if (ranks) { /* (nranks, RANK_N): each rank's own parts of a step */
     double *v = loom_calloc((size_t)t->nranks, sizeof *v);
     if (!v)

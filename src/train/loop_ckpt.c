@@ -49,6 +49,7 @@ static loom_status fill_meta(loom_trainer *t, loom_ckpt_meta *meta) {
   meta->data.epoch = ls.epoch;
   meta->data.batch = ls.batch;
   meta->data.sample = loom_loader_sample(t->train_loader);
+  loom_train_scale_meta(t, meta);
   return LOOM_OK;
 }
 
@@ -400,6 +401,7 @@ static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
         loom_ckpt_read_range(c, name, st.begin, st.begin + st.count, st.data));
   }
   LOOM_TRY(loom_optim_set_step(t->optim, meta->optimizer_step));
+  LOOM_TRY(loom_train_scale_restore(t, meta));
   t->step = meta->step;
   /* The data position in samples: exact at any world size. */
   LOOM_TRY(

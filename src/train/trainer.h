@@ -157,6 +157,12 @@ struct loom_trainer {
   char ckpt_last_error[256];
   bool slow_noted; /* the slow fault was announced */
   bool slow_data_noted;
+
+  /* Loss scaling (train.loss_scale; loop_scale.c, docs/precision.md). */
+  loom_loss_scale_mode ls_mode;
+  loom_scaler scaler; /* STATIC: its scale is the fixed one, never updated */
+  int64_t ls_skipped; /* steps skipped for inf/NaN gradients, whole run */
+  char ls_extra[160]; /* the checkpoint's extra JSON (the scaler's state) */
 };
 
 /* This process's rank and the world size (0 and 1 before a trainer is
@@ -198,6 +204,27 @@ loom_status loom_train_fault_init(loom_trainer *t);
 double loom_train_fault_data_delay(loom_trainer *t);
 /* After step t->step: exit, segv, hang or slow as asked. */
 void loom_train_fault_after_step(loom_trainer *t);
+
+/* loop_scale.c: loss scaling. init from the config (and the start-up
+ * line); the factor backward weighs the loss by (1 without scaling). */
+loom_status loom_train_scale_init(loom_trainer *t);
+float loom_train_loss_scale(const loom_trainer *t);
+/* The reduced gradient g(n) this rank steps (its slice under ZeRO-2),
+ * before clipping and the optimizer: unscaled; *skip when it holds an inf
+ * or NaN on any rank (all ranks agree: a collective over the world when
+ * scaling is on and there are several ranks), then the dynamic scale is
+ * updated and a skip logged. *skip false and nothing done without
+ * scaling. */
+loom_status loom_train_scale_unscale(loom_trainer *t, float *g, int64_t n,
+                                     bool *skip);
+/* The scaler's state into a checkpoint's meta (loss_scale, extra_json),
+ * and back from one (a checkpoint without it, older or of a run without
+ * dynamic scaling, leaves the configured start). */
+void loom_train_scale_meta(loom_trainer *t, loom_ckpt_meta *meta);
+loom_status loom_train_scale_restore(loom_trainer *t,
+                                     const loom_ckpt_meta *meta);
+/* metrics.jsonl: loss_scale and skipped_steps when scaling is on. */
+void loom_train_scale_metrics(const loom_trainer *t, loom_metrics *m);
 
 /* loop_pipe.c: the mesh (replicas, stages, their groups; collective over
  * the world when there is a pipeline) from parallel.dp and parallel.pp. */

@@ -376,7 +376,11 @@ TT_TEST(issue10_regressions) {
   } cases[] = {
       {"train.precision=bf16", BASE_MLP, NULL, true},
       {"train.precision=bf16", BASE_CNN, NULL, true},
-      {"train.precision=f16", BASE_MLP, NULL, false},
+      {"train.precision=f16", BASE_MLP, NULL, true},
+      {"train.precision=f16", BASE_CNN, NULL, true},
+      {"train.loss_scale=128", BASE_MLP, "train.precision=f16", true},
+      {"train.loss_scale=dynamic", BASE_MLP, "train.precision=f16", true},
+      {"train.loss_scale_init=1024", BASE_MLP, "train.precision=f16", true},
       {"train.loss_scale=128", BASE_MLP, NULL, false},
       {"log.profile=true", BASE_MLP, NULL, false},
       {"parallel.zero_stage=2", BASE_MLP, NULL, false},

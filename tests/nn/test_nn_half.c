@@ -1,20 +1,23 @@
-/* Mixed precision in nn: each module type in bf16 against the same model
- * in f32 (outputs, parameter and input gradients), the linear and conv2d
- * layers to the bit against f32 arithmetic on bf16-rounded operands, the
- * activation memory that bf16 saves, when the bf16 weight copy is refreshed,
- * thread counts and activation checkpointing (same bits), and the errors.
+/* Mixed precision in nn: each module type in bf16 and in f16 against the
+ * same model in f32 (outputs, parameter and input gradients), the linear
+ * and conv2d layers to the bit against f32 arithmetic on rounded operands,
+ * the activation memory that a half type saves, when the half weight copy
+ * is refreshed, thread counts and activation checkpointing (same bits),
+ * and the errors. Every test runs once per half type (g_half).
  *
  * Tolerance of the comparison with f32, relative in norm over a whole
- * tensor: TOL = 2^-5 (3.1%). Rounding to bf16 moves an operand by at most
- * u = 2^-9 relative; a product of two rounded operands by at most 2u + u^2
- * (0.4%) of its size, and a matmul's result by that much of sum |a b|.
- * A gradient here goes through at most four such roundings in a row (the
- * weight, the input or the activation handed on in bf16, the output
- * gradient, and the layer above's), and with inputs of random signs
- * sum |a b| stays within about twice |sum a b| in norm: 4 x 2 x 0.4% =
- * 3.1%. What is measured is 3 to 10 times smaller (the errors have random
- * signs); an error in the path (an f32 operand read as bf16, a stale
- * weight) is far larger. */
+ * tensor: TOL = 16 u, with u the type's unit roundoff (bf16: 2^-9, so
+ * 2^-5 = 3.1%; f16: 2^-12, so 2^-8 = 0.39%). Rounding moves an operand by
+ * at most u relative; a product of two rounded operands by at most 2u + u^2
+ * of its size, and a matmul's result by that much of sum |a b|. A gradient
+ * here goes through at most four such roundings in a row (the weight, the
+ * input or the activation handed on in half, the output gradient, and the
+ * layer above's), and with inputs of random signs sum |a b| stays within
+ * about twice |sum a b| in norm: 4 x 2 x 2u = 16u. The values here are far
+ * above f16's subnormal range (2^-14), where its relative error would grow.
+ * What is measured is 3 to 10 times smaller (the errors have random
+ * signs); an error in the path (an f32 operand read as half, a stale
+ * weight, bf16 read as f16) is far larger. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -22,7 +25,9 @@
 #include "gradcheck.h"
 #include "loom/kernels.h"
 
-#define TOL (1.0 / 32.0)
+/* The half type the tests run in (main runs them for each). */
+static loom_dtype g_half = LOOM_BF16;
+#define TOL (g_half == LOOM_BF16 ? 1.0 / 32.0 : 1.0 / 256.0)
 
 static double rel_err(const float *a, const float *b, int64_t n) {
   double d = 0, s = 0;
@@ -230,8 +235,8 @@ static void compare(const char *name, build_fn build, const loom_tensor *in) {
     away_from_kink(a);
     away_from_kink(b);
   }
-  TT_REQUIRE_OK(loom_model_set_precision(b, LOOM_BF16));
-  TT_CHECK_EQ(loom_model_precision(b), LOOM_BF16);
+  TT_REQUIRE_OK(loom_model_set_precision(b, g_half));
+  TT_CHECK_EQ(loom_model_precision(b), g_half);
   run ra, rb;
   TT_REQUIRE_OK(run_model(a, in, &ra));
   TT_REQUIRE_OK(run_model(b, in, &rb));
@@ -309,13 +314,13 @@ TT_TEST(linear_exact) {
   TT_REQUIRE_OK(loom_model_new(&a, la, NULL));
   TT_REQUIRE_OK(loom_linear_new(&lb, 45, 19, false));
   TT_REQUIRE_OK(loom_model_new(&b, lb, NULL));
-  TT_REQUIRE_OK(loom_model_set_precision(b, LOOM_BF16));
-  loom_round_bf16(loom_model_params(a), loom_model_params(a),
-                  loom_model_num_params(a));
+  TT_REQUIRE_OK(loom_model_set_precision(b, g_half));
+  TT_CHECK_OK(loom_round_half(g_half, loom_model_params(a),
+                              loom_model_params(a), loom_model_num_params(a)));
   const int64_t N = 33;
   float *x = normal(N * 45, 5), *xr = normal(N * 45, 5);
   TT_REQUIRE(x && xr);
-  loom_round_bf16(xr, xr, N * 45);
+  TT_CHECK_OK(loom_round_half(g_half, xr, xr, N * 45));
   loom_tensor tx = loom_tensor_view(x, LOOM_F32, 2, (int64_t[]){N, 45});
   loom_tensor txr = loom_tensor_view(xr, LOOM_F32, 2, (int64_t[]){N, 45});
   loom_tensor ya, yb, dya, dyb;
@@ -326,7 +331,7 @@ TT_TEST(linear_exact) {
   TT_REQUIRE_OK(loom_model_output_grad(b, &dyb));
   gc_fill_normal(dya.data, N * 19, 8, 1.0f);
   gc_fill_normal(dyb.data, N * 19, 8, 1.0f);
-  loom_round_bf16(dya.data, dya.data, N * 19);
+  TT_CHECK_OK(loom_round_half(g_half, dya.data, dya.data, N * 19));
   float *dxa = normal(N * 45, 1), *dxb = normal(N * 45, 1);
   TT_REQUIRE(dxa && dxb);
   loom_tensor ta = loom_tensor_view(dxa, LOOM_F32, 2, (int64_t[]){N, 45});
@@ -354,17 +359,17 @@ static void conv_exact_one(int C, int OC, int K, int stride, int pad) {
   TT_REQUIRE_OK(loom_model_new(&a, ca, NULL));
   TT_REQUIRE_OK(loom_conv2d_new(&cb, C, OC, K, stride, pad, true));
   TT_REQUIRE_OK(loom_model_new(&b, cb, NULL));
-  TT_REQUIRE_OK(loom_model_set_precision(b, LOOM_BF16));
+  TT_REQUIRE_OK(loom_model_set_precision(b, g_half));
   /* the bias too: both models' f32 bias is then the same */
-  loom_round_bf16(loom_model_params(a), loom_model_params(a),
-                  loom_model_num_params(a));
-  loom_round_bf16(loom_model_params(b), loom_model_params(b),
-                  loom_model_num_params(b));
+  TT_CHECK_OK(loom_round_half(g_half, loom_model_params(a),
+                              loom_model_params(a), loom_model_num_params(a)));
+  TT_CHECK_OK(loom_round_half(g_half, loom_model_params(b),
+                              loom_model_params(b), loom_model_num_params(b)));
   loom_model_params_updated(b);
   const int64_t N = 3, H = 11, W = 10, nx = N * C * H * W;
   float *x = normal(nx, 5), *xr = normal(nx, 5);
   TT_REQUIRE(x && xr);
-  loom_round_bf16(xr, xr, nx);
+  TT_CHECK_OK(loom_round_half(g_half, xr, xr, nx));
   int64_t shape[4] = {N, C, H, W};
   loom_tensor tx = loom_tensor_view(x, LOOM_F32, 4, shape);
   loom_tensor txr = loom_tensor_view(xr, LOOM_F32, 4, shape);
@@ -377,8 +382,8 @@ static void conv_exact_one(int C, int OC, int K, int stride, int pad) {
   TT_REQUIRE_OK(loom_model_output_grad(b, &dyb));
   gc_fill_normal(dya.data, ny, 8, 1.0f);
   gc_fill_normal(dyb.data, ny, 8, 1.0f);
-  loom_round_bf16(dya.data, dya.data, ny);
-  loom_round_bf16(dyb.data, dyb.data, ny);
+  TT_CHECK_OK(loom_round_half(g_half, dya.data, dya.data, ny));
+  TT_CHECK_OK(loom_round_half(g_half, dyb.data, dyb.data, ny));
   float *dxa = normal(nx, 1), *dxb = normal(nx, 1);
   TT_REQUIRE(dxa && dxb);
   loom_tensor ta = loom_tensor_view(dxa, LOOM_F32, 4, shape);
@@ -409,12 +414,12 @@ TT_TEST(activation_memory) {
   TT_REQUIRE_OK(loom_fashion_mlp_new(&m, NULL, NULL));
   loom_shape in = loom_shape_make(LOOM_F32, 4, (int64_t[]){128, 1, 28, 28});
   TT_REQUIRE_OK(loom_model_act_bytes(m, &in, &a32, &s32));
-  TT_REQUIRE_OK(loom_model_set_precision(m, LOOM_BF16));
+  TT_REQUIRE_OK(loom_model_set_precision(m, g_half));
   TT_REQUIRE_OK(loom_model_act_bytes(m, &in, &a16, &s16));
   /* fc1 and fc2 out f32, the two ReLUs' outputs bf16, fc3 out f32 */
   TT_CHECK_EQ(a32, (size_t)128 * (512 * 4 + 10) * 4);
   TT_CHECK_EQ(a16, (size_t)128 * (512 * 2 * 4 + 512 * 2 * 2 + 10 * 4));
-  TT_CHECK_EQ(loom_model_bf16_bytes(m), (size_t)669706 * 2);
+  TT_CHECK_EQ(loom_model_half_bytes(m), (size_t)669706 * 2);
   printf("  fashion-mlp batch 128: activations %zu -> %zu bytes, scratch %zu "
          "-> %zu\n",
          a32, a16, s32, s16);
@@ -422,7 +427,7 @@ TT_TEST(activation_memory) {
   TT_REQUIRE_OK(loom_gpt_new(&m, NULL, NULL));
   in = loom_shape_make(LOOM_I32, 2, (int64_t[]){32, 128});
   TT_REQUIRE_OK(loom_model_act_bytes(m, &in, &a32, &s32));
-  TT_REQUIRE_OK(loom_model_set_precision(m, LOOM_BF16));
+  TT_REQUIRE_OK(loom_model_set_precision(m, g_half));
   TT_REQUIRE_OK(loom_model_act_bytes(m, &in, &a16, &s16));
   /* per block ln1, heads, ln2 (C each) and GELU (4C) at 2 bytes, and
    * ln_f: (4 * 7 + 1) * B*T*C * 2 bytes fewer */
@@ -434,7 +439,7 @@ TT_TEST(activation_memory) {
   TT_REQUIRE_OK(loom_fashion_cnn_new(&m, NULL, NULL));
   in = loom_shape_make(LOOM_F32, 4, (int64_t[]){128, 1, 28, 28});
   TT_REQUIRE_OK(loom_model_act_bytes(m, &in, &a32, &s32));
-  TT_REQUIRE_OK(loom_model_set_precision(m, LOOM_BF16));
+  TT_REQUIRE_OK(loom_model_set_precision(m, g_half));
   TT_REQUIRE_OK(loom_model_act_bytes(m, &in, &a16, &s16));
   /* conv1 out (kept by the fused ReLU), pool1 out and argmax, conv2 out,
    * pool2 out and argmax, fc out; pool1's output (conv2's input) in bf16 */
@@ -456,7 +461,7 @@ TT_TEST(activation_memory) {
 TT_TEST(copy_refresh) {
   loom_model *m;
   TT_REQUIRE_OK(b_linear(&m));
-  TT_REQUIRE_OK(loom_model_set_precision(m, LOOM_BF16));
+  TT_REQUIRE_OK(loom_model_set_precision(m, g_half));
   float *x = normal(4 * 37, 9);
   TT_REQUIRE(x);
   loom_tensor t = loom_tensor_view(x, LOOM_F32, 2, (int64_t[]){4, 37});
@@ -476,7 +481,7 @@ TT_TEST(copy_refresh) {
   TT_CHECK(memcmp(y1, y3, sizeof y1) != 0);
   /* back to f32: the copy goes, the f32 weights are used */
   TT_REQUIRE_OK(loom_model_set_precision(m, LOOM_F32));
-  TT_CHECK_EQ(loom_model_bf16_bytes(m), (size_t)0);
+  TT_CHECK_EQ(loom_model_half_bytes(m), (size_t)0);
   TT_REQUIRE_OK(loom_model_forward(m, &t, &y));
   TT_CHECK(memcmp(y3, y.data, sizeof y3) != 0);
   loom_free(x);
@@ -484,7 +489,7 @@ TT_TEST(copy_refresh) {
 }
 
 /* Same bits at 1 and 2 threads, and with activation checkpointing. */
-TT_TEST(bf16_same_bits) {
+TT_TEST(half_same_bits) {
   int32_t ids[4 * 12];
   for (int i = 0; i < 4 * 12; i++)
     ids[i] = (i * 5 + 1) % 29;
@@ -495,7 +500,7 @@ TT_TEST(bf16_same_bits) {
     loom_gpt_opts o = tiny_gpt();
     o.checkpoint_every = k == 2 ? 1 : 0;
     TT_REQUIRE_OK(loom_gpt_new(&m, &o, NULL));
-    TT_REQUIRE_OK(loom_model_set_precision(m, LOOM_BF16));
+    TT_REQUIRE_OK(loom_model_set_precision(m, g_half));
     loom_set_threads(k == 1 ? 2 : 1);
     TT_REQUIRE_OK(run_model(m, &tok, &r[k]));
     loom_model_free(m);
@@ -518,7 +523,7 @@ TT_TEST(bf16_same_bits) {
     o.c1 = 6;
     o.c2 = 12;
     TT_REQUIRE_OK(loom_fashion_cnn_new(&m, &o, NULL));
-    TT_REQUIRE_OK(loom_model_set_precision(m, LOOM_BF16));
+    TT_REQUIRE_OK(loom_model_set_precision(m, g_half));
     loom_set_threads(k + 1);
     TT_REQUIRE_OK(run_model(m, &tc, &r[k]));
     loom_model_free(m);
@@ -569,11 +574,11 @@ static const loom_module_ops f32o_ops = {.name = "f32o",
                                          .free = f32o_free,
                                          .f32_only = true};
 
-TT_TEST(bf16_errors) {
+TT_TEST(half_errors) {
   loom_model *m;
   /* the CNN has a bf16 form now */
   TT_REQUIRE_OK(loom_fashion_cnn_new(&m, NULL, NULL));
-  TT_CHECK_OK(loom_model_set_precision(m, LOOM_BF16));
+  TT_CHECK_OK(loom_model_set_precision(m, g_half));
   loom_model_free(m);
   loom_module *s, *k;
   TT_REQUIRE_OK(loom_sequential_new(&s));
@@ -584,24 +589,34 @@ TT_TEST(bf16_errors) {
   loom_module_init_base(k, &f32o_ops);
   TT_REQUIRE_OK(loom_sequential_add(s, "odd", k));
   TT_REQUIRE_OK(loom_model_new(&m, s, NULL));
-  TT_CHECK(loom_model_set_precision(m, LOOM_BF16) == LOOM_ERR_UNSUPPORTED);
+  TT_CHECK(loom_model_set_precision(m, g_half) == LOOM_ERR_UNSUPPORTED);
   TT_CHECK(strstr(loom_last_error(), "odd (f32o)") != NULL);
   TT_CHECK_EQ(loom_model_precision(m), LOOM_F32);
   loom_model_free(m);
   TT_REQUIRE_OK(b_linear(&m));
-  TT_CHECK(loom_model_set_precision(m, LOOM_F16) == LOOM_ERR_UNSUPPORTED);
+  TT_CHECK(loom_model_set_precision(m, LOOM_F64) == LOOM_ERR_UNSUPPORTED);
+  /* from one half type to the other: the copy is made again */
+  TT_CHECK_OK(loom_model_set_precision(m, LOOM_BF16));
+  TT_CHECK_OK(loom_model_set_precision(m, LOOM_F16));
+  TT_CHECK_EQ(loom_model_precision(m), LOOM_F16);
+  TT_CHECK_EQ(loom_model_half_bytes(m), (size_t)(37 * 23 + 23) * 2);
   TT_CHECK(loom_model_set_precision(m, LOOM_I32) == LOOM_ERR_UNSUPPORTED);
   TT_CHECK_OK(loom_model_set_precision(m, LOOM_F32));
   loom_model_free(m);
 }
 
 int main(void) {
-  TT_RUN(modules_against_f32);
-  TT_RUN(linear_exact);
-  TT_RUN(conv2d_exact);
-  TT_RUN(activation_memory);
-  TT_RUN(copy_refresh);
-  TT_RUN(bf16_same_bits);
-  TT_RUN(bf16_errors);
+  static const loom_dtype halves[] = {LOOM_BF16, LOOM_F16};
+  for (int i = 0; i < 2; i++) {
+    g_half = halves[i];
+    printf("%s:\n", loom_dtype_name(g_half));
+    TT_RUN(modules_against_f32);
+    TT_RUN(linear_exact);
+    TT_RUN(conv2d_exact);
+    TT_RUN(activation_memory);
+    TT_RUN(copy_refresh);
+    TT_RUN(half_same_bits);
+    TT_RUN(half_errors);
+  }
   return tt_finish();
 }
