@@ -411,8 +411,16 @@ void loom_model_bind_params(loom_model *m, float *params);
 loom_status loom_model_set_precision(loom_model *m, loom_dtype precision);
 loom_dtype loom_model_precision(const loom_model *m);
 void loom_model_params_updated(loom_model *m);
-/* Bytes of the half (bf16 or f16) parameter copy (0 in f32). */
+/* Bytes of the half (bf16 or f16) parameter copy the model owns (0 in
+ * f32, or when bound to the caller's). */
 size_t loom_model_half_bytes(const loom_model *m);
+/* Binds the half copy to the caller's buffer buf (numel 2-byte entries;
+ * NULL: the model's own again, made on the next forward). Several models
+ * bound to one pair of parameter buffers can share one copy (a pipeline
+ * stage's instances). A bound copy is never made by the model itself: the
+ * caller fills the ranges the model reads with loom_model_refresh_half
+ * after each change of the parameters. */
+void loom_model_bind_half(loom_model *m, uint16_t *buf);
 
 /* Training mode (default) or eval mode (dropout off). */
 void loom_model_set_training(loom_model *m, bool training);
@@ -465,6 +473,10 @@ const loom_range *loom_model_unit_ranges(const loom_model *m, int u, int *n);
 /* Sorts r[0..n) by offset and merges overlapping or touching ranges in
  * place; returns how many remain. */
 int loom_ranges_merge(loom_range *r, int n);
+/* Converts ranges r[0..n) of the parameters into the half copy (the
+ * model's own or bound). LOOM_ERR_INVALID_ARG in f32 or for a range out of
+ * bounds. */
+loom_status loom_model_refresh_half(loom_model *m, const loom_range *r, int n);
 /* Only units [first, end) run from now on (a pipeline stage): forward
  * takes what unit `first` takes (the token ids, or the activations of the
  * unit before it) and gives what unit end - 1 gives; backward can give the

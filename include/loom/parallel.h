@@ -397,6 +397,12 @@ loom_status loom_pipe_forward(loom_pipe *p, int n, const int64_t *rows,
                               const loom_pipe_io *io);
 /* Clears the gradients of every range the stage reads. */
 void loom_pipe_zero_grad(loom_pipe *p);
+/* bf16/f16 instances share one half copy of the ranges the stage reads,
+ * made again at the next pass after this is called (after each optimizer
+ * step and loom_pipe_sync_params; a new pipeline makes it at its first
+ * pass). loom_pipe_half_bytes: its bytes (0 in f32). */
+void loom_pipe_params_updated(loom_pipe *p);
+size_t loom_pipe_half_bytes(const loom_pipe *p);
 /* After loom_pipe_step: borrowed gradients added into their owners', then
  * the owned range summed over dp. */
 loom_status loom_pipe_finish_grads(loom_pipe *p);

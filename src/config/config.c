@@ -1313,12 +1313,6 @@ static loom_status check_mesh(const loom_config *cfg, const cfg_origins *org,
                    "parallel.deterministic",
                    "true with parallel.pp %lld: the pipeline supports false",
                    (long long)P);
-  if (cfg->train.precision != LOOM_CFG_PRECISION_F32)
-    return cfg_err(origin_of(org, "train.precision", none), "train.precision",
-                   "'%s' with parallel.pp %lld: the pipeline's stages train "
-                   "in f32 for now (supported: f32)",
-                   loom_cfg_precision_names[cfg->train.precision],
-                   (long long)P);
   if (pc->compress != LOOM_CFG_COMPRESS_NONE)
     return cfg_err(origin_of(org, "parallel.compress", none),
                    "parallel.compress",
@@ -1494,8 +1488,7 @@ loom_status loom_config_loss_scale(const loom_config *cfg,
 
 /* Loss scaling is for f16, whose range ends at 65504: f32 and bf16 share
  * f32's exponent range and need none (so it is refused there rather than
- * accepted for nothing); the dynamic scaler's keys only with it; not yet
- * through a pipeline. */
+ * accepted for nothing); the dynamic scaler's keys only with it. */
 static loom_status check_loss_scale(const loom_config *cfg,
                                     const cfg_origins *org, cfg_loc *none) {
   loom_loss_scale_mode mode;
@@ -1526,12 +1519,6 @@ static loom_status check_loss_scale(const loom_config *cfg,
                      "or auto with train.precision f16); here loss scaling "
                      "is %s",
                      mode == LOOM_LOSS_SCALE_STATIC ? "static" : "off");
-  if (f16 && cfg->parallel.pp > 1)
-    return cfg_err(origin_of(org, "train.precision", none), "train.precision",
-                   "f16 with parallel.pp %lld is not implemented yet (loss "
-                   "scaling is not wired into the pipeline); supported: "
-                   "parallel.pp 1, or bf16 or f32 with a pipeline",
-                   (long long)cfg->parallel.pp);
   return LOOM_OK;
 }
 

@@ -47,6 +47,7 @@ struct loom_model {
   loom_dtype precision;  /* LOOM_F32, LOOM_BF16 or LOOM_F16 */
   uint16_t *params_half; /* (numel) the half copy of params, half only */
   bool half_stale;       /* params changed since the copy was made */
+  bool half_bound;       /* params_half is the caller's: it fills it */
   char f32_only[LOOM_PARAM_NAME_MAX + 32]; /* "path (type)" of a module
                                               without a half form, or "" */
 };
@@ -347,7 +348,8 @@ void loom_model_free(loom_model *m) {
   loom_free(m->entries);
   loom_free(m->own_params);
   loom_free(m->own_grads);
-  loom_free(m->params_half);
+  if (!m->half_bound)
+    loom_free(m->params_half);
   loom_free(m->arena);
   loom_free(m->unit_first);
   loom_free(m->unit_ranges);
@@ -436,7 +438,9 @@ loom_status loom_model_set_precision(loom_model *m, loom_dtype precision) {
                       "f32 only",
                       m->f32_only, loom_dtype_name(precision));
   /* bf16 <-> f16: the copy keeps its size, its values are made again */
-  if (!half || m->opts.shape_only) {
+  if (m->half_bound) {
+    /* the caller's copy: the caller makes it again */
+  } else if (!half || m->opts.shape_only) {
     loom_free(m->params_half);
     m->params_half = NULL;
   } else if (!m->params_half) {
@@ -459,7 +463,35 @@ loom_dtype loom_model_precision(const loom_model *m) { return m->precision; }
 void loom_model_params_updated(loom_model *m) { m->half_stale = true; }
 
 size_t loom_model_half_bytes(const loom_model *m) {
-  return m->params_half ? (size_t)m->numel * sizeof(uint16_t) : 0;
+  return m->params_half && !m->half_bound ? (size_t)m->numel * sizeof(uint16_t)
+                                          : 0;
+}
+
+void loom_model_bind_half(loom_model *m, uint16_t *buf) {
+  if (!m->half_bound)
+    loom_free(m->params_half);
+  m->params_half = buf;
+  m->half_bound = buf != NULL;
+  m->half_stale = true;
+}
+
+loom_status loom_model_refresh_half(loom_model *m, const loom_range *r, int n) {
+  if (m->precision == LOOM_F32 || !m->params_half || !m->params)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "model: no half copy to refresh (precision %s)",
+                      loom_dtype_name(m->precision));
+  for (int k = 0; k < n; k++) {
+    if (r[k].offset < 0 || r[k].numel < 0 ||
+        r[k].offset + r[k].numel > m->numel)
+      return loom_error(
+          LOOM_ERR_INVALID_ARG, "model: range [%lld, %lld) of %lld parameters",
+          (long long)r[k].offset, (long long)(r[k].offset + r[k].numel),
+          (long long)m->numel);
+    LOOM_TRY(loom_cvt_f32_to_half(m->precision, m->params_half + r[k].offset,
+                                  m->params + r[k].offset, r[k].numel));
+  }
+  m->half_stale = false;
+  return LOOM_OK;
 }
 
 void loom_model_set_training(loom_model *m, bool training) {
@@ -597,7 +629,7 @@ loom_status loom_model_forward(loom_model *m, const loom_tensor *input,
           loom_dtype_name(m->precision), (long long)m->numel);
     m->half_stale = true;
   }
-  if (m->params_half && m->half_stale) {
+  if (m->params_half && m->half_stale && !m->half_bound) {
     /* once per change of the parameters (an optimizer step), not per use */
     LOOM_TRY(loom_cvt_f32_to_half(m->precision, m->params_half, m->params,
                                   m->numel));

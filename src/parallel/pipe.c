@@ -73,6 +73,11 @@ struct loom_pipe {
   int dp_next;       /* chunks [dp_next, ndp) are summing; -1: none yet */
   loom_pipe_stats st;
   double wait_now; /* waits of the step under way */
+  /* bf16/f16: one half copy of the parameters for every instance, of the
+   * ranges the stage reads only (reserved like the flat buffers) */
+  uint16_t *half;
+  size_t half_bytes;
+  bool half_stale;
 };
 
 loom_pipe_opts loom_pipe_opts_default(void) {
@@ -357,6 +362,18 @@ loom_status loom_pipe_new(loom_pipe **out, loom_model *model, loom_group *pp,
   LOOM_TRY_GOTO(s, find_borrows(p, first, cum), fail);
   LOOM_TRY_GOTO(s, stage_shapes(p, &o.input), fail);
   LOOM_TRY_GOTO(s, make_slots(p, make, user), fail);
+  if (loom_model_precision(p->slots[0].m) != LOOM_F32) {
+    size_t np = (size_t)loom_model_num_params(model);
+    p->half_bytes = (np ? np : 1) * sizeof(uint16_t);
+    p->half = loom_vmem_new(p->half_bytes);
+    if (!p->half) {
+      s = loom_error_context(LOOM_ERR_NOMEM, "pipeline: the half copy");
+      goto fail;
+    }
+    for (int k = 0; k < p->K; k++)
+      loom_model_bind_half(p->slots[k].m, p->half);
+    p->half_stale = true;
+  }
   if (p->dp) {
     int64_t len = p->hi - p->lo;
     p->chunk = o.chunk > 0 ? o.chunk : (len > 0 ? len : 1);
@@ -417,7 +434,29 @@ void loom_pipe_free(loom_pipe *p) {
   loom_free(p->active);
   loom_free(p->dp_reqs);
   loom_free(p->dp_final);
+  loom_vmem_free(p->half, p->half_bytes);
   loom_free(p);
+}
+
+void loom_pipe_params_updated(loom_pipe *p) { p->half_stale = true; }
+
+size_t loom_pipe_half_bytes(const loom_pipe *p) {
+  if (!p->half)
+    return 0;
+  size_t n = 0;
+  for (int k = 0; k < p->nranges; k++)
+    n += (size_t)p->ranges[k].numel;
+  return n * sizeof(uint16_t);
+}
+
+/* The instances' half copy, made again after a change of the parameters:
+ * the stage's own ranges and those it borrows. */
+static loom_status refresh_half(loom_pipe *p) {
+  if (!p->half || !p->half_stale)
+    return LOOM_OK;
+  LOOM_TRY(loom_model_refresh_half(p->slots[0].m, p->ranges, p->nranges));
+  p->half_stale = false;
+  return LOOM_OK;
 }
 
 int loom_pipe_stage(const loom_pipe *p) { return p->stage; }
@@ -652,6 +691,7 @@ loom_status loom_pipe_step(loom_pipe *p, const int64_t *rows,
                       "pipeline: a micro-batch has more rows than planned "
                       "(%lld)",
                       (long long)p->in_shape.dim[0]);
+  LOOM_TRY(refresh_half(p));
   double t0 = loom_time_now();
   p->wait_now = 0;
   for (int i = 0; i < p->K && i < n; i++)
@@ -705,6 +745,7 @@ loom_status loom_pipe_forward(loom_pipe *p, int n, const int64_t *rows,
                       "pipeline: a micro-batch has more rows than planned "
                       "(%lld)",
                       (long long)p->in_shape.dim[0]);
+  LOOM_TRY(refresh_half(p));
   for (int i = 0; i < p->K && i < na; i++)
     LOOM_TRY(post_recv(p, rows, na, i));
   for (int i = 0; i < na; i++)

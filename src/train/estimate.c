@@ -397,6 +397,9 @@ loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
   /* The buffers are reserved for the whole model; only the stage's range
    * and what it borrows are touched. */
   out->param_bytes = f * (own + borrowed);
+  /* bf16/f16: the instances' one half copy of the same ranges */
+  if (cfg->train.precision != LOOM_CFG_PRECISION_F32)
+    out->param_bytes += 2.0 * (own + borrowed);
   out->grad_bytes = f * (own + borrowed);
   out->optim_bytes = f * k * (zero1 ? own / D + 1.0 : own);
   /* Each instance's arena (activations, scratch, the output's gradient),

@@ -310,6 +310,8 @@ void loom_train_mem_get(const loom_trainer *t, loom_train_mem *out) {
     out->params = out->params_peak = loom_vmem_resident(t->pbuf, 0, all);
     out->grads = out->grads_peak = loom_vmem_resident(t->gbuf, 0, all);
     out->act = loom_pipe_act_bytes(t->pipe);
+    out->params += loom_pipe_half_bytes(t->pipe);
+    out->params_peak += loom_pipe_half_bytes(t->pipe);
   }
   loom_mem_get(LOOM_MEM_COMM, &out->comm, &out->comm_peak);
   loom_mem_get(LOOM_MEM_DATA, &out->data, &out->data_peak);

@@ -228,7 +228,10 @@ static loom_status pipe_loss(void *user, int mb, const loom_tensor *y,
   /* This micro-batch's mean loss weighed by its share of the step's rows:
    * the step's gradient is that of the mean over all its rows, as on one
    * rank (the replicas' gradients are then summed). */
-  return loom_xent_backward(t->xent, dy, (float)((double)n / (double)c->total));
+  /* f16: weighed by the loss scale too (1 without) */
+  return loom_xent_backward(t->xent, dy,
+                            (float)((double)n / (double)c->total) *
+                                loom_train_loss_scale(t));
 }
 
 loom_status loom_train_pipe_micro(loom_trainer *t, double *sums,
@@ -310,15 +313,23 @@ loom_status loom_train_pipe_optim(loom_trainer *t, float lr, double *gnorm,
   int64_t lo, hi;
   loom_pipe_owned(t->pipe, &lo, &hi);
   double clip = t->cfg.optim.grad_clip;
-  if (clip > 0) {
-    double ss;
-    LOOM_TRY(loom_pipe_grad_sumsq(t->pipe, &ss));
-    LOOM_TRY(loom_grad_clip_sumsq(grads + lo, hi - lo, ss, (float)clip, gnorm));
+  /* f16: the stage's summed gradient unscaled; an inf or NaN on any rank
+   * skips the step on every rank (the flag agreed over the world) */
+  bool skip = false;
+  LOOM_TRY(loom_train_scale_unscale(t, grads + lo, hi - lo, &skip));
+  if (!skip) {
+    if (clip > 0) {
+      double ss;
+      LOOM_TRY(loom_pipe_grad_sumsq(t->pipe, &ss));
+      LOOM_TRY(
+          loom_grad_clip_sumsq(grads + lo, hi - lo, ss, (float)clip, gnorm));
+    }
+    LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
+    if (t->zero == 1)
+      LOOM_TRY(zero1_gather(t, params));
+    LOOM_TRY(loom_pipe_sync_params(t->pipe));
+    loom_pipe_params_updated(t->pipe); /* a new half copy at the next pass */
   }
-  LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
-  if (t->zero == 1)
-    LOOM_TRY(zero1_gather(t, params));
-  LOOM_TRY(loom_pipe_sync_params(t->pipe));
   loom_pipe_get_stats(t->pipe, &after);
   double sync = after.sync_s - before.sync_s;
   tm->comm_wait += sync;

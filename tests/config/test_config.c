@@ -270,11 +270,6 @@ TT_TEST(test_not_implemented_and_sizes) {
              "t.yaml:2:3: key 'train.precision': f16 with parallel.strategy "
              "'zero3' is not implemented yet (parameters gathered unit by "
              "unit); supported: none, ddp, zero1, zero2 or auto");
-  EXPECT_SET_ERR("train:\n  precision: f16\n", "parallel.pp=2",
-                 "t.yaml:2:3: key 'train.precision': f16 with parallel.pp 2 "
-                 "is not implemented yet (loss scaling is not wired into the "
-                 "pipeline); supported: parallel.pp 1, or bf16 or f32 with a "
-                 "pipeline");
   EXPECT_ERR("train:\n  loss_scale: 128\n",
              "t.yaml:2:3: key 'train.loss_scale': '128' is for "
              "train.precision f16; precision 'f32' has f32's exponent range "

@@ -42,7 +42,7 @@ print(max(abs(float(x) - float(y)) / abs(float(x)) for x, y in zip(a, b))
     ok "$2: parameters within $d, losses within $l of one rank" ||
     bad "$2: parameters differ by '$d', losses by '$l'"
 }
-pp() { # N PP SCHEDULE M NAME [ARGS...]: a run under loom run
+pp() { # N PP SCHEDULE M NAME [ARGS...]: a run under loom run (LOOM_FAULT passes)
   local n=$1 p=$2 s=$3 m=$4 name=$5
   shift 5
   run "$n" train "${cfg[@]}" --resume never --set "log.run_dir=$tmp/$name" \
@@ -105,6 +105,56 @@ c=$(hashof "$tmp/z1rs")
 [ $rc = 0 ] && [ -n "$c" ] && [ "$c" = "$b" ] &&
   ok "zero1 dp 2 x pp 2 stopped at step 7 and resumed: the same bits ($c)" ||
   { bad "zero1 resumed '$c' vs '$b' (rc $rc)"; tail -5 "$tmp/out"; }
+# -- bf16 and f16 through the pipeline: the stage's instances share one half
+#    copy of the ranges it reads (mem_params_mb: 1.5 x f32's, not the whole
+#    model's copy); gpipe = 1f1b bit for bit, within 1e-3 of one rank's
+#    bf16 run (measured 1.5e-5), not f32's bits; a bf16 run stopped at step 7 and resumed ends with the
+#    bits of the whole one; f16 with an inf injected into either stage's
+#    gradient at step 5: every rank skips that step, with the same bits
+#    whichever rank overflowed.
+pp 1 1 1f1b 4 m4_bf16 --set train.precision=bf16
+for sch in gpipe 1f1b; do
+  pp 2 2 $sch 4 pp2_bf16_$sch --set train.precision=bf16
+done
+a=$(hashof "$tmp/pp2_bf16_gpipe")
+b=$(hashof "$tmp/pp2_bf16_1f1b")
+c=$(hashof "$tmp/pp2_1f1b")
+[ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" != "$c" ] &&
+  ok "pp 2 bf16: gpipe = 1f1b bit for bit ($a), not f32's ($c)" ||
+  bad "pp 2 bf16: gpipe '$a', 1f1b '$b', f32 '$c'"
+d=$("$HASH" --diff "$tmp/m4_bf16/ckpt" "$tmp/pp2_bf16_1f1b/ckpt")
+awk -v d="$d" 'BEGIN { exit !(d != "" && d + 0 <= 1e-3) }' &&
+  ok "pp 2 bf16 within $d of one rank's bf16 run" || bad "pp 2 bf16 vs one rank: '$d'"
+python3 - "$tmp/pp2_1f1b/metrics.jsonl" "$tmp/pp2_bf16_1f1b/metrics.jsonl" <<'EOF' &&
+import json, sys
+a, b = ([json.loads(l) for l in open(f) if '"mem_params_mb"' in l][-1]["mem_params_mb"]
+        for f in sys.argv[1:])
+assert 1.45 < b / a < 1.55, (a, b)
+EOF
+  ok "pp 2 bf16: stage 0 holds a half copy of its own range only" ||
+  bad "pp 2 bf16: the half copy is not the stage's"
+pp 2 2 1f1b 4 pp2_bf16_rs --set train.precision=bf16 --stop-at 7
+run 2 train "${cfg[@]}" --resume auto --set "log.run_dir=$tmp/pp2_bf16_rs" \
+  --set parallel.pp=2 --set parallel.micro_batches=4 --set train.precision=bf16
+c=$(hashof "$tmp/pp2_bf16_rs")
+[ $rc = 0 ] && [ -n "$c" ] && [ "$c" = "$b" ] &&
+  ok "pp 2 bf16 stopped at step 7 and resumed: the same bits ($c)" ||
+  { bad "pp 2 bf16 resumed '$c' vs '$b' (rc $rc)"; tail -5 "$tmp/out"; }
+for r in 0 1; do
+  LOOM_FAULT=$r:5:grad_inf pp 2 2 1f1b 4 pp2_f16_r$r --set train.precision=f16
+done
+a=$(hashof "$tmp/pp2_f16_r0")
+b=$(hashof "$tmp/pp2_f16_r1")
+[ -n "$a" ] && [ "$a" = "$b" ] &&
+  ok "pp 2 f16: an inf in stage 0's or stage 1's gradient, the same bits ($a)" ||
+  bad "pp 2 f16: inf on stage 0 '$a', on stage 1 '$b'"
+python3 - "$tmp/pp2_f16_r1/metrics.jsonl" <<'EOF' && ok "pp 2 f16: step 5 skipped on rank 0 too, the scale halved" || bad "pp 2 f16: no skip seen on rank 0"
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1]) if '"skipped_steps"' in l]
+assert r[-1]["skipped_steps"] == 1, r[-1]
+assert r[-1]["loss_scale"] == 32768.0, r[-1]["loss_scale"]
+EOF
+
 a=$(hashof "$tmp/pp2_gpipe")
 for r in pp2_1f1b pp4_gpipe pp4_1f1b; do
   b=$(hashof "$tmp/$r")
