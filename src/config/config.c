@@ -1625,15 +1625,6 @@ static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
                    "blocks only",
                    cfg->parallel.shard_unit,
                    loom_cfg_strategy_names[cfg->parallel.strategy]);
-  if (cfg->train.precision != LOOM_CFG_PRECISION_F32 &&
-      (cfg->parallel.strategy == LOOM_CFG_STRATEGY_ZERO3 ||
-       cfg->parallel.strategy == LOOM_CFG_STRATEGY_FSDP))
-    return cfg_err(origin_of(org, "train.precision", &none), "train.precision",
-                   "%s with parallel.strategy '%s' is not implemented yet "
-                   "(parameters gathered unit by unit); supported: none, "
-                   "ddp, zero1, zero2 or auto",
-                   loom_cfg_precision_names[cfg->train.precision],
-                   loom_cfg_strategy_names[cfg->parallel.strategy]);
   LOOM_TRY(check_loss_scale(cfg, org, &none));
   if (ac_every > 0 && m->name != LOOM_CFG_MODEL_GPT)
     return cfg_err(origin_of(org, "train.activation_checkpointing", &none),

@@ -40,6 +40,9 @@ struct loom_zero3 {
   size_t *counts;     /* (nranges * world) */
   int64_t (*keep)[2]; /* (nranges + 1) give_back's ranges to keep */
   size_t peak;
+  /* bf16/f16: the model's half copy, made unit by unit as each arrives
+   * and given back with it (reserved like params; NULL in f32) */
+  uint16_t *half;
 };
 
 /* ------------------------------------------------------------ gathering */
@@ -75,12 +78,29 @@ static loom_status wait_unit(loom_zero3 *z, int u) {
       first = loom_error_context(s, "zero3: gathering unit %d's parameters", u);
   }
   t->state = U_IN;
+  if (first == LOOM_OK && z->half) {
+    /* the unit's half copy, from the values just gathered */
+    for (int k = 0; k < t->n && first == LOOM_OK; k++) {
+      const z3_range *r = &z->ranges[t->first + k];
+      loom_range h = {r->a, r->b - r->a};
+      first = loom_model_refresh_half(z->model, &h, 1);
+    }
+  }
   return first;
 }
 
 static int cmp_i64(const void *a, const void *b) {
   const int64_t *x = a, *y = b;
   return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+/* [x, y) of the parameters (and of their half copy) released. */
+static void release(loom_zero3 *z, int64_t x, int64_t y) {
+  loom_vmem_release(z->params, (size_t)x * sizeof(float),
+                    (size_t)y * sizeof(float));
+  if (z->half)
+    loom_vmem_release(z->half, (size_t)x * sizeof(uint16_t),
+                      (size_t)y * sizeof(uint16_t));
 }
 
 /* Gives back [a, b) minus what must stay: this rank's slice and the ranges
@@ -107,14 +127,20 @@ static void give_back(loom_zero3 *z, int self, int64_t a, int64_t b) {
       continue;
     int64_t y = keep[i][0] < b ? keep[i][0] : b;
     if (x < y)
-      loom_vmem_release(z->params, (size_t)x * sizeof(float),
-                        (size_t)y * sizeof(float));
+      release(z, x, y);
     if (keep[i][1] > x)
       x = keep[i][1];
   }
   if (x < b)
-    loom_vmem_release(z->params, (size_t)x * sizeof(float),
-                      (size_t)b * sizeof(float));
+    release(z, x, b);
+}
+
+/* Resident bytes of the parameters and their half copy. */
+static size_t resident(const loom_zero3 *z) {
+  size_t r = loom_vmem_resident(z->params, 0, (size_t)z->n * sizeof(float));
+  if (z->half)
+    r += loom_vmem_resident(z->half, 0, (size_t)z->n * sizeof(uint16_t));
+  return r;
 }
 
 static loom_status drop_unit(loom_zero3 *z, int u) {
@@ -131,7 +157,7 @@ static loom_status drop_unit(loom_zero3 *z, int u) {
 }
 
 static void note_peak(loom_zero3 *z) {
-  size_t now = loom_vmem_resident(z->params, 0, (size_t)z->n * sizeof(float));
+  size_t now = resident(z);
   if (now > z->peak)
     z->peak = now;
 }
@@ -203,9 +229,8 @@ loom_status loom_zero3_shard(loom_zero3 *z) {
     z->units[u].state = U_OUT;
   }
   if (z->world > 1) {
-    loom_vmem_release(z->params, 0, (size_t)z->lo * sizeof(float));
-    loom_vmem_release(z->params, (size_t)z->hi * sizeof(float),
-                      (size_t)z->n * sizeof(float));
+    release(z, 0, z->lo);
+    release(z, z->hi, z->n);
   }
   z->peak = 0;
   return first;
@@ -229,7 +254,7 @@ loom_status loom_zero3_init_params(loom_zero3 *z) {
 }
 
 void loom_zero3_resident(const loom_zero3 *z, size_t *now, size_t *peak) {
-  size_t r = loom_vmem_resident(z->params, 0, (size_t)z->n * sizeof(float));
+  size_t r = resident(z);
   if (now)
     *now = r;
   if (peak)
@@ -401,6 +426,13 @@ loom_status loom_zero3_new_opts(loom_zero3 **out, loom_model *model,
     if (!z->params)
       s = loom_error_context(LOOM_ERR_NOMEM, "zero3: the parameter buffer");
   }
+  /* bf16/f16 over several ranks: the half copy follows the gathers (on
+   * one rank every unit stays and the model makes its copy itself) */
+  if (s == LOOM_OK && z->world > 1 && loom_model_precision(model) != LOOM_F32) {
+    z->half = loom_vmem_new((size_t)z->n * sizeof(uint16_t));
+    if (!z->half)
+      s = loom_error_context(LOOM_ERR_NOMEM, "zero3: the half copy");
+  }
   /* Every rank learns whether all could set up before any gather. */
   s = loom_comm_agree(z->world > 1 ? g : NULL, s, "zero3: setting up");
   if (s != LOOM_OK) {
@@ -408,6 +440,8 @@ loom_status loom_zero3_new_opts(loom_zero3 **out, loom_model *model,
     return s;
   }
   loom_model_bind_params(model, z->params);
+  if (z->half)
+    loom_model_bind_half(model, z->half);
   loom_model_set_unit_hook(model, unit_hook, z);
   *out = z;
   return LOOM_OK;
@@ -422,6 +456,10 @@ void loom_zero3_free(loom_zero3 *z) {
     loom_model_set_unit_hook(z->model, NULL, NULL);
     loom_model_bind_params(z->model, NULL);
     loom_vmem_free(z->params, (size_t)z->n * sizeof(float));
+  }
+  if (z->half) {
+    loom_model_bind_half(z->model, NULL);
+    loom_vmem_free(z->half, (size_t)z->n * sizeof(uint16_t));
   }
   loom_free(z->units);
   loom_free(z->group_of);

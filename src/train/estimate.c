@@ -215,9 +215,13 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
       f * (shard_params && ranks > 1
                ? (slice + unit + unit2 < psi ? slice + unit + unit2 : psi)
                : psi);
-  /* bf16: the model's bf16 copy of every parameter (loom_model_bf16_bytes) */
+  /* bf16/f16: the model's half copy of every parameter
+   * (loom_model_half_bytes); ZeRO-3's follows its gathers (the units
+   * present) */
   if (cfg->train.precision != LOOM_CFG_PRECISION_F32)
-    out->param_bytes += 2.0 * psi;
+    out->param_bytes += 2.0 * (shard_params && ranks > 1
+                                   ? (unit + unit2 < psi ? unit + unit2 : psi)
+                                   : psi);
   /* The model's own gradient buffer, or DDP's (shared memory) that
    * replaces it while DDP lives (the model's is freed then); sharded: the
    * slice and three buckets (two in flight and the one backward is

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # train.precision bf16 under `loom run`: deterministic mode gives the same
 # bits (weights, losses) on 1, 2 and 4 ranks for the MLP, a CNN and a GPT,
-# as in f32 (test_ddp_train.sh), and not f32's bits; a bf16 run stopped at a
+# under ddp and zero3, as in f32 (test_ddp_train.sh), and not f32's bits; a bf16 run stopped at a
 # checkpoint and resumed ends with the weights of the run that did not stop
 # (the f32 master weights are what is saved; the bf16 copy is made again).
 . "$(dirname "$0")/../lib.sh"
@@ -29,24 +29,28 @@ for model in mlp cnn gpt; do
   fi
   ref=""
   h1=""
-  for n in 1 2 4; do
-    run $n train "${cfg[@]}" "${det[@]}" --set "log.run_dir=$tmp/det_${model}_$n"
+  # ZeRO-3 too: its half copy is made unit by unit as the units arrive
+  for ns in "1 ddp" "2 ddp" "4 ddp" "2 zero3" "4 zero3"; do
+    set -- $ns
+    n=$1 st=$2
+    run $n train "${cfg[@]}" "${det[@]}" --set parallel.strategy=$st \
+      --set "log.run_dir=$tmp/det_${model}_${n}_$st"
     if [ $rc != 0 ]; then
-      bad "bf16 deterministic $model on $n ranks (rc $rc)"
+      bad "bf16 deterministic $model on $n ranks, $st (rc $rc)"
       cat "$tmp/out"
       continue
     fi
-    h=$("$HASH" "$tmp/det_${model}_$n/ckpt")
+    h=$("$HASH" "$tmp/det_${model}_${n}_$st/ckpt")
     l=$(grep -o '"\(loss\|accuracy\|val_loss\|val_accuracy\|grad_norm\)":[^,}]*' \
-      "$tmp/det_${model}_$n/metrics.jsonl" | md5sum)
+      "$tmp/det_${model}_${n}_$st/metrics.jsonl" | md5sum)
     if [ -z "$ref" ]; then
       ref="$h $l"
       h1=$h
       ok "bf16 deterministic $model, 1 rank: params $h"
     elif [ "$h $l" = "$ref" ]; then
-      ok "bf16 deterministic $model, $n ranks: same params and losses as 1 rank"
+      ok "bf16 deterministic $model, $n ranks, $st: same params and losses as 1 rank"
     else
-      bad "bf16 deterministic $model, $n ranks: '$h $l' vs 1 rank '$ref'"
+      bad "bf16 deterministic $model, $n ranks, $st: '$h $l' vs 1 rank '$ref'"
     fi
   done
   # the same run in f32 ends elsewhere: bf16 did run
