@@ -101,12 +101,15 @@ loom_status loom_cvt_half_to_f32(loom_dtype dt, float *out, const uint16_t *in,
 loom_status loom_round_half(loom_dtype dt, float *out, const float *in,
                             int64_t n);
 
-/* How the bf16 matmuls run on this CPU. CONVERT: operands converted on
- * load to f32 and the f32 GEMM (the only path this build implements; it
- * runs on every CPU and gives, up to the summation order, what a bf16
- * unit with f32 accumulation gives). AMX and AVX512_BF16 name the bf16
- * instructions the CPU has, for the path that will use them through
- * oneDNN's matmul. f16 takes the conversion path everywhere. */
+/* How the bf16 matmuls (GEMM and linear layer) run on this CPU. CONVERT:
+ * operands converted on load to f32 and the f32 GEMM (every CPU; up to
+ * the summation order what a bf16 unit with f32 accumulation gives).
+ * AVX512_BF16 and AMX: oneDNN's matmul primitives on the CPU's bf16 unit,
+ * built once per shape and cached, thread-count invariant as loom_gemm
+ * (chosen when the GEMM backend is dnnl and the CPU has the unit;
+ * LOOM_BF16_PATH=convert forces the conversion). A shape oneDNN has no
+ * fast kernel for takes the conversion. Convolutions and f16 take the
+ * conversion path everywhere. */
 #define LOOM_BF16_PATH_LIST(X)                                                 \
   X(LOOM_BF16_PATH_CONVERT, "convert")                                         \
   X(LOOM_BF16_PATH_AVX512_BF16, "avx512_bf16")                                 \
@@ -118,8 +121,11 @@ typedef enum {
       LOOM_BF16_PATH_COUNT
 } loom_bf16_path;
 const char *loom_bf16_path_name(loom_bf16_path p);
-/* The path the bf16 kernels take in this process. */
+/* The path the bf16 kernels take in this process (chosen at the first
+ * call). set: another (tests, benchmarks); LOOM_ERR_UNSUPPORTED for a unit
+ * this CPU or build lacks. */
 loom_bf16_path loom_bf16_get_path(void);
+loom_status loom_bf16_set_path(loom_bf16_path p);
 /* One line for the start-up log of half type dt: "AVX2 (f32 arithmetic,
  * bf16 storage)", "F16C (f32 arithmetic, f16 storage)"; "?" for another
  * type. */

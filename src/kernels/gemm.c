@@ -140,84 +140,14 @@ void loom_kern_gemm_serial(bool trans_a, bool trans_b, int M, int N, int K,
                        alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-/* ------------------------------------------------------------ tile grid */
-
-/* The grid is a function of (M, N, K) alone. Each tile costs the library a
- * repack of its A rows and B columns, so tiles are kept large: about
- * GEMM_TILE_FLOPS of work each (two for any GEMM over GEMM_SPLIT_FLOPS), a
- * power of two of them (2, 4, 8... threads share them evenly), at least
- * GEMM_TILE_MIN on a side (twice that when K is long, where cutting K is the
- * cheaper way to more tiles: K chunks of at least GEMM_KCHUNK_MIN whose
- * partials are added in chunk order). GEMM_TILES_MAX bounds the parallelism
- * a grid offers. Tuned on the reference workloads' shapes at 2 threads: the
- * grid runs at 0.9-1.0x of dnnl_sgemm's own threading there. */
-#define GEMM_TILE_MIN 64
-#define GEMM_TILES_MAX 64
-#define GEMM_TILE_FLOPS 16e6
-#define GEMM_SPLIT_FLOPS 0.5e6
-#define GEMM_KCHUNK_MIN 1024
-#define GEMM_KCHUNKS_MAX 16
-
-typedef struct gemm_plan {
-  int tm, tn, kc; /* tile extents */
-  int gm, gn, gk; /* tile counts */
-} gemm_plan;
-
-static int ceil_div(int a, int b) { return (a + b - 1) / b; }
-static int round16(int a) { return (a + 15) / 16 * 16; }
-
-static int pow2_floor(double x) {
-  int p = 1;
-  while (p * 2 <= x && p < (1 << 20))
-    p *= 2;
-  return p;
-}
-
-static void gemm_plan_make(int M, int N, int K, gemm_plan *p) {
-  const double work = 2.0 * M * N * (double)K;
-  int target = pow2_floor(work / GEMM_TILE_FLOPS);
-  if (target > GEMM_TILES_MAX)
-    target = GEMM_TILES_MAX;
-  if (target < 2 && work >= GEMM_SPLIT_FLOPS)
-    target = 2; /* even a small GEMM is worth two threads */
-  /* M x N in gm x gn tiles, both powers of two (so 2, 4, 8... threads share
-   * them evenly), as square as the shape allows, no side under TILE_MIN
-   * unless the matrix itself is smaller. */
-  /* with a long K, keep tiles larger and cut K instead (the partials cost
-   * little next to K's work; small tiles repack A and B more) */
-  const int side = K >= 2 * GEMM_KCHUNK_MIN ? 2 * GEMM_TILE_MIN : GEMM_TILE_MIN;
-  int gm = 1, gn = 1;
-  while (gm * gn < target) {
-    const bool can_m = M / (gm * 2) >= side;
-    const bool can_n = N / (gn * 2) >= side;
-    if (can_n && (!can_m || N / gn > M / gm))
-      gn *= 2;
-    else if (can_m)
-      gm *= 2;
-    else
-      break;
-  }
-  p->tm = gm == 1 ? M : round16(ceil_div(M, gm));
-  p->tn = gn == 1 ? N : round16(ceil_div(N, gn));
-  p->gm = ceil_div(M, p->tm);
-  p->gn = ceil_div(N, p->tn);
-  /* Too few tiles for the work and a long K: cut K too. */
-  int gk = 1;
-  while (p->gm * p->gn * gk < target && gk < GEMM_KCHUNKS_MAX &&
-         K / (gk * 2) >= GEMM_KCHUNK_MIN)
-    gk *= 2;
-  p->kc = gk > 1 ? round16(ceil_div(K, gk)) : K;
-  p->gk = ceil_div(K, p->kc);
-}
-
 /* C = alpha op(A) op(B) + beta C over the grid; K partials go to `part`
  * (gk, M, N) and are folded into C in chunk order. */
 static loom_status tiled_gemm(loom_gemm_backend be, bool ta, bool tb, int M,
                               int N, int K, float alpha, const float *A,
                               int lda, const float *B, int ldb, float beta,
                               float *C, int ldc) {
-  gemm_plan p;
-  gemm_plan_make(M, N, K, &p);
+  loom_kern_gemm_plan p;
+  loom_kern_gemm_plan_make(M, N, K, &p);
   float *part = NULL;
   if (p.gk > 1) {
     part = loom_malloc((size_t)p.gk * M * N * sizeof(float));
@@ -253,19 +183,8 @@ static loom_status tiled_gemm(loom_gemm_backend be, bool ta, bool tb, int M,
     if (rc != 0)
       atomic_store(&failed, rc);
   }
-  if (part && !atomic_load(&failed)) {
-    int nr = loom_kern_nthreads((int64_t)M * N * p.gk, LOOM_KERN_PAR_MIN);
-#pragma omp parallel for num_threads(nr) schedule(static) if (nr > 1)
-    for (int i = 0; i < M; i++) {
-      float *c = C + (int64_t)i * ldc;
-      for (int j = 0; j < N; j++) {
-        float s = part[(int64_t)i * N + j];
-        for (int kb = 1; kb < p.gk; kb++)
-          s += part[((int64_t)kb * M + i) * N + j];
-        c[j] = beta == 0.0f ? s : fmaf(beta, c[j], s);
-      }
-    }
-  }
+  if (part && !atomic_load(&failed))
+    loom_kern_gemm_fold(part, p.gk, M, N, beta, C, ldc);
   loom_free(part);
   if (atomic_load(&failed))
     return loom_error(LOOM_ERR_INTERNAL, "gemm %dx%dx%d: %s failed (%d)", M, N,

@@ -1,6 +1,7 @@
 /* GEMM backend choice (oneDNN, OpenBLAS, naive) and the deterministic
  * switch: process state, built once (gemm.c, the arithmetic, is built once
  * per instruction set). */
+#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,6 +100,86 @@ bool loom_gemm_get_deterministic(void) {
   return atomic_load(&g_det) != 0;
 }
 
+/* ------------------------------------------------------------ tile grid */
+
+/* The grid is a function of (M, N, K) alone. Each tile costs the library a
+ * repack of its A rows and B columns, so tiles are kept large: about
+ * GEMM_TILE_FLOPS of work each (two for any GEMM over GEMM_SPLIT_FLOPS), a
+ * power of two of them (2, 4, 8... threads share them evenly), at least
+ * GEMM_TILE_MIN on a side (twice that when K is long, where cutting K is the
+ * cheaper way to more tiles: K chunks of at least GEMM_KCHUNK_MIN whose
+ * partials are added in chunk order). GEMM_TILES_MAX bounds the parallelism
+ * a grid offers. Tuned on the reference workloads' shapes at 2 threads: the
+ * grid runs at 0.9-1.0x of dnnl_sgemm's own threading there. */
+#define GEMM_TILE_MIN 64
+#define GEMM_TILES_MAX 64
+#define GEMM_TILE_FLOPS 16e6
+#define GEMM_SPLIT_FLOPS 0.5e6
+#define GEMM_KCHUNK_MIN 1024
+#define GEMM_KCHUNKS_MAX 16
+
+static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+static int round16(int a) { return (a + 15) / 16 * 16; }
+
+static int pow2_floor(double x) {
+  int p = 1;
+  while (p * 2 <= x && p < (1 << 20))
+    p *= 2;
+  return p;
+}
+
+void loom_kern_gemm_plan_make(int M, int N, int K, loom_kern_gemm_plan *p) {
+  const double work = 2.0 * M * N * (double)K;
+  int target = pow2_floor(work / GEMM_TILE_FLOPS);
+  if (target > GEMM_TILES_MAX)
+    target = GEMM_TILES_MAX;
+  if (target < 2 && work >= GEMM_SPLIT_FLOPS)
+    target = 2; /* even a small GEMM is worth two threads */
+  /* M x N in gm x gn tiles, both powers of two (so 2, 4, 8... threads share
+   * them evenly), as square as the shape allows, no side under TILE_MIN
+   * unless the matrix itself is smaller. */
+  /* with a long K, keep tiles larger and cut K instead (the partials cost
+   * little next to K's work; small tiles repack A and B more) */
+  const int side = K >= 2 * GEMM_KCHUNK_MIN ? 2 * GEMM_TILE_MIN : GEMM_TILE_MIN;
+  int gm = 1, gn = 1;
+  while (gm * gn < target) {
+    const bool can_m = M / (gm * 2) >= side;
+    const bool can_n = N / (gn * 2) >= side;
+    if (can_n && (!can_m || N / gn > M / gm))
+      gn *= 2;
+    else if (can_m)
+      gm *= 2;
+    else
+      break;
+  }
+  p->tm = gm == 1 ? M : round16(ceil_div(M, gm));
+  p->tn = gn == 1 ? N : round16(ceil_div(N, gn));
+  p->gm = ceil_div(M, p->tm);
+  p->gn = ceil_div(N, p->tn);
+  /* Too few tiles for the work and a long K: cut K too. */
+  int gk = 1;
+  while (p->gm * p->gn * gk < target && gk < GEMM_KCHUNKS_MAX &&
+         K / (gk * 2) >= GEMM_KCHUNK_MIN)
+    gk *= 2;
+  p->kc = gk > 1 ? round16(ceil_div(K, gk)) : K;
+  p->gk = ceil_div(K, p->kc);
+}
+
+void loom_kern_gemm_fold(const float *part, int gk, int M, int N, float beta,
+                         float *C, int ldc) {
+  int nr = loom_kern_nthreads((int64_t)M * N * gk, LOOM_KERN_PAR_MIN);
+#pragma omp parallel for num_threads(nr) schedule(static) if (nr > 1)
+  for (int i = 0; i < M; i++) {
+    float *c = C + (int64_t)i * ldc;
+    for (int j = 0; j < N; j++) {
+      float s = part[(int64_t)i * N + j];
+      for (int kb = 1; kb < gk; kb++)
+        s += part[((int64_t)kb * M + i) * N + j];
+      c[j] = beta == 0.0f ? s : fmaf(beta, c[j], s);
+    }
+  }
+}
+
 /* ------------------------------------------------------------------ bf16 */
 
 static const char *const bf16_path_names[] = {
@@ -116,9 +197,53 @@ const char *loom_bf16_path_name(loom_bf16_path p) {
   return bf16_path_names[p];
 }
 
-/* Only the conversion path is built: oneDNN's bf16 matmul for AMX and
- * AVX512-BF16 comes later (docs/precision.md). */
-loom_bf16_path loom_bf16_get_path(void) { return LOOM_BF16_PATH_CONVERT; }
+/* The bf16 path, chosen once: LOOM_BF16_PATH (convert, or auto: the
+ * default), else oneDNN's matmul when the GEMM backend is dnnl and the CPU
+ * has a bf16 unit that oneDNN drives (a probe primitive it builds with a
+ * kernel of its own, not its reference loops), else the conversion. */
+static atomic_int g_bf16_path = -1;
+
+static loom_bf16_path choose_bf16_path(void) {
+  const char *env = getenv("LOOM_BF16_PATH");
+  if (env && strcmp(env, "convert") == 0)
+    return LOOM_BF16_PATH_CONVERT;
+  if (env && *env && strcmp(env, "auto") != 0)
+    LOOM_WARN("LOOM_BF16_PATH=%s: expected auto or convert; auto", env);
+  const loom_cpu_features *f = loom_cpu_get_features();
+  if (loom_gemm_get_backend() != LOOM_GEMM_DNNL ||
+      !(f->avx512_bf16 || f->amx_bf16) || !loom_kern_bf16_matmul_probe())
+    return LOOM_BF16_PATH_CONVERT;
+  return f->amx_bf16 ? LOOM_BF16_PATH_AMX : LOOM_BF16_PATH_AVX512_BF16;
+}
+
+loom_bf16_path loom_bf16_get_path(void) {
+  int p = atomic_load(&g_bf16_path);
+  if (p < 0) {
+    int expected = -1;
+    atomic_compare_exchange_strong(&g_bf16_path, &expected,
+                                   (int)choose_bf16_path());
+    p = atomic_load(&g_bf16_path);
+  }
+  return (loom_bf16_path)p;
+}
+
+loom_status loom_bf16_set_path(loom_bf16_path p) {
+  if ((int)p < 0 || p >= LOOM_BF16_PATH_COUNT)
+    return loom_error(LOOM_ERR_INVALID_ARG, "bf16 path %d", (int)p);
+  if (p != LOOM_BF16_PATH_CONVERT) {
+    const loom_cpu_features *f = loom_cpu_get_features();
+    bool has = p == LOOM_BF16_PATH_AMX ? f->amx_bf16 : f->avx512_bf16;
+    if (!has || loom_gemm_get_backend() != LOOM_GEMM_DNNL ||
+        !loom_kern_bf16_matmul_probe())
+      return loom_error(LOOM_ERR_UNSUPPORTED,
+                        "bf16 path %s: this CPU or build has no such unit "
+                        "for oneDNN's matmul (GEMM backend %s)",
+                        loom_bf16_path_name(p),
+                        loom_gemm_backend_name(loom_gemm_get_backend()));
+  }
+  atomic_store(&g_bf16_path, (int)p);
+  return LOOM_OK;
+}
 
 const char *loom_half_path_describe(loom_dtype dt) {
   const loom_cpu_features *f = loom_cpu_get_features();
@@ -128,16 +253,21 @@ const char *loom_half_path_describe(loom_dtype dt) {
                 : "base (f32 arithmetic, f16 storage, scalar conversions)";
   if (dt != LOOM_BF16)
     return "?";
-  if (f->amx_bf16)
-    return avx2 ? "AVX2 (f32 arithmetic, bf16 storage; this CPU's AMX is "
-                  "not used yet)"
-                : "base (f32 arithmetic, bf16 storage; this CPU's AMX is "
-                  "not used yet)";
-  if (f->avx512_bf16)
-    return avx2 ? "AVX2 (f32 arithmetic, bf16 storage; this CPU's "
-                  "AVX512-BF16 is not used yet)"
-                : "base (f32 arithmetic, bf16 storage; this CPU's "
-                  "AVX512-BF16 is not used yet)";
+  switch (loom_bf16_get_path()) {
+  case LOOM_BF16_PATH_AMX:
+    return "AMX (oneDNN matmul: bf16 operands, f32 sums; convolutions "
+           "convert to f32)";
+  case LOOM_BF16_PATH_AVX512_BF16:
+    return "AVX512-BF16 (oneDNN matmul: bf16 operands, f32 sums; "
+           "convolutions convert to f32)";
+  default:
+    break;
+  }
+  if (f->amx_bf16 || f->avx512_bf16)
+    return avx2 ? "AVX2 (f32 arithmetic, bf16 storage; LOOM_BF16_PATH "
+                  "convert or no oneDNN: this CPU's bf16 unit unused)"
+                : "base (f32 arithmetic, bf16 storage; this CPU's bf16 "
+                  "unit unused)";
   return avx2 ? "AVX2 (f32 arithmetic, bf16 storage)"
               : "base (f32 arithmetic, bf16 storage)";
 }

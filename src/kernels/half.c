@@ -245,6 +245,11 @@ static loom_status load_f32(float *out, const void *in, loom_dtype in_dt,
 
 /* ---------------------------------------------------------------- GEMM */
 
+/* bf16 on a CPU with a bf16 unit: oneDNN's matmul (matmul_dnnl.c). */
+static bool unit(loom_dtype dt) {
+  return dt == LOOM_BF16 && loom_bf16_get_path() != LOOM_BF16_PATH_CONVERT;
+}
+
 int64_t LOOM_ISA(loom_gemm_half_scratch_floats)(int M, int N, int K) {
   return (int64_t)M * K + (int64_t)K * N;
 }
@@ -285,6 +290,12 @@ loom_status LOOM_ISA(loom_gemm_half)(loom_dtype dt, bool trans_a, bool trans_b,
   if (K > 0 && alpha != 0.0f && (!A || !B || !scratch))
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "gemm_half %dx%dx%d: NULL matrix or scratch", M, N, K);
+  if (unit(dt) && K > 0 && alpha != 0.0f) {
+    loom_status s = loom_kern_bf16_matmul(trans_a, trans_b, M, N, K, alpha, A,
+                                          lda, B, ldb, beta, C, ldc);
+    if (s != LOOM_ERR_UNSUPPORTED)
+      return s;
+  }
   float *a = scratch, *b = NULL;
   if (K > 0 && alpha != 0.0f) {
     b = scratch + (int64_t)M * K;
@@ -301,6 +312,21 @@ int64_t LOOM_ISA(loom_linear_half_scratch_floats)(int N, int C, int OC) {
   return (int64_t)N * C + (int64_t)OC * C + (int64_t)N * OC;
 }
 
+/* x(n) as half type dt: in itself, or in (f32) rounded into buf. */
+static loom_status as_half(const uint16_t **x, uint16_t *buf, const void *in,
+                           loom_dtype in_dt, loom_dtype dt, int64_t n) {
+  if (in_dt == dt) {
+    *x = in;
+    return LOOM_OK;
+  }
+  if (in_dt != LOOM_F32)
+    return loom_error(
+        LOOM_ERR_UNSUPPORTED, "%s matmul: input of type %s (f32 or %s)",
+        loom_dtype_name(dt), loom_dtype_name(in_dt), loom_dtype_name(dt));
+  *x = buf;
+  return LOOM_ISA(loom_cvt_f32_to_half)(dt, buf, in, n);
+}
+
 loom_status LOOM_ISA(loom_linear_forward_half)(float *out, const void *inp,
                                                loom_dtype in_dtype,
                                                loom_dtype dt,
@@ -309,11 +335,63 @@ loom_status LOOM_ISA(loom_linear_forward_half)(float *out, const void *inp,
                                                int OC, float *scratch) {
   if (N < 0 || C < 0 || OC < 0)
     return loom_error(LOOM_ERR_INVALID_ARG, "half linear: negative size");
+  if (unit(dt) && N > 0 && C > 0 && OC > 0) {
+    /* out = bias, then out += inp @ W^T on the bf16 unit */
+    const uint16_t *x;
+    LOOM_TRY(
+        as_half(&x, (uint16_t *)scratch, inp, in_dtype, dt, (int64_t)N * C));
+    float beta = 0.0f;
+    if (bias) {
+      for (int n = 0; n < N; n++)
+        memcpy(out + (int64_t)n * OC, bias, (size_t)OC * sizeof(float));
+      beta = 1.0f;
+    }
+    loom_status s = loom_kern_bf16_matmul(false, true, N, OC, C, 1.0f, x, C,
+                                          weight, C, beta, out, OC);
+    if (s != LOOM_ERR_UNSUPPORTED)
+      return s;
+  }
   float *a = scratch;                  /* (N,C) */
   float *w = scratch + (int64_t)N * C; /* (OC,C) */
   LOOM_TRY(load_f32(a, inp, in_dtype, dt, (int64_t)N * C));
   LOOM_TRY(LOOM_ISA(loom_cvt_half_to_f32)(dt, w, weight, (int64_t)OC * C));
   return LOOM_ISA(loom_linear_forward)(out, a, w, bias, N, C, OC);
+}
+
+/* The bf16 unit's share of the backward: dinp += dout @ W and dweight +=
+ * dout^T @ inp with dout and inp rounded to bf16; each output it could
+ * not do (no fast kernel for the shape) is left in *dinp / *dweight for
+ * the conversion path, the others set to NULL. */
+static loom_status linear_backward_unit(float **dinp, float **dweight,
+                                        const float *dout, const void *inp,
+                                        loom_dtype in_dtype, loom_dtype dt,
+                                        const uint16_t *weight, int N, int C,
+                                        int OC, float *scratch) {
+  if ((!*dinp && !*dweight) || N == 0 || C == 0 || OC == 0)
+    return LOOM_OK;
+  uint16_t *d = (uint16_t *)scratch;   /* (N,OC) */
+  uint16_t *buf = d + (int64_t)N * OC; /* (N,C) */
+  LOOM_TRY(LOOM_ISA(loom_cvt_f32_to_half)(dt, d, dout, (int64_t)N * OC));
+  loom_status s;
+  if (*dinp) {
+    s = loom_kern_bf16_matmul(false, false, N, C, OC, 1.0f, d, OC, weight, C,
+                              1.0f, *dinp, C);
+    if (s == LOOM_OK)
+      *dinp = NULL;
+    else if (s != LOOM_ERR_UNSUPPORTED)
+      return s;
+  }
+  if (*dweight) {
+    const uint16_t *x;
+    LOOM_TRY(as_half(&x, buf, inp, in_dtype, dt, (int64_t)N * C));
+    s = loom_kern_bf16_matmul(true, false, OC, C, N, 1.0f, d, OC, x, C, 1.0f,
+                              *dweight, C);
+    if (s == LOOM_OK)
+      *dweight = NULL;
+    else if (s != LOOM_ERR_UNSUPPORTED)
+      return s;
+  }
+  return LOOM_OK;
 }
 
 loom_status LOOM_ISA(loom_linear_backward_half)(
@@ -322,6 +400,9 @@ loom_status LOOM_ISA(loom_linear_backward_half)(
     int N, int C, int OC, float *scratch) {
   if (N < 0 || C < 0 || OC < 0)
     return loom_error(LOOM_ERR_INVALID_ARG, "half linear: negative size");
+  if (unit(dt))
+    LOOM_TRY(linear_backward_unit(&dinp, &dweight, dout, inp, in_dtype, dt,
+                                  weight, N, C, OC, scratch));
   float *d = scratch;             /* (N,OC) */
   float *w = d + (int64_t)N * OC; /* (OC,C) */
   float *a = w + (int64_t)OC * C; /* (N,C) */

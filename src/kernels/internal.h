@@ -295,6 +295,31 @@ void loom_kern_gemm_serial(bool trans_a, bool trans_b, int M, int N, int K,
  * convolution offers, and what its scratch is sized for. */
 #define LOOM_CONV_SLOTS 16
 
+/* The f32 and bf16 GEMMs' thread-count invariant grid (gemm_backend.c): tm
+ * x tn tiles, gm x gn of them, K cut into gk chunks of kc (partials folded
+ * in chunk order by loom_kern_gemm_fold: C = sum + beta C). A function of
+ * (M, N, K) alone. */
+typedef struct loom_kern_gemm_plan {
+  int tm, tn, kc; /* tile extents */
+  int gm, gn, gk; /* tile counts */
+} loom_kern_gemm_plan;
+void loom_kern_gemm_plan_make(int M, int N, int K, loom_kern_gemm_plan *p);
+void loom_kern_gemm_fold(const float *part, int gk, int M, int N, float beta,
+                         float *C, int ldc);
+
+/* bf16 GEMM through oneDNN's matmul (matmul_dnnl.c): C(f32) = alpha op(A)
+ * op(B) + beta C, A and B bf16; thread-count invariant under
+ * loom_gemm_get_deterministic. LOOM_ERR_UNSUPPORTED (C untouched) when
+ * oneDNN has no fast kernel for a shape. probe: whether it has one at all
+ * (a bf16 unit: AVX512-BF16 or AMX); impl: the implementation oneDNN
+ * chose ("brg:avx512_core_bf16"), "" before the first. */
+loom_status loom_kern_bf16_matmul(bool ta, bool tb, int M, int N, int K,
+                                  float alpha, const uint16_t *A, int lda,
+                                  const uint16_t *B, int ldb, float beta,
+                                  float *C, int ldc);
+bool loom_kern_bf16_matmul_probe(void);
+const char *loom_kern_bf16_matmul_impl(void);
+
 /* oneDNN convolution primitives (conv_dnnl.c): the scratch floats they need
  * for these dims (0 when oneDNN is not built in or cannot do the shape), and
  * forward/backward with loom_conv2d_*'s contract, minus the bias gradient.

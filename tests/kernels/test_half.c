@@ -259,10 +259,12 @@ static void gemm_half_shapes(loom_dtype dt) {
       const float alpha = 0.75f, beta = 0.5f;
       TT_CHECK_OK(loom_gemm_half(dt, ta, tb, M, N, K, alpha, A, lda, B, ldb,
                                  beta, C, ldc, S));
-      /* conversion path: the f32 GEMM of the half values, to the bit */
+      /* conversion path: the f32 GEMM of the half values, to the bit (a
+       * bf16 unit sums in its own order: the bound below only) */
       TT_CHECK_OK(
           loom_gemm(ta, tb, M, N, K, alpha, Af, lda, Bf, ldb, beta, Cf, ldc));
-      KT_CHECK_SAME_BITS(C, Cf, (size_t)nc);
+      if (dt != LOOM_BF16 || loom_bf16_get_path() == LOOM_BF16_PATH_CONVERT)
+        KT_CHECK_SAME_BITS(C, Cf, (size_t)nc);
       /* and the double reference of the same values, within f32 sums */
       loom_gemm_ref(ta, tb, M, N, K, alpha, Af, lda, Bf, ldb, beta, R, ldc);
       for (int i = 0; i < M; i++)
@@ -512,6 +514,27 @@ TT_TEST(half_layers) {
   }
 }
 
+/* The bf16 unit (oneDNN's matmul on AVX512-BF16 or AMX), where this CPU
+ * has one: the GEMM within the f32-sum bound of the double reference on
+ * every shape and transpose, and the same bits at 1, 2 and 3 threads. */
+TT_TEST(bf16_unit) {
+  loom_bf16_path unit = LOOM_BF16_PATH_AMX;
+  if (loom_bf16_set_path(unit) != LOOM_OK) {
+    loom_clear_error();
+    unit = LOOM_BF16_PATH_AVX512_BF16;
+    if (loom_bf16_set_path(unit) != LOOM_OK) {
+      loom_clear_error();
+      printf("  (no bf16 unit here: skipped)\n");
+      return;
+    }
+  }
+  printf("  bf16 unit: %s\n", loom_half_path_describe(LOOM_BF16));
+  TT_CHECK(strstr(loom_half_path_describe(LOOM_BF16), "oneDNN matmul") != NULL);
+  gemm_half_shapes(LOOM_BF16);
+  half_thread_invariance(LOOM_BF16);
+  TT_CHECK_OK(loom_bf16_set_path(LOOM_BF16_PATH_CONVERT));
+}
+
 TT_TEST(half_path_named) {
   TT_CHECK_EQ(loom_bf16_get_path(), LOOM_BF16_PATH_CONVERT);
   TT_CHECK_STR(loom_bf16_path_name(LOOM_BF16_PATH_AMX), "amx");
@@ -524,6 +547,9 @@ TT_TEST(half_path_named) {
 }
 
 int main(void) {
+  /* the conversion path first (bitwise against the f32 kernels), then the
+   * bf16 unit where there is one */
+  TT_CHECK_OK(loom_bf16_set_path(LOOM_BF16_PATH_CONVERT));
   TT_RUN(cvt_matches_scalar);
   TT_RUN(cvt_f16_matches_scalar);
   TT_RUN(cvt_f16_sweep);
@@ -531,5 +557,6 @@ int main(void) {
   TT_RUN(gemm_half_args);
   TT_RUN(half_layers);
   TT_RUN(half_path_named);
+  TT_RUN(bf16_unit);
   return tt_finish();
 }

@@ -607,6 +607,8 @@ TT_TEST(half_errors) {
 
 int main(void) {
   static const loom_dtype halves[] = {LOOM_BF16, LOOM_F16};
+  /* the conversion path (bitwise against f32 on rounded operands) */
+  TT_CHECK_OK(loom_bf16_set_path(LOOM_BF16_PATH_CONVERT));
   for (int i = 0; i < 2; i++) {
     g_half = halves[i];
     printf("%s:\n", loom_dtype_name(g_half));
@@ -618,5 +620,15 @@ int main(void) {
     TT_RUN(half_same_bits);
     TT_RUN(half_errors);
   }
+  /* bf16 on the CPU's bf16 unit, where there is one: every module within
+   * the same tolerance of f32, the same bits at any thread count */
+  g_half = LOOM_BF16;
+  if (loom_bf16_set_path(LOOM_BF16_PATH_AMX) == LOOM_OK ||
+      loom_bf16_set_path(LOOM_BF16_PATH_AVX512_BF16) == LOOM_OK) {
+    printf("bf16 on %s:\n", loom_bf16_path_name(loom_bf16_get_path()));
+    TT_RUN(modules_against_f32);
+    TT_RUN(half_same_bits);
+  }
+  loom_clear_error();
   return tt_finish();
 }

@@ -1,0 +1,287 @@
+/* bf16 GEMM through oneDNN's matmul primitive (docs/precision.md): C (f32)
+ * = alpha op(A) op(B) + beta C with A and B in bf16, run by oneDNN's
+ * AVX512-BF16 or AMX kernels with f32 sums. A primitive fixes the shape,
+ * the strides and the transposes, so one is built per (tile) shape and
+ * cached. With thread-count invariance on (loom_gemm_set_deterministic),
+ * C is cut by the same grid as the f32 GEMM and every tile runs on one
+ * thread (oneDNN runs serially inside a parallel region), K partials
+ * added in chunk order: the bits depend on the shape alone. Off, one
+ * primitive runs the whole GEMM on oneDNN's threads. */
+#include "internal.h"
+
+#ifdef LOOM_HAVE_DNNL
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct mm_key {
+  int M, N, K, lda, ldb, ldc;
+  bool ta, tb;
+  float alpha, beta;
+} mm_key;
+
+typedef struct mm_entry {
+  mm_key key;
+  dnnl_primitive_t prim; /* NULL: oneDNN has no fast kernel for it */
+  dnnl_memory_desc_t a, b, c, pad;
+  size_t pad_bytes;
+} mm_entry;
+
+/* Shapes kept: a model has a few GEMMs per layer, each a few tile shapes. */
+#define MM_CACHE_MAX 512
+static mm_entry g_mm[MM_CACHE_MAX];
+static int g_nmm;
+static pthread_mutex_t g_mm_lock = PTHREAD_MUTEX_INITIALIZER;
+static dnnl_engine_t g_engine;
+static pthread_once_t g_engine_once = PTHREAD_ONCE_INIT;
+static char g_impl[64] = "";
+
+static void engine_init(void) {
+  if (dnnl_engine_create(&g_engine, dnnl_cpu, 0) != dnnl_success)
+    g_engine = NULL;
+}
+
+static bool same(const mm_key *x, const mm_key *y) {
+  return x->M == y->M && x->N == y->N && x->K == y->K && x->lda == y->lda &&
+         x->ldb == y->ldb && x->ldc == y->ldc && x->ta == y->ta &&
+         x->tb == y->tb && x->alpha == y->alpha && x->beta == y->beta;
+}
+
+/* A matrix of rows x cols, row-major with stride ld, or its transpose. */
+static bool md_of(dnnl_memory_desc_t *md, int rows, int cols, int ld,
+                  bool trans, dnnl_data_type_t dt) {
+  dnnl_dims_t dims = {rows, cols};
+  dnnl_dims_t strides = {trans ? 1 : ld, trans ? ld : 1};
+  return dnnl_memory_desc_init_by_strides(md, 2, dims, dt, strides) ==
+         dnnl_success;
+}
+
+/* Builds the primitive for k; false when oneDNN offers only its reference
+ * kernels (no bf16 unit, or a layout its fast kernels do not take). */
+static bool build(mm_entry *e) {
+  const mm_key *k = &e->key;
+  e->prim = NULL;
+  pthread_once(&g_engine_once, engine_init);
+  if (!g_engine)
+    return false;
+  if (!md_of(&e->a, k->M, k->K, k->lda, k->ta, dnnl_bf16) ||
+      !md_of(&e->b, k->K, k->N, k->ldb, k->tb, dnnl_bf16) ||
+      !md_of(&e->c, k->M, k->N, k->ldc, false, dnnl_f32))
+    return false;
+  dnnl_matmul_desc_t d;
+  if (dnnl_matmul_desc_init(&d, &e->a, &e->b, NULL, &e->c) != dnnl_success)
+    return false;
+  dnnl_primitive_attr_t attr = NULL;
+  dnnl_post_ops_t po = NULL;
+  bool ok = dnnl_primitive_attr_create(&attr) == dnnl_success;
+  if (ok)
+    dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+  if (ok && k->alpha != 1.0f)
+    ok = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &k->alpha) ==
+         dnnl_success;
+  if (ok && k->beta != 0.0f) {
+    ok = dnnl_post_ops_create(&po) == dnnl_success &&
+         dnnl_post_ops_append_sum(po, k->beta) == dnnl_success &&
+         dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success;
+  }
+  dnnl_primitive_desc_t pd = NULL;
+  if (ok)
+    ok = dnnl_primitive_desc_create(&pd, &d, attr, g_engine, NULL) ==
+         dnnl_success;
+  if (po)
+    dnnl_post_ops_destroy(po);
+  if (attr)
+    dnnl_primitive_attr_destroy(attr);
+  if (!ok)
+    return false;
+  const char *impl = NULL;
+  if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) !=
+          dnnl_success ||
+      !impl || strncmp(impl, "ref", 3) == 0) {
+    dnnl_primitive_desc_destroy(pd);
+    return false;
+  }
+  if (!g_impl[0])
+    snprintf(g_impl, sizeof g_impl, "%s", impl);
+  const dnnl_memory_desc_t *pad =
+      dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+  e->pad_bytes = 0;
+  if (pad) {
+    e->pad = *pad;
+    e->pad_bytes = dnnl_memory_desc_get_size(pad);
+  }
+  ok = dnnl_primitive_create(&e->prim, pd) == dnnl_success;
+  dnnl_primitive_desc_destroy(pd);
+  if (!ok)
+    e->prim = NULL;
+  return ok;
+}
+
+/* The cached entry for k (built on first use; entries are never removed,
+ * so a pointer stays valid). NULL when the cache is full. */
+static const mm_entry *lookup(const mm_key *k) {
+  pthread_mutex_lock(&g_mm_lock);
+  const mm_entry *found = NULL;
+  for (int i = 0; i < g_nmm && !found; i++)
+    if (same(&g_mm[i].key, k))
+      found = &g_mm[i];
+  if (!found && g_nmm < MM_CACHE_MAX) {
+    mm_entry *e = &g_mm[g_nmm];
+    memset(e, 0, sizeof *e);
+    e->key = *k;
+    (void)build(e);
+    g_nmm++;
+    found = e;
+  }
+  pthread_mutex_unlock(&g_mm_lock);
+  return found;
+}
+
+/* Runs one cached primitive on the calling thread's share; 0 on success. */
+static int run(const mm_entry *e, const uint16_t *A, const uint16_t *B,
+               float *C) {
+  dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, mp = NULL;
+  dnnl_stream_t s = NULL;
+  void *pad = NULL;
+  int rc = -1;
+  if (e->pad_bytes && !(pad = malloc(e->pad_bytes)))
+    return -1;
+  if (dnnl_memory_create(&ma, &e->a, g_engine, (void *)A) != dnnl_success ||
+      dnnl_memory_create(&mb, &e->b, g_engine, (void *)B) != dnnl_success ||
+      dnnl_memory_create(&mc, &e->c, g_engine, C) != dnnl_success ||
+      (pad &&
+       dnnl_memory_create(&mp, &e->pad, g_engine, pad) != dnnl_success) ||
+      dnnl_stream_create(&s, g_engine, dnnl_stream_default_flags) !=
+          dnnl_success)
+    goto done;
+  dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma},
+                             {DNNL_ARG_WEIGHTS, mb},
+                             {DNNL_ARG_DST, mc},
+                             {DNNL_ARG_SCRATCHPAD, mp}};
+  rc = (int)dnnl_primitive_execute(e->prim, s, mp ? 4 : 3, args);
+  if (rc == 0)
+    rc = (int)dnnl_stream_wait(s);
+done:
+  if (s)
+    dnnl_stream_destroy(s);
+  if (ma)
+    dnnl_memory_destroy(ma);
+  if (mb)
+    dnnl_memory_destroy(mb);
+  if (mc)
+    dnnl_memory_destroy(mc);
+  if (mp)
+    dnnl_memory_destroy(mp);
+  free(pad);
+  return rc;
+}
+
+bool loom_kern_bf16_matmul_probe(void) {
+  mm_key k = {64, 64, 64, 64, 64, 64, false, false, 1.0f, 0.0f};
+  const mm_entry *e = lookup(&k);
+  return e && e->prim;
+}
+
+const char *loom_kern_bf16_matmul_impl(void) { return g_impl; }
+
+/* Runs op on one thread: a tile; 0 on success, -1 when oneDNN has no fast
+ * kernel for the shape (the caller converts instead). */
+static int tile(bool ta, bool tb, int M, int N, int K, float alpha,
+                const uint16_t *A, int lda, const uint16_t *B, int ldb,
+                float beta, float *C, int ldc) {
+  mm_key k = {M, N, K, lda, ldb, ldc, ta, tb, alpha, beta};
+  const mm_entry *e = lookup(&k);
+  if (!e || !e->prim)
+    return -1;
+  return run(e, A, B, C);
+}
+
+loom_status loom_kern_bf16_matmul(bool ta, bool tb, int M, int N, int K,
+                                  float alpha, const uint16_t *A, int lda,
+                                  const uint16_t *B, int ldb, float beta,
+                                  float *C, int ldc) {
+  if (!loom_gemm_get_deterministic()) {
+    int save = omp_get_max_threads();
+    omp_set_num_threads(loom_threads());
+    int rc = tile(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    omp_set_num_threads(save);
+    return rc == 0 ? LOOM_OK : LOOM_ERR_UNSUPPORTED;
+  }
+  loom_kern_gemm_plan p;
+  loom_kern_gemm_plan_make(M, N, K, &p);
+  float *part = NULL;
+  if (p.gk > 1) {
+    part = loom_malloc((size_t)p.gk * M * N * sizeof(float));
+    if (!part)
+      return loom_error_context(LOOM_ERR_NOMEM, "bf16 gemm %dx%dx%d", M, N, K);
+  }
+  const int tasks = p.gm * p.gn * p.gk;
+  /* Every tile shape has a fast primitive, or nothing is touched. */
+  for (int t = 0; t < tasks; t++) {
+    const int kb = t / (p.gm * p.gn), rest = t % (p.gm * p.gn);
+    const int i0 = (rest / p.gn) * p.tm, j0 = (rest % p.gn) * p.tn;
+    mm_key k = {M - i0 < p.tm ? M - i0 : p.tm,
+                N - j0 < p.tn ? N - j0 : p.tn,
+                K - kb * p.kc < p.kc ? K - kb * p.kc : p.kc,
+                lda,
+                ldb,
+                part ? N : ldc,
+                ta,
+                tb,
+                alpha,
+                part ? 0.0f : beta};
+    const mm_entry *e = lookup(&k);
+    if (!e || !e->prim) {
+      loom_free(part);
+      return LOOM_ERR_UNSUPPORTED;
+    }
+  }
+  int nt = loom_threads();
+  if (nt > tasks)
+    nt = tasks;
+  atomic_int failed = 0;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (int t = 0; t < tasks; t++) {
+    const int kb = t / (p.gm * p.gn), rest = t % (p.gm * p.gn);
+    const int i0 = (rest / p.gn) * p.tm, j0 = (rest % p.gn) * p.tn;
+    const int k0 = kb * p.kc;
+    const int mm = M - i0 < p.tm ? M - i0 : p.tm;
+    const int nn = N - j0 < p.tn ? N - j0 : p.tn;
+    const int kk = K - k0 < p.kc ? K - k0 : p.kc;
+    const uint16_t *a =
+        ta ? A + (int64_t)k0 * lda + i0 : A + (int64_t)i0 * lda + k0;
+    const uint16_t *b =
+        tb ? B + (int64_t)j0 * ldb + k0 : B + (int64_t)k0 * ldb + j0;
+    int rc;
+    if (part)
+      rc = tile(ta, tb, mm, nn, kk, alpha, a, lda, b, ldb, 0.0f,
+                part + ((int64_t)kb * M + i0) * N + j0, N);
+    else
+      rc = tile(ta, tb, mm, nn, kk, alpha, a, lda, b, ldb, beta,
+                C + (int64_t)i0 * ldc + j0, ldc);
+    if (rc != 0)
+      atomic_store(&failed, 1);
+  }
+  if (part && !atomic_load(&failed))
+    loom_kern_gemm_fold(part, p.gk, M, N, beta, C, ldc);
+  loom_free(part);
+  return atomic_load(&failed) ? LOOM_ERR_UNSUPPORTED : LOOM_OK;
+}
+
+#else /* no oneDNN */
+
+bool loom_kern_bf16_matmul_probe(void) { return false; }
+const char *loom_kern_bf16_matmul_impl(void) { return ""; }
+loom_status loom_kern_bf16_matmul(bool ta, bool tb, int M, int N, int K,
+                                  float alpha, const uint16_t *A, int lda,
+                                  const uint16_t *B, int ldb, float beta,
+                                  float *C, int ldc) {
+  (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A;
+  (void)lda, (void)B, (void)ldb, (void)beta, (void)C, (void)ldc;
+  return LOOM_ERR_UNSUPPORTED;
+}
+
+#endif
