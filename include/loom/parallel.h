@@ -411,6 +411,62 @@ void loom_pipe_reset_stats(loom_pipe *p);
 /* The ideal idle share of a stage, (P - 1) / (M + P - 1). */
 double loom_pipe_bubble_theory(int stages, int micro_batches);
 
+/* ------------------------------------------------- tensor parallelism
+ *
+ * A GPT built with loom_gpt_opts.tp is one rank's part of the whole model
+ * (docs/parallel.md "Tensor parallelism"); its modules reduce over the
+ * group through a loom_tp. Its flat buffers hold its part of each cut
+ * parameter and the whole of the others, in the whole model's order; the
+ * map below says where each piece lies in the whole model's canonical
+ * layout, which checkpoints keep whatever the mesh. */
+
+/* The loom_tp of group g (borrowed): its reductions are loom_allreduce
+ * requests on g, LOOM_TP_SLOTS of them at a time. */
+typedef struct loom_tp_group loom_tp_group;
+loom_status loom_tp_group_new(loom_tp_group **out, loom_group *g);
+const loom_tp *loom_tp_group_tp(const loom_tp_group *t);
+void loom_tp_group_free(loom_tp_group *t);
+
+/* A piece of a rank's flat buffers: numel elements at `local` that are
+ * elements [whole, whole + numel) of the whole model's; of view `view`;
+ * shared: a parameter every rank holds whole. */
+typedef struct loom_tp_seg {
+  int64_t local, whole, numel;
+  int view;
+  bool shared;
+} loom_tp_seg;
+typedef struct loom_tp_map loom_tp_map;
+/* local: any rank's model of a group of `size` (their shapes are the
+ * same), whole: the model without tensor parallelism (shape_only does). */
+loom_status loom_tp_map_new(loom_tp_map **out, const loom_model *local,
+                            const loom_model *whole, int size);
+void loom_tp_map_free(loom_tp_map *m);
+/* Rank r's pieces, ascending in both layouts; *n their number. */
+const loom_tp_seg *loom_tp_map_segs(const loom_tp_map *m, int rank, int *n);
+int64_t loom_tp_map_whole_numel(const loom_tp_map *m);
+/* Rank r's buffer from the whole layout: fetch gives elements [begin, end)
+ * of the whole buffer (within view `view`: the whole view, or a shared
+ * view's elements) into dst. */
+typedef loom_status (*loom_tp_fetch_fn)(void *user, int view, int64_t begin,
+                                        int64_t end, float *dst);
+loom_status loom_tp_map_fill(const loom_tp_map *m, int rank,
+                             loom_tp_fetch_fn fetch, void *user, float *local);
+/* Rank r's part of the whole model's initial values (loom_model_draw_view
+ * of `whole`): the values one rank's run starts from. */
+loom_status loom_tp_map_init(const loom_tp_map *m, int rank,
+                             const loom_model *whole, float *local);
+/* The whole gradient's sum of squares: the cut views' squares summed over
+ * g, the shared ones (the same on every rank) once. Collective over g. */
+loom_status loom_tp_map_sumsq(const loom_tp_map *m, loom_group *g,
+                              const float *grads, double *out);
+/* Collective over g (its ranks are the map's): rank t gets elements
+ * [lo[t], hi[t]) of the whole layout into dst, put together from every
+ * rank's buffer `local` (each piece from the rank that holds it; shared
+ * ones from its own). lo and hi: every rank's, the same on all. */
+loom_status loom_tp_map_gather(const loom_tp_map *m, loom_group *g,
+                               const float *local, const int64_t *lo,
+                               const int64_t *hi, float *dst);
+
 LOOM_API_END
 #ifdef __cplusplus
 }

@@ -17,33 +17,45 @@ _Static_assert((int)LOOM_CFG_PP_GPIPE == (int)LOOM_PIPE_GPIPE &&
 
 loom_status loom_train_mesh(loom_trainer *t) {
   const loom_config_parallel *pc = &t->cfg.parallel;
-  int P = (int)pc->pp;
+  int P = (int)pc->pp, T = (int)pc->tp;
   t->replica = t->rank;
   t->replicas = t->nranks;
   t->stage = 0;
   t->stages = 1;
-  if (pc->dp > 0 && pc->dp * P != t->nranks)
+  t->tp_rank = 0;
+  t->tps = 1;
+  if (pc->dp > 0 && pc->dp * T * P != t->nranks)
     return loom_error(LOOM_ERR_CONFIG,
-                      "parallel.dp %lld x parallel.tp 1 x parallel.pp %d = "
+                      "parallel.dp %lld x parallel.tp %d x parallel.pp %d = "
                       "%lld ranks, but the job has %d (start %lld, or set "
                       "parallel.dp auto)",
-                      (long long)pc->dp, P, (long long)(pc->dp * P), t->nranks,
-                      (long long)(pc->dp * P));
-  if (t->nranks % P != 0)
+                      (long long)pc->dp, T, P, (long long)(pc->dp * T * P),
+                      t->nranks, (long long)(pc->dp * T * P));
+  if (t->nranks % (T * P) != 0)
     return loom_error(LOOM_ERR_CONFIG,
-                      "parallel.pp %d does not divide the job's %d ranks "
-                      "(parallel.dp auto takes ranks / parallel.pp replicas)",
-                      P, t->nranks);
-  if (P == 1)
+                      "parallel.tp %d x parallel.pp %d does not divide the "
+                      "job's %d ranks (parallel.dp auto takes ranks / (tp x "
+                      "pp) replicas)",
+                      T, P, t->nranks);
+  if (P == 1 && T == 1)
     return LOOM_OK;
-  /* Stages on neighbouring ranks (the same host first, as launchers place
-   * consecutive ranks), replicas apart. */
+  /* rank = (replica x P + stage) x T + tp_rank: a tensor-parallel group's
+   * ranks neighbours (the same host first, as launchers place consecutive
+   * ranks; its reductions run in every block), then a pipeline's stages,
+   * the replicas apart. */
+  t->tps = T;
+  t->tp_rank = t->rank % T;
   t->stages = P;
-  t->stage = t->rank % P;
-  t->replica = t->rank / P;
-  t->replicas = t->nranks / P;
-  LOOM_TRY(loom_group_split(t->world, t->replica, t->stage, &t->pp_group));
-  LOOM_TRY(loom_group_split(t->world, t->stage, t->replica, &t->dp_group));
+  t->stage = t->rank / T % P;
+  t->replica = t->rank / (T * P);
+  t->replicas = t->nranks / (T * P);
+  if (T > 1)
+    LOOM_TRY(loom_group_split(t->world, t->rank / T, t->tp_rank, &t->tp_group));
+  if (P > 1)
+    LOOM_TRY(loom_group_split(t->world, t->replica * T + t->tp_rank, t->stage,
+                              &t->pp_group));
+  LOOM_TRY(loom_group_split(t->world, t->stage * T + t->tp_rank, t->replica,
+                            &t->dp_group));
   return LOOM_OK;
 }
 

@@ -70,6 +70,10 @@ void loom_train_mem_get(const loom_trainer *t, loom_train_mem *out);
 loom_status loom_train_model_make(const loom_config *cfg,
                                   const loom_model_opts *base,
                                   loom_model **out);
+/* The same, a tensor-parallel rank's part of the GPT (tp NULL: whole). */
+loom_status loom_train_model_make_tp(const loom_config *cfg,
+                                     const loom_model_opts *base,
+                                     const loom_tp *tp, loom_model **out);
 
 struct loom_trainer {
   loom_config cfg;
@@ -140,6 +144,17 @@ struct loom_trainer {
                             reserved, only the stage's ranges touched */
   int64_t *stage_bounds; /* (stages + 1) every stage's owned range */
 
+  /* Tensor parallelism (parallel.tp > 1; loop_tp.c): rank = (replica x
+   * stages + stage) x tps + tp_rank, a group's ranks neighbours. t->model
+   * is this rank's part of the GPT; whole the whole model's layout
+   * (shape_only), which checkpoints keep; tp_map between the two. tps 1
+   * and the rest NULL without. */
+  int tp_rank, tps;
+  loom_group *tp_group;
+  loom_tp_group *tpg;
+  loom_model *whole;
+  loom_tp_map *tp_map;
+
   /* Recovery. With a checkpoint to load, the model is built without its
    * random draws; they are made only when none was loaded after all. */
   bool init_deferred;
@@ -199,9 +214,32 @@ double loom_train_fault_data_delay(loom_trainer *t);
 /* After step t->step: exit, segv, hang or slow as asked. */
 void loom_train_fault_after_step(loom_trainer *t);
 
-/* loop_pipe.c: the mesh (replicas, stages, their groups; collective over
- * the world when there is a pipeline) from parallel.dp and parallel.pp. */
+/* loop_pipe.c: the mesh (replicas, stages, tensor-parallel ranks, their
+ * groups; collective over the world when there is a pipeline or tensor
+ * parallelism) from parallel.dp, tp and pp. */
 loom_status loom_train_mesh(loom_trainer *t);
+
+/* loop_tp.c: tensor parallelism. The rank's part of the model (t->model,
+ * its parameters drawn later), the whole model's layout and the map. */
+loom_status loom_train_tp_new(loom_trainer *t);
+void loom_train_tp_free(loom_trainer *t);
+/* A fresh start: this rank's part of the whole model's draws. */
+loom_status loom_train_tp_init_params(loom_trainer *t);
+/* The whole gradient's sum of squares (collective over the tp group). */
+loom_status loom_train_tp_grad_sumsq(loom_trainer *t, double *out);
+/* Elements [lo, hi) of the whole layout (this rank's checkpoint slice,
+ * loom_train_slice) of a buffer in the rank's layout (parameters or an
+ * optimizer state), put together from the tp group into dst. Collective
+ * over the tp group. */
+loom_status loom_train_tp_slice(loom_trainer *t, const float *local,
+                                float *dst);
+/* This rank's part of checkpoint buffer `name` into local (its layout). */
+loom_status loom_train_tp_read(loom_trainer *t, const loom_ckpt *c,
+                               const char *name, float *local);
+/* Evaluation batch i's sums (loss, rows, correct) into part on the tp
+ * group's first rank; every rank of the group runs it. */
+loom_status loom_train_tp_eval(loom_trainer *t, const loom_batch *b,
+                               double *part);
 /* The pipeline of this stage (model, buffers, instances): after the model
  * was made shape_only, before the optimizer. No communication. */
 loom_status loom_train_pipe_new(loom_trainer *t, const loom_shape *input);
