@@ -446,26 +446,37 @@ const loom_tp_seg *loom_tp_map_segs(const loom_tp_map *m, int rank, int *n);
 int64_t loom_tp_map_whole_numel(const loom_tp_map *m);
 /* Rank r's buffer from the whole layout: fetch gives elements [begin, end)
  * of the whole buffer (within view `view`: the whole view, or a shared
- * view's elements) into dst. */
+ * view's elements) into dst. Only the views that lie within one of the
+ * ranges of the rank's layout (a pipeline stage's: loom_pipe_ranges);
+ * ranges NULL: every view. local holds the rank's layout from element
+ * `base` on (0; a stage's optimizer state: its first element's). */
 typedef loom_status (*loom_tp_fetch_fn)(void *user, int view, int64_t begin,
                                         int64_t end, float *dst);
 loom_status loom_tp_map_fill(const loom_tp_map *m, int rank,
-                             loom_tp_fetch_fn fetch, void *user, float *local);
+                             const loom_range *ranges, int nranges,
+                             loom_tp_fetch_fn fetch, void *user, float *local,
+                             int64_t base);
 /* Rank r's part of the whole model's initial values (loom_model_draw_view
- * of `whole`): the values one rank's run starts from. */
+ * of `whole`), for the views within ranges as above: the values one
+ * rank's run starts from. */
 loom_status loom_tp_map_init(const loom_tp_map *m, int rank,
-                             const loom_model *whole, float *local);
-/* The whole gradient's sum of squares: the cut views' squares summed over
- * g, the shared ones (the same on every rank) once. Collective over g. */
+                             const loom_model *whole, const loom_range *ranges,
+                             int nranges, float *local);
+/* The sum of squares of the whole gradient's views that lie in [lo, hi)
+ * of the rank's layout: the cut views' squares summed over g, the shared
+ * ones (the same on every rank) once. Collective over g. */
 loom_status loom_tp_map_sumsq(const loom_tp_map *m, loom_group *g,
-                              const float *grads, double *out);
+                              const float *grads, int64_t lo, int64_t hi,
+                              double *out);
 /* Collective over g (its ranks are the map's): rank t gets elements
  * [lo[t], hi[t]) of the whole layout into dst, put together from every
  * rank's buffer `local` (each piece from the rank that holds it; shared
- * ones from its own). lo and hi: every rank's, the same on all. */
+ * ones from its own; local holds the rank's layout from element `base`
+ * on, as above). lo and hi: every rank's, the same on all. */
 loom_status loom_tp_map_gather(const loom_tp_map *m, loom_group *g,
-                               const float *local, const int64_t *lo,
-                               const int64_t *hi, float *dst);
+                               const float *local, int64_t base,
+                               const int64_t *lo, const int64_t *hi,
+                               float *dst);
 
 LOOM_API_END
 #ifdef __cplusplus

@@ -351,9 +351,9 @@ static const loom_config_key keys[] = {
          "projections' biases whole on every rank. tp must divide "
          "model.heads and model.vocab; one all-reduce a block forward and "
          "one backward for the attention, the same for the MLP. Ranks "
-         "r..r+tp-1 form one group (the closest ranks); parallel.pp must "
-         "be 1, parallel.strategy auto or ddp (over parallel.dp), "
-         "train.precision f32"),
+         "r..r+tp-1 form one group (the closest ranks), then pipeline "
+         "stages (parallel.pp), then replicas (parallel.dp); "
+         "parallel.strategy auto or ddp, train.precision f32"),
     KINT("parallel.pp", parallel.pp, "1", 1, 4096, 0,
          "pipeline stages of the mesh: the model (gpt) cut into pp "
          "contiguous runs of its units (the embedding, each transformer "
@@ -1246,12 +1246,6 @@ static loom_status check_tp(const loom_config *cfg, const cfg_origins *org,
                    "(%lld): each rank takes an equal share of the heads and "
                    "of the vocabulary",
                    (long long)T, (long long)m->heads, (long long)m->vocab);
-  if (pc->pp > 1)
-    return cfg_err(l, "parallel.tp",
-                   "%lld with parallel.pp %lld: tensor and pipeline "
-                   "parallelism do not combine yet; supported: dp x tp "
-                   "(parallel.pp 1) and dp x pp (parallel.tp 1)",
-                   (long long)T, (long long)pc->pp);
   if (pc->strategy != LOOM_CFG_STRATEGY_AUTO &&
       pc->strategy != LOOM_CFG_STRATEGY_DDP)
     return cfg_err(origin_of(org, "parallel.strategy", none),

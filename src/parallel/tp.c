@@ -199,19 +199,33 @@ const loom_tp_seg *loom_tp_map_segs(const loom_tp_map *m, int rank, int *n) {
 int64_t loom_tp_map_whole_numel(const loom_tp_map *m) { return m->whole_numel; }
 
 /* Copies view i's segments of `rank` from `src`, which holds the whole
- * view's elements [base, base + ...) of the whole layout. */
+ * view's elements [base, base + ...) of the whole layout, into local
+ * (element lbase of the rank's layout). */
 static void copy_view(const loom_tp_map *m, int rank, int i, const float *src,
-                      int64_t base, float *local) {
+                      int64_t base, float *local, int64_t lbase) {
   int n;
   const loom_tp_seg *s = loom_tp_map_segs(m, rank, &n);
   for (int k = 0; k < n; k++)
     if (s[k].view == i)
-      memcpy(local + s[k].local, src + (s[k].whole - base),
+      memcpy(local + (s[k].local - lbase), src + (s[k].whole - base),
              (size_t)s[k].numel * sizeof(float));
 }
 
+/* Whether view v lies within one of the ranges (all views without). */
+static bool wanted(const tp_view *v, const loom_range *r, int nr) {
+  if (!r)
+    return true;
+  for (int k = 0; k < nr; k++)
+    if (v->local >= r[k].offset &&
+        v->local + v->numel <= r[k].offset + r[k].numel)
+      return true;
+  return false;
+}
+
 loom_status loom_tp_map_fill(const loom_tp_map *m, int rank,
-                             loom_tp_fetch_fn fetch, void *user, float *local) {
+                             const loom_range *ranges, int nranges,
+                             loom_tp_fetch_fn fetch, void *user, float *local,
+                             int64_t base) {
   int64_t big = 0;
   for (int i = 0; i < m->nviews; i++)
     if (!m->views[i].shared && m->views[i].whole_numel > big)
@@ -222,13 +236,16 @@ loom_status loom_tp_map_fill(const loom_tp_map *m, int rank,
   loom_status s = LOOM_OK;
   for (int i = 0; i < m->nviews && s == LOOM_OK; i++) {
     const tp_view *v = &m->views[i];
+    if (!wanted(v, ranges, nranges))
+      continue;
     if (v->shared) {
-      s = fetch(user, i, v->whole, v->whole + v->numel, local + v->local);
+      s = fetch(user, i, v->whole, v->whole + v->numel,
+                local + (v->local - base));
       continue;
     }
     s = fetch(user, i, v->whole, v->whole + v->whole_numel, tmp);
     if (s == LOOM_OK)
-      copy_view(m, rank, i, tmp, v->whole, local);
+      copy_view(m, rank, i, tmp, v->whole, local, base);
   }
   loom_free(tmp);
   return s;
@@ -253,7 +270,8 @@ static loom_status draw_fetch(void *user, int i, int64_t begin, int64_t end,
 }
 
 loom_status loom_tp_map_init(const loom_tp_map *m, int rank,
-                             const loom_model *whole, float *local) {
+                             const loom_model *whole, const loom_range *ranges,
+                             int nranges, float *local) {
   draw_ctx c = {whole, m, NULL};
   int64_t big = 0;
   for (int i = 0; i < m->nviews; i++)
@@ -262,18 +280,21 @@ loom_status loom_tp_map_init(const loom_tp_map *m, int rank,
   c.view = loom_malloc((size_t)(big ? big : 1) * sizeof(float));
   if (!c.view)
     return LOOM_ERR_NOMEM;
-  loom_status s = loom_tp_map_fill(m, rank, draw_fetch, &c, local);
+  loom_status s =
+      loom_tp_map_fill(m, rank, ranges, nranges, draw_fetch, &c, local, 0);
   loom_free(c.view);
   return s;
 }
 
 loom_status loom_tp_map_sumsq(const loom_tp_map *m, loom_group *g,
-                              const float *grads, double *out) {
+                              const float *grads, int64_t lo, int64_t hi,
+                              double *out) {
   /* each cut view's part summed over the group, the whole ones once */
   double part[2] = {0, 0};
   for (int i = 0; i < m->nviews; i++) {
     const tp_view *v = &m->views[i];
-    part[v->shared] += loom_grad_sumsq(grads + v->local, v->numel);
+    if (v->local >= lo && v->local + v->numel <= hi)
+      part[v->shared] += loom_grad_sumsq(grads + v->local, v->numel);
   }
   double cut = part[0];
   if (g && loom_group_size(g) > 1) {
@@ -291,8 +312,8 @@ enum { TAG_TP_GATHER = 121 };
  * layout, in order: with buf, packed from (pack) or unpacked into (dst
  * relative to lo) the local buffer or dst. Returns how many. */
 static int64_t walk(const loom_tp_map *m, int s, int64_t lo, int64_t hi,
-                    bool cut_only, const float *local, float *packed,
-                    const float *unpack, float *dst) {
+                    bool cut_only, const float *local, int64_t base,
+                    float *packed, const float *unpack, float *dst) {
   int n;
   const loom_tp_seg *sg = loom_tp_map_segs(m, s, &n);
   int64_t count = 0;
@@ -305,19 +326,22 @@ static int64_t walk(const loom_tp_map *m, int s, int64_t lo, int64_t hi,
       continue;
     size_t bytes = (size_t)(e - a) * sizeof(float);
     if (packed) /* this rank's elements into a message */
-      memcpy(packed + count, local + sg[k].local + (a - sg[k].whole), bytes);
+      memcpy(packed + count, local + (sg[k].local - base) + (a - sg[k].whole),
+             bytes);
     else if (unpack) /* a message's elements into place */
       memcpy(dst + (a - lo), unpack + count, bytes);
     else if (local) /* this rank's own elements into place */
-      memcpy(dst + (a - lo), local + sg[k].local + (a - sg[k].whole), bytes);
+      memcpy(dst + (a - lo), local + (sg[k].local - base) + (a - sg[k].whole),
+             bytes);
     count += e - a;
   }
   return count;
 }
 
 loom_status loom_tp_map_gather(const loom_tp_map *m, loom_group *g,
-                               const float *local, const int64_t *lo,
-                               const int64_t *hi, float *dst) {
+                               const float *local, int64_t base,
+                               const int64_t *lo, const int64_t *hi,
+                               float *dst) {
   int T = m->size, t = g ? loom_group_rank(g) : 0;
   if (!g || loom_group_size(g) != T)
     return loom_error(LOOM_ERR_INVALID_ARG,
@@ -325,7 +349,7 @@ loom_status loom_tp_map_gather(const loom_tp_map *m, loom_group *g,
                       "is of %d",
                       g ? loom_group_size(g) : 0, T);
   /* mine, whole and cut, in place */
-  (void)walk(m, t, lo[t], hi[t], false, local, NULL, NULL, dst);
+  (void)walk(m, t, lo[t], hi[t], false, local, base, NULL, NULL, dst);
   if (T == 1)
     return LOOM_OK;
   int64_t nsend = 0, nrecv = 0;
@@ -339,12 +363,12 @@ loom_status loom_tp_map_gather(const loom_tp_map *m, loom_group *g,
     goto done;
   }
   for (int p = 0; p < T; p++) {
-    soff[p + 1] =
-        soff[p] +
-        (p == t ? 0 : walk(m, t, lo[p], hi[p], true, NULL, NULL, NULL, NULL));
-    roff[p + 1] =
-        roff[p] +
-        (p == t ? 0 : walk(m, p, lo[t], hi[t], true, NULL, NULL, NULL, NULL));
+    soff[p + 1] = soff[p] + (p == t ? 0
+                                    : walk(m, t, lo[p], hi[p], true, NULL, 0,
+                                           NULL, NULL, NULL));
+    roff[p + 1] = roff[p] + (p == t ? 0
+                                    : walk(m, p, lo[t], hi[t], true, NULL, 0,
+                                           NULL, NULL, NULL));
   }
   nsend = soff[T];
   nrecv = roff[T];
@@ -361,7 +385,8 @@ loom_status loom_tp_map_gather(const loom_tp_map *m, loom_group *g,
       s = loom_recv(rbuf + roff[p], (size_t)(roff[p + 1] - roff[p]), LOOM_F32,
                     p, TAG_TP_GATHER, g, &req[2 * p]);
     if (s == LOOM_OK && soff[p + 1] > soff[p]) {
-      (void)walk(m, t, lo[p], hi[p], true, local, sbuf + soff[p], NULL, NULL);
+      (void)walk(m, t, lo[p], hi[p], true, local, base, sbuf + soff[p], NULL,
+                 NULL);
       s = loom_send(sbuf + soff[p], (size_t)(soff[p + 1] - soff[p]), LOOM_F32,
                     p, TAG_TP_GATHER, g, &req[2 * p + 1]);
     }
@@ -371,7 +396,7 @@ loom_status loom_tp_map_gather(const loom_tp_map *m, loom_group *g,
     s = ws;
   for (int p = 0; p < T && s == LOOM_OK; p++)
     if (p != t)
-      (void)walk(m, p, lo[t], hi[t], true, NULL, NULL, rbuf + roff[p], dst);
+      (void)walk(m, p, lo[t], hi[t], true, NULL, 0, NULL, rbuf + roff[p], dst);
 done:
   loom_free(soff);
   loom_free(roff);

@@ -279,9 +279,12 @@ loom_status loom_train_agree(loom_trainer *t, loom_status mine,
 
 void loom_train_slice(const loom_trainer *t, int r, int64_t *lo, int64_t *hi) {
   if (t->stage_bounds) {
-    /* A pipeline: the replicas of a stage share its range, in order. */
-    int s = r % t->stages, d = r / t->stages, D = t->replicas;
-    int64_t a = t->stage_bounds[s], n = t->stage_bounds[s + 1] - a;
+    /* A pipeline: the replicas of a stage share its range, in order (with
+     * tensor parallelism the range in the whole model's layout, shared by
+     * the replicas' tp ranks: part d x tp + t of it). */
+    int T = t->tps, s = r / T % t->stages;
+    int d = (r / T / t->stages) * T + r % T, D = t->replicas * T;
+    int64_t a = t->whole_bounds[s], n = t->whole_bounds[s + 1] - a;
     *lo = a + n * d / D;
     *hi = a + n * (d + 1) / D;
     return;
@@ -531,6 +534,7 @@ static loom_status setup_local(loom_trainer *t) {
       loom_model_bind_params(t->model, t->zparams);
     }
   } else if (t->tps > 1) {
+    /* this rank's part (a stage's layout with a pipeline too) */
     LOOM_TRY(loom_train_tp_new(t));
   } else if (t->stages > 1) {
     /* The stage's instances run the model; this copy holds the layout and
@@ -810,14 +814,15 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   }
   loom_runstat_gate();
   LOOM_TRY_GOTO(s, loom_train_ckpt_resume(t), fail);
-  if (t->pipe && !t->resumed) {
+  if (t->tp_map && !t->resumed) {
+    /* This rank's part of the whole model's draws (a stage's: its views
+     * and the borrowed ones): every replica draws the same, nothing to
+     * broadcast. */
+    LOOM_TRY_GOTO(s, loom_train_tp_init_params(t), fail);
+  } else if (t->pipe && !t->resumed) {
     /* This stage's draws (and its borrowed weights': the same values as
      * their owner's, each view having its own stream). */
     LOOM_TRY_GOTO(s, loom_train_pipe_init_params(t), fail);
-  } else if (t->tp_map && !t->resumed) {
-    /* This rank's part of the whole model's draws: every replica draws
-     * the same, nothing to broadcast. */
-    LOOM_TRY_GOTO(s, loom_train_tp_init_params(t), fail);
   } else if (t->z3 && !t->resumed) {
     /* This rank's slice of the draws, a view at a time. */
     LOOM_TRY_GOTO(s, loom_zero3_init_params(t->z3), fail);
@@ -1353,7 +1358,7 @@ static loom_status optim_step(loom_trainer *t, float lr, double *gnorm,
       LOOM_TRY(loom_ddp_wait(t->ddp));
     float *grads = loom_model_grads(t->model);
     double ss;
-    LOOM_TRY(loom_train_tp_grad_sumsq(t, &ss));
+    LOOM_TRY(loom_train_tp_grad_sumsq(t, 0, n, &ss));
     LOOM_TRY(loom_grad_clip_sumsq(grads, n, ss, (float)clip, gnorm));
     LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
   } else if (t->zero >= 2) {

@@ -274,10 +274,10 @@ static const float *stage(loom_trainer *t, const float *src, int64_t count,
 /* Tensor parallelism: the slice of a buffer in the rank's layout, put
  * together from the tp group in the snapshot at `*off` (NULL on failure,
  * with the message recorded). Collective over the tp group. */
-static const float *tp_stage(loom_trainer *t, const float *local, int64_t count,
-                             int64_t *off) {
+static const float *tp_stage(loom_trainer *t, const float *local, int64_t base,
+                             int64_t count, int64_t *off) {
   float *dst = t->snap + *off;
-  if (loom_train_tp_slice(t, local, dst) != LOOM_OK)
+  if (loom_train_tp_slice(t, local, base, dst) != LOOM_OK)
     return NULL;
   *off += count;
   return dst;
@@ -320,12 +320,12 @@ loom_status loom_train_ckpt_save(loom_trainer *t) {
    * could not start; a failure is concluded with the others' below). */
   const float *data = NULL;
   if (t->tp_map) {
-    data = tp_stage(t, loom_model_params(t->model), hi - lo, &off);
+    data = tp_stage(t, loom_model_params(t->model), 0, hi - lo, &off);
     s = data ? LOOM_OK : LOOM_ERR_INTERNAL;
     for (int i = 0; i < loom_optim_state_count(t->optim) && s == LOOM_OK; i++) {
       loom_optim_state st;
       s = loom_optim_state_get(t->optim, i, &st);
-      if (s == LOOM_OK && !tp_stage(t, st.data, hi - lo, &off))
+      if (s == LOOM_OK && !tp_stage(t, st.data, st.begin, hi - lo, &off))
         s = LOOM_ERR_INTERNAL;
     }
     if (s != LOOM_OK)
@@ -409,7 +409,8 @@ static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
                       loom_ckpt_path(c), (long long)bi.count,
                       loom_dtype_name(bi.dtype), (long long)n);
   if (t->tp_map) { /* this rank's part of the whole model */
-    LOOM_TRY(loom_train_tp_read(t, c, "params", loom_model_params(t->model)));
+    LOOM_TRY(
+        loom_train_tp_read(t, c, "params", loom_model_params(t->model), 0, -1));
   } else if (t->z3) { /* this rank's slice only: the rest is never resident */
     int64_t lo, hi;
     loom_train_slice(t, t->rank, &lo, &hi);
@@ -437,7 +438,7 @@ static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
     LOOM_TRY(loom_optim_state_get(t->optim, i, &st));
     state_buffer_name(name, sizeof name, st.name);
     if (t->tp_map)
-      LOOM_TRY(loom_train_tp_read(t, c, name, st.data));
+      LOOM_TRY(loom_train_tp_read(t, c, name, st.data, st.begin, st.count));
     else
       LOOM_TRY(loom_ckpt_read_range(c, name, st.begin, st.begin + st.count,
                                     st.data));

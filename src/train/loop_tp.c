@@ -11,9 +11,12 @@
 loom_status loom_train_tp_new(loom_trainer *t) {
   LOOM_TRY(loom_tp_group_new(&t->tpg, t->tp_group));
   const loom_tp *tp = loom_tp_group_tp(t->tpg);
-  /* Drawn later from the whole model's streams (or read). */
+  /* Drawn later from the whole model's streams (or read). A pipeline
+   * stage's model holds the layout only (loom_train_pipe_new binds its
+   * buffers). */
   loom_model_opts mo = loom_model_opts_default();
   mo.defer_init = true;
+  mo.shape_only = t->stages > 1;
   LOOM_TRY(loom_train_model_make_tp(&t->cfg, &mo, tp, &t->model));
   loom_model_opts wo = loom_model_opts_default();
   wo.shape_only = true;
@@ -42,20 +45,30 @@ void loom_train_tp_free(loom_trainer *t) {
   t->whole = NULL;
 }
 
+/* The ranges of the rank's layout it holds: a pipeline stage's (owned and
+ * borrowed), else all (NULL). */
+static const loom_range *held(const loom_trainer *t, int *n) {
+  *n = 0;
+  return t->pipe ? loom_pipe_ranges(t->pipe, n) : NULL;
+}
+
 loom_status loom_train_tp_init_params(loom_trainer *t) {
-  LOOM_TRY(loom_tp_map_init(t->tp_map, t->tp_rank, t->whole,
+  int nr;
+  const loom_range *r = held(t, &nr);
+  LOOM_TRY(loom_tp_map_init(t->tp_map, t->tp_rank, t->whole, r, nr,
                             loom_model_params(t->model)));
   loom_model_params_updated(t->model);
   return LOOM_OK;
 }
 
-loom_status loom_train_tp_grad_sumsq(loom_trainer *t, double *out) {
+loom_status loom_train_tp_grad_sumsq(loom_trainer *t, int64_t lo, int64_t hi,
+                                     double *out) {
   return loom_tp_map_sumsq(t->tp_map, t->tp_group, loom_model_grads(t->model),
-                           out);
+                           lo, hi, out);
 }
 
 loom_status loom_train_tp_slice(loom_trainer *t, const float *local,
-                                float *dst) {
+                                int64_t base, float *dst) {
   int64_t lo[64] = {0}, hi[64] = {0}, *plo = lo, *phi = hi;
   if (t->tps > 64) {
     plo = loom_calloc(2 * (size_t)t->tps, sizeof *plo);
@@ -64,11 +77,11 @@ loom_status loom_train_tp_slice(loom_trainer *t, const float *local,
     phi = plo + t->tps;
   }
   /* the group's ranks are consecutive: each one's checkpoint slice */
-  int base = t->rank - t->tp_rank;
+  int first = t->rank - t->tp_rank;
   for (int p = 0; p < t->tps; p++)
-    loom_train_slice(t, base + p, &plo[p], &phi[p]);
+    loom_train_slice(t, first + p, &plo[p], &phi[p]);
   loom_status s =
-      loom_tp_map_gather(t->tp_map, t->tp_group, local, plo, phi, dst);
+      loom_tp_map_gather(t->tp_map, t->tp_group, local, base, plo, phi, dst);
   if (plo != lo)
     loom_free(plo);
   return s;
@@ -87,9 +100,18 @@ static loom_status read_fetch(void *user, int view, int64_t begin, int64_t end,
 }
 
 loom_status loom_train_tp_read(loom_trainer *t, const loom_ckpt *c,
-                               const char *name, float *local) {
+                               const char *name, float *local, int64_t base,
+                               int64_t count) {
   read_ctx r = {c, name};
-  return loom_tp_map_fill(t->tp_map, t->tp_rank, read_fetch, &r, local);
+  int nr;
+  const loom_range *rg = held(t, &nr);
+  loom_range only = {base, count};
+  if (count >= 0) { /* an optimizer state: its range only */
+    rg = &only;
+    nr = 1;
+  }
+  return loom_tp_map_fill(t->tp_map, t->tp_rank, rg, nr, read_fetch, &r, local,
+                          base);
 }
 
 loom_status loom_train_tp_eval(loom_trainer *t, const loom_batch *b,

@@ -143,6 +143,8 @@ struct loom_trainer {
   float *pbuf, *gbuf;    /* the pipeline's parameter and gradient buffers:
                             reserved, only the stage's ranges touched */
   int64_t *stage_bounds; /* (stages + 1) every stage's owned range */
+  int64_t *whole_bounds; /* the same in the whole model's layout (with
+                            tensor parallelism; else stage_bounds) */
 
   /* Tensor parallelism (parallel.tp > 1; loop_tp.c): rank = (replica x
    * stages + stage) x tps + tp_rank, a group's ranks neighbours. t->model
@@ -225,17 +227,23 @@ loom_status loom_train_tp_new(loom_trainer *t);
 void loom_train_tp_free(loom_trainer *t);
 /* A fresh start: this rank's part of the whole model's draws. */
 loom_status loom_train_tp_init_params(loom_trainer *t);
-/* The whole gradient's sum of squares (collective over the tp group). */
-loom_status loom_train_tp_grad_sumsq(loom_trainer *t, double *out);
+/* The sum of squares of the whole gradient's parameters in [lo, hi) of the
+ * rank's layout (collective over the tp group). */
+loom_status loom_train_tp_grad_sumsq(loom_trainer *t, int64_t lo, int64_t hi,
+                                     double *out);
 /* Elements [lo, hi) of the whole layout (this rank's checkpoint slice,
- * loom_train_slice) of a buffer in the rank's layout (parameters or an
- * optimizer state), put together from the tp group into dst. Collective
- * over the tp group. */
+ * loom_train_slice) of a buffer in the rank's layout from element base on
+ * (the parameters, or an optimizer state), put together from the tp group
+ * into dst. Collective over the tp group. */
 loom_status loom_train_tp_slice(loom_trainer *t, const float *local,
-                                float *dst);
-/* This rank's part of checkpoint buffer `name` into local (its layout). */
+                                int64_t base, float *dst);
+/* This rank's part of checkpoint buffer `name` into local, which holds its
+ * layout from element base on: the parameters (base 0, count -1: what the
+ * rank holds, a stage's own and borrowed views) or an optimizer state
+ * (count elements: the views within them). */
 loom_status loom_train_tp_read(loom_trainer *t, const loom_ckpt *c,
-                               const char *name, float *local);
+                               const char *name, float *local, int64_t base,
+                               int64_t count);
 /* Evaluation batch i's sums (loss, rows, correct) into part on the tp
  * group's first rank; every rank of the group runs it. */
 loom_status loom_train_tp_eval(loom_trainer *t, const loom_batch *b,

@@ -2,13 +2,15 @@
 # Tensor parallelism (parallel.tp, with parallel.dp) in loom train, the GPT
 # of the pipeline tests (3 blocks, d_model 32) with 4 heads, accumulation
 # and clipping, 20 steps:
-# - tp 2, tp 4 and dp 2 x tp 2 against one rank with the same global batch:
-#   every step's loss, the final validation loss and the parameters within
-#   1e-5 (the checkpoints, in the canonical layout whatever the mesh);
+# - tp 2, tp 4, dp 2 x tp 2, tp 2 x pp 2 and dp 2 x tp 2 x pp 2 against
+#   one rank with the same global batch: every step's loss, the final
+#   validation loss and the parameters within 1e-5 (the checkpoints, in the
+#   canonical layout whatever the mesh);
 # - the same with dropout, activation checkpointing and micro-batches
 #   (dropout masks do not depend on tp);
 # - a run stopped at dp 2 x tp 2 resumes on one rank, one stopped on one
-#   rank resumes at tp 4, each within 1e-5 of the whole run;
+#   rank resumes at tp 4, one stopped at tp 2 x pp 2 on one rank and the
+#   reverse, each within 1e-5 of the whole run;
 # - a rank killed at tp 2 is restarted by loom run --max-restarts and ends
 #   with the bits of the uninterrupted run;
 # - metrics.jsonl: tp_size, and a tp 2 rank's parameters at most 0.55 x a
@@ -67,6 +69,12 @@ close "$tmp/tp4" "tp 4"
 # dp 2 x tp 2: the global batch is batch_size x accumulate x dp
 tp 4 2 dp2tp2 --set train.batch_size=4
 close "$tmp/dp2tp2" "dp 2 x tp 2"
+# tp x pp: each stage's part cut over its tp group; and the three together
+tp 4 2 tp2pp2 --set parallel.pp=2 --set parallel.micro_batches=4
+close "$tmp/tp2pp2" "tp 2 x pp 2 (1f1b, 4 micro-batches)"
+tp 8 2 dp2tp2pp2 --set parallel.pp=2 --set parallel.micro_batches=2 \
+  --set train.batch_size=4
+close "$tmp/dp2tp2pp2" "dp 2 x tp 2 x pp 2 (1f1b, 2 micro-batches)"
 python3 - "$tmp/ref/metrics.jsonl" "$tmp/tp2/metrics.jsonl" "$tmp/dp2tp2/metrics.jsonl" <<'EOF' && ok "tp 2: tp_size in metrics.jsonl, parameters a rank <= 0.55 x the whole model's" || bad "tp 2: metrics.jsonl's tp keys or parameter memory"
 import json, sys
 last = lambda p: [json.loads(l) for l in open(p) if '"loss"' in l][-1]
@@ -98,6 +106,17 @@ run 1 train "${cfg[@]}" --set "log.run_dir=$d" --resume never --stop-at 7
 run 4 train "${cfg[@]}" --set "log.run_dir=$d" --resume auto --set parallel.tp=4
 [ $rc = 0 ] || { bad "1 rank -> tp 4: the resumed run (rc $rc)"; cat "$tmp/out"; }
 close "$d" "stopped on one rank (step 7), resumed at tp 4"
+d="$tmp/rs_tppp_1"
+tp 4 2 rs_tppp_1 --set parallel.pp=2 --set parallel.micro_batches=4 --stop-at 7
+run 1 train "${cfg[@]}" --set "log.run_dir=$d" --resume auto
+[ $rc = 0 ] || { bad "tp 2 x pp 2 -> 1 rank: the resumed run (rc $rc)"; cat "$tmp/out"; }
+close "$d" "stopped at tp 2 x pp 2 (step 7), resumed on one rank"
+d="$tmp/rs_1_tppp"
+run 1 train "${cfg[@]}" --set "log.run_dir=$d" --resume never --stop-at 7
+run 4 train "${cfg[@]}" --set "log.run_dir=$d" --resume auto --set parallel.tp=2 \
+  --set parallel.pp=2 --set parallel.micro_batches=2 --set parallel.pp_schedule=gpipe
+[ $rc = 0 ] || { bad "1 rank -> tp 2 x pp 2: the resumed run (rc $rc)"; cat "$tmp/out"; }
+close "$d" "stopped on one rank (step 7), resumed at tp 2 x pp 2 (gpipe)"
 
 # -- a rank killed after step 7: restarted, resumed from step 5, the bits
 #    of the whole run
@@ -118,7 +137,6 @@ G="$SRC/examples/small_gpt.yaml"
 for x in "parallel.tp=2 --set model.name=mlp --set data.dataset=fashion-mnist|model 'mlp' supports 1" \
   "parallel.tp=2 --set model.name=cnn --set data.dataset=fashion-mnist|model 'cnn' supports 1" \
   "parallel.tp=4|does not divide model.heads (2)" \
-  "parallel.tp=2 --set parallel.pp=2|tensor and pipeline parallelism do not combine yet" \
   "parallel.tp=2 --set parallel.strategy=zero1|tensor parallelism supports auto or ddp" \
   "parallel.tp=2 --set train.precision=bf16|tensor parallelism trains in f32" \
   "parallel.tp=2 --set parallel.deterministic=true|tensor parallelism supports false"; do
@@ -127,9 +145,9 @@ for x in "parallel.tp=2 --set model.name=mlp --set data.dataset=fashion-mnist|mo
   [ $rc = 2 ] && grep -qF "${x#*|}" "$tmp/out" && ok "config check --set ${x%%|*}: rc 2" ||
     { bad "config check --set ${x%%|*}: rc $rc"; cat "$tmp/out"; }
 done
-"$LOOM" config check "$G" --set parallel.tp=2 >"$tmp/out" 2>&1 &&
-  ok "config check --set parallel.tp=2: accepted" ||
-  { bad "config check --set parallel.tp=2: rc $?"; cat "$tmp/out"; }
+"$LOOM" config check "$G" --set parallel.tp=2 --set parallel.pp=2 >"$tmp/out" 2>&1 &&
+  ok "config check --set parallel.tp=2 --set parallel.pp=2: accepted" ||
+  { bad "config check --set parallel.tp=2 --set parallel.pp=2: rc $?"; cat "$tmp/out"; }
 run 4 train "${cfg[@]}" --resume never --set "log.run_dir=$tmp/mesh" \
   --set parallel.dp=3 --set parallel.tp=2
 [ $rc = 2 ] && grep -q "parallel.dp 3 x parallel.tp 2 x parallel.pp 1 = 6 ranks, but the job has 4" "$tmp/out" &&
