@@ -287,7 +287,8 @@ loom_status loom_train_trace_sync(loom_trainer *t);
 loom_status loom_train_write_run_info(const loom_trainer *t);
 /* The git commit loom was built from ("" when unknown). */
 const char *loom_train_git_commit(void);
-/* The strategy the trainer runs: single, ddp, zero1, zero2, zero3. */
+/* The strategy the trainer runs: single, ddp, zero1, zero2, zero3, and
+ * with a pipeline or tensor parallelism pipeline, tensor, ddp+tensor, ... */
 const char *loom_train_strategy_name(const loom_trainer *t);
 
 /* log.mlflow (src/train/mlflow.c), rank 0: the run opened with its
