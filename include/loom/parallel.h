@@ -426,6 +426,14 @@ typedef struct loom_tp_group loom_tp_group;
 loom_status loom_tp_group_new(loom_tp_group **out, loom_group *g);
 const loom_tp *loom_tp_group_tp(const loom_tp_group *t);
 void loom_tp_group_free(loom_tp_group *t);
+/* Since the group's loom_tp was made: reductions posted, the bytes of
+ * their buffers, and the time the caller was blocked waiting for them
+ * (the reductions' cost that compute did not hide). */
+typedef struct loom_tp_stats {
+  uint64_t reductions, bytes;
+  double wait_s;
+} loom_tp_stats;
+void loom_tp_group_stats(const loom_tp_group *t, loom_tp_stats *out);
 
 /* A piece of a rank's flat buffers: numel elements at `local` that are
  * elements [whole, whole + numel) of the whole model's; of view `view`;

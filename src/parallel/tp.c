@@ -12,6 +12,7 @@ struct loom_tp_group {
   loom_tp tp;
   loom_group *g;
   loom_req req[LOOM_TP_SLOTS];
+  loom_tp_stats st;
 };
 
 static loom_status tp_start(void *user, int slot, float *buf, int64_t n,
@@ -23,6 +24,8 @@ static loom_status tp_start(void *user, int slot, float *buf, int64_t n,
   static const loom_redop ops[] = {[LOOM_TP_SUM] = LOOM_SUM,
                                    [LOOM_TP_MAX] = LOOM_MAX,
                                    [LOOM_TP_MIN] = LOOM_MIN};
+  t->st.reductions++;
+  t->st.bytes += (uint64_t)n * sizeof(float);
   return loom_allreduce(buf, buf, (size_t)n, LOOM_F32, ops[op], t->g,
                         &t->req[slot]);
 }
@@ -32,7 +35,14 @@ static loom_status tp_wait(void *user, int slot) {
   if (slot < 0 || slot >= LOOM_TP_SLOTS)
     return loom_error(LOOM_ERR_INVALID_ARG, "tensor parallel: no slot %d",
                       slot);
-  return loom_wait(&t->req[slot]);
+  bool done;
+  loom_status s = loom_test(&t->req[slot], &done);
+  if (done)
+    return s;
+  double t0 = loom_time_now();
+  s = loom_wait(&t->req[slot]);
+  t->st.wait_s += loom_time_now() - t0;
+  return s;
 }
 
 loom_status loom_tp_group_new(loom_tp_group **out, loom_group *g) {
@@ -51,6 +61,10 @@ loom_status loom_tp_group_new(loom_tp_group **out, loom_group *g) {
 }
 
 const loom_tp *loom_tp_group_tp(const loom_tp_group *t) { return &t->tp; }
+
+void loom_tp_group_stats(const loom_tp_group *t, loom_tp_stats *out) {
+  *out = t->st;
+}
 
 void loom_tp_group_free(loom_tp_group *t) {
   if (!t)

@@ -1454,6 +1454,8 @@ static void window_add(run_window *w, const loom_step_times *tm) {
   w->times.data += tm->data;
   w->times.pipe_step += tm->pipe_step;
   w->times.pipe_wait += tm->pipe_wait;
+  w->times.tp_wait += tm->tp_wait;
+  w->times.tp_bytes += tm->tp_bytes;
 }
 
 /* One training step: gradients cleared, the micro-batches' forward and
@@ -1463,6 +1465,9 @@ static loom_status train_step(loom_trainer *t, double *sums, double g[SUM_N],
                               loom_step_times *tm, int64_t *epoch, float *lr,
                               double *gnorm) {
   double ts = loom_time_now();
+  loom_tp_stats tp0 = {0};
+  if (t->tpg)
+    loom_tp_group_stats(t->tpg, &tp0);
   if (t->ddp)
     LOOM_TRY(loom_ddp_zero_grad(t->ddp));
   else if (t->pipe)
@@ -1506,6 +1511,12 @@ static loom_status train_step(loom_trainer *t, double *sums, double g[SUM_N],
     LOOM_TRY(os);
     memcpy(g, sums, SUM_N * sizeof(double));
     g[SUM_STOP] = stop_requested ? 1 : 0;
+  }
+  if (t->tpg) {
+    loom_tp_stats tp1;
+    loom_tp_group_stats(t->tpg, &tp1);
+    tm->tp_wait = tp1.wait_s - tp0.wait_s;
+    tm->tp_bytes = (double)(tp1.bytes - tp0.bytes);
   }
   t->step++;
   loom_runstat_step(t->step);
@@ -1658,8 +1669,12 @@ static loom_status write_metrics(loom_trainer *t, const run_window *w,
     loom_free(v);
   }
   if (t->tps > 1) {
+    /* rank 0's seconds a step blocked on the tensor-parallel reductions
+     * (inside forward_s and backward_s), and their MiB a step */
     loom_metrics_int(m, "tp_size", t->tps);
     loom_metrics_int(m, "dp_replicas", t->replicas);
+    loom_metrics_num(m, "tp_wait_s", win->tp_wait / n);
+    loom_metrics_num(m, "tp_reduce_mb", win->tp_bytes / n / (1024.0 * 1024.0));
   }
   if (t->pipe) {
     loom_metrics_int(m, "pp_stages", t->stages);

@@ -21,6 +21,9 @@ typedef struct loom_step_times {
   /* A pipeline stage: its schedule's length and the time it waited for
    * its neighbours within it (the bubble). */
   double pipe_step, pipe_wait;
+  /* Tensor parallelism: blocked on the group's reductions (within forward
+   * and backward), and the bytes they reduced. */
+  double tp_wait, tp_bytes;
 } loom_step_times;
 
 /* What every rank sums each step: loss, rows, correct rows, stop request,

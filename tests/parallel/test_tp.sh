@@ -13,8 +13,10 @@
 #   reverse, each within 1e-5 of the whole run;
 # - a rank killed at tp 2 is restarted by loom run --max-restarts and ends
 #   with the bits of the uninterrupted run;
-# - metrics.jsonl: tp_size, and a tp 2 rank's parameters at most 0.55 x a
-#   whole model's;
+# - metrics.jsonl: tp_size, tp_wait_s, tp_reduce_mb (4 layers + 2
+#   reductions of a micro-batch's activations, 4 rows' floats a row for the
+#   loss: 0.44140625 MiB a step here), and a tp 2 rank's parameters at most
+#   0.55 x a whole model's;
 # - config errors (exit 2 at loom config check) and a mesh that does not
 #   fit the job (at start-up).
 . "$(dirname "$0")/../lib.sh"
@@ -75,11 +77,15 @@ close "$tmp/tp2pp2" "tp 2 x pp 2 (1f1b, 4 micro-batches)"
 tp 8 2 dp2tp2pp2 --set parallel.pp=2 --set parallel.micro_batches=2 \
   --set train.batch_size=4
 close "$tmp/dp2tp2pp2" "dp 2 x tp 2 x pp 2 (1f1b, 2 micro-batches)"
-python3 - "$tmp/ref/metrics.jsonl" "$tmp/tp2/metrics.jsonl" "$tmp/dp2tp2/metrics.jsonl" <<'EOF' && ok "tp 2: tp_size in metrics.jsonl, parameters a rank <= 0.55 x the whole model's" || bad "tp 2: metrics.jsonl's tp keys or parameter memory"
+python3 - "$tmp/ref/metrics.jsonl" "$tmp/tp2/metrics.jsonl" "$tmp/dp2tp2/metrics.jsonl" <<'EOF' && ok "tp 2: tp keys in metrics.jsonl (0.44140625 MiB reduced a step), parameters a rank <= 0.55 x the whole model's" || bad "tp 2: metrics.jsonl's tp keys or parameter memory"
 import json, sys
 last = lambda p: [json.loads(l) for l in open(p) if '"loss"' in l][-1]
 ref, tp2, dp2 = (last(p) for p in sys.argv[1:])
 assert tp2["tp_size"] == 2 and tp2["dp_replicas"] == 1, tp2
+# a micro-batch: 8 rows x 16 tokens x 32 floats, 4 x 3 blocks + 2 times,
+# and 4 floats a row for the loss; 2 micro-batches a step
+assert tp2["tp_reduce_mb"] == 2 * (14 * 8 * 16 * 32 + 4 * 8 * 16) * 4 / 2**20, tp2
+assert 0 <= tp2["tp_wait_s"] <= tp2["step_s"], tp2
 assert dp2["tp_size"] == 2 and dp2["dp_replicas"] == 2, dp2
 ratio = tp2["mem_params_mb"] / ref["mem_params_mb"]
 assert 0.4 < ratio <= 0.55, ratio
