@@ -1672,7 +1672,8 @@ static loom_status write_metrics(loom_trainer *t, const run_window *w,
     /* rank 0's seconds a step blocked on the tensor-parallel reductions
      * (inside forward_s and backward_s), and their MiB a step */
     loom_metrics_int(m, "tp_size", t->tps);
-    loom_metrics_int(m, "dp_replicas", t->replicas);
+    if (!t->pipe) /* else below */
+      loom_metrics_int(m, "dp_replicas", t->replicas);
     loom_metrics_num(m, "tp_wait_s", win->tp_wait / n);
     loom_metrics_num(m, "tp_reduce_mb", win->tp_bytes / n / (1024.0 * 1024.0));
   }
