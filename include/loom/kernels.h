@@ -248,6 +248,14 @@ void loom_crossentropy_backward(float *dlogits, const float *probs,
                                 const int32_t *targets, const float *dloss,
                                 int N, int V);
 
+/* The pieces of a vocabulary-parallel cross-entropy, whose softmax spans
+ * the ranks' parts of each row: out(N) = the maximum of each row of
+ * x(N,V); probs(N,V) = exp(logits - max[n]) and sums(N) their row sums
+ * (the fixed-order sum of the softmax above). */
+void loom_row_max(float *out, const float *x, int N, int V);
+void loom_exp_rows(float *probs, float *sums, const float *logits,
+                   const float *max, int N, int V);
+
 /* ---------------------------------------------------------- convolution */
 
 /* 2-D convolution over inp(N,C,H,W) with weight(OC,C,KH,KW), bias(OC) or

@@ -77,6 +77,40 @@ typedef enum {
 const char *loom_init_scheme_name(loom_init_scheme s);
 loom_status loom_init_scheme_parse(const char *name, loom_init_scheme *out);
 
+/* ================================================ tensor parallelism */
+
+/* A model built for one rank of a tensor-parallel group of `size` ranks
+ * (Megatron-LM's layout, docs/parallel.md "Tensor parallelism") holds a
+ * part of some parameters and the whole of the others; its modules
+ * all-reduce activations and gradients over the group through these
+ * functions, which the parallel layer implements over a loom_group (nn
+ * knows no communication). `start` posts an in-place reduction of n floats
+ * over the group into request `slot` (0 .. LOOM_TP_SLOTS-1, one at a time
+ * each); `wait` completes it. Every rank gets the same bits, and every
+ * rank of the group runs the same modules in the same order, so the
+ * reductions match. */
+typedef enum { LOOM_TP_SUM, LOOM_TP_MAX, LOOM_TP_MIN } loom_tp_op;
+#define LOOM_TP_SLOTS 2
+typedef struct loom_tp {
+  int size, rank;
+  loom_status (*start)(void *user, int slot, float *buf, int64_t n,
+                       loom_tp_op op);
+  loom_status (*wait)(void *user, int slot);
+  void *user;
+} loom_tp;
+/* start then wait. */
+loom_status loom_tp_allreduce(const loom_tp *tp, float *buf, int64_t n,
+                              loom_tp_op op);
+
+/* How a parameter of such a model is cut over the group: whole on every
+ * rank (layer norms, the position embedding, a row-parallel layer's bias);
+ * dimension 0 cut in `size` equal parts, rank r holding part r (a
+ * column-parallel layer's weight and bias, the token embedding's vocabulary
+ * rows) -- with `blocks` > 1, dimension 0 is that many equal blocks (the
+ * qkv projection's q, k and v), each cut so; or dimension 1 cut (a
+ * row-parallel layer's weight: a strided slice of the whole). */
+typedef enum { LOOM_TP_WHOLE, LOOM_TP_ROWS, LOOM_TP_COLS } loom_tp_split;
+
 /* ============================================================= modules */
 
 /* A module is a struct whose first member is a loom_module, plus a static
@@ -247,6 +281,10 @@ typedef struct loom_param_spec {
   loom_param_role role;
   int64_t fan_in;  /* for fan-in scaled initialisation */
   bool resid_proj; /* a projection into the residual stream (GPT-2 init) */
+  /* Tensor parallelism: how the whole parameter is cut (LOOM_TP_WHOLE, the
+   * default zero, when not cut) and dimension 0's blocks (0 means 1). */
+  loom_tp_split tp_split;
+  int tp_blocks;
 } loom_param_spec;
 loom_status loom_nn_visit_param(loom_nn_visit *v, loom_module *m,
                                 const loom_param_spec *spec);
@@ -376,6 +414,13 @@ loom_status loom_model_init_params(loom_model *m, const loom_model_opts *opts);
 /* Re-draws view i only, with the model's options: the values
  * loom_model_init_params gives it (each view has its own random stream). */
 loom_status loom_model_init_view(loom_model *m, int i);
+/* The values loom_model_init_view gives view i, drawn into dst (the view's
+ * numel floats) instead of the model's buffer: a shape_only model of the
+ * whole GPT draws what a tensor-parallel rank then cuts its part from. */
+loom_status loom_model_draw_view(const loom_model *m, int i, float *dst);
+/* How view i is cut over a tensor-parallel group (LOOM_TP_WHOLE for a
+ * model without one); *blocks gets dimension 0's blocks (1 but for qkv). */
+loom_tp_split loom_model_view_tp(const loom_model *m, int i, int *blocks);
 
 /* Sets every gradient to zero (one memset of the flat buffer). */
 void loom_model_zero_grad(loom_model *m);
@@ -515,6 +560,14 @@ loom_status loom_xent_forward(loom_xent *x, const loom_tensor *logits,
 /* Overwrites dlogits (the logits' shape) with scale * d(mean loss)/dlogits;
  * scale 1/k averages k accumulated micro-batches. */
 loom_status loom_xent_backward(loom_xent *x, loom_tensor *dlogits, float scale);
+/* Vocabulary-parallel: the logits each rank passes are its part of the
+ * vocabulary (rank r: classes [r V/T, (r+1) V/T) of V = T x the logits'
+ * last dimension), the targets are whole; the row maxima, the sums of
+ * exponentials, the targets' logits and the argmax are all-reduced over
+ * the group (3 reductions of a few floats a row), never the logits. Every
+ * rank gets the whole loss and statistics; backward writes its part of
+ * the gradient. NULL (or a group of one) turns it off. tp is borrowed. */
+void loom_xent_set_tp(loom_xent *x, const loom_tp *tp);
 
 /* ================================================== reference models */
 
@@ -584,6 +637,15 @@ typedef struct loom_gpt_opts {
   /* Activation checkpointing: 0 none; K > 0: the blocks in segments of K
    * (loom_checkpoint_new), each keeping only its output. */
   int checkpoint_every;
+  /* Tensor parallelism (NULL, or a group of one: none): this rank's part of
+   * the model (docs/parallel.md): the token embedding and the tied output
+   * layer cut over the vocabulary, attention over the heads (qkv
+   * column-parallel, the output projection row-parallel), the MLP's first
+   * layer column-parallel and its second row-parallel; layer norms, the
+   * position embedding and the row-parallel biases whole. The output is
+   * the rank's part of the logits (loom_xent_set_tp). size must divide
+   * n_head and vocab. Borrowed for the model's life. */
+  const loom_tp *tp;
 } loom_gpt_opts;
 loom_gpt_opts loom_gpt_opts_default(void);
 loom_status loom_gpt_new(loom_model **out, const loom_gpt_opts *o,

@@ -432,6 +432,81 @@ void loom_pipe_reset_stats(loom_pipe *p);
 /* The ideal idle share of a stage, (P - 1) / (M + P - 1). */
 double loom_pipe_bubble_theory(int stages, int micro_batches);
 
+/* ------------------------------------------------- tensor parallelism
+ *
+ * A GPT built with loom_gpt_opts.tp is one rank's part of the whole model
+ * (docs/parallel.md "Tensor parallelism"); its modules reduce over the
+ * group through a loom_tp. Its flat buffers hold its part of each cut
+ * parameter and the whole of the others, in the whole model's order; the
+ * map below says where each piece lies in the whole model's canonical
+ * layout, which checkpoints keep whatever the mesh. */
+
+/* The loom_tp of group g (borrowed): its reductions are loom_allreduce
+ * requests on g, LOOM_TP_SLOTS of them at a time. */
+typedef struct loom_tp_group loom_tp_group;
+loom_status loom_tp_group_new(loom_tp_group **out, loom_group *g);
+const loom_tp *loom_tp_group_tp(const loom_tp_group *t);
+void loom_tp_group_free(loom_tp_group *t);
+/* Since the group's loom_tp was made: reductions posted, the bytes of
+ * their buffers, and the time the caller was blocked waiting for them
+ * (the reductions' cost that compute did not hide). */
+typedef struct loom_tp_stats {
+  uint64_t reductions, bytes;
+  double wait_s;
+} loom_tp_stats;
+void loom_tp_group_stats(const loom_tp_group *t, loom_tp_stats *out);
+
+/* A piece of a rank's flat buffers: numel elements at `local` that are
+ * elements [whole, whole + numel) of the whole model's; of view `view`;
+ * shared: a parameter every rank holds whole. */
+typedef struct loom_tp_seg {
+  int64_t local, whole, numel;
+  int view;
+  bool shared;
+} loom_tp_seg;
+typedef struct loom_tp_map loom_tp_map;
+/* local: any rank's model of a group of `size` (their shapes are the
+ * same), whole: the model without tensor parallelism (shape_only does). */
+loom_status loom_tp_map_new(loom_tp_map **out, const loom_model *local,
+                            const loom_model *whole, int size);
+void loom_tp_map_free(loom_tp_map *m);
+/* Rank r's pieces, ascending in both layouts; *n their number. */
+const loom_tp_seg *loom_tp_map_segs(const loom_tp_map *m, int rank, int *n);
+int64_t loom_tp_map_whole_numel(const loom_tp_map *m);
+/* Rank r's buffer from the whole layout: fetch gives elements [begin, end)
+ * of the whole buffer (within view `view`: the whole view, or a shared
+ * view's elements) into dst. Only the views that lie within one of the
+ * ranges of the rank's layout (a pipeline stage's: loom_pipe_ranges);
+ * ranges NULL: every view. local holds the rank's layout from element
+ * `base` on (0; a stage's optimizer state: its first element's). */
+typedef loom_status (*loom_tp_fetch_fn)(void *user, int view, int64_t begin,
+                                        int64_t end, float *dst);
+loom_status loom_tp_map_fill(const loom_tp_map *m, int rank,
+                             const loom_range *ranges, int nranges,
+                             loom_tp_fetch_fn fetch, void *user, float *local,
+                             int64_t base);
+/* Rank r's part of the whole model's initial values (loom_model_draw_view
+ * of `whole`), for the views within ranges as above: the values one
+ * rank's run starts from. */
+loom_status loom_tp_map_init(const loom_tp_map *m, int rank,
+                             const loom_model *whole, const loom_range *ranges,
+                             int nranges, float *local);
+/* The sum of squares of the whole gradient's views that lie in [lo, hi)
+ * of the rank's layout: the cut views' squares summed over g, the shared
+ * ones (the same on every rank) once. Collective over g. */
+loom_status loom_tp_map_sumsq(const loom_tp_map *m, loom_group *g,
+                              const float *grads, int64_t lo, int64_t hi,
+                              double *out);
+/* Collective over g (its ranks are the map's): rank t gets elements
+ * [lo[t], hi[t]) of the whole layout into dst, put together from every
+ * rank's buffer `local` (each piece from the rank that holds it; shared
+ * ones from its own; local holds the rank's layout from element `base`
+ * on, as above). lo and hi: every rank's, the same on all. */
+loom_status loom_tp_map_gather(const loom_tp_map *m, loom_group *g,
+                               const float *local, int64_t base,
+                               const int64_t *lo, const int64_t *hi,
+                               float *dst);
+
 LOOM_API_END
 #ifdef __cplusplus
 }

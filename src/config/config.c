@@ -350,11 +350,18 @@ static const loom_config_key keys[] = {
     KINT("parallel.dp", parallel.dp, "auto", 1, 1048576, AU,
          "data-parallel replicas of the mesh dp x tp x pp (which must be "
          "the world size), or auto: the world size / (tp x pp)"),
-    KINT_TODO("parallel.tp", parallel.tp, "1", 1, 4096, 0,
-              "tensor-parallel ranks of the mesh (each layer's weights split "
-              "over them)",
-              "tensor parallelism comes in a later release; the mesh has "
-              "data (parallel.dp) and pipeline (parallel.pp) dimensions"),
+    KINT("parallel.tp", parallel.tp, "1", 1, 4096, 0,
+         "tensor-parallel ranks of the mesh (Megatron-style, model gpt): "
+         "each rank of a group holds 1/tp of the token embedding and tied "
+         "output layer (cut over the vocabulary, with a vocabulary-parallel "
+         "cross-entropy), of each block's attention heads and of its MLP's "
+         "hidden units; layer norms, the position embedding and the output "
+         "projections' biases whole on every rank. tp must divide "
+         "model.heads and model.vocab; one all-reduce a block forward and "
+         "one backward for the attention, the same for the MLP. Ranks "
+         "r..r+tp-1 form one group (the closest ranks), then pipeline "
+         "stages (parallel.pp), then replicas (parallel.dp); "
+         "parallel.strategy auto or ddp, train.precision f32"),
     KINT("parallel.pp", parallel.pp, "1", 1, 4096, 0,
          "pipeline stages of the mesh: the model (gpt) cut into pp "
          "contiguous runs of its units (the embedding, each transformer "
@@ -1227,6 +1234,56 @@ static loom_status check_todo(const loom_config *cfg, const cfg_origins *org,
   return LOOM_OK;
 }
 
+/* parallel.tp against the model and the rest of the mesh. */
+static loom_status check_tp(const loom_config *cfg, const cfg_origins *org,
+                            cfg_loc *none) {
+  const loom_config_parallel *pc = &cfg->parallel;
+  const loom_config_model *m = &cfg->model;
+  const int64_t T = pc->tp;
+  if (T == 1)
+    return LOOM_OK;
+  const cfg_loc *l = origin_of(org, "parallel.tp", none);
+  if (m->name != LOOM_CFG_MODEL_GPT)
+    return cfg_err(l, "parallel.tp",
+                   "%lld: tensor parallelism supports model gpt (its "
+                   "attention, MLP, embedding and output layer cut over the "
+                   "ranks); model '%s' supports 1 (use data parallelism: "
+                   "parallel.dp)",
+                   (long long)T, loom_cfg_model_names[m->name]);
+  if (m->heads % T != 0 || m->vocab % T != 0)
+    return cfg_err(l, "parallel.tp",
+                   "%lld does not divide model.heads (%lld) and model.vocab "
+                   "(%lld): each rank takes an equal share of the heads and "
+                   "of the vocabulary",
+                   (long long)T, (long long)m->heads, (long long)m->vocab);
+  if (pc->strategy != LOOM_CFG_STRATEGY_AUTO &&
+      pc->strategy != LOOM_CFG_STRATEGY_DDP)
+    return cfg_err(origin_of(org, "parallel.strategy", none),
+                   "parallel.strategy",
+                   "'%s' with parallel.tp %lld: tensor parallelism supports "
+                   "auto or ddp (data parallel over parallel.dp)",
+                   loom_cfg_strategy_names[pc->strategy], (long long)T);
+  if (pc->deterministic)
+    return cfg_err(origin_of(org, "parallel.deterministic", none),
+                   "parallel.deterministic",
+                   "true with parallel.tp %lld: tensor parallelism supports "
+                   "false",
+                   (long long)T);
+  if (cfg->train.precision != LOOM_CFG_PRECISION_F32)
+    return cfg_err(origin_of(org, "train.precision", none), "train.precision",
+                   "'%s' with parallel.tp %lld: tensor parallelism trains "
+                   "in f32 for now (supported: f32)",
+                   loom_cfg_precision_names[cfg->train.precision],
+                   (long long)T);
+  if (cfg->train.batch_size == 0)
+    return cfg_err(origin_of(org, "train.batch_size", none), "train.batch_size",
+                   "auto with parallel.tp %lld: give a number (loom estimate "
+                   "and --find-batch-size size the whole model on each rank, "
+                   "not a tensor-parallel rank's part)",
+                   (long long)T);
+  return LOOM_OK;
+}
+
 /* The mesh keys (parallel.dp, pp, micro_batches, pp_split) against the
  * rest; the world size itself is known only at start-up. */
 static loom_status check_mesh(const loom_config *cfg, const cfg_origins *org,
@@ -1273,6 +1330,7 @@ static loom_status check_mesh(const loom_config *cfg, const cfg_origins *org,
                      (long long)(units - 3 - (m->dropout > 0)),
                      ac_every > 0 ? "checkpointed segments" : "blocks");
   }
+  LOOM_TRY(check_tp(cfg, org, none));
   if (P == 1)
     return LOOM_OK;
   const cfg_loc *l = origin_of(org, "parallel.pp", none);

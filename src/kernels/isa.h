@@ -69,7 +69,9 @@
   V(loom_log_softmax_forward, (float *out, const float *inp, int N, int C), (out, inp, N, C)) \
   V(loom_log_softmax_backward, (float *dinp, const float *out, const float *dout, int N, int C), (dinp, out, dout, N, C)) \
   V(loom_crossentropy_forward, (float *losses, float *probs, const float *logits, const int32_t *targets, int N, int V), (losses, probs, logits, targets, N, V)) \
-  V(loom_crossentropy_backward, (float *dlogits, const float *probs, const int32_t *targets, const float *dloss, int N, int V), (dlogits, probs, targets, dloss, N, V))
+  V(loom_crossentropy_backward, (float *dlogits, const float *probs, const int32_t *targets, const float *dloss, int N, int V), (dlogits, probs, targets, dloss, N, V)) \
+  V(loom_row_max, (float *out, const float *x, int N, int V), (out, x, N, V)) \
+  V(loom_exp_rows, (float *probs, float *sums, const float *logits, const float *max, int N, int V), (probs, sums, logits, max, N, V))
 /* clang-format on */
 
 LOOM_KERNELS_ISA_FNS(LOOM_ISA_DECL_R, LOOM_ISA_DECL_V) /* the copies */

@@ -110,3 +110,24 @@ void LOOM_ISA(loom_crossentropy_backward)(float *dlogits, const float *probs,
     d[t] -= dl;
   }
 }
+
+void LOOM_ISA(loom_row_max)(float *out, const float *x, int N, int V) {
+  const int nt = loom_kern_nthreads((int64_t)N * V, LOOM_KERN_PAR_MIN);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (int n = 0; n < N; n++)
+    out[n] = loom_kern_max(x + (int64_t)n * V, V);
+}
+
+void LOOM_ISA(loom_exp_rows)(float *probs, float *sums, const float *logits,
+                             const float *max, int N, int V) {
+  const int nt = loom_kern_nthreads((int64_t)N * V, LOOM_KERN_PAR_MIN);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (int n = 0; n < N; n++) {
+    const float *x = logits + (int64_t)n * V;
+    float *o = probs + (int64_t)n * V;
+    const float m = max[n];
+    for (int j = 0; j < V; j++)
+      o[j] = loom_kern_expf(x[j] - m);
+    sums[n] = loom_kern_sum(o, V);
+  }
+}

@@ -5,14 +5,17 @@
 typedef struct attention {
   loom_module base;
   int C, NH;
-  loom_module *qkv, *proj; /* children: C -> 3C, C -> C */
+  /* The heads' width: C, or with tensor parallelism this rank's C / T
+   * (NH / T heads of the same size; NH is then this rank's heads). */
+  int CL;
+  loom_module *qkv, *proj; /* children: C -> 3CL, CL -> C */
   int B, T;
   const float *qkvo; /* (B,T,3C) the qkv child's output */
   float *att;        /* (B,NH,T,T) softmax probabilities */
-  void *y;           /* (B,T,C) heads concatenated: f32, or the half type */
+  void *y;           /* (B,T,CL) heads concatenated: f32, or the half type */
   loom_dtype half;   /* LOOM_BF16, LOOM_F16, or LOOM_F32: none */
-  float *dy;         /* (B,T,C) scratch */
-  float *dqkv;       /* (B,T,3C) scratch */
+  float *dy;         /* (B,T,CL) scratch */
+  float *dqkv;       /* (B,T,3CL) scratch */
   float *datt;       /* (B,NH,T,T) scratch of the kernel */
 } attention;
 
@@ -32,11 +35,11 @@ static loom_status attention_plan(loom_module *m, loom_nn_plan *p,
                              "expects (B,T,%d), got %s", a->C,
                              loom_shape_str(in, buf, sizeof buf));
   int64_t B = in->dim[0], T = in->dim[1];
-  LOOM_TRY(loom_nn_check_int(m, "qkv", B * T * 3 * a->C));
+  LOOM_TRY(loom_nn_check_int(m, "qkv", B * T * 3 * a->CL));
   LOOM_TRY(loom_nn_check_int(m, "attention matrix", B * a->NH * T * T));
   a->B = (int)B;
   a->T = (int)T;
-  int64_t BTC = B * T * a->C, BHTT = B * a->NH * T * T;
+  int64_t BTC = B * T * a->CL, BHTT = B * a->NH * T * T;
   size_t mark = loom_nn_plan_scratch_mark(p);
   a->dy = loom_nn_plan_scratch_floats(p, BTC);
   a->dqkv = loom_nn_plan_scratch_floats(p, 3 * BTC);
@@ -49,6 +52,7 @@ static loom_status attention_plan(loom_module *m, loom_nn_plan *p,
   /* proj, a linear layer, takes the heads in half */
   a->half = p->half;
   s = *in;
+  s.dim[2] = a->CL;
   s.dtype = a->half;
   a->y = loom_nn_plan_act(p, (size_t)BTC * loom_dtype_size(s.dtype));
   LOOM_TRY(loom_module_plan(a->proj, p, &s, out));
@@ -62,13 +66,13 @@ static loom_status attention_forward(loom_module *m, loom_nn_ctx *ctx,
   LOOM_TRY(loom_module_forward(a->qkv, ctx, in, &a->qkvo));
   if (a->half != LOOM_F32) {
     /* the f32 heads in dy (free until backward), then rounded */
-    LOOM_TRY(loom_attention_forward(a->dy, a->att, a->qkvo, a->B, a->T, a->C,
+    LOOM_TRY(loom_attention_forward(a->dy, a->att, a->qkvo, a->B, a->T, a->CL,
                                     a->NH));
     LOOM_TRY(loom_cvt_f32_to_half(a->half, a->y, a->dy,
-                                  (int64_t)a->B * a->T * a->C));
+                                  (int64_t)a->B * a->T * a->CL));
   } else {
-    LOOM_TRY(
-        loom_attention_forward(a->y, a->att, a->qkvo, a->B, a->T, a->C, a->NH));
+    LOOM_TRY(loom_attention_forward(a->y, a->att, a->qkvo, a->B, a->T, a->CL,
+                                    a->NH));
   }
   return loom_module_forward(a->proj, ctx, a->y, out);
 }
@@ -76,12 +80,12 @@ static loom_status attention_forward(loom_module *m, loom_nn_ctx *ctx,
 static loom_status attention_backward(loom_module *m, loom_nn_ctx *ctx,
                                       const float *dout, float *dinp) {
   attention *a = (attention *)m;
-  int64_t BTC = (int64_t)a->B * a->T * a->C;
+  int64_t BTC = (int64_t)a->B * a->T * a->CL;
   memset(a->dy, 0, (size_t)BTC * sizeof(float));
   LOOM_TRY(loom_module_backward(a->proj, ctx, dout, a->dy));
   memset(a->dqkv, 0, (size_t)(3 * BTC) * sizeof(float));
   LOOM_TRY(loom_attention_backward(a->dqkv, a->datt, a->dy, a->qkvo, a->att,
-                                   a->B, a->T, a->C, a->NH));
+                                   a->B, a->T, a->CL, a->NH));
   return loom_module_backward(a->qkv, ctx, a->dqkv, dinp);
 }
 
@@ -103,21 +107,36 @@ static const loom_module_ops attention_ops = {
 };
 
 loom_status loom_attention_new(loom_module **out, int C, int NH, bool bias) {
+  return loom_attention_tp_new(out, C, NH, bias, NULL);
+}
+
+loom_status loom_attention_tp_new(loom_module **out, int C, int NH, bool bias,
+                                  const loom_tp *tp) {
   *out = NULL;
+  int T = tp && tp->size > 1 ? tp->size : 1;
   if (C <= 0 || NH <= 0 || C % NH != 0)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "attention: width %d must be a positive multiple of "
                       "the %d heads",
                       C, NH);
+  if (NH % T != 0)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "attention: %d heads do not split over %d "
+                      "tensor-parallel ranks",
+                      NH, T);
   attention *a = loom_calloc(1, sizeof *a);
   if (!a)
     return LOOM_ERR_NOMEM;
   loom_module_init_base(&a->base, &attention_ops);
   a->C = C;
-  a->NH = NH;
+  a->NH = NH / T;
+  a->CL = C / T;
   loom_status st;
-  LOOM_TRY_GOTO(st, loom_linear_new(&a->qkv, C, 3 * C, bias), fail);
-  LOOM_TRY_GOTO(st, loom_linear_new(&a->proj, C, C, bias), fail);
+  /* this rank's heads: its rows of q, of k and of v (three blocks), and
+   * its columns of the output projection */
+  LOOM_TRY_GOTO(st, loom_linear_col_new(&a->qkv, C, 3 * a->CL, bias, 3, tp),
+                fail);
+  LOOM_TRY_GOTO(st, loom_linear_row_new(&a->proj, a->CL, C, bias, tp), fail);
   loom_linear_set_resid_proj(a->proj, true);
   a->qkv->attached = a->proj->attached = true;
   *out = &a->base;

@@ -4,6 +4,10 @@
 typedef struct embedding {
   loom_module base;
   int V, C, T_max;
+  /* Tensor parallelism: this rank's rows [v0, v0 + V) of the whole
+   * vocabulary of Vall ids (V = Vall and v0 = 0 without). */
+  const loom_tp *tp;
+  int v0, Vall;
   int N, B, T;
   const int32_t *ids; /* (N) = (B,T), kept from forward */
   float *out;         /* (N,C) */
@@ -15,7 +19,8 @@ static loom_status embedding_params(loom_module *m, loom_nn_visit *v) {
                          .ndim = 2,
                          .shape = {e->V, e->C},
                          .role = LOOM_ROLE_EMBEDDING,
-                         .fan_in = e->C};
+                         .fan_in = e->C,
+                         .tp_split = e->tp ? LOOM_TP_ROWS : LOOM_TP_WHOLE};
   LOOM_TRY(loom_nn_visit_param(v, m, &tok));
   if (e->T_max > 0) {
     loom_param_spec pos = {.name = "pos.weight",
@@ -61,12 +66,29 @@ static loom_status embedding_forward(loom_module *m, loom_nn_ctx *ctx,
   /* An id out of range would read outside the table: corrupt data must be
    * an error, not a crash. */
   for (int i = 0; i < e->N; i++)
-    if ((uint32_t)ids[i] >= (uint32_t)e->V)
+    if ((uint32_t)ids[i] >= (uint32_t)e->Vall)
       return loom_module_error(m, LOOM_ERR_INVALID_ARG,
                                "id %d at position %d outside [0, %d)", ids[i],
-                               i, e->V);
+                               i, e->Vall);
   e->ids = ids;
-  loom_embedding_forward(e->out, ids, loom_nn_param(ctx, m, 0), e->N, e->C);
+  if (e->tp) {
+    /* this rank's rows, zeros for the others' ids; summed over the group
+     * (x + 0 is x: the rows of one rank's run) */
+    const float *tok = loom_nn_param(ctx, m, 0);
+    size_t row = (size_t)e->C * sizeof(float);
+    for (int i = 0; i < e->N; i++) {
+      float *o = e->out + (int64_t)i * e->C;
+      uint32_t k = (uint32_t)(ids[i] - e->v0);
+      if (k < (uint32_t)e->V)
+        memcpy(o, tok + (int64_t)k * e->C, row);
+      else
+        memset(o, 0, row);
+    }
+    LOOM_TRY(
+        loom_tp_allreduce(e->tp, e->out, (int64_t)e->N * e->C, LOOM_TP_SUM));
+  } else {
+    loom_embedding_forward(e->out, ids, loom_nn_param(ctx, m, 0), e->N, e->C);
+  }
   if (e->T_max > 0) {
     const float *pos = loom_nn_param(ctx, m, 1); /* (T_max,C) */
     for (int b = 0; b < e->B; b++)
@@ -81,7 +103,18 @@ static loom_status embedding_backward(loom_module *m, loom_nn_ctx *ctx,
                                       const float *dout, float *dinp) {
   embedding *e = (embedding *)m;
   (void)dinp; /* ids have no gradient */
-  loom_embedding_backward(loom_nn_grad(ctx, m, 0), dout, e->ids, e->N, e->C);
+  if (e->tp) {
+    /* this rank's rows only, in the order of one rank's run */
+    float *dtok = loom_nn_grad(ctx, m, 0);
+    for (int i = 0; i < e->N; i++) {
+      uint32_t k = (uint32_t)(e->ids[i] - e->v0);
+      if (k < (uint32_t)e->V)
+        loom_accumulate(dtok + (int64_t)k * e->C, dout + (int64_t)i * e->C,
+                        e->C);
+    }
+  } else {
+    loom_embedding_backward(loom_nn_grad(ctx, m, 0), dout, e->ids, e->N, e->C);
+  }
   if (e->T_max > 0) {
     float *dpos = loom_nn_grad(ctx, m, 1);
     for (int b = 0; b < e->B; b++)
@@ -113,8 +146,26 @@ loom_status loom_embedding_new(loom_module **out, int V, int C, int T_max) {
     return LOOM_ERR_NOMEM;
   loom_module_init_base(&e->base, &embedding_ops);
   e->V = V;
+  e->Vall = V;
   e->C = C;
   e->T_max = T_max;
   *out = &e->base;
+  return LOOM_OK;
+}
+
+loom_status loom_embedding_tp_new(loom_module **out, int V, int C, int T_max,
+                                  const loom_tp *tp) {
+  if (!tp || tp->size <= 1)
+    return loom_embedding_new(out, V, C, T_max);
+  if (V % tp->size != 0 || tp->rank < 0 || tp->rank >= tp->size)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "embedding: a vocabulary of %d is not cut into %d "
+                      "equal parts (rank %d)",
+                      V, tp->size, tp->rank);
+  LOOM_TRY(loom_embedding_new(out, V / tp->size, C, T_max));
+  embedding *e = (embedding *)*out;
+  e->tp = tp;
+  e->Vall = V;
+  e->v0 = tp->rank * (V / tp->size);
   return LOOM_OK;
 }

@@ -45,6 +45,8 @@ typedef struct loom_nn_entry {
   loom_param_role role;
   int64_t fan_in;
   bool resid_proj;
+  loom_tp_split tp_split; /* tensor parallelism: how it is cut */
+  int tp_blocks;
 } loom_nn_entry;
 
 struct loom_nn_visit {
@@ -129,5 +131,33 @@ loom_status loom_nn_sequential_set_range(loom_module *seq, int lo, int hi);
 bool loom_nn_is_relu(const loom_module *m);
 void loom_nn_relu_set_input(loom_module *m, const float *in);
 const float *loom_nn_relu_input(const loom_module *m);
+
+/* Tensor parallelism (docs/parallel.md; tp NULL or of one rank: a plain
+ * layer). Column-parallel linear: this rank's OC outputs of the whole
+ * layer (weight and bias cut by rows, dimension 0 in `blocks` blocks);
+ * backward all-reduces the input gradient. Row-parallel: this rank's C
+ * inputs of the whole layer (the weight cut by columns); forward
+ * all-reduces the output, then adds the whole bias. */
+loom_status loom_linear_col_new(loom_module **out, int C, int OC, bool bias,
+                                int blocks, const loom_tp *tp);
+loom_status loom_linear_row_new(loom_module **out, int C, int OC, bool bias,
+                                const loom_tp *tp);
+/* A tied linear layer made column-parallel (the GPT's output layer over a
+ * vocabulary-parallel token embedding). */
+void loom_linear_set_tp_col(loom_module *linear, const loom_tp *tp);
+/* The tensor-parallel forms of the GPT's modules: the token embedding cut
+ * over the vocabulary (each rank looks up its ids, the rows are summed over
+ * the group, then the whole position embedding is added); attention with
+ * NH / size heads a rank; the MLP with hidden / size units a rank; the
+ * block of them. */
+loom_status loom_embedding_tp_new(loom_module **out, int V, int C, int T_max,
+                                  const loom_tp *tp);
+loom_status loom_attention_tp_new(loom_module **out, int C, int NH, bool bias,
+                                  const loom_tp *tp);
+loom_status loom_mlp_tp_new(loom_module **out, int C, int hidden, bool bias,
+                            float dropout, const loom_tp *tp);
+loom_status loom_transformer_block_tp_new(loom_module **out, int C, int NH,
+                                          int mlp_ratio, bool bias,
+                                          float dropout, const loom_tp *tp);
 
 #endif /* LOOM_NN_INTERNAL_H */

@@ -14,6 +14,14 @@ typedef struct linear {
   /* half model: the operands in f32 (loom_linear_half_scratch_floats) */
   float *scratch;
   loom_dtype half; /* LOOM_BF16, LOOM_F16, or LOOM_F32: none */
+  /* Tensor parallelism (docs/parallel.md): column-parallel (this rank's
+   * outputs; the input gradient is a partial sum, all-reduced in backward
+   * through dx) or row-parallel (this rank's inputs; the output is a
+   * partial sum, all-reduced in forward before the whole bias is added). */
+  const loom_tp *tp;
+  enum { TP_NONE, TP_COL, TP_ROW } tp_mode;
+  int tp_blocks; /* column-parallel: dimension 0's blocks (qkv: 3) */
+  float *dx;     /* (N,C) scratch: column-parallel, the partial dinp */
 } linear;
 
 static loom_status linear_params(loom_module *m, loom_nn_visit *v) {
@@ -33,14 +41,22 @@ static loom_status linear_params(loom_module *m, loom_nn_visit *v) {
                        .shape = {l->OC, l->C},
                        .role = LOOM_ROLE_WEIGHT,
                        .fan_in = l->C,
-                       .resid_proj = l->resid_proj};
+                       .resid_proj = l->resid_proj,
+                       .tp_split = l->tp_mode == TP_COL   ? LOOM_TP_ROWS
+                                   : l->tp_mode == TP_ROW ? LOOM_TP_COLS
+                                                          : LOOM_TP_WHOLE,
+                       .tp_blocks = l->tp_blocks};
   LOOM_TRY(loom_nn_visit_param(v, m, &w));
   if (l->bias) {
+    /* a row-parallel layer's bias is added once, after the reduction */
     loom_param_spec b = {.name = "bias",
                          .ndim = 1,
                          .shape = {l->OC},
                          .role = LOOM_ROLE_BIAS,
-                         .fan_in = l->C};
+                         .fan_in = l->C,
+                         .tp_split = l->tp_mode == TP_COL ? LOOM_TP_ROWS
+                                                          : LOOM_TP_WHOLE,
+                         .tp_blocks = l->tp_blocks};
     LOOM_TRY(loom_nn_visit_param(v, m, &b));
   }
   return LOOM_OK;
@@ -63,6 +79,15 @@ static loom_status linear_plan(loom_module *m, loom_nn_plan *p,
   l->out = loom_nn_plan_floats(p, N * l->OC);
   l->half = p->half;
   l->scratch = NULL;
+  l->dx = NULL;
+  if (l->tp_mode != TP_NONE && l->half != LOOM_F32)
+    return loom_module_error(m, LOOM_ERR_UNSUPPORTED,
+                             "tensor parallelism runs in f32 only");
+  if (l->tp_mode == TP_COL) {
+    size_t mark = loom_nn_plan_scratch_mark(p);
+    l->dx = loom_nn_plan_scratch_floats(p, N * l->C);
+    loom_nn_plan_scratch_release(p, mark);
+  }
   if (l->half != LOOM_F32) {
     /* forward and backward each use it within the call */
     size_t mark = loom_nn_plan_scratch_mark(p);
@@ -96,6 +121,15 @@ static loom_status linear_forward(loom_module *m, loom_nn_ctx *ctx,
     LOOM_TRY(loom_linear_forward_half(l->out, l->in, m->in.dtype, l->half,
                                       linear_weight_half(l, ctx), b, l->N, l->C,
                                       l->OC, l->scratch));
+  } else if (l->tp_mode == TP_ROW) {
+    /* every rank's part of the product, summed, then the bias once */
+    LOOM_TRY(loom_linear_forward(l->out, l->in, linear_weight(l, ctx), NULL,
+                                 l->N, l->C, l->OC));
+    LOOM_TRY(
+        loom_tp_allreduce(l->tp, l->out, (int64_t)l->N * l->OC, LOOM_TP_SUM));
+    if (b)
+      for (int i = 0; i < l->N; i++)
+        loom_accumulate(l->out + (int64_t)i * l->OC, b, l->OC);
   } else {
     LOOM_TRY(loom_linear_forward(l->out, l->in, linear_weight(l, ctx), b, l->N,
                                  l->C, l->OC));
@@ -114,6 +148,24 @@ static loom_status linear_backward(loom_module *m, loom_nn_ctx *ctx,
     return loom_linear_backward_half(dinp, dw, db, dout, l->in, m->in.dtype,
                                      l->half, linear_weight_half(l, ctx), l->N,
                                      l->C, l->OC, l->scratch);
+  if (l->tp_mode == TP_COL && dinp) {
+    /* This rank's outputs give a part of the input gradient: its sum over
+     * the group is posted first and travels while the weight's gradient is
+     * computed. */
+    const float *w = linear_weight(l, ctx);
+    int64_t n = (int64_t)l->N * l->C;
+    memset(l->dx, 0, (size_t)n * sizeof(float));
+    LOOM_TRY(loom_linear_backward(l->dx, NULL, NULL, dout, l->in, w, l->N, l->C,
+                                  l->OC));
+    LOOM_TRY(l->tp->start(l->tp->user, 0, l->dx, n, LOOM_TP_SUM));
+    loom_status s =
+        loom_linear_backward(NULL, dw, db, dout, l->in, w, l->N, l->C, l->OC);
+    loom_status ws = l->tp->wait(l->tp->user, 0);
+    LOOM_TRY(s);
+    LOOM_TRY(ws);
+    loom_accumulate(dinp, l->dx, n);
+    return LOOM_OK;
+  }
   return loom_linear_backward(dinp, dw, db, dout, l->in, linear_weight(l, ctx),
                               l->N, l->C, l->OC);
 }
@@ -160,6 +212,50 @@ loom_status loom_linear_tied_new(loom_module **out, const loom_module *owner,
   l->owner_k = k;
   *out = &l->base;
   return LOOM_OK;
+}
+
+static bool tp_ok(const loom_tp *tp) {
+  return tp && tp->size > 1 && tp->start && tp->wait;
+}
+
+loom_status loom_linear_col_new(loom_module **out, int C, int OC, bool bias,
+                                int blocks, const loom_tp *tp) {
+  LOOM_TRY(loom_linear_new(out, C, OC, bias));
+  if (tp_ok(tp)) {
+    linear *l = (linear *)*out;
+    l->tp = tp;
+    l->tp_mode = TP_COL;
+    l->tp_blocks = blocks > 0 ? blocks : 1;
+  }
+  return LOOM_OK;
+}
+
+loom_status loom_linear_row_new(loom_module **out, int C, int OC, bool bias,
+                                const loom_tp *tp) {
+  LOOM_TRY(loom_linear_new(out, C, OC, bias));
+  if (tp_ok(tp)) {
+    linear *l = (linear *)*out;
+    l->tp = tp;
+    l->tp_mode = TP_ROW;
+  }
+  return LOOM_OK;
+}
+
+void loom_linear_set_tp_col(loom_module *m, const loom_tp *tp) {
+  if (m && m->ops == &linear_ops && tp_ok(tp)) {
+    linear *l = (linear *)m;
+    l->tp = tp;
+    l->tp_mode = TP_COL;
+    l->tp_blocks = 1;
+  }
+}
+
+loom_status loom_tp_allreduce(const loom_tp *tp, float *buf, int64_t n,
+                              loom_tp_op op) {
+  if (!tp || tp->size <= 1)
+    return LOOM_OK;
+  LOOM_TRY(tp->start(tp->user, 0, buf, n, op));
+  return tp->wait(tp->user, 0);
 }
 
 void loom_linear_set_resid_proj(loom_module *m, bool on) {

@@ -101,7 +101,19 @@ static const loom_module_ops mlp_ops = {
 
 loom_status loom_mlp_new(loom_module **out, int C, int hidden, bool bias,
                          float dropout) {
+  return loom_mlp_tp_new(out, C, hidden, bias, dropout, NULL);
+}
+
+loom_status loom_mlp_tp_new(loom_module **out, int C, int hidden, bool bias,
+                            float dropout, const loom_tp *tp) {
   *out = NULL;
+  int T = tp && tp->size > 1 ? tp->size : 1;
+  if (hidden % T != 0)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "mlp: %d hidden units do not split over %d "
+                      "tensor-parallel ranks",
+                      hidden, T);
+  hidden /= T; /* this rank's units */
   if (C <= 0 || hidden <= 0)
     return loom_error(LOOM_ERR_INVALID_ARG, "mlp: bad sizes (%d, %d)", C,
                       hidden);
@@ -115,8 +127,9 @@ loom_status loom_mlp_new(loom_module **out, int C, int hidden, bool bias,
   p->C = C;
   p->H = hidden;
   loom_status st;
-  LOOM_TRY_GOTO(st, loom_linear_new(&p->fc, C, hidden, bias), fail);
-  LOOM_TRY_GOTO(st, loom_linear_new(&p->proj, hidden, C, bias), fail);
+  /* column-parallel in, row-parallel out: one reduction each way */
+  LOOM_TRY_GOTO(st, loom_linear_col_new(&p->fc, C, hidden, bias, 1, tp), fail);
+  LOOM_TRY_GOTO(st, loom_linear_row_new(&p->proj, hidden, C, bias, tp), fail);
   loom_linear_set_resid_proj(p->proj, true);
   p->fc->attached = p->proj->attached = true;
   if (dropout > 0.0f) {

@@ -244,6 +244,23 @@ loom_status loom_model_init_view(loom_model *m, int i) {
   return LOOM_OK;
 }
 
+loom_status loom_model_draw_view(const loom_model *m, int i, float *dst) {
+  if (i < 0 || i >= m->nviews)
+    return loom_error(LOOM_ERR_INVALID_ARG, "model: no view %d (of %d)", i,
+                      m->nviews);
+  init_one(dst, &m->entries[i], i, &m->opts);
+  return LOOM_OK;
+}
+
+loom_tp_split loom_model_view_tp(const loom_model *m, int i, int *blocks) {
+  if (i < 0 || i >= m->nviews) {
+    *blocks = 1;
+    return LOOM_TP_WHOLE;
+  }
+  *blocks = m->entries[i].tp_blocks > 0 ? m->entries[i].tp_blocks : 1;
+  return m->entries[i].tp_split;
+}
+
 /* ----------------------------------------------------------- creation */
 
 static uint64_t hash_layout(const loom_param *v, int n) {

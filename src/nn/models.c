@@ -194,8 +194,9 @@ static loom_status gpt_segment(loom_module **out, const loom_gpt_opts *o,
   char name[32];
   for (int l = first; l < first + o->checkpoint_every && l < o->n_layer; l++) {
     snprintf(name, sizeof name, "blocks.%d", l);
-    ADD(name, loom_transformer_block_new(&kid_, o->d_model, o->n_head,
-                                         o->mlp_ratio, o->bias, o->dropout));
+    ADD(name, loom_transformer_block_tp_new(&kid_, o->d_model, o->n_head,
+                                            o->mlp_ratio, o->bias, o->dropout,
+                                            o->tp));
   }
   return loom_checkpoint_new(out, seq);
 fail:
@@ -217,6 +218,13 @@ loom_status loom_gpt_new(loom_model **out, const loom_gpt_opts *o,
                       "d_model %d, %d heads, mlp x%d, dropout %g)",
                       o->vocab, o->context, o->n_layer, o->d_model, o->n_head,
                       o->mlp_ratio, (double)o->dropout);
+  const loom_tp *tp = o->tp && o->tp->size > 1 ? o->tp : NULL;
+  if (tp && (o->n_head % tp->size != 0 || o->vocab % tp->size != 0 ||
+             tp->rank < 0 || tp->rank >= tp->size || !tp->start || !tp->wait))
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "gpt: %d tensor-parallel ranks must divide the %d heads "
+                      "and the vocabulary of %d (rank %d)",
+                      tp->size, o->n_head, o->vocab, tp->rank);
   loom_model_opts mopts = loom_model_opts_default();
   if (mo)
     mopts = *mo;
@@ -228,8 +236,9 @@ loom_status loom_gpt_new(loom_model **out, const loom_gpt_opts *o,
   LOOM_TRY(loom_sequential_new(&seq));
   loom_status st;
   char name[32];
-  LOOM_TRY_GOTO(st, loom_embedding_new(&emb, o->vocab, o->d_model, o->context),
-                fail);
+  LOOM_TRY_GOTO(
+      st, loom_embedding_tp_new(&emb, o->vocab, o->d_model, o->context, tp),
+      fail);
   LOOM_TRY_GOTO(st, loom_sequential_add(seq, "emb", emb), fail);
   if (o->dropout > 0.0f)
     ADD("drop", loom_dropout_new(&kid_, o->dropout));
@@ -240,13 +249,18 @@ loom_status loom_gpt_new(loom_model **out, const loom_gpt_opts *o,
       continue;
     }
     snprintf(name, sizeof name, "blocks.%d", l);
-    ADD(name, loom_transformer_block_new(&kid_, o->d_model, o->n_head,
-                                         o->mlp_ratio, o->bias, o->dropout));
+    ADD(name,
+        loom_transformer_block_tp_new(&kid_, o->d_model, o->n_head,
+                                      o->mlp_ratio, o->bias, o->dropout, tp));
     l++;
   }
   ADD("ln_f", loom_layernorm_new(&kid_, o->d_model, o->bias));
-  /* The output layer reads the token embedding (V,C): logits = x @ tok^T. */
-  ADD("head", loom_linear_tied_new(&kid_, emb, 0));
+  /* The output layer reads the token embedding (V,C): logits = x @ tok^T
+   * (with tensor parallelism this rank's rows: its part of the logits). */
+  loom_module *head = NULL;
+  LOOM_TRY_GOTO(st, loom_linear_tied_new(&head, emb, 0), fail);
+  loom_linear_set_tp_col(head, tp);
+  LOOM_TRY_GOTO(st, loom_sequential_add(seq, "head", head), fail);
   return loom_model_new(out, seq, &mopts);
 fail:
   loom_module_free(seq);

@@ -406,6 +406,8 @@ loom_status loom_nn_visit_param(loom_nn_visit *v, loom_module *m,
   e->role = spec->role;
   e->fan_in = spec->fan_in > 0 ? spec->fan_in : 1;
   e->resid_proj = spec->resid_proj;
+  e->tp_split = spec->tp_split;
+  e->tp_blocks = spec->tp_blocks > 0 ? spec->tp_blocks : 1;
   if (m->param_count == 0)
     m->param_first = v->count;
   m->param_count++;

@@ -117,6 +117,13 @@ static const loom_module_ops block_ops = {
 loom_status loom_transformer_block_new(loom_module **out, int C, int NH,
                                        int mlp_ratio, bool bias,
                                        float dropout) {
+  return loom_transformer_block_tp_new(out, C, NH, mlp_ratio, bias, dropout,
+                                       NULL);
+}
+
+loom_status loom_transformer_block_tp_new(loom_module **out, int C, int NH,
+                                          int mlp_ratio, bool bias,
+                                          float dropout, const loom_tp *tp) {
   *out = NULL;
   if (mlp_ratio <= 0 || !(dropout >= 0.0f && dropout < 1.0f))
     return loom_error(LOOM_ERR_INVALID_ARG,
@@ -130,7 +137,7 @@ loom_status loom_transformer_block_new(loom_module **out, int C, int NH,
   loom_status st;
   loom_module *attn = NULL, *drop = NULL;
   LOOM_TRY_GOTO(st, loom_layernorm_new(&b->ln1, C, bias), fail);
-  LOOM_TRY_GOTO(st, loom_attention_new(&attn, C, NH, bias), fail);
+  LOOM_TRY_GOTO(st, loom_attention_tp_new(&attn, C, NH, bias, tp), fail);
   if (dropout > 0.0f) {
     /* attention then dropout; "" keeps the names blocks.i.attn.qkv... */
     LOOM_TRY_GOTO(st, loom_sequential_new(&b->attn), fail);
@@ -147,8 +154,8 @@ loom_status loom_transformer_block_new(loom_module **out, int C, int NH,
     attn = NULL;
   }
   LOOM_TRY_GOTO(st, loom_layernorm_new(&b->ln2, C, bias), fail);
-  LOOM_TRY_GOTO(st, loom_mlp_new(&b->mlp, C, mlp_ratio * C, bias, dropout),
-                fail);
+  LOOM_TRY_GOTO(
+      st, loom_mlp_tp_new(&b->mlp, C, mlp_ratio * C, bias, dropout, tp), fail);
   b->ln1->attached = b->attn->attached = true;
   b->ln2->attached = b->mlp->attached = true;
   *out = &b->base;

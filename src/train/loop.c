@@ -37,14 +37,21 @@ loom_status loom_train_model_new(const loom_config *cfg, bool defer_init,
 }
 
 static loom_status model_build(const loom_config *cfg,
-                               const loom_model_opts *base, loom_model **out);
+                               const loom_model_opts *base, const loom_tp *tp,
+                               loom_model **out);
 
-/* The precision is the model's (docs/precision.md); configs whose
- * precision a model cannot honour were refused by loom_config_validate. */
 loom_status loom_train_model_make(const loom_config *cfg,
                                   const loom_model_opts *base,
                                   loom_model **out) {
-  LOOM_TRY(model_build(cfg, base, out));
+  return loom_train_model_make_tp(cfg, base, NULL, out);
+}
+
+/* The precision is the model's (docs/precision.md); configs whose
+ * precision a model cannot honour were refused by loom_config_validate. */
+loom_status loom_train_model_make_tp(const loom_config *cfg,
+                                     const loom_model_opts *base,
+                                     const loom_tp *tp, loom_model **out) {
+  LOOM_TRY(model_build(cfg, base, tp, out));
   if (cfg->train.precision == LOOM_CFG_PRECISION_F32)
     return LOOM_OK;
   loom_dtype p =
@@ -60,7 +67,8 @@ loom_status loom_train_model_make(const loom_config *cfg,
 }
 
 static loom_status model_build(const loom_config *cfg,
-                               const loom_model_opts *base, loom_model **out) {
+                               const loom_model_opts *base, const loom_tp *tp,
+                               loom_model **out) {
   const loom_config_model *mc = &cfg->model;
   loom_model_opts mo = *base;
   mo.seed = (uint64_t)cfg->train.seed;
@@ -100,6 +108,7 @@ static loom_status model_build(const loom_config *cfg,
     LOOM_TRY(loom_config_checkpoint_every(cfg->train.activation_checkpointing,
                                           &o.checkpoint_every));
     o.dropout = (float)mc->dropout;
+    o.tp = tp;
     mo.init = LOOM_INIT_GPT2;
     mo.init_std = (float)mc->init_std;
     mo.init_n_layer = o.n_layer;
@@ -271,9 +280,12 @@ loom_status loom_train_agree(loom_trainer *t, loom_status mine,
 
 void loom_train_slice(const loom_trainer *t, int r, int64_t *lo, int64_t *hi) {
   if (t->stage_bounds) {
-    /* A pipeline: the replicas of a stage share its range, in order. */
-    int s = r % t->stages, d = r / t->stages, D = t->replicas;
-    int64_t a = t->stage_bounds[s], n = t->stage_bounds[s + 1] - a;
+    /* A pipeline: the replicas of a stage share its range, in order (with
+     * tensor parallelism the range in the whole model's layout, shared by
+     * the replicas' tp ranks: part d x tp + t of it). */
+    int T = t->tps, s = r / T % t->stages;
+    int d = (r / T / t->stages) * T + r % T, D = t->replicas * T;
+    int64_t a = t->whole_bounds[s], n = t->whole_bounds[s + 1] - a;
     *lo = a + n * d / D;
     *hi = a + n * (d + 1) / D;
     return;
@@ -283,7 +295,8 @@ void loom_train_slice(const loom_trainer *t, int r, int64_t *lo, int64_t *hi) {
     *hi = t->bounds[r + 1];
     return;
   }
-  int64_t n = loom_model_num_params(t->model);
+  /* the whole model's layout: with tensor parallelism, not the rank's */
+  int64_t n = loom_model_num_params(t->whole ? t->whole : t->model);
   *lo = n * r / t->nranks;
   *hi = n * (r + 1) / t->nranks;
 }
@@ -372,6 +385,12 @@ static loom_status open_world(loom_trainer *t) {
       LOOM_INFO("parallel.strategy ddp with one replica: nothing to reduce");
     return LOOM_OK;
   }
+  if (t->tps > 1) {
+    /* DDP over the replicas of each tensor-parallel rank (parallel.dp),
+     * when there are several or parallel.strategy is ddp */
+    t->units = t->replicas;
+    return LOOM_OK;
+  }
   switch (pc->strategy) {
   case LOOM_CFG_STRATEGY_ZERO1:
     t->zero = 1;
@@ -449,7 +468,9 @@ static loom_status make_ddp(loom_trainer *t) {
     o.shard_bounds = t->bounds;
     o.broadcast = false;
   }
-  LOOM_TRY(loom_ddp_new(&t->ddp, t->model, t->world, &o));
+  /* with tensor parallelism, each rank's part over its replicas */
+  LOOM_TRY(
+      loom_ddp_new(&t->ddp, t->model, t->tps > 1 ? t->dp_group : t->world, &o));
   if (t->rank == 0 && !t->opts.quiet) {
     int nb = loom_ddp_num_buckets(t->ddp);
     if (pc->deterministic)
@@ -462,8 +483,8 @@ static loom_status make_ddp(loom_trainer *t) {
     else
       LOOM_INFO("data parallel (%s): %d ranks x %d thread(s), %d gradient "
                 "buckets (first %g MiB, then %g MiB), %s on the wire",
-                stage_name(t), t->nranks, loom_threads(), nb,
-                pc->first_bucket_mb, pc->bucket_mb,
+                stage_name(t), t->tps > 1 ? t->replicas : t->nranks,
+                loom_threads(), nb, pc->first_bucket_mb, pc->bucket_mb,
                 loom_cfg_compress_names[pc->compress]);
   }
   return LOOM_OK;
@@ -519,6 +540,9 @@ static loom_status setup_local(loom_trainer *t) {
         return loom_error_context(LOOM_ERR_NOMEM, "the parameter buffer");
       loom_model_bind_params(t->model, t->zparams);
     }
+  } else if (t->tps > 1) {
+    /* this rank's part (a stage's layout with a pipeline too) */
+    LOOM_TRY(loom_train_tp_new(t));
   } else if (t->stages > 1) {
     /* The stage's instances run the model; this copy holds the layout and
      * the buffers (reserved: only the stage's ranges are touched). */
@@ -529,6 +553,8 @@ static loom_status setup_local(loom_trainer *t) {
     LOOM_TRY(loom_train_model_new(&t->cfg, t->init_deferred, &t->model));
   }
   LOOM_TRY(loom_xent_new(&t->xent));
+  if (t->tpg) /* the logits are the rank's part of the vocabulary */
+    loom_xent_set_tp(t->xent, loom_tp_group_tp(t->tpg));
   LOOM_TRY(make_loader(t));
   t->train_len = loom_dataset_len(t->train_ds);
   t->total_steps = t->cfg.train.steps > 0
@@ -797,7 +823,12 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   }
   loom_runstat_gate();
   LOOM_TRY_GOTO(s, loom_train_ckpt_resume(t), fail);
-  if (t->pipe && !t->resumed) {
+  if (t->tp_map && !t->resumed) {
+    /* This rank's part of the whole model's draws (a stage's: its views
+     * and the borrowed ones): every replica draws the same, nothing to
+     * broadcast. */
+    LOOM_TRY_GOTO(s, loom_train_tp_init_params(t), fail);
+  } else if (t->pipe && !t->resumed) {
     /* This stage's draws (and its borrowed weights': the same values as
      * their owner's, each view having its own stream). */
     LOOM_TRY_GOTO(s, loom_train_pipe_init_params(t), fail);
@@ -846,6 +877,9 @@ void loom_trainer_free(loom_trainer *t) {
   loom_dataset_free(t->val_ds);
   loom_xent_free(t->xent);
   loom_model_free(t->model);
+  loom_train_tp_free(t);
+  loom_tp_group_free(t->tpg); /* after the model, which borrowed it */
+  loom_group_free(t->tp_group);
   if (t->nranks > 1)
     loom_group_mem_free(t->world, t->zparams); /* collective */
   else
@@ -957,6 +991,11 @@ static loom_status backward_rows(loom_trainer *t, float scale,
 
 static volatile sig_atomic_t stop_requested;
 
+/* The step's sums travel with the DDP's (over its group, the world): not
+ * with a pipeline or tensor parallelism, whose DDP spans the replicas
+ * only; train_step sums them over the world then. */
+static bool ddp_sums(const loom_trainer *t) { return t->ddp && t->tps <= 1; }
+
 /* The micro-batches of one optimizer step, forward and backward; sums
  * (SUM_N per local unit, S x SUM_N in deterministic mode) get the loss
  * statistics. With data parallelism the sums are posted (before the last
@@ -1004,7 +1043,7 @@ static loom_status step_micro(loom_trainer *t, double *sums,
       u[SUM_LOSS] += st.loss_sum;
       u[SUM_COUNT] += (double)st.count;
       u[SUM_CORRECT] += (double)st.correct;
-      if (t->ddp && last && j == S - 1) {
+      if (ddp_sums(t) && last && j == S - 1) {
         sums[SUM_STOP] = stop_requested ? 1 : 0;
         loom_train_ckpt_flags(t, sums);
         LOOM_TRY(loom_ddp_sum_post(t->ddp, sums, SUM_N));
@@ -1014,7 +1053,7 @@ static loom_status step_micro(loom_trainer *t, double *sums,
       LOOM_TRY(backward_rows(t, empty ? 0.0f : scale, tm));
     }
   }
-  if (t->ddp && !posted) {
+  if (ddp_sums(t) && !posted) {
     sums[SUM_STOP] = stop_requested ? 1 : 0;
     loom_train_ckpt_flags(t, sums);
     LOOM_TRY(loom_ddp_sum_post(t->ddp, sums, SUM_N));
@@ -1061,6 +1100,20 @@ static loom_status evaluate(loom_trainer *t, int64_t max_batches, double *loss,
         continue;
       LOOM_TRY_GOTO(s, loom_dataset_fill(t->val_ds, 0, idx, count, &b), done);
       LOOM_TRY_GOTO(s, loom_train_pipe_eval(t, &b, part + i * 3), done);
+      loom_runstat_beat();
+    }
+    goto done;
+  }
+  if (t->tps > 1) {
+    /* Replica d takes batches d, d + D, ...; all ranks of its tp group
+     * run each one together (their reductions), the first keeps the sums. */
+    for (int64_t i = t->replica; i < nb; i += t->replicas) {
+      int64_t count;
+      LOOM_TRY_GOTO(s, loom_sampler_batch(sp, i, idx, &count), done);
+      if (count == 0)
+        continue;
+      LOOM_TRY_GOTO(s, loom_dataset_fill(t->val_ds, 0, idx, count, &b), done);
+      LOOM_TRY_GOTO(s, loom_train_tp_eval(t, &b, part + i * 3), done);
       loom_runstat_beat();
     }
     goto done;
@@ -1313,6 +1366,16 @@ static loom_status optim_step(loom_trainer *t, float lr, double *gnorm,
   bool skip = false;
   if (t->ddp && clip <= 0 && !scaled) {
     LOOM_TRY(loom_ddp_step(t->ddp, t->optim, lr));
+  } else if (t->tp_map && clip > 0) {
+    /* The rank's part of the gradient: the norm of the whole one (the cut
+     * parameters' squares summed over the tp group, the whole ones once). */
+    if (t->ddp)
+      LOOM_TRY(loom_ddp_wait(t->ddp));
+    float *grads = loom_model_grads(t->model);
+    double ss;
+    LOOM_TRY(loom_train_tp_grad_sumsq(t, 0, n, &ss));
+    LOOM_TRY(loom_grad_clip_sumsq(grads, n, ss, (float)clip, gnorm));
+    LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
   } else if (t->zero >= 2) {
     /* This rank holds only its slice of the gradient: the norm is summed
      * over the slices. */
@@ -1413,6 +1476,8 @@ static void window_add(run_window *w, const loom_step_times *tm) {
   w->times.data += tm->data;
   w->times.pipe_step += tm->pipe_step;
   w->times.pipe_wait += tm->pipe_wait;
+  w->times.tp_wait += tm->tp_wait;
+  w->times.tp_bytes += tm->tp_bytes;
 }
 
 /* One training step: gradients cleared, the micro-batches' forward and
@@ -1422,6 +1487,9 @@ static loom_status train_step(loom_trainer *t, double *sums, double g[SUM_N],
                               loom_step_times *tm, int64_t *epoch, float *lr,
                               double *gnorm) {
   double ts = loom_time_now();
+  loom_tp_stats tp0 = {0};
+  if (t->tpg)
+    loom_tp_group_stats(t->tpg, &tp0);
   if (t->ddp)
     LOOM_TRY(loom_ddp_zero_grad(t->ddp));
   else if (t->pipe)
@@ -1437,16 +1505,21 @@ static loom_status train_step(loom_trainer *t, double *sums, double g[SUM_N],
   *lr = loom_sched_lr(&t->sched, t->step);
   loom_req sums_req = LOOM_REQ_INIT;
   memset(g, 0, SUM_N * sizeof(double)); /* written by the reduction */
-  if (t->pipe) {
+  bool world_sums = t->pipe || t->tps > 1;
+  if (world_sums) {
     /* The loss is on the last stages; the stop and checkpoint flags on
-     * every rank: summed over the world while the optimizer runs. */
+     * every rank: summed over the world while the optimizer runs. A
+     * tensor-parallel group's ranks all have their replica's loss: the
+     * first one counts it. */
+    if (t->tp_rank > 0)
+      sums[SUM_LOSS] = sums[SUM_COUNT] = sums[SUM_CORRECT] = 0;
     sums[SUM_STOP] = stop_requested ? 1 : 0;
     loom_train_ckpt_flags(t, sums);
     LOOM_TRY(loom_allreduce(sums, g, SUM_N, LOOM_F64, LOOM_SUM, t->world,
                             &sums_req));
   }
   loom_status os = optim_step(t, *lr, gnorm, tm);
-  if (t->pipe) {
+  if (world_sums) {
     /* Waited for even after a failure: the request lives on this stack. */
     loom_status ws = loom_wait(&sums_req);
     LOOM_TRY(os);
@@ -1460,6 +1533,12 @@ static loom_status train_step(loom_trainer *t, double *sums, double g[SUM_N],
     LOOM_TRY(os);
     memcpy(g, sums, SUM_N * sizeof(double));
     g[SUM_STOP] = stop_requested ? 1 : 0;
+  }
+  if (t->tpg) {
+    loom_tp_stats tp1;
+    loom_tp_group_stats(t->tpg, &tp1);
+    tm->tp_wait = tp1.wait_s - tp0.wait_s;
+    tm->tp_bytes = (double)(tp1.bytes - tp0.bytes);
   }
   t->step++;
   loom_runstat_step(t->step);
@@ -1611,6 +1690,15 @@ static loom_status write_metrics(loom_trainer *t, const run_window *w,
       loom_metrics_num(m, "pp_bubble", b / t->nranks);
     }
     loom_free(v);
+  }
+  if (t->tps > 1) {
+    /* rank 0's seconds a step blocked on the tensor-parallel reductions
+     * (inside forward_s and backward_s), and their MiB a step */
+    loom_metrics_int(m, "tp_size", t->tps);
+    if (!t->pipe) /* else below */
+      loom_metrics_int(m, "dp_replicas", t->replicas);
+    loom_metrics_num(m, "tp_wait_s", win->tp_wait / n);
+    loom_metrics_num(m, "tp_reduce_mb", win->tp_bytes / n / (1024.0 * 1024.0));
   }
   if (t->pipe) {
     loom_metrics_int(m, "pp_stages", t->stages);

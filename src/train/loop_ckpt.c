@@ -33,11 +33,14 @@ static loom_status fill_meta(loom_trainer *t, loom_ckpt_meta *meta) {
            : t->zero == 2 ? "zero2"
            : t->zero == 3 ? "zero3"
            : t->pipe      ? "pipeline"
+           : t->tp_map    ? "tensor"
            : t->ddp       ? "ddp"
                           : "none");
   meta->config_hash = loom_config_hash(&t->cfg);
-  meta->n_views = loom_model_num_views(t->model);
-  meta->views = loom_model_view(t->model, 0);
+  /* the whole model's layout, whatever the mesh */
+  const loom_model *layout = t->whole ? t->whole : t->model;
+  meta->n_views = loom_model_num_views(layout);
+  meta->views = loom_model_view(layout, 0);
   snprintf(meta->optimizer, sizeof meta->optimizer, "%s",
            loom_optim_kind_name(t->cfg.optim.name));
   meta->optimizer_step = loom_optim_get_step(t->optim);
@@ -247,7 +250,8 @@ static void my_slice(const loom_trainer *t, int64_t *lo, int64_t *hi) {
 
 loom_status loom_train_ckpt_prepare(loom_trainer *t) {
   const loom_config_checkpoint *cc = &t->cfg.checkpoint;
-  if (!cc->enabled || !cc->dir[0] || !cc->async || t->snap)
+  /* Tensor parallelism puts the slice together here, async or not. */
+  if (!cc->enabled || !cc->dir[0] || (!cc->async && !t->tp_map) || t->snap)
     return LOOM_OK;
   int64_t lo, hi;
   my_slice(t, &lo, &hi);
@@ -265,6 +269,21 @@ loom_status loom_train_ckpt_prepare(loom_trainer *t) {
 /* What a save hands the writer: the live buffer, or with async saves its
  * copy in the snapshot at `*off` (the write thread reads it until the save
  * is concluded, which comes before the next save overwrites it). */
+static const float *stage(loom_trainer *t, const float *src, int64_t count,
+                          int64_t *off);
+
+/* Tensor parallelism: the slice of a buffer in the rank's layout, put
+ * together from the tp group in the snapshot at `*off` (NULL on failure,
+ * with the message recorded). Collective over the tp group. */
+static const float *tp_stage(loom_trainer *t, const float *local, int64_t base,
+                             int64_t count, int64_t *off) {
+  float *dst = t->snap + *off;
+  if (loom_train_tp_slice(t, local, base, dst) != LOOM_OK)
+    return NULL;
+  *off += count;
+  return dst;
+}
+
 static const float *stage(loom_trainer *t, const float *src, int64_t count,
                           int64_t *off) {
   /* No snapshot without async saves (with them, the save fails earlier
@@ -291,27 +310,46 @@ loom_status loom_train_ckpt_save(loom_trainer *t) {
   wo.keep = (int)cc->keep;
   loom_ckpt_writer *w = NULL;
   loom_ckpt_meta meta;
-  int64_t n = loom_model_num_params(t->model);
+  int64_t n = loom_model_num_params(t->whole ? t->whole : t->model);
   int64_t lo, hi, off = 0;
   my_slice(t, &lo, &hi);
   loom_status s;
-  if (cc->async && !t->snap)
+  if ((cc->async || t->tp_map) && !t->snap)
     LOOM_TRY_GOTO(s, loom_train_ckpt_prepare(t), done);
+  /* Tensor parallelism: the slice is put together from the group's ranks
+   * (collective: every rank of the group gets here, even when the writer
+   * could not start; a failure is concluded with the others' below). */
+  const float *data = NULL;
+  if (t->tp_map) {
+    data = tp_stage(t, loom_model_params(t->model), 0, hi - lo, &off);
+    s = data ? LOOM_OK : LOOM_ERR_INTERNAL;
+    for (int i = 0; i < loom_optim_state_count(t->optim) && s == LOOM_OK; i++) {
+      loom_optim_state st;
+      s = loom_optim_state_get(t->optim, i, &st);
+      if (s == LOOM_OK && !tp_stage(t, st.data, st.begin, hi - lo, &off))
+        s = LOOM_ERR_INTERNAL;
+    }
+    if (s != LOOM_OK)
+      goto done;
+    off = 0;
+  }
   LOOM_TRY_GOTO(s, loom_ckpt_writer_new(&w, cc->dir, t->step, &wo), done);
   LOOM_TRY_GOTO(s,
                 loom_ckpt_writer_add(
                     w, "params", LOOM_F32, n, lo, hi,
-                    stage(t, loom_model_params(t->model) + lo, hi - lo, &off)),
+                    t->tp_map ? data
+                              : stage(t, loom_model_params(t->model) + lo,
+                                      hi - lo, &off)),
                 done);
   for (int i = 0; i < loom_optim_state_count(t->optim); i++) {
     loom_optim_state st;
     char name[LOOM_CKPT_NAME_MAX];
     LOOM_TRY_GOTO(s, loom_optim_state_get(t->optim, i, &st), done);
     state_buffer_name(name, sizeof name, st.name);
-    LOOM_TRY_GOTO(s,
-                  loom_ckpt_writer_add(
-                      w, name, LOOM_F32, n, lo, hi,
-                      stage(t, st.data + (lo - st.begin), hi - lo, &off)),
+    const float *sd = t->tp_map
+                          ? data + (int64_t)(i + 1) * (hi - lo)
+                          : stage(t, st.data + (lo - st.begin), hi - lo, &off);
+    LOOM_TRY_GOTO(s, loom_ckpt_writer_add(w, name, LOOM_F32, n, lo, hi, sd),
                   done);
   }
   LOOM_TRY_GOTO(s, fill_meta(t, &meta), done);
@@ -362,7 +400,7 @@ loom_status loom_train_ckpt_final(loom_trainer *t) {
 
 static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
   const loom_ckpt_meta *meta = loom_ckpt_get_meta(c);
-  int64_t n = loom_model_num_params(t->model);
+  int64_t n = loom_model_num_params(t->whole ? t->whole : t->model);
   loom_ckpt_buffer_info bi;
   LOOM_TRY(loom_ckpt_buffer_find(c, "params", &bi));
   if (bi.count != n || bi.dtype != LOOM_F32)
@@ -371,7 +409,10 @@ static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
                       "f32",
                       loom_ckpt_path(c), (long long)bi.count,
                       loom_dtype_name(bi.dtype), (long long)n);
-  if (t->z3) { /* this rank's slice only: the rest is never resident */
+  if (t->tp_map) { /* this rank's part of the whole model */
+    LOOM_TRY(
+        loom_train_tp_read(t, c, "params", loom_model_params(t->model), 0, -1));
+  } else if (t->z3) { /* this rank's slice only: the rest is never resident */
     int64_t lo, hi;
     loom_train_slice(t, t->rank, &lo, &hi);
     LOOM_TRY(loom_ckpt_read_range(c, "params", lo, hi,
@@ -397,8 +438,11 @@ static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
     char name[LOOM_CKPT_NAME_MAX];
     LOOM_TRY(loom_optim_state_get(t->optim, i, &st));
     state_buffer_name(name, sizeof name, st.name);
-    LOOM_TRY(
-        loom_ckpt_read_range(c, name, st.begin, st.begin + st.count, st.data));
+    if (t->tp_map)
+      LOOM_TRY(loom_train_tp_read(t, c, name, st.data, st.begin, st.count));
+    else
+      LOOM_TRY(loom_ckpt_read_range(c, name, st.begin, st.begin + st.count,
+                                    st.data));
   }
   LOOM_TRY(loom_optim_set_step(t->optim, meta->optimizer_step));
   LOOM_TRY(loom_train_scale_restore(t, meta));
@@ -464,8 +508,9 @@ loom_status loom_train_ckpt_resume(loom_trainer *t) {
       (!t->cfg.checkpoint.enabled || !t->cfg.checkpoint.dir[0]))
     return LOOM_OK;
   loom_ckpt_open_opts oo = loom_ckpt_open_opts_default();
-  oo.layout_hash = loom_ckpt_layout_hash(loom_model_view(t->model, 0),
-                                         loom_model_num_views(t->model));
+  const loom_model *layout = t->whole ? t->whole : t->model;
+  oo.layout_hash = loom_ckpt_layout_hash(loom_model_view(layout, 0),
+                                         loom_model_num_views(layout));
   loom_ckpt *c = NULL;
   LOOM_TRY(open_resume(t, &oo, &c));
   if (!c)

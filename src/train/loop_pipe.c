@@ -17,33 +17,45 @@ _Static_assert((int)LOOM_CFG_PP_GPIPE == (int)LOOM_PIPE_GPIPE &&
 
 loom_status loom_train_mesh(loom_trainer *t) {
   const loom_config_parallel *pc = &t->cfg.parallel;
-  int P = (int)pc->pp;
+  int P = (int)pc->pp, T = (int)pc->tp;
   t->replica = t->rank;
   t->replicas = t->nranks;
   t->stage = 0;
   t->stages = 1;
-  if (pc->dp > 0 && pc->dp * P != t->nranks)
+  t->tp_rank = 0;
+  t->tps = 1;
+  if (pc->dp > 0 && pc->dp * T * P != t->nranks)
     return loom_error(LOOM_ERR_CONFIG,
-                      "parallel.dp %lld x parallel.tp 1 x parallel.pp %d = "
+                      "parallel.dp %lld x parallel.tp %d x parallel.pp %d = "
                       "%lld ranks, but the job has %d (start %lld, or set "
                       "parallel.dp auto)",
-                      (long long)pc->dp, P, (long long)(pc->dp * P), t->nranks,
-                      (long long)(pc->dp * P));
-  if (t->nranks % P != 0)
+                      (long long)pc->dp, T, P, (long long)(pc->dp * T * P),
+                      t->nranks, (long long)(pc->dp * T * P));
+  if (t->nranks % (T * P) != 0)
     return loom_error(LOOM_ERR_CONFIG,
-                      "parallel.pp %d does not divide the job's %d ranks "
-                      "(parallel.dp auto takes ranks / parallel.pp replicas)",
-                      P, t->nranks);
-  if (P == 1)
+                      "parallel.tp %d x parallel.pp %d does not divide the "
+                      "job's %d ranks (parallel.dp auto takes ranks / (tp x "
+                      "pp) replicas)",
+                      T, P, t->nranks);
+  if (P == 1 && T == 1)
     return LOOM_OK;
-  /* Stages on neighbouring ranks (the same host first, as launchers place
-   * consecutive ranks), replicas apart. */
+  /* rank = (replica x P + stage) x T + tp_rank: a tensor-parallel group's
+   * ranks neighbours (the same host first, as launchers place consecutive
+   * ranks; its reductions run in every block), then a pipeline's stages,
+   * the replicas apart. */
+  t->tps = T;
+  t->tp_rank = t->rank % T;
   t->stages = P;
-  t->stage = t->rank % P;
-  t->replica = t->rank / P;
-  t->replicas = t->nranks / P;
-  LOOM_TRY(loom_group_split(t->world, t->replica, t->stage, &t->pp_group));
-  LOOM_TRY(loom_group_split(t->world, t->stage, t->replica, &t->dp_group));
+  t->stage = t->rank / T % P;
+  t->replica = t->rank / (T * P);
+  t->replicas = t->nranks / (T * P);
+  if (T > 1)
+    LOOM_TRY(loom_group_split(t->world, t->rank / T, t->tp_rank, &t->tp_group));
+  if (P > 1)
+    LOOM_TRY(loom_group_split(t->world, t->replica * T + t->tp_rank, t->stage,
+                              &t->pp_group));
+  LOOM_TRY(loom_group_split(t->world, t->stage * T + t->tp_rank, t->replica,
+                            &t->dp_group));
   return LOOM_OK;
 }
 
@@ -53,7 +65,32 @@ static loom_status make_instance(void *user, loom_model **out) {
   const loom_trainer *t = user;
   loom_model_opts mo = loom_model_opts_default();
   mo.shape_only = true;
-  return loom_train_model_make(&t->cfg, &mo, out);
+  /* with tensor parallelism, this rank's part of the stage */
+  return loom_train_model_make_tp(
+      &t->cfg, &mo, t->tpg ? loom_tp_group_tp(t->tpg) : NULL, out);
+}
+
+/* The stages' bounds in the whole model's layout: a bound is where a
+ * view begins (or the end), the same view in both layouts. */
+static loom_status whole_bounds(loom_trainer *t) {
+  t->whole_bounds = loom_calloc((size_t)t->stages + 1, sizeof(int64_t));
+  if (!t->whole_bounds)
+    return LOOM_ERR_NOMEM;
+  if (!t->whole) {
+    memcpy(t->whole_bounds, t->stage_bounds,
+           ((size_t)t->stages + 1) * sizeof(int64_t));
+    return LOOM_OK;
+  }
+  int nv = loom_model_num_views(t->model);
+  for (int s = 0; s <= t->stages; s++) {
+    int64_t b = t->stage_bounds[s];
+    int i = 0;
+    while (i < nv && loom_model_view(t->model, i)->offset < b)
+      i++;
+    t->whole_bounds[s] = i < nv ? loom_model_view(t->whole, i)->offset
+                                : loom_model_num_params(t->whole);
+  }
+  return LOOM_OK;
 }
 
 /* Forward FLOPs per token of each unit of the GPT (backward is about
@@ -121,6 +158,7 @@ loom_status loom_train_pipe_new(loom_trainer *t, const loom_shape *input) {
   if (!t->stage_bounds)
     return LOOM_ERR_NOMEM;
   loom_pipe_bounds(t->pipe, t->stage_bounds);
+  LOOM_TRY(whole_bounds(t));
   int u0, u1;
   loom_pipe_units(t->pipe, &u0, &u1);
   loom_log_file("pipeline stage %d of %d (replica %d of %d): units %d..%d "
@@ -161,7 +199,8 @@ void loom_train_pipe_free(loom_trainer *t) {
   loom_vmem_free(t->gbuf, bytes);
   t->pbuf = t->gbuf = NULL;
   loom_free(t->stage_bounds);
-  t->stage_bounds = NULL;
+  loom_free(t->whole_bounds);
+  t->stage_bounds = t->whole_bounds = NULL;
   loom_group_free(t->pp_group);
   loom_group_free(t->dp_group);
   t->pp_group = t->dp_group = NULL;
@@ -220,9 +259,15 @@ static loom_status pipe_loss(void *user, int mb, const loom_tensor *y,
   loom_xent_stats st;
   LOOM_TRY(loom_xent_forward(t->xent, y, tg, &st));
   double *u = c->part ? c->part : c->sums;
-  u[SUM_LOSS] += st.loss_sum;
-  u[SUM_COUNT] += (double)st.count;
-  u[SUM_CORRECT] += (double)st.correct;
+  /* a tensor-parallel group's ranks all have the loss: the first counts
+   * it (train_step does so for the step's sums) */
+  if (c->part && t->tp_rank > 0)
+    u = NULL;
+  if (u) {
+    u[SUM_LOSS] += st.loss_sum;
+    u[SUM_COUNT] += (double)st.count;
+    u[SUM_CORRECT] += (double)st.correct;
+  }
   if (!dy)
     return LOOM_OK;
   /* This micro-batch's mean loss weighed by its share of the step's rows:
@@ -320,7 +365,18 @@ loom_status loom_train_pipe_optim(loom_trainer *t, float lr, double *gnorm,
   if (!skip) {
     if (clip > 0) {
       double ss;
-      LOOM_TRY(loom_pipe_grad_sumsq(t->pipe, &ss));
+      if (t->tp_map) {
+        /* the stage's part: its cut views summed over the tp group, then
+         * every stage's over the pipeline */
+        double mine;
+        loom_req r = LOOM_REQ_INIT;
+        LOOM_TRY(loom_train_tp_grad_sumsq(t, lo, hi, &mine));
+        LOOM_TRY(loom_allreduce(&mine, &ss, 1, LOOM_F64, LOOM_SUM, t->pp_group,
+                                &r));
+        LOOM_TRY(loom_wait(&r));
+      } else {
+        LOOM_TRY(loom_pipe_grad_sumsq(t->pipe, &ss));
+      }
       LOOM_TRY(
           loom_grad_clip_sumsq(grads + lo, hi - lo, ss, (float)clip, gnorm));
     }

@@ -44,8 +44,12 @@ const char *loom_train_git_commit(void) { return LOOM_GIT_COMMIT; }
 const char *loom_train_strategy_name(const loom_trainer *t) {
   if (t->nranks <= 1)
     return "single";
+  if (t->pipe && t->tps > 1)
+    return t->replicas > 1 ? "ddp+tensor+pipeline" : "tensor+pipeline";
   if (t->pipe)
     return t->replicas > 1 ? "ddp+pipeline" : "pipeline";
+  if (t->tps > 1)
+    return t->replicas > 1 ? "ddp+tensor" : "tensor";
   switch (t->zero) {
   case 1:
     return "zero1";
@@ -92,8 +96,10 @@ static loom_status env_json(const loom_trainer *t, char **out) {
       cJSON_AddStringToObject(o, "kernels", loom_isa_name(loom_cpu_isa())) &&
       cJSON_AddStringToObject(
           o, "gemm", loom_gemm_backend_name(loom_gemm_get_backend())) &&
-      cJSON_AddNumberToObject(o, "parameters",
-                              (double)loom_model_num_params(t->model)) &&
+      /* the whole model's (a tensor-parallel rank holds a part) */
+      cJSON_AddNumberToObject(
+          o, "parameters",
+          (double)loom_model_num_params(t->whole ? t->whole : t->model)) &&
       cJSON_AddNumberToObject(o, "total_steps", (double)t->total_steps);
   char *s = ok ? cJSON_Print(o) : NULL;
   cJSON_Delete(o);

@@ -21,6 +21,9 @@ typedef struct loom_step_times {
   /* A pipeline stage: its schedule's length and the time it waited for
    * its neighbours within it (the bubble). */
   double pipe_step, pipe_wait;
+  /* Tensor parallelism: blocked on the group's reductions (within forward
+   * and backward), and the bytes they reduced. */
+  double tp_wait, tp_bytes;
 } loom_step_times;
 
 /* What every rank sums each step: loss, rows, correct rows, stop request,
@@ -70,6 +73,10 @@ void loom_train_mem_get(const loom_trainer *t, loom_train_mem *out);
 loom_status loom_train_model_make(const loom_config *cfg,
                                   const loom_model_opts *base,
                                   loom_model **out);
+/* The same, a tensor-parallel rank's part of the GPT (tp NULL: whole). */
+loom_status loom_train_model_make_tp(const loom_config *cfg,
+                                     const loom_model_opts *base,
+                                     const loom_tp *tp, loom_model **out);
 
 struct loom_trainer {
   loom_config cfg;
@@ -139,6 +146,19 @@ struct loom_trainer {
   float *pbuf, *gbuf;    /* the pipeline's parameter and gradient buffers:
                             reserved, only the stage's ranges touched */
   int64_t *stage_bounds; /* (stages + 1) every stage's owned range */
+  int64_t *whole_bounds; /* the same in the whole model's layout (with
+                            tensor parallelism; else stage_bounds) */
+
+  /* Tensor parallelism (parallel.tp > 1; loop_tp.c): rank = (replica x
+   * stages + stage) x tps + tp_rank, a group's ranks neighbours. t->model
+   * is this rank's part of the GPT; whole the whole model's layout
+   * (shape_only), which checkpoints keep; tp_map between the two. tps 1
+   * and the rest NULL without. */
+  int tp_rank, tps;
+  loom_group *tp_group;
+  loom_tp_group *tpg;
+  loom_model *whole;
+  loom_tp_map *tp_map;
 
   /* Recovery. With a checkpoint to load, the model is built without its
    * random draws; they are made only when none was loaded after all. */
@@ -226,9 +246,38 @@ loom_status loom_train_scale_restore(loom_trainer *t,
 /* metrics.jsonl: loss_scale and skipped_steps when scaling is on. */
 void loom_train_scale_metrics(const loom_trainer *t, loom_metrics *m);
 
-/* loop_pipe.c: the mesh (replicas, stages, their groups; collective over
- * the world when there is a pipeline) from parallel.dp and parallel.pp. */
+/* loop_pipe.c: the mesh (replicas, stages, tensor-parallel ranks, their
+ * groups; collective over the world when there is a pipeline or tensor
+ * parallelism) from parallel.dp, tp and pp. */
 loom_status loom_train_mesh(loom_trainer *t);
+
+/* loop_tp.c: tensor parallelism. The rank's part of the model (t->model,
+ * its parameters drawn later), the whole model's layout and the map. */
+loom_status loom_train_tp_new(loom_trainer *t);
+void loom_train_tp_free(loom_trainer *t);
+/* A fresh start: this rank's part of the whole model's draws. */
+loom_status loom_train_tp_init_params(loom_trainer *t);
+/* The sum of squares of the whole gradient's parameters in [lo, hi) of the
+ * rank's layout (collective over the tp group). */
+loom_status loom_train_tp_grad_sumsq(loom_trainer *t, int64_t lo, int64_t hi,
+                                     double *out);
+/* Elements [lo, hi) of the whole layout (this rank's checkpoint slice,
+ * loom_train_slice) of a buffer in the rank's layout from element base on
+ * (the parameters, or an optimizer state), put together from the tp group
+ * into dst. Collective over the tp group. */
+loom_status loom_train_tp_slice(loom_trainer *t, const float *local,
+                                int64_t base, float *dst);
+/* This rank's part of checkpoint buffer `name` into local, which holds its
+ * layout from element base on: the parameters (base 0, count -1: what the
+ * rank holds, a stage's own and borrowed views) or an optimizer state
+ * (count elements: the views within them). */
+loom_status loom_train_tp_read(loom_trainer *t, const loom_ckpt *c,
+                               const char *name, float *local, int64_t base,
+                               int64_t count);
+/* Evaluation batch i's sums (loss, rows, correct) into part on the tp
+ * group's first rank; every rank of the group runs it. */
+loom_status loom_train_tp_eval(loom_trainer *t, const loom_batch *b,
+                               double *part);
 /* The pipeline of this stage (model, buffers, instances): after the model
  * was made shape_only, before the optimizer. No communication. */
 loom_status loom_train_pipe_new(loom_trainer *t, const loom_shape *input);
@@ -273,7 +322,8 @@ loom_status loom_train_trace_sync(loom_trainer *t);
 loom_status loom_train_write_run_info(const loom_trainer *t);
 /* The git commit loom was built from ("" when unknown). */
 const char *loom_train_git_commit(void);
-/* The strategy the trainer runs: single, ddp, zero1, zero2, zero3. */
+/* The strategy the trainer runs: single, ddp, zero1, zero2, zero3, and
+ * with a pipeline or tensor parallelism pipeline, tensor, ddp+tensor, ... */
 const char *loom_train_strategy_name(const loom_trainer *t);
 
 /* log.mlflow (src/train/mlflow.c), rank 0: the run opened with its

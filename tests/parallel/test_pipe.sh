@@ -14,7 +14,7 @@
 # - a rank killed at pp 2 is restarted by loom run --max-restarts and ends
 #   with the bits of the uninterrupted run;
 # - metrics.jsonl has the measured bubble next to the theory;
-# - config errors: parallel.tp 2, pp with the mlp, micro-batches that do not
+# - config errors: tp 3 with 2 heads, pp with the mlp, micro-batches that do not
 #   divide the batch, a bad pp_split, zero2 with pp, a mesh that does not
 #   fit the job.
 . "$(dirname "$0")/../lib.sh"
@@ -201,7 +201,7 @@ b=$(hashof "$tmp/killed")
 # -- config errors (exit 2, at loom config check) and a mesh that does not
 #    fit the job (at start-up)
 G="$SRC/examples/small_gpt.yaml"
-for x in "parallel.tp=2|not implemented yet; supported: 1" \
+for x in "parallel.tp=3 --set parallel.pp=2|does not divide model.heads (2)" \
   "parallel.micro_batches=3|does not divide train.batch_size" \
   "parallel.pp=2 --set parallel.pp_split=[1,2]|parallel.pp is 2 and the model has 5 units" \
   "parallel.pp=2 --set parallel.strategy=zero2|the pipeline supports auto or ddp" \

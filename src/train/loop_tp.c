@@ -1,0 +1,130 @@
+/* The trainer's tensor parallelism: the rank's part of the GPT, the whole
+ * model's layout that checkpoints keep, the map between them, and what
+ * the loop does differently with them (the draws, the gradient norm,
+ * checkpoint slices, evaluation). */
+#include <string.h>
+
+#include "loom/ckpt.h"
+#include "loom/nn.h"
+#include "trainer.h"
+
+loom_status loom_train_tp_new(loom_trainer *t) {
+  LOOM_TRY(loom_tp_group_new(&t->tpg, t->tp_group));
+  const loom_tp *tp = loom_tp_group_tp(t->tpg);
+  /* Drawn later from the whole model's streams (or read). A pipeline
+   * stage's model holds the layout only (loom_train_pipe_new binds its
+   * buffers). */
+  loom_model_opts mo = loom_model_opts_default();
+  mo.defer_init = true;
+  mo.shape_only = t->stages > 1;
+  LOOM_TRY(loom_train_model_make_tp(&t->cfg, &mo, tp, &t->model));
+  loom_model_opts wo = loom_model_opts_default();
+  wo.shape_only = true;
+  LOOM_TRY(loom_train_model_make(&t->cfg, &wo, &t->whole));
+  LOOM_TRY(loom_tp_map_new(&t->tp_map, t->model, t->whole, t->tps));
+  int64_t mine = loom_model_num_params(t->model);
+  int64_t all = loom_model_num_params(t->whole);
+  loom_log_file("tensor parallel rank %d of %d (replica %d of %d): %lld of "
+                "the %lld parameters",
+                t->tp_rank, t->tps, t->replica, t->replicas, (long long)mine,
+                (long long)all);
+  if (t->rank == 0 && !t->opts.quiet)
+    LOOM_INFO("tensor parallel: %d ranks a group x %d replica(s); %lld of "
+              "the %lld parameters a rank (%.1f%%): the embedding and the "
+              "output layer cut over the vocabulary, attention over the "
+              "heads, the MLP over its hidden units",
+              t->tps, t->replicas, (long long)mine, (long long)all,
+              100.0 * (double)mine / (double)(all ? all : 1));
+  return LOOM_OK;
+}
+
+void loom_train_tp_free(loom_trainer *t) {
+  loom_tp_map_free(t->tp_map);
+  t->tp_map = NULL;
+  loom_model_free(t->whole);
+  t->whole = NULL;
+}
+
+/* The ranges of the rank's layout it holds: a pipeline stage's (owned and
+ * borrowed), else all (NULL). */
+static const loom_range *held(const loom_trainer *t, int *n) {
+  *n = 0;
+  return t->pipe ? loom_pipe_ranges(t->pipe, n) : NULL;
+}
+
+loom_status loom_train_tp_init_params(loom_trainer *t) {
+  int nr;
+  const loom_range *r = held(t, &nr);
+  LOOM_TRY(loom_tp_map_init(t->tp_map, t->tp_rank, t->whole, r, nr,
+                            loom_model_params(t->model)));
+  loom_model_params_updated(t->model);
+  return LOOM_OK;
+}
+
+loom_status loom_train_tp_grad_sumsq(loom_trainer *t, int64_t lo, int64_t hi,
+                                     double *out) {
+  return loom_tp_map_sumsq(t->tp_map, t->tp_group, loom_model_grads(t->model),
+                           lo, hi, out);
+}
+
+loom_status loom_train_tp_slice(loom_trainer *t, const float *local,
+                                int64_t base, float *dst) {
+  int64_t lo[64] = {0}, hi[64] = {0}, *plo = lo, *phi = hi;
+  if (t->tps > 64) {
+    plo = loom_calloc(2 * (size_t)t->tps, sizeof *plo);
+    if (!plo)
+      return LOOM_ERR_NOMEM;
+    phi = plo + t->tps;
+  }
+  /* the group's ranks are consecutive: each one's checkpoint slice */
+  int first = t->rank - t->tp_rank;
+  for (int p = 0; p < t->tps; p++)
+    loom_train_slice(t, first + p, &plo[p], &phi[p]);
+  loom_status s =
+      loom_tp_map_gather(t->tp_map, t->tp_group, local, base, plo, phi, dst);
+  if (plo != lo)
+    loom_free(plo);
+  return s;
+}
+
+typedef struct read_ctx {
+  const loom_ckpt *c;
+  const char *name;
+} read_ctx;
+
+static loom_status read_fetch(void *user, int view, int64_t begin, int64_t end,
+                              float *dst) {
+  (void)view;
+  read_ctx *r = user;
+  return loom_ckpt_read_range(r->c, r->name, begin, end, dst);
+}
+
+loom_status loom_train_tp_read(loom_trainer *t, const loom_ckpt *c,
+                               const char *name, float *local, int64_t base,
+                               int64_t count) {
+  read_ctx r = {c, name};
+  int nr;
+  const loom_range *rg = held(t, &nr);
+  loom_range only = {base, count};
+  if (count >= 0) { /* an optimizer state: its range only */
+    rg = &only;
+    nr = 1;
+  }
+  return loom_tp_map_fill(t->tp_map, t->tp_rank, rg, nr, read_fetch, &r, local,
+                          base);
+}
+
+loom_status loom_train_tp_eval(loom_trainer *t, const loom_batch *b,
+                               double *part) {
+  loom_tensor logits;
+  loom_xent_stats st;
+  LOOM_TRY(loom_model_forward(t->model, &b->x, &logits));
+  LOOM_TRY(
+      loom_xent_forward(t->xent, &logits, (const int32_t *)b->y.data, &st));
+  if (t->tp_rank == 0) { /* every rank of the group has the same sums */
+    part[0] = st.loss_sum;
+    part[1] = (double)st.count;
+    part[2] = (double)st.correct;
+  }
+  return LOOM_OK;
+}
