@@ -247,11 +247,16 @@ int loom_cmd_estimate(int argc, char **argv) {
     printf("# data: the loader's batches and the data set in memory "
            "(%.1f MiB)\n",
            e.dataset_bytes / (1024.0 * 1024.0));
+  if (cfg.parallel.tp > 1 && cfg.parallel.pp == 1)
+    printf("# mesh: dp %d x tp %lld x pp 1: each rank holds its tensor-"
+           "parallel part of the model (%lld parameters); sent/step counts "
+           "the tp group's all-reduces (4 a block per micro-batch)\n",
+           e.dp, (long long)cfg.parallel.tp, (long long)e.params);
   if (cfg.parallel.pp > 1)
-    printf("# mesh: dp %d x tp 1 x pp %lld, %lld micro-batch%s of %lld rows, "
-           "schedule %s; one row a stage (units [first, end) of the "
+    printf("# mesh: dp %d x tp %lld x pp %lld, %lld micro-batch%s of %lld "
+           "rows, schedule %s; one row a stage (units [first, end) of the "
            "model)\n",
-           e.dp, (long long)cfg.parallel.pp,
+           e.dp, (long long)cfg.parallel.tp, (long long)cfg.parallel.pp,
            (long long)cfg.parallel.micro_batches,
            cfg.parallel.micro_batches == 1 ? "" : "es", (long long)e.batch,
            loom_cfg_pp_schedule_names[cfg.parallel.pp_schedule]);
@@ -285,6 +290,10 @@ int loom_cmd_estimate(int argc, char **argv) {
         !(only == LOOM_CFG_STRATEGY_FSDP && s == LOOM_CFG_STRATEGY_ZERO3))
       continue;
     if (s == LOOM_CFG_STRATEGY_NONE && ranks > 1)
+      continue;
+    /* tensor parallelism runs with ddp over its replicas (or none) */
+    if (cfg.parallel.tp > 1 && s != LOOM_CFG_STRATEGY_DDP &&
+        s != LOOM_CFG_STRATEGY_NONE)
       continue;
     st = loom_train_estimate_memory(&cfg, ranks, (loom_cfg_strategy)s, &e);
     if (st != LOOM_OK) {

@@ -116,6 +116,64 @@ static double process_bytes(int ranks) {
          1024.0 * 1024.0;
 }
 
+/* The model one rank holds: with parallel.tp > 1 its tensor-parallel part
+ * (the layout of tp rank 0; every rank's is the same size), built
+ * shape_only. */
+static loom_status no_start(void *user, int slot, float *buf, int64_t n,
+                            loom_tp_op op) {
+  (void)user, (void)slot, (void)buf, (void)n, (void)op;
+  return LOOM_ERR_UNSUPPORTED; /* sizing only: nothing runs */
+}
+
+static loom_status no_wait(void *user, int slot) {
+  (void)user, (void)slot;
+  return LOOM_ERR_UNSUPPORTED;
+}
+
+static loom_status rank_model(const loom_config *cfg, loom_model **m) {
+  loom_model_opts mo = loom_model_opts_default();
+  mo.shape_only = true;
+  loom_tp tp = {.size = (int)cfg->parallel.tp,
+                .rank = 0,
+                .start = no_start,
+                .wait = no_wait};
+  return loom_train_model_make_tp(cfg, &mo, cfg->parallel.tp > 1 ? &tp : NULL,
+                                  m);
+}
+
+/* Transformer blocks among units [u0, u1) of m (a checkpointed segment
+ * holds `every` of them). */
+static int blocks_in(const loom_config *cfg, loom_model *m, int u0, int u1) {
+  int every = 1, n = 0;
+  if (loom_config_checkpoint_every(cfg->train.activation_checkpointing,
+                                   &every) != LOOM_OK ||
+      every < 1)
+    every = 1;
+  loom_module *root = loom_model_root(m);
+  for (int u = u0; u < u1; u++) {
+    const char *type = loom_module_type(loom_sequential_child(root, u));
+    if (strcmp(type, "transformer_block") == 0)
+      n++;
+    else if (strcmp(type, "checkpoint") == 0)
+      n += every;
+  }
+  return n;
+}
+
+/* Bytes a rank sends per step for tensor parallelism: per block, one
+ * all-reduce of the (rows, context, d_model) activations for attention
+ * and one for the MLP, in forward and again in backward (2 (T - 1) / T of
+ * the buffer each); `passes` micro-batches of `rows`. */
+static double tp_sent(const loom_config *cfg, int blocks, int64_t rows,
+                      double passes) {
+  const double T = (double)cfg->parallel.tp;
+  if (T <= 1)
+    return 0;
+  const double act = 4.0 * (double)rows * (double)cfg->model.context *
+                     (double)cfg->model.d_model;
+  return passes * (double)blocks * 4.0 * 2.0 * (T - 1) / T * act;
+}
+
 loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
                                        loom_cfg_strategy strategy,
                                        loom_train_estimate *out) {
@@ -141,9 +199,17 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
                       "estimate: parallel.strategy none trains on one rank "
                       "only (asked for %d)",
                       ranks);
+  /* With tensor parallelism the data-parallel strategies run over the
+   * ranks / tp replicas, each holding its part of the model. */
+  const int T = (int)pc->tp;
+  if (ranks % T != 0)
+    return loom_error(LOOM_ERR_CONFIG,
+                      "parallel.tp %d does not divide the %d ranks", T, ranks);
+  const int tp_ranks = ranks;
+  ranks /= T;
   out->strategy = strategy;
   out->available = true;
-  out->ranks = ranks;
+  out->ranks = tp_ranks;
   out->stages = 1;
   out->dp = ranks;
   out->instances = 1;
@@ -155,10 +221,9 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
 
   /* The layout and the plan only: no parameter, gradient or activation
    * buffer is allocated, so a model larger than this machine can be sized. */
-  loom_model_opts mo = loom_model_opts_default();
-  mo.shape_only = true;
   loom_model *m = NULL;
-  LOOM_TRY(loom_train_model_make(cfg, &mo, &m));
+  LOOM_TRY(rank_model(cfg, &m));
+  const int blocks = blocks_in(cfg, m, 0, loom_model_num_units(m));
   const loom_shape in = input_shape(cfg, out->batch);
   size_t act = 0, scratch = 0;
   loom_status s = loom_model_act_bytes(m, &in, &act, &scratch);
@@ -191,7 +256,7 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
   const double out_floats =
       cfg->model.name == LOOM_CFG_MODEL_GPT
           ? (double)out->batch * (double)cfg->model.context *
-                (double)cfg->model.vocab
+                (double)cfg->model.vocab / (double)T
           : (double)out->batch * 10.0; /* Fashion-MNIST's classes */
 
   const double f = 4.0; /* f32 */
@@ -280,7 +345,11 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
     else
       out->sent_bytes = share * (wire + f) * psi;
   }
-  out->process_bytes = process_bytes(ranks);
+  out->sent_bytes +=
+      tp_sent(cfg, blocks, out->batch,
+              (double)cfg->train.accumulate *
+                  (double)(pc->micro_batches > 1 ? pc->micro_batches : 1));
+  out->process_bytes = process_bytes(tp_ranks);
   if (cfg->checkpoint.enabled && cfg->checkpoint.async)
     out->ckpt_bytes = f * (1.0 + k) * (ranks > 1 ? slice : psi);
   out->total_bytes = out->param_bytes + out->grad_bytes + out->optim_bytes +
@@ -305,12 +374,18 @@ loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
   if (stage < 0 || stage >= P)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "estimate: stage %d of parallel.pp %d", stage, P);
-  if (ranks % P != 0 || (pc->dp > 0 && pc->dp * P != ranks))
+  if (ranks % P != 0 || (pc->dp > 0 && pc->dp * P * pc->tp != ranks))
     return loom_error(LOOM_ERR_CONFIG,
                       "parallel.dp %lld x parallel.pp %d is not the %d ranks "
                       "(parallel.dp 0: auto, ranks / parallel.pp)",
                       (long long)pc->dp, P, ranks);
-  const int D = ranks / P;
+  const int T = (int)pc->tp;
+  if (ranks % (P * T) != 0)
+    return loom_error(LOOM_ERR_CONFIG,
+                      "parallel.tp %d x parallel.pp %d does not divide the %d "
+                      "ranks",
+                      T, P, ranks);
+  const int D = ranks / (P * T);
   const int M = pc->micro_batches > 1 ? (int)pc->micro_batches : 1;
   /* zero1: the optimizer state of the stage's range cut among its
    * replicas, the cuts gathered after the step */
@@ -328,10 +403,8 @@ loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
                    : M < P - stage                      ? M
                                                         : P - stage;
 
-  loom_model_opts mo = loom_model_opts_default();
-  mo.shape_only = true;
   loom_model *m = NULL;
-  LOOM_TRY(loom_train_model_make(cfg, &mo, &m));
+  LOOM_TRY(rank_model(cfg, &m));
   const int nu = loom_model_num_units(m);
   double *cost = loom_calloc((size_t)nu, sizeof *cost);
   int *first = loom_calloc((size_t)P + 1, sizeof *first);
@@ -379,7 +452,9 @@ loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
       }
     }
   }
+  int blocks = 0;
   if (s == LOOM_OK) {
+    blocks = blocks_in(cfg, m, first[stage], first[stage + 1]);
     out->params = loom_model_num_params(m);
     out->unit_first = first[stage];
     out->unit_end = first[stage + 1];
@@ -429,6 +504,7 @@ loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
                     f * (borrowed + lent);
   if (D > 1)
     out->sent_bytes += (zero1 ? 3.0 : 2.0) * (double)(D - 1) / D * f * own;
+  out->sent_bytes += tp_sent(cfg, blocks, out->batch, passes);
   out->process_bytes = process_bytes(ranks);
   if (cfg->checkpoint.enabled && cfg->checkpoint.async)
     out->ckpt_bytes = f * (1.0 + k) * (own / D + 1.0);

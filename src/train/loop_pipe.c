@@ -371,8 +371,8 @@ loom_status loom_train_pipe_optim(loom_trainer *t, float lr, double *gnorm,
         double mine;
         loom_req r = LOOM_REQ_INIT;
         LOOM_TRY(loom_train_tp_grad_sumsq(t, lo, hi, &mine));
-        LOOM_TRY(loom_allreduce(&mine, &ss, 1, LOOM_F64, LOOM_SUM, t->pp_group,
-                                &r));
+        LOOM_TRY(
+            loom_allreduce(&mine, &ss, 1, LOOM_F64, LOOM_SUM, t->pp_group, &r));
         LOOM_TRY(loom_wait(&r));
       } else {
         LOOM_TRY(loom_pipe_grad_sumsq(t->pipe, &ss));

@@ -119,6 +119,25 @@ awk -v a="$o_ddp" -v b="$(col stage0 5)" -v s="$s_ddp" -v t="$(col stage0 11)" -
   'BEGIN { exit !(b - a / 2 < 0.11 && a / 2 - b < 0.11 && (t - s) - 2 * o / 1048576 < 0.11 && 2 * o / 1048576 - (t - s) < 0.11) }' &&
   ok "zero1 with pp: stage 0's optimizer $(col stage0 5) of $o_ddp MiB, sends $(col stage0 11) MiB" ||
   bad "zero1 with pp: optimizer $(col stage0 5) (ddp $o_ddp), sent $(col stage0 11) (ddp $s_ddp)"
+# parallel.tp 2: each rank holds its part of the model (about half of it:
+# layer norms, the position embedding and two biases a block stay whole),
+# and its measured peak is within 10% of the estimate.
+"$LOOM" estimate "$cfg" "${mid[@]}" -n 2 >"$tmp/out" 2>&1
+whole=$(sed -n 's/.* \([0-9]*\) parameters, .*/\1/p' "$tmp/out" | head -1)
+"$LOOM" estimate "$cfg" "${mid[@]}" -n 2 --set parallel.tp=2 >"$tmp/out" 2>&1
+part=$(sed -n 's/.* \([0-9]*\) parameters, .*/\1/p' "$tmp/out" | head -1)
+est=$(col ddp 10)
+awk -v a="$part" -v b="$whole" 'BEGIN { exit !(a > 0.5 * b && a < 0.52 * b) }' &&
+  ok "tp 2: a rank holds $part of $whole parameters" || bad "tp 2: $part of $whole parameters"
+run 2 train "$cfg" "${mid[@]}" --set parallel.tp=2 --quiet --resume never --set train.steps=4 \
+  --set train.eval_every=0 --set train.eval_batches=1 --set checkpoint.enabled=false \
+  --set log.every=2 --set "log.run_dir=$tmp/run_tp"
+peak=$(grep -o '"peak_rss_mb":[0-9.]*' "$tmp/run_tp/metrics.jsonl" 2>/dev/null | tail -1 | cut -d: -f2)
+hi=1.1
+[ -n "${LOOM_TEST_SANITIZED:-}" ] && hi=1000
+awk -v p="$peak" -v e="$est" -v h=$hi 'BEGIN { exit !(p > 0 && p >= 0.9 * e && p <= h * e) }' &&
+  ok "tp 2 on 2 ranks: measured peak $peak MiB, estimate $est MiB" ||
+  { bad "tp 2 on 2 ranks: measured peak '$peak' MiB vs estimate $est MiB (rc $rc)"; tail -3 "$tmp/out"; }
 # Not a strategy of the pipeline's replicas: exit 2 naming ddp.
 "$LOOM" estimate "$cfg" "${mid[@]}" "${pp[@]}" -n 2 --strategy zero2 >"$tmp/out" 2>&1
 [ $? = 2 ] && grep -q "supported: ddp, zero1" "$tmp/out" && ok "--strategy zero2 with pp refused" ||
