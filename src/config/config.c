@@ -1277,10 +1277,11 @@ static loom_status check_tp(const loom_config *cfg, const cfg_origins *org,
                    (long long)T);
   if (cfg->train.batch_size == 0)
     return cfg_err(origin_of(org, "train.batch_size", none), "train.batch_size",
-                   "auto with parallel.tp %lld: give a number (loom estimate "
-                   "and --find-batch-size size the whole model on each rank, "
-                   "not a tensor-parallel rank's part)",
-                   (long long)T);
+                   "auto with parallel.tp %lld: give a number (the "
+                   "finder's trials run one rank; loom estimate -n N --set "
+                   "parallel.tp=%lld --memory BYTES gives the largest that "
+                   "fits)",
+                   (long long)T, (long long)T);
   return LOOM_OK;
 }
 
