@@ -102,7 +102,11 @@ row.update(step_s=[l["step_s"] for l in timed], tokens_per_step=int(b) * int(t),
            rss_mb_ranks=[round(rss[k], 1) for k in sorted(rss)],
            mem_params_mb=lines[-1].get("mem_params_mb"),
            forward_s=med("forward_s"), backward_s=med("backward_s"),
-           pp_wait_s=med("pp_wait_s"), comm_wait_s=med("comm_wait_s"),
+           pp_wait_s=med("pp_wait_s"),
+           # pipelines log each rank's only (the tied weight, the replicas' sum)
+           comm_wait_s=med("comm_wait_s") if "comm_wait_s" in timed[0]
+           else (statistics.median(l["rank_comm_wait_s"][0] for l in timed)
+                 if "rank_comm_wait_s" in timed[0] else None),
            pp_bubble=med("pp_bubble"), pp_bubble_theory=lines[-1].get("pp_bubble_theory"),
            rank_pp_bubble=[round(statistics.median(l["rank_pp_bubble"][i] for l in timed), 3)
                            for i in range(len(timed[0].get("rank_pp_bubble", [])))])

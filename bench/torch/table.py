@@ -109,7 +109,7 @@ def round_ratio(los, pts, field="throughput"):
         med = rs[m // 2] if m % 2 else (rs[m // 2 - 1] + rs[m // 2]) / 2
         return f"{med:.2f}x" + (f" ({rs[0]:.2f}-{rs[-1]:.2f})" if m > 1 else "")
     lo, pt = median_rec(los), median_rec(pts)
-    return ratio(lo and lo[field], pt and pt[field])
+    return ratio(lo and lo.get(field), pt and pt.get(field))
 
 
 def rss_of(rs):
@@ -134,23 +134,29 @@ def throughput_table(recs):
         share = lambda r: f"{100 * r['gflops'] / g:.0f}%" if r and r.get("gflops") and g else "-"
         unit = (lo or pt).get("unit", "")
 
-        def own(impl, r):
+        def own(impl, r, field="throughput"):
             # step time over the same side's f32 step time (bf16 rows)
             if prec == "f32" or not r:
                 return "-"
-            f = median_rec(groups.get((model, threads, "f32"), {}).get(impl))
-            return f"{f['throughput'] / r['throughput']:.2f}" if f and r.get("throughput") else "-"
+            f = median_rec(groups.get((model, threads, "f32"), {}).get(impl), field)
+            r = median_rec(impls.get(impl), field)
+            return f"{f[field] / r[field]:.2f}" if f and f.get(field) and r.get(field) else "-"
 
         n = max(len(los or []), len(pts or []))
         rows.append([model, prec, threads, unit, human(lo and lo["throughput"]),
                      human(pt and pt["throughput"]), round_ratio(los, pts),
+                     round_ratio(los, pts, "items_per_cpu_s"),
                      own("loom", lo), own("pytorch", pt),
+                     own("loom", lo, "items_per_cpu_s"), own("pytorch", pt, "items_per_cpu_s"),
                      num(lo and lo.get("gflops"), "{:.1f}"), num(pt and pt.get("gflops"), "{:.1f}"),
                      share(lo), share(pt), rss_of(los), rss_of(pts),
                      num(g, "{:.1f}") if g else "-", n, load_of(lo, pt)])
     show("train_throughput (single process, median step of the median round; loom/pt: median of the "
-         "rounds' ratios (range); t/f32: step time over the same side's f32; RSS: peak MB of the process)",
-         ["model", "prec", "threads", "unit", "loom", "pytorch", "loom/pt", "loom t/f32", "pt t/f32",
+         "rounds' ratios (range); cpu: the same from items per CPU-second of the process, which other "
+         "jobs on the machine inflate less; t/f32: step time over the same side's f32; RSS: peak MB "
+         "of the process)",
+         ["model", "prec", "threads", "unit", "loom", "pytorch", "loom/pt", "loom/pt cpu",
+          "loom t/f32", "pt t/f32", "loom cpu t/f32", "pt cpu t/f32",
           "loom GF/s", "pt GF/s", "loom %gemm", "pt %gemm", "loom RSS", "pt RSS", "sgemm GF/s",
           "rounds", "load"], rows)
 
