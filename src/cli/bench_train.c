@@ -58,7 +58,10 @@ static void usage(FILE *f) {
           "Times full training steps (forward, loss, backward, optimizer)\n"
           "of the reference workloads on synthetic data, f32 (or bf16), one\n"
           "process, and prints the median-step throughput. --json prints\n"
-          "one JSON line per workload (bench/train_throughput reads it).\n");
+          "one JSON line per workload (bench/train_throughput reads it),\n"
+          "with the median step's CPU time of the process (items_per_cpu_s),\n"
+          "which other jobs on a shared machine inflate less than the wall\n"
+          "clock.\n");
 }
 
 /* The 1, 5 and 15 minute load averages; all 0 when /proc/loadavg is
@@ -191,17 +194,18 @@ static loom_status run_one(const workload *w, loom_dtype precision, int threads,
   double load[3] = {0, 0, 0};
   read_loadavg(load);
   if (json)
-    printf("{\"bench\":\"train_throughput\",\"impl\":\"loom\",\"version\":"
-           "\"%s\",\"model\":\"%s\",\"procs\":1,\"threads\":%d,\"unit\":"
-           "\"%s\",\"throughput\":%.1f,\"step_s\":%.6f,\"items_per_cpu_s\":%.1f,"
-           "\"step_cpu_s\":%.6f,\"gflops\":%.2f,"
-           "\"gemm\":\"%s\",\"isa\":\"%s\",\"precision\":\"%s\","
-           "\"loadavg_start\":[%.2f,%.2f,%.2f]}\n",
-           loom_version(), w->name, threads, w->unit, tput, med,
-           units / cpu[steps / 2], cpu[steps / 2], gflops,
-           loom_gemm_backend_name(loom_gemm_get_backend()),
-           loom_isa_name(loom_cpu_isa()), loom_dtype_name(precision), load[0],
-           load[1], load[2]);
+    printf(
+        "{\"bench\":\"train_throughput\",\"impl\":\"loom\",\"version\":"
+        "\"%s\",\"model\":\"%s\",\"procs\":1,\"threads\":%d,\"unit\":"
+        "\"%s\",\"throughput\":%.1f,\"step_s\":%.6f,\"items_per_cpu_s\":%.1f,"
+        "\"step_cpu_s\":%.6f,\"gflops\":%.2f,"
+        "\"gemm\":\"%s\",\"isa\":\"%s\",\"precision\":\"%s\","
+        "\"loadavg_start\":[%.2f,%.2f,%.2f]}\n",
+        loom_version(), w->name, threads, w->unit, tput, med,
+        units / cpu[steps / 2], cpu[steps / 2], gflops,
+        loom_gemm_backend_name(loom_gemm_get_backend()),
+        loom_isa_name(loom_cpu_isa()), loom_dtype_name(precision), load[0],
+        load[1], load[2]);
   else
     printf("%-12s threads %d: %10.0f %s (median step %.2f ms, %.1f "
            "GFLOP/s, %s kernels, %s)\n",

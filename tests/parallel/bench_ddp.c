@@ -122,8 +122,7 @@ static void parse(int argc, char **argv, args *a) {
     } else if (strcmp(k, "--precision") == 0) {
       if (loom_dtype_parse(v, &a->precision) != LOOM_OK ||
           (a->precision != LOOM_F32 && a->precision != LOOM_BF16)) {
-        fprintf(stderr, "ddp_bench: --precision %s: expected f32 or bf16\n",
-                v);
+        fprintf(stderr, "ddp_bench: --precision %s: expected f32 or bf16\n", v);
         exit(2);
       }
     } else {
@@ -388,32 +387,32 @@ int main(int argc, char **argv) {
         load1[0] = 0;
       fclose(lf);
     }
-    printf(
-        "{\"bench\": \"ddp_scaling\", \"impl\": \"loom\", \"version\": "
-        "\"%s\", \"model\": \"%s\", \"procs\": %d, \"threads\": %d, "
-        "\"ddp\": %s, \"backend\": \"%s\", \"shm\": %s, \"bucket_mb\": %g, "
-        "\"first_bucket_mb\": %g, \"buckets\": %lld, \"compress\": \"%s\", "
-        "\"precision\": \"%s\", "
-        "\"deterministic\": %d, \"batch\": %lld, \"items_per_step\": %lld, "
-        "\"unit\": \"%s\", \"throughput\": %.1f, \"step_median_s\": %.6f, "
-        "\"step_p10_s\": %.6f, \"step_p90_s\": %.6f, \"steps\": %d, "
-        "\"warmup\": %d, \"forward_s\": %.6f, \"backward_s\": %.6f, "
-        "\"comm_wait_s\": %.6f, \"optim_s\": %.6f, \"reduce_s\": %.6f, "
-        "\"hidden_share\": %.4f, \"hidden_share_rank0\": %.4f, "
-        "\"reduce_critical_s\": %.6f, \"wire_bytes\": %lld",
-        loom_version(), a.model, P, loom_threads(), use_ddp ? "true" : "false",
-        loom_group_backend(world), loom_group_shm(world) ? "true" : "false",
-        a.bucket_mb, a.first_bucket_mb, (long long)ds.buckets,
-        loom_dtype_name(a.compress), loom_dtype_name(a.precision),
-        a.deterministic, (long long)B,
-        (long long)items, gpt ? "tokens/s" : "samples/s", (double)items / med,
-        med, p10, p90, a.steps, a.warmup, mean.forward, mean.backward,
-        mean.wait, mean.optim, ds.steps ? ds.reduce_s / (double)ds.steps : 0.0,
-        crit_reduce > 0 ? 1.0 - fmin(1.0, crit_wait / crit_reduce)
-                        : (d ? loom_ddp_hidden_share(&ds) : 1.0),
-        d ? loom_ddp_hidden_share(&ds) : 1.0,
-        ds.steps ? crit_reduce / (double)ds.steps : 0.0,
-        (long long)ds.wire_bytes);
+    printf("{\"bench\": \"ddp_scaling\", \"impl\": \"loom\", \"version\": "
+           "\"%s\", \"model\": \"%s\", \"procs\": %d, \"threads\": %d, "
+           "\"ddp\": %s, \"backend\": \"%s\", \"shm\": %s, \"bucket_mb\": %g, "
+           "\"first_bucket_mb\": %g, \"buckets\": %lld, \"compress\": \"%s\", "
+           "\"precision\": \"%s\", "
+           "\"deterministic\": %d, \"batch\": %lld, \"items_per_step\": %lld, "
+           "\"unit\": \"%s\", \"throughput\": %.1f, \"step_median_s\": %.6f, "
+           "\"step_p10_s\": %.6f, \"step_p90_s\": %.6f, \"steps\": %d, "
+           "\"warmup\": %d, \"forward_s\": %.6f, \"backward_s\": %.6f, "
+           "\"comm_wait_s\": %.6f, \"optim_s\": %.6f, \"reduce_s\": %.6f, "
+           "\"hidden_share\": %.4f, \"hidden_share_rank0\": %.4f, "
+           "\"reduce_critical_s\": %.6f, \"wire_bytes\": %lld",
+           loom_version(), a.model, P, loom_threads(),
+           use_ddp ? "true" : "false", loom_group_backend(world),
+           loom_group_shm(world) ? "true" : "false", a.bucket_mb,
+           a.first_bucket_mb, (long long)ds.buckets,
+           loom_dtype_name(a.compress), loom_dtype_name(a.precision),
+           a.deterministic, (long long)B, (long long)items,
+           gpt ? "tokens/s" : "samples/s", (double)items / med, med, p10, p90,
+           a.steps, a.warmup, mean.forward, mean.backward, mean.wait,
+           mean.optim, ds.steps ? ds.reduce_s / (double)ds.steps : 0.0,
+           crit_reduce > 0 ? 1.0 - fmin(1.0, crit_wait / crit_reduce)
+                           : (d ? loom_ddp_hidden_share(&ds) : 1.0),
+           d ? loom_ddp_hidden_share(&ds) : 1.0,
+           ds.steps ? crit_reduce / (double)ds.steps : 0.0,
+           (long long)ds.wire_bytes);
     if (a.nosync && nn > 0) {
       double mn = quantile(ny, nn, 0.5);
       printf(", \"throughput_nosync\": %.1f", (double)items / mn);
