@@ -2,10 +2,13 @@
 # bench/ddp_scaling: data-parallel scaling of the reference workloads, loom
 # next to PyTorch DDP (gloo) measured in the same run: 1 rank x 1 thread,
 # 2 ranks x 1 thread, scaling efficiency and loom's share of reduction time
-# hidden behind backward.
+# hidden behind backward; in f32 and, with PRECISIONS="f32 bf16", in bf16
+# (loom's train.precision: bf16 against PyTorch's DDP under
+# torch.autocast("cpu", torch.bfloat16); gradients reduced in f32 on both).
 #   usage: bench/ddp_scaling.sh [BUILD_DIR] [MODELS] [PROCS]
 #   MODELS: all (default) or a comma list of fashion-mlp, fashion-cnn, kjv-gpt
-# Environment: STEPS (timed steps; default per model), REPEAT (rounds of loom's
+# Environment: PRECISIONS ("f32"; "f32 bf16" for both), STEPS (timed steps;
+# default per model), REPEAT (rounds of loom's
 # 1-rank and P-rank runs, medians kept; default 3), TORCH_REPEAT (rounds of
 # the PyTorch peer, run inside loom's rounds so that both see the same phases
 # of a shared machine, medians kept; default 1), LOOM_DDP_ARGS (more
@@ -49,10 +52,12 @@ TORCH_REPEAT=${TORCH_REPEAT:-1}
 [ $torch = 1 ] || TORCH_REPEAT=0
 torch_round() {
   bench_torch ddp_scaling --model "$1" --procs "$PROCS" --threads 1 --nosync \
-    ${STEPS:+--steps "$STEPS"} || bench_note "pytorch $1 failed"
+    --precision "$prec" ${STEPS:+--steps "$STEPS"} || bench_note "pytorch $1 $prec failed"
 }
+PRECISIONS=${PRECISIONS:-f32}
 IFS=, read -ra models <<<"$MODELS"
 for m in "${models[@]}"; do
+for prec in $PRECISIONS; do
   # Rounds of (1 rank, P ranks[, PyTorch]) one after the other, so that slow
   # phases of a shared machine hit every side; each side's median round is
   # kept.
@@ -60,9 +65,10 @@ for m in "${models[@]}"; do
   rounds=$((REPEAT > TORCH_REPEAT ? REPEAT : TORCH_REPEAT))
   for ((r = 0; r < rounds; r++)); do
     if ((r < REPEAT)); then
-      ones+=("$(ranks 1 --model "$m" "${steps[@]}" | grep '^{')")
+      ones+=("$(ranks 1 --model "$m" --precision "$prec" "${steps[@]}" | grep '^{')")
       # shellcheck disable=SC2086
-      manys+=("$(ranks "$PROCS" --model "$m" "${steps[@]}" --nosync ${LOOM_DDP_ARGS:-} | grep '^{')")
+      manys+=("$(ranks "$PROCS" --model "$m" --precision "$prec" "${steps[@]}" --nosync \
+        ${LOOM_DDP_ARGS:-} | grep '^{')")
     fi
     if ((r < TORCH_REPEAT)); then
       while IFS= read -r line; do
@@ -94,7 +100,7 @@ print(json.dumps(one))
 print(json.dumps(many))
 r = many
 ms = lambda key: f"{1e3 * r[key]:.2f}"
-print(f"[bench] loom {r['model']}: {p} ranks {r['throughput']:,.0f} {r['unit']} vs 1 rank "
+print(f"[bench] loom {r['model']} {r.get('precision', 'f32')}: {p} ranks {r['throughput']:,.0f} {r['unit']} vs 1 rank "
       f"{one['throughput']:,.0f} (medians of {k} rounds): efficiency {r['scaling_efficiency']} "
       f"(without reduction {r.get('efficiency_nosync')}; with / without reduction "
       f"{r.get('comm_efficiency')}), hidden {100 * r['hidden_share']:.0f}%; "
@@ -119,5 +125,6 @@ for rs in by.values():
     print(json.dumps(med))
 EOF
   fi
+done
 done
 bench_table "$out"

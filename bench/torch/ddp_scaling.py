@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch side of bench/ddp_scaling: DDP (gloo) with P processes x 1 thread vs 1 process x 1 thread."""
+"""PyTorch side of bench/ddp_scaling: DDP (gloo) with P processes x 1 thread vs 1 process x 1 thread, f32 or bf16 autocast."""
 
 import argparse
 import faulthandler
@@ -30,6 +30,8 @@ def parse():
                         "separates core sharing from communication")
     p.add_argument("--baseline-ddp", action="store_true",
                    help="run the 1-process baseline wrapped in DDP (world 1) instead of plain training")
+    p.add_argument("--precision", default="f32", choices=["f32", "bf16"],
+                   help="f32 (default) or bf16: torch.autocast(\"cpu\", torch.bfloat16) around forward and loss")
     p.add_argument("--text", help="KJV text for the GPT (default random bytes)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--timeout", type=float, default=600, help="seconds before a config is abandoned")
@@ -77,10 +79,10 @@ def worker(args):
             x, y = batches[i % len(batches)]
             t0 = time.perf_counter()
             if sync or not use_ddp:
-                workloads.train_step(name, model, opt, x, y)
+                workloads.train_step(name, model, opt, x, y, args.precision)
             else:
                 with model.no_sync():
-                    workloads.train_step(name, model, opt, x, y)
+                    workloads.train_step(name, model, opt, x, y, args.precision)
             times.append(time.perf_counter() - t0)
         return times
 
@@ -109,7 +111,7 @@ def worker(args):
         os._exit(0)
     items = workloads.items_per_batch(name, batch) * world
     st = peerenv.summarize(times)
-    rec = {"bench": "ddp_scaling", **peerenv.peer_info(torch), "model": name,
+    rec = {"bench": "ddp_scaling", **peerenv.peer_info(torch), "model": name, "precision": args.precision,
            "procs": world, "threads": args.threads, "ddp": use_ddp,
            "backend": "gloo" if use_ddp else None, "bucket_mb": args.bucket_mb if use_ddp else None,
            "batch": batch, "items_per_step": items, "unit": workloads.unit(name),
@@ -132,7 +134,8 @@ def launch(args, name, world):
     """Start `world` worker processes (env:// rendezvous on a free port); rank 0's result."""
     port = free_port()
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--model", name,
-           "--threads", str(args.threads), "--timeout", str(args.timeout), "--bucket-mb", str(args.bucket_mb), "--seed", str(args.seed)]
+           "--threads", str(args.threads), "--timeout", str(args.timeout), "--bucket-mb", str(args.bucket_mb), "--seed", str(args.seed),
+           "--precision", args.precision]
     for flag in ("steps", "warmup", "batch", "text"):
         v = getattr(args, flag)
         if v is not None:
@@ -197,7 +200,7 @@ def main():
                         rec["throughput_nosync"] / (args.procs * one["throughput"]), 3)
             peerenv.emit(rec)
         if one is not None and many is not None:
-            peerenv.note(f"{name}: 1x{args.threads} {one['throughput']:,.0f}, "
+            peerenv.note(f"{name} {args.precision}: 1x{args.threads} {one['throughput']:,.0f}, "
                          f"{args.procs}x{args.threads} DDP {many['throughput']:,.0f} {one['unit']}, "
                          f"efficiency {many['scaling_efficiency']:.2f}"
                          + (f" (no_sync {many['efficiency_nosync']:.2f})" if "efficiency_nosync" in many else "")

@@ -78,6 +78,45 @@ def load_of(*rs):
     return "-"
 
 
+def by_rounds(recs, bench, key):
+    """{key: {impl: [records, one a round]}} keeping first-seen key order."""
+    out = {}
+    for r in recs:
+        if r.get("bench") == bench and not r.get("summary"):
+            out.setdefault(key(r), {}).setdefault(r.get("impl", "?"), []).append(r)
+    return out
+
+
+def median_rec(rs, field="throughput"):
+    """The record of the median round (the lower middle of an even count)."""
+    if not rs:
+        return None
+    rs = sorted(rs, key=lambda r: r.get(field) or 0)
+    return rs[(len(rs) - 1) // 2]
+
+
+def round_ratio(los, pts, field="throughput"):
+    """loom / PyTorch: the median of the ratios of the rounds, each loom
+    round against the PyTorch run beside it (same "round" field), so that a
+    slow minute of a shared machine falls on both sides of a ratio; without
+    round numbers, the ratio of the medians."""
+    pt_by = {r.get("round"): r for r in pts or []}
+    rs = sorted(lo[field] / pt_by[lo.get("round")][field] for lo in los or []
+                if lo.get("round") is not None and lo.get(field)
+                and pt_by.get(lo.get("round"), {}).get(field))
+    if rs:
+        m = len(rs)
+        med = rs[m // 2] if m % 2 else (rs[m // 2 - 1] + rs[m // 2]) / 2
+        return f"{med:.2f}x" + (f" ({rs[0]:.2f}-{rs[-1]:.2f})" if m > 1 else "")
+    lo, pt = median_rec(los), median_rec(pts)
+    return ratio(lo and lo.get(field), pt and pt.get(field))
+
+
+def rss_of(rs):
+    v = [r["peak_rss_mb"] for r in rs or [] if r.get("peak_rss_mb")]
+    return f"{max(v):.0f}" if v else "-"
+
+
 def throughput_table(recs):
     # sgemm GFLOP/s per thread count, from loom's `bench gemm` lines if present
     gemm = {}
@@ -85,35 +124,57 @@ def throughput_table(recs):
         if r.get("bench") == "gemm" and r.get("gflops"):
             t = r.get("threads", 1)
             gemm[t] = max(gemm.get(t, 0), r["gflops"])
+    groups = by_rounds(recs, "train_throughput",
+                       lambda r: (r["model"], r.get("threads"), r.get("precision", "f32")))
     rows = []
-    for (model, threads), impls in by_key(recs, "train_throughput",
-                                          lambda r: (r["model"], r.get("threads"))).items():
-        lo, pt = impls.get("loom"), impls.get("pytorch")
+    for (model, threads, prec), impls in groups.items():
+        los, pts = impls.get("loom"), impls.get("pytorch")
+        lo, pt = median_rec(los), median_rec(pts)
         g = gemm.get(threads)
         share = lambda r: f"{100 * r['gflops'] / g:.0f}%" if r and r.get("gflops") and g else "-"
         unit = (lo or pt).get("unit", "")
-        rows.append([model, threads, unit, human(lo and lo["throughput"]), human(pt and pt["throughput"]),
-                     ratio(lo and lo["throughput"], pt and pt["throughput"]),
+
+        def own(impl, r, field="throughput"):
+            # step time over the same side's f32 step time (bf16 rows)
+            if prec == "f32" or not r:
+                return "-"
+            f = median_rec(groups.get((model, threads, "f32"), {}).get(impl), field)
+            r = median_rec(impls.get(impl), field)
+            return f"{f[field] / r[field]:.2f}" if f and f.get(field) and r.get(field) else "-"
+
+        n = max(len(los or []), len(pts or []))
+        rows.append([model, prec, threads, unit, human(lo and lo["throughput"]),
+                     human(pt and pt["throughput"]), round_ratio(los, pts),
+                     round_ratio(los, pts, "items_per_cpu_s"),
+                     own("loom", lo), own("pytorch", pt),
+                     own("loom", lo, "items_per_cpu_s"), own("pytorch", pt, "items_per_cpu_s"),
                      num(lo and lo.get("gflops"), "{:.1f}"), num(pt and pt.get("gflops"), "{:.1f}"),
-                     share(lo), share(pt), num(g, "{:.1f}") if g else "-", load_of(lo, pt)])
-    show("train_throughput (single process, fp32, median step)",
-         ["model", "threads", "unit", "loom", "pytorch", "loom/pt", "loom GF/s", "pt GF/s",
-          "loom %gemm", "pt %gemm", "sgemm GF/s", "load"], rows)
+                     share(lo), share(pt), rss_of(los), rss_of(pts),
+                     num(g, "{:.1f}") if g else "-", n, load_of(lo, pt)])
+    show("train_throughput (single process, median step of the median round; loom/pt: median of the "
+         "rounds' ratios (range); cpu: the same from items per CPU-second of the process, which other "
+         "jobs on the machine inflate less; t/f32: step time over the same side's f32; RSS: peak MB "
+         "of the process)",
+         ["model", "prec", "threads", "unit", "loom", "pytorch", "loom/pt", "loom/pt cpu",
+          "loom t/f32", "pt t/f32", "loom cpu t/f32", "pt cpu t/f32",
+          "loom GF/s", "pt GF/s", "loom %gemm", "pt %gemm", "loom RSS", "pt RSS", "sgemm GF/s",
+          "rounds", "load"], rows)
 
 
 def ddp_table(recs):
     rows = []
-    for (model, procs, threads), impls in by_key(
-            recs, "ddp_scaling", lambda r: (r["model"], r.get("procs"), r.get("threads"))).items():
+    for (model, procs, threads, prec), impls in by_key(
+            recs, "ddp_scaling",
+            lambda r: (r["model"], r.get("procs"), r.get("threads"), r.get("precision", "f32"))).items():
         lo, pt = impls.get("loom"), impls.get("pytorch")
         unit = (lo or pt).get("unit", "")
         hidden = lo.get("hidden_share") if lo else None
-        rows.append([model, f"{procs}x{threads}", unit, human(lo and lo["throughput"]),
+        rows.append([model, prec, f"{procs}x{threads}", unit, human(lo and lo["throughput"]),
                      human(pt and pt["throughput"]), ratio(lo and lo["throughput"], pt and pt["throughput"]),
                      num(lo and lo.get("scaling_efficiency")), num(pt and pt.get("scaling_efficiency")),
                      f"{100 * hidden:.0f}%" if hidden is not None else "-", load_of(lo, pt)])
     show("ddp_scaling (procs x threads; efficiency = P-proc throughput / (P x 1-proc))",
-         ["model", "config", "unit", "loom", "pytorch", "loom/pt", "loom eff", "pt eff",
+         ["model", "prec", "config", "unit", "loom", "pytorch", "loom/pt", "loom eff", "pt eff",
           "loom hidden", "load"], rows)
 
 
@@ -159,19 +220,24 @@ def headlines(recs, peer):
         return f"{scale * r[key]:.0f}" if r and r.get(key) is not None else "-"
 
     lines = []
-    for (model, threads), impls in by_key(recs, "train_throughput",
-                                          lambda r: (r["model"], r.get("threads"))).items():
-        lo, pt = impls.get("loom"), impls.get("pytorch")
+    for (model, threads, prec), impls in by_rounds(
+            recs, "train_throughput",
+            lambda r: (r["model"], r.get("threads"), r.get("precision", "f32"))).items():
+        lo, pt = median_rec(impls.get("loom")), median_rec(impls.get("pytorch"))
         unit = (lo or pt).get("unit", "")
-        lines.append([f"{model}, 1 process x {threads} thread{'s' if threads != 1 else ''}",
+        what = "" if prec == "f32" else f", {prec} (PyTorch: autocast)"
+        lines.append([f"{model}, 1 process x {threads} thread{'s' if threads != 1 else ''}{what}",
                       unit, fig(lo, "throughput"), fig(pt, "throughput"), name(pt, "")])
-    for (model, procs, threads), impls in by_key(
-            recs, "ddp_scaling", lambda r: (r["model"], r.get("procs"), r.get("threads"))).items():
+    for (model, procs, threads, prec), impls in by_key(
+            recs, "ddp_scaling",
+            lambda r: (r["model"], r.get("procs"), r.get("threads"), r.get("precision", "f32"))).items():
         if not procs or procs < 2:
             continue
         lo, pt = impls.get("loom"), impls.get("pytorch")
         unit = (lo or pt).get("unit", "")
         cfg = f"{procs} ranks x {threads} thread{'s' if threads != 1 else ''}"
+        if prec != "f32":
+            cfg += f", {prec}"
         lines.append([f"{model} DDP, {cfg}", unit, fig(lo, "throughput"),
                       fig(pt, "throughput"), name(pt, " DDP (gloo)")])
         lines.append([f"{model} DDP scaling efficiency, {procs}x{threads} vs 1x{threads}", "%",

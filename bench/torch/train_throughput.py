@@ -1,8 +1,9 @@
 #!/usr/bin/python3
-"""PyTorch side of bench/train_throughput: single-process fp32 training throughput of the reference workloads."""
+"""PyTorch side of bench/train_throughput: single-process training throughput of the reference workloads, f32 or bf16 autocast."""
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -25,6 +26,8 @@ def parse():
                    help="samples (GPT: windows of 128 bytes) per step; default 128 / 32")
     p.add_argument("--text", help="KJV text file for the GPT (default: random bytes; "
                    "throughput does not depend on the text)")
+    p.add_argument("--precision", default="f32", choices=["f32", "bf16"],
+                   help="f32 (default) or bf16: torch.autocast(\"cpu\", torch.bfloat16) around forward and loss")
     p.add_argument("--seed", type=int, default=1234)
     return p.parse_args()
 
@@ -53,7 +56,7 @@ def measure(name, args, torch, workloads):
     for i in range(warmup + steps):
         x, y = batches[i % len(batches)]
         c0, t0 = time.process_time(), time.perf_counter()
-        loss = workloads.train_step(name, model, opt, x, y)
+        loss = workloads.train_step(name, model, opt, x, y, args.precision)
         t1, c1 = time.perf_counter(), time.process_time()
         if i >= warmup:
             times.append(t1 - t0)
@@ -66,7 +69,7 @@ def measure(name, args, torch, workloads):
     fl = workloads.train_flops(name)
     tput = items / st["median_s"]
     rec = {"bench": "train_throughput", **peerenv.peer_info(torch),
-           "model": name, "procs": 1, "threads": torch.get_num_threads(), "batch": batch,
+           "model": name, "precision": args.precision, "procs": 1, "threads": torch.get_num_threads(), "batch": batch,
            "items_per_step": items, "unit": workloads.unit(name),
            "throughput": round(tput, 1),
            "throughput_mean": round(items / st["mean_s"], 1),
@@ -79,9 +82,11 @@ def measure(name, args, torch, workloads):
            "gflops": round(tput * fl["train_flops"] / 1e9, 2),
            "params": workloads.PARAM_COUNT[name],
            "data": "text" if text is not None else "synthetic",
+           # this process's peak so far (one model a process: the model's)
+           "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
            "loadavg_start": load0, "loadavg_end": peerenv.loadavg()}
     peerenv.emit(rec)
-    peerenv.note(f"{name} threads={rec['threads']} batch={batch}: {tput:,.0f} {rec['unit']} "
+    peerenv.note(f"{name} {args.precision} threads={rec['threads']} batch={batch}: {tput:,.0f} {rec['unit']} "
                  f"(median step {st['median_s'] * 1e3:.2f} ms, p10 {st['p10_s'] * 1e3:.2f}, "
                  f"p90 {st['p90_s'] * 1e3:.2f}; {rec['gflops']} GFLOP/s; load {load0})")
 

@@ -1,5 +1,6 @@
 """The reference workloads of DESIGN.md in PyTorch: models, optimizers, data, FLOP counts, one training step."""
 
+import contextlib
 import gzip
 import os
 import struct
@@ -257,9 +258,26 @@ def loss_fn(name, model, x, y):
     return F.cross_entropy(out, y)
 
 
-def train_step(name, model, opt, x, y):
+PRECISIONS = ("f32", "bf16")
+
+
+def autocast(precision):
+    """The context a step's forward and loss run in: nothing for f32;
+    torch.autocast("cpu", torch.bfloat16) for bf16, PyTorch's CPU mixed
+    precision (matmuls and convolutions in bf16, the rest in f32; master
+    weights and optimizer f32), the counterpart of loom's train.precision:
+    bf16."""
+    if precision == "f32":
+        return contextlib.nullcontext()
+    if precision == "bf16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    raise SystemExit(f"precision {precision!r}: f32 or bf16")
+
+
+def train_step(name, model, opt, x, y, precision="f32"):
     """The full step: forward, loss, backward, optimizer step, zero_grad."""
-    loss = loss_fn(name, model, x, y)
+    with autocast(precision):
+        loss = loss_fn(name, model, x, y)
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)

@@ -426,7 +426,8 @@ loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
   for (int u = 0; s == LOOM_OK && u < first[stage]; u++)
     s = loom_nn_plan_dry((loom_module *)loom_sequential_child(root, u), &x, &x);
   y = x;
-  for (int u = first[stage]; s == LOOM_OK && u < first[stage + 1]; u++)
+  for (int u = s == LOOM_OK ? first[stage] : 0;
+       s == LOOM_OK && u < first[stage + 1]; u++)
     s = loom_nn_plan_dry((loom_module *)loom_sequential_child(root, u), &y, &y);
   size_t act = 0, scratch = 0;
   if (s == LOOM_OK)

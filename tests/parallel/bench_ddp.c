@@ -7,7 +7,10 @@
  *   ddp_bench --model fashion-mlp|fashion-cnn|kjv-gpt [--steps S]
  *             [--warmup W] [--batch B] [--bucket-mb X] [--first-bucket-mb Y]
  *             [--min-buckets K] [--compress bf16|f16] [--deterministic V]
- *             [--nosync] [--ddp]
+ *             [--nosync] [--ddp] [--precision f32|bf16]
+ *
+ * --precision bf16 trains as train.precision: bf16 does (the model's bf16
+ * matmuls, f32 master weights, gradients and reductions).
  */
 #include <math.h>
 #include <stdio.h>
@@ -26,6 +29,7 @@ typedef struct args {
   double bucket_mb, first_bucket_mb;
   int min_buckets;
   loom_dtype compress;
+  loom_dtype precision;
   int deterministic; /* V, 0 = off */
   int nosync, ddp;
 } args;
@@ -77,7 +81,8 @@ static void parse(int argc, char **argv, args *a) {
               .bucket_mb = 25,
               .first_bucket_mb = 1,
               .min_buckets = 8,
-              .compress = LOOM_F32};
+              .compress = LOOM_F32,
+              .precision = LOOM_F32};
   for (int i = 1; i < argc; i++) {
     const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (strcmp(k, "--nosync") == 0) {
@@ -112,6 +117,12 @@ static void parse(int argc, char **argv, args *a) {
     else if (strcmp(k, "--compress") == 0) {
       if (loom_dtype_parse(v, &a->compress) != LOOM_OK) {
         fprintf(stderr, "ddp_bench: --compress %s\n", v);
+        exit(2);
+      }
+    } else if (strcmp(k, "--precision") == 0) {
+      if (loom_dtype_parse(v, &a->precision) != LOOM_OK ||
+          (a->precision != LOOM_F32 && a->precision != LOOM_BF16)) {
+        fprintf(stderr, "ddp_bench: --precision %s: expected f32 or bf16\n", v);
         exit(2);
       }
     } else {
@@ -161,6 +172,7 @@ int main(int argc, char **argv) {
     oo.momentum = 0.9;
     lr = 0.05f;
   }
+  CHECK("precision", loom_model_set_precision(m, a.precision));
   int nv = loom_model_num_views(m);
   loom_param *views = loom_calloc((size_t)nv, sizeof *views);
   for (int i = 0; i < nv; i++)
@@ -290,6 +302,7 @@ int main(int argc, char **argv) {
       CHECK("optim", loom_optim_step(opt, loom_model_params(m),
                                      loom_model_grads(m), lr));
     }
+    loom_model_params_updated(m); /* bf16: a new copy, once a step */
     double t1 = loom_time_now();
     p->optim = t1 - o0 - p->wait;
     p->step = t1 - t0;
@@ -374,30 +387,32 @@ int main(int argc, char **argv) {
         load1[0] = 0;
       fclose(lf);
     }
-    printf(
-        "{\"bench\": \"ddp_scaling\", \"impl\": \"loom\", \"version\": "
-        "\"%s\", \"model\": \"%s\", \"procs\": %d, \"threads\": %d, "
-        "\"ddp\": %s, \"backend\": \"%s\", \"shm\": %s, \"bucket_mb\": %g, "
-        "\"first_bucket_mb\": %g, \"buckets\": %lld, \"compress\": \"%s\", "
-        "\"deterministic\": %d, \"batch\": %lld, \"items_per_step\": %lld, "
-        "\"unit\": \"%s\", \"throughput\": %.1f, \"step_median_s\": %.6f, "
-        "\"step_p10_s\": %.6f, \"step_p90_s\": %.6f, \"steps\": %d, "
-        "\"warmup\": %d, \"forward_s\": %.6f, \"backward_s\": %.6f, "
-        "\"comm_wait_s\": %.6f, \"optim_s\": %.6f, \"reduce_s\": %.6f, "
-        "\"hidden_share\": %.4f, \"hidden_share_rank0\": %.4f, "
-        "\"reduce_critical_s\": %.6f, \"wire_bytes\": %lld",
-        loom_version(), a.model, P, loom_threads(), use_ddp ? "true" : "false",
-        loom_group_backend(world), loom_group_shm(world) ? "true" : "false",
-        a.bucket_mb, a.first_bucket_mb, (long long)ds.buckets,
-        loom_dtype_name(a.compress), a.deterministic, (long long)B,
-        (long long)items, gpt ? "tokens/s" : "samples/s", (double)items / med,
-        med, p10, p90, a.steps, a.warmup, mean.forward, mean.backward,
-        mean.wait, mean.optim, ds.steps ? ds.reduce_s / (double)ds.steps : 0.0,
-        crit_reduce > 0 ? 1.0 - fmin(1.0, crit_wait / crit_reduce)
-                        : (d ? loom_ddp_hidden_share(&ds) : 1.0),
-        d ? loom_ddp_hidden_share(&ds) : 1.0,
-        ds.steps ? crit_reduce / (double)ds.steps : 0.0,
-        (long long)ds.wire_bytes);
+    printf("{\"bench\": \"ddp_scaling\", \"impl\": \"loom\", \"version\": "
+           "\"%s\", \"model\": \"%s\", \"procs\": %d, \"threads\": %d, "
+           "\"ddp\": %s, \"backend\": \"%s\", \"shm\": %s, \"bucket_mb\": %g, "
+           "\"first_bucket_mb\": %g, \"buckets\": %lld, \"compress\": \"%s\", "
+           "\"precision\": \"%s\", "
+           "\"deterministic\": %d, \"batch\": %lld, \"items_per_step\": %lld, "
+           "\"unit\": \"%s\", \"throughput\": %.1f, \"step_median_s\": %.6f, "
+           "\"step_p10_s\": %.6f, \"step_p90_s\": %.6f, \"steps\": %d, "
+           "\"warmup\": %d, \"forward_s\": %.6f, \"backward_s\": %.6f, "
+           "\"comm_wait_s\": %.6f, \"optim_s\": %.6f, \"reduce_s\": %.6f, "
+           "\"hidden_share\": %.4f, \"hidden_share_rank0\": %.4f, "
+           "\"reduce_critical_s\": %.6f, \"wire_bytes\": %lld",
+           loom_version(), a.model, P, loom_threads(),
+           use_ddp ? "true" : "false", loom_group_backend(world),
+           loom_group_shm(world) ? "true" : "false", a.bucket_mb,
+           a.first_bucket_mb, (long long)ds.buckets,
+           loom_dtype_name(a.compress), loom_dtype_name(a.precision),
+           a.deterministic, (long long)B, (long long)items,
+           gpt ? "tokens/s" : "samples/s", (double)items / med, med, p10, p90,
+           a.steps, a.warmup, mean.forward, mean.backward, mean.wait,
+           mean.optim, ds.steps ? ds.reduce_s / (double)ds.steps : 0.0,
+           crit_reduce > 0 ? 1.0 - fmin(1.0, crit_wait / crit_reduce)
+                           : (d ? loom_ddp_hidden_share(&ds) : 1.0),
+           d ? loom_ddp_hidden_share(&ds) : 1.0,
+           ds.steps ? crit_reduce / (double)ds.steps : 0.0,
+           (long long)ds.wire_bytes);
     if (a.nosync && nn > 0) {
       double mn = quantile(ny, nn, 0.5);
       printf(", \"throughput_nosync\": %.1f", (double)items / mn);
