@@ -140,55 +140,39 @@ void loom_kern_gemm_serial(bool trans_a, bool trans_b, int M, int N, int K,
                        alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-/* C = alpha op(A) op(B) + beta C over the grid; K partials go to `part`
- * (gk, M, N) and are folded into C in chunk order. */
+/* C = alpha op(A) op(B) + beta C over the grid (loom_kern_gemm_tiled),
+ * each tile by the library on one thread. */
+typedef struct tile_ctx {
+  loom_gemm_backend be;
+  bool ta, tb;
+  float alpha;
+  const float *A, *B;
+  int lda, ldb;
+} tile_ctx;
+
+static int tile_f32(void *ctx, int i0, int j0, int k0, int mm, int nn, int kk,
+                    float beta, float *c, int ldc) {
+  const tile_ctx *x = ctx;
+  const float *a = x->ta ? x->A + (int64_t)k0 * x->lda + i0
+                         : x->A + (int64_t)i0 * x->lda + k0;
+  const float *b = x->tb ? x->B + (int64_t)j0 * x->ldb + k0
+                         : x->B + (int64_t)k0 * x->ldb + j0;
+  return vendor_gemm_1t(x->be, x->ta, x->tb, mm, nn, kk, x->alpha, a, x->lda, b,
+                        x->ldb, beta, c, ldc);
+}
+
 static loom_status tiled_gemm(loom_gemm_backend be, bool ta, bool tb, int M,
                               int N, int K, float alpha, const float *A,
                               int lda, const float *B, int ldb, float beta,
                               float *C, int ldc) {
-  loom_kern_gemm_plan p;
-  loom_kern_gemm_plan_make(M, N, K, &p);
-  float *part = NULL;
-  if (p.gk > 1) {
-    part = loom_malloc((size_t)p.gk * M * N * sizeof(float));
-    if (!part)
-      return loom_error_context(LOOM_ERR_NOMEM, "gemm %dx%dx%d", M, N, K);
-  }
-  const int tasks = p.gm * p.gn * p.gk;
-  int nt = loom_threads();
-  if (nt > tasks)
-    nt = tasks;
   if (be == LOOM_GEMM_OPENBLAS)
     ob_set_threads(1);
-  atomic_int failed = 0;
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-  for (int t = 0; t < tasks; t++) {
-    const int kb = t / (p.gm * p.gn), rest = t % (p.gm * p.gn);
-    const int i0 = (rest / p.gn) * p.tm, j0 = (rest % p.gn) * p.tn;
-    const int k0 = kb * p.kc;
-    const int mm = M - i0 < p.tm ? M - i0 : p.tm;
-    const int nn = N - j0 < p.tn ? N - j0 : p.tn;
-    const int kk = K - k0 < p.kc ? K - k0 : p.kc;
-    const float *a =
-        ta ? A + (int64_t)k0 * lda + i0 : A + (int64_t)i0 * lda + k0;
-    const float *b =
-        tb ? B + (int64_t)j0 * ldb + k0 : B + (int64_t)k0 * ldb + j0;
-    int rc;
-    if (part)
-      rc = vendor_gemm_1t(be, ta, tb, mm, nn, kk, alpha, a, lda, b, ldb, 0.0f,
-                          part + ((int64_t)kb * M + i0) * N + j0, N);
-    else
-      rc = vendor_gemm_1t(be, ta, tb, mm, nn, kk, alpha, a, lda, b, ldb, beta,
-                          C + (int64_t)i0 * ldc + j0, ldc);
-    if (rc != 0)
-      atomic_store(&failed, rc);
-  }
-  if (part && !atomic_load(&failed))
-    loom_kern_gemm_fold(part, p.gk, M, N, beta, C, ldc);
-  loom_free(part);
-  if (atomic_load(&failed))
+  tile_ctx x = {be, ta, tb, alpha, A, B, lda, ldb};
+  int rc;
+  LOOM_TRY(loom_kern_gemm_tiled(M, N, K, beta, C, ldc, tile_f32, &x, &rc));
+  if (rc != 0)
     return loom_error(LOOM_ERR_INTERNAL, "gemm %dx%dx%d: %s failed (%d)", M, N,
-                      K, loom_gemm_backend_name(be), atomic_load(&failed));
+                      K, loom_gemm_backend_name(be), rc);
   return LOOM_OK;
 }
 

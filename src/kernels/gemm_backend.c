@@ -165,6 +165,45 @@ void loom_kern_gemm_plan_make(int M, int N, int K, loom_kern_gemm_plan *p) {
   p->gk = ceil_div(K, p->kc);
 }
 
+loom_status loom_kern_gemm_tiled(int M, int N, int K, float beta, float *C,
+                                 int ldc, loom_kern_tile_fn fn, void *ctx,
+                                 int *rc) {
+  loom_kern_gemm_plan p;
+  loom_kern_gemm_plan_make(M, N, K, &p);
+  *rc = 0;
+  float *part = NULL;
+  if (p.gk > 1) {
+    part = loom_malloc((size_t)p.gk * M * N * sizeof(float));
+    if (!part)
+      return loom_error_context(LOOM_ERR_NOMEM, "gemm %dx%dx%d", M, N, K);
+  }
+  const int tasks = p.gm * p.gn * p.gk;
+  int nt = loom_threads();
+  if (nt > tasks)
+    nt = tasks;
+  atomic_int failed = 0;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (int t = 0; t < tasks; t++) {
+    const int kb = t / (p.gm * p.gn), rest = t % (p.gm * p.gn);
+    const int i0 = (rest / p.gn) * p.tm, j0 = (rest % p.gn) * p.tn;
+    const int k0 = kb * p.kc;
+    const int mm = M - i0 < p.tm ? M - i0 : p.tm;
+    const int nn = N - j0 < p.tn ? N - j0 : p.tn;
+    const int kk = K - k0 < p.kc ? K - k0 : p.kc;
+    int r = part ? fn(ctx, i0, j0, k0, mm, nn, kk, 0.0f,
+                      part + ((int64_t)kb * M + i0) * N + j0, N)
+                 : fn(ctx, i0, j0, k0, mm, nn, kk, beta,
+                      C + (int64_t)i0 * ldc + j0, ldc);
+    if (r != 0)
+      atomic_store(&failed, r);
+  }
+  *rc = atomic_load(&failed);
+  if (part && *rc == 0)
+    loom_kern_gemm_fold(part, p.gk, M, N, beta, C, ldc);
+  loom_free(part);
+  return LOOM_OK;
+}
+
 void loom_kern_gemm_fold(const float *part, int gk, int M, int N, float beta,
                          float *C, int ldc) {
   int nr = loom_kern_nthreads((int64_t)M * N * gk, LOOM_KERN_PAR_MIN);

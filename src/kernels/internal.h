@@ -306,6 +306,16 @@ typedef struct loom_kern_gemm_plan {
 void loom_kern_gemm_plan_make(int M, int N, int K, loom_kern_gemm_plan *p);
 void loom_kern_gemm_fold(const float *part, int gk, int M, int N, float beta,
                          float *C, int ldc);
+/* Runs the grid of (M, N, K) on loom_threads() threads: fn computes tile
+ * C[i0.., j0..] (mm x nn, K range [k0, k0 + kk)) = alpha-scaled product +
+ * beta c into c (stride ldc) on the calling thread, returning 0 or a
+ * nonzero code (the last one seen goes to *rc; C is then unspecified).
+ * K partials go to a buffer and are folded in chunk order. */
+typedef int (*loom_kern_tile_fn)(void *ctx, int i0, int j0, int k0, int mm,
+                                 int nn, int kk, float beta, float *c, int ldc);
+loom_status loom_kern_gemm_tiled(int M, int N, int K, float beta, float *C,
+                                 int ldc, loom_kern_tile_fn fn, void *ctx,
+                                 int *rc);
 
 /* bf16 GEMM through oneDNN's matmul (matmul_dnnl.c): C(f32) = alpha op(A)
  * op(B) + beta C, A and B bf16; thread-count invariant under

@@ -199,6 +199,24 @@ static int tile(bool ta, bool tb, int M, int N, int K, float alpha,
   return run(e, A, B, C);
 }
 
+typedef struct mm_ctx {
+  bool ta, tb;
+  float alpha;
+  const uint16_t *A, *B;
+  int lda, ldb;
+} mm_ctx;
+
+static int tile_bf16(void *ctx, int i0, int j0, int k0, int mm, int nn, int kk,
+                     float beta, float *c, int ldc) {
+  const mm_ctx *x = ctx;
+  const uint16_t *a = x->ta ? x->A + (int64_t)k0 * x->lda + i0
+                            : x->A + (int64_t)i0 * x->lda + k0;
+  const uint16_t *b = x->tb ? x->B + (int64_t)j0 * x->ldb + k0
+                            : x->B + (int64_t)k0 * x->ldb + j0;
+  return tile(x->ta, x->tb, mm, nn, kk, x->alpha, a, x->lda, b, x->ldb, beta, c,
+              ldc);
+}
+
 loom_status loom_kern_bf16_matmul(bool ta, bool tb, int M, int N, int K,
                                   float alpha, const uint16_t *A, int lda,
                                   const uint16_t *B, int ldb, float beta,
@@ -212,12 +230,7 @@ loom_status loom_kern_bf16_matmul(bool ta, bool tb, int M, int N, int K,
   }
   loom_kern_gemm_plan p;
   loom_kern_gemm_plan_make(M, N, K, &p);
-  float *part = NULL;
-  if (p.gk > 1) {
-    part = loom_malloc((size_t)p.gk * M * N * sizeof(float));
-    if (!part)
-      return loom_error_context(LOOM_ERR_NOMEM, "bf16 gemm %dx%dx%d", M, N, K);
-  }
+  const bool part = p.gk > 1; /* K partials into an (M, N) buffer each */
   const int tasks = p.gm * p.gn * p.gk;
   /* Every tile shape has a fast primitive, or nothing is touched. */
   for (int t = 0; t < tasks; t++) {
@@ -234,41 +247,16 @@ loom_status loom_kern_bf16_matmul(bool ta, bool tb, int M, int N, int K,
                 alpha,
                 part ? 0.0f : beta};
     const mm_entry *e = lookup(&k);
-    if (!e || !e->prim) {
-      loom_free(part);
+    if (!e || !e->prim)
       return LOOM_ERR_UNSUPPORTED;
-    }
   }
-  int nt = loom_threads();
-  if (nt > tasks)
-    nt = tasks;
-  atomic_int failed = 0;
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-  for (int t = 0; t < tasks; t++) {
-    const int kb = t / (p.gm * p.gn), rest = t % (p.gm * p.gn);
-    const int i0 = (rest / p.gn) * p.tm, j0 = (rest % p.gn) * p.tn;
-    const int k0 = kb * p.kc;
-    const int mm = M - i0 < p.tm ? M - i0 : p.tm;
-    const int nn = N - j0 < p.tn ? N - j0 : p.tn;
-    const int kk = K - k0 < p.kc ? K - k0 : p.kc;
-    const uint16_t *a =
-        ta ? A + (int64_t)k0 * lda + i0 : A + (int64_t)i0 * lda + k0;
-    const uint16_t *b =
-        tb ? B + (int64_t)j0 * ldb + k0 : B + (int64_t)k0 * ldb + j0;
-    int rc;
-    if (part)
-      rc = tile(ta, tb, mm, nn, kk, alpha, a, lda, b, ldb, 0.0f,
-                part + ((int64_t)kb * M + i0) * N + j0, N);
-    else
-      rc = tile(ta, tb, mm, nn, kk, alpha, a, lda, b, ldb, beta,
-                C + (int64_t)i0 * ldc + j0, ldc);
-    if (rc != 0)
-      atomic_store(&failed, 1);
-  }
-  if (part && !atomic_load(&failed))
-    loom_kern_gemm_fold(part, p.gk, M, N, beta, C, ldc);
-  loom_free(part);
-  return atomic_load(&failed) ? LOOM_ERR_UNSUPPORTED : LOOM_OK;
+  mm_ctx x = {ta, tb, alpha, A, B, lda, ldb};
+  int rc;
+  LOOM_TRY(loom_kern_gemm_tiled(M, N, K, beta, C, ldc, tile_bf16, &x, &rc));
+  return rc == 0 ? LOOM_OK
+                 : loom_error(LOOM_ERR_INTERNAL,
+                              "bf16 gemm %dx%dx%d: oneDNN matmul failed (%d)",
+                              M, N, K, rc);
 }
 
 #else /* no oneDNN */

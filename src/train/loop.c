@@ -1089,31 +1089,22 @@ static loom_status evaluate(loom_trainer *t, int64_t max_batches, double *loss,
   }
   LOOM_TRY_GOTO(s, loom_batch_alloc(&b, t->val_ds, so.batch), done);
   loom_model_set_training(t->model, false);
-  if (t->pipe) {
+  if (t->pipe || t->tps > 1) {
     /* Replica d takes batches d, d + D, ...; all its stages run each one
-     * (the last adds the sums). */
-    loom_pipe_set_training(t->pipe, false);
+     * (the last adds the sums), or all ranks of its tp group together
+     * (their reductions; the first keeps the sums). */
+    if (t->pipe)
+      loom_pipe_set_training(t->pipe, false);
     for (int64_t i = t->replica; i < nb; i += t->replicas) {
       int64_t count;
       LOOM_TRY_GOTO(s, loom_sampler_batch(sp, i, idx, &count), done);
       if (count == 0)
         continue;
       LOOM_TRY_GOTO(s, loom_dataset_fill(t->val_ds, 0, idx, count, &b), done);
-      LOOM_TRY_GOTO(s, loom_train_pipe_eval(t, &b, part + i * 3), done);
-      loom_runstat_beat();
-    }
-    goto done;
-  }
-  if (t->tps > 1) {
-    /* Replica d takes batches d, d + D, ...; all ranks of its tp group
-     * run each one together (their reductions), the first keeps the sums. */
-    for (int64_t i = t->replica; i < nb; i += t->replicas) {
-      int64_t count;
-      LOOM_TRY_GOTO(s, loom_sampler_batch(sp, i, idx, &count), done);
-      if (count == 0)
-        continue;
-      LOOM_TRY_GOTO(s, loom_dataset_fill(t->val_ds, 0, idx, count, &b), done);
-      LOOM_TRY_GOTO(s, loom_train_tp_eval(t, &b, part + i * 3), done);
+      LOOM_TRY_GOTO(s,
+                    t->pipe ? loom_train_pipe_eval(t, &b, part + i * 3)
+                            : loom_train_tp_eval(t, &b, part + i * 3),
+                    done);
       loom_runstat_beat();
     }
     goto done;
