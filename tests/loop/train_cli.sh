@@ -42,8 +42,8 @@ bad syntax 'optim:\n  lr: [1\n' \
   "syntax.yaml:3:1: YAML syntax error: did not find expected ',' or ']' (while parsing a flow sequence)"
 # Issue 10: a value this build does not implement fails before training,
 # as a config error (exit 2, never restarted by loom run).
-bad precision 'train:\n  precision: f16\n' \
-  "precision.yaml:2:3: key 'train.precision': f16 is not implemented yet; supported: f32, bf16 (f16 with loss scaling comes in a later release)"
+bad precision 'model:\n  name: gpt\ndata:\n  dataset: kjv\ntrain:\n  precision: f16\nparallel:\n  tp: 2\n' \
+  "precision.yaml:6:3: key 'train.precision': 'f16' with parallel.tp 2: tensor parallelism trains in f32 for now (supported: f32)"
 # A data.path that does not exist is an error naming it; nothing is created
 # there (it used to make the directories and write 4 MB, exit 0).
 run "$LOOM" train "$SRC/examples/small_gpt.yaml" --set "data.path=$T/no/such/kjv.txt" \
