@@ -15,6 +15,14 @@ big=(--set model.layers=2 --set model.d_model=256 --set model.heads=4
 col() { # STRATEGY COLUMN(3=params .. 10=total) of the last estimate
   awk -v s="$1" -v c="$2" '$1 == s { print $c }' "$tmp/out"
 }
+near() { # PEAK ESTIMATE WHAT: a measured peak within 10% of the estimate
+  # (sanitized builds hold shadow memory on top: there only the lower bound)
+  local hi=1.1
+  [ -n "${LOOM_TEST_SANITIZED:-}" ] && hi=1000
+  awk -v p="$1" -v e="$2" -v h=$hi 'BEGIN { exit !(p > 0 && p >= 0.9 * e && p <= h * e) }' &&
+    ok "$3: measured peak $1 MiB, estimate $2 MiB" ||
+    { bad "$3: measured peak '$1' MiB vs estimate $2 MiB (rc $rc)"; tail -3 "$tmp/out"; }
+}
 
 "$LOOM" estimate "$cfg" -n 2 "${big[@]}" >"$tmp/out" 2>&1 || { bad "estimate failed"; cat "$tmp/out"; }
 cat "$tmp/out"
@@ -60,12 +68,7 @@ for s in none ddp zero1 zero2 zero3; do
     --set log.every=2 --set parallel.strategy=$s --set "log.run_dir=$tmp/run_$s"
   [ $rc = 0 ] || { bad "train $s on $n rank(s) failed (rc $rc)"; tail -5 "$tmp/out"; }
   peak=$(grep -o '"peak_rss_mb":[0-9.]*' "$tmp/run_$s/metrics.jsonl" 2>/dev/null | tail -1 | cut -d: -f2)
-  # Sanitized builds hold shadow memory on top: there only the lower bound.
-  hi=1.1
-  [ -n "${LOOM_TEST_SANITIZED:-}" ] && hi=1000
-  awk -v p="$peak" -v e="$est" -v h=$hi 'BEGIN { exit !(p > 0 && p >= 0.9 * e && p <= h * e) }' &&
-    ok "$s on $n rank(s): measured peak $peak MiB, estimate $est MiB" ||
-    bad "$s on $n rank(s): measured peak '$peak' MiB vs estimate $est MiB"
+  near "$peak" "$est" "$s on $n rank(s)"
 done
 
 # Pipeline stages (parallel.pp): one row a stage whose parameters add up
@@ -91,11 +94,7 @@ for mesh in "2 1f1b" "2 gpipe" "4 1f1b"; do
   for r in $(seq 0 $((n - 1))); do
     est=$(col "stage$((r % 2))" 10)
     peak=$(grep -o 'peak rss [0-9.]*' "$rd/logs/rank-$r.log" 2>/dev/null | tail -1 | cut -d' ' -f3)
-    hi=1.1
-    [ -n "${LOOM_TEST_SANITIZED:-}" ] && hi=1000
-    awk -v p="$peak" -v e="$est" -v h=$hi 'BEGIN { exit !(p > 0 && p >= 0.9 * e && p <= h * e) }' &&
-      ok "pp 2 $sched, $n ranks, rank $r (stage $((r % 2))): measured peak $peak MiB, estimate $est MiB" ||
-      bad "pp 2 $sched, $n ranks, rank $r: measured peak '$peak' MiB vs estimate $est MiB"
+    near "$peak" "$est" "pp 2 $sched, $n ranks, rank $r (stage $((r % 2)))"
   done
 done
 # dp 2 x pp 2: each stage's range all-reduced over 2 replicas: 2 (D-1)/D
@@ -133,11 +132,7 @@ run 2 train "$cfg" "${mid[@]}" --set parallel.tp=2 --quiet --resume never --set 
   --set train.eval_every=0 --set train.eval_batches=1 --set checkpoint.enabled=false \
   --set log.every=2 --set "log.run_dir=$tmp/run_tp"
 peak=$(grep -o '"peak_rss_mb":[0-9.]*' "$tmp/run_tp/metrics.jsonl" 2>/dev/null | tail -1 | cut -d: -f2)
-hi=1.1
-[ -n "${LOOM_TEST_SANITIZED:-}" ] && hi=1000
-awk -v p="$peak" -v e="$est" -v h=$hi 'BEGIN { exit !(p > 0 && p >= 0.9 * e && p <= h * e) }' &&
-  ok "tp 2 on 2 ranks: measured peak $peak MiB, estimate $est MiB" ||
-  { bad "tp 2 on 2 ranks: measured peak '$peak' MiB vs estimate $est MiB (rc $rc)"; tail -3 "$tmp/out"; }
+near "$peak" "$est" "tp 2 on 2 ranks"
 # Not a strategy of the pipeline's replicas: exit 2 naming ddp.
 "$LOOM" estimate "$cfg" "${mid[@]}" "${pp[@]}" -n 2 --strategy zero2 >"$tmp/out" 2>&1
 [ $? = 2 ] && grep -q "supported: ddp, zero1" "$tmp/out" && ok "--strategy zero2 with pp refused" ||
@@ -172,11 +167,7 @@ for c in fashion_mlp fashion_cnn kjv_gpt; do
     --set train.epochs=0 --set train.eval_every=0 --set train.eval_batches=1 \
     --set checkpoint.enabled=false --set log.every=2 --set "log.run_dir=$tmp/ref_$c"
   peak=$(grep -o '"peak_rss_mb":[0-9.]*' "$tmp/ref_$c/metrics.jsonl" 2>/dev/null | tail -1 | cut -d: -f2)
-  hi=1.1
-  [ -n "${LOOM_TEST_SANITIZED:-}" ] && hi=1000
-  awk -v p="$peak" -v e="$est" -v h=$hi 'BEGIN { exit !(p > 0 && p >= 0.9 * e && p <= h * e) }' &&
-    ok "$c: measured peak $peak MiB, estimate $est MiB" ||
-    { bad "$c: measured peak '$peak' MiB vs estimate $est MiB (rc $rc)"; tail -3 "$tmp/out"; }
+  near "$peak" "$est" "$c"
 done
 
 # The batch-size finder: its answer trains within the budget (in a real
