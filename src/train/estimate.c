@@ -111,6 +111,14 @@ static void loader_memory(const loom_config *cfg, int ranks,
   out->data_bytes += out->dataset_bytes;
 }
 
+/* The categories' sum into total_bytes. */
+static loom_status total(loom_train_estimate *out) {
+  out->total_bytes = out->param_bytes + out->grad_bytes + out->optim_bytes +
+                     out->act_bytes + out->data_bytes + out->comm_bytes +
+                     out->ckpt_bytes + out->process_bytes;
+  return LOOM_OK;
+}
+
 static double process_bytes(int ranks) {
   return (LOOM_ESTIMATE_PROCESS_MB + (ranks > 1 ? LOOM_ESTIMATE_MPI_MB : 0)) *
          1024.0 * 1024.0;
@@ -352,10 +360,7 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
   out->process_bytes = process_bytes(tp_ranks);
   if (cfg->checkpoint.enabled && cfg->checkpoint.async)
     out->ckpt_bytes = f * (1.0 + k) * (ranks > 1 ? slice : psi);
-  out->total_bytes = out->param_bytes + out->grad_bytes + out->optim_bytes +
-                     out->act_bytes + out->data_bytes + out->comm_bytes +
-                     out->ckpt_bytes + out->process_bytes;
-  return LOOM_OK;
+  return total(out);
 }
 
 /* Stage `stage` of a pipeline (docs/parallel.md): the units loom_pipe
@@ -509,8 +514,5 @@ loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
   out->process_bytes = process_bytes(ranks);
   if (cfg->checkpoint.enabled && cfg->checkpoint.async)
     out->ckpt_bytes = f * (1.0 + k) * (own / D + 1.0);
-  out->total_bytes = out->param_bytes + out->grad_bytes + out->optim_bytes +
-                     out->act_bytes + out->data_bytes + out->comm_bytes +
-                     out->ckpt_bytes + out->process_bytes;
-  return LOOM_OK;
+  return total(out);
 }
