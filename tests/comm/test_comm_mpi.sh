@@ -6,12 +6,13 @@
 set -u
 BIN=$1
 LOOM=${LOOM_BIN:?LOOM_BIN must name the loom executable}
+. "$(dirname "$0")/../marked.sh"
 fail=0
 run() { # np [VAR=value...]
   local np=$1
   shift
   echo "== loom run -n $np ($*)"
-  if ! env "$@" "$LOOM" run -n "$np" --timeout 100 "$BIN"; then
+  if ! env LOOM_TEST_MARK="$mark" "$@" "$LOOM" run -n "$np" --timeout 100 "$BIN"; then
     echo "FAILED: $np ranks $*"
     fail=1
   fi
@@ -33,16 +34,9 @@ if [ -z "${LOOM_TEST_SANITIZED:-}" ]; then
 else
   run 2 LOOM_COMM_CHUNK=4096
 fi
-# polled (up to 10 s), never a fixed sleep
-for _ in $(seq 200); do
-  [ -z "$(pgrep -f "^$BIN" | while read -r p; do [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" = Z ] || echo "$p"; done)" ] && break
-  sleep 0.05
-done
-left=$(pgrep -f "^$BIN" | while read -r p; do
-  [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" = Z ] || echo "$p"; done)
-if [ -n "$left" ]; then
-  echo "FAILED: processes left behind: $left"
-  kill -9 $left 2>/dev/null
+# Only this test's ranks: comm_env_init runs the same binary beside it.
+if ! marked_left; then
+  echo "FAILED: processes left behind"
   fail=1
 fi
 [ $fail = 0 ] && echo "comm_mpi: all runs passed"

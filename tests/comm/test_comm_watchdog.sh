@@ -8,6 +8,7 @@
 set -u
 BIN=$1
 LOOM=${LOOM_BIN:?LOOM_BIN must name the loom executable}
+. "$(dirname "$0")/../marked.sh"
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 fail=0
@@ -18,7 +19,7 @@ for mode in "LOOM_COMM_CHECK=1" "LOOM_COMM_CHECK=0" "LOOM_COMM_CHECK=1 LOOM_COMM
   echo "== $mode"
   t0=$(date +%s.%N)
   # shellcheck disable=SC2086
-  env $mode LOOM_COMM_TIMEOUT=2 "$LOOM" run -n 3 --timeout 60 "$BIN" >"$out" 2>&1
+  env LOOM_TEST_MARK="$mark" $mode LOOM_COMM_TIMEOUT=2 "$LOOM" run -n 3 --timeout 60 "$BIN" >"$out" 2>&1
   rc=$?
   t1=$(date +%s.%N)
   cat "$out"
@@ -28,15 +29,7 @@ for mode in "LOOM_COMM_CHECK=1" "LOOM_COMM_CHECK=0" "LOOM_COMM_CHECK=1 LOOM_COMM
   grep -q "watchdog: allreduce #2 (count 16, f32, sum)" "$out"; check "$mode: operation not named" $?
   grep -q "ranks not arrived: 1$" "$out"; check "$mode: missing rank not named" $?
   awk -v s="$secs" 'BEGIN{exit !(s < 30)}'; check "$mode: took $secs s" $?
-  # polled (up to 10 s), never a fixed sleep
-  for _ in $(seq 200); do
-    [ -z "$(pgrep -f "^$BIN" | while read -r p; do [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" = Z ] || echo "$p"; done)" ] && break
-    sleep 0.05
-  done
-  left=$(pgrep -f "^$BIN" | while read -r p; do
-    [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" = Z ] || echo "$p"; done)
-  [ -z "$left" ]; check "$mode: processes left behind: $left" $?
-  [ -n "$left" ] && kill -9 $left 2>/dev/null
+  marked_left; check "$mode: processes left behind" $?
 done
 # The launcher restarts the group after the watchdog ended it; the second
 # start (LOOM_RESTART_COUNT=1) completes.
