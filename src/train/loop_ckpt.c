@@ -256,6 +256,10 @@ loom_status loom_train_ckpt_prepare(loom_trainer *t) {
   int64_t lo, hi;
   my_slice(t, &lo, &hi);
   int64_t n = (hi - lo) * (1 + loom_optim_state_count(t->optim));
+  /* zero1 with tensor parallelism: and room for one optimizer state of
+   * the rank's whole part, gathered from the replicas' cuts (tp_state) */
+  if (t->tp_map && t->zero)
+    n += loom_model_num_params(t->model);
   t->snap = loom_malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
   if (!t->snap)
     return loom_error_context(LOOM_ERR_NOMEM,
@@ -282,6 +286,19 @@ static const float *tp_stage(loom_trainer *t, const float *local, int64_t base,
     return NULL;
   *off += count;
   return dst;
+}
+
+/* An optimizer state's slice through tp_stage. zero1: the replicas' cuts
+ * first gathered into the room at the snapshot's end (collective over the
+ * dp group, then the tp group). */
+static const float *tp_state(loom_trainer *t, const loom_optim_state *st,
+                             int64_t count, int64_t *off) {
+  if (!t->zero)
+    return tp_stage(t, st->data, st->begin, count, off);
+  float *whole = t->snap + (t->snap_n - loom_model_num_params(t->model));
+  if (loom_train_tp_gather_cuts(t, st->data, whole) != LOOM_OK)
+    return NULL;
+  return tp_stage(t, whole, 0, count, off);
 }
 
 static const float *stage(loom_trainer *t, const float *src, int64_t count,
@@ -326,7 +343,7 @@ loom_status loom_train_ckpt_save(loom_trainer *t) {
     for (int i = 0; i < loom_optim_state_count(t->optim) && s == LOOM_OK; i++) {
       loom_optim_state st;
       s = loom_optim_state_get(t->optim, i, &st);
-      if (s == LOOM_OK && !tp_stage(t, st.data, st.begin, hi - lo, &off))
+      if (s == LOOM_OK && !tp_state(t, &st, hi - lo, &off))
         s = LOOM_ERR_INTERNAL;
     }
     if (s != LOOM_OK)
@@ -398,6 +415,23 @@ loom_status loom_train_ckpt_final(loom_trainer *t) {
                     (long long)t->step, t->ckpt_last_error);
 }
 
+/* zero1 with tensor parallelism: the state of the replica's cut. The map
+ * fills whole views of the rank's layout and a cut may begin or end
+ * inside one: the rank's whole part is read into a scratch buffer and the
+ * cut copied out of it. */
+static loom_status tp_read_cut(loom_trainer *t, const loom_ckpt *c,
+                               const char *name, const loom_optim_state *st) {
+  int64_t n = loom_model_num_params(t->model);
+  float *whole = loom_malloc((size_t)(n ? n : 1) * sizeof(float));
+  if (!whole)
+    return loom_error_context(LOOM_ERR_NOMEM, "reading %s", name);
+  loom_status s = loom_train_tp_read(t, c, name, whole, 0, n);
+  if (s == LOOM_OK)
+    memcpy(st->data, whole + st->begin, (size_t)st->count * sizeof(float));
+  loom_free(whole);
+  return s;
+}
+
 static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
   const loom_ckpt_meta *meta = loom_ckpt_get_meta(c);
   int64_t n = loom_model_num_params(t->whole ? t->whole : t->model);
@@ -438,7 +472,9 @@ static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
     char name[LOOM_CKPT_NAME_MAX];
     LOOM_TRY(loom_optim_state_get(t->optim, i, &st));
     state_buffer_name(name, sizeof name, st.name);
-    if (t->tp_map)
+    if (t->tp_map && t->zero)
+      LOOM_TRY(tp_read_cut(t, c, name, &st));
+    else if (t->tp_map)
       LOOM_TRY(loom_train_tp_read(t, c, name, st.data, st.begin, st.count));
     else
       LOOM_TRY(loom_ckpt_read_range(c, name, st.begin, st.begin + st.count,

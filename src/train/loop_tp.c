@@ -87,6 +87,30 @@ loom_status loom_train_tp_slice(loom_trainer *t, const float *local,
   return s;
 }
 
+void loom_train_tp_cut(const loom_trainer *t, int d, int64_t *lo, int64_t *hi) {
+  int64_t n = loom_model_num_params(t->model);
+  *lo = n * d / t->replicas;
+  *hi = n * (d + 1) / t->replicas;
+}
+
+loom_status loom_train_tp_gather_cuts(loom_trainer *t, const float *cut,
+                                      float *whole) {
+  if (!t->zero_counts) {
+    t->zero_counts = loom_calloc((size_t)t->replicas, sizeof *t->zero_counts);
+    if (!t->zero_counts)
+      return LOOM_ERR_NOMEM;
+    for (int d = 0; d < t->replicas; d++) {
+      int64_t lo, hi;
+      loom_train_tp_cut(t, d, &lo, &hi);
+      t->zero_counts[d] = (size_t)(hi - lo);
+    }
+  }
+  loom_req req = LOOM_REQ_INIT;
+  LOOM_TRY(
+      loom_allgatherv(cut, whole, t->zero_counts, LOOM_F32, t->dp_group, &req));
+  return loom_wait(&req);
+}
+
 typedef struct read_ctx {
   const loom_ckpt *c;
   const char *name;
