@@ -362,7 +362,7 @@ static const loom_config_key keys[] = {
          "r..r+tp-1 form one group (the closest ranks), then pipeline "
          "stages (parallel.pp), then replicas (parallel.dp); "
          "parallel.strategy auto, ddp or zero1 (zero1 with parallel.pp "
-         "1), train.precision f32"),
+         "1); any train.precision"),
     KINT("parallel.pp", parallel.pp, "1", 1, 4096, 0,
          "pipeline stages of the mesh: the model (gpt) cut into pp "
          "contiguous runs of its units (the embedding, each transformer "
@@ -1278,12 +1278,6 @@ static loom_status check_tp(const loom_config *cfg, const cfg_origins *org,
                    "parallel.deterministic",
                    "true with parallel.tp %lld: tensor parallelism supports "
                    "false",
-                   (long long)T);
-  if (cfg->train.precision != LOOM_CFG_PRECISION_F32)
-    return cfg_err(origin_of(org, "train.precision", none), "train.precision",
-                   "'%s' with parallel.tp %lld: tensor parallelism trains "
-                   "in f32 for now (supported: f32)",
-                   loom_cfg_precision_names[cfg->train.precision],
                    (long long)T);
   if (cfg->train.batch_size == 0)
     return cfg_err(origin_of(org, "train.batch_size", none), "train.batch_size",

@@ -1372,14 +1372,18 @@ static loom_status optim_step(loom_trainer *t, float lr, double *gnorm,
     LOOM_TRY(loom_ddp_step(t->ddp, t->optim, lr));
   } else if (t->tp_map && clip > 0) {
     /* The rank's part of the gradient: the norm of the whole one (the cut
-     * parameters' squares summed over the tp group, the whole ones once). */
+     * parameters' squares summed over the tp group, the whole ones once);
+     * f16: unscaled first, an inf or NaN on any rank skipping everywhere. */
     if (t->ddp)
       LOOM_TRY(loom_ddp_wait(t->ddp));
     float *grads = loom_model_grads(t->model);
+    LOOM_TRY(loom_train_scale_unscale(t, grads, n, &skip));
     double ss;
-    LOOM_TRY(loom_train_tp_grad_sumsq(t, 0, n, &ss));
-    LOOM_TRY(loom_grad_clip_sumsq(grads, n, ss, (float)clip, gnorm));
-    LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
+    if (!skip) {
+      LOOM_TRY(loom_train_tp_grad_sumsq(t, 0, n, &ss));
+      LOOM_TRY(loom_grad_clip_sumsq(grads, n, ss, (float)clip, gnorm));
+      LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
+    }
   } else if (t->zero >= 2) {
     /* This rank holds only its slice of the gradient: the norm is summed
      * over the slices. */
