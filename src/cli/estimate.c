@@ -189,14 +189,11 @@ int loom_cmd_estimate(int argc, char **argv) {
     rc = st == LOOM_ERR_CONFIG ? LOOM_EXIT_USAGE : LOOM_EXIT_FAIL;
     goto done;
   }
-  if (cfg.parallel.tp > 1 && only >= 0 &&
-      ((only != LOOM_CFG_STRATEGY_DDP && only != LOOM_CFG_STRATEGY_ZERO1 &&
-        only != LOOM_CFG_STRATEGY_NONE) ||
-       (only == LOOM_CFG_STRATEGY_ZERO1 && cfg.parallel.pp > 1))) {
+  if (cfg.parallel.tp > 1 && only >= 0 && only != LOOM_CFG_STRATEGY_DDP &&
+      only != LOOM_CFG_STRATEGY_ZERO1 && only != LOOM_CFG_STRATEGY_NONE) {
     fprintf(stderr,
             "loom estimate: --strategy %s with parallel.tp %lld: tensor "
-            "parallelism runs ddp or zero1 over its replicas (zero1 with "
-            "parallel.pp 1)\n",
+            "parallelism runs ddp or zero1 over its replicas\n",
             strategy, (long long)cfg.parallel.tp);
     rc = LOOM_EXIT_USAGE;
     goto done;

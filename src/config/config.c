@@ -361,8 +361,7 @@ static const loom_config_key keys[] = {
          "one backward for the attention, the same for the MLP. Ranks "
          "r..r+tp-1 form one group (the closest ranks), then pipeline "
          "stages (parallel.pp), then replicas (parallel.dp); "
-         "parallel.strategy auto, ddp or zero1 (zero1 with parallel.pp "
-         "1); any train.precision"),
+         "parallel.strategy auto, ddp or zero1; any train.precision"),
     KINT("parallel.pp", parallel.pp, "1", 1, 4096, 0,
          "pipeline stages of the mesh: the model (gpt) cut into pp "
          "contiguous runs of its units (the embedding, each transformer "
@@ -1257,13 +1256,6 @@ static loom_status check_tp(const loom_config *cfg, const cfg_origins *org,
                    "(%lld): each rank takes an equal share of the heads and "
                    "of the vocabulary",
                    (long long)T, (long long)m->heads, (long long)m->vocab);
-  if (pc->strategy == LOOM_CFG_STRATEGY_ZERO1 && pc->pp > 1)
-    return cfg_err(origin_of(org, "parallel.strategy", none),
-                   "parallel.strategy",
-                   "'zero1' with parallel.tp %lld and parallel.pp %lld: "
-                   "tensor parallelism with a pipeline supports auto or ddp "
-                   "(zero1 with tp needs parallel.pp 1; with pp, tp 1)",
-                   (long long)T, (long long)pc->pp);
   if (pc->strategy != LOOM_CFG_STRATEGY_AUTO &&
       pc->strategy != LOOM_CFG_STRATEGY_DDP &&
       pc->strategy != LOOM_CFG_STRATEGY_ZERO1)

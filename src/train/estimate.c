@@ -536,7 +536,10 @@ loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
     out->sent_bytes += (zero1 ? 3.0 : 2.0) * (double)(D - 1) / D * f * own;
   out->sent_bytes += tp_sent(cfg, blocks, out->batch, passes);
   out->process_bytes = process_bytes(ranks);
-  if (cfg->checkpoint.enabled && cfg->checkpoint.async)
-    out->ckpt_bytes = f * (1.0 + k) * (own / D + 1.0);
+  /* the snapshot (always with tensor parallelism; zero1 then adds room
+   * for one optimizer state of the stage's range) */
+  if (cfg->checkpoint.enabled && (cfg->checkpoint.async || T > 1))
+    out->ckpt_bytes =
+        f * (1.0 + k) * (own / D + 1.0) + (T > 1 && zero1 ? f * own : 0.0);
   return total(out);
 }

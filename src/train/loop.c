@@ -1330,7 +1330,7 @@ static loom_status zero1_gather(loom_trainer *t, float *params) {
       return LOOM_OK;
     int64_t lo, hi;
     loom_train_tp_cut(t, t->replica, &lo, &hi);
-    return loom_train_tp_gather_cuts(t, params + lo, params);
+    return loom_train_tp_gather_cuts(t, params + lo, params); /* a = 0 */
   }
   if (t->nranks == 1)
     return LOOM_OK;

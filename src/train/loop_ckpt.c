@@ -257,9 +257,12 @@ loom_status loom_train_ckpt_prepare(loom_trainer *t) {
   my_slice(t, &lo, &hi);
   int64_t n = (hi - lo) * (1 + loom_optim_state_count(t->optim));
   /* zero1 with tensor parallelism: and room for one optimizer state of
-   * the rank's whole part, gathered from the replicas' cuts (tp_state) */
-  if (t->tp_map && t->zero)
-    n += loom_model_num_params(t->model);
+   * the stepped range, gathered from the replicas' cuts (tp_state) */
+  if (t->tp_map && t->zero) {
+    int64_t a, b;
+    loom_train_tp_stepped(t, &a, &b);
+    n += b - a;
+  }
   t->snap = loom_malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
   if (!t->snap)
     return loom_error_context(LOOM_ERR_NOMEM,
@@ -295,10 +298,12 @@ static const float *tp_state(loom_trainer *t, const loom_optim_state *st,
                              int64_t count, int64_t *off) {
   if (!t->zero)
     return tp_stage(t, st->data, st->begin, count, off);
-  float *whole = t->snap + (t->snap_n - loom_model_num_params(t->model));
-  if (loom_train_tp_gather_cuts(t, st->data, whole) != LOOM_OK)
+  int64_t a, b;
+  loom_train_tp_stepped(t, &a, &b);
+  float *range = t->snap + (t->snap_n - (b - a));
+  if (loom_train_tp_gather_cuts(t, st->data, range) != LOOM_OK)
     return NULL;
-  return tp_stage(t, whole, 0, count, off);
+  return tp_stage(t, range, a, count, off);
 }
 
 static const float *stage(loom_trainer *t, const float *src, int64_t count,
@@ -415,20 +420,17 @@ loom_status loom_train_ckpt_final(loom_trainer *t) {
                     (long long)t->step, t->ckpt_last_error);
 }
 
-/* zero1 with tensor parallelism: the state of the replica's cut. The map
- * fills whole views of the rank's layout and a cut may begin or end
- * inside one: the rank's whole part is read into a scratch buffer and the
- * cut copied out of it. */
+/* zero1 with tensor parallelism: the state of the replica's cut, read
+ * through a scratch buffer of the stepped range. */
 static loom_status tp_read_cut(loom_trainer *t, const loom_ckpt *c,
                                const char *name, const loom_optim_state *st) {
-  int64_t n = loom_model_num_params(t->model);
-  float *whole = loom_malloc((size_t)(n ? n : 1) * sizeof(float));
-  if (!whole)
+  int64_t a, b;
+  loom_train_tp_stepped(t, &a, &b);
+  float *range = loom_malloc((size_t)(b > a ? b - a : 1) * sizeof(float));
+  if (!range)
     return loom_error_context(LOOM_ERR_NOMEM, "reading %s", name);
-  loom_status s = loom_train_tp_read(t, c, name, whole, 0, n);
-  if (s == LOOM_OK)
-    memcpy(st->data, whole + st->begin, (size_t)st->count * sizeof(float));
-  loom_free(whole);
+  loom_status s = loom_train_tp_read_cut(t, c, name, range, st->data);
+  loom_free(range);
   return s;
 }
 

@@ -159,7 +159,6 @@ for x in "parallel.tp=2 --set model.name=mlp --set data.dataset=fashion-mnist|mo
   "parallel.tp=2 --set model.name=cnn --set data.dataset=fashion-mnist|model 'cnn' supports 1" \
   "parallel.tp=4|does not divide model.heads (2)" \
   "parallel.tp=2 --set parallel.strategy=zero2|tensor parallelism supports auto, ddp or zero1" \
-  "parallel.tp=2 --set parallel.pp=2 --set parallel.strategy=zero1|zero1 with tp needs parallel.pp 1" \
   "parallel.tp=2 --set parallel.deterministic=true|tensor parallelism supports false"; do
   "$LOOM" config check "$G" --set ${x%%|*} >"$tmp/out" 2>&1
   rc=$?

@@ -10,7 +10,9 @@
 # - a rank killed at step 7 is restarted by loom run --max-restarts and
 #   ends with the bits of the uninterrupted run;
 # - loom estimate's zero1 row: half the optimizer, the gather sent;
-# - zero2 and zero1 with a pipeline refused at loom config check.
+# - dp 2 x tp 2 x pp 2 under zero1: the bits of ddp on that mesh, and a
+#   stopped run resumed with them;
+# - zero2 and zero3 refused at loom config check.
 . "$(dirname "$0")/../lib.sh"
 HASH=${1:?usage: test_tp_zero.sh DDP_CKPT_HASH}
 export LOOM_THREADS=1 OMP_NUM_THREADS=1 LOOM_COMM_TIMEOUT=60 LOOM_LOG=warn
@@ -83,6 +85,27 @@ rc=$?
 [ $rc = 0 ] && grep -q "restart" "$tmp/out" || { bad "killed under zero1 (rc $rc)"; cat "$tmp/out"; }
 same "$tmp/killed" "$tmp/whole" "zero1, rank 1 killed at step 7, restarted"
 
+# -- dp 2 x tp 2 x pp 2: each replica steps its cut of its tp part of the
+#    stage's range
+pp=(--set parallel.pp=2 --set parallel.micro_batches=2 --set train.batch_size=4)
+run 8 train "${cfg[@]}" "${pp[@]}" --resume never --set parallel.tp=2 --set "log.run_dir=$tmp/p_ddp"
+[ $rc = 0 ] || { bad "dp 2 x tp 2 x pp 2 ddp (rc $rc)"; cat "$tmp/out"; }
+run 8 train "${cfg[@]}" "${pp[@]}" --resume never --set parallel.tp=2 \
+  --set parallel.strategy=zero1 --set "log.run_dir=$tmp/p_z1" --stop-at 7
+run 8 train "${cfg[@]}" "${pp[@]}" --resume auto --set parallel.tp=2 \
+  --set parallel.strategy=zero1 --set "log.run_dir=$tmp/p_z1"
+[ $rc = 0 ] || { bad "dp 2 x tp 2 x pp 2 zero1 (rc $rc)"; cat "$tmp/out"; }
+same "$tmp/p_z1" "$tmp/p_ddp" "dp 2 x tp 2 x pp 2 zero1, stopped at step 7 and resumed"
+python3 - "$tmp/p_ddp/metrics.jsonl" "$tmp/p_z1/metrics.jsonl" <<'EOF' &&
+import json, sys
+last = lambda p: [json.loads(l) for l in open(p) if '"loss"' in l][-1]
+d, z = (last(p) for p in sys.argv[1:])
+ratio = z["mem_optim_mb"] / d["mem_optim_mb"]
+assert 0.49 < ratio < 0.51, ratio
+EOF
+  ok "dp 2 x tp 2 x pp 2 zero1: half of ddp's optimizer state on rank 0" ||
+  bad "dp 2 x tp 2 x pp 2 zero1: optimizer memory"
+
 # -- loom estimate: the zero1 row holds half the optimizer state and sends
 #    the parameters' gather ((D-1)/D of the rank's part) more than ddp
 "$LOOM" estimate "${cfg[@]:0:13}" --set parallel.tp=2 -n 4 --set train.batch_size=64 \
@@ -96,8 +119,7 @@ awk -v p="$part" '$1 == "ddp" { od = $5; sd = $11 } $1 == "zero1" { oz = $5; sz 
 
 # -- refused at loom config check (exit 2)
 for x in "parallel.strategy=zero2|tensor parallelism supports auto, ddp or zero1" \
-  "parallel.strategy=zero3|tensor parallelism supports auto, ddp or zero1" \
-  "parallel.strategy=zero1 --set parallel.pp=2|zero1 with tp needs parallel.pp 1"; do
+  "parallel.strategy=zero3|tensor parallelism supports auto, ddp or zero1"; do
   # shellcheck disable=SC2086
   "$LOOM" config check "${cfg[@]:0:13}" --set parallel.tp=2 --set ${x%%|*} >"$tmp/out" 2>&1
   rc=$?
