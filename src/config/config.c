@@ -361,7 +361,8 @@ static const loom_config_key keys[] = {
          "one backward for the attention, the same for the MLP. Ranks "
          "r..r+tp-1 form one group (the closest ranks), then pipeline "
          "stages (parallel.pp), then replicas (parallel.dp); "
-         "parallel.strategy auto, ddp or zero1; any train.precision"),
+         "parallel.strategy auto, ddp, zero1 or zero2 (zero2 with "
+         "parallel.pp 1); any train.precision"),
     KINT("parallel.pp", parallel.pp, "1", 1, 4096, 0,
          "pipeline stages of the mesh: the model (gpt) cut into pp "
          "contiguous runs of its units (the embedding, each transformer "
@@ -1256,14 +1257,23 @@ static loom_status check_tp(const loom_config *cfg, const cfg_origins *org,
                    "(%lld): each rank takes an equal share of the heads and "
                    "of the vocabulary",
                    (long long)T, (long long)m->heads, (long long)m->vocab);
+  if (pc->strategy == LOOM_CFG_STRATEGY_ZERO2 && pc->pp > 1)
+    return cfg_err(origin_of(org, "parallel.strategy", none),
+                   "parallel.strategy",
+                   "'zero2' with parallel.tp %lld and parallel.pp %lld: a "
+                   "pipeline supports auto, ddp or zero1 (zero2 with tp "
+                   "needs parallel.pp 1)",
+                   (long long)T, (long long)pc->pp);
   if (pc->strategy != LOOM_CFG_STRATEGY_AUTO &&
       pc->strategy != LOOM_CFG_STRATEGY_DDP &&
-      pc->strategy != LOOM_CFG_STRATEGY_ZERO1)
+      pc->strategy != LOOM_CFG_STRATEGY_ZERO1 &&
+      pc->strategy != LOOM_CFG_STRATEGY_ZERO2)
     return cfg_err(origin_of(org, "parallel.strategy", none),
                    "parallel.strategy",
                    "'%s' with parallel.tp %lld: tensor parallelism supports "
-                   "auto, ddp or zero1 (data parallel over parallel.dp, "
-                   "zero1 sharding the optimizer state over it)",
+                   "auto, ddp, zero1 or zero2 (data parallel over "
+                   "parallel.dp, zero1 sharding the optimizer state over "
+                   "it, zero2 the gradients too)",
                    loom_cfg_strategy_names[pc->strategy], (long long)T);
   if (pc->deterministic)
     return cfg_err(origin_of(org, "parallel.deterministic", none),

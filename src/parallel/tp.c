@@ -303,12 +303,15 @@ loom_status loom_tp_map_init(const loom_tp_map *m, int rank,
 loom_status loom_tp_map_sumsq(const loom_tp_map *m, loom_group *g,
                               const float *grads, int64_t lo, int64_t hi,
                               double *out) {
-  /* each cut view's part summed over the group, the whole ones once */
+  /* each cut view's part summed over the group, the whole ones once;
+   * a view [lo, hi) splits (ZeRO-2's slices) counts its part within */
   double part[2] = {0, 0};
   for (int i = 0; i < m->nviews; i++) {
     const tp_view *v = &m->views[i];
-    if (v->local >= lo && v->local + v->numel <= hi)
-      part[v->shared] += loom_grad_sumsq(grads + v->local, v->numel);
+    int64_t a = v->local > lo ? v->local : lo;
+    int64_t b = v->local + v->numel < hi ? v->local + v->numel : hi;
+    if (a < b)
+      part[v->shared] += loom_grad_sumsq(grads + a, b - a);
   }
   double cut = part[0];
   if (g && loom_group_size(g) > 1) {

@@ -395,6 +395,8 @@ static loom_status open_world(loom_trainer *t) {
     t->units = t->replicas;
     if (pc->strategy == LOOM_CFG_STRATEGY_ZERO1)
       t->zero = 1;
+    if (pc->strategy == LOOM_CFG_STRATEGY_ZERO2)
+      t->zero = 2; /* and the DDP keeps the reduced gradient of the cut */
     return LOOM_OK;
   }
   switch (pc->strategy) {
@@ -470,8 +472,9 @@ static loom_status make_ddp(loom_trainer *t) {
   o.config_hash = loom_config_hash(&t->cfg);
   if (t->zero >= 2) {
     /* Every rank draws the same initial values (or reads them): no
-     * broadcast of a buffer that stage 3 does not have. */
-    o.shard_bounds = t->bounds;
+     * broadcast of a buffer that stage 3 does not have. With tensor
+     * parallelism the cuts of the rank's part over its replicas. */
+    o.shard_bounds = t->tps > 1 ? t->tp_bounds : t->bounds;
     o.broadcast = false;
   }
   /* with tensor parallelism, each rank's part over its replicas */
@@ -532,7 +535,16 @@ static loom_status setup_local(loom_trainer *t) {
       t->shard_rows = most;
     }
   }
-  if (t->zero >= 2) {
+  if (t->zero >= 2 && t->tps > 1) {
+    /* ZeRO-2 over a tensor-parallel rank's replicas: its part, and the
+     * cuts the DDP keeps (loom_train_tp_cut) */
+    LOOM_TRY(loom_train_tp_new(t));
+    t->tp_bounds = loom_calloc((size_t)t->replicas + 1, sizeof(int64_t));
+    if (!t->tp_bounds)
+      return LOOM_ERR_NOMEM;
+    for (int d = 0; d < t->replicas; d++)
+      loom_train_tp_cut(t, d, &t->tp_bounds[d], &t->tp_bounds[d + 1]);
+  } else if (t->zero >= 2) {
     /* No buffers of the model's own: the DDP's sharded gradients, and
      * stage 2's full parameters here or stage 3's shards later. */
     loom_model_opts mo = loom_model_opts_default();
@@ -804,7 +816,7 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
     s = loom_train_trace_open(t);
   LOOM_TRY_GOTO(s, loom_train_agree(t, s, "setting up"), fail);
   LOOM_TRY_GOTO(s, loom_train_trace_sync(t), fail);
-  if (t->zero == 2 && t->nranks > 1)
+  if (t->zero == 2 && t->nranks > 1 && t->tps == 1)
     LOOM_TRY_GOTO(s, zero2_params(t), fail);
   if (!t->pipe && (t->units > 1 || cfg->parallel.deterministic || t->zero ||
                    cfg->parallel.strategy == LOOM_CFG_STRATEGY_DDP))
@@ -874,6 +886,7 @@ void loom_trainer_free(loom_trainer *t) {
   loom_train_pipe_free(t);
   loom_free(t->zero_counts);
   loom_free(t->bounds);
+  loom_free(t->tp_bounds);
   loom_progress_free(t->progress);
   loom_metrics_close(t->metrics);
   loom_train_mlflow_close(t); /* after the metrics, which feed it */
@@ -1370,6 +1383,29 @@ static loom_status optim_step(loom_trainer *t, float lr, double *gnorm,
   bool skip = false;
   if (t->ddp && clip <= 0 && !scaled) {
     LOOM_TRY(loom_ddp_step(t->ddp, t->optim, lr));
+  } else if (t->zero >= 2) {
+    /* This rank holds only its slice of the gradient: the norm is summed
+     * over the slices (with tensor parallelism, its replica's cut of the
+     * rank's part: summed over the tp group, then the replicas). */
+    LOOM_TRY(loom_ddp_wait(t->ddp));
+    float *grads = loom_model_grads(t->model);
+    int64_t lo, hi;
+    if (t->tps > 1)
+      loom_train_tp_cut(t, t->replica, &lo, &hi);
+    else
+      loom_train_slice(t, t->rank, &lo, &hi);
+    LOOM_TRY(loom_train_scale_unscale(t, grads + lo, hi - lo, &skip));
+    double ss;
+    if (!skip && clip > 0) {
+      if (t->tps > 1)
+        LOOM_TRY(loom_train_tp_cut_sumsq(t, lo, hi, &ss));
+      else
+        LOOM_TRY(loom_ddp_grad_sumsq(t->ddp, &ss));
+      LOOM_TRY(
+          loom_grad_clip_sumsq(grads + lo, hi - lo, ss, (float)clip, gnorm));
+    }
+    if (!skip)
+      LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
   } else if (t->tp_map && clip > 0) {
     /* The rank's part of the gradient: the norm of the whole one (the cut
      * parameters' squares summed over the tp group, the whole ones once);
@@ -1384,22 +1420,6 @@ static loom_status optim_step(loom_trainer *t, float lr, double *gnorm,
       LOOM_TRY(loom_grad_clip_sumsq(grads, n, ss, (float)clip, gnorm));
       LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
     }
-  } else if (t->zero >= 2) {
-    /* This rank holds only its slice of the gradient: the norm is summed
-     * over the slices. */
-    LOOM_TRY(loom_ddp_wait(t->ddp));
-    float *grads = loom_model_grads(t->model);
-    int64_t lo, hi;
-    loom_train_slice(t, t->rank, &lo, &hi);
-    LOOM_TRY(loom_train_scale_unscale(t, grads + lo, hi - lo, &skip));
-    double ss;
-    if (!skip && clip > 0) {
-      LOOM_TRY(loom_ddp_grad_sumsq(t->ddp, &ss));
-      LOOM_TRY(
-          loom_grad_clip_sumsq(grads + lo, hi - lo, ss, (float)clip, gnorm));
-    }
-    if (!skip)
-      LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
   } else {
     if (t->ddp)
       LOOM_TRY(loom_ddp_wait(t->ddp));

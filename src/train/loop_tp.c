@@ -87,6 +87,19 @@ loom_status loom_train_tp_slice(loom_trainer *t, const float *local,
   return s;
 }
 
+loom_status loom_train_tp_cut_sumsq(loom_trainer *t, int64_t lo, int64_t hi,
+                                    double *out) {
+  double mine;
+  LOOM_TRY(loom_train_tp_grad_sumsq(t, lo, hi, &mine));
+  if (t->replicas == 1) {
+    *out = mine;
+    return LOOM_OK;
+  }
+  loom_req r = LOOM_REQ_INIT;
+  LOOM_TRY(loom_allreduce(&mine, out, 1, LOOM_F64, LOOM_SUM, t->dp_group, &r));
+  return loom_wait(&r);
+}
+
 void loom_train_tp_stepped(const loom_trainer *t, int64_t *a, int64_t *b) {
   if (t->pipe) {
     loom_pipe_owned(t->pipe, a, b);

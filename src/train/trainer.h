@@ -130,6 +130,8 @@ struct loom_trainer {
   int zero;
   size_t *zero_counts;
   int64_t *bounds;    /* (nranks + 1) stage 2 and 3: the slices' bounds */
+  int64_t *tp_bounds; /* (replicas + 1) stage 2 with tensor parallelism:
+                         the cuts of the rank's part (loom_train_tp_cut) */
   float *zparams;     /* stage 2: the parameter buffer (model shape_only);
                          loom_group_mem_alloc memory on several ranks */
   loom_zero3 *z3;     /* stage 3 */
@@ -269,6 +271,11 @@ loom_status loom_train_tp_grad_sumsq(loom_trainer *t, int64_t lo, int64_t hi,
  * into dst. Collective over the tp group. */
 loom_status loom_train_tp_slice(loom_trainer *t, const float *local,
                                 int64_t base, float *dst);
+/* zero2 with tensor parallelism: the sum of squares of the whole
+ * gradient's parameters, from each replica's cut [lo, hi) of its part
+ * (collective over the tp group, then the dp group). */
+loom_status loom_train_tp_cut_sumsq(loom_trainer *t, int64_t lo, int64_t hi,
+                                    double *out);
 /* The part [a, b) of the rank's layout whose optimizer state its tp rank
  * steps: all of it, or a pipeline stage's own range. */
 void loom_train_tp_stepped(const loom_trainer *t, int64_t *a, int64_t *b);

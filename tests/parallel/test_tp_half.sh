@@ -85,6 +85,11 @@ run 4 train "${cfg[@]}" --quiet --resume never --set train.precision=f16 \
   --set "log.run_dir=$tmp/dtz_f16"
 [ $rc = 0 ] || { bad "dp 2 x tp 2 zero1 f16 (rc $rc)"; cat "$tmp/out"; }
 near_one "$tmp/dtz_f16" f16 "dp 2 x tp 2 zero1, f16"
+run 4 train "${cfg[@]}" --quiet --resume never --set train.precision=bf16 \
+  --set parallel.tp=2 --set train.batch_size=4 --set parallel.strategy=zero2 \
+  --set "log.run_dir=$tmp/dtz2_bf16"
+[ $rc = 0 ] || { bad "dp 2 x tp 2 zero2 bf16 (rc $rc)"; cat "$tmp/out"; }
+near_one "$tmp/dtz2_bf16" bf16 "dp 2 x tp 2 zero2, bf16"
 
 # -- f16: an inf in one tp rank's gradient (each holds a different part)
 f=("${cfg[@]}" --quiet --resume never --set train.precision=f16 --set parallel.tp=2

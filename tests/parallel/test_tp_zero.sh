@@ -12,7 +12,11 @@
 # - loom estimate's zero1 row: half the optimizer, the gather sent;
 # - dp 2 x tp 2 x pp 2 under zero1: the bits of ddp on that mesh, and a
 #   stopped run resumed with them;
-# - zero2 and zero3 refused at loom config check.
+# - zero2 (the DDP keeps the reduced gradient of the replica's cut):
+#   ddp's bits without clipping, within 1e-6 with it (the norm is summed
+#   from the cuts), less gradient memory, and a stopped run resumed with
+#   the bits of the straight one;
+# - zero3, and zero2 with a pipeline, refused at loom config check.
 . "$(dirname "$0")/../lib.sh"
 HASH=${1:?usage: test_tp_zero.sh DDP_CKPT_HASH}
 export LOOM_THREADS=1 OMP_NUM_THREADS=1 LOOM_COMM_TIMEOUT=60 LOOM_LOG=warn
@@ -85,6 +89,28 @@ rc=$?
 [ $rc = 0 ] && grep -q "restart" "$tmp/out" || { bad "killed under zero1 (rc $rc)"; cat "$tmp/out"; }
 same "$tmp/killed" "$tmp/whole" "zero1, rank 1 killed at step 7, restarted"
 
+# -- zero2: the reduced gradient of the cut only
+mesh z2 zero2 --resume never
+d=$("$HASH" --diff "$tmp/ddp/ckpt" "$tmp/z2/ckpt")
+awk -v d="$d" 'BEGIN { exit !(d != "" && d + 0 <= 1e-6) }' &&
+  ok "dp 2 x tp 2 zero2 with clipping: parameters within $d of ddp ($(hashof "$tmp/z2"), ddp $(hashof "$tmp/ddp"))" ||
+  bad "zero2 with clipping: '$d' from ddp"
+mesh nc_ddp ddp --resume never --set optim.grad_clip=0
+mesh nc_z2 zero2 --resume never --set optim.grad_clip=0
+same "$tmp/nc_z2" "$tmp/nc_ddp" "dp 2 x tp 2 zero2 without clipping"
+python3 - "$tmp/ddp/metrics.jsonl" "$tmp/z2/metrics.jsonl" <<'EOF' &&
+import json, sys
+last = lambda p: [json.loads(l) for l in open(p) if '"loss"' in l][-1]
+d, z = (last(p) for p in sys.argv[1:])
+assert z["mem_grads_mb"] < d["mem_grads_mb"], (z["mem_grads_mb"], d["mem_grads_mb"])
+assert 0.49 < z["mem_optim_mb"] / d["mem_optim_mb"] < 0.51
+print("gradients a rank: %.4f MiB under zero2, %.4f under ddp" % (z["mem_grads_mb"], d["mem_grads_mb"]))
+EOF
+  ok "zero2: less gradient memory than ddp, half its optimizer state" || bad "zero2: memory"
+mesh rs_z2 zero2 --resume never --stop-at 7
+mesh rs_z2 zero2 --resume auto
+same "$tmp/rs_z2" "$tmp/z2" "zero2 stopped at step 7, resumed under zero2"
+
 # -- dp 2 x tp 2 x pp 2: each replica steps its cut of its tp part of the
 #    stage's range
 pp=(--set parallel.pp=2 --set parallel.micro_batches=2 --set train.batch_size=4)
@@ -118,8 +144,8 @@ awk -v p="$part" '$1 == "ddp" { od = $5; sd = $11 } $1 == "zero1" { oz = $5; sz 
   { bad "loom estimate's zero1 row"; cat "$tmp/est"; }
 
 # -- refused at loom config check (exit 2)
-for x in "parallel.strategy=zero2|tensor parallelism supports auto, ddp or zero1" \
-  "parallel.strategy=zero3|tensor parallelism supports auto, ddp or zero1"; do
+for x in "parallel.strategy=zero3|tensor parallelism supports auto, ddp, zero1 or zero2" \
+  "parallel.strategy=zero2 --set parallel.pp=2|zero2 with tp needs parallel.pp 1"; do
   # shellcheck disable=SC2086
   "$LOOM" config check "${cfg[@]:0:13}" --set parallel.tp=2 --set ${x%%|*} >"$tmp/out" 2>&1
   rc=$?
