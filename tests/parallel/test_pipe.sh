@@ -22,7 +22,7 @@ HASH=${1:?usage: test_pipe.sh DDP_CKPT_HASH}
 export LOOM_THREADS=1 OMP_NUM_THREADS=1 LOOM_COMM_TIMEOUT=60 LOOM_LOG=warn
 here=$(cd "$(dirname "$0")" && pwd)
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$here/lsan_mpi.supp:fast_unwind_on_malloc=0:print_suppressions=0}
-head -c 60000 "$SRC/docs/parallel.md" >"$tmp/text.txt"
+seeded_text "$tmp/text.txt" # tests/lib.sh: not moved by docs edits
 cfg=("$SRC/examples/small_gpt.yaml" --set "data.path=$tmp/text.txt"
   --set model.layers=3 --set train.batch_size=8 --set train.accumulate=2
   --set optim.grad_clip=0.5 --set train.steps=20 --set train.eval_every=10

@@ -26,20 +26,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$here/lsan_mpi.supp:fast_unwind_on_malloc=0:print_suppressions=0}
 # A text of its own (seeded), not a file of the tree: the comparisons
 # below are tight, and an edit elsewhere must not move them.
-python3 - "$tmp/text.txt" <<'EOF'
-import random, sys
-r = random.Random(1234)
-words = ("the rank sends its part of the sum to the next stage while the "
-         "pipeline waits for a micro batch and each layer keeps what "
-         "backward needs in one arena of memory so that gradients flow "
-         "back through the model in reverse order").split()
-out, n = [], 0
-while n < 60000:
-    s = " ".join(r.choice(words) for _ in range(r.randint(5, 17))) + ". "
-    out.append(s[0].upper() + s[1:])
-    n += len(s)
-open(sys.argv[1], "w").write("".join(out)[:60000])
-EOF
+seeded_text "$tmp/text.txt"
 cfg=("$SRC/examples/small_gpt.yaml" --set "data.path=$tmp/text.txt"
   --set model.layers=3 --set model.heads=4 --set train.batch_size=8
   --set train.accumulate=2 --set optim.grad_clip=0.5 --set train.steps=20

@@ -25,7 +25,7 @@ state() {
   [ -n "$d" ] || return 1
   echo "$("$HASH" "$1") $(cat "$d"/shard_*.bin | md5sum | cut -c1-16)"
 }
-head -c 60000 "$SRC/docs/parallel.md" >"$tmp/text.txt"
+seeded_text "$tmp/text.txt" # tests/lib.sh: not moved by docs edits
 q=(--resume never --quiet)
 model_cfg() { # MODEL: the config and overrides of a short run
   case $1 in
