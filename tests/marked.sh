@@ -26,7 +26,7 @@ marked_left() {
     [ $SECONDS -ge $end ] && break
     sleep 0.05
   done
-  ps -o pid,args -p "$(echo "$left" | tr '\n' ,)" 2>/dev/null | tail -n +2
+  ps -o pid,args -p "$(echo "$left" | paste -sd,)" 2>/dev/null | tail -n +2
   # shellcheck disable=SC2086
   kill -9 $left 2>/dev/null
   return 1

@@ -491,9 +491,10 @@ loom_status loom_tp_map_fill(const loom_tp_map *m, int rank,
 loom_status loom_tp_map_init(const loom_tp_map *m, int rank,
                              const loom_model *whole, const loom_range *ranges,
                              int nranges, float *local);
-/* The sum of squares of the whole gradient's views that lie in [lo, hi)
- * of the rank's layout: the cut views' squares summed over g, the shared
- * ones (the same on every rank) once. Collective over g. */
+/* The sum of squares of the whole gradient's elements in [lo, hi) of the
+ * rank's layout (of a view that the range splits, its piece within): the
+ * cut views' squares summed over g, the shared ones (the same on every
+ * rank) once. Collective over g. */
 loom_status loom_tp_map_sumsq(const loom_tp_map *m, loom_group *g,
                               const float *grads, int64_t lo, int64_t hi,
                               double *out);

@@ -194,7 +194,8 @@ int loom_cmd_estimate(int argc, char **argv) {
       only != LOOM_CFG_STRATEGY_NONE) {
     fprintf(stderr,
             "loom estimate: --strategy %s with parallel.tp %lld: tensor "
-            "parallelism runs ddp, zero1 or zero2 over its replicas\n",
+            "parallelism runs ddp, zero1 or zero2 over its replicas (zero2 "
+            "with parallel.pp 1)\n",
             strategy, (long long)cfg.parallel.tp);
     rc = LOOM_EXIT_USAGE;
     goto done;

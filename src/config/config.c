@@ -1273,7 +1273,7 @@ static loom_status check_tp(const loom_config *cfg, const cfg_origins *org,
                    "'%s' with parallel.tp %lld: tensor parallelism supports "
                    "auto, ddp, zero1 or zero2 (data parallel over "
                    "parallel.dp, zero1 sharding the optimizer state over "
-                   "it, zero2 the gradients too)",
+                   "it, zero2 the gradients too; zero2 with parallel.pp 1)",
                    loom_cfg_strategy_names[pc->strategy], (long long)T);
   if (pc->deterministic)
     return cfg_err(origin_of(org, "parallel.deterministic", none),

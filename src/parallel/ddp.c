@@ -968,6 +968,9 @@ static loom_status make_sharded(loom_ddp *d) {
     d->chunk_counts[r]++;
   }
   loom_model_bind_grads(d->model, d->grads);
+  /* A model with buffers of its own (tensor parallelism's part under
+   * ZeRO-2): its gradient buffer is never used while the DDP lives. */
+  loom_model_drop_own_grads(d->model);
   return LOOM_OK;
 }
 

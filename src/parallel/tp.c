@@ -303,8 +303,8 @@ loom_status loom_tp_map_init(const loom_tp_map *m, int rank,
 loom_status loom_tp_map_sumsq(const loom_tp_map *m, loom_group *g,
                               const float *grads, int64_t lo, int64_t hi,
                               double *out) {
-  /* each cut view's part summed over the group, the whole ones once;
-   * a view [lo, hi) splits (ZeRO-2's slices) counts its part within */
+  /* each cut view's part summed over the group, the whole ones once; a
+   * view that [lo, hi) splits (ZeRO-2's cuts) counts its piece within */
   double part[2] = {0, 0};
   for (int i = 0; i < m->nviews; i++) {
     const tp_view *v = &m->views[i];

@@ -346,7 +346,8 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
      * parameter slice): those pages of the others count in this rank's
      * resident set too (the same physical pages; ranks on one host). */
     const bool shared_grads = !shard_grads && !pc->deterministic;
-    const bool shared_params = strategy == LOOM_CFG_STRATEGY_ZERO2;
+    /* (with tensor parallelism each replica keeps its own parameters) */
+    const bool shared_params = strategy == LOOM_CFG_STRATEGY_ZERO2 && T == 1;
     out->comm_bytes +=
         (double)(ranks - 1) / ranks * f * psi *
         ((shared_grads ? 1.0 : 0.0) + (shared_params ? 1.0 : 0.0));

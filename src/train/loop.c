@@ -593,6 +593,8 @@ static loom_status setup_local(loom_trainer *t) {
   }
   if (t->stages > 1)
     LOOM_TRY(loom_train_pipe_new(t, &in));
+  if (t->zero && t->tps > 1)
+    LOOM_TRY(loom_train_tp_cuts_new(t));
   LOOM_TRY(make_optim(t));
   if (!t->pipe)
     LOOM_TRY(loom_model_plan(t->model, &in));

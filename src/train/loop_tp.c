@@ -116,18 +116,23 @@ void loom_train_tp_cut(const loom_trainer *t, int d, int64_t *lo, int64_t *hi) {
   *hi = a + (b - a) * (d + 1) / t->replicas;
 }
 
+loom_status loom_train_tp_cuts_new(loom_trainer *t) {
+  t->zero_counts = loom_calloc((size_t)t->replicas, sizeof *t->zero_counts);
+  if (!t->zero_counts)
+    return LOOM_ERR_NOMEM;
+  for (int d = 0; d < t->replicas; d++) {
+    int64_t lo, hi;
+    loom_train_tp_cut(t, d, &lo, &hi);
+    t->zero_counts[d] = (size_t)(hi - lo);
+  }
+  return LOOM_OK;
+}
+
 loom_status loom_train_tp_gather_cuts(loom_trainer *t, const float *cut,
                                       float *range) {
-  if (!t->zero_counts) {
-    t->zero_counts = loom_calloc((size_t)t->replicas, sizeof *t->zero_counts);
-    if (!t->zero_counts)
-      return LOOM_ERR_NOMEM;
-    for (int d = 0; d < t->replicas; d++) {
-      int64_t lo, hi;
-      loom_train_tp_cut(t, d, &lo, &hi);
-      t->zero_counts[d] = (size_t)(hi - lo);
-    }
-  }
+  if (!t->zero_counts)
+    return loom_error(LOOM_ERR_INTERNAL, "zero with tensor parallelism: "
+                                         "the cuts' counts were not made");
   loom_req req = LOOM_REQ_INIT;
   LOOM_TRY(
       loom_allgatherv(cut, range, t->zero_counts, LOOM_F32, t->dp_group, &req));

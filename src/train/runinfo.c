@@ -44,12 +44,16 @@ const char *loom_train_git_commit(void) { return LOOM_GIT_COMMIT; }
 const char *loom_train_strategy_name(const loom_trainer *t) {
   if (t->nranks <= 1)
     return "single";
-  if (t->pipe && t->tps > 1)
-    return t->replicas > 1 ? "ddp+tensor+pipeline" : "tensor+pipeline";
-  if (t->pipe)
-    return t->replicas > 1 ? "ddp+pipeline" : "pipeline";
-  if (t->tps > 1)
-    return t->replicas > 1 ? "ddp+tensor" : "tensor";
+  /* the data-parallel part first: ddp, or ZeRO's stage over the
+   * replicas */
+  const char *dp = t->zero == 1 ? "zero1+" : t->zero == 2 ? "zero2+" : "ddp+";
+  static char name[48];
+  if (t->pipe || t->tps > 1) {
+    snprintf(name, sizeof name, "%s%s%s%s", t->replicas > 1 ? dp : "",
+             t->tps > 1 ? "tensor" : "", t->pipe && t->tps > 1 ? "+" : "",
+             t->pipe ? "pipeline" : "");
+    return name;
+  }
   switch (t->zero) {
   case 1:
     return "zero1";

@@ -122,11 +122,11 @@ struct loom_trainer {
   loom_ddp *ddp; /* NULL: plain training on one rank */
   /* ZeRO stage (0: DDP or none). From 1 the optimizer holds and steps only
    * this rank's slice of the flat parameters (the checkpoint's slice,
-   * loom_train_slice; with tensor parallelism, stage 1 only, its replica's
-   * cut of the rank's own part, loom_train_tp_cut); from 2 the DDP keeps only
-   * the slice of the reduced gradient; at 3 the parameters too (z3). At 1 and 2
-   * the slices are all-gathered after each step (zero_counts: every rank's
-   * count). */
+   * loom_train_slice; with tensor parallelism, stages 1 and 2, its
+   * replica's cut of the rank's own part, loom_train_tp_cut); from 2 the DDP
+   * keeps only the slice of the reduced gradient; at 3 the parameters too (z3).
+   * At 1 and 2 the slices are all-gathered after each step (zero_counts: every
+   * rank's count). */
   int zero;
   size_t *zero_counts;
   int64_t *bounds;    /* (nranks + 1) stage 2 and 3: the slices' bounds */
@@ -284,6 +284,10 @@ void loom_train_tp_stepped(const loom_trainer *t, int64_t *a, int64_t *b);
  * same on every replica of its tp rank and stage), whose optimizer state
  * replica d keeps and steps. */
 void loom_train_tp_cut(const loom_trainer *t, int d, int64_t *lo, int64_t *hi);
+/* zero1/zero2 with tensor parallelism: every replica's cut's count
+ * (zero_counts), made at set-up (after the pipeline, if any), before any
+ * collective needs them. */
+loom_status loom_train_tp_cuts_new(loom_trainer *t);
 /* zero1 with tensor parallelism: every replica's cut of a buffer in the
  * rank's layout (cut: this replica's part, from its cut's first element)
  * put together into range (the rank's layout over loom_train_tp_stepped's

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bf16 and f16 with tensor parallelism (train.precision with parallel.tp),
 # the GPT of test_tp.sh with accumulation and clipping, 20 steps:
-# - tp 2 (bf16 and f16), tp 2 x pp 2 (bf16) and dp 2 x tp 2 zero1 (f16)
+# - tp 2 (bf16 and f16), tp 2 x pp 2 (bf16), dp 2 x tp 2 zero1 and zero2
+#   (f16)
 #   against one rank in the same precision with the same global batch:
 #   parameters within 5e-4 (normwise, relative) and within a quarter of the
 #   distance between that precision and f32 on one rank; every step's loss
@@ -12,7 +13,7 @@
 #   two f32 runs drift at ~1e-5.
 # - f16: an inf in one tp rank's gradient at step 5 skips the step on
 #   every rank and halves the scale (the same weights whichever rank held
-#   it); stopped at step 7 and resumed, the bits and scales of the straight
+#   it), with and without clipping; stopped at step 7 and resumed, the bits and scales of the straight
 #   run.
 # - the log names the path; the rank's half copy is its part of the model.
 . "$(dirname "$0")/../lib.sh"
@@ -85,30 +86,33 @@ run 4 train "${cfg[@]}" --quiet --resume never --set train.precision=f16 \
   --set "log.run_dir=$tmp/dtz_f16"
 [ $rc = 0 ] || { bad "dp 2 x tp 2 zero1 f16 (rc $rc)"; cat "$tmp/out"; }
 near_one "$tmp/dtz_f16" f16 "dp 2 x tp 2 zero1, f16"
-run 4 train "${cfg[@]}" --quiet --resume never --set train.precision=bf16 \
+run 4 train "${cfg[@]}" --quiet --resume never --set train.precision=f16 \
   --set parallel.tp=2 --set train.batch_size=4 --set parallel.strategy=zero2 \
-  --set "log.run_dir=$tmp/dtz2_bf16"
-[ $rc = 0 ] || { bad "dp 2 x tp 2 zero2 bf16 (rc $rc)"; cat "$tmp/out"; }
-near_one "$tmp/dtz2_bf16" bf16 "dp 2 x tp 2 zero2, bf16"
+  --set "log.run_dir=$tmp/dtz2_f16"
+[ $rc = 0 ] || { bad "dp 2 x tp 2 zero2 f16 (rc $rc)"; cat "$tmp/out"; }
+near_one "$tmp/dtz2_f16" f16 "dp 2 x tp 2 zero2 (the cut unscaled), f16"
 
-# -- f16: an inf in one tp rank's gradient (each holds a different part)
-f=("${cfg[@]}" --quiet --resume never --set train.precision=f16 --set parallel.tp=2
-  --set train.steps=8)
-LOOM_FAULT=0:5:grad_inf run 2 train "${f[@]}" --set "log.run_dir=$tmp/inf0"
-a=$("$HASH" "$tmp/inf0/ckpt")
-s0=$(scales "$tmp/inf0")
-LOOM_FAULT=1:5:grad_inf run 2 train "${f[@]}" --set "log.run_dir=$tmp/inf1"
-b=$("$HASH" "$tmp/inf1/ckpt")
-s1=$(scales "$tmp/inf1")
-run 2 train "${f[@]}" --set "log.run_dir=$tmp/inf_none"
-c=$("$HASH" "$tmp/inf_none/ckpt")
-case " $s1 " in
-*" 5:32768:1 "*) ok "tp 2 f16: rank 1's inf at step 5 skips the step and halves the scale (rank 0's metrics)" ;;
-*) bad "tp 2 f16: rank 0 did not skip rank 1's overflow: $s1" ;;
-esac
-[ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" != "$c" ] && [ "$s0" = "$s1" ] &&
-  ok "tp 2 f16: the same weights whichever rank overflowed, other than without" ||
-  bad "tp 2 f16: rank 0 inf '$a', rank 1 inf '$b', none '$c'"
+# -- f16: an inf in one tp rank's gradient (each holds a different part),
+#    with clipping (the norm's path) and without (the plain step's)
+for clip in 0.5 0; do
+  f=("${cfg[@]}" --quiet --resume never --set train.precision=f16 --set parallel.tp=2
+    --set train.steps=8 --set optim.grad_clip=$clip)
+  LOOM_FAULT=0:5:grad_inf run 2 train "${f[@]}" --set "log.run_dir=$tmp/inf0_$clip"
+  a=$("$HASH" "$tmp/inf0_$clip/ckpt")
+  s0=$(scales "$tmp/inf0_$clip")
+  LOOM_FAULT=1:5:grad_inf run 2 train "${f[@]}" --set "log.run_dir=$tmp/inf1_$clip"
+  b=$("$HASH" "$tmp/inf1_$clip/ckpt")
+  s1=$(scales "$tmp/inf1_$clip")
+  run 2 train "${f[@]}" --set "log.run_dir=$tmp/inf_none_$clip"
+  c=$("$HASH" "$tmp/inf_none_$clip/ckpt")
+  case " $s1 " in
+  *" 5:32768:1 "*) ok "tp 2 f16, grad_clip $clip: rank 1's inf at step 5 skips the step and halves the scale (rank 0's metrics)" ;;
+  *) bad "tp 2 f16, grad_clip $clip: rank 0 did not skip rank 1's overflow: $s1" ;;
+  esac
+  [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" != "$c" ] && [ "$s0" = "$s1" ] &&
+    ok "tp 2 f16, grad_clip $clip: the same weights whichever rank overflowed, other than without" ||
+    bad "tp 2 f16, grad_clip $clip: rank 0 inf '$a', rank 1 inf '$b', none '$c'"
+done
 
 # -- f16 resume: the scaler's state is in the checkpoint
 r=("${cfg[@]}" --quiet --set train.precision=f16 --set parallel.tp=2

@@ -103,6 +103,7 @@ import json, sys
 last = lambda p: [json.loads(l) for l in open(p) if '"loss"' in l][-1]
 d, z = (last(p) for p in sys.argv[1:])
 assert z["mem_grads_mb"] < d["mem_grads_mb"], (z["mem_grads_mb"], d["mem_grads_mb"])
+assert z["peak_rss_mb"] < d["peak_rss_mb"] + 1, (z["peak_rss_mb"], d["peak_rss_mb"])
 assert 0.49 < z["mem_optim_mb"] / d["mem_optim_mb"] < 0.51
 print("gradients a rank: %.4f MiB under zero2, %.4f under ddp" % (z["mem_grads_mb"], d["mem_grads_mb"]))
 EOF
@@ -110,6 +111,19 @@ EOF
 mesh rs_z2 zero2 --resume never --stop-at 7
 mesh rs_z2 zero2 --resume auto
 same "$tmp/rs_z2" "$tmp/z2" "zero2 stopped at step 7, resumed under zero2"
+
+# -- one replica (tp 2 on 2 ranks): zero1 and zero2 are ddp over a group
+#    of one, and give its bits; a stopped zero2 run resumes with them
+one=(--set train.batch_size=8)
+run 2 train "${cfg[@]}" "${one[@]}" --resume never --set parallel.tp=2 --set "log.run_dir=$tmp/t_ddp"
+for s in zero1 zero2; do
+  run 2 train "${cfg[@]}" "${one[@]}" --resume never --set parallel.tp=2 \
+    --set parallel.strategy=$s --set "log.run_dir=$tmp/t_$s" --stop-at 7
+  run 2 train "${cfg[@]}" "${one[@]}" --resume auto --set parallel.tp=2 \
+    --set parallel.strategy=$s --set "log.run_dir=$tmp/t_$s"
+  [ $rc = 0 ] || { bad "tp 2 $s, one replica (rc $rc)"; cat "$tmp/out"; }
+  same "$tmp/t_$s" "$tmp/t_ddp" "tp 2 on 2 ranks (one replica) $s, stopped at step 7 and resumed"
+done
 
 # -- dp 2 x tp 2 x pp 2: each replica steps its cut of its tp part of the
 #    stage's range
