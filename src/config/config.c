@@ -362,6 +362,15 @@ static const loom_config_key keys[] = {
          "r..r+tp-1 form one group (the closest ranks), then pipeline "
          "stages (parallel.pp), then replicas (parallel.dp); "
          "parallel.strategy auto or ddp, train.precision f32"),
+    KBOOL("parallel.sequence_parallel", parallel.sequence_parallel, "false", 0,
+          "with parallel.tp > 1 (model gpt): sequence parallelism "
+          "(Korthikanti et al. 2022): between the tensor-parallel layers "
+          "(the embedding's output, layer norms, dropout, residual sums) "
+          "each rank of a group holds 1/tp of the micro-batch's tokens, so "
+          "those activations take 1/tp of the memory; the output "
+          "projections reduce-scatter and the qkv, first MLP and output "
+          "layers all-gather instead of all-reducing (the same bytes). "
+          "tp must divide model.context; dropout masks do not depend on tp"),
     KINT("parallel.pp", parallel.pp, "1", 1, 4096, 0,
          "pipeline stages of the mesh: the model (gpt) cut into pp "
          "contiguous runs of its units (the embedding, each transformer "
@@ -1240,6 +1249,24 @@ static loom_status check_tp(const loom_config *cfg, const cfg_origins *org,
   const loom_config_parallel *pc = &cfg->parallel;
   const loom_config_model *m = &cfg->model;
   const int64_t T = pc->tp;
+  if (pc->sequence_parallel) {
+    const cfg_loc *sl = origin_of(org, "parallel.sequence_parallel", none);
+    if (T == 1)
+      return cfg_err(sl, "parallel.sequence_parallel",
+                     "true with parallel.tp 1: sequence parallelism cuts the "
+                     "tokens over a tensor-parallel group; supported: "
+                     "parallel.tp > 1 with model gpt (or false)");
+    if (m->name != LOOM_CFG_MODEL_GPT)
+      return cfg_err(sl, "parallel.sequence_parallel",
+                     "true with model '%s': supported with model gpt only",
+                     loom_cfg_model_names[m->name]);
+    if (m->context % T != 0)
+      return cfg_err(sl, "parallel.sequence_parallel",
+                     "true with model.context %lld and parallel.tp %lld: "
+                     "each rank takes an equal share of every micro-batch's "
+                     "tokens; supported: a tp that divides model.context",
+                     (long long)m->context, (long long)T);
+  }
   if (T == 1)
     return LOOM_OK;
   const cfg_loc *l = origin_of(org, "parallel.tp", none);

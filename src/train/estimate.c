@@ -138,13 +138,21 @@ static loom_status no_wait(void *user, int slot) {
   return LOOM_ERR_UNSUPPORTED;
 }
 
+static loom_status no_move(void *user, int slot, const float *send, float *recv,
+                           int64_t n) {
+  (void)user, (void)slot, (void)send, (void)recv, (void)n;
+  return LOOM_ERR_UNSUPPORTED;
+}
+
 static loom_status rank_model(const loom_config *cfg, loom_model **m) {
   loom_model_opts mo = loom_model_opts_default();
   mo.shape_only = true;
   loom_tp tp = {.size = (int)cfg->parallel.tp,
                 .rank = 0,
                 .start = no_start,
-                .wait = no_wait};
+                .wait = no_wait,
+                .gather = no_move,
+                .scatter = no_move};
   return loom_train_model_make_tp(cfg, &mo, cfg->parallel.tp > 1 ? &tp : NULL,
                                   m);
 }
