@@ -202,6 +202,9 @@ typedef struct loom_config_parallel {
    * activations cut over the group along the tokens
    * (loom_gpt_opts.sequence_parallel). */
   bool sequence_parallel;
+  /* ... gathering the column-parallel layers' inputs again in backward
+   * (loom_gpt_opts.sp_regather). */
+  bool sequence_parallel_regather;
 } loom_config_parallel;
 
 /* A plain value: copy it with `=`, nothing to free. */

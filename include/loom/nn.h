@@ -673,6 +673,13 @@ typedef struct loom_gpt_opts {
    * embedding) then get each rank's part of their gradient: the caller
    * sums it over the group before the optimizer (the trainer does). */
   bool sequence_parallel;
+  /* With sequence_parallel: the column-parallel layers do not keep their
+   * gathered input (N x C floats each) for backward but all-gather it
+   * again there (Megatron-LM's choice): all of the region's activations
+   * take 1/size of the memory, for one more all-gather of the input a
+   * column-parallel layer a backward pass. false: kept, the same bytes
+   * sent as plain tensor parallelism. */
+  bool sp_regather;
 } loom_gpt_opts;
 loom_gpt_opts loom_gpt_opts_default(void);
 loom_status loom_gpt_new(loom_model **out, const loom_gpt_opts *o,

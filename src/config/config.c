@@ -371,6 +371,14 @@ static const loom_config_key keys[] = {
           "projections reduce-scatter and the qkv, first MLP and output "
           "layers all-gather instead of all-reducing (the same bytes). "
           "tp must divide model.context; dropout masks do not depend on tp"),
+    KBOOL("parallel.sequence_parallel_regather",
+          parallel.sequence_parallel_regather, "false", 0,
+          "with parallel.sequence_parallel: the qkv, first MLP and output "
+          "layers all-gather their input again in backward instead of "
+          "keeping the gathered copy (Megatron-LM's way): every activation "
+          "of the sequence-parallel region takes 1/tp of the memory, for "
+          "one more all-gather of a layer's input in backward; false sends "
+          "the bytes of plain tp"),
     KINT("parallel.pp", parallel.pp, "1", 1, 4096, 0,
          "pipeline stages of the mesh: the model (gpt) cut into pp "
          "contiguous runs of its units (the embedding, each transformer "
@@ -1249,6 +1257,13 @@ static loom_status check_tp(const loom_config *cfg, const cfg_origins *org,
   const loom_config_parallel *pc = &cfg->parallel;
   const loom_config_model *m = &cfg->model;
   const int64_t T = pc->tp;
+  if (pc->sequence_parallel_regather && !pc->sequence_parallel)
+    return cfg_err(
+        origin_of(org, "parallel.sequence_parallel_regather", none),
+        "parallel.sequence_parallel_regather",
+        "true without parallel.sequence_parallel: it chooses how sequence "
+        "parallelism keeps the gathered inputs; supported: with "
+        "parallel.sequence_parallel true (or false)");
   if (pc->sequence_parallel) {
     const cfg_loc *sl = origin_of(org, "parallel.sequence_parallel", none);
     if (T == 1)

@@ -115,7 +115,7 @@ loom_status loom_attention_new(loom_module **out, int C, int NH, bool bias) {
 }
 
 loom_status loom_attention_tp_new(loom_module **out, int C, int NH, bool bias,
-                                  const loom_tp *tp, bool sp) {
+                                  const loom_tp *tp, int sp) {
   *out = NULL;
   int T = tp && tp->size > 1 ? tp->size : 1;
   if (C <= 0 || NH <= 0 || C % NH != 0)

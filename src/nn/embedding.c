@@ -210,7 +210,7 @@ loom_status loom_embedding_new(loom_module **out, int V, int C, int T_max) {
 }
 
 loom_status loom_embedding_tp_new(loom_module **out, int V, int C, int T_max,
-                                  const loom_tp *tp, bool sp) {
+                                  const loom_tp *tp, int sp) {
   if (!tp || tp->size <= 1)
     return loom_embedding_new(out, V, C, T_max);
   if (V % tp->size != 0 || tp->rank < 0 || tp->rank >= tp->size)
@@ -223,6 +223,6 @@ loom_status loom_embedding_tp_new(loom_module **out, int V, int C, int T_max,
   e->tp = tp;
   e->Vall = V;
   e->v0 = tp->rank * (V / tp->size);
-  e->sp = sp;
+  e->sp = sp != LOOM_NN_SP_OFF;
   return LOOM_OK;
 }

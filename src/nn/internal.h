@@ -132,6 +132,13 @@ bool loom_nn_is_relu(const loom_module *m);
 void loom_nn_relu_set_input(loom_module *m, const float *in);
 const float *loom_nn_relu_input(const loom_module *m);
 
+/* The `sp` argument of the tensor-parallel constructors below: sequence
+ * parallelism off; on, the column-parallel layers keeping their gathered
+ * input for backward (the bytes of plain tensor parallelism); on, gathering
+ * it again in backward (Megatron-LM's way: the region's activations all
+ * 1/T, one more all-gather a column-parallel layer). */
+enum { LOOM_NN_SP_OFF = 0, LOOM_NN_SP_KEEP = 1, LOOM_NN_SP_REGATHER = 2 };
+
 /* Tensor parallelism (docs/parallel.md; tp NULL or of one rank: a plain
  * layer). Column-parallel linear: this rank's OC outputs of the whole
  * layer (weight and bias cut by rows, dimension 0 in `blocks` blocks);
@@ -143,12 +150,12 @@ const float *loom_nn_relu_input(const loom_module *m);
  * reduce-scattered), the row-parallel one reduce-scatters its output to
  * this rank's rows (its output gradient all-gathered). */
 loom_status loom_linear_col_new(loom_module **out, int C, int OC, bool bias,
-                                int blocks, const loom_tp *tp, bool sp);
+                                int blocks, const loom_tp *tp, int sp);
 loom_status loom_linear_row_new(loom_module **out, int C, int OC, bool bias,
-                                const loom_tp *tp, bool sp);
+                                const loom_tp *tp, int sp);
 /* A tied linear layer made column-parallel (the GPT's output layer over a
  * vocabulary-parallel token embedding). */
-void loom_linear_set_tp_col(loom_module *linear, const loom_tp *tp, bool sp);
+void loom_linear_set_tp_col(loom_module *linear, const loom_tp *tp, int sp);
 /* tp can run sequence parallelism (more than one rank, gather and scatter
  * offered). */
 bool loom_tp_sp_ok(const loom_tp *tp);
@@ -164,14 +171,14 @@ void loom_dropout_set_sp(loom_module *dropout, const loom_tp *tp);
  * and outputs this rank's rows; attention and the MLP take and give this
  * rank's rows; the block's norms, dropouts and sums run on them). */
 loom_status loom_embedding_tp_new(loom_module **out, int V, int C, int T_max,
-                                  const loom_tp *tp, bool sp);
+                                  const loom_tp *tp, int sp);
 loom_status loom_attention_tp_new(loom_module **out, int C, int NH, bool bias,
-                                  const loom_tp *tp, bool sp);
+                                  const loom_tp *tp, int sp);
 loom_status loom_mlp_tp_new(loom_module **out, int C, int hidden, bool bias,
-                            float dropout, const loom_tp *tp, bool sp);
+                            float dropout, const loom_tp *tp, int sp);
 loom_status loom_transformer_block_tp_new(loom_module **out, int C, int NH,
                                           int mlp_ratio, bool bias,
                                           float dropout, const loom_tp *tp,
-                                          bool sp);
+                                          int sp);
 
 #endif /* LOOM_NN_INTERNAL_H */

@@ -30,11 +30,12 @@ typedef struct linear {
    * the rank's rows; backward all-gathers the output gradient (into
    * gdout). N is the GEMM's rows, the whole micro-batch's. */
   bool sp;
-  int n;        /* the rank's rows */
-  float *gin;   /* (N,C) column: the gathered input, kept for backward */
-  float *dxl;   /* (n,C) scratch, column: the rank's rows of dx summed */
-  float *part;  /* (N,OC) scratch, row: this rank's partial product */
-  float *gdout; /* (N,OC) scratch, row: the gathered output gradient */
+  bool regather; /* column: gin is scratch, gathered again in backward */
+  int n;         /* the rank's rows */
+  float *gin;    /* (N,C) column: the gathered input, kept for backward */
+  float *dxl;    /* (n,C) scratch, column: the rank's rows of dx summed */
+  float *part;   /* (N,OC) scratch, row: this rank's partial product */
+  float *gdout;  /* (N,OC) scratch, row: the gathered output gradient */
 } linear;
 
 static loom_status linear_params(loom_module *m, loom_nn_visit *v) {
@@ -115,9 +116,12 @@ static loom_status linear_plan(loom_module *m, loom_nn_plan *p,
     return loom_module_error(m, LOOM_ERR_UNSUPPORTED,
                              "tensor parallelism runs in f32 only");
   if (l->sp && l->tp_mode == TP_COL) {
-    l->gin = loom_nn_plan_floats(p, N * l->C);
+    if (!l->regather)
+      l->gin = loom_nn_plan_floats(p, N * l->C);
     l->out = loom_nn_plan_floats(p, N * l->OC);
     size_t mark = loom_nn_plan_scratch_mark(p);
+    if (l->regather) /* forward and backward each use it within the call */
+      l->gin = loom_nn_plan_scratch_floats(p, N * l->C);
     l->dx = loom_nn_plan_scratch_floats(p, N * l->C);
     l->dxl = loom_nn_plan_scratch_floats(p, (int64_t)l->n * l->C);
     loom_nn_plan_scratch_release(p, mark);
@@ -212,6 +216,36 @@ static loom_status linear_backward(loom_module *m, loom_nn_ctx *ctx,
     return loom_linear_backward_half(dinp, dw, db, dout, l->in, m->in.dtype,
                                      l->half, linear_weight_half(l, ctx), l->N,
                                      l->C, l->OC, l->scratch);
+  if (l->sp && l->tp_mode == TP_COL && l->regather) {
+    /* The input's rows gathered again (slot 1) while the input gradient of
+     * the N rows, which needs only the weight, is computed; then its sum
+     * over the group, of this rank's rows, (slot 0) travels while the
+     * weight's gradient is computed from the gathered input. */
+    const float *w = linear_weight(l, ctx);
+    int64_t nn = (int64_t)l->N * l->C;
+    LOOM_TRY(
+        l->tp->gather(l->tp->user, 1, l->in, l->gin, (int64_t)l->n * l->C));
+    loom_status s = LOOM_OK;
+    if (dinp) {
+      memset(l->dx, 0, (size_t)nn * sizeof(float));
+      s = loom_linear_backward(l->dx, NULL, NULL, dout, l->gin, w, l->N, l->C,
+                               l->OC);
+    }
+    loom_status ws = l->tp->wait(l->tp->user, 1);
+    LOOM_TRY(s);
+    LOOM_TRY(ws);
+    if (dinp)
+      LOOM_TRY(
+          l->tp->scatter(l->tp->user, 0, l->dx, l->dxl, (int64_t)l->n * l->C));
+    s = loom_linear_backward(NULL, dw, db, dout, l->gin, w, l->N, l->C, l->OC);
+    if (!dinp)
+      return s;
+    ws = l->tp->wait(l->tp->user, 0);
+    LOOM_TRY(s);
+    LOOM_TRY(ws);
+    loom_accumulate(dinp, l->dxl, (int64_t)l->n * l->C);
+    return LOOM_OK;
+  }
   if (l->sp && l->tp_mode == TP_COL) {
     /* The input gradient of the N rows, summed over the group, of this
      * rank's rows only: posted first, it travels while the weight's
@@ -326,37 +360,39 @@ bool loom_tp_sp_ok(const loom_tp *tp) {
 }
 
 loom_status loom_linear_col_new(loom_module **out, int C, int OC, bool bias,
-                                int blocks, const loom_tp *tp, bool sp) {
+                                int blocks, const loom_tp *tp, int sp) {
   LOOM_TRY(loom_linear_new(out, C, OC, bias));
   if (tp_ok(tp)) {
     linear *l = (linear *)*out;
     l->tp = tp;
     l->tp_mode = TP_COL;
     l->tp_blocks = blocks > 0 ? blocks : 1;
-    l->sp = sp;
+    l->sp = sp != LOOM_NN_SP_OFF;
+    l->regather = sp == LOOM_NN_SP_REGATHER;
   }
   return LOOM_OK;
 }
 
 loom_status loom_linear_row_new(loom_module **out, int C, int OC, bool bias,
-                                const loom_tp *tp, bool sp) {
+                                const loom_tp *tp, int sp) {
   LOOM_TRY(loom_linear_new(out, C, OC, bias));
   if (tp_ok(tp)) {
     linear *l = (linear *)*out;
     l->tp = tp;
     l->tp_mode = TP_ROW;
-    l->sp = sp;
+    l->sp = sp != LOOM_NN_SP_OFF;
   }
   return LOOM_OK;
 }
 
-void loom_linear_set_tp_col(loom_module *m, const loom_tp *tp, bool sp) {
+void loom_linear_set_tp_col(loom_module *m, const loom_tp *tp, int sp) {
   if (m && m->ops == &linear_ops && tp_ok(tp)) {
     linear *l = (linear *)m;
     l->tp = tp;
     l->tp_mode = TP_COL;
     l->tp_blocks = 1;
-    l->sp = sp;
+    l->sp = sp != LOOM_NN_SP_OFF;
+    l->regather = sp == LOOM_NN_SP_REGATHER;
   }
 }
 

@@ -111,7 +111,7 @@ loom_status loom_mlp_new(loom_module **out, int C, int hidden, bool bias,
 }
 
 loom_status loom_mlp_tp_new(loom_module **out, int C, int hidden, bool bias,
-                            float dropout, const loom_tp *tp, bool sp) {
+                            float dropout, const loom_tp *tp, int sp) {
   *out = NULL;
   int T = tp && tp->size > 1 ? tp->size : 1;
   if (hidden % T != 0)

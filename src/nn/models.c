@@ -184,6 +184,12 @@ loom_gpt_opts loom_gpt_opts_default(void) {
   return o;
 }
 
+static int sp_mode(const loom_gpt_opts *o) {
+  if (!o->tp || o->tp->size <= 1 || !o->sequence_parallel)
+    return LOOM_NN_SP_OFF;
+  return o->sp_regather ? LOOM_NN_SP_REGATHER : LOOM_NN_SP_KEEP;
+}
+
 /* Blocks first .. first+K-1 (named blocks.<l> as without checkpointing, so
  * the layout and checkpoints are the same) as one checkpointed segment. */
 static loom_status gpt_segment(loom_module **out, const loom_gpt_opts *o,
@@ -196,7 +202,7 @@ static loom_status gpt_segment(loom_module **out, const loom_gpt_opts *o,
     snprintf(name, sizeof name, "blocks.%d", l);
     ADD(name, loom_transformer_block_tp_new(&kid_, o->d_model, o->n_head,
                                             o->mlp_ratio, o->bias, o->dropout,
-                                            o->tp, o->sequence_parallel));
+                                            o->tp, sp_mode(o)));
   }
   return loom_checkpoint_new(out, seq);
 fail:
@@ -225,7 +231,7 @@ loom_status loom_gpt_new(loom_model **out, const loom_gpt_opts *o,
                       "gpt: %d tensor-parallel ranks must divide the %d heads "
                       "and the vocabulary of %d (rank %d)",
                       tp->size, o->n_head, o->vocab, tp->rank);
-  const bool sp = tp && o->sequence_parallel;
+  const int sp = sp_mode(o);
   if (o->sequence_parallel && (!tp || !loom_tp_sp_ok(tp)))
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "gpt: sequence parallelism needs tensor parallelism "
@@ -234,7 +240,7 @@ loom_status loom_gpt_new(loom_model **out, const loom_gpt_opts *o,
   /* the blocks (gpt_segment) read it from the options */
   loom_gpt_opts oo = *o;
   oo.tp = tp;
-  oo.sequence_parallel = sp;
+  oo.sequence_parallel = sp != LOOM_NN_SP_OFF;
   o = &oo;
   loom_model_opts mopts = loom_model_opts_default();
   if (mo)

@@ -124,7 +124,7 @@ loom_status loom_transformer_block_new(loom_module **out, int C, int NH,
 loom_status loom_transformer_block_tp_new(loom_module **out, int C, int NH,
                                           int mlp_ratio, bool bias,
                                           float dropout, const loom_tp *tp,
-                                          bool sp) {
+                                          int sp) {
   *out = NULL;
   if (mlp_ratio <= 0 || !(dropout >= 0.0f && dropout < 1.0f))
     return loom_error(LOOM_ERR_INVALID_ARG,

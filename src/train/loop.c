@@ -110,6 +110,7 @@ static loom_status model_build(const loom_config *cfg,
     o.dropout = (float)mc->dropout;
     o.tp = tp;
     o.sequence_parallel = tp && tp->size > 1 && cfg->parallel.sequence_parallel;
+    o.sp_regather = cfg->parallel.sequence_parallel_regather;
     mo.init = LOOM_INIT_GPT2;
     mo.init_std = (float)mc->init_std;
     mo.init_n_layer = o.n_layer;
