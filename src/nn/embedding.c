@@ -12,7 +12,7 @@ typedef struct embedding {
    * the N looked up (tokens [rank n, (rank+1) n) of (B,T)), reduce-scattered
    * from `full`; backward all-gathers the output gradient into it. */
   bool sp;
-  int n;
+  int n, tps;  /* tps: the group's size (planning reads no loom_tp) */
   float *full; /* (N,C) scratch */
   int N, B, T;
   const int32_t *ids; /* (N) = (B,T), kept from forward */
@@ -62,7 +62,7 @@ static loom_status embedding_plan(loom_module *m, loom_nn_plan *p,
   out->dtype = LOOM_F32;
   out->dim[out->ndim++] = e->C;
   if (e->sp) {
-    int T = e->tp->size;
+    int T = e->tps;
     if (in->ndim != 2 || e->T % T != 0)
       return loom_module_error(m, LOOM_ERR_INVALID_ARG,
                                "sequence parallelism over %d ranks needs ids "
@@ -224,5 +224,6 @@ loom_status loom_embedding_tp_new(loom_module **out, int V, int C, int T_max,
   e->Vall = V;
   e->v0 = tp->rank * (V / tp->size);
   e->sp = sp != LOOM_NN_SP_OFF;
+  e->tps = tp->size;
   return LOOM_OK;
 }

@@ -32,6 +32,7 @@ typedef struct linear {
   bool sp;
   bool regather; /* column: gin is scratch, gathered again in backward */
   int n;         /* the rank's rows */
+  int tps;       /* the group's size (planning reads no loom_tp) */
   float *gin;    /* (N,C) column: the gathered input, kept for backward */
   float *dxl;    /* (n,C) scratch, column: the rank's rows of dx summed */
   float *part;   /* (N,OC) scratch, row: this rank's partial product */
@@ -90,7 +91,7 @@ static loom_status linear_plan(loom_module *m, loom_nn_plan *p,
   l->dx = l->gin = l->dxl = l->part = l->gdout = NULL;
   if (l->sp) {
     /* the rows' dimension (the sequence in (B,T,C)) is the one cut */
-    int T = l->tp->size, d = in->ndim - 2;
+    int T = l->tps, d = in->ndim - 2;
     char buf[96];
     if (d < 0 || (l->tp_mode == TP_ROW && in->dim[d] % T != 0))
       return loom_module_error(m, LOOM_ERR_INVALID_ARG,
@@ -368,6 +369,7 @@ loom_status loom_linear_col_new(loom_module **out, int C, int OC, bool bias,
     l->tp_mode = TP_COL;
     l->tp_blocks = blocks > 0 ? blocks : 1;
     l->sp = sp != LOOM_NN_SP_OFF;
+    l->tps = tp->size;
     l->regather = sp == LOOM_NN_SP_REGATHER;
   }
   return LOOM_OK;
@@ -381,6 +383,7 @@ loom_status loom_linear_row_new(loom_module **out, int C, int OC, bool bias,
     l->tp = tp;
     l->tp_mode = TP_ROW;
     l->sp = sp != LOOM_NN_SP_OFF;
+    l->tps = tp->size;
   }
   return LOOM_OK;
 }
@@ -392,6 +395,7 @@ void loom_linear_set_tp_col(loom_module *m, const loom_tp *tp, int sp) {
     l->tp_mode = TP_COL;
     l->tp_blocks = 1;
     l->sp = sp != LOOM_NN_SP_OFF;
+    l->tps = tp->size;
     l->regather = sp == LOOM_NN_SP_REGATHER;
   }
 }

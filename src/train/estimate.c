@@ -187,7 +187,14 @@ static double tp_sent(const loom_config *cfg, int blocks, int64_t rows,
     return 0;
   const double act = 4.0 * (double)rows * (double)cfg->model.context *
                      (double)cfg->model.d_model;
-  return passes * (double)blocks * 4.0 * 2.0 * (T - 1) / T * act;
+  /* sequence parallelism: each all-reduce a reduce-scatter and an
+   * all-gather, the same bytes; with regather the inputs of qkv and of the
+   * MLP's first layer all-gathered once more in backward */
+  double per_block = 4.0 * 2.0 * (T - 1) / T * act;
+  if (cfg->parallel.sequence_parallel &&
+      cfg->parallel.sequence_parallel_regather)
+    per_block += 2.0 * (T - 1) / T * act;
+  return passes * (double)blocks * per_block;
 }
 
 loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
