@@ -33,3 +33,22 @@ finish() { # NAME: the summary line and the exit status
   [ $fail = 0 ] && echo "$1: all passed"
   exit $fail
 }
+# seeded_text FILE [BYTES]: English-like text of its own (seeded, the same
+# bytes every time) for tests whose comparisons are tight: a file of the
+# tree (docs) changes with edits, and moves them.
+seeded_text() {
+  python3 - "$1" "${2:-60000}" <<'PYEOF'
+import random, sys
+r = random.Random(1234)
+words = ("the rank sends its part of the sum to the next stage while the "
+         "pipeline waits for a micro batch and each layer keeps what "
+         "backward needs in one arena of memory so that gradients flow "
+         "back through the model in reverse order").split()
+out, n, size = [], 0, int(sys.argv[2])
+while n < size:
+    s = " ".join(r.choice(words) for _ in range(r.randint(5, 17))) + ". "
+    out.append(s[0].upper() + s[1:])
+    n += len(s)
+open(sys.argv[1], "w").write("".join(out)[:size])
+PYEOF
+}

@@ -361,7 +361,7 @@ static const loom_config_key keys[] = {
          "one backward for the attention, the same for the MLP. Ranks "
          "r..r+tp-1 form one group (the closest ranks), then pipeline "
          "stages (parallel.pp), then replicas (parallel.dp); "
-         "parallel.strategy auto or ddp, train.precision f32"),
+         "parallel.strategy auto, ddp or zero1; any train.precision"),
     KBOOL("parallel.sequence_parallel", parallel.sequence_parallel, "false", 0,
           "with parallel.tp > 1 (model gpt): sequence parallelism "
           "(Korthikanti et al. 2022): between the tensor-parallel layers "
@@ -1281,6 +1281,12 @@ static loom_status check_tp(const loom_config *cfg, const cfg_origins *org,
                      "each rank takes an equal share of every micro-batch's "
                      "tokens; supported: a tp that divides model.context",
                      (long long)m->context, (long long)T);
+    if (cfg->train.precision != LOOM_CFG_PRECISION_F32)
+      return cfg_err(origin_of(org, "train.precision", none), "train.precision",
+                     "'%s' with parallel.sequence_parallel: sequence "
+                     "parallelism runs in f32 for now (supported: f32, or "
+                     "sequence_parallel false)",
+                     loom_cfg_precision_names[cfg->train.precision]);
   }
   if (T == 1)
     return LOOM_OK;
@@ -1299,23 +1305,19 @@ static loom_status check_tp(const loom_config *cfg, const cfg_origins *org,
                    "of the vocabulary",
                    (long long)T, (long long)m->heads, (long long)m->vocab);
   if (pc->strategy != LOOM_CFG_STRATEGY_AUTO &&
-      pc->strategy != LOOM_CFG_STRATEGY_DDP)
+      pc->strategy != LOOM_CFG_STRATEGY_DDP &&
+      pc->strategy != LOOM_CFG_STRATEGY_ZERO1)
     return cfg_err(origin_of(org, "parallel.strategy", none),
                    "parallel.strategy",
                    "'%s' with parallel.tp %lld: tensor parallelism supports "
-                   "auto or ddp (data parallel over parallel.dp)",
+                   "auto, ddp or zero1 (data parallel over parallel.dp, "
+                   "zero1 sharding the optimizer state over it)",
                    loom_cfg_strategy_names[pc->strategy], (long long)T);
   if (pc->deterministic)
     return cfg_err(origin_of(org, "parallel.deterministic", none),
                    "parallel.deterministic",
                    "true with parallel.tp %lld: tensor parallelism supports "
                    "false",
-                   (long long)T);
-  if (cfg->train.precision != LOOM_CFG_PRECISION_F32)
-    return cfg_err(origin_of(org, "train.precision", none), "train.precision",
-                   "'%s' with parallel.tp %lld: tensor parallelism trains "
-                   "in f32 for now (supported: f32)",
-                   loom_cfg_precision_names[cfg->train.precision],
                    (long long)T);
   if (cfg->train.batch_size == 0)
     return cfg_err(origin_of(org, "train.batch_size", none), "train.batch_size",

@@ -113,9 +113,9 @@ static loom_status linear_plan(loom_module *m, loom_nn_plan *p,
   l->N = (int)N;
   l->half = p->half;
   l->scratch = NULL;
-  if (l->tp_mode != TP_NONE && l->half != LOOM_F32)
+  if (l->sp && l->half != LOOM_F32)
     return loom_module_error(m, LOOM_ERR_UNSUPPORTED,
-                             "tensor parallelism runs in f32 only");
+                             "sequence parallelism runs in f32 only");
   if (l->sp && l->tp_mode == TP_COL) {
     if (!l->regather)
       l->gin = loom_nn_plan_floats(p, N * l->C);
@@ -138,18 +138,16 @@ static loom_status linear_plan(loom_module *m, loom_nn_plan *p,
     return LOOM_OK;
   }
   l->out = loom_nn_plan_floats(p, N * l->OC);
-  if (l->tp_mode == TP_COL) {
-    size_t mark = loom_nn_plan_scratch_mark(p);
+  /* Scratch used within a call: column-parallel's partial input gradient
+   * (in flight while the weight's gradient is computed, so apart from the
+   * half operands' room, which that computation uses) */
+  size_t mark = loom_nn_plan_scratch_mark(p);
+  if (l->tp_mode == TP_COL)
     l->dx = loom_nn_plan_scratch_floats(p, N * l->C);
-    loom_nn_plan_scratch_release(p, mark);
-  }
-  if (l->half != LOOM_F32) {
-    /* forward and backward each use it within the call */
-    size_t mark = loom_nn_plan_scratch_mark(p);
+  if (l->half != LOOM_F32)
     l->scratch = loom_nn_plan_scratch_floats(
         p, loom_linear_half_scratch_floats(l->N, l->C, l->OC));
-    loom_nn_plan_scratch_release(p, mark);
-  }
+  loom_nn_plan_scratch_release(p, mark);
   return LOOM_OK;
 }
 
@@ -164,19 +162,25 @@ static const uint16_t *linear_weight_half(const linear *l,
                   : loom_nn_param_half(ctx, &l->base, 0);
 }
 
+/* out = in @ W^T (+ b), in f32 or on the half weights. */
+static loom_status product(linear *l, loom_nn_ctx *ctx, const float *b) {
+  if (l->half == LOOM_F32)
+    return loom_linear_forward(l->out, l->in, linear_weight(l, ctx), b, l->N,
+                               l->C, l->OC);
+  if (!ctx->params_half || ctx->half != l->half)
+    return loom_module_error(&l->base, LOOM_ERR_INTERNAL, "no %s weights",
+                             loom_dtype_name(l->half));
+  return loom_linear_forward_half(l->out, l->in, l->base.in.dtype, l->half,
+                                  linear_weight_half(l, ctx), b, l->N, l->C,
+                                  l->OC, l->scratch);
+}
+
 static loom_status linear_forward(loom_module *m, loom_nn_ctx *ctx,
                                   const void *in, const float **out) {
   linear *l = (linear *)m;
   l->in = in;
   const float *b = l->bias ? loom_nn_param(ctx, m, 1) : NULL;
-  if (l->half != LOOM_F32) {
-    if (!ctx->params_half || ctx->half != l->half)
-      return loom_module_error(m, LOOM_ERR_INTERNAL, "no %s weights",
-                               loom_dtype_name(l->half));
-    LOOM_TRY(loom_linear_forward_half(l->out, l->in, m->in.dtype, l->half,
-                                      linear_weight_half(l, ctx), b, l->N, l->C,
-                                      l->OC, l->scratch));
-  } else if (l->sp && l->tp_mode == TP_COL) {
+  if (l->sp && l->tp_mode == TP_COL) {
     /* every rank's rows, in rank order: the micro-batch's N */
     LOOM_TRY(loom_tp_allgather(l->tp, l->in, l->gin, (int64_t)l->n * l->C));
     LOOM_TRY(loom_linear_forward(l->out, l->gin, linear_weight(l, ctx), b, l->N,
@@ -191,20 +195,30 @@ static loom_status linear_forward(loom_module *m, loom_nn_ctx *ctx,
       for (int i = 0; i < l->n; i++)
         loom_accumulate(l->out + (int64_t)i * l->OC, b, l->OC);
   } else if (l->tp_mode == TP_ROW) {
-    /* every rank's part of the product, summed, then the bias once */
-    LOOM_TRY(loom_linear_forward(l->out, l->in, linear_weight(l, ctx), NULL,
-                                 l->N, l->C, l->OC));
+    /* every rank's part of the product (f32 sums in either precision),
+     * summed, then the bias once */
+    LOOM_TRY(product(l, ctx, NULL));
     LOOM_TRY(
         loom_tp_allreduce(l->tp, l->out, (int64_t)l->N * l->OC, LOOM_TP_SUM));
     if (b)
       for (int i = 0; i < l->N; i++)
         loom_accumulate(l->out + (int64_t)i * l->OC, b, l->OC);
   } else {
-    LOOM_TRY(loom_linear_forward(l->out, l->in, linear_weight(l, ctx), b, l->N,
-                                 l->C, l->OC));
+    LOOM_TRY(product(l, ctx, b));
   }
   *out = l->out;
   return LOOM_OK;
+}
+
+/* The gradients asked for (NULL: not), in f32 or on the half weights. */
+static loom_status gradients(linear *l, loom_nn_ctx *ctx, float *dinp,
+                             float *dw, float *db, const float *dout) {
+  if (l->half != LOOM_F32)
+    return loom_linear_backward_half(
+        dinp, dw, db, dout, l->in, l->base.in.dtype, l->half,
+        linear_weight_half(l, ctx), l->N, l->C, l->OC, l->scratch);
+  return loom_linear_backward(dinp, dw, db, dout, l->in, linear_weight(l, ctx),
+                              l->N, l->C, l->OC);
 }
 
 static loom_status linear_backward(loom_module *m, loom_nn_ctx *ctx,
@@ -213,10 +227,6 @@ static loom_status linear_backward(loom_module *m, loom_nn_ctx *ctx,
   float *dw = l->owner ? loom_nn_grad(ctx, l->owner, l->owner_k)
                        : loom_nn_grad(ctx, m, 0);
   float *db = l->bias ? loom_nn_grad(ctx, m, 1) : NULL;
-  if (l->half != LOOM_F32)
-    return loom_linear_backward_half(dinp, dw, db, dout, l->in, m->in.dtype,
-                                     l->half, linear_weight_half(l, ctx), l->N,
-                                     l->C, l->OC, l->scratch);
   if (l->sp && l->tp_mode == TP_COL && l->regather) {
     /* The input's rows gathered again (slot 1) while the input gradient of
      * the N rows, which needs only the weight, is computed; then its sum
@@ -290,22 +300,18 @@ static loom_status linear_backward(loom_module *m, loom_nn_ctx *ctx,
     /* This rank's outputs give a part of the input gradient: its sum over
      * the group is posted first and travels while the weight's gradient is
      * computed. */
-    const float *w = linear_weight(l, ctx);
     int64_t n = (int64_t)l->N * l->C;
     memset(l->dx, 0, (size_t)n * sizeof(float));
-    LOOM_TRY(loom_linear_backward(l->dx, NULL, NULL, dout, l->in, w, l->N, l->C,
-                                  l->OC));
+    LOOM_TRY(gradients(l, ctx, l->dx, NULL, NULL, dout));
     LOOM_TRY(l->tp->start(l->tp->user, 0, l->dx, n, LOOM_TP_SUM));
-    loom_status s =
-        loom_linear_backward(NULL, dw, db, dout, l->in, w, l->N, l->C, l->OC);
+    loom_status s = gradients(l, ctx, NULL, dw, db, dout);
     loom_status ws = l->tp->wait(l->tp->user, 0);
     LOOM_TRY(s);
     LOOM_TRY(ws);
     loom_accumulate(dinp, l->dx, n);
     return LOOM_OK;
   }
-  return loom_linear_backward(dinp, dw, db, dout, l->in, linear_weight(l, ctx),
-                              l->N, l->C, l->OC);
+  return gradients(l, ctx, dinp, dw, db, dout);
 }
 
 static void linear_free(loom_module *m) { loom_free(m); }

@@ -246,6 +246,21 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
    * buffer is allocated, so a model larger than this machine can be sized. */
   loom_model *m = NULL;
   LOOM_TRY(rank_model(cfg, &m));
+  /* with tensor parallelism, the whole model's count too: checkpoints
+   * keep its layout */
+  double whole_n = (double)loom_model_num_params(m);
+  if (T > 1) {
+    loom_model *w = NULL;
+    loom_model_opts wo = loom_model_opts_default();
+    wo.shape_only = true;
+    loom_status ws = loom_train_model_make(cfg, &wo, &w);
+    if (ws != LOOM_OK) {
+      loom_model_free(m);
+      return loom_error_context(ws, "estimate: the whole model");
+    }
+    whole_n = (double)loom_model_num_params(w);
+    loom_model_free(w);
+  }
   const int blocks = blocks_in(cfg, m, 0, loom_model_num_units(m));
   const loom_shape in = input_shape(cfg, out->batch);
   size_t act = 0, scratch = 0;
@@ -351,10 +366,10 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
         (double)(ranks - 1) / ranks * f * psi *
         ((shared_grads ? 1.0 : 0.0) + (shared_params ? 1.0 : 0.0));
   }
-  /* Sent per step: an all-reduce of the gradients (DDP), or their
-   * reduce-scatter and the parameters' all-gather (ZeRO 1 and 2), and
-   * ZeRO-3's gather of every unit in forward and again in backward of
-   * each micro-batch. */
+  /* Sent per step: an all-reduce of the gradients (DDP; ZeRO-1 too, then
+   * the parameters' all-gather), their reduce-scatter and the parameters'
+   * all-gather (ZeRO-2), and ZeRO-3's gather of every unit in forward and
+   * again in backward of each micro-batch. */
   if (ddp && ranks > 1) {
     const double share = (double)(ranks - 1) / ranks;
     const double wire = pc->compress != LOOM_CFG_COMPRESS_NONE ? 2.0 : f;
@@ -365,16 +380,25 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
       out->sent_bytes = 2.0 * share * wire * psi;
     else if (shard_params)
       out->sent_bytes = share * (wire + 2.0 * passes * f) * psi;
-    else
+    else if (shard_grads)
       out->sent_bytes = share * (wire + f) * psi;
+    else
+      out->sent_bytes = share * (2.0 * wire + f) * psi;
   }
   out->sent_bytes +=
       tp_sent(cfg, blocks, out->batch,
               (double)cfg->train.accumulate *
                   (double)(pc->micro_batches > 1 ? pc->micro_batches : 1));
   out->process_bytes = process_bytes(tp_ranks);
-  if (cfg->checkpoint.enabled && cfg->checkpoint.async)
-    out->ckpt_bytes = f * (1.0 + k) * (ranks > 1 ? slice : psi);
+  if (cfg->checkpoint.enabled && (cfg->checkpoint.async || T > 1)) {
+    /* The snapshot: the rank's checkpoint slice of the parameters and of
+     * each optimizer state; with tensor parallelism always (the slice of
+     * the whole layout, put together from the group), and with zero1 one
+     * state of the rank's whole part. */
+    out->ckpt_bytes = T > 1 ? f * (1.0 + k) * (whole_n / tp_ranks + 1.0) +
+                                  (shard_optim ? f * psi : 0.0)
+                            : f * (1.0 + k) * (ranks > 1 ? slice : psi);
+  }
   return total(out);
 }
 
@@ -527,7 +551,10 @@ loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
     out->sent_bytes += (zero1 ? 3.0 : 2.0) * (double)(D - 1) / D * f * own;
   out->sent_bytes += tp_sent(cfg, blocks, out->batch, passes);
   out->process_bytes = process_bytes(ranks);
-  if (cfg->checkpoint.enabled && cfg->checkpoint.async)
-    out->ckpt_bytes = f * (1.0 + k) * (own / D + 1.0);
+  /* the snapshot (always with tensor parallelism; zero1 then adds room
+   * for one optimizer state of the stage's range) */
+  if (cfg->checkpoint.enabled && (cfg->checkpoint.async || T > 1))
+    out->ckpt_bytes =
+        f * (1.0 + k) * (own / D + 1.0) + (T > 1 && zero1 ? f * own : 0.0);
   return total(out);
 }

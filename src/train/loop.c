@@ -227,8 +227,10 @@ static loom_status make_optim(loom_trainer *t) {
   oo.beta2 = oc->beta2;
   oo.eps = oc->eps;
   oo.weight_decay = oc->weight_decay;
-  if (t->zero) /* the state of this rank's slice only (with a pipeline,
-                  its cut of the stage's range) */
+  if (t->zero && t->tps > 1) /* its replica's cut of the rank's part */
+    loom_train_tp_cut(t, t->replica, &oo.shard_begin, &oo.shard_end);
+  else if (t->zero) /* the state of this rank's slice only (with a
+                       pipeline, its cut of the stage's range) */
     loom_train_slice(t, t->rank, &oo.shard_begin, &oo.shard_end);
   else if (t->pipe) /* the state of this stage's parameters only */
     loom_pipe_owned(t->pipe, &oo.shard_begin, &oo.shard_end);
@@ -389,8 +391,12 @@ static loom_status open_world(loom_trainer *t) {
   }
   if (t->tps > 1) {
     /* DDP over the replicas of each tensor-parallel rank (parallel.dp),
-     * when there are several or parallel.strategy is ddp */
+     * when there are several or parallel.strategy is ddp; zero1: each
+     * replica keeps and steps the optimizer state of its cut of the
+     * rank's part (loom_train_tp_cut), the cuts all-gathered after */
     t->units = t->replicas;
+    if (pc->strategy == LOOM_CFG_STRATEGY_ZERO1)
+      t->zero = 1;
     return LOOM_OK;
   }
   switch (pc->strategy) {
@@ -1321,6 +1327,13 @@ void loom_trainer_catch_stop_signals(void) {
 /* ZeRO-1: each rank stepped its slice of the parameters; every rank gets
  * all of them (in place: this rank's slice is already where it belongs). */
 static loom_status zero1_gather(loom_trainer *t, float *params) {
+  if (t->tps > 1) { /* over the replicas of the rank's part */
+    if (t->replicas == 1)
+      return LOOM_OK;
+    int64_t lo, hi;
+    loom_train_tp_cut(t, t->replica, &lo, &hi);
+    return loom_train_tp_gather_cuts(t, params + lo, params); /* a = 0 */
+  }
   if (t->nranks == 1)
     return LOOM_OK;
   if (!t->zero_counts) {
@@ -1361,18 +1374,22 @@ static loom_status optim_step(loom_trainer *t, float lr, double *gnorm,
     LOOM_TRY(loom_ddp_step(t->ddp, t->optim, lr));
   } else if (t->tp_map && (clip > 0 || t->sp)) {
     /* The rank's part of the gradient: the norm of the whole one (the cut
-     * parameters' squares summed over the tp group, the whole ones once).
-     * Sequence parallelism: the whole ones' parts summed first. */
+     * parameters' squares summed over the tp group, the whole ones once);
+     * f16: unscaled first, an inf or NaN on any rank skipping everywhere.
+     * Sequence parallelism: the whole ones' parts summed before all. */
     if (t->ddp)
       LOOM_TRY(loom_ddp_wait(t->ddp));
     float *grads = loom_model_grads(t->model);
     LOOM_TRY(loom_train_tp_sp_grads(t, 0, n));
-    if (clip > 0) {
-      double ss;
-      LOOM_TRY(loom_train_tp_grad_sumsq(t, 0, n, &ss));
-      LOOM_TRY(loom_grad_clip_sumsq(grads, n, ss, (float)clip, gnorm));
+    LOOM_TRY(loom_train_scale_unscale(t, grads, n, &skip));
+    if (!skip) {
+      if (clip > 0) {
+        double ss;
+        LOOM_TRY(loom_train_tp_grad_sumsq(t, 0, n, &ss));
+        LOOM_TRY(loom_grad_clip_sumsq(grads, n, ss, (float)clip, gnorm));
+      }
+      LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
     }
-    LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
   } else if (t->zero >= 2) {
     /* This rank holds only its slice of the gradient: the norm is summed
      * over the slices. */

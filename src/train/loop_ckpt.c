@@ -256,6 +256,13 @@ loom_status loom_train_ckpt_prepare(loom_trainer *t) {
   int64_t lo, hi;
   my_slice(t, &lo, &hi);
   int64_t n = (hi - lo) * (1 + loom_optim_state_count(t->optim));
+  /* zero1 with tensor parallelism: and room for one optimizer state of
+   * the stepped range, gathered from the replicas' cuts (tp_state) */
+  if (t->tp_map && t->zero) {
+    int64_t a, b;
+    loom_train_tp_stepped(t, &a, &b);
+    n += b - a;
+  }
   t->snap = loom_malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
   if (!t->snap)
     return loom_error_context(LOOM_ERR_NOMEM,
@@ -282,6 +289,21 @@ static const float *tp_stage(loom_trainer *t, const float *local, int64_t base,
     return NULL;
   *off += count;
   return dst;
+}
+
+/* An optimizer state's slice through tp_stage. zero1: the replicas' cuts
+ * first gathered into the room at the snapshot's end (collective over the
+ * dp group, then the tp group). */
+static const float *tp_state(loom_trainer *t, const loom_optim_state *st,
+                             int64_t count, int64_t *off) {
+  if (!t->zero)
+    return tp_stage(t, st->data, st->begin, count, off);
+  int64_t a, b;
+  loom_train_tp_stepped(t, &a, &b);
+  float *range = t->snap + (t->snap_n - (b - a));
+  if (loom_train_tp_gather_cuts(t, st->data, range) != LOOM_OK)
+    return NULL;
+  return tp_stage(t, range, a, count, off);
 }
 
 static const float *stage(loom_trainer *t, const float *src, int64_t count,
@@ -326,7 +348,7 @@ loom_status loom_train_ckpt_save(loom_trainer *t) {
     for (int i = 0; i < loom_optim_state_count(t->optim) && s == LOOM_OK; i++) {
       loom_optim_state st;
       s = loom_optim_state_get(t->optim, i, &st);
-      if (s == LOOM_OK && !tp_stage(t, st.data, st.begin, hi - lo, &off))
+      if (s == LOOM_OK && !tp_state(t, &st, hi - lo, &off))
         s = LOOM_ERR_INTERNAL;
     }
     if (s != LOOM_OK)
@@ -398,6 +420,20 @@ loom_status loom_train_ckpt_final(loom_trainer *t) {
                     (long long)t->step, t->ckpt_last_error);
 }
 
+/* zero1 with tensor parallelism: the state of the replica's cut, read
+ * through a scratch buffer of the stepped range. */
+static loom_status tp_read_cut(loom_trainer *t, const loom_ckpt *c,
+                               const char *name, const loom_optim_state *st) {
+  int64_t a, b;
+  loom_train_tp_stepped(t, &a, &b);
+  float *range = loom_malloc((size_t)(b > a ? b - a : 1) * sizeof(float));
+  if (!range)
+    return loom_error_context(LOOM_ERR_NOMEM, "reading %s", name);
+  loom_status s = loom_train_tp_read_cut(t, c, name, range, st->data);
+  loom_free(range);
+  return s;
+}
+
 static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
   const loom_ckpt_meta *meta = loom_ckpt_get_meta(c);
   int64_t n = loom_model_num_params(t->whole ? t->whole : t->model);
@@ -438,7 +474,9 @@ static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
     char name[LOOM_CKPT_NAME_MAX];
     LOOM_TRY(loom_optim_state_get(t->optim, i, &st));
     state_buffer_name(name, sizeof name, st.name);
-    if (t->tp_map)
+    if (t->tp_map && t->zero)
+      LOOM_TRY(tp_read_cut(t, c, name, &st));
+    else if (t->tp_map)
       LOOM_TRY(loom_train_tp_read(t, c, name, st.data, st.begin, st.count));
     else
       LOOM_TRY(loom_ckpt_read_range(c, name, st.begin, st.begin + st.count,

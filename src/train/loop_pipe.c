@@ -329,6 +329,12 @@ done:
 static loom_status zero1_gather(loom_trainer *t, float *params) {
   if (t->replicas == 1)
     return LOOM_OK;
+  if (t->tps > 1) { /* the cuts of the rank's part of the stage's range */
+    int64_t a, b, lo, hi;
+    loom_train_tp_stepped(t, &a, &b);
+    loom_train_tp_cut(t, t->replica, &lo, &hi);
+    return loom_train_tp_gather_cuts(t, params + lo, params + a);
+  }
   if (!t->zero_counts) {
     t->zero_counts = loom_calloc((size_t)t->replicas, sizeof *t->zero_counts);
     if (!t->zero_counts)

@@ -88,6 +88,50 @@ loom_status loom_train_tp_slice(loom_trainer *t, const float *local,
   return s;
 }
 
+void loom_train_tp_stepped(const loom_trainer *t, int64_t *a, int64_t *b) {
+  if (t->pipe) {
+    loom_pipe_owned(t->pipe, a, b);
+    return;
+  }
+  *a = 0;
+  *b = loom_model_num_params(t->model);
+}
+
+void loom_train_tp_cut(const loom_trainer *t, int d, int64_t *lo, int64_t *hi) {
+  int64_t a, b;
+  loom_train_tp_stepped(t, &a, &b);
+  *lo = a + (b - a) * d / t->replicas;
+  *hi = a + (b - a) * (d + 1) / t->replicas;
+}
+
+loom_status loom_train_tp_gather_cuts(loom_trainer *t, const float *cut,
+                                      float *range) {
+  if (!t->zero_counts) {
+    t->zero_counts = loom_calloc((size_t)t->replicas, sizeof *t->zero_counts);
+    if (!t->zero_counts)
+      return LOOM_ERR_NOMEM;
+    for (int d = 0; d < t->replicas; d++) {
+      int64_t lo, hi;
+      loom_train_tp_cut(t, d, &lo, &hi);
+      t->zero_counts[d] = (size_t)(hi - lo);
+    }
+  }
+  loom_req req = LOOM_REQ_INIT;
+  LOOM_TRY(
+      loom_allgatherv(cut, range, t->zero_counts, LOOM_F32, t->dp_group, &req));
+  return loom_wait(&req);
+}
+
+loom_status loom_train_tp_read_cut(loom_trainer *t, const loom_ckpt *c,
+                                   const char *name, float *range, float *cut) {
+  int64_t a, b, lo, hi;
+  loom_train_tp_stepped(t, &a, &b);
+  loom_train_tp_cut(t, t->replica, &lo, &hi);
+  LOOM_TRY(loom_train_tp_read(t, c, name, range, a, b - a));
+  memcpy(cut, range + (lo - a), (size_t)(hi - lo) * sizeof(float));
+  return LOOM_OK;
+}
+
 typedef struct read_ctx {
   const loom_ckpt *c;
   const char *name;

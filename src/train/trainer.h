@@ -123,9 +123,11 @@ struct loom_trainer {
   loom_ddp *ddp; /* NULL: plain training on one rank */
   /* ZeRO stage (0: DDP or none). From 1 the optimizer holds and steps only
    * this rank's slice of the flat parameters (the checkpoint's slice,
-   * loom_train_slice); from 2 the DDP keeps only the slice of the reduced
-   * gradient; at 3 the parameters too (z3). At 1 and 2 the slices are
-   * all-gathered after each step (zero_counts: every rank's count). */
+   * loom_train_slice; with tensor parallelism, stage 1 only, its replica's
+   * cut of the rank's own part, loom_train_tp_cut); from 2 the DDP keeps only
+   * the slice of the reduced gradient; at 3 the parameters too (z3). At 1 and 2
+   * the slices are all-gathered after each step (zero_counts: every rank's
+   * count). */
   int zero;
   size_t *zero_counts;
   int64_t *bounds;    /* (nranks + 1) stage 2 and 3: the slices' bounds */
@@ -270,6 +272,26 @@ loom_status loom_train_tp_grad_sumsq(loom_trainer *t, int64_t lo, int64_t hi,
  * into dst. Collective over the tp group. */
 loom_status loom_train_tp_slice(loom_trainer *t, const float *local,
                                 int64_t base, float *dst);
+/* The part [a, b) of the rank's layout whose optimizer state its tp rank
+ * steps: all of it, or a pipeline stage's own range. */
+void loom_train_tp_stepped(const loom_trainer *t, int64_t *a, int64_t *b);
+/* zero1 with tensor parallelism: replica d's cut [lo, hi) of the rank's
+ * own layout (its part of the model, or of a pipeline stage's range: the
+ * same on every replica of its tp rank and stage), whose optimizer state
+ * replica d keeps and steps. */
+void loom_train_tp_cut(const loom_trainer *t, int d, int64_t *lo, int64_t *hi);
+/* zero1 with tensor parallelism: every replica's cut of a buffer in the
+ * rank's layout (cut: this replica's part, from its cut's first element)
+ * put together into range (the rank's layout over loom_train_tp_stepped's
+ * [a, b), from element a). Collective over the dp group. */
+loom_status loom_train_tp_gather_cuts(loom_trainer *t, const float *cut,
+                                      float *range);
+/* zero1 with tensor parallelism: checkpoint buffer `name`'s values of the
+ * replica's cut into cut, read through range (room for the stepped range
+ * [a, b), from element a: the map fills whole views, and a cut may split
+ * one). */
+loom_status loom_train_tp_read_cut(loom_trainer *t, const loom_ckpt *c,
+                                   const char *name, float *range, float *cut);
 /* This rank's part of checkpoint buffer `name` into local, which holds its
  * layout from element base on: the parameters (base 0, count -1: what the
  * rank holds, a stage's own and borrowed views) or an optimizer state

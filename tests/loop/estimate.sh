@@ -123,7 +123,7 @@ awk -v a="$o_ddp" -v b="$(col stage0 5)" -v s="$s_ddp" -v t="$(col stage0 11)" -
 # and its measured peak is within 10% of the estimate.
 "$LOOM" estimate "$cfg" "${mid[@]}" -n 2 >"$tmp/out" 2>&1
 whole=$(sed -n 's/.* \([0-9]*\) parameters, .*/\1/p' "$tmp/out" | head -1)
-"$LOOM" estimate "$cfg" "${mid[@]}" -n 2 --set parallel.tp=2 >"$tmp/out" 2>&1
+"$LOOM" estimate "$cfg" "${mid[@]}" -n 2 --set parallel.tp=2 --set checkpoint.enabled=false >"$tmp/out" 2>&1
 part=$(sed -n 's/.* \([0-9]*\) parameters, .*/\1/p' "$tmp/out" | head -1)
 est=$(col ddp 10)
 awk -v a="$part" -v b="$whole" 'BEGIN { exit !(a > 0.5 * b && a < 0.52 * b) }' &&
@@ -133,6 +133,19 @@ run 2 train "$cfg" "${mid[@]}" --set parallel.tp=2 --quiet --resume never --set 
   --set log.every=2 --set "log.run_dir=$tmp/run_tp"
 peak=$(grep -o '"peak_rss_mb":[0-9.]*' "$tmp/run_tp/metrics.jsonl" 2>/dev/null | tail -1 | cut -d: -f2)
 near "$peak" "$est" "tp 2 on 2 ranks"
+# dp 2 x tp 2 under zero1, saving checkpoints: half the optimizer state,
+# the snapshot of the rank's checkpoint slice (put together from the tp
+# group) and one optimizer state of its part (gathered from the replicas).
+"$LOOM" estimate "$cfg" "${mid[@]}" -n 4 --set parallel.tp=2 --strategy zero1 >"$tmp/out" 2>&1
+est=$(col zero1 10)
+run 4 train "$cfg" "${mid[@]}" --set parallel.tp=2 --set parallel.strategy=zero1 --quiet \
+  --resume never --set train.steps=4 --set train.eval_every=0 --set train.eval_batches=1 \
+  --set log.every=2 --set log.per_rank=true --set "log.run_dir=$tmp/run_tpz" \
+  --set "checkpoint.dir=$tmp/run_tpz/ckpt"
+for r in 0 3; do
+  peak=$(grep -o 'peak rss [0-9.]*' "$tmp/run_tpz/logs/rank-$r.log" 2>/dev/null | tail -1 | cut -d' ' -f3)
+  near "$peak" "$est" "dp 2 x tp 2 zero1 with checkpoints, rank $r"
+done
 # Not a strategy of the pipeline's replicas: exit 2 naming ddp.
 "$LOOM" estimate "$cfg" "${mid[@]}" "${pp[@]}" -n 2 --strategy zero2 >"$tmp/out" 2>&1
 [ $? = 2 ] && grep -q "supported: ddp, zero1" "$tmp/out" && ok "--strategy zero2 with pp refused" ||

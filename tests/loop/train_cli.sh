@@ -40,10 +40,10 @@ bad range 'optim:\n  lr: -1\n' \
   "range.yaml:2:7: key 'optim.lr': -1 is out of range (must be in (0, 1000])"
 bad syntax 'optim:\n  lr: [1\n' \
   "syntax.yaml:3:1: YAML syntax error: did not find expected ',' or ']' (while parsing a flow sequence)"
-# Issue 10: a value this build does not implement fails before training,
-# as a config error (exit 2, never restarted by loom run).
-bad precision 'model:\n  name: gpt\ndata:\n  dataset: kjv\ntrain:\n  precision: f16\nparallel:\n  tp: 2\n' \
-  "precision.yaml:6:3: key 'train.precision': 'f16' with parallel.tp 2: tensor parallelism trains in f32 for now (supported: f32)"
+# Issue 10: a key this build cannot honour with the others fails before
+# training, as a config error (exit 2, never restarted by loom run).
+bad precision 'train:\n  precision: bf16\n  loss_scale: dynamic\n' \
+  "precision.yaml:3:3: key 'train.loss_scale': 'dynamic' is for train.precision f16; precision 'bf16' has f32's exponent range and needs no loss scaling: it supports auto or 0"
 # A data.path that does not exist is an error naming it; nothing is created
 # there (it used to make the directories and write 4 MB, exit 0).
 run "$LOOM" train "$SRC/examples/small_gpt.yaml" --set "data.path=$T/no/such/kjv.txt" \

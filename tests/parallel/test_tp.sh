@@ -103,8 +103,7 @@ G="$SRC/examples/small_gpt.yaml"
 for x in "parallel.tp=2 --set model.name=mlp --set data.dataset=fashion-mnist|model 'mlp' supports 1" \
   "parallel.tp=2 --set model.name=cnn --set data.dataset=fashion-mnist|model 'cnn' supports 1" \
   "parallel.tp=4|does not divide model.heads (2)" \
-  "parallel.tp=2 --set parallel.strategy=zero1|tensor parallelism supports auto or ddp" \
-  "parallel.tp=2 --set train.precision=bf16|tensor parallelism trains in f32" \
+  "parallel.tp=2 --set parallel.strategy=zero2|tensor parallelism supports auto, ddp or zero1" \
   "parallel.tp=2 --set parallel.deterministic=true|tensor parallelism supports false"; do
   "$LOOM" config check "$G" --set ${x%%|*} >"$tmp/out" 2>&1
   rc=$?

@@ -2,7 +2,8 @@
 # Sequence parallelism (parallel.sequence_parallel) with tensor parallelism
 # in loom train, on the GPT of test_tp.sh (tp_lib.sh: 3 blocks, d_model
 # 32, 4 heads, accumulation 2, clipping, 20 steps):
-# - tp 2, tp 4, dp 2 x tp 2 and tp 2 x pp 2 against one rank with the same
+# - tp 2, tp 4, dp 2 x tp 2, tp 2 x pp 2, and zero1 over dp 2 x tp 2 (and
+#   x pp 2) against one rank with the same
 #   global batch: every step's loss, the last validation loss and the
 #   parameters within 1e-5;
 # - dp 2 x tp 2 with dropout, activation checkpointing and micro-batches
@@ -35,6 +36,13 @@ tp 4 2 dp2tp2 --set train.batch_size=4 "${SP[@]}"
 close "$tmp/dp2tp2" "dp 2 x tp 2, sequence parallel"
 tp 4 2 tp2pp2 --set parallel.pp=2 --set parallel.micro_batches=4 "${SP[@]}"
 close "$tmp/tp2pp2" "tp 2 x pp 2 (1f1b, 4 micro-batches), sequence parallel"
+# ZeRO-1 over the replicas (the whole views' parts summed before the
+# sharded step), also with a pipeline
+tp 4 2 z1 --set train.batch_size=4 --set parallel.strategy=zero1 "${SP[@]}"
+close "$tmp/z1" "dp 2 x tp 2, zero1, sequence parallel"
+tp 8 2 z1pp --set train.batch_size=4 --set parallel.strategy=zero1 \
+  --set parallel.pp=2 --set parallel.micro_batches=2 "${SP[@]}"
+close "$tmp/z1pp" "dp 2 x tp 2 x pp 2, zero1, sequence parallel"
 RG=("${SP[@]}" --set parallel.sequence_parallel_regather=true)
 tp 2 2 rg2 "${RG[@]}"
 close "$tmp/rg2" "tp 2, sequence parallel, inputs gathered again in backward"
@@ -142,6 +150,9 @@ for x in "parallel.sequence_parallel=true|true with parallel.tp 1: sequence para
   "parallel.sequence_parallel=true --set parallel.tp=2 --set model.name=mlp --set data.dataset=fashion-mnist|true with model 'mlp': supported with model gpt only" \
   "parallel.sequence_parallel=true --set parallel.tp=2 --set model.name=cnn --set data.dataset=fashion-mnist|true with model 'cnn': supported with model gpt only" \
   "parallel.sequence_parallel=true --set parallel.tp=2 --set model.context=17|true with model.context 17 and parallel.tp 2" \
+  "parallel.sequence_parallel=true --set parallel.tp=2 --set train.precision=bf16|sequence parallelism runs in f32 for now" \
+  "parallel.sequence_parallel=true --set parallel.tp=2 --set train.precision=f16|sequence parallelism runs in f32 for now" \
+  "parallel.sequence_parallel=true --set parallel.tp=2 --set parallel.strategy=zero2|tensor parallelism supports" \
   "parallel.sequence_parallel=maybe|parallel.sequence_parallel" \
   "parallel.sequence_parallel_regather=true --set parallel.tp=2|true without parallel.sequence_parallel"; do
   "$LOOM" config check "$G" --set ${x%%|*} >"$tmp/out" 2>&1
