@@ -33,9 +33,16 @@ loom_status loom_train_tp_new(loom_trainer *t) {
     LOOM_INFO("tensor parallel: %d ranks a group x %d replica(s); %lld of "
               "the %lld parameters a rank (%.1f%%): the embedding and the "
               "output layer cut over the vocabulary, attention over the "
-              "heads, the MLP over its hidden units",
+              "heads, the MLP over its hidden units%s",
               t->tps, t->replicas, (long long)mine, (long long)all,
-              100.0 * (double)mine / (double)(all ? all : 1));
+              100.0 * (double)mine / (double)(all ? all : 1),
+              !t->sp ? ""
+              : t->cfg.parallel.sequence_parallel_regather
+                  ? "; sequence parallel (norms, dropout and residual sums "
+                    "on 1/tp of the tokens; inputs gathered again in "
+                    "backward)"
+                  : "; sequence parallel (norms, dropout and residual sums "
+                    "on 1/tp of the tokens)");
   return LOOM_OK;
 }
 
