@@ -197,6 +197,14 @@ typedef struct loom_config_parallel {
   int64_t micro_batches;            /* M: micro-batches of a pipeline step */
   loom_cfg_pp_schedule pp_schedule; /* gpipe or 1f1b */
   loom_config_ints pp_split;        /* units per stage ([]: balanced) */
+  /* Sequence parallelism over the tp group (tp > 1, model gpt, tp
+   * dividing model.context): the norms', dropouts' and residual sums'
+   * activations cut over the group along the tokens
+   * (loom_gpt_opts.sequence_parallel). */
+  bool sequence_parallel;
+  /* ... gathering the column-parallel layers' inputs again in backward
+   * (loom_gpt_opts.sp_regather). */
+  bool sequence_parallel_regather;
 } loom_config_parallel;
 
 /* A plain value: copy it with `=`, nothing to free. */

@@ -97,10 +97,25 @@ typedef struct loom_tp {
                        loom_tp_op op);
   loom_status (*wait)(void *user, int slot);
   void *user;
+  /* Sequence parallelism (loom_gpt_opts.sequence_parallel), posted into
+   * `slot` like `start` and completed by `wait`. gather: an all-gather,
+   * recv (size * n) = every rank's send (n) in rank order. scatter: a
+   * reduce-scatter (sum), send (size * n), this rank's recv (n) = the sum
+   * over the group of block `rank` of send. NULL where not offered (a
+   * model asking for sequence parallelism then fails to build). */
+  loom_status (*gather)(void *user, int slot, const float *send, float *recv,
+                        int64_t n);
+  loom_status (*scatter)(void *user, int slot, const float *send, float *recv,
+                         int64_t n);
 } loom_tp;
 /* start then wait. */
 loom_status loom_tp_allreduce(const loom_tp *tp, float *buf, int64_t n,
                               loom_tp_op op);
+/* gather / scatter then wait (slot 0). */
+loom_status loom_tp_allgather(const loom_tp *tp, const float *send, float *recv,
+                              int64_t n);
+loom_status loom_tp_reduce_scatter(const loom_tp *tp, const float *send,
+                                   float *recv, int64_t n);
 
 /* How a parameter of such a model is cut over the group: whole on every
  * rank (layer norms, the position embedding, a row-parallel layer's bias);
@@ -646,6 +661,25 @@ typedef struct loom_gpt_opts {
    * the rank's part of the logits (loom_xent_set_tp). size must divide
    * n_head and vocab. Borrowed for the model's life. */
   const loom_tp *tp;
+  /* Sequence parallelism (Korthikanti et al. 2022; docs/parallel.md
+   * "Sequence parallelism"), with tp of size > 1 only: between the
+   * tensor-parallel layers (the embedding's output, dropout, layer norms,
+   * residual sums) rank r holds tokens [r N/size, (r+1) N/size) of the
+   * N = B x T tokens of its input (batch-major), so those activations are
+   * (B, T/size, C) and size must divide T. The row-parallel layers
+   * reduce-scatter instead of all-reducing, the column-parallel ones
+   * (qkv, the MLP's first layer, the output layer) all-gather their input.
+   * The whole parameters (layer norms, row-parallel biases, the position
+   * embedding) then get each rank's part of their gradient: the caller
+   * sums it over the group before the optimizer (the trainer does). */
+  bool sequence_parallel;
+  /* With sequence_parallel: the column-parallel layers do not keep their
+   * gathered input (N x C floats each) for backward but all-gather it
+   * again there (Megatron-LM's choice): all of the region's activations
+   * take 1/size of the memory, for one more all-gather of the input a
+   * column-parallel layer a backward pass. false: kept, the same bytes
+   * sent as plain tensor parallelism. */
+  bool sp_regather;
 } loom_gpt_opts;
 loom_gpt_opts loom_gpt_opts_default(void);
 loom_status loom_gpt_new(loom_model **out, const loom_gpt_opts *o,

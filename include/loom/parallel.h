@@ -447,11 +447,18 @@ typedef struct loom_tp_group loom_tp_group;
 loom_status loom_tp_group_new(loom_tp_group **out, loom_group *g);
 const loom_tp *loom_tp_group_tp(const loom_tp_group *t);
 void loom_tp_group_free(loom_tp_group *t);
-/* Since the group's loom_tp was made: reductions posted, the bytes of
- * their buffers, and the time the caller was blocked waiting for them
- * (the reductions' cost that compute did not hide). */
+/* Since the group's loom_tp was made: all-reductions posted and the
+ * bytes of their buffers; sequence parallelism's all-gathers and
+ * reduce-scatters and the bytes of their whole (size x part) buffers;
+ * the bytes a rank sends for all of them by the ring algorithms' count
+ * (an all-reduce of b bytes 2 (T-1)/T b, an all-gather or reduce-scatter
+ * (T-1)/T b: sequence parallelism sends what plain tensor parallelism
+ * does); and the time the caller was blocked waiting for them (the
+ * collectives' cost that compute did not hide). */
 typedef struct loom_tp_stats {
   uint64_t reductions, bytes;
+  uint64_t gathers, scatters, seq_bytes;
+  double wire_bytes;
   double wait_s;
 } loom_tp_stats;
 void loom_tp_group_stats(const loom_tp_group *t, loom_tp_stats *out);

@@ -363,6 +363,23 @@ static const loom_config_key keys[] = {
          "stages (parallel.pp), then replicas (parallel.dp); "
          "parallel.strategy auto, ddp, zero1 or zero2 (zero2 with "
          "parallel.pp 1); any train.precision"),
+    KBOOL("parallel.sequence_parallel", parallel.sequence_parallel, "false", 0,
+          "with parallel.tp > 1 (model gpt): sequence parallelism "
+          "(Korthikanti et al. 2022): between the tensor-parallel layers "
+          "(the embedding's output, layer norms, dropout, residual sums) "
+          "each rank of a group holds 1/tp of the micro-batch's tokens, so "
+          "those activations take 1/tp of the memory; the output "
+          "projections reduce-scatter and the qkv, first MLP and output "
+          "layers all-gather instead of all-reducing (the same bytes). "
+          "tp must divide model.context; dropout masks do not depend on tp"),
+    KBOOL("parallel.sequence_parallel_regather",
+          parallel.sequence_parallel_regather, "false", 0,
+          "with parallel.sequence_parallel: the qkv, first MLP and output "
+          "layers all-gather their input again in backward instead of "
+          "keeping the gathered copy (Megatron-LM's way): every activation "
+          "of the sequence-parallel region takes 1/tp of the memory, for "
+          "one more all-gather of a layer's input in backward; false sends "
+          "the bytes of plain tp"),
     KINT("parallel.pp", parallel.pp, "1", 1, 4096, 0,
          "pipeline stages of the mesh: the model (gpt) cut into pp "
          "contiguous runs of its units (the embedding, each transformer "
@@ -1241,6 +1258,45 @@ static loom_status check_tp(const loom_config *cfg, const cfg_origins *org,
   const loom_config_parallel *pc = &cfg->parallel;
   const loom_config_model *m = &cfg->model;
   const int64_t T = pc->tp;
+  if (pc->sequence_parallel_regather && !pc->sequence_parallel)
+    return cfg_err(
+        origin_of(org, "parallel.sequence_parallel_regather", none),
+        "parallel.sequence_parallel_regather",
+        "true without parallel.sequence_parallel: it chooses how sequence "
+        "parallelism keeps the gathered inputs; supported: with "
+        "parallel.sequence_parallel true (or false)");
+  if (pc->sequence_parallel) {
+    const cfg_loc *sl = origin_of(org, "parallel.sequence_parallel", none);
+    if (T == 1)
+      return cfg_err(sl, "parallel.sequence_parallel",
+                     "true with parallel.tp 1: sequence parallelism cuts the "
+                     "tokens over a tensor-parallel group; supported: "
+                     "parallel.tp > 1 with model gpt (or false)");
+    if (m->name != LOOM_CFG_MODEL_GPT)
+      return cfg_err(sl, "parallel.sequence_parallel",
+                     "true with model '%s': supported with model gpt only",
+                     loom_cfg_model_names[m->name]);
+    if (m->context % T != 0)
+      return cfg_err(sl, "parallel.sequence_parallel",
+                     "true with model.context %lld and parallel.tp %lld: "
+                     "each rank takes an equal share of every micro-batch's "
+                     "tokens; supported: a tp that divides model.context",
+                     (long long)m->context, (long long)T);
+    if (cfg->train.precision != LOOM_CFG_PRECISION_F32)
+      return cfg_err(origin_of(org, "train.precision", none), "train.precision",
+                     "'%s' with parallel.sequence_parallel: sequence "
+                     "parallelism runs in f32 for now (supported: f32, or "
+                     "sequence_parallel false)",
+                     loom_cfg_precision_names[cfg->train.precision]);
+    if (pc->strategy == LOOM_CFG_STRATEGY_ZERO2)
+      return cfg_err(origin_of(org, "parallel.strategy", none),
+                     "parallel.strategy",
+                     "'zero2' with parallel.sequence_parallel: the layer "
+                     "norms' partial gradients are summed over the tp group "
+                     "whole, and zero2 keeps only a cut of the gradient; "
+                     "supported: auto, ddp or zero1 (or sequence_parallel "
+                     "false)");
+  }
   if (T == 1)
     return LOOM_OK;
   const cfg_loc *l = origin_of(org, "parallel.tp", none);

@@ -8,6 +8,9 @@ typedef struct attention {
   /* The heads' width: C, or with tensor parallelism this rank's C / T
    * (NH / T heads of the same size; NH is then this rank's heads). */
   int CL;
+  /* Sequence parallelism: the input and output are this rank's T / size
+   * positions' worth of rows (qkv gathers, proj scatters). */
+  int sp;
   loom_module *qkv, *proj; /* children: C -> 3CL, CL -> C */
   int B, T;
   const float *qkvo; /* (B,T,3C) the qkv child's output */
@@ -34,7 +37,7 @@ static loom_status attention_plan(loom_module *m, loom_nn_plan *p,
     return loom_module_error(m, LOOM_ERR_INVALID_ARG,
                              "expects (B,T,%d), got %s", a->C,
                              loom_shape_str(in, buf, sizeof buf));
-  int64_t B = in->dim[0], T = in->dim[1];
+  int64_t B = in->dim[0], T = in->dim[1] * (a->sp > 1 ? a->sp : 1);
   LOOM_TRY(loom_nn_check_int(m, "qkv", B * T * 3 * a->CL));
   LOOM_TRY(loom_nn_check_int(m, "attention matrix", B * a->NH * T * T));
   a->B = (int)B;
@@ -52,6 +55,7 @@ static loom_status attention_plan(loom_module *m, loom_nn_plan *p,
   /* proj, a linear layer, takes the heads in half */
   a->half = p->half;
   s = *in;
+  s.dim[1] = T;
   s.dim[2] = a->CL;
   s.dtype = a->half;
   a->y = loom_nn_plan_act(p, (size_t)BTC * loom_dtype_size(s.dtype));
@@ -107,11 +111,11 @@ static const loom_module_ops attention_ops = {
 };
 
 loom_status loom_attention_new(loom_module **out, int C, int NH, bool bias) {
-  return loom_attention_tp_new(out, C, NH, bias, NULL);
+  return loom_attention_tp_new(out, C, NH, bias, NULL, false);
 }
 
 loom_status loom_attention_tp_new(loom_module **out, int C, int NH, bool bias,
-                                  const loom_tp *tp) {
+                                  const loom_tp *tp, int sp) {
   *out = NULL;
   int T = tp && tp->size > 1 ? tp->size : 1;
   if (C <= 0 || NH <= 0 || C % NH != 0)
@@ -131,12 +135,14 @@ loom_status loom_attention_tp_new(loom_module **out, int C, int NH, bool bias,
   a->C = C;
   a->NH = NH / T;
   a->CL = C / T;
+  a->sp = sp && T > 1 ? T : 0;
   loom_status st;
   /* this rank's heads: its rows of q, of k and of v (three blocks), and
    * its columns of the output projection */
-  LOOM_TRY_GOTO(st, loom_linear_col_new(&a->qkv, C, 3 * a->CL, bias, 3, tp),
+  LOOM_TRY_GOTO(st, loom_linear_col_new(&a->qkv, C, 3 * a->CL, bias, 3, tp, sp),
                 fail);
-  LOOM_TRY_GOTO(st, loom_linear_row_new(&a->proj, a->CL, C, bias, tp), fail);
+  LOOM_TRY_GOTO(st, loom_linear_row_new(&a->proj, a->CL, C, bias, tp, sp),
+                fail);
   loom_linear_set_resid_proj(a->proj, true);
   a->qkv->attached = a->proj->attached = true;
   *out = &a->base;

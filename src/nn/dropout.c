@@ -11,7 +11,10 @@ typedef struct dropout {
   uint64_t rng_id; /* this module's number among random modules */
   int64_t n, per;  /* elements, elements per sample */
   int64_t B;
-  bool masked;   /* the last forward applied a mask */
+  bool masked; /* the last forward applied a mask */
+  /* Sequence parallelism: the input is part tp->rank of tp->size
+   * contiguous parts of the micro-batch (NULL: all of it). */
+  const loom_tp *sp;
   float *out;    /* (n) */
   uint8_t *mask; /* (n) */
 } dropout;
@@ -43,6 +46,26 @@ static loom_status dropout_forward(loom_module *m, loom_nn_ctx *ctx,
     return LOOM_OK;
   }
   const float *x = in;
+  if (d->sp) {
+    /* Element e of this rank's part is element g = rank n + e of the
+     * whole micro-batch: sample g / (per T), draw g mod (per T) of that
+     * sample's stream, as one rank's run draws it. */
+    int64_t whole = d->per * d->sp->size, g0 = (int64_t)d->sp->rank * d->n;
+    for (int64_t e = 0; e < d->n;) {
+      int64_t g = g0 + e, b = g / whole, off = g % whole;
+      int64_t len = whole - off < d->n - e ? whole - off : d->n - e;
+      uint64_t stream =
+          loom_rng_stream_id(DROPOUT_PURPOSE | d->rng_id, ctx->step,
+                             ctx->sample_base + (uint64_t)b);
+      loom_rng rng = loom_rng_init(ctx->seed, stream);
+      loom_rng_seek(&rng, (uint64_t)off);
+      loom_dropout_forward(d->out + e, d->mask + e, x + e, d->p, &rng, len);
+      e += len;
+    }
+    d->masked = true;
+    *out = d->out;
+    return LOOM_OK;
+  }
   for (int64_t b = 0; b < d->B; b++) {
     uint64_t stream = loom_rng_stream_id(DROPOUT_PURPOSE | d->rng_id, ctx->step,
                                          ctx->sample_base + (uint64_t)b);
@@ -91,4 +114,9 @@ loom_status loom_dropout_new(loom_module **out, float p) {
   d->p = p;
   *out = &d->base;
   return LOOM_OK;
+}
+
+void loom_dropout_set_sp(loom_module *m, const loom_tp *tp) {
+  if (m && m->ops == &dropout_ops && loom_tp_sp_ok(tp))
+    ((dropout *)m)->sp = tp;
 }

@@ -8,6 +8,12 @@ typedef struct embedding {
    * vocabulary of Vall ids (V = Vall and v0 = 0 without). */
   const loom_tp *tp;
   int v0, Vall;
+  /* Sequence parallelism: the output is this rank's n = N / size rows of
+   * the N looked up (tokens [rank n, (rank+1) n) of (B,T)), reduce-scattered
+   * from `full`; backward all-gathers the output gradient into it. */
+  bool sp;
+  int n, tps;  /* tps: the group's size (planning reads no loom_tp) */
+  float *full; /* (N,C) scratch */
   int N, B, T;
   const int32_t *ids; /* (N) = (B,T), kept from forward */
   float *out;         /* (N,C) */
@@ -55,6 +61,21 @@ static loom_status embedding_plan(loom_module *m, loom_nn_plan *p,
   *out = *in;
   out->dtype = LOOM_F32;
   out->dim[out->ndim++] = e->C;
+  if (e->sp) {
+    int T = e->tps;
+    if (in->ndim != 2 || e->T % T != 0)
+      return loom_module_error(m, LOOM_ERR_INVALID_ARG,
+                               "sequence parallelism over %d ranks needs ids "
+                               "(B,T) with T a multiple of %d, got %s",
+                               T, T, loom_shape_str(in, buf, sizeof buf));
+    out->dim[1] /= T;
+    e->n = e->N / T;
+    e->out = loom_nn_plan_floats(p, (int64_t)e->n * e->C);
+    size_t mark = loom_nn_plan_scratch_mark(p);
+    e->full = loom_nn_plan_scratch_floats(p, N * e->C);
+    loom_nn_plan_scratch_release(p, mark);
+    return LOOM_OK;
+  }
   e->out = loom_nn_plan_floats(p, N * e->C);
   return LOOM_OK;
 }
@@ -76,20 +97,32 @@ static loom_status embedding_forward(loom_module *m, loom_nn_ctx *ctx,
      * (x + 0 is x: the rows of one rank's run) */
     const float *tok = loom_nn_param(ctx, m, 0);
     size_t row = (size_t)e->C * sizeof(float);
+    float *look = e->sp ? e->full : e->out; /* (N,C) */
     for (int i = 0; i < e->N; i++) {
-      float *o = e->out + (int64_t)i * e->C;
+      float *o = look + (int64_t)i * e->C;
       uint32_t k = (uint32_t)(ids[i] - e->v0);
       if (k < (uint32_t)e->V)
         memcpy(o, tok + (int64_t)k * e->C, row);
       else
         memset(o, 0, row);
     }
-    LOOM_TRY(
-        loom_tp_allreduce(e->tp, e->out, (int64_t)e->N * e->C, LOOM_TP_SUM));
+    if (e->sp)
+      LOOM_TRY(
+          loom_tp_reduce_scatter(e->tp, e->full, e->out, (int64_t)e->n * e->C));
+    else
+      LOOM_TRY(
+          loom_tp_allreduce(e->tp, e->out, (int64_t)e->N * e->C, LOOM_TP_SUM));
   } else {
     loom_embedding_forward(e->out, ids, loom_nn_param(ctx, m, 0), e->N, e->C);
   }
-  if (e->T_max > 0) {
+  if (e->T_max > 0 && e->sp) {
+    /* row i is token g = rank n + i: position g mod T */
+    const float *pos = loom_nn_param(ctx, m, 1); /* (T_max,C) */
+    int64_t g0 = (int64_t)e->tp->rank * e->n;
+    for (int i = 0; i < e->n; i++)
+      loom_accumulate(e->out + (int64_t)i * e->C,
+                      pos + ((g0 + i) % e->T) * e->C, e->C);
+  } else if (e->T_max > 0) {
     const float *pos = loom_nn_param(ctx, m, 1); /* (T_max,C) */
     for (int b = 0; b < e->B; b++)
       loom_accumulate(e->out + (int64_t)b * e->T * e->C, pos,
@@ -103,6 +136,29 @@ static loom_status embedding_backward(loom_module *m, loom_nn_ctx *ctx,
                                       const float *dout, float *dinp) {
   embedding *e = (embedding *)m;
   (void)dinp; /* ids have no gradient */
+  if (e->sp) {
+    /* the rows' gradients from every rank, for this rank's vocabulary
+     * rows; the position embedding's from this rank's rows only (a part:
+     * the trainer sums it over the group) */
+    LOOM_TRY(
+        e->tp->gather(e->tp->user, 0, dout, e->full, (int64_t)e->n * e->C));
+    if (e->T_max > 0) {
+      float *dpos = loom_nn_grad(ctx, m, 1);
+      int64_t g0 = (int64_t)e->tp->rank * e->n;
+      for (int i = 0; i < e->n; i++)
+        loom_accumulate(dpos + ((g0 + i) % e->T) * e->C,
+                        dout + (int64_t)i * e->C, e->C);
+    }
+    LOOM_TRY(e->tp->wait(e->tp->user, 0));
+    float *dtok = loom_nn_grad(ctx, m, 0);
+    for (int i = 0; i < e->N; i++) {
+      uint32_t k = (uint32_t)(e->ids[i] - e->v0);
+      if (k < (uint32_t)e->V)
+        loom_accumulate(dtok + (int64_t)k * e->C, e->full + (int64_t)i * e->C,
+                        e->C);
+    }
+    return LOOM_OK;
+  }
   if (e->tp) {
     /* this rank's rows only, in the order of one rank's run */
     float *dtok = loom_nn_grad(ctx, m, 0);
@@ -154,7 +210,7 @@ loom_status loom_embedding_new(loom_module **out, int V, int C, int T_max) {
 }
 
 loom_status loom_embedding_tp_new(loom_module **out, int V, int C, int T_max,
-                                  const loom_tp *tp) {
+                                  const loom_tp *tp, int sp) {
   if (!tp || tp->size <= 1)
     return loom_embedding_new(out, V, C, T_max);
   if (V % tp->size != 0 || tp->rank < 0 || tp->rank >= tp->size)
@@ -167,5 +223,7 @@ loom_status loom_embedding_tp_new(loom_module **out, int V, int C, int T_max,
   e->tp = tp;
   e->Vall = V;
   e->v0 = tp->rank * (V / tp->size);
+  e->sp = sp != LOOM_NN_SP_OFF;
+  e->tps = tp->size;
   return LOOM_OK;
 }

@@ -132,32 +132,53 @@ bool loom_nn_is_relu(const loom_module *m);
 void loom_nn_relu_set_input(loom_module *m, const float *in);
 const float *loom_nn_relu_input(const loom_module *m);
 
+/* The `sp` argument of the tensor-parallel constructors below: sequence
+ * parallelism off; on, the column-parallel layers keeping their gathered
+ * input for backward (the bytes of plain tensor parallelism); on, gathering
+ * it again in backward (Megatron-LM's way: the region's activations all
+ * 1/T, one more all-gather a column-parallel layer). */
+enum { LOOM_NN_SP_OFF = 0, LOOM_NN_SP_KEEP = 1, LOOM_NN_SP_REGATHER = 2 };
+
 /* Tensor parallelism (docs/parallel.md; tp NULL or of one rank: a plain
  * layer). Column-parallel linear: this rank's OC outputs of the whole
  * layer (weight and bias cut by rows, dimension 0 in `blocks` blocks);
  * backward all-reduces the input gradient. Row-parallel: this rank's C
  * inputs of the whole layer (the weight cut by columns); forward
- * all-reduces the output, then adds the whole bias. */
+ * all-reduces the output, then adds the whole bias. With `sp` (sequence
+ * parallelism, loom_gpt_opts.sequence_parallel) the column-parallel
+ * layer takes this rank's rows and all-gathers them (its input gradient
+ * reduce-scattered), the row-parallel one reduce-scatters its output to
+ * this rank's rows (its output gradient all-gathered). */
 loom_status loom_linear_col_new(loom_module **out, int C, int OC, bool bias,
-                                int blocks, const loom_tp *tp);
+                                int blocks, const loom_tp *tp, int sp);
 loom_status loom_linear_row_new(loom_module **out, int C, int OC, bool bias,
-                                const loom_tp *tp);
+                                const loom_tp *tp, int sp);
 /* A tied linear layer made column-parallel (the GPT's output layer over a
  * vocabulary-parallel token embedding). */
-void loom_linear_set_tp_col(loom_module *linear, const loom_tp *tp);
+void loom_linear_set_tp_col(loom_module *linear, const loom_tp *tp, int sp);
+/* tp can run sequence parallelism (more than one rank, gather and scatter
+ * offered). */
+bool loom_tp_sp_ok(const loom_tp *tp);
+/* Dropout over this rank's rows of sequence parallelism: its masks are
+ * those of the whole micro-batch's element at the same place (rank
+ * tp->rank of tp->size contiguous parts), so they do not depend on size. */
+void loom_dropout_set_sp(loom_module *dropout, const loom_tp *tp);
 /* The tensor-parallel forms of the GPT's modules: the token embedding cut
  * over the vocabulary (each rank looks up its ids, the rows are summed over
  * the group, then the whole position embedding is added); attention with
  * NH / size heads a rank; the MLP with hidden / size units a rank; the
- * block of them. */
+ * block of them. `sp`: sequence parallelism (the embedding reduce-scatters
+ * and outputs this rank's rows; attention and the MLP take and give this
+ * rank's rows; the block's norms, dropouts and sums run on them). */
 loom_status loom_embedding_tp_new(loom_module **out, int V, int C, int T_max,
-                                  const loom_tp *tp);
+                                  const loom_tp *tp, int sp);
 loom_status loom_attention_tp_new(loom_module **out, int C, int NH, bool bias,
-                                  const loom_tp *tp);
+                                  const loom_tp *tp, int sp);
 loom_status loom_mlp_tp_new(loom_module **out, int C, int hidden, bool bias,
-                            float dropout, const loom_tp *tp);
+                            float dropout, const loom_tp *tp, int sp);
 loom_status loom_transformer_block_tp_new(loom_module **out, int C, int NH,
                                           int mlp_ratio, bool bias,
-                                          float dropout, const loom_tp *tp);
+                                          float dropout, const loom_tp *tp,
+                                          int sp);
 
 #endif /* LOOM_NN_INTERNAL_H */

@@ -22,6 +22,21 @@ typedef struct linear {
   enum { TP_NONE, TP_COL, TP_ROW } tp_mode;
   int tp_blocks; /* column-parallel: dimension 0's blocks (qkv: 3) */
   float *dx;     /* (N,C) scratch: column-parallel, the partial dinp */
+  /* Sequence parallelism (docs/parallel.md): the layer's input
+   * (column-parallel) or output (row-parallel) is this rank's n = N / T
+   * rows. Column: forward all-gathers the input into gin, backward
+   * reduce-scatters the input gradient (dx into dxl). Row: forward
+   * reduce-scatters the product (part) into out, then adds the bias to
+   * the rank's rows; backward all-gathers the output gradient (into
+   * gdout). N is the GEMM's rows, the whole micro-batch's. */
+  bool sp;
+  bool regather; /* column: gin is scratch, gathered again in backward */
+  int n;         /* the rank's rows */
+  int tps;       /* the group's size (planning reads no loom_tp) */
+  float *gin;    /* (N,C) column: the gathered input, kept for backward */
+  float *dxl;    /* (n,C) scratch, column: the rank's rows of dx summed */
+  float *part;   /* (N,OC) scratch, row: this rank's partial product */
+  float *gdout;  /* (N,OC) scratch, row: the gathered output gradient */
 } linear;
 
 static loom_status linear_params(loom_module *m, loom_nn_visit *v) {
@@ -70,16 +85,59 @@ static loom_status linear_plan(loom_module *m, loom_nn_plan *p,
                              "tied weight not resolved (not in a model)");
   LOOM_TRY(loom_nn_check_float(m, p, in, 1, l->C));
   int64_t N = loom_nn_rows(in);
-  LOOM_TRY(loom_nn_check_int(m, "input", N * l->C));
-  LOOM_TRY(loom_nn_check_int(m, "output", N * l->OC));
-  l->N = (int)N;
   *out = *in;
   out->dtype = LOOM_F32;
   out->dim[out->ndim - 1] = l->OC;
-  l->out = loom_nn_plan_floats(p, N * l->OC);
+  l->dx = l->gin = l->dxl = l->part = l->gdout = NULL;
+  if (l->sp) {
+    /* the rows' dimension (the sequence in (B,T,C)) is the one cut */
+    int T = l->tps, d = in->ndim - 2;
+    char buf[96];
+    if (d < 0 || (l->tp_mode == TP_ROW && in->dim[d] % T != 0))
+      return loom_module_error(m, LOOM_ERR_INVALID_ARG,
+                               "sequence parallelism over %d ranks needs "
+                               "(..., rows, C) with rows a multiple of %d, "
+                               "got %s",
+                               T, T, loom_shape_str(in, buf, sizeof buf));
+    if (l->tp_mode == TP_COL) {
+      out->dim[d] *= T;
+      l->n = (int)N;
+      N *= T;
+    } else {
+      out->dim[d] /= T;
+      l->n = (int)(N / T);
+    }
+  }
+  LOOM_TRY(loom_nn_check_int(m, "input", N * l->C));
+  LOOM_TRY(loom_nn_check_int(m, "output", N * l->OC));
+  l->N = (int)N;
   l->half = p->half;
   l->scratch = NULL;
-  l->dx = NULL;
+  if (l->sp && l->half != LOOM_F32)
+    return loom_module_error(m, LOOM_ERR_UNSUPPORTED,
+                             "sequence parallelism runs in f32 only");
+  if (l->sp && l->tp_mode == TP_COL) {
+    if (!l->regather)
+      l->gin = loom_nn_plan_floats(p, N * l->C);
+    l->out = loom_nn_plan_floats(p, N * l->OC);
+    size_t mark = loom_nn_plan_scratch_mark(p);
+    if (l->regather) /* forward and backward each use it within the call */
+      l->gin = loom_nn_plan_scratch_floats(p, N * l->C);
+    l->dx = loom_nn_plan_scratch_floats(p, N * l->C);
+    l->dxl = loom_nn_plan_scratch_floats(p, (int64_t)l->n * l->C);
+    loom_nn_plan_scratch_release(p, mark);
+    return LOOM_OK;
+  }
+  if (l->sp && l->tp_mode == TP_ROW) {
+    l->out = loom_nn_plan_floats(p, (int64_t)l->n * l->OC);
+    size_t mark = loom_nn_plan_scratch_mark(p);
+    /* forward uses part, backward gdout: never at once */
+    l->part = loom_nn_plan_scratch_floats(p, N * l->OC);
+    l->gdout = l->part;
+    loom_nn_plan_scratch_release(p, mark);
+    return LOOM_OK;
+  }
+  l->out = loom_nn_plan_floats(p, N * l->OC);
   /* Scratch used within a call: column-parallel's partial input gradient
    * (in flight while the weight's gradient is computed, so apart from the
    * half operands' room, which that computation uses) */
@@ -122,7 +180,21 @@ static loom_status linear_forward(loom_module *m, loom_nn_ctx *ctx,
   linear *l = (linear *)m;
   l->in = in;
   const float *b = l->bias ? loom_nn_param(ctx, m, 1) : NULL;
-  if (l->tp_mode == TP_ROW) {
+  if (l->sp && l->tp_mode == TP_COL) {
+    /* every rank's rows, in rank order: the micro-batch's N */
+    LOOM_TRY(loom_tp_allgather(l->tp, l->in, l->gin, (int64_t)l->n * l->C));
+    LOOM_TRY(loom_linear_forward(l->out, l->gin, linear_weight(l, ctx), b, l->N,
+                                 l->C, l->OC));
+  } else if (l->sp && l->tp_mode == TP_ROW) {
+    /* the sum of every rank's part, of this rank's rows only */
+    LOOM_TRY(loom_linear_forward(l->part, l->in, linear_weight(l, ctx), NULL,
+                                 l->N, l->C, l->OC));
+    LOOM_TRY(
+        loom_tp_reduce_scatter(l->tp, l->part, l->out, (int64_t)l->n * l->OC));
+    if (b)
+      for (int i = 0; i < l->n; i++)
+        loom_accumulate(l->out + (int64_t)i * l->OC, b, l->OC);
+  } else if (l->tp_mode == TP_ROW) {
     /* every rank's part of the product (f32 sums in either precision),
      * summed, then the bias once */
     LOOM_TRY(product(l, ctx, NULL));
@@ -155,6 +227,75 @@ static loom_status linear_backward(loom_module *m, loom_nn_ctx *ctx,
   float *dw = l->owner ? loom_nn_grad(ctx, l->owner, l->owner_k)
                        : loom_nn_grad(ctx, m, 0);
   float *db = l->bias ? loom_nn_grad(ctx, m, 1) : NULL;
+  if (l->sp && l->tp_mode == TP_COL && l->regather) {
+    /* The input's rows gathered again (slot 1) while the input gradient of
+     * the N rows, which needs only the weight, is computed; then its sum
+     * over the group, of this rank's rows, (slot 0) travels while the
+     * weight's gradient is computed from the gathered input. */
+    const float *w = linear_weight(l, ctx);
+    int64_t nn = (int64_t)l->N * l->C;
+    LOOM_TRY(
+        l->tp->gather(l->tp->user, 1, l->in, l->gin, (int64_t)l->n * l->C));
+    loom_status s = LOOM_OK;
+    if (dinp) {
+      memset(l->dx, 0, (size_t)nn * sizeof(float));
+      s = loom_linear_backward(l->dx, NULL, NULL, dout, l->gin, w, l->N, l->C,
+                               l->OC);
+    }
+    loom_status ws = l->tp->wait(l->tp->user, 1);
+    LOOM_TRY(s);
+    LOOM_TRY(ws);
+    if (dinp)
+      LOOM_TRY(
+          l->tp->scatter(l->tp->user, 0, l->dx, l->dxl, (int64_t)l->n * l->C));
+    s = loom_linear_backward(NULL, dw, db, dout, l->gin, w, l->N, l->C, l->OC);
+    if (!dinp)
+      return s;
+    ws = l->tp->wait(l->tp->user, 0);
+    LOOM_TRY(s);
+    LOOM_TRY(ws);
+    loom_accumulate(dinp, l->dxl, (int64_t)l->n * l->C);
+    return LOOM_OK;
+  }
+  if (l->sp && l->tp_mode == TP_COL) {
+    /* The input gradient of the N rows, summed over the group, of this
+     * rank's rows only: posted first, it travels while the weight's
+     * gradient is computed from the gathered input. */
+    const float *w = linear_weight(l, ctx);
+    int64_t nn = (int64_t)l->N * l->C;
+    if (dinp) {
+      memset(l->dx, 0, (size_t)nn * sizeof(float));
+      LOOM_TRY(loom_linear_backward(l->dx, NULL, NULL, dout, l->gin, w, l->N,
+                                    l->C, l->OC));
+      LOOM_TRY(
+          l->tp->scatter(l->tp->user, 0, l->dx, l->dxl, (int64_t)l->n * l->C));
+    }
+    loom_status s =
+        loom_linear_backward(NULL, dw, db, dout, l->gin, w, l->N, l->C, l->OC);
+    if (!dinp)
+      return s;
+    loom_status ws = l->tp->wait(l->tp->user, 0);
+    LOOM_TRY(s);
+    LOOM_TRY(ws);
+    loom_accumulate(dinp, l->dxl, (int64_t)l->n * l->C);
+    return LOOM_OK;
+  }
+  if (l->sp && l->tp_mode == TP_ROW) {
+    /* The bias's gradient from this rank's rows (a part: the trainer sums
+     * it over the group) while the others' output gradients arrive. */
+    const float *w = linear_weight(l, ctx);
+    LOOM_TRY(
+        l->tp->gather(l->tp->user, 0, dout, l->gdout, (int64_t)l->n * l->OC));
+    loom_status s = LOOM_OK;
+    if (db)
+      s = loom_linear_backward(NULL, NULL, db, dout, l->in, w, l->n, l->C,
+                               l->OC);
+    loom_status ws = l->tp->wait(l->tp->user, 0);
+    LOOM_TRY(s);
+    LOOM_TRY(ws);
+    return loom_linear_backward(dinp, dw, NULL, l->gdout, l->in, w, l->N, l->C,
+                                l->OC);
+  }
   if (l->tp_mode == TP_COL && dinp) {
     /* This rank's outputs give a part of the input gradient: its sum over
      * the group is posted first and travels while the weight's gradient is
@@ -221,35 +362,47 @@ static bool tp_ok(const loom_tp *tp) {
   return tp && tp->size > 1 && tp->start && tp->wait;
 }
 
+bool loom_tp_sp_ok(const loom_tp *tp) {
+  return tp_ok(tp) && tp->gather && tp->scatter;
+}
+
 loom_status loom_linear_col_new(loom_module **out, int C, int OC, bool bias,
-                                int blocks, const loom_tp *tp) {
+                                int blocks, const loom_tp *tp, int sp) {
   LOOM_TRY(loom_linear_new(out, C, OC, bias));
   if (tp_ok(tp)) {
     linear *l = (linear *)*out;
     l->tp = tp;
     l->tp_mode = TP_COL;
     l->tp_blocks = blocks > 0 ? blocks : 1;
+    l->sp = sp != LOOM_NN_SP_OFF;
+    l->tps = tp->size;
+    l->regather = sp == LOOM_NN_SP_REGATHER;
   }
   return LOOM_OK;
 }
 
 loom_status loom_linear_row_new(loom_module **out, int C, int OC, bool bias,
-                                const loom_tp *tp) {
+                                const loom_tp *tp, int sp) {
   LOOM_TRY(loom_linear_new(out, C, OC, bias));
   if (tp_ok(tp)) {
     linear *l = (linear *)*out;
     l->tp = tp;
     l->tp_mode = TP_ROW;
+    l->sp = sp != LOOM_NN_SP_OFF;
+    l->tps = tp->size;
   }
   return LOOM_OK;
 }
 
-void loom_linear_set_tp_col(loom_module *m, const loom_tp *tp) {
+void loom_linear_set_tp_col(loom_module *m, const loom_tp *tp, int sp) {
   if (m && m->ops == &linear_ops && tp_ok(tp)) {
     linear *l = (linear *)m;
     l->tp = tp;
     l->tp_mode = TP_COL;
     l->tp_blocks = 1;
+    l->sp = sp != LOOM_NN_SP_OFF;
+    l->tps = tp->size;
+    l->regather = sp == LOOM_NN_SP_REGATHER;
   }
 }
 
@@ -258,6 +411,18 @@ loom_status loom_tp_allreduce(const loom_tp *tp, float *buf, int64_t n,
   if (!tp || tp->size <= 1)
     return LOOM_OK;
   LOOM_TRY(tp->start(tp->user, 0, buf, n, op));
+  return tp->wait(tp->user, 0);
+}
+
+loom_status loom_tp_allgather(const loom_tp *tp, const float *send, float *recv,
+                              int64_t n) {
+  LOOM_TRY(tp->gather(tp->user, 0, send, recv, n));
+  return tp->wait(tp->user, 0);
+}
+
+loom_status loom_tp_reduce_scatter(const loom_tp *tp, const float *send,
+                                   float *recv, int64_t n) {
+  LOOM_TRY(tp->scatter(tp->user, 0, send, recv, n));
   return tp->wait(tp->user, 0);
 }
 

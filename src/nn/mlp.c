@@ -6,6 +6,8 @@ typedef struct mlp {
   int C, H;
   loom_module *fc, *proj, *drop; /* drop may be NULL */
   int64_t N;
+  int64_t NO;      /* the output's rows */
+  int sp;          /* sequence parallelism: the group's size, else 0 */
   const float *h;  /* (N,H) fc output */
   void *g;         /* (N,H) GELU output: f32, or half in a half model */
   loom_dtype half; /* LOOM_BF16, LOOM_F16, or LOOM_F32: none */
@@ -27,12 +29,15 @@ static loom_status mlp_plan(loom_module *m, loom_nn_plan *pl,
                             const loom_shape *in, loom_shape *out) {
   mlp *p = (mlp *)m;
   LOOM_TRY(loom_nn_check_float(m, pl, in, 1, p->C));
-  p->N = loom_nn_rows(in);
+  /* N: the hidden layer's rows (with sequence parallelism the whole
+   * micro-batch's, fc gathering them); the output has the input's rows */
+  p->N = loom_nn_rows(in) * (p->sp > 1 ? p->sp : 1);
   int64_t NH = p->N * p->H;
   size_t mark = loom_nn_plan_scratch_mark(pl);
   p->dg = loom_nn_plan_scratch_floats(pl, NH);
   p->dh = loom_nn_plan_scratch_floats(pl, NH);
-  p->dd = p->drop ? loom_nn_plan_scratch_floats(pl, p->N * p->C) : NULL;
+  p->dd =
+      p->drop ? loom_nn_plan_scratch_floats(pl, loom_nn_rows(in) * p->C) : NULL;
   loom_shape s;
   size_t kid = loom_nn_plan_scratch_mark(pl);
   LOOM_TRY(loom_module_plan(p->fc, pl, in, &s));
@@ -45,6 +50,7 @@ static loom_status mlp_plan(loom_module *m, loom_nn_plan *pl,
   loom_nn_plan_scratch_release(pl, kid);
   if (p->drop)
     LOOM_TRY(loom_module_plan(p->drop, pl, out, out));
+  p->NO = loom_nn_rows(out);
   loom_nn_plan_scratch_release(pl, mark);
   return LOOM_OK;
 }
@@ -71,7 +77,7 @@ static loom_status mlp_backward(loom_module *m, loom_nn_ctx *ctx,
   mlp *p = (mlp *)m;
   int64_t NH = p->N * p->H;
   if (p->drop) {
-    memset(p->dd, 0, (size_t)(p->N * p->C) * sizeof(float));
+    memset(p->dd, 0, (size_t)(p->NO * p->C) * sizeof(float));
     LOOM_TRY(loom_module_backward(p->drop, ctx, dout, p->dd));
     dout = p->dd;
   }
@@ -101,11 +107,11 @@ static const loom_module_ops mlp_ops = {
 
 loom_status loom_mlp_new(loom_module **out, int C, int hidden, bool bias,
                          float dropout) {
-  return loom_mlp_tp_new(out, C, hidden, bias, dropout, NULL);
+  return loom_mlp_tp_new(out, C, hidden, bias, dropout, NULL, false);
 }
 
 loom_status loom_mlp_tp_new(loom_module **out, int C, int hidden, bool bias,
-                            float dropout, const loom_tp *tp) {
+                            float dropout, const loom_tp *tp, int sp) {
   *out = NULL;
   int T = tp && tp->size > 1 ? tp->size : 1;
   if (hidden % T != 0)
@@ -126,15 +132,20 @@ loom_status loom_mlp_tp_new(loom_module **out, int C, int hidden, bool bias,
   loom_module_init_base(&p->base, &mlp_ops);
   p->C = C;
   p->H = hidden;
+  p->sp = sp && T > 1 ? T : 0;
   loom_status st;
   /* column-parallel in, row-parallel out: one reduction each way */
-  LOOM_TRY_GOTO(st, loom_linear_col_new(&p->fc, C, hidden, bias, 1, tp), fail);
-  LOOM_TRY_GOTO(st, loom_linear_row_new(&p->proj, hidden, C, bias, tp), fail);
+  LOOM_TRY_GOTO(st, loom_linear_col_new(&p->fc, C, hidden, bias, 1, tp, sp),
+                fail);
+  LOOM_TRY_GOTO(st, loom_linear_row_new(&p->proj, hidden, C, bias, tp, sp),
+                fail);
   loom_linear_set_resid_proj(p->proj, true);
   p->fc->attached = p->proj->attached = true;
   if (dropout > 0.0f) {
     LOOM_TRY_GOTO(st, loom_dropout_new(&p->drop, dropout), fail);
     p->drop->attached = true;
+    if (sp)
+      loom_dropout_set_sp(p->drop, tp);
   }
   *out = &p->base;
   return LOOM_OK;

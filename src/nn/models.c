@@ -184,6 +184,12 @@ loom_gpt_opts loom_gpt_opts_default(void) {
   return o;
 }
 
+static int sp_mode(const loom_gpt_opts *o) {
+  if (!o->tp || o->tp->size <= 1 || !o->sequence_parallel)
+    return LOOM_NN_SP_OFF;
+  return o->sp_regather ? LOOM_NN_SP_REGATHER : LOOM_NN_SP_KEEP;
+}
+
 /* Blocks first .. first+K-1 (named blocks.<l> as without checkpointing, so
  * the layout and checkpoints are the same) as one checkpointed segment. */
 static loom_status gpt_segment(loom_module **out, const loom_gpt_opts *o,
@@ -196,7 +202,7 @@ static loom_status gpt_segment(loom_module **out, const loom_gpt_opts *o,
     snprintf(name, sizeof name, "blocks.%d", l);
     ADD(name, loom_transformer_block_tp_new(&kid_, o->d_model, o->n_head,
                                             o->mlp_ratio, o->bias, o->dropout,
-                                            o->tp));
+                                            o->tp, sp_mode(o)));
   }
   return loom_checkpoint_new(out, seq);
 fail:
@@ -225,6 +231,17 @@ loom_status loom_gpt_new(loom_model **out, const loom_gpt_opts *o,
                       "gpt: %d tensor-parallel ranks must divide the %d heads "
                       "and the vocabulary of %d (rank %d)",
                       tp->size, o->n_head, o->vocab, tp->rank);
+  const int sp = sp_mode(o);
+  if (o->sequence_parallel && (!tp || !loom_tp_sp_ok(tp)))
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "gpt: sequence parallelism needs tensor parallelism "
+                      "over more than one rank, with all-gather and "
+                      "reduce-scatter (loom_tp.gather, .scatter)");
+  /* the blocks (gpt_segment) read it from the options */
+  loom_gpt_opts oo = *o;
+  oo.tp = tp;
+  oo.sequence_parallel = sp != LOOM_NN_SP_OFF;
+  o = &oo;
   loom_model_opts mopts = loom_model_opts_default();
   if (mo)
     mopts = *mo;
@@ -237,11 +254,16 @@ loom_status loom_gpt_new(loom_model **out, const loom_gpt_opts *o,
   loom_status st;
   char name[32];
   LOOM_TRY_GOTO(
-      st, loom_embedding_tp_new(&emb, o->vocab, o->d_model, o->context, tp),
+      st, loom_embedding_tp_new(&emb, o->vocab, o->d_model, o->context, tp, sp),
       fail);
   LOOM_TRY_GOTO(st, loom_sequential_add(seq, "emb", emb), fail);
-  if (o->dropout > 0.0f)
-    ADD("drop", loom_dropout_new(&kid_, o->dropout));
+  if (o->dropout > 0.0f) {
+    loom_module *drop = NULL;
+    LOOM_TRY_GOTO(st, loom_dropout_new(&drop, o->dropout), fail);
+    if (sp)
+      loom_dropout_set_sp(drop, tp);
+    LOOM_TRY_GOTO(st, loom_sequential_add(seq, "drop", drop), fail);
+  }
   for (int l = 0; l < o->n_layer;) {
     if (o->checkpoint_every > 0) { /* blocks l .. l+K-1 in one segment */
       ADD("", gpt_segment(&kid_, o, l));
@@ -249,9 +271,9 @@ loom_status loom_gpt_new(loom_model **out, const loom_gpt_opts *o,
       continue;
     }
     snprintf(name, sizeof name, "blocks.%d", l);
-    ADD(name,
-        loom_transformer_block_tp_new(&kid_, o->d_model, o->n_head,
-                                      o->mlp_ratio, o->bias, o->dropout, tp));
+    ADD(name, loom_transformer_block_tp_new(&kid_, o->d_model, o->n_head,
+                                            o->mlp_ratio, o->bias, o->dropout,
+                                            tp, sp));
     l++;
   }
   ADD("ln_f", loom_layernorm_new(&kid_, o->d_model, o->bias));
@@ -259,7 +281,7 @@ loom_status loom_gpt_new(loom_model **out, const loom_gpt_opts *o,
    * (with tensor parallelism this rank's rows: its part of the logits). */
   loom_module *head = NULL;
   LOOM_TRY_GOTO(st, loom_linear_tied_new(&head, emb, 0), fail);
-  loom_linear_set_tp_col(head, tp);
+  loom_linear_set_tp_col(head, tp, sp);
   LOOM_TRY_GOTO(st, loom_sequential_add(seq, "head", head), fail);
   return loom_model_new(out, seq, &mopts);
 fail:

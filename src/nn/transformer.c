@@ -118,12 +118,13 @@ loom_status loom_transformer_block_new(loom_module **out, int C, int NH,
                                        int mlp_ratio, bool bias,
                                        float dropout) {
   return loom_transformer_block_tp_new(out, C, NH, mlp_ratio, bias, dropout,
-                                       NULL);
+                                       NULL, false);
 }
 
 loom_status loom_transformer_block_tp_new(loom_module **out, int C, int NH,
                                           int mlp_ratio, bool bias,
-                                          float dropout, const loom_tp *tp) {
+                                          float dropout, const loom_tp *tp,
+                                          int sp) {
   *out = NULL;
   if (mlp_ratio <= 0 || !(dropout >= 0.0f && dropout < 1.0f))
     return loom_error(LOOM_ERR_INVALID_ARG,
@@ -137,7 +138,7 @@ loom_status loom_transformer_block_tp_new(loom_module **out, int C, int NH,
   loom_status st;
   loom_module *attn = NULL, *drop = NULL;
   LOOM_TRY_GOTO(st, loom_layernorm_new(&b->ln1, C, bias), fail);
-  LOOM_TRY_GOTO(st, loom_attention_tp_new(&attn, C, NH, bias, tp), fail);
+  LOOM_TRY_GOTO(st, loom_attention_tp_new(&attn, C, NH, bias, tp, sp), fail);
   if (dropout > 0.0f) {
     /* attention then dropout; "" keeps the names blocks.i.attn.qkv... */
     LOOM_TRY_GOTO(st, loom_sequential_new(&b->attn), fail);
@@ -146,6 +147,8 @@ loom_status loom_transformer_block_tp_new(loom_module **out, int C, int NH,
     if (st != LOOM_OK)
       goto fail;
     LOOM_TRY_GOTO(st, loom_dropout_new(&drop, dropout), fail);
+    if (sp)
+      loom_dropout_set_sp(drop, tp);
     st = loom_sequential_add(b->attn, "drop", drop);
     if (st != LOOM_OK)
       goto fail;
@@ -155,7 +158,8 @@ loom_status loom_transformer_block_tp_new(loom_module **out, int C, int NH,
   }
   LOOM_TRY_GOTO(st, loom_layernorm_new(&b->ln2, C, bias), fail);
   LOOM_TRY_GOTO(
-      st, loom_mlp_tp_new(&b->mlp, C, mlp_ratio * C, bias, dropout, tp), fail);
+      st, loom_mlp_tp_new(&b->mlp, C, mlp_ratio * C, bias, dropout, tp, sp),
+      fail);
   b->ln1->attached = b->attn->attached = true;
   b->ln2->attached = b->mlp->attached = true;
   *out = &b->base;

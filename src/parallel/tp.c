@@ -26,8 +26,40 @@ static loom_status tp_start(void *user, int slot, float *buf, int64_t n,
                                    [LOOM_TP_MIN] = LOOM_MIN};
   t->st.reductions++;
   t->st.bytes += (uint64_t)n * sizeof(float);
+  /* a ring all-reduce sends 2 (T - 1) / T of the buffer */
+  t->st.wire_bytes += 2.0 * (t->tp.size - 1) / t->tp.size * (double)n * 4.0;
   return loom_allreduce(buf, buf, (size_t)n, LOOM_F32, ops[op], t->g,
                         &t->req[slot]);
+}
+
+static loom_status tp_slot_ok(int slot) {
+  if (slot < 0 || slot >= LOOM_TP_SLOTS)
+    return loom_error(LOOM_ERR_INVALID_ARG, "tensor parallel: no slot %d",
+                      slot);
+  return LOOM_OK;
+}
+
+/* All-gather and reduce-scatter of sequence parallelism: each sends
+ * (T - 1) / T of the whole (T n) buffer, one of them half an all-reduce. */
+static loom_status tp_gather(void *user, int slot, const float *send,
+                             float *recv, int64_t n) {
+  loom_tp_group *t = user;
+  LOOM_TRY(tp_slot_ok(slot));
+  t->st.gathers++;
+  t->st.seq_bytes += (uint64_t)n * (uint64_t)t->tp.size * sizeof(float);
+  t->st.wire_bytes += (double)(t->tp.size - 1) * (double)n * 4.0;
+  return loom_allgather(send, recv, (size_t)n, LOOM_F32, t->g, &t->req[slot]);
+}
+
+static loom_status tp_scatter(void *user, int slot, const float *send,
+                              float *recv, int64_t n) {
+  loom_tp_group *t = user;
+  LOOM_TRY(tp_slot_ok(slot));
+  t->st.scatters++;
+  t->st.seq_bytes += (uint64_t)n * (uint64_t)t->tp.size * sizeof(float);
+  t->st.wire_bytes += (double)(t->tp.size - 1) * (double)n * 4.0;
+  return loom_reduce_scatter(send, recv, (size_t)n, LOOM_F32, LOOM_SUM, t->g,
+                             &t->req[slot]);
 }
 
 static loom_status tp_wait(void *user, int slot) {
@@ -55,6 +87,8 @@ loom_status loom_tp_group_new(loom_tp_group **out, loom_group *g) {
   t->tp.rank = loom_group_rank(g);
   t->tp.start = tp_start;
   t->tp.wait = tp_wait;
+  t->tp.gather = tp_gather;
+  t->tp.scatter = tp_scatter;
   t->tp.user = t;
   *out = t;
   return LOOM_OK;

@@ -138,13 +138,21 @@ static loom_status no_wait(void *user, int slot) {
   return LOOM_ERR_UNSUPPORTED;
 }
 
+static loom_status no_move(void *user, int slot, const float *send, float *recv,
+                           int64_t n) {
+  (void)user, (void)slot, (void)send, (void)recv, (void)n;
+  return LOOM_ERR_UNSUPPORTED;
+}
+
 static loom_status rank_model(const loom_config *cfg, loom_model **m) {
   loom_model_opts mo = loom_model_opts_default();
   mo.shape_only = true;
   loom_tp tp = {.size = (int)cfg->parallel.tp,
                 .rank = 0,
                 .start = no_start,
-                .wait = no_wait};
+                .wait = no_wait,
+                .gather = no_move,
+                .scatter = no_move};
   return loom_train_model_make_tp(cfg, &mo, cfg->parallel.tp > 1 ? &tp : NULL,
                                   m);
 }
@@ -179,7 +187,14 @@ static double tp_sent(const loom_config *cfg, int blocks, int64_t rows,
     return 0;
   const double act = 4.0 * (double)rows * (double)cfg->model.context *
                      (double)cfg->model.d_model;
-  return passes * (double)blocks * 4.0 * 2.0 * (T - 1) / T * act;
+  /* sequence parallelism: each all-reduce a reduce-scatter and an
+   * all-gather, the same bytes; with regather the inputs of qkv and of the
+   * MLP's first layer all-gathered once more in backward */
+  double per_block = 4.0 * 2.0 * (T - 1) / T * act;
+  if (cfg->parallel.sequence_parallel &&
+      cfg->parallel.sequence_parallel_regather)
+    per_block += 2.0 * (T - 1) / T * act;
+  return passes * (double)blocks * per_block;
 }
 
 loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,

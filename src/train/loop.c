@@ -109,6 +109,8 @@ static loom_status model_build(const loom_config *cfg,
                                           &o.checkpoint_every));
     o.dropout = (float)mc->dropout;
     o.tp = tp;
+    o.sequence_parallel = tp && tp->size > 1 && cfg->parallel.sequence_parallel;
+    o.sp_regather = cfg->parallel.sequence_parallel_regather;
     mo.init = LOOM_INIT_GPT2;
     mo.init_std = (float)mc->init_std;
     mo.init_n_layer = o.n_layer;
@@ -1383,7 +1385,7 @@ static loom_status optim_step(loom_trainer *t, float lr, double *gnorm,
    * steps (no stepping bucket by bucket); skip: all ranks skip. */
   const bool scaled = t->ls_mode != LOOM_LOSS_SCALE_NONE;
   bool skip = false;
-  if (t->ddp && clip <= 0 && !scaled) {
+  if (t->ddp && clip <= 0 && !scaled && !t->sp) {
     LOOM_TRY(loom_ddp_step(t->ddp, t->optim, lr));
   } else if (t->zero >= 2) {
     /* This rank holds only its slice of the gradient: the norm is summed
@@ -1408,18 +1410,22 @@ static loom_status optim_step(loom_trainer *t, float lr, double *gnorm,
     }
     if (!skip)
       LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
-  } else if (t->tp_map && clip > 0) {
+  } else if (t->tp_map && (clip > 0 || t->sp)) {
     /* The rank's part of the gradient: the norm of the whole one (the cut
      * parameters' squares summed over the tp group, the whole ones once);
-     * f16: unscaled first, an inf or NaN on any rank skipping everywhere. */
+     * f16: unscaled first, an inf or NaN on any rank skipping everywhere.
+     * Sequence parallelism: the whole ones' parts summed before all. */
     if (t->ddp)
       LOOM_TRY(loom_ddp_wait(t->ddp));
     float *grads = loom_model_grads(t->model);
+    LOOM_TRY(loom_train_tp_sp_grads(t, 0, n));
     LOOM_TRY(loom_train_scale_unscale(t, grads, n, &skip));
-    double ss;
     if (!skip) {
-      LOOM_TRY(loom_train_tp_grad_sumsq(t, 0, n, &ss));
-      LOOM_TRY(loom_grad_clip_sumsq(grads, n, ss, (float)clip, gnorm));
+      if (clip > 0) {
+        double ss;
+        LOOM_TRY(loom_train_tp_grad_sumsq(t, 0, n, &ss));
+        LOOM_TRY(loom_grad_clip_sumsq(grads, n, ss, (float)clip, gnorm));
+      }
       LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
     }
   } else {
@@ -1508,6 +1514,8 @@ static void window_add(run_window *w, const loom_step_times *tm) {
   w->times.pipe_wait += tm->pipe_wait;
   w->times.tp_wait += tm->tp_wait;
   w->times.tp_bytes += tm->tp_bytes;
+  w->times.tp_seq_bytes += tm->tp_seq_bytes;
+  w->times.tp_wire_bytes += tm->tp_wire_bytes;
 }
 
 /* One training step: gradients cleared, the micro-batches' forward and
@@ -1569,6 +1577,8 @@ static loom_status train_step(loom_trainer *t, double *sums, double g[SUM_N],
     loom_tp_group_stats(t->tpg, &tp1);
     tm->tp_wait = tp1.wait_s - tp0.wait_s;
     tm->tp_bytes = (double)(tp1.bytes - tp0.bytes);
+    tm->tp_seq_bytes = (double)(tp1.seq_bytes - tp0.seq_bytes);
+    tm->tp_wire_bytes = tp1.wire_bytes - tp0.wire_bytes;
   }
   t->step++;
   loom_runstat_step(t->step);
@@ -1729,6 +1739,14 @@ static loom_status write_metrics(loom_trainer *t, const run_window *w,
       loom_metrics_int(m, "dp_replicas", t->replicas);
     loom_metrics_num(m, "tp_wait_s", win->tp_wait / n);
     loom_metrics_num(m, "tp_reduce_mb", win->tp_bytes / n / (1024.0 * 1024.0));
+    /* sequence parallelism's all-gathers and reduce-scatters (their whole
+     * buffers), and the MiB a rank sent for all of them by the ring
+     * algorithms' count: the same with and without it */
+    if (t->sp)
+      loom_metrics_num(m, "tp_seq_mb",
+                       win->tp_seq_bytes / n / (1024.0 * 1024.0));
+    loom_metrics_num(m, "tp_sent_mb",
+                     win->tp_wire_bytes / n / (1024.0 * 1024.0));
   }
   if (t->pipe) {
     loom_metrics_int(m, "pp_stages", t->stages);

@@ -10,6 +10,7 @@
 
 loom_status loom_train_tp_new(loom_trainer *t) {
   LOOM_TRY(loom_tp_group_new(&t->tpg, t->tp_group));
+  t->sp = t->cfg.parallel.sequence_parallel;
   const loom_tp *tp = loom_tp_group_tp(t->tpg);
   /* Drawn later from the whole model's streams (or read). A pipeline
    * stage's model holds the layout only (loom_train_pipe_new binds its
@@ -32,9 +33,16 @@ loom_status loom_train_tp_new(loom_trainer *t) {
     LOOM_INFO("tensor parallel: %d ranks a group x %d replica(s); %lld of "
               "the %lld parameters a rank (%.1f%%): the embedding and the "
               "output layer cut over the vocabulary, attention over the "
-              "heads, the MLP over its hidden units",
+              "heads, the MLP over its hidden units%s",
               t->tps, t->replicas, (long long)mine, (long long)all,
-              100.0 * (double)mine / (double)(all ? all : 1));
+              100.0 * (double)mine / (double)(all ? all : 1),
+              !t->sp ? ""
+              : t->cfg.parallel.sequence_parallel_regather
+                  ? "; sequence parallel (norms, dropout and residual sums "
+                    "on 1/tp of the tokens; inputs gathered again in "
+                    "backward)"
+                  : "; sequence parallel (norms, dropout and residual sums "
+                    "on 1/tp of the tokens)");
   return LOOM_OK;
 }
 
@@ -187,6 +195,62 @@ loom_status loom_train_tp_eval(loom_trainer *t, const loom_batch *b,
     part[0] = st.loss_sum;
     part[1] = (double)st.count;
     part[2] = (double)st.correct;
+  }
+  return LOOM_OK;
+}
+
+/* Sequence parallelism: the whole parameters (layer norms, row-parallel
+ * biases, the position embedding) were used on each rank's tokens only,
+ * so each rank holds a part of their gradient; summed over the group
+ * once a step, after accumulation and the replicas' sum, before clipping
+ * and the optimizer: packed, one all-reduce, unpacked. Views in [lo, hi)
+ * of the rank's layout (a pipeline stage's owned range). */
+loom_status loom_train_tp_sp_grads(loom_trainer *t, int64_t lo, int64_t hi) {
+  if (!t->sp || !t->tp_map)
+    return LOOM_OK;
+  float *grads = loom_model_grads(t->model);
+  int nv = loom_model_num_views(t->model);
+  int64_t n = 0;
+  for (int pass = 0; pass < 2; pass++) {
+    float *buf = NULL;
+    if (pass == 1) {
+      if (n == 0)
+        return LOOM_OK;
+      buf = loom_malloc((size_t)n * sizeof *buf);
+      if (!buf)
+        return LOOM_ERR_NOMEM;
+    }
+    int64_t k = 0;
+    for (int i = 0; i < nv; i++) {
+      const loom_param *v = loom_model_view(t->model, i);
+      int blocks;
+      if (loom_model_view_tp(t->model, i, &blocks) != LOOM_TP_WHOLE ||
+          v->offset < lo || v->offset + v->numel > hi)
+        continue;
+      if (buf)
+        memcpy(buf + k, grads + v->offset, (size_t)v->numel * sizeof *buf);
+      k += v->numel;
+    }
+    n = k;
+    if (!buf)
+      continue;
+    /* through the group's loom_tp: counted in its statistics */
+    loom_status s =
+        loom_tp_allreduce(loom_tp_group_tp(t->tpg), buf, n, LOOM_TP_SUM);
+    if (s == LOOM_OK) {
+      k = 0;
+      for (int i = 0; i < nv; i++) {
+        const loom_param *v = loom_model_view(t->model, i);
+        int blocks;
+        if (loom_model_view_tp(t->model, i, &blocks) != LOOM_TP_WHOLE ||
+            v->offset < lo || v->offset + v->numel > hi)
+          continue;
+        memcpy(grads + v->offset, buf + k, (size_t)v->numel * sizeof *buf);
+        k += v->numel;
+      }
+    }
+    loom_free(buf);
+    return s;
   }
   return LOOM_OK;
 }

@@ -24,6 +24,7 @@ typedef struct loom_step_times {
   /* Tensor parallelism: blocked on the group's reductions (within forward
    * and backward), and the bytes they reduced. */
   double tp_wait, tp_bytes;
+  double tp_seq_bytes, tp_wire_bytes; /* sequence parallelism; sent */
 } loom_step_times;
 
 /* What every rank sums each step: loss, rows, correct rows, stop request,
@@ -163,6 +164,7 @@ struct loom_trainer {
   loom_tp_group *tpg;
   loom_model *whole;
   loom_tp_map *tp_map;
+  bool sp; /* parallel.sequence_parallel: whole views' gradients summed */
 
   /* Recovery. With a checkpoint to load, the model is built without its
    * random draws; they are made only when none was loaded after all. */
@@ -263,6 +265,7 @@ void loom_train_tp_free(loom_trainer *t);
 loom_status loom_train_tp_init_params(loom_trainer *t);
 /* The sum of squares of the whole gradient's parameters in [lo, hi) of the
  * rank's layout (collective over the tp group). */
+loom_status loom_train_tp_sp_grads(loom_trainer *t, int64_t lo, int64_t hi);
 loom_status loom_train_tp_grad_sumsq(loom_trainer *t, int64_t lo, int64_t hi,
                                      double *out);
 /* Elements [lo, hi) of the whole layout (this rank's checkpoint slice,
