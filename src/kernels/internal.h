@@ -343,5 +343,21 @@ loom_status loom_kern_conv_dnnl_backward(float *dinp, float *dweight,
                                          float *col, const float *dout,
                                          const float *inp, const float *weight,
                                          const loom_conv2d_dims *d);
+/* The same with bf16 input, weights and output gradient (results f32). */
+loom_status loom_kern_conv_dnnl_forward_bf16(float *out, float *col,
+                                             const uint16_t *inp,
+                                             const uint16_t *weight,
+                                             const float *bias,
+                                             const loom_conv2d_dims *d);
+loom_status loom_kern_conv_dnnl_backward_bf16(float *dinp, float *dweight,
+                                              float *col, const uint16_t *dout,
+                                              const uint16_t *inp,
+                                              const uint16_t *weight,
+                                              const loom_conv2d_dims *d);
+/* Whether loom_conv2d_* would run these (valid) dims on oneDNN's
+ * primitives (conv.c, one copy per instruction set). */
+#ifdef LOOM_ISA_SUFFIX
+bool LOOM_ISA(loom_kern_conv_use_dnnl)(const loom_conv2d_dims *d);
+#endif
 
 #endif /* LOOM_KERNELS_INTERNAL_H */
