@@ -179,6 +179,32 @@ void LOOM_ISA(loom_round_f16)(float *out, const float *in, int64_t n) {
   CVT_PARALLEL(n, cvt_round_h(out, in, i0, i1));
 }
 
+/* The same on the calling thread alone, for kernels' own parallel loops
+ * (attention): no parallel region per call. f16 unless dt is bf16. */
+void LOOM_ISA(loom_kern_narrow)(loom_dtype dt, uint16_t *out, const float *in,
+                                int64_t n) {
+  if (dt == LOOM_BF16)
+    cvt_f2b(out, in, 0, n);
+  else
+    cvt_f2h(out, in, 0, n);
+}
+
+void LOOM_ISA(loom_kern_widen)(loom_dtype dt, float *out, const uint16_t *in,
+                               int64_t n) {
+  if (dt == LOOM_BF16)
+    cvt_b2f(out, in, 0, n);
+  else
+    cvt_h2f(out, in, 0, n);
+}
+
+void LOOM_ISA(loom_kern_round)(loom_dtype dt, float *out, const float *in,
+                               int64_t n) {
+  if (dt == LOOM_BF16)
+    cvt_round(out, in, 0, n);
+  else
+    cvt_round_h(out, in, 0, n);
+}
+
 static loom_status not_half(loom_dtype dt, const char *what) {
   return loom_error(LOOM_ERR_UNSUPPORTED,
                     "%s: %s is not a half type (bf16 or "

@@ -629,11 +629,137 @@ static void conv_unit_shapes(void) {
   }
 }
 
+/* The half attention (loom_attention_*_half) against a double reference
+ * of the same rounded q, k, v and dout. The kernel rounds P (forward) and
+ * dS (backward) to the half type, each a relative error of at most u (2^-8
+ * bf16, 2^-11 f16); products of half values are exact in f32 and the f32
+ * sums add far less than u at these sizes. So, with D_t = sum_w P_tw
+ * |dP_tw| and m_tu = P_tu (|dP_tu| + D_t) >= |dS_tu| bounding dS's error
+ * by 3u m_tu: |out - ref| <= 4u sum_u P_tu |v_u|, |dv - ref| <= 4u sum_t
+ * P_tu |dO_t|, |dq - ref| <= 4u scale sum_u m_tu |k_u| and |dk - ref| <=
+ * 4u scale sum_t m_tu |q_t|, plus 1e-6. And the same bits at 1, 2 and 3
+ * threads. */
+static void att_half_one(loom_dtype dt, int B, int T, int C, int NH) {
+  const int HS = C / NH, C3 = 3 * C;
+  const size_t nq = (size_t)B * T * C3, no = (size_t)B * T * C;
+  const size_t na = (size_t)B * NH * T * T;
+  const double u = dt == LOOM_BF16 ? ldexp(1.0, -8) : ldexp(1.0, -11);
+  const double scale = 1.0 / sqrt((double)HS);
+  float *qkv = kt_rand(nq, 41, -2, 2), *dout = kt_rand(no, 42, -1, 1);
+  float *qr = kt_zeros(nq), *dr = kt_zeros(no);
+  float *S = kt_zeros((size_t)loom_attention_half_scratch_floats(B, T, C, NH));
+  uint16_t *att = loom_malloc(na * 2);
+  double *ro = calloc(no, sizeof(double)), *mo = calloc(no, sizeof(double));
+  double *rg = calloc(nq, sizeof(double)), *mg = calloc(nq, sizeof(double));
+  double *P = calloc((size_t)T, sizeof(double)),
+         *dP = calloc((size_t)T, sizeof(double));
+  float *out[3], *dq[3];
+  TT_REQUIRE(qkv && dout && qr && dr && S && att && ro && mo && rg && mg && P &&
+             dP);
+  TT_CHECK_OK(loom_round_half(dt, qr, qkv, (int64_t)nq));
+  TT_CHECK_OK(loom_round_half(dt, dr, dout, (int64_t)no));
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++)
+      for (int t = 0; t < T; t++) {
+        const float *q = qr + ((size_t)b * T + t) * C3 + h * HS;
+        const float *d = dr + ((size_t)b * T + t) * C + h * HS;
+        double m = -INFINITY, sum = 0, dot = 0, D = 0;
+        for (int w = 0; w <= t; w++) {
+          const float *k = qr + ((size_t)b * T + w) * C3 + C + h * HS;
+          double s = 0;
+          for (int i = 0; i < HS; i++)
+            s += (double)q[i] * k[i];
+          P[w] = s * scale;
+          m = P[w] > m ? P[w] : m;
+        }
+        for (int w = 0; w <= t; w++)
+          sum += (P[w] = exp(P[w] - m));
+        for (int w = 0; w <= t; w++) {
+          P[w] /= sum;
+          const float *v = qr + ((size_t)b * T + w) * C3 + 2 * C + h * HS;
+          double s = 0;
+          for (int i = 0; i < HS; i++)
+            s += (double)d[i] * v[i];
+          dP[w] = s;
+          dot += P[w] * s;
+          D += P[w] * fabs(s);
+        }
+        for (int w = 0; w <= t; w++) {
+          const size_t qi = ((size_t)b * T + t) * C3 + h * HS;
+          const size_t ki = ((size_t)b * T + w) * C3 + C + h * HS;
+          const double ds = P[w] * (dP[w] - dot) * scale;
+          const double ms = P[w] * (fabs(dP[w]) + D) * scale;
+          for (int i = 0; i < HS; i++) {
+            const size_t oi = ((size_t)b * T + t) * C + h * HS + i;
+            const double v = qr[ki + C + i];
+            ro[oi] += P[w] * v;
+            mo[oi] += P[w] * fabs(v);
+            rg[ki + C + i] += P[w] * d[i]; /* dv */
+            mg[ki + C + i] += P[w] * fabs(d[i]);
+            rg[qi + i] += ds * qr[ki + i];
+            mg[qi + i] += ms * fabs(qr[ki + i]);
+            rg[ki + i] += ds * qr[qi + i];
+            mg[ki + i] += ms * fabs(qr[qi + i]);
+          }
+        }
+      }
+  for (int t = 0; t < 3; t++) {
+    out[t] = kt_zeros(no);
+    dq[t] = kt_zeros(nq);
+    TT_REQUIRE(out[t] && dq[t]);
+    loom_set_threads(t + 1);
+    TT_CHECK_OK(
+        loom_attention_forward_half(dt, out[t], att, qkv, B, T, C, NH, S));
+    TT_CHECK_OK(loom_attention_backward_half(dt, dq[t], dout, qkv, att, B, T, C,
+                                             NH, S));
+  }
+  loom_set_threads(0);
+  int bad = 0;
+  for (size_t i = 0; i < no; i++)
+    if (!(fabs(out[0][i] - ro[i]) <= 4 * u * mo[i] + 1e-6) && bad++ < 3)
+      fprintf(stderr, "  out[%zu] %.7g vs %.7g\n", i, out[0][i], ro[i]);
+  for (size_t i = 0; i < nq; i++)
+    if (!(fabs(dq[0][i] - rg[i]) <= 4 * u * mg[i] + 1e-6) && bad++ < 6)
+      fprintf(stderr, "  dqkv[%zu] %.7g vs %.7g (bound %.3g)\n", i, dq[0][i],
+              rg[i], 4 * u * mg[i] + 1e-6);
+  if (bad)
+    fprintf(stderr, "  %s attention B=%d T=%d C=%d NH=%d: %d outside\n",
+            loom_dtype_name(dt), B, T, C, NH, bad);
+  TT_CHECK_EQ(bad, 0);
+  for (int t = 1; t < 3; t++) {
+    KT_CHECK_SAME_BITS(out[0], out[t], no);
+    KT_CHECK_SAME_BITS(dq[0], dq[t], nq);
+  }
+  for (int t = 0; t < 3; t++) {
+    loom_free(out[t]);
+    loom_free(dq[t]);
+  }
+  void *all[] = {qkv, dout, qr, dr, S, att};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    loom_free(all[i]);
+  double *dall[] = {ro, mo, rg, mg, P, dP};
+  for (size_t i = 0; i < sizeof dall / sizeof dall[0]; i++)
+    free(dall[i]);
+}
+
+static void att_half_shapes(loom_dtype dt) {
+  static const int shapes[][4] = {/* B T C NH */
+                                  {1, 1, 4, 2},   {2, 7, 12, 2},
+                                  {3, 17, 30, 5}, {2, 130, 24, 3},
+                                  {1, 67, 64, 2}, {4, 128, 128, 4}};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+    att_half_one(dt, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+  TT_CHECK(loom_attention_forward_half(LOOM_F32, NULL, NULL, NULL, 1, 1, 4, 2,
+                                       NULL) == LOOM_ERR_UNSUPPORTED);
+  loom_clear_error();
+}
+
 TT_TEST(half_layers) {
   for (int i = 0; i < N_HALVES; i++) {
     linear_half(halves[i]);
     conv2d_half(halves[i]);
     half_thread_invariance(halves[i]);
+    att_half_shapes(halves[i]);
   }
 }
 
@@ -656,6 +782,7 @@ TT_TEST(bf16_unit) {
   gemm_half_shapes(LOOM_BF16);
   half_thread_invariance(LOOM_BF16);
   conv_unit_shapes();
+  att_half_shapes(LOOM_BF16);
   TT_CHECK_OK(loom_bf16_set_path(LOOM_BF16_PATH_CONVERT));
   /* the conversion path meets the same bound (and is bitwise the f32
    * convolution of the rounded values: half_layers) */
