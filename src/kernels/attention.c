@@ -166,14 +166,24 @@ static int half_rb(int T) {
   return rb > 0 ? (rb + 15) / 16 * 16 : ATT_RB;
 }
 
+/* Threads at most, each with its own (T,T) work space (a slot): the
+ * scratch does not grow with the batch. A task overwrites what it reads
+ * of its slot, so which slot runs it does not change a bit. */
+#define ATT_SLOTS 16
+
+static int half_slots(int B, int NH) {
+  const int64_t tasks = (int64_t)B * NH;
+  return tasks < ATT_SLOTS ? (int)tasks : ATT_SLOTS;
+}
+
 int64_t LOOM_ISA(loom_attention_half_scratch_floats)(int B, int T, int C,
                                                      int NH) {
   if (B <= 0 || T <= 0 || C <= 0 || NH <= 0)
     return 0;
-  const int64_t BTC = (int64_t)B * T * C, BH = (int64_t)B * NH;
-  /* qkv and dO (f32 at most); S or dS (f32); P (f32, or dS in half); a
-   * widened row of P per task */
-  return 4 * BTC + 2 * BH * T * T + BH * T;
+  const int64_t BTC = (int64_t)B * T * C;
+  /* qkv and dO (f32 at most); per slot: S or dS (f32), P (f32, or dS in
+   * half), a widened row of P */
+  return 4 * BTC + half_slots(B, NH) * (2 * (int64_t)T * T + T);
 }
 
 typedef struct half_att {
@@ -262,25 +272,31 @@ static void operands(const half_att *h, void *ops, const float *qkv,
   }
 }
 
-/* Runs body for every (b, h) task, one thread each; oneDNN and the vendor
- * GEMM held to the calling thread. rc: the last nonzero matmul code. */
+/* Runs body for every (b, h) task bh on one thread, which owns scratch
+ * slot `slot`; oneDNN and the vendor GEMM held to the calling thread. rc:
+ * the last nonzero matmul code. */
 /* clang-format off */
 #define HALF_TASKS(h, rc, ...)                                                 \
   do {                                                                         \
     const int ht_tasks = (h)->B * (h)->NH;                                     \
-    const int ht_nt = loom_kern_nthreads(ht_tasks, 1);                         \
+    const int ht_nt1 = loom_kern_nthreads(ht_tasks, 1);                        \
+    const int ht_nt = ht_nt1 < ATT_SLOTS ? ht_nt1 : ATT_SLOTS;                 \
     int ht_save = 0;                                                           \
     if (ht_nt == 1 && !omp_in_parallel() &&                                    \
         (ht_save = omp_get_max_threads()) > 1)                                 \
       omp_set_num_threads(1);                                                  \
     loom_kern_gemm_serial_begin();                                             \
-    _Pragma("omp parallel for num_threads(ht_nt) schedule(static) if (ht_nt > 1)") \
-    for (int bh = 0; bh < ht_tasks; bh++) {                                    \
-      int task_rc = 0;                                                         \
-      __VA_ARGS__;                                                             \
-      if (task_rc) {                                                           \
-        _Pragma("omp atomic write")                                            \
-        rc = task_rc;                                                          \
+    _Pragma("omp parallel num_threads(ht_nt) if (ht_nt > 1)")                  \
+    {                                                                          \
+      const int slot = omp_get_thread_num();                                   \
+      _Pragma("omp for schedule(static)")                                      \
+      for (int bh = 0; bh < ht_tasks; bh++) {                                  \
+        int task_rc = 0;                                                       \
+        __VA_ARGS__;                                                           \
+        if (task_rc) {                                                         \
+          _Pragma("omp atomic write")                                          \
+          rc = task_rc;                                                        \
+        }                                                                      \
       }                                                                        \
     }                                                                          \
     if (ht_save > 1)                                                           \
@@ -301,14 +317,14 @@ loom_status LOOM_ISA(loom_attention_forward_half)(loom_dtype dt, float *out,
   const int HS = h.HS, C3 = 3 * C;
   const int64_t BTC = (int64_t)B * T * C, TT = (int64_t)T * T;
   void *ops = scratch;          /* (B,T,3C) qkv, half or rounded */
-  float *S = scratch + 4 * BTC; /* (B,NH,T,T) scores, then P */
+  float *S = scratch + 4 * BTC; /* (slots,T,T) scores, then P */
   operands(&h, ops, qkv, NULL);
   int rc = 0;
   HALF_TASKS(&h, rc, {
     const int b = bh / NH, hd = bh % NH;
     const void *q = at(ops, (int64_t)b * T * C3 + hd * HS, h.es);
     const void *k = at(q, C, h.es), *v = at(q, 2 * C, h.es);
-    float *s = S + bh * TT;
+    float *s = S + slot * TT;
     uint16_t *p = att + bh * TT;
     float *o = out + (int64_t)b * T * C + hd * HS; /* (T, HS), stride C */
     for (int r0 = 0; r0 < T && !task_rc; r0 += h.rb) {
@@ -345,11 +361,11 @@ loom_status LOOM_ISA(loom_attention_backward_half)(
   LOOM_TRY(half_setup(&h, dt, B, T, C, NH, true));
   const int HS = h.HS, C3 = 3 * C;
   const int64_t BTC = (int64_t)B * T * C, TT = (int64_t)T * T;
-  const int64_t BH = (int64_t)B * NH;
+  const int64_t SL = half_slots(B, NH);
   void *ops = scratch;          /* (B,T,3C) qkv, (B,T,C) dout: half/rounded */
-  float *S = scratch + 4 * BTC; /* (B,NH,T,T) dP, then dS */
-  float *R = S + BH * TT;       /* (B,NH,T,T) P in f32, or dS in half */
-  float *PR = R + BH * TT;      /* (B,NH,T) a row of P */
+  float *S = scratch + 4 * BTC; /* (slots,T,T) dP, then dS */
+  float *R = S + SL * TT;       /* (slots,T,T) P in f32, or dS in half */
+  float *PR = R + SL * TT;      /* (slots,T) a row of P */
   operands(&h, ops, qkv, dout);
   int rc = 0;
   HALF_TASKS(&h, rc, {
@@ -360,7 +376,7 @@ loom_status LOOM_ISA(loom_attention_backward_half)(
     float *dq = dqkv + (int64_t)b * T * C3 + hd * HS, *dk = dq + C,
           *dv = dq + 2 * C;
     const uint16_t *p = att + bh * TT;
-    float *ds = S + bh * TT, *r = R + bh * TT, *prow = PR + bh * T;
+    float *ds = S + slot * TT, *r = R + slot * TT, *prow = PR + slot * T;
     uint16_t *d16 = (uint16_t *)(void *)r; /* (T,T) dS in half (unit) */
     for (int r0 = 0; r0 < T && !task_rc; r0 += h.rb) {
       const int rows = T - r0 < h.rb ? T - r0 : h.rb, kend = r0 + rows;

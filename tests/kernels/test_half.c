@@ -746,7 +746,8 @@ static void att_half_shapes(loom_dtype dt) {
   static const int shapes[][4] = {/* B T C NH */
                                   {1, 1, 4, 2},   {2, 7, 12, 2},
                                   {3, 17, 30, 5}, {2, 130, 24, 3},
-                                  {1, 67, 64, 2}, {4, 128, 128, 4}};
+                                  {1, 67, 64, 2}, {4, 128, 128, 4},
+                                  {5, 33, 16, 4}}; /* 20 tasks > 16 slots */
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
     att_half_one(dt, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
   TT_CHECK(loom_attention_forward_half(LOOM_F32, NULL, NULL, NULL, 1, 1, 4, 2,
