@@ -149,37 +149,55 @@ static const mm_entry *lookup(const mm_key *k) {
   return found;
 }
 
-/* Each thread's stream and oneDNN scratchpad, kept for the thread's life:
- * the attention kernel runs thousands of small matmuls a step, and a
- * scratchpad allocated per call (mmap and munmap past malloc's threshold)
- * cost more than the matmuls. */
-static _Thread_local dnnl_stream_t t_stream;
-static _Thread_local void *t_pad;
-static _Thread_local size_t t_pad_bytes;
-
-/* Each thread's memory objects for the primitives it ran last (their data
- * pointers set per call): creating three or four per call cost more than
- * the attention's small matmuls. */
+/* Each thread's stream, oneDNN scratchpad and memory objects for the
+ * primitives it ran last (their data pointers set per call), kept for the
+ * thread's life: the attention kernel runs thousands of small matmuls a
+ * step, and a scratchpad per call (mmap and munmap past malloc's
+ * threshold) or three or four memory objects made per call cost more than
+ * the matmuls. Every thread's cache is also linked from g_caches, so it
+ * stays reachable (leak checkers); a thread that ends leaves its cache
+ * there (the pool threads that run kernels live as long as the process). */
 #define T_MEM 48
 typedef struct t_mem {
   const mm_entry *e;
   dnnl_memory_t m[4]; /* A, B, C, scratchpad (NULL: none) */
 } t_mem;
-static _Thread_local t_mem t_mems[T_MEM];
-static _Thread_local int t_nmems, t_next;
+typedef struct t_cache {
+  struct t_cache *next;
+  dnnl_stream_t stream;
+  void *pad;
+  size_t pad_bytes;
+  t_mem mems[T_MEM];
+  int nmems, oldest;
+} t_cache;
+static t_cache *g_caches;
+static _Thread_local t_cache *t_cache_p;
+
+static t_cache *my_cache(void) {
+  if (t_cache_p)
+    return t_cache_p;
+  t_cache *c = calloc(1, sizeof *c);
+  if (!c)
+    return NULL;
+  pthread_mutex_lock(&g_mm_lock);
+  c->next = g_caches;
+  g_caches = c;
+  pthread_mutex_unlock(&g_mm_lock);
+  return t_cache_p = c;
+}
 
 /* The thread's memory objects for e, made on first use (replacing the
  * oldest when all are taken); NULL on failure. */
-static t_mem *mems_of(const mm_entry *e) {
-  for (int i = 0; i < t_nmems; i++)
-    if (t_mems[i].e == e)
-      return &t_mems[i];
+static t_mem *mems_of(t_cache *c, const mm_entry *e) {
+  for (int i = 0; i < c->nmems; i++)
+    if (c->mems[i].e == e)
+      return &c->mems[i];
   t_mem *x;
-  if (t_nmems < T_MEM) {
-    x = &t_mems[t_nmems++];
+  if (c->nmems < T_MEM) {
+    x = &c->mems[c->nmems++];
   } else {
-    x = &t_mems[t_next];
-    t_next = (t_next + 1) % T_MEM;
+    x = &c->mems[c->oldest];
+    c->oldest = (c->oldest + 1) % T_MEM;
     for (int i = 0; i < 4; i++)
       if (x->m[i])
         dnnl_memory_destroy(x->m[i]);
@@ -203,24 +221,27 @@ static t_mem *mems_of(const mm_entry *e) {
 /* Runs one cached primitive on the calling thread's share; 0 on success. */
 static int run(const mm_entry *e, const uint16_t *A, const uint16_t *B,
                float *C) {
-  if (e->pad_bytes > t_pad_bytes) {
+  t_cache *c = my_cache();
+  if (!c)
+    return -1;
+  if (e->pad_bytes > c->pad_bytes) {
     void *np = malloc(e->pad_bytes);
     if (!np)
       return -1;
-    free(t_pad);
-    t_pad = np;
-    t_pad_bytes = e->pad_bytes;
+    free(c->pad);
+    c->pad = np;
+    c->pad_bytes = e->pad_bytes;
   }
-  if (!t_stream &&
-      dnnl_stream_create(&t_stream, g_engine, dnnl_stream_default_flags) !=
+  if (!c->stream &&
+      dnnl_stream_create(&c->stream, g_engine, dnnl_stream_default_flags) !=
           dnnl_success) {
-    t_stream = NULL;
+    c->stream = NULL;
     return -1;
   }
-  t_mem *x = mems_of(e);
+  t_mem *x = mems_of(c, e);
   if (!x)
     return -1;
-  void *ptr[4] = {(void *)A, (void *)B, C, t_pad};
+  void *ptr[4] = {(void *)A, (void *)B, C, c->pad};
   for (int i = 0; i < 4; i++)
     if (x->m[i] && dnnl_memory_set_data_handle(x->m[i], ptr[i]) != dnnl_success)
       return -1;
@@ -229,9 +250,9 @@ static int run(const mm_entry *e, const uint16_t *A, const uint16_t *B,
                              {DNNL_ARG_DST, x->m[2]},
                              {DNNL_ARG_SCRATCHPAD, x->m[3]}};
   int rc =
-      (int)dnnl_primitive_execute(e->prim, t_stream, x->m[3] ? 4 : 3, args);
+      (int)dnnl_primitive_execute(e->prim, c->stream, x->m[3] ? 4 : 3, args);
   if (rc == 0)
-    rc = (int)dnnl_stream_wait(t_stream);
+    rc = (int)dnnl_stream_wait(c->stream);
   return rc;
 }
 
