@@ -10,14 +10,14 @@ typedef struct attention {
   int CL;
   loom_module *qkv, *proj; /* children: C -> 3CL, CL -> C */
   int B, T;
-  const float *qkvo;  /* (B,T,3C) the qkv child's output */
-  float *att;         /* (B,NH,T,T) softmax probabilities */
-  uint16_t *att_half; /* the same in the half type, in a half model */
-  void *y;            /* (B,T,CL) heads concatenated: f32, or the half type */
-  loom_dtype half;    /* LOOM_BF16, LOOM_F16, or LOOM_F32: none */
-  float *dy;          /* (B,T,CL) scratch */
-  float *dqkv;        /* (B,T,3CL) scratch */
-  float *datt; /* (B,NH,T,T) scratch of the kernel (half: its own size) */
+  const float *qkvo; /* (B,T,3C) the qkv child's output */
+  float *att;        /* (B,NH,T,T) softmax probabilities */
+  uint16_t *atth;    /* (B,NH,T,T) the same in the half type (half model) */
+  void *y;           /* (B,T,CL) heads concatenated: f32, or the half type */
+  loom_dtype half;   /* LOOM_BF16, LOOM_F16, or LOOM_F32: none */
+  float *dy;         /* (B,T,CL) scratch */
+  float *dqkv;       /* (B,T,3CL) scratch */
+  float *datt;       /* (B,NH,T,T) scratch of the kernel */
 } attention;
 
 static loom_status attention_params(loom_module *m, loom_nn_visit *v) {
@@ -44,7 +44,7 @@ static loom_status attention_plan(loom_module *m, loom_nn_plan *p,
   size_t mark = loom_nn_plan_scratch_mark(p);
   a->dy = loom_nn_plan_scratch_floats(p, BTC);
   a->dqkv = loom_nn_plan_scratch_floats(p, 3 * BTC);
-  a->half = p->half;
+  a->half = p->half; /* the half kernel's scratch is its own size */
   a->datt = loom_nn_plan_scratch_floats(
       p, a->half != LOOM_F32
              ? loom_attention_half_scratch_floats(a->B, a->T, a->CL, a->NH)
@@ -54,7 +54,7 @@ static loom_status attention_plan(loom_module *m, loom_nn_plan *p,
   LOOM_TRY(loom_module_plan(a->qkv, p, in, &s));
   loom_nn_plan_scratch_release(p, kid);
   if (a->half != LOOM_F32)
-    a->att_half = loom_nn_plan_act(p, (size_t)BHTT * sizeof(uint16_t));
+    a->atth = loom_nn_plan_act(p, (size_t)BHTT * sizeof(uint16_t));
   else
     a->att = loom_nn_plan_floats(p, BHTT);
   /* proj, a linear layer, takes the heads in half */
@@ -73,8 +73,8 @@ static loom_status attention_forward(loom_module *m, loom_nn_ctx *ctx,
   LOOM_TRY(loom_module_forward(a->qkv, ctx, in, &a->qkvo));
   if (a->half != LOOM_F32) {
     /* the f32 heads in dy (free until backward), then rounded */
-    LOOM_TRY(loom_attention_forward_half(a->half, a->dy, a->att_half, a->qkvo,
-                                         a->B, a->T, a->CL, a->NH, a->datt));
+    LOOM_TRY(loom_attention_forward_half(a->half, a->dy, a->atth, a->qkvo, a->B,
+                                         a->T, a->CL, a->NH, a->datt));
     LOOM_TRY(loom_cvt_f32_to_half(a->half, a->y, a->dy,
                                   (int64_t)a->B * a->T * a->CL));
   } else {
@@ -93,7 +93,7 @@ static loom_status attention_backward(loom_module *m, loom_nn_ctx *ctx,
   memset(a->dqkv, 0, (size_t)(3 * BTC) * sizeof(float));
   if (a->half != LOOM_F32)
     LOOM_TRY(loom_attention_backward_half(a->half, a->dqkv, a->dy, a->qkvo,
-                                          a->att_half, a->B, a->T, a->CL, a->NH,
+                                          a->atth, a->B, a->T, a->CL, a->NH,
                                           a->datt));
   else
     LOOM_TRY(loom_attention_backward(a->dqkv, a->datt, a->dy, a->qkvo, a->att,
