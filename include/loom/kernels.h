@@ -224,6 +224,20 @@ loom_status loom_attention_backward(float *dqkv, float *scratch,
                                     const float *dout, const float *qkv,
                                     const float *att, int B, int T, int C,
                                     int NH);
+/* The same in a half model, dt bf16 or f16 (docs/precision.md): the
+ * matmuls on Q, K, V, P (and dO, dS) rounded to dt with f32 sums, softmax in
+ * f32; out and dqkv f32; att(B,NH,T,T) saved in dt. bf16 runs on the CPU's
+ * bf16 unit unless loom_bf16_get_path() is convert; otherwise the rounded
+ * values go through the f32 GEMM. scratch:
+ * loom_attention_half_scratch_floats(B, T, C, NH) floats, for both. */
+int64_t loom_attention_half_scratch_floats(int B, int T, int C, int NH);
+loom_status loom_attention_forward_half(loom_dtype dt, float *out,
+                                        uint16_t *att, const float *qkv, int B,
+                                        int T, int C, int NH, float *scratch);
+loom_status loom_attention_backward_half(loom_dtype dt, float *dqkv,
+                                         const float *dout, const float *qkv,
+                                         const uint16_t *att, int B, int T,
+                                         int C, int NH, float *scratch);
 
 /* ------------------------------------------------------------ embeddings */
 

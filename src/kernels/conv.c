@@ -177,6 +177,10 @@ static bool use_dnnl(const loom_conv2d_dims *d) {
                              loom_gemm_get_backend() == LOOM_GEMM_DNNL);
 }
 
+bool LOOM_ISA(loom_kern_conv_use_dnnl)(const loom_conv2d_dims *d) {
+  return d && dims_ok(d) && use_dnnl(d);
+}
+
 /* Enough for either engine that may run these dims: the GEMM backend (which
  * picks the engine) may change between sizing and use. */
 int64_t LOOM_ISA(loom_conv2d_col_floats)(const loom_conv2d_dims *d) {

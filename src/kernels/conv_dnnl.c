@@ -6,7 +6,11 @@
  * weight-gradient partials are added in chunk order, and nothing but the
  * shape decides what is summed where: the bits do not depend on the thread
  * count. Primitives are built once per shape and cached. Scratch (blocked
- * copies, partials, oneDNN's scratchpad) lives in the caller's col buffer. */
+ * copies, partials, oneDNN's scratchpad) lives in the caller's col buffer.
+ * The bf16 set (a CPU with a bf16 unit) takes bf16 input, weights and
+ * output gradient and gives f32 output, input and weight gradients (f32
+ * sums inside oneDNN's kernels); it chunks the batch as the f32 set does,
+ * so it keeps the same thread-count invariance. */
 #include "internal.h"
 
 #ifdef LOOM_HAVE_DNNL
@@ -30,7 +34,10 @@ typedef struct conv_view {
  * transposed in blocks). */
 typedef struct conv_set {
   int mb;
-  dnnl_memory_desc_t src_u, dst_u, wei_u, bias; /* plain: nchw, oihw, x */
+  /* plain (nchw, oihw, x): inputs src_u, wei_u, dst_i of the operand type
+   * (f32 or bf16), outputs dst_u, src_o, wei_o and the bias in f32 */
+  dnnl_memory_desc_t src_u, dst_u, wei_u, bias;
+  dnnl_memory_desc_t dst_i, src_o, wei_o;
   dnnl_primitive_t fwd, bwd_d, bwd_w;
   dnnl_memory_desc_t pad_fwd, pad_bwd_d, pad_bwd_w; /* scratchpads */
   conv_view f_src, f_wei, f_dst;                    /* forward: in, in, out */
@@ -41,6 +48,7 @@ typedef struct conv_set {
 
 typedef struct conv_entry {
   loom_conv2d_dims key; /* N is the minibatch size */
+  bool bf;              /* bf16 operands */
   conv_set *set;        /* NULL: oneDNN cannot do this shape */
 } conv_entry;
 
@@ -140,7 +148,13 @@ static void set_free(conv_set *s) {
   loom_free(s);
 }
 
-static conv_set *set_build(const loom_conv2d_dims *d) {
+/* A reference kernel (oneDNN's "ref:any", orders of magnitude slower)
+ * means: this shape has no fast kernel. */
+static bool is_ref(dnnl_primitive_desc_t pd) {
+  return strncmp(impl_name(pd), "ref", 3) == 0;
+}
+
+static conv_set *set_build(const loom_conv2d_dims *d, bool bf) {
   const int OH = loom_conv2d_out_h(d), OW = loom_conv2d_out_w(d);
   conv_set *s = loom_calloc(1, sizeof *s);
   if (!s)
@@ -149,48 +163,60 @@ static conv_set *set_build(const loom_conv2d_dims *d) {
   dnnl_dims_t sd = {d->N, d->C, d->H, d->W}, wd = {d->OC, d->C, d->KH, d->KW};
   dnnl_dims_t bd = {d->OC}, dd = {d->N, d->OC, OH, OW};
   dnnl_dims_t strides = {d->stride, d->stride}, pad = {d->pad, d->pad};
-  dnnl_memory_desc_t sa, wa, da;
+  const dnnl_data_type_t t = bf ? dnnl_bf16 : dnnl_f32;
+  const dnnl_format_tag_t any = dnnl_format_tag_any;
+  /* sa, wa, da: the operands' layouts (any), of type t; sa_o, wa_o, da_o:
+   * the f32 results' (forward output, input and weight gradients) */
+  dnnl_memory_desc_t sa, wa, da, sa_o, wa_o, da_o;
   bool ok =
-      dnnl_memory_desc_init_by_tag(&s->src_u, 4, sd, dnnl_f32, dnnl_nchw) ==
-          0 &&
-      dnnl_memory_desc_init_by_tag(&s->wei_u, 4, wd, dnnl_f32, dnnl_oihw) ==
-          0 &&
+      dnnl_memory_desc_init_by_tag(&s->src_u, 4, sd, t, dnnl_nchw) == 0 &&
+      dnnl_memory_desc_init_by_tag(&s->wei_u, 4, wd, t, dnnl_oihw) == 0 &&
+      dnnl_memory_desc_init_by_tag(&s->dst_i, 4, dd, t, dnnl_nchw) == 0 &&
       dnnl_memory_desc_init_by_tag(&s->bias, 1, bd, dnnl_f32, dnnl_x) == 0 &&
       dnnl_memory_desc_init_by_tag(&s->dst_u, 4, dd, dnnl_f32, dnnl_nchw) ==
           0 &&
-      dnnl_memory_desc_init_by_tag(&sa, 4, sd, dnnl_f32, dnnl_format_tag_any) ==
+      dnnl_memory_desc_init_by_tag(&s->src_o, 4, sd, dnnl_f32, dnnl_nchw) ==
           0 &&
-      dnnl_memory_desc_init_by_tag(&wa, 4, wd, dnnl_f32, dnnl_format_tag_any) ==
+      dnnl_memory_desc_init_by_tag(&s->wei_o, 4, wd, dnnl_f32, dnnl_oihw) ==
           0 &&
-      dnnl_memory_desc_init_by_tag(&da, 4, dd, dnnl_f32, dnnl_format_tag_any) ==
-          0;
+      dnnl_memory_desc_init_by_tag(&sa, 4, sd, t, any) == 0 &&
+      dnnl_memory_desc_init_by_tag(&wa, 4, wd, t, any) == 0 &&
+      dnnl_memory_desc_init_by_tag(&da, 4, dd, t, any) == 0 &&
+      dnnl_memory_desc_init_by_tag(&sa_o, 4, sd, dnnl_f32, any) == 0 &&
+      dnnl_memory_desc_init_by_tag(&wa_o, 4, wd, dnnl_f32, any) == 0 &&
+      dnnl_memory_desc_init_by_tag(&da_o, 4, dd, dnnl_f32, any) == 0;
   dnnl_primitive_attr_t attr = user_pad_attr();
   dnnl_primitive_desc_t fpd = NULL, bdpd = NULL, bwpd = NULL;
   dnnl_convolution_desc_t cd;
   ok = ok && attr &&
        dnnl_convolution_forward_desc_init(
            &cd, dnnl_forward_training, dnnl_convolution_direct, &sa, &wa,
-           &s->bias, &da, strides, pad, pad) == dnnl_success &&
+           &s->bias, &da_o, strides, pad, pad) == dnnl_success &&
        dnnl_primitive_desc_create(&fpd, &cd, attr, g_engine, NULL) ==
            dnnl_success &&
        dnnl_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct,
-                                                &sa, &wa, &da, strides, pad,
+                                                &sa_o, &wa, &da, strides, pad,
                                                 pad) == dnnl_success &&
        dnnl_primitive_desc_create(&bdpd, &cd, attr, g_engine, fpd) ==
            dnnl_success &&
-       dnnl_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct,
-                                                   &sa, &wa, NULL, &da, strides,
-                                                   pad, pad) == dnnl_success &&
+       dnnl_convolution_backward_weights_desc_init(
+           &cd, dnnl_convolution_direct, &sa, &wa_o, NULL, &da, strides, pad,
+           pad) == dnnl_success &&
        dnnl_primitive_desc_create(&bwpd, &cd, attr, g_engine, fpd) ==
            dnnl_success;
   if (attr)
     dnnl_primitive_attr_destroy(attr);
   size_t most = 0;
   if (ok) {
-    LOOM_DEBUG("conv2d mb=%d C=%d %dx%d OC=%d K=%dx%d: oneDNN fwd %s, bwd "
+    LOOM_DEBUG("conv2d %s mb=%d C=%d %dx%d OC=%d K=%dx%d: oneDNN fwd %s, bwd "
                "data %s, bwd weights %s",
-               d->N, d->C, d->H, d->W, d->OC, d->KH, d->KW, impl_name(fpd),
-               impl_name(bdpd), impl_name(bwpd));
+               bf ? "bf16" : "f32", d->N, d->C, d->H, d->W, d->OC, d->KH, d->KW,
+               impl_name(fpd), impl_name(bdpd), impl_name(bwpd));
+    /* bf16 has no use for a reference kernel: converting to f32 is faster */
+    if (bf && (is_ref(fpd) || is_ref(bdpd) || is_ref(bwpd)))
+      ok = false;
+  }
+  if (ok) {
     note_pad(fpd, &s->pad_fwd, &most);
     note_pad(bdpd, &s->pad_bwd_d, &most);
     note_pad(bwpd, &s->pad_bwd_w, &most);
@@ -199,16 +225,16 @@ static conv_set *set_build(const loom_conv2d_dims *d) {
         make_view(&s->f_wei, fpd, dnnl_query_weights_md, &s->wei_u, true,
                   &most) &&
         make_view(&s->f_dst, fpd, dnnl_query_dst_md, &s->dst_u, false, &most) &&
-        make_view(&s->d_ddst, bdpd, dnnl_query_diff_dst_md, &s->dst_u, true,
+        make_view(&s->d_ddst, bdpd, dnnl_query_diff_dst_md, &s->dst_i, true,
                   &most) &&
         make_view(&s->d_wei, bdpd, dnnl_query_weights_md, &s->wei_u, true,
                   &most) &&
-        make_view(&s->d_dsrc, bdpd, dnnl_query_diff_src_md, &s->src_u, false,
+        make_view(&s->d_dsrc, bdpd, dnnl_query_diff_src_md, &s->src_o, false,
                   &most) &&
         make_view(&s->w_src, bwpd, dnnl_query_src_md, &s->src_u, true, &most) &&
-        make_view(&s->w_ddst, bwpd, dnnl_query_diff_dst_md, &s->dst_u, true,
+        make_view(&s->w_ddst, bwpd, dnnl_query_diff_dst_md, &s->dst_i, true,
                   &most) &&
-        make_view(&s->w_dwei, bwpd, dnnl_query_diff_weights_md, &s->wei_u,
+        make_view(&s->w_dwei, bwpd, dnnl_query_diff_weights_md, &s->wei_o,
                   false, &most) &&
         dnnl_primitive_create(&s->fwd, fpd) == dnnl_success &&
         dnnl_primitive_create(&s->bwd_d, bdpd) == dnnl_success &&
@@ -229,7 +255,7 @@ static conv_set *set_build(const loom_conv2d_dims *d) {
 }
 
 /* The cached set for these dims with minibatch mb, built on first use. */
-static conv_set *set_get(const loom_conv2d_dims *d, int mb) {
+static conv_set *set_get(const loom_conv2d_dims *d, int mb, bool bf) {
   pthread_once(&g_engine_once, engine_init);
   if (!g_engine)
     return NULL;
@@ -239,7 +265,7 @@ static conv_set *set_get(const loom_conv2d_dims *d, int mb) {
   pthread_mutex_lock(&g_lock);
   int i = 0;
   for (; i < g_ncache; i++)
-    if (same_key(&g_cache[i].key, &key))
+    if (g_cache[i].bf == bf && same_key(&g_cache[i].key, &key))
       break;
   if (i < g_ncache) {
     found = g_cache[i].set;
@@ -249,9 +275,10 @@ static conv_set *set_get(const loom_conv2d_dims *d, int mb) {
      * them on one thread, so build them for one. */
     const int save = omp_get_max_threads();
     omp_set_num_threads(1);
-    found = set_build(&key);
+    found = set_build(&key, bf);
     omp_set_num_threads(save);
     g_cache[g_ncache].key = key;
+    g_cache[g_ncache].bf = bf;
     g_cache[g_ncache].set = found; /* NULL too: do not try again */
     g_ncache++;
   }
@@ -283,12 +310,12 @@ static int64_t max3(int64_t a, int64_t b, int64_t c) {
   return a > b ? (a > c ? a : c) : (b > c ? b : c);
 }
 
-static bool plan_make(const loom_conv2d_dims *d, dnnl_plan *p) {
+static bool plan_make(const loom_conv2d_dims *d, bool bf, dnnl_plan *p) {
   p->nb = (d->N + LOOM_CONV_SLOTS - 1) / LOOM_CONV_SLOTS;
   p->nchunks = (d->N + p->nb - 1) / p->nb;
   p->rem = d->N - (p->nchunks - 1) * p->nb;
-  p->full = set_get(d, p->nb);
-  p->last = p->rem == p->nb ? p->full : set_get(d, p->rem);
+  p->full = set_get(d, p->nb, bf);
+  p->last = p->rem == p->nb ? p->full : set_get(d, p->rem, bf);
   if (!p->full || !p->last)
     return false;
   const conv_set *f = p->full; /* the larger minibatch: its sizes bound */
@@ -302,20 +329,31 @@ static bool plan_make(const loom_conv2d_dims *d, dnnl_plan *p) {
   p->b2_off =
       p->b_off + max3(md_floats(&f->f_dst.md), md_floats(&f->w_ddst.md), 0);
   p->xp_off = p->b2_off + md_floats(&f->d_ddst.md);
-  p->wb_off = p->xp_off + md_floats(&f->src_u);
+  p->wb_off = p->xp_off + md_floats(&f->src_o);
   p->wp_off = p->wb_off + md_floats(&f->w_dwei.md);
-  p->pad_off = p->wp_off + md_floats(&f->wei_u);
+  p->pad_off = p->wp_off + md_floats(&f->wei_o);
   size_t pad =
       f->pad_bytes > p->last->pad_bytes ? f->pad_bytes : p->last->pad_bytes;
   p->per_slot = p->pad_off + ALIGN16((int64_t)(pad / sizeof(float)) + 16);
   return true;
 }
 
-int64_t loom_kern_conv_dnnl_floats(const loom_conv2d_dims *d) {
+static int64_t plan_floats(const loom_conv2d_dims *d, bool bf) {
   dnnl_plan p;
-  if (!plan_make(d, &p))
+  if (!plan_make(d, bf, &p))
     return 0;
   return p.slots_off + (int64_t)p.nchunks * p.per_slot;
+}
+
+/* Enough for the f32 set and, on a CPU with a bf16 unit, the bf16 one (a
+ * model's precision is not known here). */
+int64_t loom_kern_conv_dnnl_floats(const loom_conv2d_dims *d) {
+  const int64_t f = plan_floats(d, false);
+  const loom_cpu_features *cf = loom_cpu_get_features();
+  if (f == 0 || !(cf->avx512_bf16 || cf->amx_bf16))
+    return f;
+  const int64_t b = plan_floats(d, true);
+  return b > f ? b : f;
 }
 
 /* ------------------------------------------------------------ execution */
@@ -361,7 +399,7 @@ static void run(exec_ctx *c, dnnl_primitive_t p, const exec_arg *a, int n) {
  * when v takes it as is. */
 static void *view_in(exec_ctx *c, const conv_view *v,
                      const dnnl_memory_desc_t *plain, const void *data,
-                     float *buf, float *pad) {
+                     void *buf, float *pad) {
   if (!v->reorder)
     return (void *)data;
   exec_arg a[3] = {{DNNL_ARG_FROM, plain, (void *)data},
@@ -420,9 +458,9 @@ static void view_out(exec_ctx *c, const conv_view *v,
 /* Weights in view v's layout, shared read-only by all chunks: reordered
  * once into col at `off`, before the chunks run (so chunk 0's scratchpad is
  * free to use). */
-static const float *shared_weights(const dnnl_plan *p, const conv_view *v,
-                                   const float *weight, float *col, int64_t off,
-                                   int *failed) {
+static const void *shared_weights(const dnnl_plan *p, const conv_view *v,
+                                  const void *weight, float *col, int64_t off,
+                                  int *failed) {
   if (!v->reorder)
     return weight;
   exec_ctx c = {NULL, 0};
@@ -440,15 +478,16 @@ static const float *shared_weights(const dnnl_plan *p, const conv_view *v,
   return col + off;
 }
 
-loom_status loom_kern_conv_dnnl_forward(float *out, float *col,
-                                        const float *inp, const float *weight,
-                                        const float *bias,
-                                        const loom_conv2d_dims *d) {
+/* inp, weight: f32, or bf16 when bf */
+static loom_status conv_forward(float *out, float *col, const void *inp,
+                                const void *weight, const float *bias,
+                                const loom_conv2d_dims *d, bool bf) {
   dnnl_plan p;
-  if (!plan_make(d, &p))
+  if (!plan_make(d, bf, &p))
     return LOOM_ERR_UNSUPPORTED;
+  const size_t es = bf ? sizeof(uint16_t) : sizeof(float);
   int wfail = 0;
-  const float *wf =
+  const void *wf =
       shared_weights(&p, &p.full->f_wei, weight, col, p.wf_off, &wfail);
   if (!bias) { /* one primitive with a bias serves both cases */
     memset(col + p.zb_off, 0, (size_t)d->OC * sizeof(float));
@@ -463,8 +502,8 @@ loom_status loom_kern_conv_dnnl_forward(float *out, float *col,
     float *sc = col + p.slots_off + slot * p.per_slot, *pad = sc + p.pad_off;
     const int64_t n0 = (int64_t)slot * p.nb;
     float *y = out + n0 * out_img;
-    void *xs = view_in(&ctx, &s->f_src, &s->src_u, inp + n0 * in_img,
-                       sc + p.a_off, pad);
+    void *xs = view_in(&ctx, &s->f_src, &s->src_u,
+                       (const char *)inp + n0 * in_img * es, sc + p.a_off, pad);
     float *ys = s->f_dst.reorder ? sc + p.b_off : y;
     exec_arg a[5] = {{DNNL_ARG_SRC, &s->f_src.md, xs},
                      {DNNL_ARG_WEIGHTS, &s->f_wei.md, (void *)wf},
@@ -479,15 +518,17 @@ loom_status loom_kern_conv_dnnl_forward(float *out, float *col,
   return LOOM_OK;
 }
 
-loom_status loom_kern_conv_dnnl_backward(float *dinp, float *dweight,
-                                         float *col, const float *dout,
-                                         const float *inp, const float *weight,
-                                         const loom_conv2d_dims *d) {
+/* dout, inp, weight: f32, or bf16 when bf */
+static loom_status conv_backward(float *dinp, float *dweight, float *col,
+                                 const void *dout, const void *inp,
+                                 const void *weight, const loom_conv2d_dims *d,
+                                 bool bf) {
   dnnl_plan p;
-  if (!plan_make(d, &p))
+  if (!plan_make(d, bf, &p))
     return LOOM_ERR_UNSUPPORTED;
+  const size_t es = bf ? sizeof(uint16_t) : sizeof(float);
   int wfail = 0;
-  const float *wd =
+  const void *wd =
       dinp ? shared_weights(&p, &p.full->d_wei, weight, col, p.wd_off, &wfail)
            : weight;
   const int64_t in_img = (int64_t)d->C * d->H * d->W;
@@ -498,20 +539,21 @@ loom_status loom_kern_conv_dnnl_backward(float *dinp, float *dweight,
     const conv_set *s = slot == p.nchunks - 1 ? p.last : p.full;
     float *sc = col + p.slots_off + slot * p.per_slot, *pad = sc + p.pad_off;
     const int64_t n0 = (int64_t)slot * p.nb;
-    const float *dy = dout + n0 * out_img;
+    const void *dy = (const char *)dout + n0 * out_img * es;
     void *dyw = NULL;
     if (dweight) {
       float *wp = sc + p.wp_off; /* (OC, C, KH, KW) partial of this chunk */
       float *wb = s->w_dwei.reorder ? sc + p.wb_off : wp;
-      void *xs = view_in(&ctx, &s->w_src, &s->src_u, inp + n0 * in_img,
-                         sc + p.a_off, pad);
-      dyw = view_in(&ctx, &s->w_ddst, &s->dst_u, dy, sc + p.b_off, pad);
+      void *xs =
+          view_in(&ctx, &s->w_src, &s->src_u,
+                  (const char *)inp + n0 * in_img * es, sc + p.a_off, pad);
+      dyw = view_in(&ctx, &s->w_ddst, &s->dst_i, dy, sc + p.b_off, pad);
       exec_arg a[4] = {{DNNL_ARG_SRC, &s->w_src.md, xs},
                        {DNNL_ARG_DIFF_DST, &s->w_ddst.md, dyw},
                        {DNNL_ARG_DIFF_WEIGHTS, &s->w_dwei.md, wb},
                        {DNNL_ARG_SCRATCHPAD, &s->pad_bwd_w, pad}};
       run(&ctx, s->bwd_w, a, 4);
-      view_out(&ctx, &s->w_dwei, &s->wei_u, wb, wp, pad);
+      view_out(&ctx, &s->w_dwei, &s->wei_o, wb, wp, pad);
     }
     if (dinp) {
       /* oneDNN overwrites its output and our contract adds: the chunk's
@@ -521,7 +563,7 @@ loom_status loom_kern_conv_dnnl_backward(float *dinp, float *dweight,
       void *dyd =
           dyw && dnnl_memory_desc_equal(&s->d_ddst.md, &s->w_ddst.md)
               ? dyw
-              : view_in(&ctx, &s->d_ddst, &s->dst_u, dy, sc + p.b2_off, pad);
+              : view_in(&ctx, &s->d_ddst, &s->dst_i, dy, sc + p.b2_off, pad);
       float *xp = sc + p.xp_off;                          /* (mb, C, H, W) */
       float *dxs = s->d_dsrc.reorder ? sc + p.a_off : xp; /* a is free now */
       exec_arg a[4] = {{DNNL_ARG_DIFF_DST, &s->d_ddst.md, dyd},
@@ -529,7 +571,7 @@ loom_status loom_kern_conv_dnnl_backward(float *dinp, float *dweight,
                        {DNNL_ARG_DIFF_SRC, &s->d_dsrc.md, dxs},
                        {DNNL_ARG_SCRATCHPAD, &s->pad_bwd_d, pad}};
       run(&ctx, s->bwd_d, a, 4);
-      view_out(&ctx, &s->d_dsrc, &s->src_u, dxs, xp, pad);
+      view_out(&ctx, &s->d_dsrc, &s->src_o, dxs, xp, pad);
       if (dnnl_stream_wait(ctx.stream) != dnnl_success)
         ctx.failed = 1;
       float *dx = dinp + n0 * in_img;
@@ -555,6 +597,36 @@ loom_status loom_kern_conv_dnnl_backward(float *dinp, float *dweight,
   return LOOM_OK;
 }
 
+loom_status loom_kern_conv_dnnl_forward(float *out, float *col,
+                                        const float *inp, const float *weight,
+                                        const float *bias,
+                                        const loom_conv2d_dims *d) {
+  return conv_forward(out, col, inp, weight, bias, d, false);
+}
+
+loom_status loom_kern_conv_dnnl_backward(float *dinp, float *dweight,
+                                         float *col, const float *dout,
+                                         const float *inp, const float *weight,
+                                         const loom_conv2d_dims *d) {
+  return conv_backward(dinp, dweight, col, dout, inp, weight, d, false);
+}
+
+loom_status loom_kern_conv_dnnl_forward_bf16(float *out, float *col,
+                                             const uint16_t *inp,
+                                             const uint16_t *weight,
+                                             const float *bias,
+                                             const loom_conv2d_dims *d) {
+  return conv_forward(out, col, inp, weight, bias, d, true);
+}
+
+loom_status loom_kern_conv_dnnl_backward_bf16(float *dinp, float *dweight,
+                                              float *col, const uint16_t *dout,
+                                              const uint16_t *inp,
+                                              const uint16_t *weight,
+                                              const loom_conv2d_dims *d) {
+  return conv_backward(dinp, dweight, col, dout, inp, weight, d, true);
+}
+
 #else /* !LOOM_HAVE_DNNL */
 
 int64_t loom_kern_conv_dnnl_floats(const loom_conv2d_dims *d) {
@@ -574,6 +646,25 @@ loom_status loom_kern_conv_dnnl_backward(float *dinp, float *dweight,
                                          float *col, const float *dout,
                                          const float *inp, const float *weight,
                                          const loom_conv2d_dims *d) {
+  (void)dinp, (void)dweight, (void)col, (void)dout, (void)inp, (void)weight,
+      (void)d;
+  return LOOM_ERR_UNSUPPORTED;
+}
+
+loom_status loom_kern_conv_dnnl_forward_bf16(float *out, float *col,
+                                             const uint16_t *inp,
+                                             const uint16_t *weight,
+                                             const float *bias,
+                                             const loom_conv2d_dims *d) {
+  (void)out, (void)col, (void)inp, (void)weight, (void)bias, (void)d;
+  return LOOM_ERR_UNSUPPORTED;
+}
+
+loom_status loom_kern_conv_dnnl_backward_bf16(float *dinp, float *dweight,
+                                              float *col, const uint16_t *dout,
+                                              const uint16_t *inp,
+                                              const uint16_t *weight,
+                                              const loom_conv2d_dims *d) {
   (void)dinp, (void)dweight, (void)col, (void)dout, (void)inp, (void)weight,
       (void)d;
   return LOOM_ERR_UNSUPPORTED;

@@ -293,12 +293,15 @@ const char *loom_half_path_describe(loom_dtype dt) {
   if (dt != LOOM_BF16)
     return "?";
   switch (loom_bf16_get_path()) {
+  /* what runs on the unit: src/kernels/half.c, attention.c */
   case LOOM_BF16_PATH_AMX:
-    return "AMX (oneDNN matmul: bf16 operands, f32 sums; convolutions "
+    return "AMX (oneDNN matmul and convolution: bf16 operands, f32 sums, "
+           "attention included; convolutions of under 4 input channels "
            "convert to f32)";
   case LOOM_BF16_PATH_AVX512_BF16:
-    return "AVX512-BF16 (oneDNN matmul: bf16 operands, f32 sums; "
-           "convolutions convert to f32)";
+    return "AVX512-BF16 (oneDNN matmul and convolution: bf16 operands, f32 "
+           "sums, attention included; convolutions of under 4 input "
+           "channels convert to f32)";
   default:
     break;
   }

@@ -179,6 +179,32 @@ void LOOM_ISA(loom_round_f16)(float *out, const float *in, int64_t n) {
   CVT_PARALLEL(n, cvt_round_h(out, in, i0, i1));
 }
 
+/* The same on the calling thread alone, for kernels' own parallel loops
+ * (attention): no parallel region per call. f16 unless dt is bf16. */
+void LOOM_ISA(loom_kern_narrow)(loom_dtype dt, uint16_t *out, const float *in,
+                                int64_t n) {
+  if (dt == LOOM_BF16)
+    cvt_f2b(out, in, 0, n);
+  else
+    cvt_f2h(out, in, 0, n);
+}
+
+void LOOM_ISA(loom_kern_widen)(loom_dtype dt, float *out, const uint16_t *in,
+                               int64_t n) {
+  if (dt == LOOM_BF16)
+    cvt_b2f(out, in, 0, n);
+  else
+    cvt_h2f(out, in, 0, n);
+}
+
+void LOOM_ISA(loom_kern_round)(loom_dtype dt, float *out, const float *in,
+                               int64_t n) {
+  if (dt == LOOM_BF16)
+    cvt_round(out, in, 0, n);
+  else
+    cvt_round_h(out, in, 0, n);
+}
+
 static loom_status not_half(loom_dtype dt, const char *what) {
   return loom_error(LOOM_ERR_UNSUPPORTED,
                     "%s: %s is not a half type (bf16 or "
@@ -442,6 +468,15 @@ LOOM_ISA(loom_conv2d_forward_half)(float *out, float *col, const void *inp,
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "half conv2d forward: bad dims or no scratch");
   const int64_t in_n = (int64_t)d->N * d->C * d->H * d->W;
+  if (unit(dt) && LOOM_ISA(loom_kern_conv_use_dnnl)(d)) {
+    /* oneDNN's bf16 convolution: bf16 input and weights, f32 sums */
+    const uint16_t *x;
+    LOOM_TRY(as_half(&x, (uint16_t *)scratch, inp, in_dtype, dt, in_n));
+    loom_status s =
+        loom_kern_conv_dnnl_forward_bf16(out, col, x, weight, bias, d);
+    if (s != LOOM_ERR_UNSUPPORTED)
+      return s;
+  }
   float *a = scratch;        /* (N,C,H,W) */
   float *w = scratch + in_n; /* (OC,C,KH,KW) */
   LOOM_TRY(load_f32(a, inp, in_dtype, dt, in_n));
@@ -472,6 +507,18 @@ loom_status LOOM_ISA(loom_conv2d_backward_half)(
                                             NULL, d));
   if (!dinp && !dweight)
     return LOOM_OK;
+  if (unit(dt) && LOOM_ISA(loom_kern_conv_use_dnnl)(d)) {
+    /* oneDNN's bf16 convolution on the output gradient rounded to bf16 */
+    uint16_t *g16 = (uint16_t *)(void *)(a + in_n); /* (N,OC,OH,OW) */
+    const uint16_t *x = NULL;
+    LOOM_TRY(LOOM_ISA(loom_cvt_f32_to_half)(dt, g16, dout, out_n));
+    if (dweight)
+      LOOM_TRY(as_half(&x, (uint16_t *)(void *)a, inp, in_dtype, dt, in_n));
+    loom_status s = loom_kern_conv_dnnl_backward_bf16(dinp, dweight, col, g16,
+                                                      x, weight, d);
+    if (s != LOOM_ERR_UNSUPPORTED)
+      return s;
+  }
   LOOM_TRY(LOOM_ISA(loom_round_half)(dt, g, dout, out_n));
   if (dinp)
     LOOM_TRY(LOOM_ISA(loom_cvt_half_to_f32)(dt, w, weight, w_n));

@@ -328,6 +328,18 @@ loom_status loom_kern_bf16_matmul(bool ta, bool tb, int M, int N, int K,
                                   const uint16_t *B, int ldb, float beta,
                                   float *C, int ldc);
 bool loom_kern_bf16_matmul_probe(void);
+/* One such GEMM on the calling thread alone, for a kernel's own parallel
+ * loop (attention): its primitive is built for one thread, so the bits
+ * depend on the shape alone. 0 on success, -1 when oneDNN has no fast
+ * kernel for the shape (C untouched); _ok says which beforehand (call it
+ * outside the parallel loop: it builds the primitive). */
+bool loom_kern_bf16_matmul_serial_ok(bool ta, bool tb, int M, int N, int K,
+                                     float alpha, int lda, int ldb, float beta,
+                                     int ldc);
+int loom_kern_bf16_matmul_serial(bool ta, bool tb, int M, int N, int K,
+                                 float alpha, const uint16_t *A, int lda,
+                                 const uint16_t *B, int ldb, float beta,
+                                 float *C, int ldc);
 const char *loom_kern_bf16_matmul_impl(void);
 
 /* oneDNN convolution primitives (conv_dnnl.c): the scratch floats they need
@@ -343,5 +355,30 @@ loom_status loom_kern_conv_dnnl_backward(float *dinp, float *dweight,
                                          float *col, const float *dout,
                                          const float *inp, const float *weight,
                                          const loom_conv2d_dims *d);
+/* The same with bf16 input, weights and output gradient (results f32). */
+loom_status loom_kern_conv_dnnl_forward_bf16(float *out, float *col,
+                                             const uint16_t *inp,
+                                             const uint16_t *weight,
+                                             const float *bias,
+                                             const loom_conv2d_dims *d);
+loom_status loom_kern_conv_dnnl_backward_bf16(float *dinp, float *dweight,
+                                              float *col, const uint16_t *dout,
+                                              const uint16_t *inp,
+                                              const uint16_t *weight,
+                                              const loom_conv2d_dims *d);
+/* Whether loom_conv2d_* would run these (valid) dims on oneDNN's
+ * primitives (conv.c, one copy per instruction set). */
+#ifdef LOOM_ISA_SUFFIX
+bool LOOM_ISA(loom_kern_conv_use_dnnl)(const loom_conv2d_dims *d);
+/* Half conversions (half.c) on the calling thread alone, for kernels' own
+ * parallel loops; dt bf16, else f16. The bits of loom_cvt_* and
+ * loom_round_half. */
+void LOOM_ISA(loom_kern_narrow)(loom_dtype dt, uint16_t *out, const float *in,
+                                int64_t n);
+void LOOM_ISA(loom_kern_widen)(loom_dtype dt, float *out, const uint16_t *in,
+                               int64_t n);
+void LOOM_ISA(loom_kern_round)(loom_dtype dt, float *out, const float *in,
+                               int64_t n);
+#endif
 
 #endif /* LOOM_KERNELS_INTERNAL_H */

@@ -16,6 +16,9 @@
 #define LOOM_KERNELS_ISA_FNS(R, V) \
   R(loom_status, loom_attention_forward, (float *out, float *att, const float *qkv, int B, int T, int C, int NH), (out, att, qkv, B, T, C, NH)) \
   R(loom_status, loom_attention_backward, (float *dqkv, float *scratch, const float *dout, const float *qkv, const float *att, int B, int T, int C, int NH), (dqkv, scratch, dout, qkv, att, B, T, C, NH)) \
+  R(int64_t, loom_attention_half_scratch_floats, (int B, int T, int C, int NH), (B, T, C, NH)) \
+  R(loom_status, loom_attention_forward_half, (loom_dtype dt, float *out, uint16_t *att, const float *qkv, int B, int T, int C, int NH, float *scratch), (dt, out, att, qkv, B, T, C, NH, scratch)) \
+  R(loom_status, loom_attention_backward_half, (loom_dtype dt, float *dqkv, const float *dout, const float *qkv, const uint16_t *att, int B, int T, int C, int NH, float *scratch), (dt, dqkv, dout, qkv, att, B, T, C, NH, scratch)) \
   R(int, loom_conv2d_out_h, (const loom_conv2d_dims *d), (d)) \
   R(int, loom_conv2d_out_w, (const loom_conv2d_dims *d), (d)) \
   R(int64_t, loom_conv2d_col_floats, (const loom_conv2d_dims *d), (d)) \

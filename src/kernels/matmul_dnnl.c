@@ -21,6 +21,7 @@ typedef struct mm_key {
   int M, N, K, lda, ldb, ldc;
   bool ta, tb;
   float alpha, beta;
+  bool serial; /* built for one thread (loom_kern_bf16_matmul_serial) */
 } mm_key;
 
 typedef struct mm_entry {
@@ -47,7 +48,8 @@ static void engine_init(void) {
 static bool same(const mm_key *x, const mm_key *y) {
   return x->M == y->M && x->N == y->N && x->K == y->K && x->lda == y->lda &&
          x->ldb == y->ldb && x->ldc == y->ldc && x->ta == y->ta &&
-         x->tb == y->tb && x->alpha == y->alpha && x->beta == y->beta;
+         x->tb == y->tb && x->alpha == y->alpha && x->beta == y->beta &&
+         x->serial == y->serial;
 }
 
 /* A matrix of rows x cols, row-major with stride ld, or its transpose. */
@@ -132,7 +134,14 @@ static const mm_entry *lookup(const mm_key *k) {
     mm_entry *e = &g_mm[g_nmm];
     memset(e, 0, sizeof *e);
     e->key = *k;
+    /* a kernel that fixes its thread split when built (a K reduction over
+     * threads) must not see more than the one it will run on */
+    const int save = k->serial ? omp_get_max_threads() : 1;
+    if (k->serial)
+      omp_set_num_threads(1);
     (void)build(e);
+    if (k->serial)
+      omp_set_num_threads(save);
     g_nmm++;
     found = e;
   }
@@ -140,47 +149,115 @@ static const mm_entry *lookup(const mm_key *k) {
   return found;
 }
 
+/* Each thread's stream, oneDNN scratchpad and memory objects for the
+ * primitives it ran last (their data pointers set per call), kept for the
+ * thread's life: the attention kernel runs thousands of small matmuls a
+ * step, and a scratchpad per call (mmap and munmap past malloc's
+ * threshold) or three or four memory objects made per call cost more than
+ * the matmuls. Every thread's cache is also linked from g_caches, so it
+ * stays reachable (leak checkers); a thread that ends leaves its cache
+ * there (the pool threads that run kernels live as long as the process). */
+#define T_MEM 48
+typedef struct t_mem {
+  const mm_entry *e;
+  dnnl_memory_t m[4]; /* A, B, C, scratchpad (NULL: none) */
+} t_mem;
+typedef struct t_cache {
+  struct t_cache *next;
+  dnnl_stream_t stream;
+  void *pad;
+  size_t pad_bytes;
+  t_mem mems[T_MEM];
+  int nmems, oldest;
+} t_cache;
+static t_cache *g_caches;
+static _Thread_local t_cache *t_cache_p;
+
+static t_cache *my_cache(void) {
+  if (t_cache_p)
+    return t_cache_p;
+  t_cache *c = calloc(1, sizeof *c);
+  if (!c)
+    return NULL;
+  pthread_mutex_lock(&g_mm_lock);
+  c->next = g_caches;
+  g_caches = c;
+  pthread_mutex_unlock(&g_mm_lock);
+  return t_cache_p = c;
+}
+
+/* The thread's memory objects for e, made on first use (replacing the
+ * oldest when all are taken); NULL on failure. */
+static t_mem *mems_of(t_cache *c, const mm_entry *e) {
+  for (int i = 0; i < c->nmems; i++)
+    if (c->mems[i].e == e)
+      return &c->mems[i];
+  t_mem *x;
+  if (c->nmems < T_MEM) {
+    x = &c->mems[c->nmems++];
+  } else {
+    x = &c->mems[c->oldest];
+    c->oldest = (c->oldest + 1) % T_MEM;
+    for (int i = 0; i < 4; i++)
+      if (x->m[i])
+        dnnl_memory_destroy(x->m[i]);
+  }
+  memset(x, 0, sizeof *x);
+  const dnnl_memory_desc_t *md[4] = {&e->a, &e->b, &e->c,
+                                     e->pad_bytes ? &e->pad : NULL};
+  for (int i = 0; i < 4; i++)
+    if (md[i] && dnnl_memory_create(&x->m[i], md[i], g_engine,
+                                    DNNL_MEMORY_NONE) != dnnl_success) {
+      for (int k = 0; k < i; k++)
+        if (x->m[k])
+          dnnl_memory_destroy(x->m[k]);
+      memset(x, 0, sizeof *x);
+      return NULL;
+    }
+  x->e = e;
+  return x;
+}
+
 /* Runs one cached primitive on the calling thread's share; 0 on success. */
 static int run(const mm_entry *e, const uint16_t *A, const uint16_t *B,
                float *C) {
-  dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, mp = NULL;
-  dnnl_stream_t s = NULL;
-  void *pad = NULL;
-  int rc = -1;
-  if (e->pad_bytes && !(pad = malloc(e->pad_bytes)))
+  t_cache *c = my_cache();
+  if (!c)
     return -1;
-  if (dnnl_memory_create(&ma, &e->a, g_engine, (void *)A) != dnnl_success ||
-      dnnl_memory_create(&mb, &e->b, g_engine, (void *)B) != dnnl_success ||
-      dnnl_memory_create(&mc, &e->c, g_engine, C) != dnnl_success ||
-      (pad &&
-       dnnl_memory_create(&mp, &e->pad, g_engine, pad) != dnnl_success) ||
-      dnnl_stream_create(&s, g_engine, dnnl_stream_default_flags) !=
-          dnnl_success)
-    goto done;
-  dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma},
-                             {DNNL_ARG_WEIGHTS, mb},
-                             {DNNL_ARG_DST, mc},
-                             {DNNL_ARG_SCRATCHPAD, mp}};
-  rc = (int)dnnl_primitive_execute(e->prim, s, mp ? 4 : 3, args);
+  if (e->pad_bytes > c->pad_bytes) {
+    void *np = malloc(e->pad_bytes);
+    if (!np)
+      return -1;
+    free(c->pad);
+    c->pad = np;
+    c->pad_bytes = e->pad_bytes;
+  }
+  if (!c->stream &&
+      dnnl_stream_create(&c->stream, g_engine, dnnl_stream_default_flags) !=
+          dnnl_success) {
+    c->stream = NULL;
+    return -1;
+  }
+  t_mem *x = mems_of(c, e);
+  if (!x)
+    return -1;
+  void *ptr[4] = {(void *)A, (void *)B, C, c->pad};
+  for (int i = 0; i < 4; i++)
+    if (x->m[i] && dnnl_memory_set_data_handle(x->m[i], ptr[i]) != dnnl_success)
+      return -1;
+  dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, x->m[0]},
+                             {DNNL_ARG_WEIGHTS, x->m[1]},
+                             {DNNL_ARG_DST, x->m[2]},
+                             {DNNL_ARG_SCRATCHPAD, x->m[3]}};
+  int rc =
+      (int)dnnl_primitive_execute(e->prim, c->stream, x->m[3] ? 4 : 3, args);
   if (rc == 0)
-    rc = (int)dnnl_stream_wait(s);
-done:
-  if (s)
-    dnnl_stream_destroy(s);
-  if (ma)
-    dnnl_memory_destroy(ma);
-  if (mb)
-    dnnl_memory_destroy(mb);
-  if (mc)
-    dnnl_memory_destroy(mc);
-  if (mp)
-    dnnl_memory_destroy(mp);
-  free(pad);
+    rc = (int)dnnl_stream_wait(c->stream);
   return rc;
 }
 
 bool loom_kern_bf16_matmul_probe(void) {
-  mm_key k = {64, 64, 64, 64, 64, 64, false, false, 1.0f, 0.0f};
+  mm_key k = {64, 64, 64, 64, 64, 64, false, false, 1.0f, 0.0f, false};
   const mm_entry *e = lookup(&k);
   return e && e->prim;
 }
@@ -192,7 +269,28 @@ const char *loom_kern_bf16_matmul_impl(void) { return g_impl; }
 static int tile(bool ta, bool tb, int M, int N, int K, float alpha,
                 const uint16_t *A, int lda, const uint16_t *B, int ldb,
                 float beta, float *C, int ldc) {
-  mm_key k = {M, N, K, lda, ldb, ldc, ta, tb, alpha, beta};
+  mm_key k = {M, N, K, lda, ldb, ldc, ta, tb, alpha, beta, false};
+  const mm_entry *e = lookup(&k);
+  if (!e || !e->prim)
+    return -1;
+  return run(e, A, B, C);
+}
+
+bool loom_kern_bf16_matmul_serial_ok(bool ta, bool tb, int M, int N, int K,
+                                     float alpha, int lda, int ldb, float beta,
+                                     int ldc) {
+  mm_key k = {M, N, K, lda, ldb, ldc, ta, tb, alpha, beta, true};
+  const mm_entry *e = lookup(&k);
+  return e && e->prim;
+}
+
+int loom_kern_bf16_matmul_serial(bool ta, bool tb, int M, int N, int K,
+                                 float alpha, const uint16_t *A, int lda,
+                                 const uint16_t *B, int ldb, float beta,
+                                 float *C, int ldc) {
+  if (M <= 0 || N <= 0)
+    return 0;
+  mm_key k = {M, N, K, lda, ldb, ldc, ta, tb, alpha, beta, true};
   const mm_entry *e = lookup(&k);
   if (!e || !e->prim)
     return -1;
@@ -245,7 +343,8 @@ loom_status loom_kern_bf16_matmul(bool ta, bool tb, int M, int N, int K,
                 ta,
                 tb,
                 alpha,
-                part ? 0.0f : beta};
+                part ? 0.0f : beta,
+                false};
     const mm_entry *e = lookup(&k);
     if (!e || !e->prim)
       return LOOM_ERR_UNSUPPORTED;
@@ -260,6 +359,23 @@ loom_status loom_kern_bf16_matmul(bool ta, bool tb, int M, int N, int K,
 }
 
 #else /* no oneDNN */
+
+bool loom_kern_bf16_matmul_serial_ok(bool ta, bool tb, int M, int N, int K,
+                                     float alpha, int lda, int ldb, float beta,
+                                     int ldc) {
+  (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)lda;
+  (void)ldb, (void)beta, (void)ldc;
+  return false;
+}
+
+int loom_kern_bf16_matmul_serial(bool ta, bool tb, int M, int N, int K,
+                                 float alpha, const uint16_t *A, int lda,
+                                 const uint16_t *B, int ldb, float beta,
+                                 float *C, int ldc) {
+  (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A;
+  (void)lda, (void)B, (void)ldb, (void)beta, (void)C, (void)ldc;
+  return -1;
+}
 
 bool loom_kern_bf16_matmul_probe(void) { return false; }
 const char *loom_kern_bf16_matmul_impl(void) { return ""; }

@@ -15,6 +15,7 @@ typedef struct attention {
   int B, T;
   const float *qkvo; /* (B,T,3C) the qkv child's output */
   float *att;        /* (B,NH,T,T) softmax probabilities */
+  uint16_t *atth;    /* (B,NH,T,T) the same in the half type (half model) */
   void *y;           /* (B,T,CL) heads concatenated: f32, or the half type */
   loom_dtype half;   /* LOOM_BF16, LOOM_F16, or LOOM_F32: none */
   float *dy;         /* (B,T,CL) scratch */
@@ -46,14 +47,20 @@ static loom_status attention_plan(loom_module *m, loom_nn_plan *p,
   size_t mark = loom_nn_plan_scratch_mark(p);
   a->dy = loom_nn_plan_scratch_floats(p, BTC);
   a->dqkv = loom_nn_plan_scratch_floats(p, 3 * BTC);
-  a->datt = loom_nn_plan_scratch_floats(p, BHTT);
+  a->half = p->half; /* the half kernel's scratch is its own size */
+  a->datt = loom_nn_plan_scratch_floats(
+      p, a->half != LOOM_F32
+             ? loom_attention_half_scratch_floats(a->B, a->T, a->CL, a->NH)
+             : BHTT);
   loom_shape s;
   size_t kid = loom_nn_plan_scratch_mark(p);
   LOOM_TRY(loom_module_plan(a->qkv, p, in, &s));
   loom_nn_plan_scratch_release(p, kid);
-  a->att = loom_nn_plan_floats(p, BHTT);
+  if (a->half != LOOM_F32)
+    a->atth = loom_nn_plan_act(p, (size_t)BHTT * sizeof(uint16_t));
+  else
+    a->att = loom_nn_plan_floats(p, BHTT);
   /* proj, a linear layer, takes the heads in half */
-  a->half = p->half;
   s = *in;
   s.dim[1] = T;
   s.dim[2] = a->CL;
@@ -70,8 +77,8 @@ static loom_status attention_forward(loom_module *m, loom_nn_ctx *ctx,
   LOOM_TRY(loom_module_forward(a->qkv, ctx, in, &a->qkvo));
   if (a->half != LOOM_F32) {
     /* the f32 heads in dy (free until backward), then rounded */
-    LOOM_TRY(loom_attention_forward(a->dy, a->att, a->qkvo, a->B, a->T, a->CL,
-                                    a->NH));
+    LOOM_TRY(loom_attention_forward_half(a->half, a->dy, a->atth, a->qkvo, a->B,
+                                         a->T, a->CL, a->NH, a->datt));
     LOOM_TRY(loom_cvt_f32_to_half(a->half, a->y, a->dy,
                                   (int64_t)a->B * a->T * a->CL));
   } else {
@@ -88,8 +95,13 @@ static loom_status attention_backward(loom_module *m, loom_nn_ctx *ctx,
   memset(a->dy, 0, (size_t)BTC * sizeof(float));
   LOOM_TRY(loom_module_backward(a->proj, ctx, dout, a->dy));
   memset(a->dqkv, 0, (size_t)(3 * BTC) * sizeof(float));
-  LOOM_TRY(loom_attention_backward(a->dqkv, a->datt, a->dy, a->qkvo, a->att,
-                                   a->B, a->T, a->CL, a->NH));
+  if (a->half != LOOM_F32)
+    LOOM_TRY(loom_attention_backward_half(a->half, a->dqkv, a->dy, a->qkvo,
+                                          a->atth, a->B, a->T, a->CL, a->NH,
+                                          a->datt));
+  else
+    LOOM_TRY(loom_attention_backward(a->dqkv, a->datt, a->dy, a->qkvo, a->att,
+                                     a->B, a->T, a->CL, a->NH));
   return loom_module_backward(a->qkv, ctx, a->dqkv, dinp);
 }
 

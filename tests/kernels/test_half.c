@@ -506,11 +506,261 @@ static void half_thread_invariance(loom_dtype dt) {
   loom_free(S);
 }
 
+/* The bf16 convolution on the unit (oneDNN's bf16 primitives where the
+ * f32 convolution takes oneDNN's, the conversion path elsewhere): forward,
+ * input and weight gradients against a double reference of the same bf16
+ * values. bf16 x bf16 products are exact in f32 (8 + 8 significant bits), so
+ * only the f32 sums round: |got - ref| <= (K + 2) 2^-24 sum|terms| with K
+ * the terms summed (C KH KW forward, OC KH KW input gradient, N OH OW
+ * weight gradient), the +2 for the bias or the gradient added to. And the
+ * same bits at 1, 2 and 3 threads. */
+static void conv_unit_one(const loom_conv2d_dims d) {
+  const int OH = loom_conv2d_out_h(&d), OW = loom_conv2d_out_w(&d);
+  const size_t nx = (size_t)d.N * d.C * d.H * d.W;
+  const size_t nw = (size_t)d.OC * d.C * d.KH * d.KW;
+  const size_t ny = (size_t)d.N * d.OC * OH * OW;
+  uint16_t *xh = loom_malloc(nx * 2), *wh = loom_malloc(nw * 2);
+  float *xr = kt_zeros(nx), *wr = kt_zeros(nw);
+  float *b = kt_rand((size_t)d.OC, 33, -1, 1), *g = kt_rand(ny, 34, -1, 1);
+  float *gr = kt_zeros(ny);
+  float *col = kt_zeros((size_t)loom_conv2d_col_floats(&d));
+  float *S = kt_zeros((size_t)loom_conv2d_half_scratch_floats(&d));
+  double *ry = calloc(ny, sizeof(double)), *my = calloc(ny, sizeof(double));
+  double *rx = calloc(nx, sizeof(double)), *mx = calloc(nx, sizeof(double));
+  double *rw = calloc(nw, sizeof(double)), *mw = calloc(nw, sizeof(double));
+  float *y[3], *dx[3], *dw[3];
+  TT_REQUIRE(xh && wh && xr && wr && b && g && gr && col && S && ry && my &&
+             rx && mx && rw && mw);
+  rand_half(LOOM_BF16, xh, xr, (int64_t)nx, 35);
+  rand_half(LOOM_BF16, wh, wr, (int64_t)nw, 36);
+  TT_CHECK_OK(loom_round_half(LOOM_BF16, gr, g, (int64_t)ny));
+  /* the reference: dx and dw start at 0.5, y at the bias */
+  for (size_t i = 0; i < nx; i++)
+    rx[i] = mx[i] = 0.5;
+  for (size_t i = 0; i < nw; i++)
+    rw[i] = mw[i] = 0.5;
+  for (int n = 0; n < d.N; n++)
+    for (int oc = 0; oc < d.OC; oc++)
+      for (int oh = 0; oh < OH; oh++)
+        for (int ow = 0; ow < OW; ow++) {
+          const size_t yi = (((size_t)n * d.OC + oc) * OH + oh) * OW + ow;
+          double acc = b[oc], mag = fabs(b[oc]);
+          for (int c = 0; c < d.C; c++)
+            for (int kh = 0; kh < d.KH; kh++)
+              for (int kw = 0; kw < d.KW; kw++) {
+                const int ih = oh * d.stride - d.pad + kh;
+                const int iw = ow * d.stride - d.pad + kw;
+                if (ih < 0 || ih >= d.H || iw < 0 || iw >= d.W)
+                  continue;
+                const size_t xi = (((size_t)n * d.C + c) * d.H + ih) * d.W + iw;
+                const size_t wi =
+                    (((size_t)oc * d.C + c) * d.KH + kh) * d.KW + kw;
+                acc += (double)xr[xi] * wr[wi];
+                mag += fabs((double)xr[xi] * wr[wi]);
+                rx[xi] += (double)gr[yi] * wr[wi];
+                mx[xi] += fabs((double)gr[yi] * wr[wi]);
+                rw[wi] += (double)gr[yi] * xr[xi];
+                mw[wi] += fabs((double)gr[yi] * xr[xi]);
+              }
+          ry[yi] = acc;
+          my[yi] = mag;
+        }
+  const double u = ldexp(1.0, -24);
+  const double ky = d.C * d.KH * d.KW + 2, kx = d.OC * d.KH * d.KW + 2;
+  const double kw = (double)d.N * OH * OW + 2;
+  for (int t = 0; t < 3; t++) {
+    y[t] = kt_zeros(ny);
+    dx[t] = kt_zeros(nx);
+    dw[t] = kt_zeros(nw);
+    TT_REQUIRE(y[t] && dx[t] && dw[t]);
+    for (size_t i = 0; i < nx; i++)
+      dx[t][i] = 0.5f;
+    for (size_t i = 0; i < nw; i++)
+      dw[t][i] = 0.5f;
+    loom_set_threads(t + 1);
+    TT_CHECK_OK(loom_conv2d_forward_half(y[t], col, xh, LOOM_BF16, LOOM_BF16,
+                                         wh, b, &d, S));
+    TT_CHECK_OK(loom_conv2d_backward_half(dx[t], dw[t], NULL, col, g, xh,
+                                          LOOM_BF16, LOOM_BF16, wh, &d, S));
+  }
+  loom_set_threads(0);
+  int bad = 0;
+  for (size_t i = 0; i < ny; i++)
+    bad += !(fabs(y[0][i] - ry[i]) <= ky * u * my[i]);
+  for (size_t i = 0; i < nx; i++)
+    bad += !(fabs(dx[0][i] - rx[i]) <= kx * u * mx[i]);
+  for (size_t i = 0; i < nw; i++)
+    bad += !(fabs(dw[0][i] - rw[i]) <= kw * u * mw[i]);
+  if (bad)
+    fprintf(stderr, "  conv N=%d C=%d %dx%d OC=%d: %d outside the bound\n", d.N,
+            d.C, d.H, d.W, d.OC, bad);
+  TT_CHECK_EQ(bad, 0);
+  for (int t = 1; t < 3; t++) {
+    KT_CHECK_SAME_BITS(y[0], y[t], ny);
+    KT_CHECK_SAME_BITS(dx[0], dx[t], nx);
+    KT_CHECK_SAME_BITS(dw[0], dw[t], nw);
+  }
+  for (int t = 0; t < 3; t++) {
+    loom_free(y[t]);
+    loom_free(dx[t]);
+    loom_free(dw[t]);
+  }
+  void *all[] = {xh, wh, xr, wr, b, g, gr, col, S};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    loom_free(all[i]);
+  double *dall[] = {ry, my, rx, mx, rw, mw};
+  for (size_t i = 0; i < sizeof dall / sizeof dall[0]; i++)
+    free(dall[i]);
+}
+
+static void conv_unit_shapes(void) {
+  static const int shapes[][9] = {
+      /* N C H W OC KH KW stride pad */
+      {5, 6, 12, 11, 8, 3, 3, 1, 1},
+      {33, 8, 5, 5, 4, 2, 2, 1, 0},    /* 11 chunks of 3 */
+      {17, 5, 9, 9, 7, 5, 5, 2, 2},    /* the last chunk of 1 image */
+      {3, 32, 12, 12, 64, 5, 5, 1, 0}, /* the CNN's second layer */
+      {3, 1, 13, 10, 4, 5, 5, 2, 2},   /* C = 1: converts */
+  };
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    const int *s = shapes[i];
+    conv_unit_one((loom_conv2d_dims){s[0], s[1], s[2], s[3], s[4], s[5], s[6],
+                                     s[7], s[8]});
+  }
+}
+
+/* The half attention (loom_attention_*_half) against a double reference
+ * of the same rounded q, k, v and dout. The kernel rounds P (forward) and
+ * dS (backward) to the half type, each a relative error of at most u (2^-8
+ * bf16, 2^-11 f16); products of half values are exact in f32 and the f32
+ * sums add far less than u at these sizes. So, with D_t = sum_w P_tw
+ * |dP_tw| and m_tu = P_tu (|dP_tu| + D_t) >= |dS_tu| bounding dS's error
+ * by 3u m_tu: |out - ref| <= 4u sum_u P_tu |v_u|, |dv - ref| <= 4u sum_t
+ * P_tu |dO_t|, |dq - ref| <= 4u scale sum_u m_tu |k_u| and |dk - ref| <=
+ * 4u scale sum_t m_tu |q_t|, plus 1e-6. And the same bits at 1, 2 and 3
+ * threads. */
+static void att_half_one(loom_dtype dt, int B, int T, int C, int NH) {
+  const int HS = C / NH, C3 = 3 * C;
+  const size_t nq = (size_t)B * T * C3, no = (size_t)B * T * C;
+  const size_t na = (size_t)B * NH * T * T;
+  const double u = dt == LOOM_BF16 ? ldexp(1.0, -8) : ldexp(1.0, -11);
+  const double scale = 1.0 / sqrt((double)HS);
+  float *qkv = kt_rand(nq, 41, -2, 2), *dout = kt_rand(no, 42, -1, 1);
+  float *qr = kt_zeros(nq), *dr = kt_zeros(no);
+  float *S = kt_zeros((size_t)loom_attention_half_scratch_floats(B, T, C, NH));
+  uint16_t *att = loom_malloc(na * 2);
+  double *ro = calloc(no, sizeof(double)), *mo = calloc(no, sizeof(double));
+  double *rg = calloc(nq, sizeof(double)), *mg = calloc(nq, sizeof(double));
+  double *P = calloc((size_t)T, sizeof(double)),
+         *dP = calloc((size_t)T, sizeof(double));
+  float *out[3], *dq[3];
+  TT_REQUIRE(qkv && dout && qr && dr && S && att && ro && mo && rg && mg && P &&
+             dP);
+  TT_CHECK_OK(loom_round_half(dt, qr, qkv, (int64_t)nq));
+  TT_CHECK_OK(loom_round_half(dt, dr, dout, (int64_t)no));
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++)
+      for (int t = 0; t < T; t++) {
+        const float *q = qr + ((size_t)b * T + t) * C3 + h * HS;
+        const float *d = dr + ((size_t)b * T + t) * C + h * HS;
+        double m = -INFINITY, sum = 0, dot = 0, D = 0;
+        for (int w = 0; w <= t; w++) {
+          const float *k = qr + ((size_t)b * T + w) * C3 + C + h * HS;
+          double s = 0;
+          for (int i = 0; i < HS; i++)
+            s += (double)q[i] * k[i];
+          P[w] = s * scale;
+          m = P[w] > m ? P[w] : m;
+        }
+        for (int w = 0; w <= t; w++)
+          sum += (P[w] = exp(P[w] - m));
+        for (int w = 0; w <= t; w++) {
+          P[w] /= sum;
+          const float *v = qr + ((size_t)b * T + w) * C3 + 2 * C + h * HS;
+          double s = 0;
+          for (int i = 0; i < HS; i++)
+            s += (double)d[i] * v[i];
+          dP[w] = s;
+          dot += P[w] * s;
+          D += P[w] * fabs(s);
+        }
+        for (int w = 0; w <= t; w++) {
+          const size_t qi = ((size_t)b * T + t) * C3 + h * HS;
+          const size_t ki = ((size_t)b * T + w) * C3 + C + h * HS;
+          const double ds = P[w] * (dP[w] - dot) * scale;
+          const double ms = P[w] * (fabs(dP[w]) + D) * scale;
+          for (int i = 0; i < HS; i++) {
+            const size_t oi = ((size_t)b * T + t) * C + h * HS + i;
+            const double v = qr[ki + C + i];
+            ro[oi] += P[w] * v;
+            mo[oi] += P[w] * fabs(v);
+            rg[ki + C + i] += P[w] * d[i]; /* dv */
+            mg[ki + C + i] += P[w] * fabs(d[i]);
+            rg[qi + i] += ds * qr[ki + i];
+            mg[qi + i] += ms * fabs(qr[ki + i]);
+            rg[ki + i] += ds * qr[qi + i];
+            mg[ki + i] += ms * fabs(qr[qi + i]);
+          }
+        }
+      }
+  for (int t = 0; t < 3; t++) {
+    out[t] = kt_zeros(no);
+    dq[t] = kt_zeros(nq);
+    TT_REQUIRE(out[t] && dq[t]);
+    loom_set_threads(t + 1);
+    TT_CHECK_OK(
+        loom_attention_forward_half(dt, out[t], att, qkv, B, T, C, NH, S));
+    TT_CHECK_OK(loom_attention_backward_half(dt, dq[t], dout, qkv, att, B, T, C,
+                                             NH, S));
+  }
+  loom_set_threads(0);
+  int bad = 0;
+  for (size_t i = 0; i < no; i++)
+    if (!(fabs(out[0][i] - ro[i]) <= 4 * u * mo[i] + 1e-6) && bad++ < 3)
+      fprintf(stderr, "  out[%zu] %.7g vs %.7g\n", i, out[0][i], ro[i]);
+  for (size_t i = 0; i < nq; i++)
+    if (!(fabs(dq[0][i] - rg[i]) <= 4 * u * mg[i] + 1e-6) && bad++ < 6)
+      fprintf(stderr, "  dqkv[%zu] %.7g vs %.7g (bound %.3g)\n", i, dq[0][i],
+              rg[i], 4 * u * mg[i] + 1e-6);
+  if (bad)
+    fprintf(stderr, "  %s attention B=%d T=%d C=%d NH=%d: %d outside\n",
+            loom_dtype_name(dt), B, T, C, NH, bad);
+  TT_CHECK_EQ(bad, 0);
+  for (int t = 1; t < 3; t++) {
+    KT_CHECK_SAME_BITS(out[0], out[t], no);
+    KT_CHECK_SAME_BITS(dq[0], dq[t], nq);
+  }
+  for (int t = 0; t < 3; t++) {
+    loom_free(out[t]);
+    loom_free(dq[t]);
+  }
+  void *all[] = {qkv, dout, qr, dr, S, att};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    loom_free(all[i]);
+  double *dall[] = {ro, mo, rg, mg, P, dP};
+  for (size_t i = 0; i < sizeof dall / sizeof dall[0]; i++)
+    free(dall[i]);
+}
+
+static void att_half_shapes(loom_dtype dt) {
+  static const int shapes[][4] = {/* B T C NH */
+                                  {1, 1, 4, 2},   {2, 7, 12, 2},
+                                  {3, 17, 30, 5}, {2, 130, 24, 3},
+                                  {1, 67, 64, 2}, {4, 128, 128, 4},
+                                  {5, 33, 16, 4}}; /* 20 tasks > 16 slots */
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+    att_half_one(dt, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+  TT_CHECK(loom_attention_forward_half(LOOM_F32, NULL, NULL, NULL, 1, 1, 4, 2,
+                                       NULL) == LOOM_ERR_UNSUPPORTED);
+  loom_clear_error();
+}
+
 TT_TEST(half_layers) {
   for (int i = 0; i < N_HALVES; i++) {
     linear_half(halves[i]);
     conv2d_half(halves[i]);
     half_thread_invariance(halves[i]);
+    att_half_shapes(halves[i]);
   }
 }
 
@@ -532,7 +782,12 @@ TT_TEST(bf16_unit) {
   TT_CHECK(strstr(loom_half_path_describe(LOOM_BF16), "oneDNN matmul") != NULL);
   gemm_half_shapes(LOOM_BF16);
   half_thread_invariance(LOOM_BF16);
+  conv_unit_shapes();
+  att_half_shapes(LOOM_BF16);
   TT_CHECK_OK(loom_bf16_set_path(LOOM_BF16_PATH_CONVERT));
+  /* the conversion path meets the same bound (and is bitwise the f32
+   * convolution of the rounded values: half_layers) */
+  conv_unit_shapes();
 }
 
 TT_TEST(half_path_named) {
