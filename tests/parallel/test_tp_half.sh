@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # bf16 and f16 with tensor parallelism (train.precision with parallel.tp),
-# the GPT of test_tp.sh with accumulation and clipping, 20 steps:
-# - tp 2 (bf16 and f16), tp 2 x pp 2 (bf16), dp 2 x tp 2 zero1 and zero2
-#   (f16)
-#   against one rank in the same precision with the same global batch:
-#   parameters within 5e-4 (normwise, relative) and within a quarter of the
-#   distance between that precision and f32 on one rank; every step's loss
-#   within 1e-3. Not bit for bit: the row-parallel layers sum the ranks'
-#   f32 partial products in another order, and a last-bit difference
-#   that reaches a bf16 or f16 rounding of an activation becomes one unit
-#   of the half format there (2^-8 or 2^-11), so the runs drift apart as
-#   two f32 runs drift at ~1e-5.
+# the GPT of test_tp.sh:
+# - one SGD step, tp 2 against one rank, both in bf16 and in f16: the
+#   parameters within 5% of the distance between that precision and f32
+#   (measured 2%): a wrong operand anywhere (a head, a weight's half copy,
+#   a reduction) is a difference of the order of that distance or more.
+# - 20 AdamW steps with accumulation and clipping: tp 2 (bf16 and f16),
+#   tp 2 x pp 2 (bf16), dp 2 x tp 2 zero1 and zero2 (f16) against one rank
+#   in the same precision with the same global batch: every step's loss
+#   within 1e-4 (measured ~1e-5), the parameters within 5e-3 and within
+#   1.5 times the precision's distance from f32. Not closer: the
+#   row-parallel layers sum the ranks' f32 partial products in another
+#   order, and a last-bit difference that reaches one of the half
+#   roundings (linear inputs, attention's Q, K, V, P, dO, dS) becomes a
+#   unit of the half format there (2^-8 or 2^-11); over 20 steps the
+#   runs drift apart as two runs in that precision with other rounding
+#   noise (AdamW's normalised steps amplify it for parameters whose
+#   gradients are near zero).
 # - f16: an inf in one tp rank's gradient at step 5 skips the step on
 #   every rank and halves the scale (the same weights whichever rank held
 #   it), with and without clipping; stopped at step 7 and resumed, the bits and scales of the straight
@@ -49,10 +55,25 @@ near_one() {
 a, b = sys.argv[1].split(), sys.argv[2].split()
 print(max(abs(float(x) - float(y)) / abs(float(x)) for x, y in zip(a, b))
       if a and len(a) == len(b) else "none")' "$(loss_steps "$tmp/one_$2")" "$(loss_steps "$1")")
-  awk -v d="$d" -v f="$f" -v l="$l" 'BEGIN { exit !(d != "" && d + 0 <= 5e-4 && d + 0 <= f / 4 && l != "none" && l + 0 <= 1e-3) }' &&
+  awk -v d="$d" -v f="$f" -v l="$l" 'BEGIN { exit !(d != "" && d + 0 <= 5e-3 && d + 0 <= 1.5 * f && l != "none" && l + 0 <= 1e-4) }' &&
     ok "$3: parameters within $d of one rank in $2 ($2 to f32: $f), losses within $l" ||
     bad "$3: parameters differ by '$d' ($2 to f32: '$f'), losses by '$l'"
 }
+# -- one SGD step
+sgd=(--set train.steps=1 --set optim.name=sgd --set optim.lr=0.3 --set optim.momentum=0)
+run 1 train "${cfg[@]}" "${sgd[@]}" --quiet --resume never --set "log.run_dir=$tmp/s_f32"
+for p in bf16 f16; do
+  run 1 train "${cfg[@]}" "${sgd[@]}" --quiet --resume never --set train.precision=$p \
+    --set "log.run_dir=$tmp/s1_$p"
+  run 2 train "${cfg[@]}" "${sgd[@]}" --quiet --resume never --set train.precision=$p \
+    --set parallel.tp=2 --set "log.run_dir=$tmp/s2_$p"
+  d=$("$HASH" --diff "$tmp/s1_$p/ckpt" "$tmp/s2_$p/ckpt")
+  f=$("$HASH" --diff "$tmp/s_f32/ckpt" "$tmp/s1_$p/ckpt")
+  awk -v d="$d" -v f="$f" 'BEGIN { exit !(d != "" && f + 0 > 0 && d + 0 <= 0.05 * f) }' &&
+    ok "one SGD step, tp 2 in $p: parameters within $d of one rank ($p to f32: $f)" ||
+    bad "one SGD step, tp 2 in $p: '$d' from one rank ($p to f32: '$f')"
+done
+
 for p in f32 bf16 f16; do one $p; done
 
 LOOM_LOG=info run 2 train "${cfg[@]}" --resume never --set train.precision=bf16 \
