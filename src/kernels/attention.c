@@ -162,7 +162,9 @@ static int half_rb(int T) {
   /* LOOM_ATTENTION_RB (a multiple of 16, for measuring): a row's span
    * (row_span) must not pass its block's last key */
   const char *e = getenv("LOOM_ATTENTION_RB");
-  const int rb = e ? atoi(e) : 0;
+  int rb = 0;
+  if (e && !loom_parse_int(e, &rb))
+    rb = 0; /* not a number: the default */
   return rb > 0 ? (rb + 15) / 16 * 16 : ATT_RB;
 }
 

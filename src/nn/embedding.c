@@ -115,7 +115,7 @@ static loom_status embedding_forward(loom_module *m, loom_nn_ctx *ctx,
   } else {
     loom_embedding_forward(e->out, ids, loom_nn_param(ctx, m, 0), e->N, e->C);
   }
-  if (e->T_max > 0 && e->sp) {
+  if (e->T_max > 0 && e->sp && e->tp) {
     /* row i is token g = rank n + i: position g mod T */
     const float *pos = loom_nn_param(ctx, m, 1); /* (T_max,C) */
     int64_t g0 = (int64_t)e->tp->rank * e->n;
