@@ -144,16 +144,19 @@ static loom_status no_move(void *user, int slot, const float *send, float *recv,
   return LOOM_ERR_UNSUPPORTED;
 }
 
-static loom_status rank_model(const loom_config *cfg, loom_model **m) {
+/* tp: the caller's, living as long as *m (the modules keep a pointer to
+ * it). */
+static loom_status rank_model(const loom_config *cfg, loom_tp *tp,
+                              loom_model **m) {
   loom_model_opts mo = loom_model_opts_default();
   mo.shape_only = true;
-  loom_tp tp = {.size = (int)cfg->parallel.tp,
-                .rank = 0,
-                .start = no_start,
-                .wait = no_wait,
-                .gather = no_move,
-                .scatter = no_move};
-  return loom_train_model_make_tp(cfg, &mo, cfg->parallel.tp > 1 ? &tp : NULL,
+  *tp = (loom_tp){.size = (int)cfg->parallel.tp,
+                  .rank = 0,
+                  .start = no_start,
+                  .wait = no_wait,
+                  .gather = no_move,
+                  .scatter = no_move};
+  return loom_train_model_make_tp(cfg, &mo, cfg->parallel.tp > 1 ? tp : NULL,
                                   m);
 }
 
@@ -245,7 +248,8 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
   /* The layout and the plan only: no parameter, gradient or activation
    * buffer is allocated, so a model larger than this machine can be sized. */
   loom_model *m = NULL;
-  LOOM_TRY(rank_model(cfg, &m));
+  loom_tp tp;
+  LOOM_TRY(rank_model(cfg, &tp, &m));
   /* with tensor parallelism, the whole model's count too: checkpoints
    * keep its layout */
   double whole_n = (double)loom_model_num_params(m);
@@ -449,7 +453,8 @@ loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
                                                         : P - stage;
 
   loom_model *m = NULL;
-  LOOM_TRY(rank_model(cfg, &m));
+  loom_tp tp;
+  LOOM_TRY(rank_model(cfg, &tp, &m));
   const int nu = loom_model_num_units(m);
   double *cost = loom_calloc((size_t)nu, sizeof *cost);
   int *first = loom_calloc((size_t)P + 1, sizeof *first);
