@@ -33,7 +33,7 @@ verdict() { # RUN WANT WHAT: the page's verdict names WANT
 
 # --- compute: one rank, nothing in its way; per-rank log of one rank.
 "$LOOM" train "${gpt[@]}" --set model.layers=2 --set model.d_model=64 --set model.heads=2 \
-  --set model.context=64 --set train.batch_size=4 --set log.run_dir="$tmp/compute" \
+  --set model.context=64 --set train.batch_size=16 --set data.prefetch=8 --set log.run_dir="$tmp/compute" \
   --set log.per_rank=true >"$tmp/out" 2>&1 || bad "compute run: $(tail -3 "$tmp/out")"
 verdict "$tmp/compute" "Compute bound" "a plain run"
 # --- data loading: every batch 20 ms late.
