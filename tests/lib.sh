@@ -33,6 +33,16 @@ finish() { # NAME: the summary line and the exit status
   [ $fail = 0 ] && echo "$1: all passed"
   exit $fail
 }
+# RUN: "step:loss_scale:skipped_steps" of every metrics line (f16's loss
+# scaler), in step order.
+scales() {
+  python3 -c 'import json, sys
+seen = {}
+for l in open(sys.argv[1] + "/metrics.jsonl"):
+    r = json.loads(l)
+    if "loss_scale" in r: seen[r["step"]] = "%d:%g:%d" % (r["step"], r["loss_scale"], r["skipped_steps"])
+print(" ".join(seen[k] for k in sorted(seen)))' "$1"
+}
 # seeded_text FILE [BYTES]: English-like text of its own (seeded, the same
 # bytes every time) for tests whose comparisons are tight: a file of the
 # tree (docs) changes with edits, and moves them.

@@ -199,6 +199,28 @@ loom_status loom_train_tp_eval(loom_trainer *t, const loom_batch *b,
   return LOOM_OK;
 }
 
+/* The whole views within [lo, hi) of the rank's layout: counted (buf
+ * NULL), packed from grads into buf, or unpacked from buf into grads.
+ * Returns their elements. */
+static int64_t whole_views(const loom_trainer *t, int64_t lo, int64_t hi,
+                           float *grads, float *buf, bool unpack) {
+  int64_t k = 0;
+  for (int i = 0; i < loom_model_num_views(t->model); i++) {
+    const loom_param *v = loom_model_view(t->model, i);
+    int blocks;
+    if (loom_model_view_tp(t->model, i, &blocks) != LOOM_TP_WHOLE ||
+        v->offset < lo || v->offset + v->numel > hi)
+      continue;
+    size_t bytes = (size_t)v->numel * sizeof(float);
+    if (buf && unpack)
+      memcpy(grads + v->offset, buf + k, bytes);
+    else if (buf)
+      memcpy(buf + k, grads + v->offset, bytes);
+    k += v->numel;
+  }
+  return k;
+}
+
 /* Sequence parallelism: the whole parameters (layer norms, row-parallel
  * biases, the position embedding) were used on each rank's tokens only,
  * so each rank holds a part of their gradient; summed over the group
@@ -209,48 +231,18 @@ loom_status loom_train_tp_sp_grads(loom_trainer *t, int64_t lo, int64_t hi) {
   if (!t->sp || !t->tp_map)
     return LOOM_OK;
   float *grads = loom_model_grads(t->model);
-  int nv = loom_model_num_views(t->model);
-  int64_t n = 0;
-  for (int pass = 0; pass < 2; pass++) {
-    float *buf = NULL;
-    if (pass == 1) {
-      if (n == 0)
-        return LOOM_OK;
-      buf = loom_malloc((size_t)n * sizeof *buf);
-      if (!buf)
-        return LOOM_ERR_NOMEM;
-    }
-    int64_t k = 0;
-    for (int i = 0; i < nv; i++) {
-      const loom_param *v = loom_model_view(t->model, i);
-      int blocks;
-      if (loom_model_view_tp(t->model, i, &blocks) != LOOM_TP_WHOLE ||
-          v->offset < lo || v->offset + v->numel > hi)
-        continue;
-      if (buf)
-        memcpy(buf + k, grads + v->offset, (size_t)v->numel * sizeof *buf);
-      k += v->numel;
-    }
-    n = k;
-    if (!buf)
-      continue;
-    /* through the group's loom_tp: counted in its statistics */
-    loom_status s =
-        loom_tp_allreduce(loom_tp_group_tp(t->tpg), buf, n, LOOM_TP_SUM);
-    if (s == LOOM_OK) {
-      k = 0;
-      for (int i = 0; i < nv; i++) {
-        const loom_param *v = loom_model_view(t->model, i);
-        int blocks;
-        if (loom_model_view_tp(t->model, i, &blocks) != LOOM_TP_WHOLE ||
-            v->offset < lo || v->offset + v->numel > hi)
-          continue;
-        memcpy(grads + v->offset, buf + k, (size_t)v->numel * sizeof *buf);
-        k += v->numel;
-      }
-    }
-    loom_free(buf);
-    return s;
-  }
-  return LOOM_OK;
+  int64_t n = whole_views(t, lo, hi, grads, NULL, false);
+  if (n == 0)
+    return LOOM_OK;
+  float *buf = loom_malloc((size_t)n * sizeof *buf);
+  if (!buf)
+    return LOOM_ERR_NOMEM;
+  whole_views(t, lo, hi, grads, buf, false);
+  /* through the group's loom_tp: counted in its statistics */
+  loom_status s =
+      loom_tp_allreduce(loom_tp_group_tp(t->tpg), buf, n, LOOM_TP_SUM);
+  if (s == LOOM_OK)
+    whole_views(t, lo, hi, grads, buf, true);
+  loom_free(buf);
+  return s;
 }

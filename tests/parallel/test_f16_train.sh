@@ -12,16 +12,6 @@ export LOOM_THREADS=1 OMP_NUM_THREADS=1 LOOM_COMM_TIMEOUT=60 LOOM_LOG=warn
 here=$(cd "$(dirname "$0")" && pwd)
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$here/lsan_mpi.supp:fast_unwind_on_malloc=0:print_suppressions=0}
 
-# RUN: "step:loss_scale:skipped_steps" of every metrics line, in order.
-scales() {
-  python3 -c 'import json, sys
-seen = {}
-for l in open(sys.argv[1] + "/metrics.jsonl"):
-    r = json.loads(l)
-    if "loss_scale" in r: seen[r["step"]] = "%d:%g:%d" % (r["step"], r["loss_scale"], r["skipped_steps"])
-print(" ".join(seen[k] for k in sorted(seen)))' "$1"
-}
-
 # RUN INIT INTERVAL: the scale of each step follows the rules from INIT;
 # prints the number of skips and of growths.
 check_rules() {

@@ -32,15 +32,6 @@ cfg=("$SRC/examples/small_gpt.yaml" --set "data.path=$tmp/text.txt"
   --set model.layers=3 --set model.heads=4 --set train.batch_size=8
   --set train.accumulate=2 --set optim.grad_clip=0.5 --set train.steps=20
   --set log.every=1 --set checkpoint.every=0 --set log.progress=off)
-# RUN: "step:loss_scale:skipped_steps" of every metrics line, in order.
-scales() {
-  python3 -c 'import json, sys
-seen = {}
-for l in open(sys.argv[1] + "/metrics.jsonl"):
-    r = json.loads(l)
-    if "loss_scale" in r: seen[r["step"]] = "%d:%g:%d" % (r["step"], r["loss_scale"], r["skipped_steps"])
-print(" ".join(seen[k] for k in sorted(seen)))' "$1"
-}
 one() { # PRECISION: the one-rank reference
   run 1 train "${cfg[@]}" --quiet --resume never --set train.precision="$1" \
     --set "log.run_dir=$tmp/one_$1"
