@@ -156,7 +156,11 @@ loom_status LOOM_ISA(loom_attention_backward)(float *dqkv, float *scratch,
  * depend on the thread count. */
 
 /* Query rows per block on the unit. Blocks skip the masked keys but make
- * smaller matmuls; docs/precision.md has the measurements. */
+ * smaller matmuls, and each matmul call costs a few microseconds besides
+ * its arithmetic; 128 rows measured faster than 64 on AMX at the GPT's
+ * T 128 and within noise of 64 on AVX512-BF16 (docs/precision.md). */
+#define ATT_RB_HALF 128
+
 static int half_rb(int T) {
   (void)T;
   /* LOOM_ATTENTION_RB (a multiple of 16, for measuring): a row's span
@@ -165,7 +169,7 @@ static int half_rb(int T) {
   int rb = 0;
   if (e && !loom_parse_int(e, &rb))
     rb = 0; /* not a number: the default */
-  return rb > 0 ? (rb + 15) / 16 * 16 : ATT_RB;
+  return rb > 0 ? (rb + 15) / 16 * 16 : ATT_RB_HALF;
 }
 
 /* Threads at most, each with its own (T,T) work space (a slot): the

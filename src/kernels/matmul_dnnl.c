@@ -29,6 +29,13 @@ typedef struct mm_entry {
   dnnl_primitive_t prim; /* NULL: oneDNN has no fast kernel for it */
   dnnl_memory_desc_t a, b, c, pad;
   size_t pad_bytes;
+  bool brgemm; /* oneDNN's blocked kernels (AMX or AVX512-BF16 tiles) */
+  /* When the strided shape gets only oneDNN's older gemm kernel but the
+   * same shape packed densely gets the blocked one (oneDNN 2.x's blocked
+   * matmul takes a transposed A only with lda = M, and a C only with
+   * ldc = N): the dense shape's entry; the call packs A and B into dense
+   * copies and stages C. NULL otherwise. */
+  const struct mm_entry *dense;
 } mm_entry;
 
 /* Shapes kept: a model has a few GEMMs per layer, each a few tile shapes. */
@@ -108,6 +115,7 @@ static bool build(mm_entry *e) {
   }
   if (!g_impl[0])
     snprintf(g_impl, sizeof g_impl, "%s", impl);
+  e->brgemm = strncmp(impl, "brg", 3) == 0;
   const dnnl_memory_desc_t *pad =
       dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
   e->pad_bytes = 0;
@@ -122,29 +130,63 @@ static bool build(mm_entry *e) {
   return ok;
 }
 
+/* Whether k's operands and C are dense (each row's elements follow the
+ * last row's: ld = the row's length). */
+static bool dense_key(const mm_key *k) {
+  return k->lda == (k->ta ? k->M : k->K) && k->ldb == (k->tb ? k->K : k->N) &&
+         k->ldc == k->N;
+}
+
+/* Whether strided shapes that get oneDNN's older gemm kernel take the
+ * packed dense primitive instead: on an AMX CPU, where the blocked kernel
+ * runs on the tile unit (the older one does not); measured slower on
+ * AVX512-BF16 alone (docs/precision.md). LOOM_BF16_PACK=0 or 1 decides
+ * instead (for measuring). */
+static bool pack_on(void) {
+  const char *v = getenv("LOOM_BF16_PACK");
+  if (v && (strcmp(v, "0") == 0 || strcmp(v, "1") == 0))
+    return v[0] == '1';
+  return loom_cpu_get_features()->amx_bf16;
+}
+
+/* The entry for k, built if new (g_mm_lock held); NULL when full. */
+static mm_entry *find_locked(const mm_key *k) {
+  for (int i = 0; i < g_nmm; i++)
+    if (same(&g_mm[i].key, k))
+      return &g_mm[i];
+  if (g_nmm >= MM_CACHE_MAX)
+    return NULL;
+  mm_entry *e = &g_mm[g_nmm++];
+  memset(e, 0, sizeof *e);
+  e->key = *k;
+  /* a kernel that fixes its thread split when built (a K reduction over
+   * threads) must not see more than the one it will run on */
+  const int save = k->serial ? omp_get_max_threads() : 1;
+  if (k->serial)
+    omp_set_num_threads(1);
+  (void)build(e);
+  if (k->serial)
+    omp_set_num_threads(save);
+  if (e->prim && !e->brgemm && !dense_key(k) && pack_on()) {
+    mm_key d = *k;
+    d.lda = k->ta ? k->M : k->K;
+    d.ldb = k->tb ? k->K : k->N;
+    if (k->ldc != k->N) { /* staged: C = staged + beta C */
+      d.ldc = k->N;
+      d.beta = 0.0f;
+    }
+    const mm_entry *de = find_locked(&d);
+    if (de && de->prim && de->brgemm)
+      e->dense = de;
+  }
+  return e;
+}
+
 /* The cached entry for k (built on first use; entries are never removed,
  * so a pointer stays valid). NULL when the cache is full. */
 static const mm_entry *lookup(const mm_key *k) {
   pthread_mutex_lock(&g_mm_lock);
-  const mm_entry *found = NULL;
-  for (int i = 0; i < g_nmm && !found; i++)
-    if (same(&g_mm[i].key, k))
-      found = &g_mm[i];
-  if (!found && g_nmm < MM_CACHE_MAX) {
-    mm_entry *e = &g_mm[g_nmm];
-    memset(e, 0, sizeof *e);
-    e->key = *k;
-    /* a kernel that fixes its thread split when built (a K reduction over
-     * threads) must not see more than the one it will run on */
-    const int save = k->serial ? omp_get_max_threads() : 1;
-    if (k->serial)
-      omp_set_num_threads(1);
-    (void)build(e);
-    if (k->serial)
-      omp_set_num_threads(save);
-    g_nmm++;
-    found = e;
-  }
+  const mm_entry *found = find_locked(k);
   pthread_mutex_unlock(&g_mm_lock);
   return found;
 }
@@ -162,11 +204,15 @@ typedef struct t_mem {
   const mm_entry *e;
   dnnl_memory_t m[4]; /* A, B, C, scratchpad (NULL: none) */
 } t_mem;
+#define T_RECENT 16
 typedef struct t_cache {
   struct t_cache *next;
   dnnl_stream_t stream;
   void *pad;
   size_t pad_bytes;
+  void *stage; /* dense copies of A and B, and C staged (mm_entry.dense) */
+  size_t stage_bytes;
+  const mm_entry *recent[T_RECENT]; /* the last entries found, newest first */
   t_mem mems[T_MEM];
   int nmems, oldest;
 } t_cache;
@@ -218,12 +264,9 @@ static t_mem *mems_of(t_cache *c, const mm_entry *e) {
   return x;
 }
 
-/* Runs one cached primitive on the calling thread's share; 0 on success. */
-static int run(const mm_entry *e, const uint16_t *A, const uint16_t *B,
-               float *C) {
-  t_cache *c = my_cache();
-  if (!c)
-    return -1;
+/* Runs e's primitive on the calling thread's share; 0 on success. */
+static int exec_prim(t_cache *c, const mm_entry *e, const uint16_t *A,
+                     const uint16_t *B, float *C) {
   if (e->pad_bytes > c->pad_bytes) {
     void *np = malloc(e->pad_bytes);
     if (!np)
@@ -256,6 +299,82 @@ static int run(const mm_entry *e, const uint16_t *A, const uint16_t *B,
   return rc;
 }
 
+/* rows x cols of src (row stride ld) into dst, packed (row stride cols). */
+static void pack(uint16_t *dst, const uint16_t *src, int rows, int cols,
+                 int ld) {
+  for (int64_t r = 0; r < rows; r++)
+    memcpy(dst + r * cols, src + r * ld, (size_t)cols * sizeof *dst);
+}
+
+/* Runs k's entry e on the calling thread; 0 on success. With e->dense,
+ * the strided operands are packed and a strided C staged: the dense
+ * primitive's products, then C = staged + beta C (the sum post-op's
+ * arithmetic). */
+static int run(const mm_entry *e, const uint16_t *A, const uint16_t *B,
+               float *C) {
+  t_cache *c = my_cache();
+  if (!c)
+    return -1;
+  const mm_entry *d = e->dense;
+  if (!d)
+    return exec_prim(c, e, A, B, C);
+  const mm_key *k = &e->key, *dk = &d->key;
+  const int ar = k->ta ? k->K : k->M, ac = k->ta ? k->M : k->K;
+  const int br = k->tb ? k->N : k->K, bc = k->tb ? k->K : k->N;
+  const bool pa = k->lda != dk->lda, pb = k->ldb != dk->ldb,
+             pc = k->ldc != dk->ldc;
+  const size_t na = pa ? (size_t)ar * ac : 0, nb = pb ? (size_t)br * bc : 0;
+  const size_t a_bytes = (na * sizeof *A + 63) / 64 * 64,
+               b_bytes = (nb * sizeof *B + 63) / 64 * 64;
+  const size_t need =
+      a_bytes + b_bytes + (pc ? (size_t)k->M * k->N * sizeof *C : 0);
+  if (need > c->stage_bytes) {
+    void *np = aligned_alloc(64, (need + 63) / 64 * 64);
+    if (!np)
+      return -1;
+    free(c->stage);
+    c->stage = np;
+    c->stage_bytes = need;
+  }
+  uint16_t *a = pa ? c->stage : (uint16_t *)A;
+  uint16_t *b = pb ? (uint16_t *)((char *)c->stage + a_bytes) : (uint16_t *)B;
+  float *cc = pc ? (float *)(void *)((char *)c->stage + a_bytes + b_bytes) : C;
+  if (pa)
+    pack(a, A, ar, ac, k->lda);
+  if (pb)
+    pack(b, B, br, bc, k->ldb);
+  int rc = exec_prim(c, d, a, b, cc);
+  if (rc || !pc)
+    return rc;
+  const float beta = k->beta;
+  for (int64_t i = 0; i < k->M; i++) {
+    float *ci = C + i * k->ldc;
+    const float *si = cc + i * k->N;
+    if (beta == 0.0f)
+      memcpy(ci, si, (size_t)k->N * sizeof *ci);
+    else
+      for (int j = 0; j < k->N; j++)
+        ci[j] = si[j] + beta * ci[j];
+  }
+  return 0;
+}
+
+/* lookup(k) through the calling thread's last entries first (no lock). */
+static const mm_entry *find(const mm_key *k) {
+  t_cache *c = my_cache();
+  if (!c)
+    return lookup(k);
+  for (int i = 0; i < T_RECENT && c->recent[i]; i++)
+    if (same(&c->recent[i]->key, k))
+      return c->recent[i];
+  const mm_entry *e = lookup(k);
+  if (e && e->prim) {
+    memmove(c->recent + 1, c->recent, (T_RECENT - 1) * sizeof c->recent[0]);
+    c->recent[0] = e;
+  }
+  return e;
+}
+
 bool loom_kern_bf16_matmul_probe(void) {
   mm_key k = {64, 64, 64, 64, 64, 64, false, false, 1.0f, 0.0f, false};
   const mm_entry *e = lookup(&k);
@@ -270,7 +389,7 @@ static int tile(bool ta, bool tb, int M, int N, int K, float alpha,
                 const uint16_t *A, int lda, const uint16_t *B, int ldb,
                 float beta, float *C, int ldc) {
   mm_key k = {M, N, K, lda, ldb, ldc, ta, tb, alpha, beta, false};
-  const mm_entry *e = lookup(&k);
+  const mm_entry *e = find(&k);
   if (!e || !e->prim)
     return -1;
   return run(e, A, B, C);
@@ -291,7 +410,7 @@ int loom_kern_bf16_matmul_serial(bool ta, bool tb, int M, int N, int K,
   if (M <= 0 || N <= 0)
     return 0;
   mm_key k = {M, N, K, lda, ldb, ldc, ta, tb, alpha, beta, true};
-  const mm_entry *e = lookup(&k);
+  const mm_entry *e = find(&k);
   if (!e || !e->prim)
     return -1;
   return run(e, A, B, C);
