@@ -108,6 +108,7 @@ row.update(step_s=[l["step_s"] for l in timed], tokens_per_step=int(b) * int(t),
            else (statistics.median(l["rank_comm_wait_s"][0] for l in timed)
                  if "rank_comm_wait_s" in timed[0] else None),
            pp_bubble=med("pp_bubble"), pp_bubble_theory=lines[-1].get("pp_bubble_theory"),
+           pp_bubble_expected=med("pp_bubble_expected") if "pp_bubble_expected" in timed[0] else None,
            rank_pp_bubble=[round(statistics.median(l["rank_pp_bubble"][i] for l in timed), 3)
                            for i in range(len(timed[0].get("rank_pp_bubble", [])))])
 print(json.dumps(row))
@@ -210,7 +211,7 @@ def fmt(x, p="{:.0f}"):
     return p.format(x) if x is not None else "-"
 
 hdr = ["model", "ranks", "strategy", "M", "loom tok/s", "pt tok/s", "loom/pt", "bubble",
-       "theory", "bubble/rank", "loom RSS MB", "pt RSS MB", "loom fwd/bwd/pp/comm ms"]
+       "theory", "expected", "bubble/rank", "loom RSS MB", "pt RSS MB", "loom fwd/bwd/pp/comm ms"]
 out = []
 errors = []
 for k, sides in acc.items():
@@ -219,6 +220,8 @@ for k, sides in acc.items():
     good = [r for r in lo or [] if "error" not in r]
     g = good[0] if good else {}
     bub = statistics.median(r["pp_bubble"] for r in good) if good and g.get("pp_bubble") is not None else None
+    exp = (statistics.median(r["pp_bubble_expected"] for r in good)
+           if good and g.get("pp_bubble_expected") is not None else None)
     ms = lambda key: statistics.median(r[key] for r in good) * 1e3 if good and g.get(key) is not None else None
     parts = "/".join(fmt(ms(x)) for x in ("forward_s", "backward_s", "pp_wait_s", "comm_wait_s"))
     def show_err(rs, side):
@@ -228,13 +231,15 @@ for k, sides in acc.items():
             return "error (below)"
         return c
     out.append([m, n, s, "-" if mb is None else mb, show_err(lo, "loom"), show_err(pt, "pytorch"),
-                ratio(k), fmt(bub, "{:.3f}"), fmt(g.get("pp_bubble_theory"), "{:.3f}"),
+                ratio(k), fmt(bub, "{:.3f}"), fmt(g.get("pp_bubble_theory"), "{:.3f}"), fmt(exp, "{:.3f}"),
                 ",".join(f"{b:.2f}" for b in g.get("rank_pp_bubble", [])) or "-",
                 rss(lo), rss(pt),
                 parts if good else "-"])
 w = [max(len(str(c)) for c in col) for col in zip(hdr, *out)]
 print("model_parallel (tokens/s: median step over all rounds; loom/pt: median of the rounds' ratios; "
-      "bubble: loom's pp_bubble, mean over ranks, median over steps; RSS: peak MB of the largest/smallest rank; "
+      "bubble: loom's pp_bubble, mean over ranks, median over steps; theory: (P-1)/(M+P-1); "
+      "expected: pp_bubble_expected, what the stages' measured compute gives a fill-drain schedule with no delay "
+      "between stages (the theory for unequal stages); RSS: peak MB of the largest/smallest rank; "
       "fwd/bwd/pp/comm: rank 0's median ms a step computing forward, backward, blocked on the "
       "pipeline, blocked on reductions)")
 print("  " + "  ".join(h.ljust(w[i]) for i, h in enumerate(hdr)).rstrip())

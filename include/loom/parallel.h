@@ -431,6 +431,15 @@ void loom_pipe_get_stats(const loom_pipe *p, loom_pipe_stats *out);
 void loom_pipe_reset_stats(loom_pipe *p);
 /* The ideal idle share of a stage, (P - 1) / (M + P - 1). */
 double loom_pipe_bubble_theory(int stages, int micro_batches);
+/* The idle share a fill-drain schedule (GPipe, 1F1B) gives stages of
+ * unequal compute: stage s computes busy[s] seconds a step (M
+ * micro-batches of busy[s] / M each), nothing is lost between stages, so
+ * the step lasts (M - 1) max_s t_s + sum_s t_s (t_s = busy[s] / M) and
+ * stage s idles 1 - busy[s] / step; the mean over the stages. Equal stages
+ * give loom_pipe_bubble_theory; the difference is what the stages'
+ * imbalance costs. 0 when nothing was measured. */
+double loom_pipe_bubble_expected(int stages, int micro_batches,
+                                 const double *busy);
 
 /* ------------------------------------------------- tensor parallelism
  *

@@ -94,6 +94,25 @@ double loom_pipe_bubble_theory(int stages, int micro_batches) {
   return (double)(stages - 1) / (double)(micro_batches + stages - 1);
 }
 
+double loom_pipe_bubble_expected(int stages, int micro_batches,
+                                 const double *busy) {
+  if (stages < 1 || micro_batches < 1 || !busy)
+    return 0;
+  double mx = 0, sum = 0;
+  for (int s = 0; s < stages; s++) {
+    double t = busy[s] > 0 ? busy[s] / micro_batches : 0;
+    mx = t > mx ? t : mx;
+    sum += t;
+  }
+  const double step = (micro_batches - 1) * mx + sum;
+  if (step <= 0)
+    return 0;
+  double idle = 0;
+  for (int s = 0; s < stages; s++)
+    idle += 1 - (busy[s] > 0 ? busy[s] : 0) / step;
+  return idle / stages;
+}
+
 /* --------------------------------------------------------- partitioning */
 
 loom_status loom_pipe_partition(int n, int P, const int *split,

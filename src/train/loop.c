@@ -1728,6 +1728,21 @@ static loom_status write_metrics(loom_trainer *t, const run_window *w,
       }
       loom_metrics_nums(m, "rank_pp_bubble", v, t->nranks);
       loom_metrics_num(m, "pp_bubble", b / t->nranks);
+      /* What the stages' measured compute (their schedule's time less
+       * its waits, summed over a stage's ranks: every stage has as many)
+       * would give with no delay between stages: the theory for unequal
+       * stages. */
+      double *busy = loom_calloc((size_t)t->stages, sizeof *busy);
+      if (!busy) {
+        loom_free(v);
+        return LOOM_ERR_NOMEM;
+      }
+      for (int r = 0; r < t->nranks; r++)
+        busy[r / t->tps % t->stages] +=
+            ranks[r * RANK_N + RANK_PP_STEP] - ranks[r * RANK_N + RANK_PP_WAIT];
+      loom_metrics_num(m, "pp_bubble_expected",
+                       loom_pipe_bubble_expected(t->stages, t->micro, busy));
+      loom_free(busy);
     }
     loom_free(v);
   }

@@ -165,6 +165,7 @@ python3 - "$tmp/pp4_1f1b/metrics.jsonl" <<'EOF' && ok "pp 4: bubble measured nex
 import json, sys
 r = [json.loads(l) for l in open(sys.argv[1]) if '"pp_bubble"' in l][-1]
 assert abs(r["pp_bubble_theory"] - 3 / 7) < 1e-6, r
+assert r["pp_bubble_theory"] - 1e-9 <= r["pp_bubble_expected"] < 1, r
 assert 0 <= r["pp_bubble"] <= 1 and len(r["rank_pp_bubble"]) == 4, r
 assert r["pp_stages"] == 4 and r["pp_micro_batches"] == 4, r
 EOF
