@@ -1718,12 +1718,20 @@ static loom_status write_metrics(loom_trainer *t, const run_window *w,
     }
     loom_metrics_num(m, "busy_skew", sum > 0 ? mx * t->nranks / sum : 1);
     if (t->pipe) {
-      /* The bubble: each rank's share of its schedule spent waiting for
-       * its neighbours, averaged over the ranks, next to the theory. */
-      double b = 0;
+      /* The bubble: each rank's share of the pipeline's schedule (the
+       * longest rank's: the first stage ends last) in which it did not
+       * compute: blocked on its neighbours, or done early (a later stage
+       * ends its last backward before the earlier ones, the drain), as the
+       * theory counts it; averaged over the ranks. */
+      double b = 0, span = 0;
       for (int r = 0; r < t->nranks; r++) {
         double st = ranks[r * RANK_N + RANK_PP_STEP];
-        v[r] = st > 0 ? ranks[r * RANK_N + RANK_PP_WAIT] / st : 0;
+        span = st > span ? st : span;
+      }
+      for (int r = 0; r < t->nranks; r++) {
+        double busy =
+            ranks[r * RANK_N + RANK_PP_STEP] - ranks[r * RANK_N + RANK_PP_WAIT];
+        v[r] = span > 0 && busy < span ? 1 - (busy > 0 ? busy : 0) / span : 0;
         b += v[r];
       }
       loom_metrics_nums(m, "rank_pp_bubble", v, t->nranks);
