@@ -33,7 +33,8 @@
 #   rounding; a value rounded to half where plain tp keeps it f32 is ~u,
 #   2^-9 or 2^-12). 20 steps: sp tp 2 (bf16, f16), tp 2 x pp 2 (bf16) and
 #   dp 2 x tp 2 zero1 (f16) within the bounds above of one rank, and sp
-#   tp 2 of plain tp 2 the same; with regather the bits of sp without it;
+#   tp 2 of plain tp 2 the same; with regather, and with activation
+#   checkpointing, the bits of sp without it;
 #   tp_seq_mb and tp_sent_mb exactly what half gathers send; the f16 inf
 #   on one rank skips the step on both, and the resume, as above.
 . "$(dirname "$0")/../lib.sh"
@@ -131,6 +132,16 @@ for p in bf16 f16; do
     ok "sequence parallel tp 2 $p with regather: the bits and losses of sp without it" ||
     bad "sequence parallel tp 2 $p with regather (rc $rc): '$b' vs '$a'"
 done
+# activation checkpointing: the recomputed forward gathers the same half
+# values again
+run 2 train "${cfg[@]}" --quiet --resume never --set train.precision=bf16 \
+  --set parallel.tp=2 "${SP[@]}" --set train.activation_checkpointing=every:2 \
+  --set "log.run_dir=$tmp/ck_bf16"
+a=$("$HASH" "$tmp/sp_bf16/ckpt")
+b=$("$HASH" "$tmp/ck_bf16/ckpt")
+[ $rc = 0 ] && [ -n "$a" ] && [ "$a" = "$b" ] &&
+  ok "sequence parallel tp 2 bf16 with activation checkpointing: the bits of sp without it" ||
+  bad "sequence parallel tp 2 bf16 with activation checkpointing (rc $rc): '$b' vs '$a'"
 python3 - "$tmp"/{tp_bf16,sp_bf16,rg_bf16,tp_f16,sp_f16}/metrics.jsonl <<'EOF' && ok "sequence parallel tp 2 in bf16/f16: tp_seq_mb and tp_sent_mb of half all-gathers, less activation memory" || bad "sequence parallel tp 2 in bf16/f16: the bytes in metrics.jsonl"
 import json, sys
 last = lambda p: [json.loads(l) for l in open(p) if '"loss"' in l][-1]
