@@ -99,12 +99,15 @@ typedef struct loom_tp {
   void *user;
   /* Sequence parallelism (loom_gpt_opts.sequence_parallel), posted into
    * `slot` like `start` and completed by `wait`. gather: an all-gather,
-   * recv (size * n) = every rank's send (n) in rank order. scatter: a
-   * reduce-scatter (sum), send (size * n), this rank's recv (n) = the sum
-   * over the group of block `rank` of send. NULL where not offered (a
-   * model asking for sequence parallelism then fails to build). */
-  loom_status (*gather)(void *user, int slot, const float *send, float *recv,
-                        int64_t n);
+   * recv (size * n) = every rank's send (n) in rank order, of type dt
+   * (LOOM_F32, or a half model's LOOM_BF16 / LOOM_F16: the values a
+   * half GEMM rounds its operand to anyway travel rounded, in half the
+   * bytes); in place when send == recv + rank * n. scatter: a
+   * reduce-scatter (sum, f32), send (size * n), this rank's recv (n) =
+   * the sum over the group of block `rank` of send. NULL where not offered
+   * (a model asking for sequence parallelism then fails to build). */
+  loom_status (*gather)(void *user, int slot, const void *send, void *recv,
+                        int64_t n, loom_dtype dt);
   loom_status (*scatter)(void *user, int slot, const float *send, float *recv,
                          int64_t n);
 } loom_tp;
@@ -112,8 +115,8 @@ typedef struct loom_tp {
 loom_status loom_tp_allreduce(const loom_tp *tp, float *buf, int64_t n,
                               loom_tp_op op);
 /* gather / scatter then wait (slot 0). */
-loom_status loom_tp_allgather(const loom_tp *tp, const float *send, float *recv,
-                              int64_t n);
+loom_status loom_tp_allgather(const loom_tp *tp, const void *send, void *recv,
+                              int64_t n, loom_dtype dt);
 loom_status loom_tp_reduce_scatter(const loom_tp *tp, const float *send,
                                    float *recv, int64_t n);
 

@@ -261,7 +261,7 @@ int loom_cmd_estimate(int argc, char **argv) {
   if (cfg.parallel.tp > 1 && cfg.parallel.pp == 1)
     printf("# mesh: dp %d x tp %lld x pp 1: each rank holds its tensor-"
            "parallel part of the model (%lld parameters); sent/step counts "
-           "the tp group's all-reduces (4 a block per micro-batch)%s\n",
+           "the tp group's all-reduces (4 a block per micro-batch)%s%s\n",
            e.dp, (long long)cfg.parallel.tp, (long long)e.params,
            !cfg.parallel.sequence_parallel ? ""
            : cfg.parallel.sequence_parallel_regather
@@ -270,7 +270,12 @@ int loom_cmd_estimate(int argc, char **argv) {
                  "norms' and sums' activations 1/tp"
                : "; sequence parallel: each a reduce-scatter and an "
                  "all-gather (the same bytes), the norms' and sums' "
-                 "activations 1/tp");
+                 "activations 1/tp",
+           cfg.parallel.sequence_parallel &&
+                   cfg.train.precision != LOOM_CFG_PRECISION_F32
+               ? "; in bf16/f16 the all-gathers carry 2-byte values: fewer "
+                 "bytes"
+               : "");
   if (cfg.parallel.pp > 1)
     printf("# mesh: dp %d x tp %lld x pp %lld, %lld micro-batch%s of %lld "
            "rows, schedule %s; one row a stage (units [first, end) of the "

@@ -370,8 +370,10 @@ static const loom_config_key keys[] = {
           "each rank of a group holds 1/tp of the micro-batch's tokens, so "
           "those activations take 1/tp of the memory; the output "
           "projections reduce-scatter and the qkv, first MLP and output "
-          "layers all-gather instead of all-reducing (the same bytes). "
-          "tp must divide model.context; dropout masks do not depend on tp"),
+          "layers all-gather instead of all-reducing (the same bytes; in "
+          "bf16 and f16 the all-gathers carry the half values the matmuls "
+          "take, half the bytes). tp must divide model.context; any "
+          "train.precision; dropout masks do not depend on tp"),
     KBOOL("parallel.sequence_parallel_regather",
           parallel.sequence_parallel_regather, "false", 0,
           "with parallel.sequence_parallel: the qkv, first MLP and output "
@@ -1282,12 +1284,6 @@ static loom_status check_tp(const loom_config *cfg, const cfg_origins *org,
                      "each rank takes an equal share of every micro-batch's "
                      "tokens; supported: a tp that divides model.context",
                      (long long)m->context, (long long)T);
-    if (cfg->train.precision != LOOM_CFG_PRECISION_F32)
-      return cfg_err(origin_of(org, "train.precision", none), "train.precision",
-                     "'%s' with parallel.sequence_parallel: sequence "
-                     "parallelism runs in f32 for now (supported: f32, or "
-                     "sequence_parallel false)",
-                     loom_cfg_precision_names[cfg->train.precision]);
     if (pc->strategy == LOOM_CFG_STRATEGY_ZERO2)
       return cfg_err(origin_of(org, "parallel.strategy", none),
                      "parallel.strategy",

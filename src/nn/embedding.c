@@ -140,8 +140,8 @@ static loom_status embedding_backward(loom_module *m, loom_nn_ctx *ctx,
     /* the rows' gradients from every rank, for this rank's vocabulary
      * rows; the position embedding's from this rank's rows only (a part:
      * the trainer sums it over the group) */
-    LOOM_TRY(
-        e->tp->gather(e->tp->user, 0, dout, e->full, (int64_t)e->n * e->C));
+    LOOM_TRY(e->tp->gather(e->tp->user, 0, dout, e->full, (int64_t)e->n * e->C,
+                           LOOM_F32));
     if (e->T_max > 0) {
       float *dpos = loom_nn_grad(ctx, m, 1);
       int64_t g0 = (int64_t)e->tp->rank * e->n;

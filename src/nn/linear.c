@@ -28,15 +28,23 @@ typedef struct linear {
    * reduce-scatters the input gradient (dx into dxl). Row: forward
    * reduce-scatters the product (part) into out, then adds the bias to
    * the rank's rows; backward all-gathers the output gradient (into
-   * gdout). N is the GEMM's rows, the whole micro-batch's. */
+   * gdout). N is the GEMM's rows, the whole micro-batch's. In a half
+   * model the all-gathers carry what the half GEMMs round their operand
+   * to anyway: the column layer's input in its own type (a norm's output:
+   * half), the row layer's output gradient rounded to half (gh, widened
+   * into gdout); the reduce-scatters sum f32 partial products, as plain
+   * tensor parallelism's all-reduces do. */
   bool sp;
-  bool regather; /* column: gin is scratch, gathered again in backward */
-  int n;         /* the rank's rows */
-  int tps;       /* the group's size (planning reads no loom_tp) */
-  float *gin;    /* (N,C) column: the gathered input, kept for backward */
-  float *dxl;    /* (n,C) scratch, column: the rank's rows of dx summed */
-  float *part;   /* (N,OC) scratch, row: this rank's partial product */
-  float *gdout;  /* (N,OC) scratch, row: the gathered output gradient */
+  bool regather;  /* column: gin is scratch, gathered again in backward */
+  int n;          /* the rank's rows */
+  int tps;        /* the group's size (planning reads no loom_tp) */
+  void *gin;      /* (N,C) column: the gathered input (of type gdt), kept
+                     for backward */
+  loom_dtype gdt; /* column: the input's type, f32 or the half type */
+  float *dxl;     /* (n,C) scratch, column: the rank's rows of dx summed */
+  float *part;    /* (N,OC) scratch, row: this rank's partial product */
+  float *gdout;   /* (N,OC) scratch, row: the gathered output gradient */
+  uint16_t *gh;   /* (N,OC) scratch, row, half model: the same in half */
 } linear;
 
 static loom_status linear_params(loom_module *m, loom_nn_visit *v) {
@@ -88,7 +96,9 @@ static loom_status linear_plan(loom_module *m, loom_nn_plan *p,
   *out = *in;
   out->dtype = LOOM_F32;
   out->dim[out->ndim - 1] = l->OC;
-  l->dx = l->gin = l->dxl = l->part = l->gdout = NULL;
+  l->dx = l->dxl = l->part = l->gdout = NULL;
+  l->gin = NULL;
+  l->gh = NULL;
   if (l->sp) {
     /* the rows' dimension (the sequence in (B,T,C)) is the one cut */
     int T = l->tps, d = in->ndim - 2;
@@ -113,18 +123,22 @@ static loom_status linear_plan(loom_module *m, loom_nn_plan *p,
   l->N = (int)N;
   l->half = p->half;
   l->scratch = NULL;
-  if (l->sp && l->half != LOOM_F32)
-    return loom_module_error(m, LOOM_ERR_UNSUPPORTED,
-                             "sequence parallelism runs in f32 only");
   if (l->sp && l->tp_mode == TP_COL) {
+    /* the gathered input in the input's type: f32 floats, or half of
+     * them for 2-byte elements */
+    l->gdt = in->dtype;
+    const int64_t gf = in->dtype == LOOM_F32 ? N * l->C : (N * l->C + 1) / 2;
     if (!l->regather)
-      l->gin = loom_nn_plan_floats(p, N * l->C);
+      l->gin = loom_nn_plan_floats(p, gf);
     l->out = loom_nn_plan_floats(p, N * l->OC);
     size_t mark = loom_nn_plan_scratch_mark(p);
     if (l->regather) /* forward and backward each use it within the call */
-      l->gin = loom_nn_plan_scratch_floats(p, N * l->C);
+      l->gin = loom_nn_plan_scratch_floats(p, gf);
     l->dx = loom_nn_plan_scratch_floats(p, N * l->C);
     l->dxl = loom_nn_plan_scratch_floats(p, (int64_t)l->n * l->C);
+    if (l->half != LOOM_F32)
+      l->scratch = loom_nn_plan_scratch_floats(
+          p, loom_linear_half_scratch_floats(l->N, l->C, l->OC));
     loom_nn_plan_scratch_release(p, mark);
     return LOOM_OK;
   }
@@ -134,6 +148,11 @@ static loom_status linear_plan(loom_module *m, loom_nn_plan *p,
     /* forward uses part, backward gdout: never at once */
     l->part = loom_nn_plan_scratch_floats(p, N * l->OC);
     l->gdout = l->part;
+    if (l->half != LOOM_F32) {
+      l->gh = (uint16_t *)loom_nn_plan_scratch_floats(p, (N * l->OC + 1) / 2);
+      l->scratch = loom_nn_plan_scratch_floats(
+          p, loom_linear_half_scratch_floats(l->N, l->C, l->OC));
+    }
     loom_nn_plan_scratch_release(p, mark);
     return LOOM_OK;
   }
@@ -162,17 +181,30 @@ static const uint16_t *linear_weight_half(const linear *l,
                   : loom_nn_param_half(ctx, &l->base, 0);
 }
 
-/* out = in @ W^T (+ b), in f32 or on the half weights. */
-static loom_status product(linear *l, loom_nn_ctx *ctx, const float *b) {
-  if (l->half == LOOM_F32)
-    return loom_linear_forward(l->out, l->in, linear_weight(l, ctx), b, l->N,
-                               l->C, l->OC);
+static loom_status half_weights_ok(const linear *l, const loom_nn_ctx *ctx) {
   if (!ctx->params_half || ctx->half != l->half)
     return loom_module_error(&l->base, LOOM_ERR_INTERNAL, "no %s weights",
                              loom_dtype_name(l->half));
-  return loom_linear_forward_half(l->out, l->in, l->base.in.dtype, l->half,
-                                  linear_weight_half(l, ctx), b, l->N, l->C,
-                                  l->OC, l->scratch);
+  return LOOM_OK;
+}
+
+/* out(N rows) = in @ W^T (+ b), in of type dt (f32, or the half type in a
+ * half model), in f32 or on the half weights. */
+static loom_status product_of(linear *l, loom_nn_ctx *ctx, float *out,
+                              const void *in, loom_dtype dt, int N,
+                              const float *b) {
+  if (l->half == LOOM_F32)
+    return loom_linear_forward(out, in, linear_weight(l, ctx), b, N, l->C,
+                               l->OC);
+  LOOM_TRY(half_weights_ok(l, ctx));
+  return loom_linear_forward_half(out, in, dt, l->half,
+                                  linear_weight_half(l, ctx), b, N, l->C, l->OC,
+                                  l->scratch);
+}
+
+/* out = in @ W^T (+ b), in f32 or on the half weights. */
+static loom_status product(linear *l, loom_nn_ctx *ctx, const float *b) {
+  return product_of(l, ctx, l->out, l->in, l->base.in.dtype, l->N, b);
 }
 
 static loom_status linear_forward(loom_module *m, loom_nn_ctx *ctx,
@@ -182,13 +214,12 @@ static loom_status linear_forward(loom_module *m, loom_nn_ctx *ctx,
   const float *b = l->bias ? loom_nn_param(ctx, m, 1) : NULL;
   if (l->sp && l->tp_mode == TP_COL) {
     /* every rank's rows, in rank order: the micro-batch's N */
-    LOOM_TRY(loom_tp_allgather(l->tp, l->in, l->gin, (int64_t)l->n * l->C));
-    LOOM_TRY(loom_linear_forward(l->out, l->gin, linear_weight(l, ctx), b, l->N,
-                                 l->C, l->OC));
+    LOOM_TRY(
+        loom_tp_allgather(l->tp, l->in, l->gin, (int64_t)l->n * l->C, l->gdt));
+    LOOM_TRY(product_of(l, ctx, l->out, l->gin, l->gdt, l->N, b));
   } else if (l->sp && l->tp_mode == TP_ROW) {
     /* the sum of every rank's part, of this rank's rows only */
-    LOOM_TRY(loom_linear_forward(l->part, l->in, linear_weight(l, ctx), NULL,
-                                 l->N, l->C, l->OC));
+    LOOM_TRY(product_of(l, ctx, l->part, l->in, l->base.in.dtype, l->N, NULL));
     LOOM_TRY(
         loom_tp_reduce_scatter(l->tp, l->part, l->out, (int64_t)l->n * l->OC));
     if (b)
@@ -210,15 +241,26 @@ static loom_status linear_forward(loom_module *m, loom_nn_ctx *ctx,
   return LOOM_OK;
 }
 
-/* The gradients asked for (NULL: not), in f32 or on the half weights. */
+/* The gradients asked for (NULL: not) of N rows of input in (of type
+ * dt), in f32 or on the half weights. */
+static loom_status gradients_of(linear *l, loom_nn_ctx *ctx, float *dinp,
+                                float *dw, float *db, const float *dout,
+                                const void *in, loom_dtype dt, int N) {
+  if (l->half != LOOM_F32) {
+    LOOM_TRY(half_weights_ok(l, ctx));
+    return loom_linear_backward_half(dinp, dw, db, dout, in, dt, l->half,
+                                     linear_weight_half(l, ctx), N, l->C, l->OC,
+                                     l->scratch);
+  }
+  return loom_linear_backward(dinp, dw, db, dout, in, linear_weight(l, ctx), N,
+                              l->C, l->OC);
+}
+
+/* The same of the layer's own input, N rows. */
 static loom_status gradients(linear *l, loom_nn_ctx *ctx, float *dinp,
                              float *dw, float *db, const float *dout) {
-  if (l->half != LOOM_F32)
-    return loom_linear_backward_half(
-        dinp, dw, db, dout, l->in, l->base.in.dtype, l->half,
-        linear_weight_half(l, ctx), l->N, l->C, l->OC, l->scratch);
-  return loom_linear_backward(dinp, dw, db, dout, l->in, linear_weight(l, ctx),
-                              l->N, l->C, l->OC);
+  return gradients_of(l, ctx, dinp, dw, db, dout, l->in, l->base.in.dtype,
+                      l->N);
 }
 
 static loom_status linear_backward(loom_module *m, loom_nn_ctx *ctx,
@@ -232,15 +274,13 @@ static loom_status linear_backward(loom_module *m, loom_nn_ctx *ctx,
      * the N rows, which needs only the weight, is computed; then its sum
      * over the group, of this rank's rows, (slot 0) travels while the
      * weight's gradient is computed from the gathered input. */
-    const float *w = linear_weight(l, ctx);
     int64_t nn = (int64_t)l->N * l->C;
-    LOOM_TRY(
-        l->tp->gather(l->tp->user, 1, l->in, l->gin, (int64_t)l->n * l->C));
+    LOOM_TRY(l->tp->gather(l->tp->user, 1, l->in, l->gin, (int64_t)l->n * l->C,
+                           l->gdt));
     loom_status s = LOOM_OK;
     if (dinp) {
       memset(l->dx, 0, (size_t)nn * sizeof(float));
-      s = loom_linear_backward(l->dx, NULL, NULL, dout, l->gin, w, l->N, l->C,
-                               l->OC);
+      s = gradients_of(l, ctx, l->dx, NULL, NULL, dout, l->gin, l->gdt, l->N);
     }
     loom_status ws = l->tp->wait(l->tp->user, 1);
     LOOM_TRY(s);
@@ -248,7 +288,7 @@ static loom_status linear_backward(loom_module *m, loom_nn_ctx *ctx,
     if (dinp)
       LOOM_TRY(
           l->tp->scatter(l->tp->user, 0, l->dx, l->dxl, (int64_t)l->n * l->C));
-    s = loom_linear_backward(NULL, dw, db, dout, l->gin, w, l->N, l->C, l->OC);
+    s = gradients_of(l, ctx, NULL, dw, db, dout, l->gin, l->gdt, l->N);
     if (!dinp)
       return s;
     ws = l->tp->wait(l->tp->user, 0);
@@ -261,17 +301,16 @@ static loom_status linear_backward(loom_module *m, loom_nn_ctx *ctx,
     /* The input gradient of the N rows, summed over the group, of this
      * rank's rows only: posted first, it travels while the weight's
      * gradient is computed from the gathered input. */
-    const float *w = linear_weight(l, ctx);
     int64_t nn = (int64_t)l->N * l->C;
     if (dinp) {
       memset(l->dx, 0, (size_t)nn * sizeof(float));
-      LOOM_TRY(loom_linear_backward(l->dx, NULL, NULL, dout, l->gin, w, l->N,
-                                    l->C, l->OC));
+      LOOM_TRY(
+          gradients_of(l, ctx, l->dx, NULL, NULL, dout, l->gin, l->gdt, l->N));
       LOOM_TRY(
           l->tp->scatter(l->tp->user, 0, l->dx, l->dxl, (int64_t)l->n * l->C));
     }
     loom_status s =
-        loom_linear_backward(NULL, dw, db, dout, l->gin, w, l->N, l->C, l->OC);
+        gradients_of(l, ctx, NULL, dw, db, dout, l->gin, l->gdt, l->N);
     if (!dinp)
       return s;
     loom_status ws = l->tp->wait(l->tp->user, 0);
@@ -282,19 +321,31 @@ static loom_status linear_backward(loom_module *m, loom_nn_ctx *ctx,
   }
   if (l->sp && l->tp_mode == TP_ROW) {
     /* The bias's gradient from this rank's rows (a part: the trainer sums
-     * it over the group) while the others' output gradients arrive. */
-    const float *w = linear_weight(l, ctx);
-    LOOM_TRY(
-        l->tp->gather(l->tp->user, 0, dout, l->gdout, (int64_t)l->n * l->OC));
+     * it over the group; from the f32 gradient in any precision) while the
+     * others' output gradients arrive. A half model's two matmuls round
+     * the output gradient to half: it travels so rounded (in place, in
+     * this rank's block) and is widened back exactly, so the matmuls see
+     * the values of plain tensor parallelism in half the bytes. */
+    const int64_t mine = (int64_t)l->n * l->OC;
+    if (l->half != LOOM_F32) {
+      uint16_t *at = l->gh + (int64_t)l->tp->rank * mine;
+      LOOM_TRY(loom_cvt_f32_to_half(l->half, at, dout, mine));
+      LOOM_TRY(l->tp->gather(l->tp->user, 0, at, l->gh, mine, l->half));
+    } else {
+      LOOM_TRY(l->tp->gather(l->tp->user, 0, dout, l->gdout, mine, LOOM_F32));
+    }
     loom_status s = LOOM_OK;
     if (db)
-      s = loom_linear_backward(NULL, NULL, db, dout, l->in, w, l->n, l->C,
+      s = loom_linear_backward(NULL, NULL, db, dout, NULL, NULL, l->n, l->C,
                                l->OC);
     loom_status ws = l->tp->wait(l->tp->user, 0);
     LOOM_TRY(s);
     LOOM_TRY(ws);
-    return loom_linear_backward(dinp, dw, NULL, l->gdout, l->in, w, l->N, l->C,
-                                l->OC);
+    if (l->half != LOOM_F32)
+      LOOM_TRY(loom_cvt_half_to_f32(l->half, l->gdout, l->gh,
+                                    (int64_t)l->N * l->OC));
+    return gradients_of(l, ctx, dinp, dw, NULL, l->gdout, l->in,
+                        l->base.in.dtype, l->N);
   }
   if (l->tp_mode == TP_COL && dinp) {
     /* This rank's outputs give a part of the input gradient: its sum over
@@ -414,9 +465,9 @@ loom_status loom_tp_allreduce(const loom_tp *tp, float *buf, int64_t n,
   return tp->wait(tp->user, 0);
 }
 
-loom_status loom_tp_allgather(const loom_tp *tp, const float *send, float *recv,
-                              int64_t n) {
-  LOOM_TRY(tp->gather(tp->user, 0, send, recv, n));
+loom_status loom_tp_allgather(const loom_tp *tp, const void *send, void *recv,
+                              int64_t n, loom_dtype dt) {
+  LOOM_TRY(tp->gather(tp->user, 0, send, recv, n, dt));
   return tp->wait(tp->user, 0);
 }
 

@@ -41,14 +41,20 @@ static loom_status tp_slot_ok(int slot) {
 
 /* All-gather and reduce-scatter of sequence parallelism: each sends
  * (T - 1) / T of the whole (T n) buffer, one of them half an all-reduce. */
-static loom_status tp_gather(void *user, int slot, const float *send,
-                             float *recv, int64_t n) {
+static loom_status tp_gather(void *user, int slot, const void *send, void *recv,
+                             int64_t n, loom_dtype dt) {
   loom_tp_group *t = user;
   LOOM_TRY(tp_slot_ok(slot));
+  if (dt != LOOM_F32 && dt != LOOM_BF16 && dt != LOOM_F16)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "tensor parallel: an all-gather of %s (f32, bf16 or "
+                      "f16)",
+                      loom_dtype_name(dt));
+  const size_t es = loom_dtype_size(dt);
   t->st.gathers++;
-  t->st.seq_bytes += (uint64_t)n * (uint64_t)t->tp.size * sizeof(float);
-  t->st.wire_bytes += (double)(t->tp.size - 1) * (double)n * 4.0;
-  return loom_allgather(send, recv, (size_t)n, LOOM_F32, t->g, &t->req[slot]);
+  t->st.seq_bytes += (uint64_t)n * (uint64_t)t->tp.size * es;
+  t->st.wire_bytes += (double)(t->tp.size - 1) * (double)n * (double)es;
+  return loom_allgather(send, recv, (size_t)n, dt, t->g, &t->req[slot]);
 }
 
 static loom_status tp_scatter(void *user, int slot, const float *send,

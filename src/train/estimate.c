@@ -138,6 +138,12 @@ static loom_status no_wait(void *user, int slot) {
   return LOOM_ERR_UNSUPPORTED;
 }
 
+static loom_status no_gather(void *user, int slot, const void *send, void *recv,
+                             int64_t n, loom_dtype dt) {
+  (void)user, (void)slot, (void)send, (void)recv, (void)n, (void)dt;
+  return LOOM_ERR_UNSUPPORTED;
+}
+
 static loom_status no_move(void *user, int slot, const float *send, float *recv,
                            int64_t n) {
   (void)user, (void)slot, (void)send, (void)recv, (void)n;
@@ -154,7 +160,7 @@ static loom_status rank_model(const loom_config *cfg, loom_tp *tp,
                   .rank = 0,
                   .start = no_start,
                   .wait = no_wait,
-                  .gather = no_move,
+                  .gather = no_gather,
                   .scatter = no_move};
   return loom_train_model_make_tp(cfg, &mo, cfg->parallel.tp > 1 ? tp : NULL,
                                   m);
@@ -191,12 +197,18 @@ static double tp_sent(const loom_config *cfg, int blocks, int64_t rows,
   const double act = 4.0 * (double)rows * (double)cfg->model.context *
                      (double)cfg->model.d_model;
   /* sequence parallelism: each all-reduce a reduce-scatter and an
-   * all-gather, the same bytes; with regather the inputs of qkv and of the
-   * MLP's first layer all-gathered once more in backward */
-  double per_block = 4.0 * 2.0 * (T - 1) / T * act;
-  if (cfg->parallel.sequence_parallel &&
-      cfg->parallel.sequence_parallel_regather)
-    per_block += 2.0 * (T - 1) / T * act;
+   * all-gather, the same bytes, but in bf16/f16 the all-gathers (the
+   * inputs of qkv and of the MLP's first layer, the output gradients of
+   * the two row-parallel layers) carry 2-byte values; with regather the
+   * inputs of qkv and of the MLP's first layer all-gathered once more in
+   * backward */
+  const bool sp = cfg->parallel.sequence_parallel;
+  const double g =
+      sp && cfg->train.precision != LOOM_CFG_PRECISION_F32 ? 0.5 : 1.0;
+  double per_block =
+      sp ? 4.0 * (1.0 + g) * (T - 1) / T * act : 4.0 * 2.0 * (T - 1) / T * act;
+  if (sp && cfg->parallel.sequence_parallel_regather)
+    per_block += 2.0 * g * (T - 1) / T * act;
   return passes * (double)blocks * per_block;
 }
 

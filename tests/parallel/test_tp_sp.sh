@@ -150,8 +150,6 @@ for x in "parallel.sequence_parallel=true|true with parallel.tp 1: sequence para
   "parallel.sequence_parallel=true --set parallel.tp=2 --set model.name=mlp --set data.dataset=fashion-mnist|true with model 'mlp': supported with model gpt only" \
   "parallel.sequence_parallel=true --set parallel.tp=2 --set model.name=cnn --set data.dataset=fashion-mnist|true with model 'cnn': supported with model gpt only" \
   "parallel.sequence_parallel=true --set parallel.tp=2 --set model.context=17|true with model.context 17 and parallel.tp 2" \
-  "parallel.sequence_parallel=true --set parallel.tp=2 --set train.precision=bf16|sequence parallelism runs in f32 for now" \
-  "parallel.sequence_parallel=true --set parallel.tp=2 --set train.precision=f16|sequence parallelism runs in f32 for now" \
   "parallel.sequence_parallel=true --set parallel.tp=2 --set parallel.strategy=zero2|zero2' with parallel.sequence_parallel" \
   "parallel.sequence_parallel=maybe|parallel.sequence_parallel" \
   "parallel.sequence_parallel_regather=true --set parallel.tp=2|true without parallel.sequence_parallel"; do
