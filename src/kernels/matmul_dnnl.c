@@ -336,6 +336,8 @@ static int run(const mm_entry *e, const uint16_t *A, const uint16_t *B,
     c->stage = np;
     c->stage_bytes = need;
   }
+  if (!c->stage) /* a dense entry always packs or stages something */
+    return -1;
   uint16_t *a = pa ? c->stage : (uint16_t *)A;
   uint16_t *b = pb ? (uint16_t *)((char *)c->stage + a_bytes) : (uint16_t *)B;
   float *cc = pc ? (float *)(void *)((char *)c->stage + a_bytes + b_bytes) : C;
@@ -369,7 +371,8 @@ static const mm_entry *find(const mm_key *k) {
       return c->recent[i];
   const mm_entry *e = lookup(k);
   if (e && e->prim) {
-    memmove(c->recent + 1, c->recent, (T_RECENT - 1) * sizeof c->recent[0]);
+    memmove(c->recent + 1, c->recent,
+            (T_RECENT - 1) * sizeof(const mm_entry *));
     c->recent[0] = e;
   }
   return e;
