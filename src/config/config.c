@@ -1423,9 +1423,10 @@ static loom_status check_mesh(const loom_config *cfg, const cfg_origins *org,
                    "or ddp (data parallel over parallel.dp), zero1 (the "
                    "optimizer state of each stage sharded over its "
                    "replicas) and zero2 (also the reduced gradient); a "
-                   "stage's parameters are not sharded: every micro-batch "
-                   "reads them all, so they would be gathered whole for "
-                   "the step anyway (docs/parallel.md)",
+                   "stage's parameters are not sharded: every micro-batch's "
+                   "forward and backward reads them all, so they would be "
+                   "gathered whole for the step and the peak would be "
+                   "zero2's (docs/parallel.md, ZeRO with a pipeline)",
                    loom_cfg_strategy_names[pc->strategy], (long long)P);
   if (pc->deterministic)
     return cfg_err(origin_of(org, "parallel.deterministic", none),

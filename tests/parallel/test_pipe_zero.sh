@@ -5,7 +5,9 @@
 # micro-batches and clipping, 20 steps:
 # - 1f1b and gpipe: the bits of ddp on the same mesh (the cuts begin at
 #   whole chunks of the norm's sum, so even the clipped norm is ddp's),
-#   every step's loss and the parameters within 1e-5 of one rank;
+#   every step's loss and the parameters within 1e-5 of one rank; bf16
+#   with ddp's bits, an f16 inf in one replica's cut skipping the step
+#   everywhere;
 # - after the reduce a rank keeps the gradient of its cut only
 #   (mem_grads_mb below ddp's, mem_grads_peak_mb ddp's: the stage's
 #   gradient still accumulates whole) and half the optimizer state;
@@ -87,6 +89,18 @@ EOF
   bad "zero2 with pp: memory"
 grep -q '"strategy":.*"zero2+pipeline"' "$tmp/z2/env.json" &&
   ok "run info: zero2+pipeline" || bad "run info: $(grep strategy "$tmp/z2/env.json")"
+
+# -- bf16: ddp's bits; f16 with an inf injected into replica 1's cut of
+#    stage 1's gradient at step 5: every rank skips that step
+pz ddp_bf16 ddp --resume never --set train.precision=bf16
+pz z2_bf16 zero2 --resume never --set train.precision=bf16
+same "$tmp/z2_bf16" "$tmp/ddp_bf16" "dp 2 x pp 2 zero2, bf16"
+LOOM_FAULT=3:5:grad_inf pz z2_f16 zero2 --resume never --set train.precision=f16
+python3 - "$tmp/z2_f16/metrics.jsonl" <<'EOF' && ok "zero2 with pp, f16: an inf in rank 3's cut skips step 5 on rank 0 too" || bad "zero2 with pp, f16: no skip seen on rank 0"
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1]) if '"skipped_steps"' in l]
+assert r[-1]["skipped_steps"] == 1, r[-1]
+EOF
 
 # -- resume across strategies and meshes: the checkpoint is canonical
 pz rs_z2 zero2 --resume never --stop-at 7
