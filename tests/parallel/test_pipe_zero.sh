@@ -18,7 +18,7 @@
 # - a rank killed at step 7 is restarted by loom run --max-restarts and
 #   ends with the bits of the uninterrupted run;
 # - dp 2 x tp 2 x pp 2 zero2: the bits of ddp on that mesh, less
-#   gradient memory;
+#   gradient memory, and stopped at step 7 and resumed with its bits;
 # - loom estimate's zero2 rows: zero1's optimizer state, ddp's bytes sent;
 # - zero3 and fsdp with a pipeline refused at loom config check.
 . "$(dirname "$0")/../lib.sh"
@@ -140,6 +140,12 @@ run 8 train "${cfg[@]}" "${mesh[@]}" "${tp[@]}" --resume never \
   --set parallel.strategy=zero2 --set "log.run_dir=$tmp/t_z2"
 [ $rc = 0 ] || { bad "dp 2 x tp 2 x pp 2 zero2 (rc $rc)"; cat "$tmp/out"; }
 same "$tmp/t_z2" "$tmp/t_ddp" "dp 2 x tp 2 x pp 2 zero2, clipped"
+run 8 train "${cfg[@]}" "${mesh[@]}" "${tp[@]}" --resume never \
+  --set parallel.strategy=zero2 --set "log.run_dir=$tmp/t_rs" --stop-at 7
+run 8 train "${cfg[@]}" "${mesh[@]}" "${tp[@]}" --resume auto \
+  --set parallel.strategy=zero2 --set "log.run_dir=$tmp/t_rs"
+[ $rc = 0 ] || { bad "dp 2 x tp 2 x pp 2 zero2 resumed (rc $rc)"; cat "$tmp/out"; }
+same "$tmp/t_rs" "$tmp/t_z2" "dp 2 x tp 2 x pp 2 zero2 stopped at step 7, resumed"
 python3 - "$tmp/t_ddp/metrics.jsonl" "$tmp/t_z2/metrics.jsonl" <<'EOF' &&
 import json, sys
 last = lambda p: [json.loads(l) for l in open(p) if '"loss"' in l][-1]
