@@ -71,7 +71,7 @@ struct loom_pipe {
   /* ZeRO-2: the replicas' cuts of the owned range, (nd + 1) entries; NULL:
    * every chunk summed on every replica */
   int64_t *cuts;
-  int nd, me; /* replicas (1 without cuts), this one */
+  int nd, me;        /* replicas (1 without cuts), this one */
   int64_t *dp_final; /* (ndp) elements of each chunk final (overlap) */
   int dp_held;       /* chunks [0, dp_held) wait for a borrowed gradient */
   int dp_next;       /* chunks [dp_next, ndp) are summing; -1: none yet */
@@ -597,8 +597,8 @@ loom_status loom_pipe_set_cuts(loom_pipe *p, const int64_t *cuts) {
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "pipeline: the replicas' cuts [%lld, %lld) are not the "
                       "stage's range [%lld, %lld)",
-                      (long long)cuts[0], (long long)cuts[nd],
-                      (long long)p->lo, (long long)p->hi);
+                      (long long)cuts[0], (long long)cuts[nd], (long long)p->lo,
+                      (long long)p->hi);
   for (int d = 0; d < nd; d++)
     if (cuts[d + 1] < cuts[d])
       return loom_error(LOOM_ERR_INVALID_ARG,
@@ -606,8 +606,8 @@ loom_status loom_pipe_set_cuts(loom_pipe *p, const int64_t *cuts) {
                         "it begins",
                         d);
   int64_t *c = loom_calloc((size_t)nd + 1, sizeof *c);
-  loom_req *r = loom_calloc((size_t)(p->ndp ? p->ndp : 1) * (size_t)nd,
-                            sizeof *r);
+  loom_req *r =
+      loom_calloc((size_t)(p->ndp ? p->ndp : 1) * (size_t)nd, sizeof *r);
   if (!c || !r) {
     loom_free(c);
     loom_free(r);
@@ -837,8 +837,7 @@ loom_status loom_pipe_finish_grads(loom_pipe *p) {
     loom_status s = LOOM_OK;
     for (; c >= 0 && s == LOOM_OK; c--)
       s = post_chunk(p, c);
-    loom_status w =
-        loom_wait_all(p->dp_reqs, (size_t)p->ndp * (size_t)p->nd);
+    loom_status w = loom_wait_all(p->dp_reqs, (size_t)p->ndp * (size_t)p->nd);
     p->dp_next = -1;
     LOOM_TRY(s);
     LOOM_TRY(w);

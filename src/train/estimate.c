@@ -561,8 +561,8 @@ loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
   /* ddp: an all-reduce, 2 (D-1)/D of the range; zero1: and the cuts'
    * all-gather; zero2: a reduce-scatter's volume and the all-gather */
   if (D > 1)
-    out->sent_bytes += (zero2 ? 2.0 : zero1 ? 3.0 : 2.0) * (double)(D - 1) /
-                       D * f * own;
+    out->sent_bytes +=
+        (zero1 && !zero2 ? 3.0 : 2.0) * (double)(D - 1) / D * f * own;
   out->sent_bytes += tp_sent(cfg, blocks, out->batch, passes);
   out->process_bytes = process_bytes(ranks);
   /* the snapshot (always with tensor parallelism; zero1 then adds room

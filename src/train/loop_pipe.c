@@ -467,8 +467,8 @@ loom_status loom_train_pipe_optim(loom_trainer *t, float lr, double *gnorm,
       } else {
         LOOM_TRY(loom_pipe_grad_sumsq(t->pipe, &ss));
       }
-      LOOM_TRY(loom_grad_clip_sumsq(grads + glo, ghi - glo, ss, (float)clip,
-                                    gnorm));
+      LOOM_TRY(
+          loom_grad_clip_sumsq(grads + glo, ghi - glo, ss, (float)clip, gnorm));
     }
     LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
     if (t->zero == 1 || t->zero == 2)

@@ -143,10 +143,10 @@ struct loom_trainer {
   size_t *z2_counts;
   size_t z2_grad_peak; /* resident bytes of the gradient before the
                           release, the most seen */
-  int shards;         /* S: virtual shards per rank (1 unless deterministic) */
-  int64_t shard_rows; /* rows of a virtual shard (deterministic) */
-  int units;          /* reduction units: ranks, or virtual shards */
-  int64_t train_len;  /* samples in the training set */
+  int shards;          /* S: virtual shards per rank (1 unless deterministic) */
+  int64_t shard_rows;  /* rows of a virtual shard (deterministic) */
+  int units;           /* reduction units: ranks, or virtual shards */
+  int64_t train_len;   /* samples in the training set */
 
   /* The mesh: replicas x stages = nranks, rank = replica x stages + stage
    * (a pipeline's stages on neighbouring ranks). Without a pipeline every
