@@ -388,18 +388,22 @@ static loom_status zero1_gather(loom_trainer *t, float *params) {
 static loom_status zero2_sumsq(loom_trainer *t, int64_t lo, int64_t hi,
                                double *out) {
   double mine = 0;
-  loom_req r = LOOM_REQ_INIT;
+  loom_req r = LOOM_REQ_INIT, rp = LOOM_REQ_INIT;
   if (t->tp_map) {
     LOOM_TRY(loom_train_tp_cut_sumsq(t, lo, hi, &mine));
   } else {
     const float *g = loom_model_grads(t->model);
     const int64_t C = LOOM_GRAD_CHUNK, a = t->stage_bounds[t->stage];
     int64_t nc = (t->stage_bounds[t->stage + 1] - a + C - 1) / C;
-    if (!t->z2_sums) {
+    if (!t->z2_counts) {
+      loom_free(t->z2_sums);
       t->z2_sums = loom_calloc((size_t)(nc ? nc : 1), sizeof *t->z2_sums);
       t->z2_counts = loom_calloc((size_t)t->replicas, sizeof *t->z2_counts);
-      if (!t->z2_sums || !t->z2_counts)
+      if (!t->z2_sums || !t->z2_counts) {
+        loom_free(t->z2_counts);
+        t->z2_counts = NULL;
         return LOOM_ERR_NOMEM;
+      }
       for (int d = 0; d < t->replicas; d++) {
         int64_t x, y;
         loom_train_pipe_cut(t, d, &x, &y);
@@ -415,8 +419,8 @@ static loom_status zero2_sumsq(loom_trainer *t, int64_t lo, int64_t hi,
     for (int64_t c = 0; c < nc; c++)
       mine += t->z2_sums[c];
   }
-  LOOM_TRY(loom_allreduce(&mine, out, 1, LOOM_F64, LOOM_SUM, t->pp_group, &r));
-  return loom_wait(&r);
+  LOOM_TRY(loom_allreduce(&mine, out, 1, LOOM_F64, LOOM_SUM, t->pp_group, &rp));
+  return loom_wait(&rp);
 }
 
 loom_status loom_train_pipe_optim(loom_trainer *t, float lr, double *gnorm,
