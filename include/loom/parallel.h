@@ -406,6 +406,13 @@ size_t loom_pipe_half_bytes(const loom_pipe *p);
 /* After loom_pipe_step: borrowed gradients added into their owners', then
  * the owned range summed over dp. */
 loom_status loom_pipe_finish_grads(loom_pipe *p);
+/* ZeRO-2 (call once, after loom_pipe_new; a no-op without dp): the owned
+ * range's gradient is reduced to the replica whose cut holds each piece
+ * instead of summed on every replica. cuts (dp size + 1 entries, copied):
+ * replica d of the stage keeps [cuts[d], cuts[d + 1]); cuts[0] and
+ * cuts[dp size] are the owned range's bounds. After loom_pipe_finish_grads
+ * only the rank's cut of the owned range holds the replicas' sum. */
+loom_status loom_pipe_set_cuts(loom_pipe *p, const int64_t *cuts);
 /* The global sum of squares of the gradient (each stage its owned range,
  * summed over pp; collective over pp). */
 loom_status loom_pipe_grad_sumsq(loom_pipe *p, double *out);

@@ -28,7 +28,7 @@ static void usage(FILE *f) {
       "writes its measured peak (peak_rss_mb) into metrics.jsonl.\n\n"
       "  -n N              ranks\n"
       "  --strategy S      ddp, zero1, zero2, zero3, fsdp or none (with\n"
-      "                    parallel.pp: ddp or zero1)\n"
+      "                    parallel.pp: ddp, zero1 or zero2)\n"
       "  --memory BYTES    also the largest train.batch_size whose total\n"
       "                    fits BYTES (suffix K, M, G or T: powers of 1024),\n"
       "                    under S or the config's strategy\n"
@@ -194,18 +194,18 @@ int loom_cmd_estimate(int argc, char **argv) {
       only != LOOM_CFG_STRATEGY_NONE) {
     fprintf(stderr,
             "loom estimate: --strategy %s with parallel.tp %lld: tensor "
-            "parallelism runs ddp, zero1 or zero2 over its replicas (zero2 "
-            "with parallel.pp 1)\n",
+            "parallelism runs ddp, zero1 or zero2 over its replicas\n",
             strategy, (long long)cfg.parallel.tp);
     rc = LOOM_EXIT_USAGE;
     goto done;
   }
   if (cfg.parallel.pp > 1 && only >= 0) {
-    if (only != LOOM_CFG_STRATEGY_DDP && only != LOOM_CFG_STRATEGY_ZERO1) {
+    if (only != LOOM_CFG_STRATEGY_DDP && only != LOOM_CFG_STRATEGY_ZERO1 &&
+        only != LOOM_CFG_STRATEGY_ZERO2) {
       fprintf(stderr,
-              "loom estimate: --strategy %s with parallel.pp %lld: the "
-              "pipeline's replicas sum gradients as ddp does (supported: "
-              "ddp, zero1)\n",
+              "loom estimate: --strategy %s with parallel.pp %lld: a "
+              "pipeline's stages keep their parameters whole (supported: "
+              "ddp, zero1, zero2)\n",
               strategy, (long long)cfg.parallel.pp);
       rc = LOOM_EXIT_USAGE;
       goto done;
@@ -289,6 +289,11 @@ int loom_cmd_estimate(int argc, char **argv) {
          cfg.parallel.pp > 1 ? ", activations and their gradients between "
                                "stages, tied weights"
                              : " and ZeRO's gathers");
+  if (cfg.parallel.pp > 1 && cfg.parallel.strategy == LOOM_CFG_STRATEGY_ZERO2)
+    printf("# zero2: grads is the peak, the stage's whole gradient summed "
+           "over the micro-batches; after its reduce a rank keeps 1/%d of "
+           "it (and what it borrows)\n",
+           e.dp);
   printf("%-8s %-9s %10s %10s %10s %10s %10s %10s %10s %10s %10s\n",
          cfg.parallel.pp > 1 ? "stage" : "strategy", "runs", "params", "grads",
          "optimizer", "activation", "data", "comm", "ckpt", "total",

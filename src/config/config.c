@@ -361,8 +361,8 @@ static const loom_config_key keys[] = {
          "one backward for the attention, the same for the MLP. Ranks "
          "r..r+tp-1 form one group (the closest ranks), then pipeline "
          "stages (parallel.pp), then replicas (parallel.dp); "
-         "parallel.strategy auto, ddp, zero1 or zero2 (zero2 with "
-         "parallel.pp 1); any train.precision"),
+         "parallel.strategy auto, ddp, zero1 or zero2; any "
+         "train.precision"),
     KBOOL("parallel.sequence_parallel", parallel.sequence_parallel, "false", 0,
           "with parallel.tp > 1 (model gpt): sequence parallelism "
           "(Korthikanti et al. 2022): between the tensor-parallel layers "
@@ -388,7 +388,9 @@ static const loom_config_key keys[] = {
          "block, the final norm, the output layer), one per rank; ranks "
          "r..r+pp-1 form one pipeline. With pp > 1, parallel.strategy "
          "auto or ddp sums each stage's gradient over its replicas, zero1 "
-         "also shards its optimizer state over them"),
+         "also shards its optimizer state over them, zero2 also keeps on "
+         "each replica only the reduced gradient of its cut (zero3 and "
+         "fsdp are refused: see docs/parallel.md)"),
     KINT("parallel.micro_batches", parallel.micro_batches, "1", 1, 65536, 0,
          "M: each rank's batch (train.batch_size rows, which M must divide) "
          "is cut into M micro-batches that flow through the pipeline one "
@@ -1309,13 +1311,6 @@ static loom_status check_tp(const loom_config *cfg, const cfg_origins *org,
                    "(%lld): each rank takes an equal share of the heads and "
                    "of the vocabulary",
                    (long long)T, (long long)m->heads, (long long)m->vocab);
-  if (pc->strategy == LOOM_CFG_STRATEGY_ZERO2 && pc->pp > 1)
-    return cfg_err(origin_of(org, "parallel.strategy", none),
-                   "parallel.strategy",
-                   "'zero2' with parallel.tp %lld and parallel.pp %lld: a "
-                   "pipeline supports auto, ddp or zero1 (zero2 with tp "
-                   "needs parallel.pp 1)",
-                   (long long)T, (long long)pc->pp);
   if (pc->strategy != LOOM_CFG_STRATEGY_AUTO &&
       pc->strategy != LOOM_CFG_STRATEGY_DDP &&
       pc->strategy != LOOM_CFG_STRATEGY_ZERO1 &&
@@ -1325,7 +1320,7 @@ static loom_status check_tp(const loom_config *cfg, const cfg_origins *org,
                    "'%s' with parallel.tp %lld: tensor parallelism supports "
                    "auto, ddp, zero1 or zero2 (data parallel over "
                    "parallel.dp, zero1 sharding the optimizer state over "
-                   "it, zero2 the gradients too; zero2 with parallel.pp 1)",
+                   "it, zero2 the gradients too)",
                    loom_cfg_strategy_names[pc->strategy], (long long)T);
   if (pc->deterministic)
     return cfg_err(origin_of(org, "parallel.deterministic", none),
@@ -1416,14 +1411,18 @@ static loom_status check_mesh(const loom_config *cfg, const cfg_origins *org,
                    ac_every > 0 ? "checkpointed segments" : "blocks");
   if (pc->strategy != LOOM_CFG_STRATEGY_AUTO &&
       pc->strategy != LOOM_CFG_STRATEGY_DDP &&
-      pc->strategy != LOOM_CFG_STRATEGY_ZERO1)
+      pc->strategy != LOOM_CFG_STRATEGY_ZERO1 &&
+      pc->strategy != LOOM_CFG_STRATEGY_ZERO2)
     return cfg_err(origin_of(org, "parallel.strategy", none),
                    "parallel.strategy",
                    "'%s' with parallel.pp %lld: the pipeline supports auto "
-                   "or ddp (data parallel over parallel.dp) and zero1 (the "
+                   "or ddp (data parallel over parallel.dp), zero1 (the "
                    "optimizer state of each stage sharded over its "
-                   "replicas); zero2, zero3 and fsdp with a pipeline come "
-                   "later",
+                   "replicas) and zero2 (also the reduced gradient); a "
+                   "stage's parameters are not sharded: every micro-batch's "
+                   "forward and backward reads them all, so they would be "
+                   "gathered whole for the step and the peak would be "
+                   "zero2's (docs/parallel.md, ZeRO with a pipeline)",
                    loom_cfg_strategy_names[pc->strategy], (long long)P);
   if (pc->deterministic)
     return cfg_err(origin_of(org, "parallel.deterministic", none),

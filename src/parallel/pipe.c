@@ -66,8 +66,12 @@ struct loom_pipe {
   loom_shape in_shape; /* a micro-batch's input at this stage, most rows */
   int64_t in_row;      /* floats per row of it (stage > 0) */
   int64_t chunk;
-  loom_req *dp_reqs; /* (ndp) */
+  loom_req *dp_reqs; /* (ndp x nd) */
   int ndp;
+  /* ZeRO-2: the replicas' cuts of the owned range, (nd + 1) entries; NULL:
+   * every chunk summed on every replica */
+  int64_t *cuts;
+  int nd, me;        /* replicas (1 without cuts), this one */
   int64_t *dp_final; /* (ndp) elements of each chunk final (overlap) */
   int dp_held;       /* chunks [0, dp_held) wait for a borrowed gradient */
   int dp_next;       /* chunks [dp_next, ndp) are summing; -1: none yet */
@@ -415,6 +419,7 @@ loom_status loom_pipe_new(loom_pipe **out, loom_model *model, loom_group *pp,
       }
     p->dp_next = -1;
   }
+  p->nd = 1;
   loom_free(first);
   loom_free(cum);
   *out = p;
@@ -445,7 +450,7 @@ void loom_pipe_free(loom_pipe *p) {
     loom_free(p->bor[i].tmp);
   }
   if (p->dp_reqs)
-    (void)loom_wait_all(p->dp_reqs, (size_t)p->ndp);
+    (void)loom_wait_all(p->dp_reqs, (size_t)p->ndp * (size_t)p->nd);
   loom_free(p->slots);
   loom_free(p->bor);
   loom_free(p->ranges);
@@ -453,6 +458,7 @@ void loom_pipe_free(loom_pipe *p) {
   loom_free(p->active);
   loom_free(p->dp_reqs);
   loom_free(p->dp_final);
+  loom_free(p->cuts);
   loom_vmem_free(p->half, p->half_bytes);
   loom_free(p);
 }
@@ -602,16 +608,63 @@ static loom_status fwd(loom_pipe *p, const int64_t *rows, int n, int i,
   return post_recv(p, rows, n, i + p->K);
 }
 
+loom_status loom_pipe_set_cuts(loom_pipe *p, const int64_t *cuts) {
+  if (!p->dp)
+    return LOOM_OK;
+  int nd = loom_group_size(p->dp);
+  if (cuts[0] != p->lo || cuts[nd] != p->hi)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "pipeline: the replicas' cuts [%lld, %lld) are not the "
+                      "stage's range [%lld, %lld)",
+                      (long long)cuts[0], (long long)cuts[nd], (long long)p->lo,
+                      (long long)p->hi);
+  for (int d = 0; d < nd; d++)
+    if (cuts[d + 1] < cuts[d])
+      return loom_error(LOOM_ERR_INVALID_ARG,
+                        "pipeline: cut %d of the stage's range ends before "
+                        "it begins",
+                        d);
+  int64_t *c = loom_calloc((size_t)nd + 1, sizeof *c);
+  loom_req *r =
+      loom_calloc((size_t)(p->ndp ? p->ndp : 1) * (size_t)nd, sizeof *r);
+  if (!c || !r) {
+    loom_free(c);
+    loom_free(r);
+    return LOOM_ERR_NOMEM;
+  }
+  memcpy(c, cuts, ((size_t)nd + 1) * sizeof *c);
+  loom_free(p->cuts);
+  loom_free(p->dp_reqs);
+  p->cuts = c;
+  p->dp_reqs = r;
+  p->nd = nd;
+  p->me = loom_group_rank(p->dp);
+  return LOOM_OK;
+}
+
 /* Starts the dp sum of chunk c (chunks start from the top, in the same
- * order on every replica of the stage). */
+ * order on every replica of the stage). With cuts, each piece of the chunk
+ * is reduced to the replica whose cut holds it: a reduce-scatter's volume,
+ * half an all-reduce's. */
 static loom_status post_chunk(loom_pipe *p, int c) {
   float *g = loom_model_grads(p->model);
   int64_t a = p->lo + (int64_t)c * p->chunk;
   int64_t e = a + p->chunk < p->hi ? a + p->chunk : p->hi;
   p->dp_next = c;
   p->st.dp_chunks++;
-  return loom_allreduce(g + a, g + a, (size_t)(e - a), LOOM_F32, LOOM_SUM,
-                        p->dp, &p->dp_reqs[c]);
+  if (!p->cuts)
+    return loom_allreduce(g + a, g + a, (size_t)(e - a), LOOM_F32, LOOM_SUM,
+                          p->dp, &p->dp_reqs[c]);
+  for (int d = 0; d < p->nd; d++) {
+    int64_t x = a > p->cuts[d] ? a : p->cuts[d];
+    int64_t y = e < p->cuts[d + 1] ? e : p->cuts[d + 1];
+    if (x >= y)
+      continue;
+    LOOM_TRY(loom_reduce(g + x, d == p->me ? g + x : NULL, (size_t)(y - x),
+                         LOOM_F32, LOOM_SUM, d, p->dp,
+                         &p->dp_reqs[(size_t)c * (size_t)p->nd + (size_t)d]));
+  }
+  return LOOM_OK;
 }
 
 /* The last backward's gradient hook: a parameter's gradient is final;
@@ -803,7 +856,7 @@ loom_status loom_pipe_finish_grads(loom_pipe *p) {
     loom_status s = LOOM_OK;
     for (; c >= 0 && s == LOOM_OK; c--)
       s = post_chunk(p, c);
-    loom_status w = loom_wait_all(p->dp_reqs, (size_t)p->ndp);
+    loom_status w = loom_wait_all(p->dp_reqs, (size_t)p->ndp * (size_t)p->nd);
     p->dp_next = -1;
     LOOM_TRY(s);
     LOOM_TRY(w);

@@ -449,9 +449,14 @@ loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
   const int D = ranks / (P * T);
   const int M = pc->micro_batches > 1 ? (int)pc->micro_batches : 1;
   /* zero1: the optimizer state of the stage's range cut among its
-   * replicas, the cuts gathered after the step */
-  const bool zero1 = pc->strategy == LOOM_CFG_STRATEGY_ZERO1;
-  out->strategy = zero1   ? LOOM_CFG_STRATEGY_ZERO1
+   * replicas, the cuts gathered after the step; zero2: also each piece of
+   * the gradient reduced to the replica whose cut holds it (the rest given
+   * back after the reduce, but the stage's gradient accumulates over the
+   * micro-batches in full first: the peak below) */
+  const bool zero2 = pc->strategy == LOOM_CFG_STRATEGY_ZERO2;
+  const bool zero1 = pc->strategy == LOOM_CFG_STRATEGY_ZERO1 || zero2;
+  out->strategy = zero2   ? LOOM_CFG_STRATEGY_ZERO2
+                  : zero1 ? LOOM_CFG_STRATEGY_ZERO1
                   : D > 1 ? LOOM_CFG_STRATEGY_DDP
                           : LOOM_CFG_STRATEGY_NONE;
   out->available = true;
@@ -565,8 +570,11 @@ loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
   const double passes = (double)cfg->train.accumulate * (double)M;
   out->sent_bytes = passes * f * ((last ? 0 : out_floats) + in_floats) +
                     f * (borrowed + lent);
+  /* ddp: an all-reduce, 2 (D-1)/D of the range; zero1: and the cuts'
+   * all-gather; zero2: a reduce-scatter's volume and the all-gather */
   if (D > 1)
-    out->sent_bytes += (zero1 ? 3.0 : 2.0) * (double)(D - 1) / D * f * own;
+    out->sent_bytes +=
+        (zero1 && !zero2 ? 3.0 : 2.0) * (double)(D - 1) / D * f * own;
   out->sent_bytes += tp_sent(cfg, blocks, out->batch, passes);
   out->process_bytes = process_bytes(ranks);
   /* the snapshot (always with tensor parallelism; zero1 then adds room

@@ -290,6 +290,18 @@ void loom_train_slice(const loom_trainer *t, int r, int64_t *lo, int64_t *hi) {
     int T = t->tps, s = r / T % t->stages;
     int d = (r / T / t->stages) * T + r % T, D = t->replicas * T;
     int64_t a = t->whole_bounds[s], n = t->whole_bounds[s + 1] - a;
+    if (t->zero == 2 && T == 1) {
+      /* ZeRO-2: cuts at whole chunks of the norm's sum of squares
+       * (LOOM_GRAD_CHUNK from the stage's start), so that the replicas'
+       * chunk sums add up to the stage's as ddp computes it, bit for bit
+       * (the last cut ends with the stage; a cut may be empty) */
+      int64_t nc = (n + LOOM_GRAD_CHUNK - 1) / LOOM_GRAD_CHUNK;
+      int64_t x = nc * d / D * LOOM_GRAD_CHUNK;
+      int64_t y = nc * (d + 1) / D * LOOM_GRAD_CHUNK;
+      *lo = a + (x < n ? x : n);
+      *hi = a + (y < n ? y : n);
+      return;
+    }
     *lo = a + n * d / D;
     *hi = a + n * (d + 1) / D;
     return;
@@ -326,6 +338,9 @@ void loom_train_mem_get(const loom_trainer *t, loom_train_mem *out) {
   if (t->pipe) { /* the stage's pages of the reserved buffers */
     out->params = out->params_peak = loom_vmem_resident(t->pbuf, 0, all);
     out->grads = out->grads_peak = loom_vmem_resident(t->gbuf, 0, all);
+    /* zero2: the whole stage's before the reduce */
+    if (t->z2_grad_peak > out->grads_peak)
+      out->grads_peak = t->z2_grad_peak;
     out->act = loom_pipe_act_bytes(t->pipe);
     out->params += loom_pipe_half_bytes(t->pipe);
     out->params_peak += loom_pipe_half_bytes(t->pipe);
@@ -384,6 +399,10 @@ static loom_status open_world(loom_trainer *t) {
      * and the cuts are gathered. */
     if (pc->strategy == LOOM_CFG_STRATEGY_ZERO1)
       t->zero = 1;
+    /* zero2: and the pipeline reduces each piece of the stage's gradient
+     * to the replica whose cut holds it (loom_pipe_set_cuts) */
+    if (pc->strategy == LOOM_CFG_STRATEGY_ZERO2)
+      t->zero = 2;
     if (t->rank == 0 && pc->strategy == LOOM_CFG_STRATEGY_DDP &&
         t->replicas == 1 && !t->opts.quiet)
       LOOM_INFO("parallel.strategy ddp with one replica: nothing to reduce");
@@ -537,7 +556,7 @@ static loom_status setup_local(loom_trainer *t) {
       t->shard_rows = most;
     }
   }
-  if (t->zero >= 2 && t->tps > 1) {
+  if (t->zero >= 2 && t->tps > 1 && t->stages == 1) {
     /* ZeRO-2 over a tensor-parallel rank's replicas: its part, and the
      * cuts the DDP keeps (loom_train_tp_cut) */
     LOOM_TRY(loom_train_tp_new(t));
@@ -546,7 +565,7 @@ static loom_status setup_local(loom_trainer *t) {
       return LOOM_ERR_NOMEM;
     for (int d = 0; d < t->replicas; d++)
       loom_train_tp_cut(t, d, &t->tp_bounds[d], &t->tp_bounds[d + 1]);
-  } else if (t->zero >= 2) {
+  } else if (t->zero >= 2 && t->stages == 1) {
     /* No buffers of the model's own: the DDP's sharded gradients, and
      * stage 2's full parameters here or stage 3's shards later. */
     loom_model_opts mo = loom_model_opts_default();
@@ -820,7 +839,7 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
     s = loom_train_trace_open(t);
   LOOM_TRY_GOTO(s, loom_train_agree(t, s, "setting up"), fail);
   LOOM_TRY_GOTO(s, loom_train_trace_sync(t), fail);
-  if (t->zero == 2 && t->nranks > 1 && t->tps == 1)
+  if (t->zero == 2 && t->nranks > 1 && t->tps == 1 && !t->pipe)
     LOOM_TRY_GOTO(s, zero2_params(t), fail);
   if (!t->pipe && (t->units > 1 || cfg->parallel.deterministic || t->zero ||
                    cfg->parallel.strategy == LOOM_CFG_STRATEGY_DDP))

@@ -159,6 +159,19 @@ loom_status loom_train_pipe_new(loom_trainer *t, const loom_shape *input) {
     return LOOM_ERR_NOMEM;
   loom_pipe_bounds(t->pipe, t->stage_bounds);
   LOOM_TRY(whole_bounds(t));
+  if (t->zero == 2 && t->replicas > 1) {
+    /* zero2: each piece of the stage's gradient reduced to the replica
+     * whose cut holds it */
+    int64_t *c = loom_calloc((size_t)t->replicas + 1, sizeof *c);
+    if (!c)
+      return LOOM_ERR_NOMEM;
+    for (int d = 0; d < t->replicas; d++)
+      loom_train_pipe_cut(t, d, &c[d], &c[d + 1]);
+    s = loom_pipe_set_cuts(t->pipe, c);
+    loom_free(c);
+    if (s != LOOM_OK)
+      return loom_error_context(s, "pipeline stage %d", t->stage);
+  }
   int u0, u1;
   loom_pipe_units(t->pipe, &u0, &u1);
   loom_log_file("pipeline stage %d of %d (replica %d of %d): units %d..%d "
@@ -201,6 +214,10 @@ void loom_train_pipe_free(loom_trainer *t) {
   loom_free(t->stage_bounds);
   loom_free(t->whole_bounds);
   t->stage_bounds = t->whole_bounds = NULL;
+  loom_free(t->z2_sums);
+  loom_free(t->z2_counts);
+  t->z2_sums = NULL;
+  t->z2_counts = NULL;
   loom_group_free(t->pp_group);
   loom_group_free(t->dp_group);
   t->pp_group = t->dp_group = NULL;
@@ -220,6 +237,14 @@ loom_status loom_train_pipe_init_params(loom_trainer *t) {
       }
   }
   return LOOM_OK;
+}
+
+void loom_train_pipe_cut(const loom_trainer *t, int d, int64_t *lo,
+                         int64_t *hi) {
+  if (t->tps > 1)
+    loom_train_tp_cut(t, d, lo, hi);
+  else /* replica d's rank of this stage */
+    loom_train_slice(t, d * t->stages + t->stage, lo, hi);
 }
 
 /* ---------------------------------------------------------------- steps */
@@ -323,7 +348,7 @@ done:
   return s;
 }
 
-/* zero1: each replica stepped its cut of the stage's range; every
+/* zero1 and zero2: each replica stepped its cut of the stage's range; every
  * replica gets the whole range (in place: its own cut is where it
  * belongs), before the tied weights go to the stage that borrows them. */
 static loom_status zero1_gather(loom_trainer *t, float *params) {
@@ -353,6 +378,51 @@ static loom_status zero1_gather(loom_trainer *t, float *params) {
   return loom_wait(&req);
 }
 
+/* zero2, the global norm's sum of squares: each replica's chunks of the
+ * stage's range (LOOM_GRAD_CHUNK each from its start; the cuts begin at
+ * whole chunks, loom_train_slice), gathered over the replicas and added
+ * in order as loom_grad_sumsq adds a range's chunks: the stage's sum as
+ * ddp computes it, bit for bit; then over the stages. With tensor
+ * parallelism the cut's views summed over the tp group and the replicas
+ * (not ddp's bits). */
+static loom_status zero2_sumsq(loom_trainer *t, int64_t lo, int64_t hi,
+                               double *out) {
+  double mine = 0;
+  loom_req r = LOOM_REQ_INIT, rp = LOOM_REQ_INIT;
+  if (t->tp_map) {
+    LOOM_TRY(loom_train_tp_cut_sumsq(t, lo, hi, &mine));
+  } else {
+    const float *g = loom_model_grads(t->model);
+    const int64_t C = LOOM_GRAD_CHUNK, a = t->stage_bounds[t->stage];
+    int64_t nc = (t->stage_bounds[t->stage + 1] - a + C - 1) / C;
+    if (!t->z2_counts) {
+      loom_free(t->z2_sums);
+      t->z2_sums = loom_calloc((size_t)(nc ? nc : 1), sizeof *t->z2_sums);
+      t->z2_counts = loom_calloc((size_t)t->replicas, sizeof *t->z2_counts);
+      if (!t->z2_sums || !t->z2_counts) {
+        loom_free(t->z2_counts);
+        t->z2_counts = NULL;
+        return LOOM_ERR_NOMEM;
+      }
+      for (int d = 0; d < t->replicas; d++) {
+        int64_t x, y;
+        loom_train_pipe_cut(t, d, &x, &y);
+        t->z2_counts[d] = (size_t)((y - x + C - 1) / C);
+      }
+    }
+    int64_t c0 = (lo - a) / C;
+    for (int64_t x = lo, c = c0; x < hi; x += C, c++)
+      t->z2_sums[c] = loom_grad_sumsq(g + x, hi - x < C ? hi - x : C);
+    LOOM_TRY(loom_allgatherv(t->z2_sums + c0, t->z2_sums, t->z2_counts,
+                             LOOM_F64, t->dp_group, &r));
+    LOOM_TRY(loom_wait(&r));
+    for (int64_t c = 0; c < nc; c++)
+      mine += t->z2_sums[c];
+  }
+  LOOM_TRY(loom_allreduce(&mine, out, 1, LOOM_F64, LOOM_SUM, t->pp_group, &rp));
+  return loom_wait(&rp);
+}
+
 loom_status loom_train_pipe_optim(loom_trainer *t, float lr, double *gnorm,
                                   loom_step_times *tm) {
   double t0 = loom_time_now();
@@ -363,16 +433,33 @@ loom_status loom_train_pipe_optim(loom_trainer *t, float lr, double *gnorm,
   float *grads = loom_model_grads(t->model);
   int64_t lo, hi;
   loom_pipe_owned(t->pipe, &lo, &hi);
+  /* [glo, ghi): where this rank holds the replicas' sum of the stage's
+   * gradient; zero2: its cut only, the rest given back (its pages touched
+   * again by the next step's backward) */
+  int64_t glo = lo, ghi = hi;
+  if (t->zero == 2 && t->replicas > 1) {
+    loom_train_pipe_cut(t, t->replica, &glo, &ghi);
+    size_t all = (size_t)loom_model_num_params(t->model) * sizeof(float);
+    size_t r = loom_vmem_resident(t->gbuf, 0, all);
+    if (r > t->z2_grad_peak)
+      t->z2_grad_peak = r;
+    loom_vmem_release(t->gbuf, (size_t)lo * sizeof(float),
+                      (size_t)glo * sizeof(float));
+    loom_vmem_release(t->gbuf, (size_t)ghi * sizeof(float),
+                      (size_t)hi * sizeof(float));
+  }
   double clip = t->cfg.optim.grad_clip;
   /* f16: the stage's summed gradient unscaled; an inf or NaN on any rank
    * skips the step on every rank (the flag agreed over the world) */
   bool skip = false;
   LOOM_TRY(loom_train_tp_sp_grads(t, lo, hi));
-  LOOM_TRY(loom_train_scale_unscale(t, grads + lo, hi - lo, &skip));
+  LOOM_TRY(loom_train_scale_unscale(t, grads + glo, ghi - glo, &skip));
   if (!skip) {
     if (clip > 0) {
       double ss;
-      if (t->tp_map) {
+      if (t->zero == 2 && t->replicas > 1) {
+        LOOM_TRY(zero2_sumsq(t, glo, ghi, &ss));
+      } else if (t->tp_map) {
         /* the stage's part: its cut views summed over the tp group, then
          * every stage's over the pipeline */
         double mine;
@@ -385,10 +472,10 @@ loom_status loom_train_pipe_optim(loom_trainer *t, float lr, double *gnorm,
         LOOM_TRY(loom_pipe_grad_sumsq(t->pipe, &ss));
       }
       LOOM_TRY(
-          loom_grad_clip_sumsq(grads + lo, hi - lo, ss, (float)clip, gnorm));
+          loom_grad_clip_sumsq(grads + glo, ghi - glo, ss, (float)clip, gnorm));
     }
     LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
-    if (t->zero == 1)
+    if (t->zero == 1 || t->zero == 2)
       LOOM_TRY(zero1_gather(t, params));
     LOOM_TRY(loom_pipe_sync_params(t->pipe));
     loom_pipe_params_updated(t->pipe); /* a new half copy at the next pass */

@@ -136,10 +136,17 @@ struct loom_trainer {
   float *zparams;     /* stage 2: the parameter buffer (model shape_only);
                          loom_group_mem_alloc memory on several ranks */
   loom_zero3 *z3;     /* stage 3 */
-  int shards;         /* S: virtual shards per rank (1 unless deterministic) */
-  int64_t shard_rows; /* rows of a virtual shard (deterministic) */
-  int units;          /* reduction units: ranks, or virtual shards */
-  int64_t train_len;  /* samples in the training set */
+  /* stage 2 with a pipeline (tp 1): the stage's chunk sums of the
+   * gradient's squares (its chunks of LOOM_GRAD_CHUNK) and each replica's
+   * count of them */
+  double *z2_sums;
+  size_t *z2_counts;
+  size_t z2_grad_peak; /* resident bytes of the gradient before the
+                          release, the most seen */
+  int shards;          /* S: virtual shards per rank (1 unless deterministic) */
+  int64_t shard_rows;  /* rows of a virtual shard (deterministic) */
+  int units;           /* reduction units: ranks, or virtual shards */
+  int64_t train_len;   /* samples in the training set */
 
   /* The mesh: replicas x stages = nranks, rank = replica x stages + stage
    * (a pipeline's stages on neighbouring ranks). Without a pipeline every
@@ -325,6 +332,11 @@ void loom_train_unit_costs(const loom_config *cfg, const loom_model *m,
 void loom_train_pipe_free(loom_trainer *t);
 /* A fresh start: this stage's parameters drawn, view by view. */
 loom_status loom_train_pipe_init_params(loom_trainer *t);
+/* zero1/zero2 with a pipeline: replica d's cut of the stage's owned range
+ * in the rank's layout (what its optimizer steps; zero2: where it keeps the
+ * replicas' sum of the gradient). */
+void loom_train_pipe_cut(const loom_trainer *t, int d, int64_t *lo,
+                         int64_t *hi);
 /* One step's micro-batches through the pipeline (sums as step_micro's). */
 loom_status loom_train_pipe_micro(loom_trainer *t, double *sums,
                                   loom_step_times *tm, int64_t *epoch);

@@ -147,9 +147,9 @@ for r in 0 3; do
   near "$peak" "$est" "dp 2 x tp 2 zero1 with checkpoints, rank $r"
 done
 # Not a strategy of the pipeline's replicas: exit 2 naming ddp.
-"$LOOM" estimate "$cfg" "${mid[@]}" "${pp[@]}" -n 2 --strategy zero2 >"$tmp/out" 2>&1
-[ $? = 2 ] && grep -q "supported: ddp, zero1" "$tmp/out" && ok "--strategy zero2 with pp refused" ||
-  bad "--strategy zero2 with pp: $(cat "$tmp/out")"
+"$LOOM" estimate "$cfg" "${mid[@]}" "${pp[@]}" -n 2 --strategy zero3 >"$tmp/out" 2>&1
+[ $? = 2 ] && grep -q "supported: ddp, zero1, zero2" "$tmp/out" && ok "--strategy zero3 with pp refused" ||
+  bad "--strategy zero3 with pp: $(cat "$tmp/out")"
 # Sent per step under DDP: an all-reduce, 2 (N-1)/N of the gradients.
 "$LOOM" estimate "$cfg" "${mid[@]}" -n 4 --strategy ddp >"$tmp/out" 2>&1
 psi=$(sed -n 's/.* \([0-9]*\) parameters, .*/\1/p' "$tmp/out" | head -1)

@@ -15,8 +15,8 @@
 #   with the bits of the uninterrupted run;
 # - metrics.jsonl has the measured bubble next to the theory;
 # - config errors: tp 3 with 2 heads, pp with the mlp, micro-batches that do not
-#   divide the batch, a bad pp_split, zero2 with pp, a mesh that does not
-#   fit the job.
+#   divide the batch, a bad pp_split, zero3 with pp (zero2 with pp:
+#   test_pipe_zero.sh), a mesh that does not fit the job.
 . "$(dirname "$0")/../lib.sh"
 HASH=${1:?usage: test_pipe.sh DDP_CKPT_HASH}
 export LOOM_THREADS=1 OMP_NUM_THREADS=1 LOOM_COMM_TIMEOUT=60 LOOM_LOG=warn
@@ -205,7 +205,7 @@ G="$SRC/examples/small_gpt.yaml"
 for x in "parallel.tp=3 --set parallel.pp=2|does not divide model.heads (2)" \
   "parallel.micro_batches=3|does not divide train.batch_size" \
   "parallel.pp=2 --set parallel.pp_split=[1,2]|parallel.pp is 2 and the model has 5 units" \
-  "parallel.pp=2 --set parallel.strategy=zero2|the pipeline supports auto or ddp" \
+  "parallel.pp=2 --set parallel.strategy=zero3|a stage's parameters are not sharded" \
   "parallel.pp=6|at most one stage a unit" \
   "parallel.pp=2 --set model.name=mlp --set data.dataset=fashion-mnist|supports model gpt"; do
   "$LOOM" config check "$G" --set ${x%%|*} >"$tmp/out" 2>&1
