@@ -1288,14 +1288,18 @@ static loom_status check_tp(const loom_config *cfg, const cfg_origins *org,
                      "parallelism runs in f32 for now (supported: f32, or "
                      "sequence_parallel false)",
                      loom_cfg_precision_names[cfg->train.precision]);
-    if (pc->strategy == LOOM_CFG_STRATEGY_ZERO2)
+    if (pc->strategy == LOOM_CFG_STRATEGY_ZERO2 ||
+        pc->strategy == LOOM_CFG_STRATEGY_ZERO3 ||
+        pc->strategy == LOOM_CFG_STRATEGY_FSDP)
       return cfg_err(origin_of(org, "parallel.strategy", none),
                      "parallel.strategy",
-                     "'zero2' with parallel.sequence_parallel: the layer "
+                     "'%s' with parallel.sequence_parallel: the layer "
                      "norms' partial gradients are summed over the tp group "
-                     "whole, and zero2 keeps only a cut of the gradient; "
+                     "whole, and %s keeps only a cut of the gradient; "
                      "supported: auto, ddp or zero1 (or sequence_parallel "
-                     "false)");
+                     "false)",
+                     loom_cfg_strategy_names[pc->strategy],
+                     loom_cfg_strategy_names[pc->strategy]);
   }
   if (T == 1)
     return LOOM_OK;
@@ -1313,23 +1317,30 @@ static loom_status check_tp(const loom_config *cfg, const cfg_origins *org,
                    "(%lld): each rank takes an equal share of the heads and "
                    "of the vocabulary",
                    (long long)T, (long long)m->heads, (long long)m->vocab);
-  if (pc->strategy == LOOM_CFG_STRATEGY_ZERO2 && pc->pp > 1)
+  if ((pc->strategy == LOOM_CFG_STRATEGY_ZERO2 ||
+       pc->strategy == LOOM_CFG_STRATEGY_ZERO3 ||
+       pc->strategy == LOOM_CFG_STRATEGY_FSDP) &&
+      pc->pp > 1)
     return cfg_err(origin_of(org, "parallel.strategy", none),
                    "parallel.strategy",
-                   "'zero2' with parallel.tp %lld and parallel.pp %lld: a "
-                   "pipeline supports auto, ddp or zero1 (zero2 with tp "
-                   "needs parallel.pp 1)",
-                   (long long)T, (long long)pc->pp);
+                   "'%s' with parallel.tp %lld and parallel.pp %lld: a "
+                   "pipeline supports auto, ddp or zero1 (zero2, zero3 and "
+                   "fsdp with tp need parallel.pp 1)",
+                   loom_cfg_strategy_names[pc->strategy], (long long)T,
+                   (long long)pc->pp);
   if (pc->strategy != LOOM_CFG_STRATEGY_AUTO &&
       pc->strategy != LOOM_CFG_STRATEGY_DDP &&
       pc->strategy != LOOM_CFG_STRATEGY_ZERO1 &&
-      pc->strategy != LOOM_CFG_STRATEGY_ZERO2)
+      pc->strategy != LOOM_CFG_STRATEGY_ZERO2 &&
+      pc->strategy != LOOM_CFG_STRATEGY_ZERO3 &&
+      pc->strategy != LOOM_CFG_STRATEGY_FSDP)
     return cfg_err(origin_of(org, "parallel.strategy", none),
                    "parallel.strategy",
                    "'%s' with parallel.tp %lld: tensor parallelism supports "
-                   "auto, ddp, zero1 or zero2 (data parallel over "
-                   "parallel.dp, zero1 sharding the optimizer state over "
-                   "it, zero2 the gradients too; zero2 with parallel.pp 1)",
+                   "auto, ddp, zero1, zero2, zero3 or fsdp (data parallel "
+                   "over parallel.dp, zero1 sharding the optimizer state "
+                   "over it, zero2 the gradients too, zero3/fsdp the "
+                   "parameters too; zero2 and zero3 with parallel.pp 1)",
                    loom_cfg_strategy_names[pc->strategy], (long long)T);
   if (pc->deterministic)
     return cfg_err(origin_of(org, "parallel.deterministic", none),
