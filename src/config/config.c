@@ -324,7 +324,8 @@ static const loom_config_key keys[] = {
           "zero2 (also the gradients: each bucket reduced to the ranks "
           "that own it; PyTorch's SHARD_GRAD_OP), zero3 or fsdp (also the "
           "parameters, gathered unit by unit as forward and backward reach "
-          "them; FULL_SHARD)"),
+          "them; FULL_SHARD); with parallel.tp each runs over the replicas "
+          "of a tensor-parallel rank's part (parallel.dp)"),
     KFLOAT("parallel.bucket_mb", parallel.bucket_mb, "25", 0, 4096, MI,
            "ddp: size of a gradient bucket in MiB"),
     KFLOAT("parallel.first_bucket_mb", parallel.first_bucket_mb, "1", 0, 4096,
@@ -1321,13 +1322,12 @@ static loom_status check_tp(const loom_config *cfg, const cfg_origins *org,
        pc->strategy == LOOM_CFG_STRATEGY_ZERO3 ||
        pc->strategy == LOOM_CFG_STRATEGY_FSDP) &&
       pc->pp > 1)
-    return cfg_err(origin_of(org, "parallel.strategy", none),
-                   "parallel.strategy",
-                   "'%s' with parallel.tp %lld and parallel.pp %lld: a "
-                   "pipeline supports auto, ddp or zero1 (zero2, zero3 and "
-                   "fsdp with tp need parallel.pp 1)",
-                   loom_cfg_strategy_names[pc->strategy], (long long)T,
-                   (long long)pc->pp);
+    return cfg_err(
+        origin_of(org, "parallel.strategy", none), "parallel.strategy",
+        "'%s' with parallel.tp %lld and parallel.pp %lld: a "
+        "pipeline supports auto, ddp or zero1 (zero2, zero3 and "
+        "fsdp with tp need parallel.pp 1)",
+        loom_cfg_strategy_names[pc->strategy], (long long)T, (long long)pc->pp);
   if (pc->strategy != LOOM_CFG_STRATEGY_AUTO &&
       pc->strategy != LOOM_CFG_STRATEGY_DDP &&
       pc->strategy != LOOM_CFG_STRATEGY_ZERO1 &&

@@ -839,13 +839,13 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
                   fail);
     /* with tensor parallelism, the rank's part over its replicas (the dp
      * group), cut as the optimizer and the DDP cut it */
-    LOOM_TRY_GOTO(s,
-                  t->tps > 1 ? loom_zero3_new_opts(&t->z3, t->model,
-                                                   t->dp_group, t->tp_bounds,
-                                                   &zo)
-                             : loom_zero3_new_opts(&t->z3, t->model, t->world,
-                                                   t->bounds, &zo),
-                  fail);
+    LOOM_TRY_GOTO(
+        s,
+        t->tps > 1
+            ? loom_zero3_new_opts(&t->z3, t->model, t->dp_group, t->tp_bounds,
+                                  &zo)
+            : loom_zero3_new_opts(&t->z3, t->model, t->world, t->bounds, &zo),
+        fail);
   }
   if (wants_warm_up(t)) {
     double t0 = loom_time_now();

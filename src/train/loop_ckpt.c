@@ -351,7 +351,7 @@ loom_status loom_train_ckpt_save(loom_trainer *t) {
     if (t->z3) {
       range = loom_malloc((size_t)(b > a ? b - a : 1) * sizeof(float));
       s = loom_train_agree(t, range ? LOOM_OK : LOOM_ERR_NOMEM,
-                          "checkpoint: room for the replicas' cuts");
+                           "checkpoint: room for the replicas' cuts");
       if (s != LOOM_OK) {
         loom_free(range);
         goto done;

@@ -182,10 +182,10 @@ loom_status loom_train_tp_fill_cut(loom_trainer *t, const loom_ckpt *c) {
     /* the whole view (the map fills views whole), then what lies outside
      * the cut given back at once */
     loom_range only = {a, v->numel};
-    LOOM_TRY(c ? loom_tp_map_fill(t->tp_map, t->tp_rank, &only, 1, read_fetch,
-                                  &r, p, 0)
-               : loom_tp_map_init(t->tp_map, t->tp_rank, t->whole, &only, 1,
-                                  p));
+    LOOM_TRY(
+        c ? loom_tp_map_fill(t->tp_map, t->tp_rank, &only, 1, read_fetch, &r, p,
+                             0)
+          : loom_tp_map_init(t->tp_map, t->tp_rank, t->whole, &only, 1, p));
     if (a < lo)
       loom_vmem_release(p, (size_t)a * sizeof(float),
                         (size_t)lo * sizeof(float));

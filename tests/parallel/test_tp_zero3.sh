@@ -8,6 +8,8 @@
 #   order can move its last float bit; measured 0), and ddp's bits without
 #   clipping (a reduce-scatter of two adds what the all-reduce adds);
 #   bf16 and f16 (loss scaling) with the bits of zero2 in that precision;
+#   ddp's validation losses (3 batches at step 10 over 2 replicas: one
+#   runs the last batch again for the gathers; the whole split at the end);
 # - within 1e-5 of one rank (parameters, losses, validation loss);
 # - memory a rank (metrics.jsonl): half of ddp's optimizer state, less
 #   gradient memory, the parameters resident between steps about half of
@@ -22,7 +24,12 @@
 #   parameters, the reduce-scatter and two gathers a pass sent;
 # - zero3 with a pipeline and with sequence parallelism refused.
 . "$(dirname "$0")/tp_lib.sh"
-cfg=("${cfg[@]}" --set train.batch_size=4)
+# 3 batches in the periodic evaluation: one replica runs the last again
+cfg=("${cfg[@]}" --set train.batch_size=4 --set train.eval_batches=3)
+vals() { # RUN: every validation loss
+  python3 -c 'import json, sys
+print(" ".join(repr(json.loads(l)["val_loss"]) for l in open(sys.argv[1] + "/metrics.jsonl") if "val_loss" in l))' "$1"
+}
 mesh() { # NAME STRATEGY [ARGS...]: dp 2 x tp 2 under loom run
   local name=$1 s=$2
   shift 2
@@ -54,9 +61,10 @@ mesh fsdp fsdp --resume never
 same "$tmp/z3" "$tmp/z2" "dp 2 x tp 2 zero3 with clipping"
 same "$tmp/fsdp" "$tmp/z3" "dp 2 x tp 2 fsdp"
 within "$tmp/z3" "$tmp/ddp" 1e-6 "dp 2 x tp 2 zero3 with clipping against ddp"
-[ "$(last_val "$tmp/z3")" = "$(last_val "$tmp/ddp")" ] &&
-  ok "zero3: ddp's validation loss ($(last_val "$tmp/z3"))" ||
-  bad "zero3: validation loss $(last_val "$tmp/z3"), ddp $(last_val "$tmp/ddp")"
+v=$(vals "$tmp/z3")
+[ "${v// /}" != "" ] && [ "$(echo "$v" | wc -w)" = 2 ] && [ "$v" = "$(vals "$tmp/ddp")" ] &&
+  ok "zero3: ddp's validation losses ($v)" ||
+  bad "zero3: validation losses '$v', ddp '$(vals "$tmp/ddp")'"
 grep -q '"strategy":.*"zero3+tensor"' "$tmp/z3/env.json" &&
   ok "env.json: strategy zero3+tensor" || bad "env.json: $(grep strategy "$tmp/z3/env.json")"
 mesh nc_ddp ddp --resume never "${nc[@]}"
