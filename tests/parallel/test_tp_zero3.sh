@@ -19,7 +19,8 @@
 #   rank and a one-rank run resumed at dp 2 x tp 2 (within 1e-5);
 # - a rank killed at step 7 is restarted by loom run --max-restarts and
 #   ends with the bits of the uninterrupted run;
-# - tp 2 on 2 ranks (one replica): ddp's bits;
+# - tp 2 on 2 ranks (one replica): ddp's bits; a short last batch that
+#   leaves a replica without rows: ddp's bits;
 # - loom estimate's zero3 row: half the optimizer, the cut and two units of
 #   parameters, the reduce-scatter and two gathers a pass sent;
 # - zero3 with a pipeline and with sequence parallelism refused.
@@ -137,6 +138,16 @@ run 2 train "${cfg[@]}" --set train.batch_size=8 --resume never --set parallel.t
   --set parallel.strategy=zero3 --set "log.run_dir=$tmp/t_z3"
 [ $rc = 0 ] || { bad "tp 2 zero3, one replica (rc $rc)"; cat "$tmp/out"; }
 same "$tmp/t_z3" "$tmp/t_ddp" "tp 2 on 2 ranks (one replica) zero3"
+
+# -- a short last batch (one epoch, batch 5 a replica, accumulation 2: the
+#    last micro-batch leaves replica 1 without rows; it runs its passes
+#    with weight 0 for the gathers): ddp's bits
+for s in ddp zero3; do
+  mesh tail_$s $s --resume never --set train.steps=0 --set train.epochs=1 \
+    --set data.tail=partial --set train.batch_size=5 --set train.eval_every=0 \
+    --set log.every=50
+done
+same "$tmp/tail_zero3" "$tmp/tail_ddp" "zero3, a short last batch"
 
 # -- loom estimate: zero3 holds half the optimizer state, the cut and two
 #    units of the parameters, and sends the gradient's reduce-scatter and
