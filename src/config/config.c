@@ -362,8 +362,8 @@ static const loom_config_key keys[] = {
          "one backward for the attention, the same for the MLP. Ranks "
          "r..r+tp-1 form one group (the closest ranks), then pipeline "
          "stages (parallel.pp), then replicas (parallel.dp); "
-         "parallel.strategy auto, ddp, zero1 or zero2 (zero2 with "
-         "parallel.pp 1); any train.precision"),
+         "parallel.strategy auto, ddp, zero1, zero2, zero3 or fsdp "
+         "(zero2, zero3 and fsdp with parallel.pp 1); any train.precision"),
     KBOOL("parallel.sequence_parallel", parallel.sequence_parallel, "false", 0,
           "with parallel.tp > 1 (model gpt): sequence parallelism "
           "(Korthikanti et al. 2022): between the tensor-parallel layers "
