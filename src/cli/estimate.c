@@ -189,16 +189,6 @@ int loom_cmd_estimate(int argc, char **argv) {
     rc = st == LOOM_ERR_CONFIG ? LOOM_EXIT_USAGE : LOOM_EXIT_FAIL;
     goto done;
   }
-  if (cfg.parallel.tp > 1 && only >= 0 && only != LOOM_CFG_STRATEGY_DDP &&
-      only != LOOM_CFG_STRATEGY_ZERO1 && only != LOOM_CFG_STRATEGY_ZERO2 &&
-      only != LOOM_CFG_STRATEGY_NONE) {
-    fprintf(stderr,
-            "loom estimate: --strategy %s with parallel.tp %lld: tensor "
-            "parallelism runs ddp, zero1 or zero2 over its replicas\n",
-            strategy, (long long)cfg.parallel.tp);
-    rc = LOOM_EXIT_USAGE;
-    goto done;
-  }
   if (cfg.parallel.pp > 1 && only >= 0) {
     if (only != LOOM_CFG_STRATEGY_DDP && only != LOOM_CFG_STRATEGY_ZERO1 &&
         only != LOOM_CFG_STRATEGY_ZERO2) {
@@ -319,12 +309,6 @@ int loom_cmd_estimate(int argc, char **argv) {
         !(only == LOOM_CFG_STRATEGY_FSDP && s == LOOM_CFG_STRATEGY_ZERO3))
       continue;
     if (s == LOOM_CFG_STRATEGY_NONE && ranks > 1)
-      continue;
-    /* tensor parallelism runs with ddp, zero1 or zero2 over its replicas
-     * (or none) */
-    if (cfg.parallel.tp > 1 && s != LOOM_CFG_STRATEGY_DDP &&
-        s != LOOM_CFG_STRATEGY_ZERO1 && s != LOOM_CFG_STRATEGY_ZERO2 &&
-        s != LOOM_CFG_STRATEGY_NONE)
       continue;
     st = loom_train_estimate_memory(&cfg, ranks, (loom_cfg_strategy)s, &e);
     if (st != LOOM_OK) {

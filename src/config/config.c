@@ -324,7 +324,8 @@ static const loom_config_key keys[] = {
           "zero2 (also the gradients: each bucket reduced to the ranks "
           "that own it; PyTorch's SHARD_GRAD_OP), zero3 or fsdp (also the "
           "parameters, gathered unit by unit as forward and backward reach "
-          "them; FULL_SHARD)"),
+          "them; FULL_SHARD); with parallel.tp each runs over the replicas "
+          "of a tensor-parallel rank's part (parallel.dp)"),
     KFLOAT("parallel.bucket_mb", parallel.bucket_mb, "25", 0, 4096, MI,
            "ddp: size of a gradient bucket in MiB"),
     KFLOAT("parallel.first_bucket_mb", parallel.first_bucket_mb, "1", 0, 4096,
@@ -361,8 +362,8 @@ static const loom_config_key keys[] = {
          "one backward for the attention, the same for the MLP. Ranks "
          "r..r+tp-1 form one group (the closest ranks), then pipeline "
          "stages (parallel.pp), then replicas (parallel.dp); "
-         "parallel.strategy auto, ddp, zero1 or zero2; any "
-         "train.precision"),
+         "parallel.strategy auto, ddp, zero1, zero2, zero3 or fsdp "
+         "(zero3 and fsdp with parallel.pp 1); any train.precision"),
     KBOOL("parallel.sequence_parallel", parallel.sequence_parallel, "false", 0,
           "with parallel.tp > 1 (model gpt): sequence parallelism "
           "(Korthikanti et al. 2022): between the tensor-parallel layers "
@@ -1286,14 +1287,18 @@ static loom_status check_tp(const loom_config *cfg, const cfg_origins *org,
                      "each rank takes an equal share of every micro-batch's "
                      "tokens; supported: a tp that divides model.context",
                      (long long)m->context, (long long)T);
-    if (pc->strategy == LOOM_CFG_STRATEGY_ZERO2)
+    if (pc->strategy == LOOM_CFG_STRATEGY_ZERO2 ||
+        pc->strategy == LOOM_CFG_STRATEGY_ZERO3 ||
+        pc->strategy == LOOM_CFG_STRATEGY_FSDP)
       return cfg_err(origin_of(org, "parallel.strategy", none),
                      "parallel.strategy",
-                     "'zero2' with parallel.sequence_parallel: the layer "
+                     "'%s' with parallel.sequence_parallel: the layer "
                      "norms' partial gradients are summed over the tp group "
-                     "whole, and zero2 keeps only a cut of the gradient; "
+                     "whole, and %s keeps only a cut of the gradient; "
                      "supported: auto, ddp or zero1 (or sequence_parallel "
-                     "false)");
+                     "false)",
+                     loom_cfg_strategy_names[pc->strategy],
+                     loom_cfg_strategy_names[pc->strategy]);
   }
   if (T == 1)
     return LOOM_OK;
@@ -1311,16 +1316,28 @@ static loom_status check_tp(const loom_config *cfg, const cfg_origins *org,
                    "(%lld): each rank takes an equal share of the heads and "
                    "of the vocabulary",
                    (long long)T, (long long)m->heads, (long long)m->vocab);
+  if ((pc->strategy == LOOM_CFG_STRATEGY_ZERO3 ||
+       pc->strategy == LOOM_CFG_STRATEGY_FSDP) &&
+      pc->pp > 1)
+    return cfg_err(
+        origin_of(org, "parallel.strategy", none), "parallel.strategy",
+        "'%s' with parallel.tp %lld and parallel.pp %lld: a "
+        "pipeline supports auto, ddp, zero1 or zero2 (zero3 and "
+        "fsdp with tp need parallel.pp 1)",
+        loom_cfg_strategy_names[pc->strategy], (long long)T, (long long)pc->pp);
   if (pc->strategy != LOOM_CFG_STRATEGY_AUTO &&
       pc->strategy != LOOM_CFG_STRATEGY_DDP &&
       pc->strategy != LOOM_CFG_STRATEGY_ZERO1 &&
-      pc->strategy != LOOM_CFG_STRATEGY_ZERO2)
+      pc->strategy != LOOM_CFG_STRATEGY_ZERO2 &&
+      pc->strategy != LOOM_CFG_STRATEGY_ZERO3 &&
+      pc->strategy != LOOM_CFG_STRATEGY_FSDP)
     return cfg_err(origin_of(org, "parallel.strategy", none),
                    "parallel.strategy",
                    "'%s' with parallel.tp %lld: tensor parallelism supports "
-                   "auto, ddp, zero1 or zero2 (data parallel over "
-                   "parallel.dp, zero1 sharding the optimizer state over "
-                   "it, zero2 the gradients too)",
+                   "auto, ddp, zero1, zero2, zero3 or fsdp (data parallel "
+                   "over parallel.dp, zero1 sharding the optimizer state "
+                   "over it, zero2 the gradients too, zero3/fsdp the "
+                   "parameters too; zero3 and fsdp with parallel.pp 1)",
                    loom_cfg_strategy_names[pc->strategy], (long long)T);
   if (pc->deterministic)
     return cfg_err(origin_of(org, "parallel.deterministic", none),

@@ -410,8 +410,9 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
   if (cfg->checkpoint.enabled && (cfg->checkpoint.async || T > 1)) {
     /* The snapshot: the rank's checkpoint slice of the parameters and of
      * each optimizer state; with tensor parallelism always (the slice of
-     * the whole layout, put together from the group), and with zero1 one
-     * state of the rank's whole part. */
+     * the whole layout, put together from the group), and with zero1-3
+     * one state of the rank's whole part (zero3 makes it at each save
+     * only: its peak). */
     out->ckpt_bytes = T > 1 ? f * (1.0 + k) * (whole_n / tp_ranks + 1.0) +
                                   (shard_optim ? f * psi : 0.0)
                             : f * (1.0 + k) * (ranks > 1 ? slice : psi);

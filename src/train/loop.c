@@ -418,6 +418,10 @@ static loom_status open_world(loom_trainer *t) {
       t->zero = 1;
     if (pc->strategy == LOOM_CFG_STRATEGY_ZERO2)
       t->zero = 2; /* and the DDP keeps the reduced gradient of the cut */
+    if (pc->strategy == LOOM_CFG_STRATEGY_ZERO3 ||
+        pc->strategy == LOOM_CFG_STRATEGY_FSDP)
+      t->zero = 3; /* and the replicas hold only their cut's parameters,
+                      each unit gathered over the dp group as it runs */
     return LOOM_OK;
   }
   switch (pc->strategy) {
@@ -557,8 +561,11 @@ static loom_status setup_local(loom_trainer *t) {
     }
   }
   if (t->zero >= 2 && t->tps > 1 && t->stages == 1) {
-    /* ZeRO-2 over a tensor-parallel rank's replicas: its part, and the
-     * cuts the DDP keeps (loom_train_tp_cut) */
+    /* ZeRO-2/3 over a tensor-parallel rank's replicas: its part, and the
+     * cuts the DDP keeps (loom_train_tp_cut); at 3 the part has no
+     * buffers of its own (loom_train_tp_new), the cuts are also what
+     * ZeRO-3 keeps of the parameters. With a pipeline (zero2 only), the
+     * pipeline's own set-up (loop_pipe.c) */
     LOOM_TRY(loom_train_tp_new(t));
     t->tp_bounds = loom_calloc((size_t)t->replicas + 1, sizeof(int64_t));
     if (!t->tp_bounds)
@@ -850,8 +857,14 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
                   loom_config_shard_unit(cfg->parallel.shard_unit, &zo.every,
                                          &zo.min_params),
                   fail);
+    /* with tensor parallelism, the rank's part over its replicas (the dp
+     * group), cut as the optimizer and the DDP cut it */
     LOOM_TRY_GOTO(
-        s, loom_zero3_new_opts(&t->z3, t->model, t->world, t->bounds, &zo),
+        s,
+        t->tps > 1
+            ? loom_zero3_new_opts(&t->z3, t->model, t->dp_group, t->tp_bounds,
+                                  &zo)
+            : loom_zero3_new_opts(&t->z3, t->model, t->world, t->bounds, &zo),
         fail);
   }
   if (wants_warm_up(t)) {
@@ -864,7 +877,11 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   }
   loom_runstat_gate();
   LOOM_TRY_GOTO(s, loom_train_ckpt_resume(t), fail);
-  if (t->tp_map && !t->resumed) {
+  if (t->tp_map && t->z3 && !t->resumed) {
+    /* The replica's cut of this rank's part of the draws, a view at a
+     * time. */
+    LOOM_TRY_GOTO(s, loom_train_tp_fill_cut(t, NULL), fail);
+  } else if (t->tp_map && !t->resumed) {
     /* This rank's part of the whole model's draws (a stage's: its views
      * and the borrowed ones): every replica draws the same, nothing to
      * broadcast. */
@@ -1137,15 +1154,24 @@ static loom_status evaluate(loom_trainer *t, int64_t max_batches, double *loss,
      * (their reductions; the first keeps the sums). */
     if (t->pipe)
       loom_pipe_set_training(t->pipe, false);
-    for (int64_t i = t->replica; i < nb; i += t->replicas) {
+    /* ZeRO-3 gathers over the replicas: each runs as many forwards (one
+     * past the last batch runs the last again, its sums in a scratch
+     * row) */
+    int64_t end = nb;
+    if (t->z3 && nb > 0)
+      end = (nb + t->replicas - 1) / t->replicas * t->replicas;
+    for (int64_t i = t->replica; i < end; i += t->replicas) {
       int64_t count;
-      LOOM_TRY_GOTO(s, loom_sampler_batch(sp, i, idx, &count), done);
+      LOOM_TRY_GOTO(s, loom_sampler_batch(sp, i < nb ? i : nb - 1, idx, &count),
+                    done);
       if (count == 0)
         continue;
       LOOM_TRY_GOTO(s, loom_dataset_fill(t->val_ds, 0, idx, count, &b), done);
+      double scratch[3] = {0, 0, 0};
+      double *into = i < nb ? part + i * 3 : scratch;
       LOOM_TRY_GOTO(s,
-                    t->pipe ? loom_train_pipe_eval(t, &b, part + i * 3)
-                            : loom_train_tp_eval(t, &b, part + i * 3),
+                    t->pipe ? loom_train_pipe_eval(t, &b, into)
+                            : loom_train_tp_eval(t, &b, into),
                     done);
       loom_runstat_beat();
     }

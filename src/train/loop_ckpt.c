@@ -256,9 +256,11 @@ loom_status loom_train_ckpt_prepare(loom_trainer *t) {
   int64_t lo, hi;
   my_slice(t, &lo, &hi);
   int64_t n = (hi - lo) * (1 + loom_optim_state_count(t->optim));
-  /* zero1 with tensor parallelism: and room for one optimizer state of
-   * the stepped range, gathered from the replicas' cuts (tp_state) */
-  if (t->tp_map && t->zero) {
+  /* zero1/2 with tensor parallelism: and room for one optimizer state of
+   * the stepped range, gathered from the replicas' cuts (tp_state; zero3
+   * makes it for the save only: it would hold as much as the parameters
+   * it shards) */
+  if (t->tp_map && t->zero && !t->z3) {
     int64_t a, b;
     loom_train_tp_stepped(t, &a, &b);
     n += b - a;
@@ -291,17 +293,15 @@ static const float *tp_stage(loom_trainer *t, const float *local, int64_t base,
   return dst;
 }
 
-/* An optimizer state's slice through tp_stage. zero1: the replicas' cuts
- * first gathered into the room at the snapshot's end (collective over the
- * dp group, then the tp group). */
-static const float *tp_state(loom_trainer *t, const loom_optim_state *st,
-                             int64_t count, int64_t *off) {
-  if (!t->zero)
-    return tp_stage(t, st->data, st->begin, count, off);
+/* A buffer of the replica's cut (an optimizer state; zero3's parameters)
+ * through tp_stage: the replicas' cuts first gathered into range, room
+ * for the stepped range (collective over the dp group, then the tp
+ * group). */
+static const float *tp_cut_stage(loom_trainer *t, const float *cut,
+                                 float *range, int64_t count, int64_t *off) {
   int64_t a, b;
   loom_train_tp_stepped(t, &a, &b);
-  float *range = t->snap + (t->snap_n - (b - a));
-  if (loom_train_tp_gather_cuts(t, st->data, range) != LOOM_OK)
+  if (loom_train_tp_gather_cuts(t, cut, range) != LOOM_OK)
     return NULL;
   return tp_stage(t, range, a, count, off);
 }
@@ -343,14 +343,38 @@ loom_status loom_train_ckpt_save(loom_trainer *t) {
    * could not start; a failure is concluded with the others' below). */
   const float *data = NULL;
   if (t->tp_map) {
-    data = tp_stage(t, loom_model_params(t->model), 0, hi - lo, &off);
+    /* zero1-3: the room the replicas' cuts are gathered into (zero3's for
+     * this save only; every rank makes it, or agrees it could not) */
+    float *range = NULL;
+    int64_t a, b;
+    loom_train_tp_stepped(t, &a, &b);
+    if (t->z3) {
+      range = loom_malloc((size_t)(b > a ? b - a : 1) * sizeof(float));
+      s = loom_train_agree(t, range ? LOOM_OK : LOOM_ERR_NOMEM,
+                           "checkpoint: room for the replicas' cuts");
+      if (s != LOOM_OK) {
+        loom_free(range);
+        goto done;
+      }
+    } else if (t->zero) {
+      range = t->snap + (t->snap_n - (b - a));
+    }
+    float *params = loom_model_params(t->model);
+    int64_t clo, chi;
+    loom_train_tp_cut(t, t->replica, &clo, &chi);
+    data = t->z3 ? tp_cut_stage(t, params + clo, range, hi - lo, &off)
+                 : tp_stage(t, params, 0, hi - lo, &off);
     s = data ? LOOM_OK : LOOM_ERR_INTERNAL;
     for (int i = 0; i < loom_optim_state_count(t->optim) && s == LOOM_OK; i++) {
       loom_optim_state st;
       s = loom_optim_state_get(t->optim, i, &st);
-      if (s == LOOM_OK && !tp_state(t, &st, hi - lo, &off))
+      if (s == LOOM_OK &&
+          !(t->zero ? tp_cut_stage(t, st.data, range, hi - lo, &off)
+                    : tp_stage(t, st.data, st.begin, hi - lo, &off)))
         s = LOOM_ERR_INTERNAL;
     }
+    if (t->z3)
+      loom_free(range);
     if (s != LOOM_OK)
       goto done;
     off = 0;
@@ -445,7 +469,9 @@ static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
                       "f32",
                       loom_ckpt_path(c), (long long)bi.count,
                       loom_dtype_name(bi.dtype), (long long)n);
-  if (t->tp_map) { /* this rank's part of the whole model */
+  if (t->tp_map && t->z3) { /* the replica's cut of this rank's part */
+    LOOM_TRY(loom_train_tp_fill_cut(t, c));
+  } else if (t->tp_map) { /* this rank's part of the whole model */
     LOOM_TRY(
         loom_train_tp_read(t, c, "params", loom_model_params(t->model), 0, -1));
   } else if (t->z3) { /* this rank's slice only: the rest is never resident */

@@ -17,7 +17,7 @@ loom_status loom_train_tp_new(loom_trainer *t) {
    * buffers). */
   loom_model_opts mo = loom_model_opts_default();
   mo.defer_init = true;
-  mo.shape_only = t->stages > 1;
+  mo.shape_only = t->stages > 1 || t->zero == 3; /* ZeRO-3 binds its own */
   LOOM_TRY(loom_train_model_make_tp(&t->cfg, &mo, tp, &t->model));
   loom_model_opts wo = loom_model_opts_default();
   wo.shape_only = true;
@@ -167,6 +167,33 @@ static loom_status read_fetch(void *user, int view, int64_t begin, int64_t end,
   (void)view;
   read_ctx *r = user;
   return loom_ckpt_read_range(r->c, r->name, begin, end, dst);
+}
+
+loom_status loom_train_tp_fill_cut(loom_trainer *t, const loom_ckpt *c) {
+  int64_t lo, hi;
+  loom_train_tp_cut(t, t->replica, &lo, &hi);
+  float *p = loom_model_params(t->model);
+  read_ctx r = {c, "params"};
+  for (int i = 0; i < loom_model_num_views(t->model); i++) {
+    const loom_param *v = loom_model_view(t->model, i);
+    int64_t a = v->offset, b = v->offset + v->numel;
+    if (b <= lo || a >= hi)
+      continue; /* none of it is this replica's */
+    /* the whole view (the map fills views whole), then what lies outside
+     * the cut given back at once */
+    loom_range only = {a, v->numel};
+    LOOM_TRY(
+        c ? loom_tp_map_fill(t->tp_map, t->tp_rank, &only, 1, read_fetch, &r, p,
+                             0)
+          : loom_tp_map_init(t->tp_map, t->tp_rank, t->whole, &only, 1, p));
+    if (a < lo)
+      loom_vmem_release(p, (size_t)a * sizeof(float),
+                        (size_t)lo * sizeof(float));
+    if (b > hi)
+      loom_vmem_release(p, (size_t)hi * sizeof(float),
+                        (size_t)b * sizeof(float));
+  }
+  return LOOM_OK;
 }
 
 loom_status loom_train_tp_read(loom_trainer *t, const loom_ckpt *c,

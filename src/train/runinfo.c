@@ -46,7 +46,10 @@ const char *loom_train_strategy_name(const loom_trainer *t) {
     return "single";
   /* the data-parallel part first: ddp, or ZeRO's stage over the
    * replicas */
-  const char *dp = t->zero == 1 ? "zero1+" : t->zero == 2 ? "zero2+" : "ddp+";
+  const char *dp = t->zero == 1   ? "zero1+"
+                   : t->zero == 2 ? "zero2+"
+                   : t->zero == 3 ? "zero3+"
+                                  : "ddp+";
   static char name[48];
   if (t->pipe || t->tps > 1) {
     snprintf(name, sizeof name, "%s%s%s%s", t->replicas > 1 ? dp : "",

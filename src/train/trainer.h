@@ -310,6 +310,10 @@ loom_status loom_train_tp_gather_cuts(loom_trainer *t, const float *cut,
  * one). */
 loom_status loom_train_tp_read_cut(loom_trainer *t, const loom_ckpt *c,
                                    const char *name, float *range, float *cut);
+/* ZeRO-3: the replica's cut of the rank's part of the parameters (into
+ * ZeRO-3's buffer, the rest never resident), drawn (c NULL) or read from
+ * checkpoint c. */
+loom_status loom_train_tp_fill_cut(loom_trainer *t, const loom_ckpt *c);
 /* This rank's part of checkpoint buffer `name` into local, which holds its
  * layout from element base on: the parameters (base 0, count -1: what the
  * rank holds, a stage's own and borrowed views) or an optimizer state

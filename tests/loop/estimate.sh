@@ -146,6 +146,19 @@ for r in 0 3; do
   peak=$(grep -o 'peak rss [0-9.]*' "$tmp/run_tpz/logs/rank-$r.log" 2>/dev/null | tail -1 | cut -d' ' -f3)
   near "$peak" "$est" "dp 2 x tp 2 zero1 with checkpoints, rank $r"
 done
+# dp 2 x tp 2 under zero3, saving checkpoints: the cut of the parameters
+# and the two units gathered at once, half the optimizer state, the
+# snapshot and the room of the rank's part each save gathers into.
+"$LOOM" estimate "$cfg" "${mid[@]}" -n 4 --set parallel.tp=2 --strategy zero3 >"$tmp/out" 2>&1
+est=$(col zero3 10)
+run 4 train "$cfg" "${mid[@]}" --set parallel.tp=2 --set parallel.strategy=zero3 --quiet \
+  --resume never --set train.steps=4 --set train.eval_every=0 --set train.eval_batches=1 \
+  --set log.every=2 --set log.per_rank=true --set "log.run_dir=$tmp/run_tpz3" \
+  --set "checkpoint.dir=$tmp/run_tpz3/ckpt"
+for r in 0 3; do
+  peak=$(grep -o 'peak rss [0-9.]*' "$tmp/run_tpz3/logs/rank-$r.log" 2>/dev/null | tail -1 | cut -d' ' -f3)
+  near "$peak" "$est" "dp 2 x tp 2 zero3 with checkpoints, rank $r"
+done
 # Not a strategy of the pipeline's replicas: exit 2 naming ddp.
 "$LOOM" estimate "$cfg" "${mid[@]}" "${pp[@]}" -n 2 --strategy zero3 >"$tmp/out" 2>&1
 [ $? = 2 ] && grep -q "supported: ddp, zero1, zero2" "$tmp/out" && ok "--strategy zero3 with pp refused" ||

@@ -103,7 +103,7 @@ G="$SRC/examples/small_gpt.yaml"
 for x in "parallel.tp=2 --set model.name=mlp --set data.dataset=fashion-mnist|model 'mlp' supports 1" \
   "parallel.tp=2 --set model.name=cnn --set data.dataset=fashion-mnist|model 'cnn' supports 1" \
   "parallel.tp=4|does not divide model.heads (2)" \
-  "parallel.tp=2 --set parallel.strategy=zero3|tensor parallelism supports auto, ddp, zero1 or zero2" \
+  "parallel.tp=2 --set parallel.pp=2 --set parallel.strategy=fsdp|'fsdp' with parallel.tp 2 and parallel.pp 2" \
   "parallel.tp=2 --set parallel.deterministic=true|tensor parallelism supports false"; do
   "$LOOM" config check "$G" --set ${x%%|*} >"$tmp/out" 2>&1
   rc=$?

@@ -16,8 +16,8 @@
 #   ddp's bits without clipping, within 1e-6 with it (the norm is summed
 #   from the cuts), less gradient memory, and a stopped run resumed with
 #   the bits of the straight one;
-# - zero3 refused at loom config check (zero2 with a pipeline:
-#   test_pipe_zero.sh).
+# - zero3 with tp and a pipeline refused at loom config check (zero3 with
+#   tp: test_tp_zero3.sh; zero2 with a pipeline: test_pipe_zero.sh).
 . "$(dirname "$0")/../lib.sh"
 HASH=${1:?usage: test_tp_zero.sh DDP_CKPT_HASH}
 export LOOM_THREADS=1 OMP_NUM_THREADS=1 LOOM_COMM_TIMEOUT=60 LOOM_LOG=warn
@@ -159,7 +159,7 @@ awk -v p="$part" '$1 == "ddp" { od = $5; sd = $11 } $1 == "zero1" { oz = $5; sz 
   { bad "loom estimate's zero1 row"; cat "$tmp/est"; }
 
 # -- refused at loom config check (exit 2)
-for x in "parallel.strategy=zero3|tensor parallelism supports auto, ddp, zero1 or zero2"; do
+for x in "parallel.strategy=zero3 --set parallel.pp=2|zero3 and fsdp with tp need parallel.pp 1"; do
   # shellcheck disable=SC2086
   "$LOOM" config check "${cfg[@]:0:13}" --set parallel.tp=2 --set ${x%%|*} >"$tmp/out" 2>&1
   rc=$?
