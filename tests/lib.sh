@@ -29,6 +29,16 @@ for l in open(sys.argv[1] + "/metrics.jsonl"):
     if "loss" in r: seen[r["step"]] = repr(r["loss"])
 print(" ".join(seen[k] for k in sorted(seen)))' "$1"
 }
+# RUN REF WHAT: the same checkpoint bits (hashof RUN, which the script
+# defines) and the same loss at every step, as one check.
+same() {
+  local a b
+  a=$(hashof "$2")
+  b=$(hashof "$1")
+  [ -n "$a" ] && [ "$a" = "$b" ] && [ "$(loss_steps "$1")" = "$(loss_steps "$2")" ] &&
+    ok "$3: the bits of $(basename "$2") ($b)" ||
+    bad "$3: '$b' against $(basename "$2")'s '$a'"
+}
 finish() { # NAME: the summary line and the exit status
   [ $fail = 0 ] && echo "$1: all passed"
   exit $fail

@@ -33,14 +33,6 @@ cfg=("$SRC/examples/small_gpt.yaml" --set "data.path=$tmp/text.txt"
   --set checkpoint.every=0 --set log.progress=off --quiet)
 mesh=(--set parallel.pp=2 --set parallel.micro_batches=2 --set train.batch_size=4)
 hashof() { "$HASH" "$1/ckpt" | cut -d' ' -f1-2; }
-same() { # RUN REF WHAT: the same checkpoint bits and losses
-  local a b
-  a=$(hashof "$2")
-  b=$(hashof "$1")
-  [ -n "$a" ] && [ "$a" = "$b" ] && [ "$(loss_steps "$1")" = "$(loss_steps "$2")" ] &&
-    ok "$3: the bits of $(basename "$2") ($b)" ||
-    bad "$3: '$b' against $(basename "$2")'s '$a'"
-}
 close() { # RUN WHAT: parameters and every loss within 1e-5 of one rank
   local d l
   d=$("$HASH" --diff "$tmp/one/ckpt" "$1/ckpt")

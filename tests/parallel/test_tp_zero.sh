@@ -36,14 +36,6 @@ mesh() { # NAME STRATEGY [ARGS...]: dp 2 x tp 2 under loom run
     --set parallel.strategy="$s" "$@"
   [ $rc = 0 ] || { bad "$name (rc $rc)"; cat "$tmp/out"; }
 }
-same() { # RUN REF WHAT: the same checkpoint bits and losses
-  local a b
-  a=$(hashof "$2")
-  b=$(hashof "$1")
-  [ -n "$a" ] && [ "$a" = "$b" ] && [ "$(loss_steps "$1")" = "$(loss_steps "$2")" ] &&
-    ok "$3: the bits of $(basename "$2") ($b)" ||
-    bad "$3: '$b' against $(basename "$2")'s '$a'"
-}
 
 mesh ddp ddp --resume never
 mesh z1 zero1 --resume never
