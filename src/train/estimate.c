@@ -455,7 +455,8 @@ loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
    * back after the reduce, but the stage's gradient accumulates over the
    * micro-batches in full first: the peak below) */
   const bool zero2 = pc->strategy == LOOM_CFG_STRATEGY_ZERO2;
-  const bool zero1 = pc->strategy == LOOM_CFG_STRATEGY_ZERO1 || zero2;
+  const bool zero1 = pc->strategy == LOOM_CFG_STRATEGY_ZERO1;
+  const bool cut_optim = zero1 || zero2; /* the optimizer state cut */
   out->strategy = zero2   ? LOOM_CFG_STRATEGY_ZERO2
                   : zero1 ? LOOM_CFG_STRATEGY_ZERO1
                   : D > 1 ? LOOM_CFG_STRATEGY_DDP
@@ -549,7 +550,7 @@ loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
   if (cfg->train.precision != LOOM_CFG_PRECISION_F32)
     out->param_bytes += 2.0 * (own + borrowed);
   out->grad_bytes = f * (own + borrowed);
-  out->optim_bytes = f * k * (zero1 ? own / D + 1.0 : own);
+  out->optim_bytes = f * k * (cut_optim ? own / D + 1.0 : own);
   /* Each instance's arena (activations, scratch, the output's gradient),
    * its input and the input's gradient from the stage before; the last
    * stage's loss keeps one micro-batch's probabilities. */
@@ -574,14 +575,13 @@ loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
   /* ddp: an all-reduce, 2 (D-1)/D of the range; zero1: and the cuts'
    * all-gather; zero2: a reduce-scatter's volume and the all-gather */
   if (D > 1)
-    out->sent_bytes +=
-        (zero1 && !zero2 ? 3.0 : 2.0) * (double)(D - 1) / D * f * own;
+    out->sent_bytes += (zero1 ? 3.0 : 2.0) * (double)(D - 1) / D * f * own;
   out->sent_bytes += tp_sent(cfg, blocks, out->batch, passes);
   out->process_bytes = process_bytes(ranks);
   /* the snapshot (always with tensor parallelism; zero1 then adds room
    * for one optimizer state of the stage's range) */
   if (cfg->checkpoint.enabled && (cfg->checkpoint.async || T > 1))
     out->ckpt_bytes =
-        f * (1.0 + k) * (own / D + 1.0) + (T > 1 && zero1 ? f * own : 0.0);
+        f * (1.0 + k) * (own / D + 1.0) + (T > 1 && cut_optim ? f * own : 0.0);
   return total(out);
 }

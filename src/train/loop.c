@@ -1769,30 +1769,28 @@ static loom_status write_metrics(loom_trainer *t, const run_window *w,
        * ends its last backward before the earlier ones, the drain), as the
        * theory counts it; averaged over the ranks. */
       double b = 0, span = 0;
-      for (int r = 0; r < t->nranks; r++) {
-        double st = ranks[r * RANK_N + RANK_PP_STEP];
-        span = st > span ? st : span;
-      }
-      for (int r = 0; r < t->nranks; r++) {
-        double busy =
-            ranks[r * RANK_N + RANK_PP_STEP] - ranks[r * RANK_N + RANK_PP_WAIT];
-        v[r] = span > 0 && busy < span ? 1 - (busy > 0 ? busy : 0) / span : 0;
-        b += v[r];
-      }
-      loom_metrics_nums(m, "rank_pp_bubble", v, t->nranks);
-      loom_metrics_num(m, "pp_bubble", b / t->nranks);
-      /* What the stages' measured compute (their schedule's time less
-       * its waits, summed over a stage's ranks: every stage has as many)
-       * would give with no delay between stages: the theory for unequal
-       * stages. */
       double *busy = loom_calloc((size_t)t->stages, sizeof *busy);
       if (!busy) {
         loom_free(v);
         return LOOM_ERR_NOMEM;
       }
-      for (int r = 0; r < t->nranks; r++)
-        busy[r / t->tps % t->stages] +=
+      for (int r = 0; r < t->nranks; r++) {
+        double st = ranks[r * RANK_N + RANK_PP_STEP];
+        span = st > span ? st : span;
+      }
+      /* busy: each stage's measured compute (its ranks' schedule time
+       * less their waits, summed: every stage has as many ranks) */
+      for (int r = 0; r < t->nranks; r++) {
+        double br =
             ranks[r * RANK_N + RANK_PP_STEP] - ranks[r * RANK_N + RANK_PP_WAIT];
+        v[r] = span > 0 && br < span ? 1 - (br > 0 ? br : 0) / span : 0;
+        b += v[r];
+        busy[r / t->tps % t->stages] += br;
+      }
+      loom_metrics_nums(m, "rank_pp_bubble", v, t->nranks);
+      loom_metrics_num(m, "pp_bubble", b / t->nranks);
+      /* What that compute would give with no delay between stages: the
+       * theory for unequal stages. */
       loom_metrics_num(m, "pp_bubble_expected",
                        loom_pipe_bubble_expected(t->stages, t->micro, busy));
       loom_free(busy);

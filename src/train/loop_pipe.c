@@ -168,6 +168,20 @@ loom_status loom_train_pipe_new(loom_trainer *t, const loom_shape *input) {
     for (int d = 0; d < t->replicas; d++)
       loom_train_pipe_cut(t, d, &c[d], &c[d + 1]);
     s = loom_pipe_set_cuts(t->pipe, c);
+    /* tp 1: the norm's chunk sums of the stage, and each cut's count of
+     * them (the cuts begin at whole chunks: loom_train_slice) */
+    if (s == LOOM_OK && t->tps == 1) {
+      const int64_t C = LOOM_GRAD_CHUNK;
+      int64_t nc =
+          (t->stage_bounds[t->stage + 1] - t->stage_bounds[t->stage] + C - 1) /
+          C;
+      t->z2_sums = loom_calloc((size_t)(nc ? nc : 1), sizeof *t->z2_sums);
+      t->z2_counts = loom_calloc((size_t)t->replicas, sizeof *t->z2_counts);
+      if (!t->z2_sums || !t->z2_counts)
+        s = LOOM_ERR_NOMEM;
+      for (int d = 0; d < t->replicas && s == LOOM_OK; d++)
+        t->z2_counts[d] = (size_t)((c[d + 1] - c[d] + C - 1) / C);
+    }
     loom_free(c);
     if (s != LOOM_OK)
       return loom_error_context(s, "pipeline stage %d", t->stage);
@@ -395,21 +409,6 @@ static loom_status zero2_sumsq(loom_trainer *t, int64_t lo, int64_t hi,
     const float *g = loom_model_grads(t->model);
     const int64_t C = LOOM_GRAD_CHUNK, a = t->stage_bounds[t->stage];
     int64_t nc = (t->stage_bounds[t->stage + 1] - a + C - 1) / C;
-    if (!t->z2_counts) {
-      loom_free(t->z2_sums);
-      t->z2_sums = loom_calloc((size_t)(nc ? nc : 1), sizeof *t->z2_sums);
-      t->z2_counts = loom_calloc((size_t)t->replicas, sizeof *t->z2_counts);
-      if (!t->z2_sums || !t->z2_counts) {
-        loom_free(t->z2_counts);
-        t->z2_counts = NULL;
-        return LOOM_ERR_NOMEM;
-      }
-      for (int d = 0; d < t->replicas; d++) {
-        int64_t x, y;
-        loom_train_pipe_cut(t, d, &x, &y);
-        t->z2_counts[d] = (size_t)((y - x + C - 1) / C);
-      }
-    }
     int64_t c0 = (lo - a) / C;
     for (int64_t x = lo, c = c0; x < hi; x += C, c++)
       t->z2_sums[c] = loom_grad_sumsq(g + x, hi - x < C ? hi - x : C);
