@@ -39,6 +39,40 @@ same() {
     ok "$3: the bits of $(basename "$2") ($b)" ||
     bad "$3: '$b' against $(basename "$2")'s '$a'"
 }
+# WHAT NAME ARGS...: `loom train ARGS` on 2 ranks three times (f16): with
+# an inf in rank 0's gradient at step 5, in rank 1's, and with none (run
+# directories $tmp/NAME_r0, _r1 and _none; $HASH digests a checkpoint).
+# Rank 1's overflow skips step 5 and halves the scale in rank 0's metrics;
+# the two overflowing runs end with the same weights and scales, other
+# weights than the run without.
+inf_either_rank() {
+  local what=$1 name=$2 a b c s0 s1
+  shift 2
+  LOOM_FAULT=0:5:grad_inf run 2 train "$@" --set "log.run_dir=$tmp/${name}_r0"
+  a=$("$HASH" "$tmp/${name}_r0/ckpt")
+  s0=$(scales "$tmp/${name}_r0")
+  LOOM_FAULT=1:5:grad_inf run 2 train "$@" --set "log.run_dir=$tmp/${name}_r1"
+  b=$("$HASH" "$tmp/${name}_r1/ckpt")
+  s1=$(scales "$tmp/${name}_r1")
+  run 2 train "$@" --set "log.run_dir=$tmp/${name}_none"
+  c=$("$HASH" "$tmp/${name}_none/ckpt")
+  case " $s1 " in
+  *" 5:32768:1 "*) ok "$what: rank 1's inf at step 5 skips the step and halves the scale (rank 0's metrics)" ;;
+  *) bad "$what: rank 0 did not skip rank 1's overflow: $s1" ;;
+  esac
+  [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" != "$c" ] && [ "$s0" = "$s1" ] &&
+    ok "$what: the same weights whichever rank overflowed ($a), other than without ($c)" ||
+    bad "$what: rank 0 inf '$a', rank 1 inf '$b', none '$c'"
+}
+# NAME STRATEGY [ARGS...]: `loom train "${cfg[@]}" ARGS` at dp 2 x tp 2
+# under STRATEGY on 4 ranks, into $tmp/NAME; a failure is reported.
+tp_mesh() {
+  local name=$1 s=$2
+  shift 2
+  run 4 train "${cfg[@]}" --set "log.run_dir=$tmp/$name" --set parallel.tp=2 \
+    --set parallel.strategy="$s" "$@"
+  [ $rc = 0 ] || { bad "$name (rc $rc)"; cat "$tmp/out"; }
+}
 finish() { # NAME: the summary line and the exit status
   [ $fail = 0 ] && echo "$1: all passed"
   exit $fail

@@ -133,32 +133,29 @@ run 2 train "$cfg" "${mid[@]}" --set parallel.tp=2 --quiet --resume never --set 
   --set log.every=2 --set "log.run_dir=$tmp/run_tp"
 peak=$(grep -o '"peak_rss_mb":[0-9.]*' "$tmp/run_tp/metrics.jsonl" 2>/dev/null | tail -1 | cut -d: -f2)
 near "$peak" "$est" "tp 2 on 2 ranks"
-# dp 2 x tp 2 under zero1, saving checkpoints: half the optimizer state,
-# the snapshot of the rank's checkpoint slice (put together from the tp
-# group) and one optimizer state of its part (gathered from the replicas).
-"$LOOM" estimate "$cfg" "${mid[@]}" -n 4 --set parallel.tp=2 --strategy zero1 >"$tmp/out" 2>&1
-est=$(col zero1 10)
-run 4 train "$cfg" "${mid[@]}" --set parallel.tp=2 --set parallel.strategy=zero1 --quiet \
-  --resume never --set train.steps=4 --set train.eval_every=0 --set train.eval_batches=1 \
-  --set log.every=2 --set log.per_rank=true --set "log.run_dir=$tmp/run_tpz" \
-  --set "checkpoint.dir=$tmp/run_tpz/ckpt"
-for r in 0 3; do
-  peak=$(grep -o 'peak rss [0-9.]*' "$tmp/run_tpz/logs/rank-$r.log" 2>/dev/null | tail -1 | cut -d' ' -f3)
-  near "$peak" "$est" "dp 2 x tp 2 zero1 with checkpoints, rank $r"
-done
-# dp 2 x tp 2 under zero3, saving checkpoints: the cut of the parameters
-# and the two units gathered at once, half the optimizer state, the
-# snapshot and the room of the rank's part each save gathers into.
-"$LOOM" estimate "$cfg" "${mid[@]}" -n 4 --set parallel.tp=2 --strategy zero3 >"$tmp/out" 2>&1
-est=$(col zero3 10)
-run 4 train "$cfg" "${mid[@]}" --set parallel.tp=2 --set parallel.strategy=zero3 --quiet \
-  --resume never --set train.steps=4 --set train.eval_every=0 --set train.eval_batches=1 \
-  --set log.every=2 --set log.per_rank=true --set "log.run_dir=$tmp/run_tpz3" \
-  --set "checkpoint.dir=$tmp/run_tpz3/ckpt"
-for r in 0 3; do
-  peak=$(grep -o 'peak rss [0-9.]*' "$tmp/run_tpz3/logs/rank-$r.log" 2>/dev/null | tail -1 | cut -d' ' -f3)
-  near "$peak" "$est" "dp 2 x tp 2 zero3 with checkpoints, rank $r"
-done
+# STRATEGY NAME: dp 2 x tp 2 under STRATEGY, saving checkpoints, each of
+# ranks 0 and 3's peak RSS against loom estimate's total.
+tp_ckpt_peak() {
+  local s=$1 d="$tmp/$2" r peak
+  "$LOOM" estimate "$cfg" "${mid[@]}" -n 4 --set parallel.tp=2 --strategy "$s" >"$tmp/out" 2>&1
+  est=$(col "$s" 10)
+  run 4 train "$cfg" "${mid[@]}" --set parallel.tp=2 --set parallel.strategy="$s" --quiet \
+    --resume never --set train.steps=4 --set train.eval_every=0 --set train.eval_batches=1 \
+    --set log.every=2 --set log.per_rank=true --set "log.run_dir=$d" \
+    --set "checkpoint.dir=$d/ckpt"
+  for r in 0 3; do
+    peak=$(grep -o 'peak rss [0-9.]*' "$d/logs/rank-$r.log" 2>/dev/null | tail -1 | cut -d' ' -f3)
+    near "$peak" "$est" "dp 2 x tp 2 $s with checkpoints, rank $r"
+  done
+}
+# zero1: half the optimizer state, the snapshot of the rank's checkpoint
+# slice (put together from the tp group) and one optimizer state of its
+# part (gathered from the replicas).
+tp_ckpt_peak zero1 run_tpz
+# zero3: the cut of the parameters and the two units gathered at once,
+# half the optimizer state, the snapshot and the room of the rank's part
+# each save gathers into.
+tp_ckpt_peak zero3 run_tpz3
 # Not a strategy of the pipeline's replicas: exit 2 naming ddp.
 "$LOOM" estimate "$cfg" "${mid[@]}" "${pp[@]}" -n 2 --strategy zero3 >"$tmp/out" 2>&1
 [ $? = 2 ] && grep -q "supported: ddp, zero1, zero2" "$tmp/out" && ok "--strategy zero3 with pp refused" ||

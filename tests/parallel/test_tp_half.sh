@@ -210,21 +210,7 @@ for v in "grad_clip 0.5" "grad_clip 0" "grad_clip 0.5, sequence parallel"; do
     --set train.steps=8 --set optim.grad_clip=$clip)
   k=$clip
   case $v in *sequence*) f+=("${SP[@]}") k=sp ;; esac
-  LOOM_FAULT=0:5:grad_inf run 2 train "${f[@]}" --set "log.run_dir=$tmp/inf0_$k"
-  a=$("$HASH" "$tmp/inf0_$k/ckpt")
-  s0=$(scales "$tmp/inf0_$k")
-  LOOM_FAULT=1:5:grad_inf run 2 train "${f[@]}" --set "log.run_dir=$tmp/inf1_$k"
-  b=$("$HASH" "$tmp/inf1_$k/ckpt")
-  s1=$(scales "$tmp/inf1_$k")
-  run 2 train "${f[@]}" --set "log.run_dir=$tmp/inf_none_$k"
-  c=$("$HASH" "$tmp/inf_none_$k/ckpt")
-  case " $s1 " in
-  *" 5:32768:1 "*) ok "tp 2 f16, $v: rank 1's inf at step 5 skips the step and halves the scale (rank 0's metrics)" ;;
-  *) bad "tp 2 f16, $v: rank 0 did not skip rank 1's overflow: $s1" ;;
-  esac
-  [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" != "$c" ] && [ "$s0" = "$s1" ] &&
-    ok "tp 2 f16, $v: the same weights whichever rank overflowed, other than without" ||
-    bad "tp 2 f16, $v: rank 0 inf '$a', rank 1 inf '$b', none '$c'"
+  inf_either_rank "tp 2 f16, $v" "inf_$k" "${f[@]}"
 done
 
 # -- f16 resume: the scaler's state is in the checkpoint (plain tp and

@@ -29,16 +29,9 @@ cfg=("$SRC/examples/small_gpt.yaml" --set "data.path=$tmp/text.txt"
   --set train.accumulate=2 --set optim.grad_clip=0.5 --set train.steps=20
   --set log.every=1 --set checkpoint.every=0 --set log.progress=off --quiet)
 hashof() { "$HASH" "$1/ckpt" | cut -d' ' -f1-2; }
-mesh() { # NAME STRATEGY [ARGS...]: dp 2 x tp 2 under loom run
-  local name=$1 s=$2
-  shift 2
-  run 4 train "${cfg[@]}" --set "log.run_dir=$tmp/$name" --set parallel.tp=2 \
-    --set parallel.strategy="$s" "$@"
-  [ $rc = 0 ] || { bad "$name (rc $rc)"; cat "$tmp/out"; }
-}
 
-mesh ddp ddp --resume never
-mesh z1 zero1 --resume never
+tp_mesh ddp ddp --resume never
+tp_mesh z1 zero1 --resume never
 same "$tmp/z1" "$tmp/ddp" "dp 2 x tp 2, zero1"
 python3 - "$tmp/ddp/metrics.jsonl" "$tmp/z1/metrics.jsonl" <<'EOF' &&
 import json, sys
@@ -54,18 +47,18 @@ EOF
 
 # -- stopped at step 7 and resumed: the checkpoint is canonical, so the
 #    strategy may change on resume
-mesh rs_z1 zero1 --resume never --stop-at 7
-mesh rs_z1 zero1 --resume auto
+tp_mesh rs_z1 zero1 --resume never --stop-at 7
+tp_mesh rs_z1 zero1 --resume auto
 same "$tmp/rs_z1" "$tmp/z1" "zero1 stopped at step 7, resumed under zero1"
-mesh rs_z1d zero1 --resume never --stop-at 7
-mesh rs_z1d ddp --resume auto
+tp_mesh rs_z1d zero1 --resume never --stop-at 7
+tp_mesh rs_z1d ddp --resume auto
 same "$tmp/rs_z1d" "$tmp/ddp" "zero1 stopped at step 7, resumed under ddp"
-mesh rs_dz1 ddp --resume never --stop-at 7
-mesh rs_dz1 zero1 --resume auto
+tp_mesh rs_dz1 ddp --resume never --stop-at 7
+tp_mesh rs_dz1 zero1 --resume auto
 same "$tmp/rs_dz1" "$tmp/z1" "ddp stopped at step 7, resumed under zero1"
 run 1 train "${cfg[@]}" --set train.batch_size=8 --resume never --set "log.run_dir=$tmp/one"
 [ $rc = 0 ] || { bad "the one-rank run (rc $rc)"; cat "$tmp/out"; }
-mesh rs_1 zero1 --resume never --stop-at 7
+tp_mesh rs_1 zero1 --resume never --stop-at 7
 run 1 train "${cfg[@]}" --set train.batch_size=8 --resume auto --set "log.run_dir=$tmp/rs_1"
 [ $rc = 0 ] || { bad "zero1 -> one rank (rc $rc)"; cat "$tmp/out"; }
 d=$("$HASH" --diff "$tmp/one/ckpt" "$tmp/rs_1/ckpt")
@@ -74,7 +67,7 @@ awk -v d="$d" 'BEGIN { exit !(d != "" && d + 0 <= 1e-5) }' &&
   bad "zero1 -> one rank: parameters differ by '$d'"
 
 # -- a rank killed after step 7: restarted, resumed from step 5
-mesh whole zero1 --resume never --set checkpoint.every=5
+tp_mesh whole zero1 --resume never --set checkpoint.every=5
 LOOM_FAULT=1:7:exit:9 "$LOOM" run -n 4 --timeout 120 --max-restarts 1 \
   "$LOOM" train "${cfg[@]}" --resume auto --set "log.run_dir=$tmp/killed" \
   --set checkpoint.every=5 --set parallel.tp=2 --set parallel.strategy=zero1 >"$tmp/out" 2>&1
@@ -83,13 +76,13 @@ rc=$?
 same "$tmp/killed" "$tmp/whole" "zero1, rank 1 killed at step 7, restarted"
 
 # -- zero2: the reduced gradient of the cut only
-mesh z2 zero2 --resume never
+tp_mesh z2 zero2 --resume never
 d=$("$HASH" --diff "$tmp/ddp/ckpt" "$tmp/z2/ckpt")
 awk -v d="$d" 'BEGIN { exit !(d != "" && d + 0 <= 1e-6) }' &&
   ok "dp 2 x tp 2 zero2 with clipping: parameters within $d of ddp ($(hashof "$tmp/z2"), ddp $(hashof "$tmp/ddp"))" ||
   bad "zero2 with clipping: '$d' from ddp"
-mesh nc_ddp ddp --resume never --set optim.grad_clip=0
-mesh nc_z2 zero2 --resume never --set optim.grad_clip=0
+tp_mesh nc_ddp ddp --resume never --set optim.grad_clip=0
+tp_mesh nc_z2 zero2 --resume never --set optim.grad_clip=0
 same "$tmp/nc_z2" "$tmp/nc_ddp" "dp 2 x tp 2 zero2 without clipping"
 python3 - "$tmp/ddp/metrics.jsonl" "$tmp/z2/metrics.jsonl" <<'EOF' &&
 import json, sys
@@ -101,8 +94,8 @@ assert 0.49 < z["mem_optim_mb"] / d["mem_optim_mb"] < 0.51
 print("gradients a rank: %.4f MiB under zero2, %.4f under ddp" % (z["mem_grads_mb"], d["mem_grads_mb"]))
 EOF
   ok "zero2: less gradient memory than ddp, half its optimizer state" || bad "zero2: memory"
-mesh rs_z2 zero2 --resume never --stop-at 7
-mesh rs_z2 zero2 --resume auto
+tp_mesh rs_z2 zero2 --resume never --stop-at 7
+tp_mesh rs_z2 zero2 --resume auto
 same "$tmp/rs_z2" "$tmp/z2" "zero2 stopped at step 7, resumed under zero2"
 
 # -- one replica (tp 2 on 2 ranks): zero1 and zero2 are ddp over a group

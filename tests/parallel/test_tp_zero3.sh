@@ -31,13 +31,6 @@ vals() { # RUN: every validation loss
   python3 -c 'import json, sys
 print(" ".join(repr(json.loads(l)["val_loss"]) for l in open(sys.argv[1] + "/metrics.jsonl") if "val_loss" in l))' "$1"
 }
-mesh() { # NAME STRATEGY [ARGS...]: dp 2 x tp 2 under loom run
-  local name=$1 s=$2
-  shift 2
-  run 4 train "${cfg[@]}" --set "log.run_dir=$tmp/$name" --set parallel.tp=2 \
-    --set parallel.strategy="$s" "$@"
-  [ $rc = 0 ] || { bad "$name (rc $rc)"; cat "$tmp/out"; }
-}
 within() { # RUN REF TOL WHAT: parameters within TOL (relative)
   local d
   d=$("$HASH" --diff "$2/ckpt" "$1/ckpt")
@@ -47,10 +40,10 @@ within() { # RUN REF TOL WHAT: parameters within TOL (relative)
 }
 nc=(--set optim.grad_clip=0)
 
-mesh ddp ddp --resume never
-mesh z2 zero2 --resume never
-mesh z3 zero3 --resume never
-mesh fsdp fsdp --resume never
+tp_mesh ddp ddp --resume never
+tp_mesh z2 zero2 --resume never
+tp_mesh z3 zero3 --resume never
+tp_mesh fsdp fsdp --resume never
 same "$tmp/z3" "$tmp/z2" "dp 2 x tp 2 zero3 with clipping"
 same "$tmp/fsdp" "$tmp/z3" "dp 2 x tp 2 fsdp"
 within "$tmp/z3" "$tmp/ddp" 1e-6 "dp 2 x tp 2 zero3 with clipping against ddp"
@@ -60,8 +53,8 @@ v=$(vals "$tmp/z3")
   bad "zero3: validation losses '$v', ddp '$(vals "$tmp/ddp")'"
 grep -q '"strategy":.*"zero3+tensor"' "$tmp/z3/env.json" &&
   ok "env.json: strategy zero3+tensor" || bad "env.json: $(grep strategy "$tmp/z3/env.json")"
-mesh nc_ddp ddp --resume never "${nc[@]}"
-mesh nc_z3 zero3 --resume never "${nc[@]}"
+tp_mesh nc_ddp ddp --resume never "${nc[@]}"
+tp_mesh nc_z3 zero3 --resume never "${nc[@]}"
 same "$tmp/nc_z3" "$tmp/nc_ddp" "dp 2 x tp 2 zero3 without clipping"
 
 # -- one rank, the same global batch
@@ -72,8 +65,8 @@ close "$tmp/z3" "dp 2 x tp 2 zero3"
 # -- memory a rank: the last step's mem_* (a larger model, so that pages
 #    do not decide)
 big=(--set model.d_model=64 --set model.layers=6 --set train.steps=2 --set train.eval_every=0)
-mesh m_ddp ddp --resume never "${big[@]}"
-mesh m_z3 zero3 --resume never "${big[@]}"
+tp_mesh m_ddp ddp --resume never "${big[@]}"
+tp_mesh m_z3 zero3 --resume never "${big[@]}"
 python3 - "$tmp/m_ddp/metrics.jsonl" "$tmp/m_z3/metrics.jsonl" <<'EOF' &&
 import json, sys
 last = lambda p: [json.loads(l) for l in open(p) if '"loss"' in l][-1]
@@ -93,27 +86,27 @@ EOF
 
 # -- bf16 and f16: zero2's bits in the same precision
 for p in bf16 f16; do
-  mesh h_z2_$p zero2 --resume never --set train.precision=$p --set train.steps=8
-  mesh h_z3_$p zero3 --resume never --set train.precision=$p --set train.steps=8
+  tp_mesh h_z2_$p zero2 --resume never --set train.precision=$p --set train.steps=8
+  tp_mesh h_z3_$p zero3 --resume never --set train.precision=$p --set train.steps=8
   same "$tmp/h_z3_$p" "$tmp/h_z2_$p" "dp 2 x tp 2 zero3 in $p"
 done
 
 # -- stopped at step 7 and resumed: the checkpoint is canonical
-mesh rs_z3 zero3 --resume never --stop-at 7
-mesh rs_z3 zero3 --resume auto
+tp_mesh rs_z3 zero3 --resume never --stop-at 7
+tp_mesh rs_z3 zero3 --resume auto
 same "$tmp/rs_z3" "$tmp/z3" "zero3 stopped at step 7, resumed under zero3"
-mesh rs_z3d zero3 --resume never --stop-at 7 "${nc[@]}"
-mesh rs_z3d ddp --resume auto "${nc[@]}"
+tp_mesh rs_z3d zero3 --resume never --stop-at 7 "${nc[@]}"
+tp_mesh rs_z3d ddp --resume auto "${nc[@]}"
 same "$tmp/rs_z3d" "$tmp/nc_ddp" "zero3 stopped at step 7, resumed under ddp"
-mesh rs_z1z3 zero1 --resume never --stop-at 7 "${nc[@]}"
-mesh rs_z1z3 zero3 --resume auto "${nc[@]}"
+tp_mesh rs_z1z3 zero1 --resume never --stop-at 7 "${nc[@]}"
+tp_mesh rs_z1z3 zero3 --resume auto "${nc[@]}"
 same "$tmp/rs_z1z3" "$tmp/nc_ddp" "zero1 stopped at step 7, resumed under zero3"
-mesh rs_1 zero3 --resume never --stop-at 7
+tp_mesh rs_1 zero3 --resume never --stop-at 7
 run 1 train "${cfg[@]}" --set train.batch_size=8 --resume auto --set "log.run_dir=$tmp/rs_1"
 [ $rc = 0 ] || { bad "zero3 -> one rank (rc $rc)"; cat "$tmp/out"; }
 close "$tmp/rs_1" "zero3 at dp 2 x tp 2 stopped at step 7, resumed on one rank"
 run 1 train "${cfg[@]}" --set train.batch_size=8 --resume never --set "log.run_dir=$tmp/rs_2" --stop-at 7
-mesh rs_2 zero3 --resume auto
+tp_mesh rs_2 zero3 --resume auto
 close "$tmp/rs_2" "one rank stopped at step 7, resumed under zero3 at dp 2 x tp 2"
 
 # -- a rank killed after step 7: restarted, resumed from step 5
@@ -135,7 +128,7 @@ same "$tmp/t_z3" "$tmp/t_ddp" "tp 2 on 2 ranks (one replica) zero3"
 #    last micro-batch leaves replica 1 without rows; it runs its passes
 #    with weight 0 for the gathers): ddp's bits
 for s in ddp zero3; do
-  mesh tail_$s $s --resume never --set train.steps=0 --set train.epochs=1 \
+  tp_mesh tail_$s $s --resume never --set train.steps=0 --set train.epochs=1 \
     --set data.tail=partial --set train.batch_size=5 --set train.eval_every=0 \
     --set log.every=50
 done
