@@ -127,6 +127,7 @@ struct loom_comm_ctx {
   bool oversubscribed; /* more ranks on this host than cores: yield at once */
   bool env_init;       /* LOOM_INIT=env:// with WORLD_SIZE > 1 */
   double spin_s;       /* how long waiting threads spin before sleeping */
+  double doze_s; /* longest nap while MPI requests wait and nobody waits */
   pthread_t thread;
   int owner_pid;
 
@@ -145,6 +146,7 @@ struct loom_comm_ctx {
   pthread_mutex_t done_mu;
   pthread_cond_t done_cv;
   atomic_int waiters;
+  atomic_int dozing; /* the thread naps on cv: a new waiter signals it */
   _Atomic(const loom_op *) wait_op; /* what a lone waiter sleeps on */
 
   _Atomic(atomic_uint *) sleep_bell; /* set while the thread sleeps there */
