@@ -35,6 +35,28 @@ bench_cpu_header() {
   echo "# cpu: ${model:-unknown}, $(nproc) cores; flags:${have:- none of avx2 fma avx512f avx512_bf16 amx}"
 }
 
+# BENCH_ISA=avx2: both sides as on a CPU with AVX2 and FMA only (no AVX-512,
+# no bf16 instructions), on a machine that has more: loom's own kernels
+# (LOOM_ISA), its bf16 path (LOOM_BF16_PATH=convert) and its oneDNN
+# (ONEDNN_MAX_CPU_ISA); PyTorch's ATen kernels (ATEN_CPU_CAPABILITY), its
+# oneDNN and its MKL (MKL_ENABLE_INSTRUCTIONS). The clock, caches and memory
+# stay this machine's, so the table says it is an emulation. Unset or
+# "native": nothing capped.
+bench_cap_isa() {
+  case "${BENCH_ISA:-native}" in
+  native) ;;
+  avx2)
+    export LOOM_ISA=avx2 LOOM_BF16_PATH=convert ONEDNN_MAX_CPU_ISA=AVX2 \
+      ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2
+    echo "# emulated AVX2-only CPU (BENCH_ISA=avx2): LOOM_ISA=avx2 LOOM_BF16_PATH=convert ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2; this CPU's clock, caches and memory"
+    ;;
+  *)
+    echo "BENCH_ISA=$BENCH_ISA: expected native or avx2" >&2
+    exit 2
+    ;;
+  esac
+}
+
 # Refuse nothing, but say when the numbers will be low: load above the core count.
 bench_check_load() {
   bench_cpu_header

@@ -12,7 +12,8 @@
 # (fashion-mlp,fashion-cnn,kjv-gpt), ROUNDS (1: each row's loom and PyTorch
 # runs repeated, the rows in turn; the table keeps the median round and the
 # median of the rounds' loom/PyTorch ratios), NO_TORCH=1 or TORCH=0 (loom
-# only), RAW=FILE (keep the JSON result lines).
+# only), RAW=FILE (keep the JSON result lines), BENCH_ISA=avx2 (both sides
+# capped to AVX2 and FMA: an AVX2-only CPU emulated, bench/lib.sh).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 BUILD=${1:-$LOOM_ROOT/build}
@@ -26,6 +27,7 @@ LOOM="$BUILD/loom"
 torch=0
 bench_torch_peer && torch=1
 bench_check_load
+bench_cap_isa
 echo "# peer: ${TORCH_PEER:-PyTorch: skipped}; OMP_WAIT_POLICY=PASSIVE, equal thread counts; $STEPS timed steps, $ROUNDS round(s)"
 tmp=$(mktemp -d)
 out=${RAW:-$tmp/results.jsonl}

@@ -56,6 +56,9 @@ def peer_info(torch):
         "blas": blas_library() if torch.__version__.startswith("1.13") and not torch.backends.mkl.is_available()
         else ("MKL (bundled with the wheel)" if torch.backends.mkl.is_available() else blas_library()),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        # ATen's kernel set (AVX512, AVX2, DEFAULT): BENCH_ISA caps it
+        "cpu_capability": torch.backends.cpu.get_cpu_capability()
+        if hasattr(torch.backends, "cpu") else None,
     }
 
 

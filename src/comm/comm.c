@@ -400,6 +400,7 @@ static void doze(loom_comm_ctx *ctx, double seconds) {
 static void run_loop(loom_comm_ctx *ctx) {
   long idle = 0;
   double idle_since = 0;
+  bool dozed = false; /* the last pass dozed: look at the clock again */
   for (;;) {
     pthread_mutex_lock(&ctx->mu);
     ctx->q_seen = atomic_load(&ctx->queued);
@@ -445,6 +446,7 @@ static void run_loop(loom_comm_ctx *ctx) {
     bool poll = false;
     if (step_all(ctx, &poll)) {
       idle = 0;
+      dozed = false;
       continue;
     }
     /* Nothing moved: spin briefly, then give the core away (at once when
@@ -453,7 +455,7 @@ static void run_loop(loom_comm_ctx *ctx) {
      * (poll) need MPI_Test calls to move: yield, or doze while nobody
      * waits for them. */
     idle++;
-    bool timed = idle == 1 || (idle & 15) == 0; /* the clock costs too */
+    bool timed = idle == 1 || (idle & 15) == 0 || dozed; /* the clock costs */
     double now = timed ? loom_time_now() : 0;
     if (idle == 1)
       idle_since = now;
@@ -473,8 +475,10 @@ static void run_loop(loom_comm_ctx *ctx) {
         atomic_load(&ctx->waiters) == 0) {
       double d = (now - idle_since) / 4;
       doze(ctx, d < ctx->doze_s ? d : ctx->doze_s);
+      dozed = true;
       continue;
     }
+    dozed = false;
     if (oversub || idle > SPIN_RELAX)
       sched_yield();
     else
