@@ -374,9 +374,9 @@ static void kick(loom_comm_ctx *ctx) {
  * move only through MPI_Test, but yielding in a loop for the whole compute
  * takes a third of a core from the compute threads (measured: the two
  * comm threads of a 2-rank pipeline on 2 cores, 25% of all samples). So
- * nap on cv, as long as a quarter of the time nothing has moved (a transfer
- * in flight loses at most a quarter of its pace), at most doze_s; a new
- * operation, a new waiter, an abort or a stop wakes the thread at once. */
+ * nap on cv, an eighth of the time nothing has moved (a transfer in flight
+ * loses at most an eighth of its pace), at most doze_s; a new operation, a
+ * new waiter, an abort or a stop wakes the thread at once. */
 static void doze(loom_comm_ctx *ctx, double seconds) {
   pthread_mutex_lock(&ctx->mu);
   atomic_store(&ctx->dozing, 1);
@@ -473,7 +473,7 @@ static void run_loop(loom_comm_ctx *ctx) {
     }
     if (poll && timed && ctx->doze_s > 0 && now - idle_since > ctx->spin_s &&
         atomic_load(&ctx->waiters) == 0) {
-      double d = (now - idle_since) / 4;
+      double d = (now - idle_since) / 8;
       doze(ctx, d < ctx->doze_s ? d : ctx->doze_s);
       dozed = true;
       continue;
