@@ -73,6 +73,18 @@ tp_mesh() {
     --set parallel.strategy="$s" "$@"
   [ $rc = 0 ] || { bad "$name (rc $rc)"; cat "$tmp/out"; }
 }
+# STRATEGY REF: dp 2 x tp 2 under STRATEGY with rank 1 exiting after step
+# 7, restarted by loom run --max-restarts from step 5's checkpoint; its
+# parameters must be REF's bits.
+tp_mesh_killed() {
+  local s=$1 ref=$2
+  LOOM_FAULT=1:7:exit:9 "$LOOM" run -n 4 --timeout 120 --max-restarts 1 \
+    "$LOOM" train "${cfg[@]}" --resume auto --set "log.run_dir=$tmp/killed" \
+    --set checkpoint.every=5 --set parallel.tp=2 --set parallel.strategy="$s" >"$tmp/out" 2>&1
+  rc=$?
+  [ $rc = 0 ] && grep -q "restart" "$tmp/out" || { bad "killed under $s (rc $rc)"; cat "$tmp/out"; }
+  same "$tmp/killed" "$ref" "$s, rank 1 killed at step 7, restarted"
+}
 finish() { # NAME: the summary line and the exit status
   [ $fail = 0 ] && echo "$1: all passed"
   exit $fail
