@@ -85,6 +85,19 @@ tp_mesh_killed() {
   [ $rc = 0 ] && grep -q "restart" "$tmp/out" || { bad "killed under $s (rc $rc)"; cat "$tmp/out"; }
   same "$tmp/killed" "$ref" "$s, rank 1 killed at step 7, restarted"
 }
+# "SETTINGS|MESSAGE"...: loom config check of cfg's model and data (its
+# first 13 words) at tp 2 with each SETTINGS (`--set` between settings)
+# exits 2 naming MESSAGE.
+tp_refused() {
+  local x
+  for x in "$@"; do
+    # shellcheck disable=SC2086
+    "$LOOM" config check "${cfg[@]:0:13}" --set parallel.tp=2 --set ${x%%|*} >"$tmp/out" 2>&1
+    rc=$?
+    [ $rc = 2 ] && grep -qF "${x#*|}" "$tmp/out" && ok "config check tp 2 --set ${x%%|*}: rc 2" ||
+      { bad "config check tp 2 --set ${x%%|*}: rc $rc"; cat "$tmp/out"; }
+  done
+}
 finish() { # NAME: the summary line and the exit status
   [ $fail = 0 ] && echo "$1: all passed"
   exit $fail

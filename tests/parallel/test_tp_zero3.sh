@@ -143,12 +143,6 @@ awk -v p="$part" '$1 == "ddp" { pd = $3; od = $5; sd = $11 } $1 == "zero3" { pz 
   { bad "loom estimate's zero3 row"; cat "$tmp/est"; }
 
 # -- refused at loom config check (exit 2)
-for x in "parallel.strategy=zero3 --set parallel.pp=2|zero3 and fsdp with tp need parallel.pp 1" \
-  "parallel.strategy=fsdp --set parallel.sequence_parallel=true|'fsdp' with parallel.sequence_parallel"; do
-  # shellcheck disable=SC2086
-  "$LOOM" config check "${cfg[@]:0:13}" --set parallel.tp=2 --set ${x%%|*} >"$tmp/out" 2>&1
-  rc=$?
-  [ $rc = 2 ] && grep -qF "${x#*|}" "$tmp/out" && ok "config check tp 2 --set ${x%%|*}: rc 2" ||
-    { bad "config check tp 2 --set ${x%%|*}: rc $rc"; cat "$tmp/out"; }
-done
+tp_refused "parallel.strategy=zero3 --set parallel.pp=2|zero3 and fsdp with tp need parallel.pp 1" \
+  "parallel.strategy=fsdp --set parallel.sequence_parallel=true|'fsdp' with parallel.sequence_parallel"
 finish parallel_tp_zero3
