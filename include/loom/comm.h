@@ -138,6 +138,11 @@ loom_status loom_wait(loom_req *req);
 /* Non-blocking: *done says whether it completed; the return value is the
  * operation's status once done, LOOM_OK before. */
 loom_status loom_test(loom_req *req, bool *done);
+/* Blocks until the operation completes or `seconds` have passed, whichever
+ * comes first; *done (may be NULL) says which. Returns the operation's status
+ * once done, LOOM_OK before. For a caller that must show signs of life while
+ * it waits for a slower rank (see loom_runstat_beat). */
+loom_status loom_wait_for(loom_req *req, double seconds, bool *done);
 /* Waits for n requests; returns the first error (all are waited for). */
 loom_status loom_wait_all(loom_req *reqs, size_t n);
 /* Posts the completed (or never-waited) request's operation again. */

@@ -212,7 +212,8 @@ loom_status loom_mkdirs(const char *path);
   X(LOOM_FAULT_CORRUPT, "corrupt") /* damage own shard of the next             \
                                       checkpoint once saved, then exit 1 */    \
   X(LOOM_FAULT_SLOW, "slow")       /* sleep ARG s (0.2) after every step */    \
-  X(LOOM_FAULT_SLOW_DATA, "slow_data") /* every batch ARG s (0.2) late */      \
+  X(LOOM_FAULT_SLOW_DATA, "slow_data") /* every batch ARG s (0.2) late,        \
+                                          evaluation's too */                  \
   X(LOOM_FAULT_GRAD_INF, "grad_inf")   /* an inf in the first element of the   \
                                           rank's reduced gradient (its slice   \
                                           under ZeRO-2) at step STEP, with     \

@@ -661,7 +661,10 @@ loom_status loom_group_world(const loom_comm_opts *opts, loom_group **out) {
   pthread_cond_init(&ctx->cv, &ca);
   pthread_condattr_destroy(&ca);
   pthread_mutex_init(&ctx->done_mu, NULL);
-  pthread_cond_init(&ctx->done_cv, NULL);
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* loom_wait_for's */
+  pthread_cond_init(&ctx->done_cv, &ca);
+  pthread_condattr_destroy(&ca);
   w->ctx = ctx;
   w->is_world = true;
   w->refs = 1;
@@ -1008,16 +1011,11 @@ static loom_status op_result(const loom_op *op) {
   return LOOM_OK;
 }
 
-loom_status loom_wait(loom_req *req) {
-  if (!req)
-    return LOOM_OK;
-  loom_op *op = op_of(req);
-  if (op->magic != LOOM_OP_MAGIC)
-    return LOOM_OK;
-  int st = atomic_load_explicit(&op->state, memory_order_acquire);
-  if (st == LOOM_REQ_EMPTY)
-    return LOOM_OK;
+/* Waits for op until `deadline` (CLOCK_MONOTONIC; NULL: for ever); returns
+ * whether it completed. */
+static bool wait_op_until(loom_op *op, const struct timespec *deadline) {
   loom_comm_ctx *ctx = op->group->ctx;
+  int st = atomic_load_explicit(&op->state, memory_order_acquire);
   double until = 0;
   /* Spin only where latency matters: a large operation takes longer than
    * the spin, and the spinning thread would take a core from the ranks. */
@@ -1033,28 +1031,74 @@ loom_status loom_wait(loom_req *req) {
         break;
     }
   }
-  if (st != LOOM_REQ_DONE) {
-    /* Counted before the lock: the thread's doze checks the count. */
-    atomic_fetch_add(&ctx->waiters, 1);
-    if (atomic_load(&ctx->dozing)) {
-      pthread_mutex_lock(&ctx->mu);
-      pthread_cond_signal(&ctx->cv);
-      pthread_mutex_unlock(&ctx->mu);
-    }
-    pthread_mutex_lock(&ctx->done_mu);
-    while (atomic_load(&op->state) != LOOM_REQ_DONE) {
-      atomic_store(&ctx->wait_op, op);
-      if (atomic_load(&op->state) == LOOM_REQ_DONE)
-        break;
-      pthread_cond_wait(&ctx->done_cv, &ctx->done_mu);
-    }
-    /* Another waiter may have named its own operation meanwhile: wake the
-     * others so that they name theirs again. */
-    if (atomic_fetch_sub(&ctx->waiters, 1) > 1)
-      pthread_cond_broadcast(&ctx->done_cv);
-    pthread_mutex_unlock(&ctx->done_mu);
+  if (st == LOOM_REQ_DONE)
+    return true;
+  /* Counted before the lock: the thread's doze checks the count. */
+  atomic_fetch_add(&ctx->waiters, 1);
+  if (atomic_load(&ctx->dozing)) {
+    pthread_mutex_lock(&ctx->mu);
+    pthread_cond_signal(&ctx->cv);
+    pthread_mutex_unlock(&ctx->mu);
   }
+  pthread_mutex_lock(&ctx->done_mu);
+  bool done = false;
+  while (!(done = atomic_load(&op->state) == LOOM_REQ_DONE)) {
+    atomic_store(&ctx->wait_op, op);
+    if ((done = atomic_load(&op->state) == LOOM_REQ_DONE))
+      break;
+    if (!deadline)
+      pthread_cond_wait(&ctx->done_cv, &ctx->done_mu);
+    else if (pthread_cond_timedwait(&ctx->done_cv, &ctx->done_mu, deadline) ==
+             ETIMEDOUT) {
+      done = atomic_load(&op->state) == LOOM_REQ_DONE;
+      break;
+    }
+  }
+  /* Another waiter may have named its own operation meanwhile: wake the
+   * others so that they name theirs again. */
+  if (atomic_fetch_sub(&ctx->waiters, 1) > 1)
+    pthread_cond_broadcast(&ctx->done_cv);
+  pthread_mutex_unlock(&ctx->done_mu);
+  return done;
+}
+
+loom_status loom_wait(loom_req *req) {
+  if (!req)
+    return LOOM_OK;
+  loom_op *op = op_of(req);
+  if (op->magic != LOOM_OP_MAGIC)
+    return LOOM_OK;
+  int st = atomic_load_explicit(&op->state, memory_order_acquire);
+  if (st == LOOM_REQ_EMPTY)
+    return LOOM_OK;
+  wait_op_until(op, NULL);
   return op_result(op);
+}
+
+loom_status loom_wait_for(loom_req *req, double seconds, bool *done) {
+  bool d = true;
+  loom_status s = LOOM_OK;
+  loom_op *op = req ? op_of(req) : NULL;
+  if (op && op->magic == LOOM_OP_MAGIC &&
+      atomic_load_explicit(&op->state, memory_order_acquire) !=
+          LOOM_REQ_EMPTY) {
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    double whole = seconds > 0 ? floor(seconds) : 0;
+    long ns = seconds > 0 ? (long)((seconds - whole) * 1e9) : 0;
+    dl.tv_sec += (time_t)(whole < 1e9 ? whole : 1e9);
+    dl.tv_nsec += ns;
+    if (dl.tv_nsec >= 1000000000L) {
+      dl.tv_sec++;
+      dl.tv_nsec -= 1000000000L;
+    }
+    d = wait_op_until(op, &dl);
+    if (d)
+      s = op_result(op);
+  }
+  if (done)
+    *done = d;
+  return s;
 }
 
 loom_status loom_test(loom_req *req, bool *done) {

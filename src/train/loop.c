@@ -1120,6 +1120,19 @@ static loom_status step_micro(loom_trainer *t, double *sums,
   return LOOM_OK;
 }
 
+/* Waits for an operation that waits for a slower rank, beating (loom run's
+ * sign of life) while it does: waiting for a rank that is still busy is not
+ * a hang. That rank beats on its own; one that stops is still found. */
+static loom_status wait_alive(loom_req *r) {
+  for (;;) {
+    bool done = false;
+    loom_status s = loom_wait_for(r, 0.25, &done);
+    if (done)
+      return s;
+    loom_runstat_beat();
+  }
+}
+
 /* Evaluation is shared: rank r takes batches r, r + P, ... of a fixed batch
  * size, and the per-batch sums are added in batch order, so the result does
  * not depend on the number of ranks. */
@@ -1166,6 +1179,8 @@ static loom_status evaluate(loom_trainer *t, int64_t max_batches, double *loss,
                     done);
       if (count == 0)
         continue;
+      if (t->n_faults > 0) /* LOOM_FAULT slow_data: evaluation reads too */
+        loom_train_fault_data_delay(t);
       LOOM_TRY_GOTO(s, loom_dataset_fill(t->val_ds, 0, idx, count, &b), done);
       double scratch[3] = {0, 0, 0};
       double *into = i < nb ? part + i * 3 : scratch;
@@ -1189,6 +1204,8 @@ static loom_status evaluate(loom_trainer *t, int64_t max_batches, double *loss,
                   done);
     if (count == 0)
       continue;
+    if (t->n_faults > 0) /* LOOM_FAULT slow_data: evaluation reads too */
+      loom_train_fault_data_delay(t);
     LOOM_TRY_GOTO(s, loom_dataset_fill(t->val_ds, 0, idx, count, &b), done);
     loom_tensor logits;
     loom_xent_stats st;
@@ -1209,6 +1226,16 @@ done:
   loom_model_set_training(t->model, true);
   if (t->pipe)
     loom_pipe_set_training(t->pipe, true);
+  if (t->world && t->nranks > 1) {
+    /* The ranks' shares end at different times (uneven shares, a loaded
+     * machine): the first to finish waits for the others, alive. */
+    loom_req r = LOOM_REQ_INIT;
+    loom_status bs = loom_barrier(t->world, &r);
+    if (bs == LOOM_OK)
+      bs = wait_alive(&r);
+    if (s == LOOM_OK)
+      s = bs;
+  }
   /* Agree even on failure: the other ranks are about to add the sums. */
   s = loom_train_agree(t, s, "evaluation");
   if (s == LOOM_OK && (!part || !all))

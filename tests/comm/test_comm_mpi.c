@@ -604,6 +604,51 @@ TT_TEST(test_quiet_pending) {
   free(b);
 }
 
+/* loom_wait_for: a receive whose sender has not sent yet is not done after
+ * the timeout (and the call took the timeout at least), then completes once
+ * rank 0 sends; a zeroed request is done at once. A small message (the
+ * waiter spins first) and a large one (it sleeps at once). */
+TT_TEST(test_wait_for) {
+  loom_req z = LOOM_REQ_INIT;
+  bool done = false;
+  TT_CHECK_OK(loom_wait_for(&z, 5.0, &done));
+  TT_CHECK(done);
+  if (P < 2 || R > 1)
+    return;
+  const size_t sizes[2] = {4, (size_t)1 << 18};
+  for (int k = 0; k < 2; k++) {
+    size_t n = sizes[k];
+    float *b = calloc(n, sizeof *b);
+    int go = 0;
+    loom_req r = LOOM_REQ_INIT, g = LOOM_REQ_INIT;
+    if (R == 1) {
+      TT_REQUIRE_OK(loom_recv(b, n, LOOM_F32, 0, 21 + k, world, &r));
+      double t0 = loom_time_now();
+      done = true;
+      TT_CHECK_OK(loom_wait_for(&r, 0.05, &done));
+      TT_CHECK(!done);
+      TT_CHECK(loom_time_now() - t0 >= 0.05);
+      TT_CHECK_OK(loom_send(&go, 1, LOOM_I32, 0, 31 + k, world, &g));
+      TT_CHECK_OK(loom_wait(&g));
+      int polls = 0;
+      done = false;
+      while (!done && polls++ < 600)
+        TT_CHECK_OK(loom_wait_for(&r, 0.1, &done));
+      TT_CHECK(done);
+      for (size_t i = 0; i < n; i += 97)
+        TT_CHECK(b[i] == (float)(i % 977 + 1));
+    } else {
+      for (size_t i = 0; i < n; i++)
+        b[i] = (float)(i % 977 + 1);
+      TT_CHECK_OK(loom_recv(&go, 1, LOOM_I32, 1, 31 + k, world, &g));
+      TT_CHECK_OK(loom_wait(&g));
+      TT_CHECK_OK(loom_send(b, n, LOOM_F32, 1, 21 + k, world, &r));
+      TT_CHECK_OK(loom_wait(&r));
+    }
+    free(b);
+  }
+}
+
 /* LOOM_COMM_CHECK=1: a different collective on one rank is an error that
  * names both ranks and both operations on every rank, and the group stays
  * usable. */
@@ -667,6 +712,7 @@ int main(void) {
   RUN_TIMED(test_p2p);
   RUN_TIMED(test_overlap);
   RUN_TIMED(test_quiet_pending);
+  RUN_TIMED(test_wait_for);
   RUN_TIMED(test_mismatch);
   if (R == 0)
     printf("backend %s, shm %d, %d ranks\n", loom_group_backend(world),

@@ -29,4 +29,28 @@ fi
 python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) > 2.2 else 1)" "${t_last:-0}" &&
   ok "the evaluation outlasted the hang timeout" ||
   bad "the evaluation took ${t_last:-?} s, not over the 2 s timeout: make the split larger"
+# Uneven shares: rank 1's evaluation batches come 4 ms late (LOOM_FAULT
+# slow_data), so rank 0 ends its share seconds before rank 1 and waits for
+# it. Waiting for a rank that is still evaluating is not a hang either
+# (before the fix rank 0 sat silent in the closing reduction and loom run
+# stopped the job, more so on a loaded machine).
+head -c 200000 "$tmp/text.txt" >"$tmp/small.txt"
+LOOM_FAULT=1:4:slow_data:0.004 "$LOOM" run -n 2 --hang-timeout 2 --max-restarts 0 \
+  "$LOOM" train "$SRC/examples/small_gpt.yaml" \
+  --set "data.path=$tmp/small.txt" --set data.val_fraction=0.5 --set model.layers=2 \
+  --set model.d_model=64 --set model.heads=2 --set model.context=64 --set train.batch_size=1 \
+  --set train.steps=4 --set log.every=1 --set train.eval_every=100 --set checkpoint.enabled=false \
+  --set "log.run_dir=$tmp/run2" --quiet >"$tmp/out2" 2>&1
+rc=$?
+if [ $rc = 0 ] && grep -q '"val_loss"' "$tmp/run2/metrics.jsonl"; then
+  ok "rank 0 waited for rank 1's late evaluation share under --hang-timeout 2"
+else
+  bad "uneven evaluation shares: rc $rc: $(tail -3 "$tmp/out2")"
+fi
+t2=$(python3 -c 'import json,sys
+ls=[json.loads(l) for l in open(sys.argv[1])]
+print(ls[-1]["time"] - [l for l in ls if "step_s" in l][-1]["time"])' "$tmp/run2/metrics.jsonl" 2>/dev/null)
+python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) > 2.2 else 1)" "${t2:-0}" &&
+  ok "rank 1's share took ${t2} s, over the hang timeout" ||
+  bad "rank 1's share took ${t2:-?} s, not over the 2 s timeout: more batches or a longer delay"
 finish run_eval_alive
