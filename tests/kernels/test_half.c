@@ -322,8 +322,7 @@ TT_TEST(gemm_half_args) {
 /* The linear layer in half: against the f32 layer on rounded operands
  * (bitwise on the conversion path), against the f32 layer on the f32
  * operands within the format's bound, with an f32 and a half input. */
-static void linear_half(loom_dtype dt) {
-  const int N = 37, C = 45, OC = 19;
+static void linear_half_one(loom_dtype dt, int N, int C, int OC) {
   float *x = kt_rand((size_t)N * C, 1, -2, 2);
   float *w = kt_rand((size_t)OC * C, 2, -0.5f, 0.5f);
   float *b = kt_rand((size_t)OC, 3, -1, 1);
@@ -385,6 +384,16 @@ static void linear_half(loom_dtype dt) {
     loom_free(all[i]);
   loom_free(wh);
   loom_free(xh);
+}
+
+/* One small shape on one thread; at 2 threads, two whose bias gradient and
+ * conversions run on both (column blocks of the bias sum: two, and one). */
+static void linear_half(loom_dtype dt) {
+  linear_half_one(dt, 37, 45, 19);
+  loom_set_threads(2);
+  linear_half_one(dt, 131, 40, 300);
+  linear_half_one(dt, 3001, 8, 12);
+  loom_set_threads(0);
 }
 
 /* The convolution the same way, bitwise, on a shape oneDNN's engine takes
