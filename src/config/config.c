@@ -1287,18 +1287,6 @@ static loom_status check_tp(const loom_config *cfg, const cfg_origins *org,
                      "each rank takes an equal share of every micro-batch's "
                      "tokens; supported: a tp that divides model.context",
                      (long long)m->context, (long long)T);
-    if (pc->strategy == LOOM_CFG_STRATEGY_ZERO2 ||
-        pc->strategy == LOOM_CFG_STRATEGY_ZERO3 ||
-        pc->strategy == LOOM_CFG_STRATEGY_FSDP)
-      return cfg_err(origin_of(org, "parallel.strategy", none),
-                     "parallel.strategy",
-                     "'%s' with parallel.sequence_parallel: the layer "
-                     "norms' partial gradients are summed over the tp group "
-                     "whole, and %s keeps only a cut of the gradient; "
-                     "supported: auto, ddp or zero1 (or sequence_parallel "
-                     "false)",
-                     loom_cfg_strategy_names[pc->strategy],
-                     loom_cfg_strategy_names[pc->strategy]);
   }
   if (T == 1)
     return LOOM_OK;

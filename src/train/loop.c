@@ -1470,6 +1470,9 @@ static loom_status optim_step(loom_trainer *t, float lr, double *gnorm,
       loom_train_tp_cut(t, t->replica, &lo, &hi);
     else
       loom_train_slice(t, t->rank, &lo, &hi);
+    /* sequence parallelism: the whole views' parts in the cut summed over
+     * the tp group (the replicas' sum is in) */
+    LOOM_TRY(loom_train_tp_sp_grads(t, lo, hi));
     LOOM_TRY(loom_train_scale_unscale(t, grads + lo, hi - lo, &skip));
     double ss;
     if (!skip && clip > 0) {

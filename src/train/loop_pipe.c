@@ -451,7 +451,7 @@ loom_status loom_train_pipe_optim(loom_trainer *t, float lr, double *gnorm,
   /* f16: the stage's summed gradient unscaled; an inf or NaN on any rank
    * skips the step on every rank (the flag agreed over the world) */
   bool skip = false;
-  LOOM_TRY(loom_train_tp_sp_grads(t, lo, hi));
+  LOOM_TRY(loom_train_tp_sp_grads(t, glo, ghi));
   LOOM_TRY(loom_train_scale_unscale(t, grads + glo, ghi - glo, &skip));
   if (!skip) {
     if (clip > 0) {

@@ -235,15 +235,20 @@ static int64_t whole_views(const loom_trainer *t, int64_t lo, int64_t hi,
   for (int i = 0; i < loom_model_num_views(t->model); i++) {
     const loom_param *v = loom_model_view(t->model, i);
     int blocks;
-    if (loom_model_view_tp(t->model, i, &blocks) != LOOM_TP_WHOLE ||
-        v->offset < lo || v->offset + v->numel > hi)
+    if (loom_model_view_tp(t->model, i, &blocks) != LOOM_TP_WHOLE)
       continue;
-    size_t bytes = (size_t)v->numel * sizeof(float);
+    /* its elements in [lo, hi): a ZeRO-2/3 cut may end inside a view (the
+     * tp group's ranks have the same layout, so the same elements) */
+    const int64_t a = v->offset > lo ? v->offset : lo;
+    const int64_t b = v->offset + v->numel < hi ? v->offset + v->numel : hi;
+    if (a >= b)
+      continue;
+    size_t bytes = (size_t)(b - a) * sizeof(float);
     if (buf && unpack)
-      memcpy(grads + v->offset, buf + k, bytes);
+      memcpy(grads + a, buf + k, bytes);
     else if (buf)
-      memcpy(buf + k, grads + v->offset, bytes);
-    k += v->numel;
+      memcpy(buf + k, grads + a, bytes);
+    k += b - a;
   }
   return k;
 }
@@ -252,8 +257,9 @@ static int64_t whole_views(const loom_trainer *t, int64_t lo, int64_t hi,
  * biases, the position embedding) were used on each rank's tokens only,
  * so each rank holds a part of their gradient; summed over the group
  * once a step, after accumulation and the replicas' sum, before clipping
- * and the optimizer: packed, one all-reduce, unpacked. Views in [lo, hi)
- * of the rank's layout (a pipeline stage's owned range). */
+ * and the optimizer: packed, one all-reduce, unpacked. Their elements in
+ * [lo, hi) of the rank's layout (a pipeline stage's owned range, or under
+ * ZeRO-2/3 the replica's cut, which the group's ranks share). */
 loom_status loom_train_tp_sp_grads(loom_trainer *t, int64_t lo, int64_t hi) {
   if (!t->sp || !t->tp_map)
     return LOOM_OK;

@@ -2,8 +2,9 @@
 # Sequence parallelism (parallel.sequence_parallel) with tensor parallelism
 # in loom train, on the GPT of test_tp.sh (tp_lib.sh: 3 blocks, d_model
 # 32, 4 heads, accumulation 2, clipping, 20 steps):
-# - tp 2, tp 4, dp 2 x tp 2, tp 2 x pp 2, and zero1 over dp 2 x tp 2 (and
-#   x pp 2) against one rank with the same
+# - tp 2, tp 4, dp 2 x tp 2, tp 2 x pp 2, zero1 over dp 2 x tp 2 (and
+#   x pp 2), zero2 and zero3 over dp 2 x tp 2 and zero2 over dp 2 x tp 2 x
+#   pp 2 against one rank with the same
 #   global batch: every step's loss, the last validation loss and the
 #   parameters within 1e-5;
 # - dp 2 x tp 2 with dropout, activation checkpointing and micro-batches
@@ -43,6 +44,26 @@ close "$tmp/z1" "dp 2 x tp 2, zero1, sequence parallel"
 tp 8 2 z1pp --set train.batch_size=4 --set parallel.strategy=zero1 \
   --set parallel.pp=2 --set parallel.micro_batches=2 "${SP[@]}"
 close "$tmp/z1pp" "dp 2 x tp 2 x pp 2, zero1, sequence parallel"
+# ZeRO-2 and ZeRO-3 over the replicas: each rank keeps only its replica's
+# cut of the gradient, so the whole views' parts in the cut are summed over
+# the tp group (a cut may end inside a view); zero2 with a pipeline too
+tp 4 2 z2 --set train.batch_size=4 --set parallel.strategy=zero2 "${SP[@]}"
+close "$tmp/z2" "dp 2 x tp 2, zero2, sequence parallel"
+tp 4 2 z3 --set train.batch_size=4 --set parallel.strategy=zero3 "${SP[@]}"
+close "$tmp/z3" "dp 2 x tp 2, zero3, sequence parallel"
+tp 8 2 z2pp --set train.batch_size=4 --set parallel.strategy=zero2 \
+  --set parallel.pp=2 --set parallel.micro_batches=2 "${SP[@]}"
+close "$tmp/z2pp" "dp 2 x tp 2 x pp 2, zero2, sequence parallel"
+# a cut that ends inside a whole view: 1 block of d_model 16, context 64;
+# the position embedding (whole) spans [2048, 3072) of a tp 2 rank's part,
+# replica 1's cut begins at 2396
+cut=(--set model.layers=1 --set model.d_model=16 --set model.context=64)
+run 1 train "${cfg[@]}" "${cut[@]}" --resume never --set "log.run_dir=$tmp/cref"
+[ $rc = 0 ] || { bad "the one-rank reference, 1 block (rc $rc)"; cat "$tmp/out"; }
+tp 4 2 z2cut "${cut[@]}" --set train.batch_size=4 --set parallel.strategy=zero2 "${SP[@]}"
+close "$tmp/z2cut" "dp 2 x tp 2, zero2, sequence parallel, a cut inside the position embedding" "$tmp/cref"
+tp 4 2 z3cut "${cut[@]}" --set train.batch_size=4 --set parallel.strategy=zero3 "${SP[@]}"
+close "$tmp/z3cut" "dp 2 x tp 2, zero3, sequence parallel, a cut inside the position embedding" "$tmp/cref"
 RG=("${SP[@]}" --set parallel.sequence_parallel_regather=true)
 tp 2 2 rg2 "${RG[@]}"
 close "$tmp/rg2" "tp 2, sequence parallel, inputs gathered again in backward"
@@ -150,7 +171,6 @@ for x in "parallel.sequence_parallel=true|true with parallel.tp 1: sequence para
   "parallel.sequence_parallel=true --set parallel.tp=2 --set model.name=mlp --set data.dataset=fashion-mnist|true with model 'mlp': supported with model gpt only" \
   "parallel.sequence_parallel=true --set parallel.tp=2 --set model.name=cnn --set data.dataset=fashion-mnist|true with model 'cnn': supported with model gpt only" \
   "parallel.sequence_parallel=true --set parallel.tp=2 --set model.context=17|true with model.context 17 and parallel.tp 2" \
-  "parallel.sequence_parallel=true --set parallel.tp=2 --set parallel.strategy=zero2|zero2' with parallel.sequence_parallel" \
   "parallel.sequence_parallel=maybe|parallel.sequence_parallel" \
   "parallel.sequence_parallel_regather=true --set parallel.tp=2|true without parallel.sequence_parallel"; do
   "$LOOM" config check "$G" --set ${x%%|*} >"$tmp/out" 2>&1
@@ -158,7 +178,9 @@ for x in "parallel.sequence_parallel=true|true with parallel.tp 1: sequence para
   [ $rc = 2 ] && grep -qF "${x#*|}" "$tmp/out" && ok "config check --set ${x%%|*}: rc 2" ||
     { bad "config check --set ${x%%|*}: rc $rc"; cat "$tmp/out"; }
 done
-for x in "parallel.tp=2" "parallel.tp=2 --set parallel.pp=2" "parallel.tp=2 --set parallel.dp=2"; do
+for x in "parallel.tp=2" "parallel.tp=2 --set parallel.pp=2" "parallel.tp=2 --set parallel.dp=2" \
+  "parallel.tp=2 --set parallel.strategy=zero2" "parallel.tp=2 --set parallel.strategy=zero3" \
+  "parallel.tp=2 --set parallel.strategy=fsdp" "parallel.tp=2 --set parallel.strategy=zero2 --set parallel.pp=2"; do
   "$LOOM" config check "$G" --set parallel.sequence_parallel=true --set $x >"$tmp/out" 2>&1 &&
     ok "config check sequence_parallel with --set $x: accepted" ||
     { bad "config check sequence_parallel with --set $x: rc $?"; cat "$tmp/out"; }

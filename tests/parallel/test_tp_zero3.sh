@@ -144,5 +144,5 @@ awk -v p="$part" '$1 == "ddp" { pd = $3; od = $5; sd = $11 } $1 == "zero3" { pz 
 
 # -- refused at loom config check (exit 2)
 tp_refused "parallel.strategy=zero3 --set parallel.pp=2|zero3 and fsdp with tp need parallel.pp 1" \
-  "parallel.strategy=fsdp --set parallel.sequence_parallel=true|'fsdp' with parallel.sequence_parallel"
+  "parallel.strategy=fsdp --set parallel.sequence_parallel=true --set parallel.pp=2|zero3 and fsdp with tp need parallel.pp 1"
 finish parallel_tp_zero3
