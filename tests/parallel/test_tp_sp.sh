@@ -37,23 +37,19 @@ tp 4 2 dp2tp2 --set train.batch_size=4 "${SP[@]}"
 close "$tmp/dp2tp2" "dp 2 x tp 2, sequence parallel"
 tp 4 2 tp2pp2 --set parallel.pp=2 --set parallel.micro_batches=4 "${SP[@]}"
 close "$tmp/tp2pp2" "tp 2 x pp 2 (1f1b, 4 micro-batches), sequence parallel"
-# ZeRO-1 over the replicas (the whole views' parts summed before the
-# sharded step), also with a pipeline
-tp 4 2 z1 --set train.batch_size=4 --set parallel.strategy=zero1 "${SP[@]}"
-close "$tmp/z1" "dp 2 x tp 2, zero1, sequence parallel"
-tp 8 2 z1pp --set train.batch_size=4 --set parallel.strategy=zero1 \
-  --set parallel.pp=2 --set parallel.micro_batches=2 "${SP[@]}"
-close "$tmp/z1pp" "dp 2 x tp 2 x pp 2, zero1, sequence parallel"
-# ZeRO-2 and ZeRO-3 over the replicas: each rank keeps only its replica's
-# cut of the gradient, so the whole views' parts in the cut are summed over
-# the tp group (a cut may end inside a view); zero2 with a pipeline too
-tp 4 2 z2 --set train.batch_size=4 --set parallel.strategy=zero2 "${SP[@]}"
-close "$tmp/z2" "dp 2 x tp 2, zero2, sequence parallel"
-tp 4 2 z3 --set train.batch_size=4 --set parallel.strategy=zero3 "${SP[@]}"
-close "$tmp/z3" "dp 2 x tp 2, zero3, sequence parallel"
-tp 8 2 z2pp --set train.batch_size=4 --set parallel.strategy=zero2 \
-  --set parallel.pp=2 --set parallel.micro_batches=2 "${SP[@]}"
-close "$tmp/z2pp" "dp 2 x tp 2 x pp 2, zero2, sequence parallel"
+# ZeRO-1, -2 and -3 over the replicas: the whole views' parts summed over
+# the tp group before the sharded step (under zero2 and zero3 each rank
+# holds only its replica's cut of the gradient: the parts in the cut, which
+# may end inside a view); zero1 and zero2 with a pipeline too
+for z in zero1 zero2 zero3; do
+  tp 4 2 "$z" --set train.batch_size=4 --set parallel.strategy=$z "${SP[@]}"
+  close "$tmp/$z" "dp 2 x tp 2, $z, sequence parallel"
+done
+for z in zero1 zero2; do
+  tp 8 2 "${z}pp" --set train.batch_size=4 --set parallel.strategy=$z \
+    --set parallel.pp=2 --set parallel.micro_batches=2 "${SP[@]}"
+  close "$tmp/${z}pp" "dp 2 x tp 2 x pp 2, $z, sequence parallel"
+done
 # a cut that ends inside a whole view: 1 block of d_model 16, context 64;
 # the position embedding (whole) spans [2048, 3072) of a tp 2 rank's part,
 # replica 1's cut begins at 2396
