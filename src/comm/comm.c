@@ -369,6 +369,21 @@ static void kick(loom_comm_ctx *ctx) {
 /* Pause instructions before yielding while waiting for peers. */
 #define SPIN_RELAX 64
 
+/* CLOCK_MONOTONIC now + seconds (>= 0), for the timed waits on cv and
+ * done_cv (both on that clock). */
+static struct timespec deadline_in(double seconds) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  double whole = seconds > 0 ? floor(seconds) : 0;
+  ts.tv_sec += (time_t)(whole < 1e9 ? whole : 1e9);
+  ts.tv_nsec += seconds > 0 ? (long)((seconds - whole) * 1e9) : 0;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  return ts;
+}
+
 /* MPI requests in flight that no thread waits for yet (a pipeline's
  * receive posted before its compute, a send the peer has not matched): they
  * move only through MPI_Test, but yielding in a loop for the whole compute
@@ -384,11 +399,7 @@ static void doze(loom_comm_ctx *ctx, double seconds) {
    * count (both sequentially consistent). */
   if (atomic_load(&ctx->waiters) == 0 && !ctx->q_head && !ctx->stop &&
       atomic_load(&ctx->abort_code) < 0) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    long ns = ts.tv_nsec + (long)(seconds * 1e9);
-    ts.tv_sec += ns / 1000000000L;
-    ts.tv_nsec = ns % 1000000000L;
+    struct timespec ts = deadline_in(seconds);
     ctx->sleeping = true;
     pthread_cond_timedwait(&ctx->cv, &ctx->mu, &ts);
     ctx->sleeping = false;
@@ -655,14 +666,12 @@ loom_status loom_group_world(const loom_comm_opts *opts, loom_group **out) {
   atomic_init(&ctx->queued, 0);
   atomic_init(&ctx->sleep_bell, NULL);
   pthread_mutex_init(&ctx->mu, NULL);
+  /* both on CLOCK_MONOTONIC: the doze's and loom_wait_for's deadlines */
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* doze's deadlines */
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&ctx->cv, &ca);
-  pthread_condattr_destroy(&ca);
   pthread_mutex_init(&ctx->done_mu, NULL);
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* loom_wait_for's */
   pthread_cond_init(&ctx->done_cv, &ca);
   pthread_condattr_destroy(&ca);
   w->ctx = ctx;
@@ -1062,14 +1071,19 @@ static bool wait_op_until(loom_op *op, const struct timespec *deadline) {
   return done;
 }
 
+/* The operation a request holds, or NULL for nothing to wait for (NULL,
+ * zeroed or never posted: done). */
+static loom_op *posted_op(loom_req *req) {
+  loom_op *op = req ? op_of(req) : NULL;
+  if (!op || op->magic != LOOM_OP_MAGIC ||
+      atomic_load_explicit(&op->state, memory_order_acquire) == LOOM_REQ_EMPTY)
+    return NULL;
+  return op;
+}
+
 loom_status loom_wait(loom_req *req) {
-  if (!req)
-    return LOOM_OK;
-  loom_op *op = op_of(req);
-  if (op->magic != LOOM_OP_MAGIC)
-    return LOOM_OK;
-  int st = atomic_load_explicit(&op->state, memory_order_acquire);
-  if (st == LOOM_REQ_EMPTY)
+  loom_op *op = posted_op(req);
+  if (!op)
     return LOOM_OK;
   wait_op_until(op, NULL);
   return op_result(op);
@@ -1078,20 +1092,9 @@ loom_status loom_wait(loom_req *req) {
 loom_status loom_wait_for(loom_req *req, double seconds, bool *done) {
   bool d = true;
   loom_status s = LOOM_OK;
-  loom_op *op = req ? op_of(req) : NULL;
-  if (op && op->magic == LOOM_OP_MAGIC &&
-      atomic_load_explicit(&op->state, memory_order_acquire) !=
-          LOOM_REQ_EMPTY) {
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    double whole = seconds > 0 ? floor(seconds) : 0;
-    long ns = seconds > 0 ? (long)((seconds - whole) * 1e9) : 0;
-    dl.tv_sec += (time_t)(whole < 1e9 ? whole : 1e9);
-    dl.tv_nsec += ns;
-    if (dl.tv_nsec >= 1000000000L) {
-      dl.tv_sec++;
-      dl.tv_nsec -= 1000000000L;
-    }
+  loom_op *op = posted_op(req);
+  if (op) {
+    struct timespec dl = deadline_in(seconds);
     d = wait_op_until(op, &dl);
     if (d)
       s = op_result(op);

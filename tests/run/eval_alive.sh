@@ -9,24 +9,35 @@
 export LOOM_THREADS=1 OMP_NUM_THREADS=1 LOOM_LOG=warn
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$SRC/tests/parallel/lsan_mpi.supp:fast_unwind_on_malloc=0:print_suppressions=0}
 for _ in 1 2 3 4 5 6 7 8; do cat "$SRC"/docs/*.md; done >"$tmp/text.txt"
-# Half the text is the validation split: thousands of one-row batches.
-"$LOOM" run -n 2 --hang-timeout 2 --max-restarts 0 "$LOOM" train "$SRC/examples/small_gpt.yaml" \
-  --set "data.path=$tmp/text.txt" --set data.val_fraction=0.5 --set model.layers=2 \
-  --set model.d_model=64 --set model.heads=2 --set model.context=64 --set train.batch_size=1 \
-  --set train.steps=4 --set log.every=1 --set train.eval_every=100 --set checkpoint.enabled=false \
-  --set "log.run_dir=$tmp/run" --quiet >"$tmp/out" 2>&1
-rc=$?
-t_last=$(python3 -c 'import json,sys
+# TEXT NAME: 2 ranks, 4 steps, then the final evaluation over half of TEXT
+# (thousands of one-row batches) under --hang-timeout 2; sets rc.
+evaluated() {
+  "$LOOM" run -n 2 --hang-timeout 2 --max-restarts 0 "$LOOM" train "$SRC/examples/small_gpt.yaml" \
+    --set "data.path=$1" --set data.val_fraction=0.5 --set model.layers=2 \
+    --set model.d_model=64 --set model.heads=2 --set model.context=64 --set train.batch_size=1 \
+    --set train.steps=4 --set log.every=1 --set train.eval_every=100 --set checkpoint.enabled=false \
+    --set "log.run_dir=$tmp/$2" --quiet >"$tmp/$2.out" 2>&1
+  rc=$?
+}
+# NAME: seconds from the last step's metrics line to the last line (the
+# final evaluation's), empty if there is none.
+eval_seconds() {
+  python3 -c 'import json,sys
 ls=[json.loads(l) for l in open(sys.argv[1])]
-print(ls[-1]["time"] - [l for l in ls if "step_s" in l][-1]["time"])' "$tmp/run/metrics.jsonl" 2>/dev/null)
+print(ls[-1]["time"] - [l for l in ls if "step_s" in l][-1]["time"])' "$tmp/$1/metrics.jsonl" 2>/dev/null
+}
+over_timeout() { python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) > 2.2 else 1)" "${1:-0}"; }
+
+evaluated "$tmp/text.txt" run
+t_last=$(eval_seconds run)
 if [ $rc = 0 ] && grep -q '"val_loss"' "$tmp/run/metrics.jsonl"; then
   ok "a final evaluation of ${t_last:-?} s under --hang-timeout 2 finished"
 else
-  bad "rc $rc: $(tail -3 "$tmp/out")"
+  bad "rc $rc: $(tail -3 "$tmp/run.out")"
 fi
 # The evaluation must have outlasted the timeout for the check to mean
 # anything.
-python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) > 2.2 else 1)" "${t_last:-0}" &&
+over_timeout "$t_last" &&
   ok "the evaluation outlasted the hang timeout" ||
   bad "the evaluation took ${t_last:-?} s, not over the 2 s timeout: make the split larger"
 # Uneven shares: rank 1's evaluation batches come 4 ms late (LOOM_FAULT
@@ -35,22 +46,14 @@ python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) > 2.2 else 1)" "${t_las
 # (before the fix rank 0 sat silent in the closing reduction and loom run
 # stopped the job, more so on a loaded machine).
 head -c 200000 "$tmp/text.txt" >"$tmp/small.txt"
-LOOM_FAULT=1:4:slow_data:0.004 "$LOOM" run -n 2 --hang-timeout 2 --max-restarts 0 \
-  "$LOOM" train "$SRC/examples/small_gpt.yaml" \
-  --set "data.path=$tmp/small.txt" --set data.val_fraction=0.5 --set model.layers=2 \
-  --set model.d_model=64 --set model.heads=2 --set model.context=64 --set train.batch_size=1 \
-  --set train.steps=4 --set log.every=1 --set train.eval_every=100 --set checkpoint.enabled=false \
-  --set "log.run_dir=$tmp/run2" --quiet >"$tmp/out2" 2>&1
-rc=$?
+LOOM_FAULT=1:4:slow_data:0.004 evaluated "$tmp/small.txt" run2
+t2=$(eval_seconds run2)
 if [ $rc = 0 ] && grep -q '"val_loss"' "$tmp/run2/metrics.jsonl"; then
   ok "rank 0 waited for rank 1's late evaluation share under --hang-timeout 2"
 else
-  bad "uneven evaluation shares: rc $rc: $(tail -3 "$tmp/out2")"
+  bad "uneven evaluation shares: rc $rc: $(tail -3 "$tmp/run2.out")"
 fi
-t2=$(python3 -c 'import json,sys
-ls=[json.loads(l) for l in open(sys.argv[1])]
-print(ls[-1]["time"] - [l for l in ls if "step_s" in l][-1]["time"])' "$tmp/run2/metrics.jsonl" 2>/dev/null)
-python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) > 2.2 else 1)" "${t2:-0}" &&
+over_timeout "$t2" &&
   ok "rank 1's share took ${t2} s, over the hang timeout" ||
   bad "rank 1's share took ${t2:-?} s, not over the 2 s timeout: more batches or a longer delay"
 finish run_eval_alive
