@@ -287,7 +287,8 @@ void loom_zero3_resident(const loom_zero3 *z, size_t *now, size_t *peak);
  * borrower sends its gradient of them to the owner, which adds it
  * (loom_pipe_finish_grads); after the optimizer the owner sends the new
  * values back (loom_pipe_sync_params). With a data-parallel group the
- * owned range's gradient is then summed over it (in chunks, in place). */
+ * owned range's gradient is then summed over it (in chunks, in place, or
+ * through a 16-bit copy with loom_pipe_opts.compress). */
 
 #define LOOM_PIPE_SCHEDULE_LIST(X)                                             \
   X(LOOM_PIPE_GPIPE, "gpipe")                                                  \
@@ -321,6 +322,18 @@ typedef struct loom_pipe_opts {
   /* Elements per chunk of the data-parallel sum of the gradients (0: one
    * chunk). */
   int64_t chunk;
+  /* Element type of that sum on the wire: LOOM_F32 (no compression, the
+   * default), LOOM_BF16 or LOOM_F16 (as loom_ddp_opts.compress): each
+   * chunk (with cuts, each piece) is converted into a 16-bit copy of the
+   * stage's range when its sum is posted, times the dp size D so that
+   * each replica's own mean gradient is on the wire as under DDP (its
+   * share of the sum is 1/D of it), averaged in that type (the comm layer
+   * adds in f32 and rounds once per combination), and widened back
+   * into the f32 gradient by loom_pipe_finish_grads (with cuts, the
+   * rank's cut only). The copy, 2 bytes an element of the owned range, is
+   * counted in LOOM_MEM_COMM; with cuts its pages are given back after
+   * each sum. */
+  loom_dtype compress;
 } loom_pipe_opts;
 loom_pipe_opts loom_pipe_opts_default(void);
 
@@ -433,6 +446,9 @@ typedef struct loom_pipe_stats {
   double last_step_s, last_wait_s;
   int64_t dp_chunks;       /* chunks of the range summed over dp */
   int64_t dp_chunks_early; /* of them, started during the last backward */
+  /* bytes handed to the dp sum: elements x the wire type's size (as
+   * loom_ddp_stats.wire_bytes) */
+  int64_t dp_wire_bytes;
 } loom_pipe_stats;
 void loom_pipe_get_stats(const loom_pipe *p, loom_pipe_stats *out);
 void loom_pipe_reset_stats(loom_pipe *p);

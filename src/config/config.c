@@ -347,7 +347,8 @@ static const loom_config_key keys[] = {
          "1e6, 1e9). Larger units: fewer, longer gathers, more memory"),
     KENUM("parallel.compress", parallel.compress, "none",
           loom_cfg_compress_names, 0,
-          "ddp: dtype of gradients in communication: none (f32), bf16 or f16"),
+          "ddp: dtype of gradients in communication: none (f32), bf16 or "
+          "f16; with parallel.pp, of each stage's sum over its replicas"),
     KINT("parallel.dp", parallel.dp, "auto", 1, 1048576, AU,
          "data-parallel replicas of the mesh dp x tp x pp (which must be "
          "the world size), or auto: the world size / (tp x pp)"),
@@ -1434,12 +1435,6 @@ static loom_status check_mesh(const loom_config *cfg, const cfg_origins *org,
                    "parallel.deterministic",
                    "true with parallel.pp %lld: the pipeline supports false",
                    (long long)P);
-  if (pc->compress != LOOM_CFG_COMPRESS_NONE)
-    return cfg_err(origin_of(org, "parallel.compress", none),
-                   "parallel.compress",
-                   "'%s' with parallel.pp %lld: the pipeline's gradient "
-                   "reduction supports none",
-                   loom_cfg_compress_names[pc->compress], (long long)P);
   if (pc->first_bucket_mb != 1.0)
     return cfg_err(origin_of(org, "parallel.first_bucket_mb", none),
                    "parallel.first_bucket_mb",

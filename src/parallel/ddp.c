@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "internal.h"
 #include "loom/optim.h"
 #include "loom/parallel.h"
 
@@ -130,47 +131,6 @@ void loom_ddp_shards(const loom_ddp *d, int *first, int *count) {
 
 static bool is_pow2(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
 
-/* ------------------------------------------------------- wire conversion */
-
-/* Round to nearest even, NaN kept (as loom_f32_to_bf16), inline so the loop
- * vectorises: a bucket is converted on the compute thread at launch. */
-static void to_bf16(uint16_t *dst, const float *src, int64_t n) {
-  for (int64_t i = 0; i < n; i++) {
-    uint32_t u;
-    memcpy(&u, &src[i], 4);
-    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    uint32_t q = (u >> 16) | 0x40u;
-    dst[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
-  }
-}
-
-static void from_bf16(float *dst, const uint16_t *src, int64_t n) {
-  for (int64_t i = 0; i < n; i++) {
-    uint32_t u = (uint32_t)src[i] << 16;
-    memcpy(&dst[i], &u, 4);
-  }
-}
-
-static void to_wire(loom_dtype dt, void *dst, const float *src, int64_t n) {
-  if (dt == LOOM_BF16) {
-    to_bf16(dst, src, n);
-  } else {
-    uint16_t *h = dst;
-    for (int64_t i = 0; i < n; i++)
-      h[i] = loom_f32_to_f16(src[i]);
-  }
-}
-
-static void from_wire(loom_dtype dt, float *dst, const void *src, int64_t n) {
-  if (dt == LOOM_BF16) {
-    from_bf16(dst, src, n);
-  } else {
-    const uint16_t *h = src;
-    for (int64_t i = 0; i < n; i++)
-      dst[i] = loom_f16_to_f32(h[i]);
-  }
-}
-
 /* ------------------------------------------------------------- launching */
 
 /* Deterministic mode: the local subtree of bucket b, over the S shard
@@ -207,7 +167,7 @@ static loom_status post_bucket(loom_ddp *d, ddp_bucket *b, int level) {
   loom_dtype dt = LOOM_F32;
   if (b->wire) {
     dt = d->opts.compress;
-    to_wire(dt, b->wire, g, (int64_t)cnt);
+    loom_wire_pack(b->wire, g, (int64_t)cnt, dt, 1.0f);
     buf = b->wire;
   }
   d->stats.wire_bytes += (int64_t)(cnt * loom_dtype_size(dt));
@@ -377,9 +337,9 @@ static loom_status wait_parts(loom_ddp *d, int i) {
     account(d, &q->req);
     if (s == LOOM_OK && q->root == d->rank && b->wire) {
       size_t e = loom_dtype_size(d->opts.compress);
-      from_wire(d->opts.compress, d->grads + q->a,
-                (const char *)b->wire + (size_t)(q->a - b->begin) * e,
-                q->b - q->a);
+      loom_wire_unpack(d->grads + q->a,
+                       (const char *)b->wire + (size_t)(q->a - b->begin) * e,
+                       q->b - q->a, d->opts.compress);
     }
   }
   return first;
@@ -418,8 +378,8 @@ loom_status loom_ddp_wait_bucket(loom_ddp *d, int i) {
        * before it are complete, so it is next in line at every level). */
     }
     if (b->wire)
-      from_wire(d->opts.compress, d->grads + b->begin, b->wire,
-                b->end - b->begin);
+      loom_wire_unpack(d->grads + b->begin, b->wire, b->end - b->begin,
+                       d->opts.compress);
   }
   if (comm) {
     if (d->opts.uneven) {

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "internal.h"
 #include "loom/parallel.h"
 
 /* One tag per kind of message: messages between two ranks with the same
@@ -73,8 +74,14 @@ struct loom_pipe {
   int64_t *cuts;
   int nd, me;        /* replicas (1 without cuts), this one */
   int64_t *dp_final; /* (ndp) elements of each chunk final (overlap) */
-  int dp_held;       /* chunks [0, dp_held) wait for a borrowed gradient */
-  int dp_next;       /* chunks [dp_next, ndp) are summing; -1: none yet */
+  /* Compression: the dp sum in wire_dt through wire, a 16-bit copy of the
+   * owned range [lo, hi) (NULL: in f32, in place in the gradient) */
+  loom_dtype wire_dt;
+  float wire_scale; /* D: the replicas' mean gradient on the wire, as DDP */
+  void *wire;
+  size_t wire_bytes;
+  int dp_held; /* chunks [0, dp_held) wait for a borrowed gradient */
+  int dp_next; /* chunks [dp_next, ndp) are summing; -1: none yet */
   loom_pipe_stats st;
   double wait_now; /* waits of the step under way */
   /* bf16/f16: one half copy of the parameters for every instance, of the
@@ -89,6 +96,7 @@ loom_pipe_opts loom_pipe_opts_default(void) {
   memset(&o, 0, sizeof o);
   o.micro_batches = 1;
   o.schedule = LOOM_PIPE_1F1B;
+  o.compress = LOOM_F32;
   return o;
 }
 
@@ -341,6 +349,12 @@ loom_status loom_pipe_new(loom_pipe **out, loom_model *model, loom_group *pp,
                       "an input shape and a function that makes instances "
                       "are needed)",
                       o.micro_batches, (int)o.schedule);
+  if (o.compress != LOOM_F32 && o.compress != LOOM_BF16 &&
+      o.compress != LOOM_F16)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "pipeline: compression to %s is not supported (f32, "
+                      "bf16 or f16)",
+                      loom_dtype_name(o.compress));
   int n = loom_model_num_units(model);
   loom_pipe *p = loom_calloc(1, sizeof *p);
   int *first = NULL;
@@ -418,6 +432,19 @@ loom_status loom_pipe_new(loom_pipe **out, loom_model *model, loom_group *pp,
           p->dp_held = c;
       }
     p->dp_next = -1;
+    p->wire_dt = o.compress;
+    p->wire_scale = (float)loom_group_size(p->dp);
+    if (o.compress != LOOM_F32 && len > 0) {
+      /* one copy of the whole range: every chunk may be in flight at once
+       * (posted from the last backward, waited for together) */
+      p->wire_bytes = (size_t)len * loom_dtype_size(o.compress);
+      p->wire = loom_vmem_new(p->wire_bytes);
+      if (!p->wire) {
+        s = loom_error_context(LOOM_ERR_NOMEM, "pipeline: the wire copy");
+        goto fail;
+      }
+      loom_mem_add(LOOM_MEM_COMM, p->wire_bytes);
+    }
   }
   p->nd = 1;
   loom_free(first);
@@ -451,6 +478,10 @@ void loom_pipe_free(loom_pipe *p) {
   }
   if (p->dp_reqs)
     (void)loom_wait_all(p->dp_reqs, (size_t)p->ndp * (size_t)p->nd);
+  if (p->wire) {
+    loom_mem_sub(LOOM_MEM_COMM, p->wire_bytes);
+    loom_vmem_free(p->wire, p->wire_bytes);
+  }
   loom_free(p->slots);
   loom_free(p->bor);
   loom_free(p->ranges);
@@ -645,23 +676,43 @@ loom_status loom_pipe_set_cuts(loom_pipe *p, const int64_t *cuts) {
 /* Starts the dp sum of chunk c (chunks start from the top, in the same
  * order on every replica of the stage). With cuts, each piece of the chunk
  * is reduced to the replica whose cut holds it: a reduce-scatter's volume,
- * half an all-reduce's. */
+ * half an all-reduce's. Compressed, the chunk is converted into the wire
+ * copy here, when it is final (from final_hook, or after the borrowed
+ * gradients were added), times D and averaged: the replica's own mean
+ * gradient on the wire and the same sum, as DDP's buckets. */
 static loom_status post_chunk(loom_pipe *p, int c) {
-  float *g = loom_model_grads(p->model);
   int64_t a = p->lo + (int64_t)c * p->chunk;
   int64_t e = a + p->chunk < p->hi ? a + p->chunk : p->hi;
+  /* buf holds element x of the flat layout at buf + (x - base) * es */
+  char *buf = (char *)loom_model_grads(p->model);
+  int64_t base = 0;
+  loom_dtype dt = LOOM_F32;
+  loom_redop op = LOOM_SUM;
+  if (p->wire) {
+    dt = p->wire_dt;
+    op = LOOM_AVG;
+    buf = p->wire;
+    base = p->lo;
+    loom_wire_pack(buf + (size_t)(a - base) * loom_dtype_size(dt),
+                   loom_model_grads(p->model) + a, e - a, dt, p->wire_scale);
+  }
+  size_t es = loom_dtype_size(dt);
   p->dp_next = c;
   p->st.dp_chunks++;
-  if (!p->cuts)
-    return loom_allreduce(g + a, g + a, (size_t)(e - a), LOOM_F32, LOOM_SUM,
-                          p->dp, &p->dp_reqs[c]);
+  p->st.dp_wire_bytes += (e - a) * (int64_t)es;
+  if (!p->cuts) {
+    char *at = buf + (size_t)(a - base) * es;
+    return loom_allreduce(at, at, (size_t)(e - a), dt, op, p->dp,
+                          &p->dp_reqs[c]);
+  }
   for (int d = 0; d < p->nd; d++) {
     int64_t x = a > p->cuts[d] ? a : p->cuts[d];
     int64_t y = e < p->cuts[d + 1] ? e : p->cuts[d + 1];
     if (x >= y)
       continue;
-    LOOM_TRY(loom_reduce(g + x, d == p->me ? g + x : NULL, (size_t)(y - x),
-                         LOOM_F32, LOOM_SUM, d, p->dp,
+    char *at = buf + (size_t)(x - base) * es;
+    LOOM_TRY(loom_reduce(at, d == p->me ? at : NULL, (size_t)(y - x), dt, op, d,
+                         p->dp,
                          &p->dp_reqs[(size_t)c * (size_t)p->nd + (size_t)d]));
   }
   return LOOM_OK;
@@ -860,6 +911,18 @@ loom_status loom_pipe_finish_grads(loom_pipe *p) {
     p->dp_next = -1;
     LOOM_TRY(s);
     LOOM_TRY(w);
+    if (p->wire) {
+      /* the sum back into the f32 gradient: the whole range, or with cuts
+       * the rank's cut (the rest of the copy holds other replicas'
+       * pieces, unreduced here), then the copy's pages given back */
+      int64_t x = p->cuts ? p->cuts[p->me] : p->lo;
+      int64_t y = p->cuts ? p->cuts[p->me + 1] : p->hi;
+      size_t es = loom_dtype_size(p->wire_dt);
+      loom_wire_unpack(g + x, (const char *)p->wire + (size_t)(x - p->lo) * es,
+                       y - x, p->wire_dt);
+      if (p->cuts)
+        loom_vmem_release(p->wire, 0, p->wire_bytes);
+    }
   }
   p->st.sync_s += loom_time_now() - t0;
   return LOOM_OK;

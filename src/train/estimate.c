@@ -559,9 +559,13 @@ loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
           ((double)(act + scratch) + f * out_floats + 2.0 * f * in_floats) +
       (last ? f * out_floats : 0);
   loader_memory(cfg, ranks, out);
+  /* parallel.compress: the dp sum's 16-bit copy of the range (2 bytes an
+   * element), else f32 in place */
+  const bool wire16 = D > 1 && pc->compress != LOOM_CFG_COMPRESS_NONE;
+  const double w = wire16 ? 2.0 : f;
   /* The owner's buffer for a borrowed range's gradient; the staging
-   * slots of the shared-memory path. */
-  out->comm_bytes = f * lent;
+   * slots of the shared-memory path; the wire copy. */
+  out->comm_bytes = f * lent + (wire16 ? w * own : 0.0);
   if (ranks > 1)
     out->comm_bytes +=
         2.0 * ranks * (double)loom_comm_opts_default().chunk_bytes;
@@ -572,10 +576,14 @@ loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
   const double passes = (double)cfg->train.accumulate * (double)M;
   out->sent_bytes = passes * f * ((last ? 0 : out_floats) + in_floats) +
                     f * (borrowed + lent);
-  /* ddp: an all-reduce, 2 (D-1)/D of the range; zero1: and the cuts'
-   * all-gather; zero2: a reduce-scatter's volume and the all-gather */
+  /* ddp: an all-reduce, 2 (D-1)/D of the range (in the wire type w);
+   * zero1: and the cuts' all-gather (f32); zero2: a reduce-scatter's
+   * volume (w) and the all-gather */
   if (D > 1)
-    out->sent_bytes += (zero1 ? 3.0 : 2.0) * (double)(D - 1) / D * f * own;
+    out->sent_bytes += (double)(D - 1) / D * own *
+                       (zero1   ? 2.0 * w + f
+                        : zero2 ? w + f
+                                : 2.0 * w);
   out->sent_bytes += tp_sent(cfg, blocks, out->batch, passes);
   out->process_bytes = process_bytes(ranks);
   /* the snapshot (always with tensor parallelism; zero1 then adds room

@@ -482,15 +482,21 @@ static const char *stage_name(const loom_trainer *t) {
   return names[t->zero >= 0 && t->zero <= 3 ? t->zero : 0];
 }
 
+loom_dtype loom_train_compress_dtype(const loom_config *cfg) {
+  static const loom_dtype wire[] = {[LOOM_CFG_COMPRESS_NONE] = LOOM_F32,
+                                    [LOOM_CFG_COMPRESS_BF16] = LOOM_BF16,
+                                    [LOOM_CFG_COMPRESS_F16] = LOOM_F16};
+  _Static_assert(sizeof wire / sizeof wire[0] == LOOM_CFG_COMPRESS_COUNT,
+                 "a wire type per compression");
+  return wire[cfg->parallel.compress];
+}
+
 static loom_status make_ddp(loom_trainer *t) {
   const loom_config_parallel *pc = &t->cfg.parallel;
   loom_ddp_opts o = loom_ddp_opts_default();
   o.bucket_mb = pc->bucket_mb;
   o.first_bucket_mb = pc->first_bucket_mb;
-  static const loom_dtype wire[] = {[LOOM_CFG_COMPRESS_NONE] = LOOM_F32,
-                                    [LOOM_CFG_COMPRESS_BF16] = LOOM_BF16,
-                                    [LOOM_CFG_COMPRESS_F16] = LOOM_F16};
-  o.compress = wire[pc->compress];
+  o.compress = loom_train_compress_dtype(&t->cfg);
   o.deterministic = pc->deterministic;
   o.virtual_shards = (int)pc->virtual_shards;
   o.check_config = true;
@@ -1591,6 +1597,7 @@ static void window_add(run_window *w, const loom_step_times *tm) {
   w->times.tp_bytes += tm->tp_bytes;
   w->times.tp_seq_bytes += tm->tp_seq_bytes;
   w->times.tp_wire_bytes += tm->tp_wire_bytes;
+  w->times.pp_dp_bytes += tm->pp_dp_bytes;
 }
 
 /* One training step: gradients cleared, the micro-batches' forward and
@@ -1858,6 +1865,10 @@ static loom_status write_metrics(loom_trainer *t, const run_window *w,
     if (ps.dp_chunks > 0)
       loom_metrics_num(m, "pp_dp_overlap",
                        (double)ps.dp_chunks_early / (double)ps.dp_chunks);
+    /* rank 0's MiB a step handed to that sum: its range in the wire type
+     * (parallel.compress halves it) */
+    if (t->replicas > 1)
+      loom_metrics_num(m, "pp_dp_mb", win->pp_dp_bytes / n / (1024.0 * 1024.0));
   }
   return loom_metrics_end(m);
 }

@@ -149,6 +149,7 @@ loom_status loom_train_pipe_new(loom_trainer *t, const loom_shape *input) {
   o.input = *input;
   o.input.dim[0] = t->batch / t->micro;
   o.chunk = (int64_t)(pc->bucket_mb * 1024 * 1024 / sizeof(float));
+  o.compress = loom_train_compress_dtype(&t->cfg);
   loom_status s = loom_pipe_new(&t->pipe, t->model, t->pp_group, t->dp_group,
                                 make_instance, t, &o);
   loom_free(cost);
@@ -205,10 +206,12 @@ loom_status loom_train_pipe_new(loom_trainer *t, const loom_shape *input) {
           (long long)(t->stage_bounds[s2 + 1] - t->stage_bounds[s2]));
     LOOM_INFO("pipeline parallel: %d stages x %d replica(s), schedule %s, "
               "%d micro-batches of %lld rows (bubble (P-1)/(M+P-1) = %.3f); "
-              "parameters per stage: %s",
+              "parameters per stage: %s%s%s",
               t->stages, t->replicas, loom_pipe_schedule_name(o.schedule),
               t->micro, (long long)(t->batch / t->micro),
-              loom_pipe_bubble_theory(t->stages, t->micro), units);
+              loom_pipe_bubble_theory(t->stages, t->micro), units,
+              t->replicas > 1 ? "; replicas' gradient sum in " : "",
+              t->replicas > 1 ? loom_dtype_name(o.compress) : "");
   }
   return LOOM_OK;
 }
@@ -481,6 +484,7 @@ loom_status loom_train_pipe_optim(loom_trainer *t, float lr, double *gnorm,
   }
   loom_pipe_get_stats(t->pipe, &after);
   double sync = after.sync_s - before.sync_s;
+  tm->pp_dp_bytes = (double)(after.dp_wire_bytes - before.dp_wire_bytes);
   tm->comm_wait += sync;
   tm->optim += loom_time_now() - t0 - sync;
   return LOOM_OK;

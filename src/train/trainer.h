@@ -25,6 +25,8 @@ typedef struct loom_step_times {
    * and backward), and the bytes they reduced. */
   double tp_wait, tp_bytes;
   double tp_seq_bytes, tp_wire_bytes; /* sequence parallelism; sent */
+  /* A pipeline stage's dp sum: bytes handed to it (loom_pipe_stats) */
+  double pp_dp_bytes;
 } loom_step_times;
 
 /* What every rank sums each step: loss, rows, correct rows, stop request,
@@ -263,6 +265,9 @@ void loom_train_scale_metrics(const loom_trainer *t, loom_metrics *m);
  * groups; collective over the world when there is a pipeline or tensor
  * parallelism) from parallel.dp, tp and pp. */
 loom_status loom_train_mesh(loom_trainer *t);
+/* The wire type of parallel.compress (LOOM_F32 for none): DDP's buckets
+ * and a pipeline's dp sum. */
+loom_dtype loom_train_compress_dtype(const loom_config *cfg);
 
 /* loop_tp.c: tensor parallelism. The rank's part of the model (t->model,
  * its parameters drawn later), the whole model's layout and the map. */

@@ -1,6 +1,11 @@
 /* The pipeline's arithmetic without ranks: the stage partition and the
- * bubble's theory, for equal and for unequal stages (docs/parallel.md). */
+ * bubble's theory, for equal and for unequal stages (docs/parallel.md);
+ * the wire conversions of parallel.compress that DDP and the pipeline's
+ * dp sum share. */
+#include <math.h>
+
 #include "loom/parallel.h"
+#include "parallel/internal.h"
 #include "tt.h"
 
 TT_TEST(bubble_theory) {
@@ -58,10 +63,39 @@ TT_TEST(partition) {
            LOOM_ERR_INVALID_ARG);
 }
 
+/* The pipeline's dp sum puts a replica's share of the sum times D on the
+ * wire: with scale 1 the bits of core's scalar conversions (DDP's), with
+ * scale 2 twice them where that is exact; f16 overflows to inf (then
+ * seen by f16 training's check), NaN stays NaN. */
+TT_TEST(wire_pack) {
+  const float x[6] = {1.0f, -3.14159f, 1e-6f, 40000.0f, NAN, 0.1f};
+  uint16_t h[6];
+  float back[6];
+  TT_CHECK(loom_pipe_opts_default().compress == LOOM_F32);
+  loom_wire_pack(h, x, 6, LOOM_BF16, 1.0f);
+  for (int i = 0; i < 6; i++)
+    TT_CHECK_EQ(h[i], loom_f32_to_bf16(x[i]));
+  loom_wire_pack(h, x, 6, LOOM_F16, 1.0f);
+  for (int i = 0; i < 6; i++)
+    TT_CHECK_EQ(h[i], loom_f32_to_f16(x[i]));
+  loom_wire_pack(h, x, 6, LOOM_BF16, 2.0f);
+  loom_wire_unpack(back, h, 6, LOOM_BF16);
+  for (int i = 0; i < 4; i++)
+    TT_CHECK_EQ(back[i], 2.0f * loom_bf16_to_f32(loom_f32_to_bf16(x[i])));
+  TT_CHECK(isnan(back[4]));
+  loom_wire_pack(h, x, 6, LOOM_F16, 2.0f);
+  loom_wire_unpack(back, h, 6, LOOM_F16);
+  TT_CHECK_EQ(back[0], 2.0f);
+  TT_CHECK(isinf(back[3]) && back[3] > 0); /* 80000 > 65504 */
+  TT_CHECK(isnan(back[4]));
+  TT_CHECK_EQ(back[5], loom_f16_to_f32(loom_f32_to_f16(0.2f)));
+}
+
 int main(void) {
   TT_RUN(bubble_theory);
   TT_RUN(bubble_expected_equal);
   TT_RUN(bubble_expected_unequal);
   TT_RUN(partition);
+  TT_RUN(wire_pack);
   return tt_finish();
 }
