@@ -191,11 +191,11 @@ int loom_cmd_estimate(int argc, char **argv) {
   }
   if (cfg.parallel.pp > 1 && only >= 0) {
     if (only != LOOM_CFG_STRATEGY_DDP && only != LOOM_CFG_STRATEGY_ZERO1 &&
-        only != LOOM_CFG_STRATEGY_ZERO2) {
+        only != LOOM_CFG_STRATEGY_ZERO2 && only != LOOM_CFG_STRATEGY_ZERO3 &&
+        only != LOOM_CFG_STRATEGY_FSDP) {
       fprintf(stderr,
-              "loom estimate: --strategy %s with parallel.pp %lld: a "
-              "pipeline's stages keep their parameters whole (supported: "
-              "ddp, zero1, zero2)\n",
+              "loom estimate: --strategy %s with parallel.pp %lld "
+              "(supported: ddp, zero1, zero2, zero3, fsdp)\n",
               strategy, (long long)cfg.parallel.pp);
       rc = LOOM_EXIT_USAGE;
       goto done;
@@ -284,6 +284,14 @@ int loom_cmd_estimate(int argc, char **argv) {
            "over the micro-batches; after its reduce a rank keeps 1/%d of "
            "it (and what it borrows)\n",
            e.dp);
+  if (cfg.parallel.pp > 1 &&
+      (cfg.parallel.strategy == LOOM_CFG_STRATEGY_ZERO3 ||
+       cfg.parallel.strategy == LOOM_CFG_STRATEGY_FSDP))
+    printf("# %s: params and grads are the peaks, the stage's whole "
+           "parameters gathered for the step's micro-batches and its "
+           "gradient summed over them; between steps a rank keeps 1/%d of "
+           "each (and what it borrows)\n",
+           loom_cfg_strategy_names[cfg.parallel.strategy], e.dp);
   printf("%-8s %-9s %10s %10s %10s %10s %10s %10s %10s %10s %10s\n",
          cfg.parallel.pp > 1 ? "stage" : "strategy", "runs", "params", "grads",
          "optimizer", "activation", "data", "comm", "ckpt", "total",

@@ -339,8 +339,9 @@ static const loom_config_key keys[] = {
          "deterministic: fixed shards of the global batch, a power of two; "
          "the world size (a power of two) must divide it"),
     KSTR("parallel.shard_unit", parallel.shard_unit, "\"blocks\"", 0,
-         "zero3/fsdp: what is gathered at once: blocks (each unit of the "
-         "model by itself: a transformer block, a layer; with activation "
+         "zero3/fsdp without a pipeline: what is gathered at once: blocks "
+         "(each unit of the model by itself: a transformer block, a layer; "
+         "with activation "
          "checkpointing a checkpointed segment), every:K (K consecutive "
          "units together) or params:N (consecutive units together until "
          "each group holds N parameters; N may end in K, M or G for 1e3, "
@@ -363,8 +364,8 @@ static const loom_config_key keys[] = {
          "one backward for the attention, the same for the MLP. Ranks "
          "r..r+tp-1 form one group (the closest ranks), then pipeline "
          "stages (parallel.pp), then replicas (parallel.dp); "
-         "parallel.strategy auto, ddp, zero1, zero2, zero3 or fsdp "
-         "(zero3 and fsdp with parallel.pp 1); any train.precision"),
+         "parallel.strategy auto, ddp, zero1, zero2, zero3 or fsdp; any "
+         "train.precision"),
     KBOOL("parallel.sequence_parallel", parallel.sequence_parallel, "false", 0,
           "with parallel.tp > 1 (model gpt): sequence parallelism "
           "(Korthikanti et al. 2022): between the tensor-parallel layers "
@@ -391,8 +392,9 @@ static const loom_config_key keys[] = {
          "r..r+pp-1 form one pipeline. With pp > 1, parallel.strategy "
          "auto or ddp sums each stage's gradient over its replicas, zero1 "
          "also shards its optimizer state over them, zero2 also keeps on "
-         "each replica only the reduced gradient of its cut (zero3 and "
-         "fsdp are refused: see docs/parallel.md)"),
+         "each replica only the reduced gradient of its cut, zero3 or fsdp "
+         "also only its cut of the parameters between steps (gathered "
+         "whole once a step; docs/parallel.md)"),
     KINT("parallel.micro_batches", parallel.micro_batches, "1", 1, 65536, 0,
          "M: each rank's batch (train.batch_size rows, which M must divide) "
          "is cut into M micro-batches that flow through the pipeline one "
@@ -1305,15 +1307,6 @@ static loom_status check_tp(const loom_config *cfg, const cfg_origins *org,
                    "(%lld): each rank takes an equal share of the heads and "
                    "of the vocabulary",
                    (long long)T, (long long)m->heads, (long long)m->vocab);
-  if ((pc->strategy == LOOM_CFG_STRATEGY_ZERO3 ||
-       pc->strategy == LOOM_CFG_STRATEGY_FSDP) &&
-      pc->pp > 1)
-    return cfg_err(
-        origin_of(org, "parallel.strategy", none), "parallel.strategy",
-        "'%s' with parallel.tp %lld and parallel.pp %lld: a "
-        "pipeline supports auto, ddp, zero1 or zero2 (zero3 and "
-        "fsdp with tp need parallel.pp 1)",
-        loom_cfg_strategy_names[pc->strategy], (long long)T, (long long)pc->pp);
   if (pc->strategy != LOOM_CFG_STRATEGY_AUTO &&
       pc->strategy != LOOM_CFG_STRATEGY_DDP &&
       pc->strategy != LOOM_CFG_STRATEGY_ZERO1 &&
@@ -1326,7 +1319,7 @@ static loom_status check_tp(const loom_config *cfg, const cfg_origins *org,
                    "auto, ddp, zero1, zero2, zero3 or fsdp (data parallel "
                    "over parallel.dp, zero1 sharding the optimizer state "
                    "over it, zero2 the gradients too, zero3/fsdp the "
-                   "parameters too; zero3 and fsdp with parallel.pp 1)",
+                   "parameters too)",
                    loom_cfg_strategy_names[pc->strategy], (long long)T);
   if (pc->deterministic)
     return cfg_err(origin_of(org, "parallel.deterministic", none),
@@ -1415,21 +1408,27 @@ static loom_status check_mesh(const loom_config *cfg, const cfg_origins *org,
                    m->dropout > 0 ? " + 1 dropout" : "",
                    (long long)(units - 3 - (m->dropout > 0)),
                    ac_every > 0 ? "checkpointed segments" : "blocks");
-  if (pc->strategy != LOOM_CFG_STRATEGY_AUTO &&
-      pc->strategy != LOOM_CFG_STRATEGY_DDP &&
-      pc->strategy != LOOM_CFG_STRATEGY_ZERO1 &&
-      pc->strategy != LOOM_CFG_STRATEGY_ZERO2)
+  if (pc->strategy == LOOM_CFG_STRATEGY_NONE)
     return cfg_err(origin_of(org, "parallel.strategy", none),
                    "parallel.strategy",
-                   "'%s' with parallel.pp %lld: the pipeline supports auto "
+                   "'none' with parallel.pp %lld: the pipeline supports auto "
                    "or ddp (data parallel over parallel.dp), zero1 (the "
                    "optimizer state of each stage sharded over its "
-                   "replicas) and zero2 (also the reduced gradient); a "
-                   "stage's parameters are not sharded: every micro-batch's "
-                   "forward and backward reads them all, so they would be "
-                   "gathered whole for the step and the peak would be "
-                   "zero2's (docs/parallel.md, ZeRO with a pipeline)",
-                   loom_cfg_strategy_names[pc->strategy], (long long)P);
+                   "replicas), zero2 (also the reduced gradient), zero3 or "
+                   "fsdp (also the parameters between steps)",
+                   (long long)P);
+  int su_every = 1;
+  int64_t su_params = 0;
+  if (loom_config_shard_unit(pc->shard_unit, &su_every, &su_params) ==
+          LOOM_OK &&
+      (su_every != 1 || su_params != 0))
+    return cfg_err(origin_of(org, "parallel.shard_unit", none),
+                   "parallel.shard_unit",
+                   "'%s' with parallel.pp %lld: zero3/fsdp with a pipeline "
+                   "gathers the stage's parameters whole once a step (every "
+                   "micro-batch's forward and backward reads them); it "
+                   "supports blocks (the default) only",
+                   pc->shard_unit, (long long)P);
   if (pc->deterministic)
     return cfg_err(origin_of(org, "parallel.deterministic", none),
                    "parallel.deterministic",
@@ -1777,6 +1776,14 @@ static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
         "parallel.deterministic",
         "needs parallel.strategy 'auto', 'ddp' or 'zero1' (got 'none')");
   LOOM_TRY(check_mesh(cfg, org, &none, ac_every));
+  if (cfg->parallel.deterministic &&
+      cfg->parallel.compress != LOOM_CFG_COMPRESS_NONE)
+    return cfg_err(origin_of(org, "parallel.compress", &none),
+                   "parallel.compress",
+                   "'%s' with parallel.deterministic: deterministic mode "
+                   "sums the gradients in f32 in a fixed tree; it supports "
+                   "none",
+                   loom_cfg_compress_names[cfg->parallel.compress]);
   if ((cfg->schedule.name == LOOM_SCHED_COSINE ||
        cfg->schedule.name == LOOM_SCHED_LINEAR) &&
       cfg->train.steps > 0 && cfg->schedule.warmup_steps >= cfg->train.steps)

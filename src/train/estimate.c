@@ -453,11 +453,17 @@ loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
    * replicas, the cuts gathered after the step; zero2: also each piece of
    * the gradient reduced to the replica whose cut holds it (the rest given
    * back after the reduce, but the stage's gradient accumulates over the
-   * micro-batches in full first: the peak below) */
-  const bool zero2 = pc->strategy == LOOM_CFG_STRATEGY_ZERO2;
+   * micro-batches in full first: the peak below); zero3/fsdp: zero2's
+   * sums, and only the cut of the parameters kept between steps (the
+   * stage's whole for the step: the peak below, and zero2's bytes, the
+   * gather moved to the start of the next step) */
+  const bool zero3 = pc->strategy == LOOM_CFG_STRATEGY_ZERO3 ||
+                     pc->strategy == LOOM_CFG_STRATEGY_FSDP;
+  const bool zero2 = pc->strategy == LOOM_CFG_STRATEGY_ZERO2 || zero3;
   const bool zero1 = pc->strategy == LOOM_CFG_STRATEGY_ZERO1;
   const bool cut_optim = zero1 || zero2; /* the optimizer state cut */
-  out->strategy = zero2   ? LOOM_CFG_STRATEGY_ZERO2
+  out->strategy = zero3   ? LOOM_CFG_STRATEGY_ZERO3
+                  : zero2 ? LOOM_CFG_STRATEGY_ZERO2
                   : zero1 ? LOOM_CFG_STRATEGY_ZERO1
                   : D > 1 ? LOOM_CFG_STRATEGY_DDP
                           : LOOM_CFG_STRATEGY_NONE;

@@ -290,8 +290,8 @@ void loom_train_slice(const loom_trainer *t, int r, int64_t *lo, int64_t *hi) {
     int T = t->tps, s = r / T % t->stages;
     int d = (r / T / t->stages) * T + r % T, D = t->replicas * T;
     int64_t a = t->whole_bounds[s], n = t->whole_bounds[s + 1] - a;
-    if (t->zero == 2 && T == 1) {
-      /* ZeRO-2: cuts at whole chunks of the norm's sum of squares
+    if (t->zero >= 2 && T == 1) {
+      /* ZeRO-2/3: cuts at whole chunks of the norm's sum of squares
        * (LOOM_GRAD_CHUNK from the stage's start), so that the replicas'
        * chunk sums add up to the stage's as ddp computes it, bit for bit
        * (the last cut ends with the stage; a cut may be empty) */
@@ -338,9 +338,12 @@ void loom_train_mem_get(const loom_trainer *t, loom_train_mem *out) {
   if (t->pipe) { /* the stage's pages of the reserved buffers */
     out->params = out->params_peak = loom_vmem_resident(t->pbuf, 0, all);
     out->grads = out->grads_peak = loom_vmem_resident(t->gbuf, 0, all);
-    /* zero2: the whole stage's before the reduce */
+    /* zero2/3: the whole stage's before the reduce; zero3: the whole
+     * stage's parameters from the gather to the step */
     if (t->z2_grad_peak > out->grads_peak)
       out->grads_peak = t->z2_grad_peak;
+    if (t->z3p_param_peak > out->params_peak)
+      out->params_peak = t->z3p_param_peak;
     out->act = loom_pipe_act_bytes(t->pipe);
     out->params += loom_pipe_half_bytes(t->pipe);
     out->params_peak += loom_pipe_half_bytes(t->pipe);
@@ -403,6 +406,12 @@ static loom_status open_world(loom_trainer *t) {
      * to the replica whose cut holds it (loom_pipe_set_cuts) */
     if (pc->strategy == LOOM_CFG_STRATEGY_ZERO2)
       t->zero = 2;
+    /* zero3/fsdp: and after the step each replica keeps only its cut of
+     * the stage's parameters, gathered whole again before the next
+     * forward (loom_train_pipe_whole: once a step, not per unit) */
+    if (pc->strategy == LOOM_CFG_STRATEGY_ZERO3 ||
+        pc->strategy == LOOM_CFG_STRATEGY_FSDP)
+      t->zero = 3;
     if (t->rank == 0 && pc->strategy == LOOM_CFG_STRATEGY_DDP &&
         t->replicas == 1 && !t->opts.quiet)
       LOOM_INFO("parallel.strategy ddp with one replica: nothing to reduce");
@@ -857,7 +866,7 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   if (!t->pipe && (t->units > 1 || cfg->parallel.deterministic || t->zero ||
                    cfg->parallel.strategy == LOOM_CFG_STRATEGY_DDP))
     LOOM_TRY_GOTO(s, make_ddp(t), fail);
-  if (t->zero == 3) {
+  if (t->zero == 3 && !t->pipe) {
     loom_zero3_opts zo = loom_zero3_opts_default();
     LOOM_TRY_GOTO(s,
                   loom_config_shard_unit(cfg->parallel.shard_unit, &zo.every,
@@ -2022,6 +2031,8 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
       break;
     }
   }
+  /* zero3 with a pipeline: the stage's parameters whole at the end */
+  LOOM_TRY_GOTO(s, loom_train_pipe_whole(t), out);
   LOOM_TRY_GOTO(s, loom_train_ckpt_final(t), out);
   res->saved = t->cfg.checkpoint.enabled && t->cfg.checkpoint.dir[0] &&
                t->ckpt_last_step == t->step && !t->ckpt_last_failed;

@@ -336,6 +336,10 @@ loom_status loom_train_ckpt_save(loom_trainer *t) {
   int64_t lo, hi, off = 0;
   my_slice(t, &lo, &hi);
   loom_status s;
+  /* zero3 with a pipeline keeps the slice; with tensor parallelism the
+   * slice is put together from the rank's whole part (below) */
+  if (t->tp_map)
+    LOOM_TRY_GOTO(s, loom_train_pipe_whole(t), done);
   if ((cc->async || t->tp_map) && !t->snap)
     LOOM_TRY_GOTO(s, loom_train_ckpt_prepare(t), done);
   /* Tensor parallelism: the slice is put together from the group's ranks

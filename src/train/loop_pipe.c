@@ -160,8 +160,8 @@ loom_status loom_train_pipe_new(loom_trainer *t, const loom_shape *input) {
     return LOOM_ERR_NOMEM;
   loom_pipe_bounds(t->pipe, t->stage_bounds);
   LOOM_TRY(whole_bounds(t));
-  if (t->zero == 2 && t->replicas > 1) {
-    /* zero2: each piece of the stage's gradient reduced to the replica
+  if (t->zero >= 2 && t->replicas > 1) {
+    /* zero2/3: each piece of the stage's gradient reduced to the replica
      * whose cut holds it */
     int64_t *c = loom_calloc((size_t)t->replicas + 1, sizeof *c);
     if (!c)
@@ -329,6 +329,10 @@ loom_status loom_train_pipe_micro(loom_trainer *t, double *sums,
     return LOOM_ERR_NOMEM;
   loom_status s = LOOM_OK;
   loom_pipe_io io = {pipe_prepare, pipe_loss, NULL, false};
+  /* zero3: the stage's parameters whole for the step's micro-batches */
+  double w0 = loom_time_now();
+  LOOM_TRY_GOTO(s, loom_train_pipe_whole(t), done);
+  tm->comm_wait += loom_time_now() - w0;
   for (int64_t m = 0; m < t->accumulate && s == LOOM_OK; m++) {
     io.last = m == t->accumulate - 1; /* the dp sum may start in it */
     const loom_batch *b;
@@ -395,6 +399,37 @@ static loom_status zero1_gather(loom_trainer *t, float *params) {
   return loom_wait(&req);
 }
 
+/* zero3: after the step, the stage's parameters outside the replica's cut
+ * given back (the cut is what it stepped, keeps and saves); the most
+ * resident before is the parameters' peak. */
+static void zero3_release(loom_trainer *t, int64_t lo, int64_t hi, int64_t glo,
+                          int64_t ghi) {
+  size_t all = (size_t)loom_model_num_params(t->model) * sizeof(float);
+  size_t r = loom_vmem_resident(t->pbuf, 0, all);
+  if (r > t->z3p_param_peak)
+    t->z3p_param_peak = r;
+  loom_vmem_release(t->pbuf, (size_t)lo * sizeof(float),
+                    (size_t)glo * sizeof(float));
+  loom_vmem_release(t->pbuf, (size_t)ghi * sizeof(float),
+                    (size_t)hi * sizeof(float));
+  t->z3p_released = true;
+}
+
+loom_status loom_train_pipe_whole(loom_trainer *t) {
+  if (!t->pipe || !t->z3p_released)
+    return LOOM_OK;
+  double t0 = loom_time_now();
+  /* the replicas' cuts into place, then the tied weights to the stage
+   * that borrows them (deferred from the step) */
+  LOOM_TRY(zero1_gather(t, loom_model_params(t->model)));
+  LOOM_TRY(loom_pipe_sync_params(t->pipe));
+  loom_pipe_params_updated(t->pipe); /* the half copy made from these */
+  t->z3p_released = false;
+  if (t->tracing)
+    loom_trace_span("train", "zero3 gather", t0, loom_time_now(), NULL);
+  return LOOM_OK;
+}
+
 /* zero2, the global norm's sum of squares: each replica's chunks of the
  * stage's range (LOOM_GRAD_CHUNK each from its start; the cuts begin at
  * whole chunks, loom_train_slice), gathered over the replicas and added
@@ -439,7 +474,7 @@ loom_status loom_train_pipe_optim(loom_trainer *t, float lr, double *gnorm,
    * gradient; zero2: its cut only, the rest given back (its pages touched
    * again by the next step's backward) */
   int64_t glo = lo, ghi = hi;
-  if (t->zero == 2 && t->replicas > 1) {
+  if (t->zero >= 2 && t->replicas > 1) {
     loom_train_pipe_cut(t, t->replica, &glo, &ghi);
     size_t all = (size_t)loom_model_num_params(t->model) * sizeof(float);
     size_t r = loom_vmem_resident(t->gbuf, 0, all);
@@ -459,7 +494,7 @@ loom_status loom_train_pipe_optim(loom_trainer *t, float lr, double *gnorm,
   if (!skip) {
     if (clip > 0) {
       double ss;
-      if (t->zero == 2 && t->replicas > 1) {
+      if (t->zero >= 2 && t->replicas > 1) {
         LOOM_TRY(zero2_sumsq(t, glo, ghi, &ss));
       } else if (t->tp_map) {
         /* the stage's part: its cut views summed over the tp group, then
@@ -477,9 +512,15 @@ loom_status loom_train_pipe_optim(loom_trainer *t, float lr, double *gnorm,
           loom_grad_clip_sumsq(grads + glo, ghi - glo, ss, (float)clip, gnorm));
     }
     LOOM_TRY(loom_optim_step(t->optim, params, grads, lr));
-    if (t->zero == 1 || t->zero == 2)
-      LOOM_TRY(zero1_gather(t, params));
-    LOOM_TRY(loom_pipe_sync_params(t->pipe));
+    if (t->zero == 3 && t->replicas > 1) {
+      /* the cut kept, the rest gathered before the next use (with the
+       * tied weights' sync) */
+      zero3_release(t, lo, hi, glo, ghi);
+    } else {
+      if (t->zero >= 1)
+        LOOM_TRY(zero1_gather(t, params));
+      LOOM_TRY(loom_pipe_sync_params(t->pipe));
+    }
     loom_pipe_params_updated(t->pipe); /* a new half copy at the next pass */
   }
   loom_pipe_get_stats(t->pipe, &after);
@@ -502,7 +543,9 @@ loom_status loom_train_pipe_eval(loom_trainer *t, const loom_batch *b,
   }
   pipe_ctx c = {.t = t, .b = b, .mb_rows = mbr, .total = 1, .part = part};
   loom_pipe_io io = {pipe_prepare, pipe_loss, &c, false};
-  loom_status s = loom_pipe_forward(t->pipe, t->micro, r, &io);
+  loom_status s = loom_train_pipe_whole(t);
+  if (s == LOOM_OK)
+    s = loom_pipe_forward(t->pipe, t->micro, r, &io);
   loom_free(r);
   return s;
 }

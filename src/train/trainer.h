@@ -145,10 +145,15 @@ struct loom_trainer {
   size_t *z2_counts;
   size_t z2_grad_peak; /* resident bytes of the gradient before the
                           release, the most seen */
-  int shards;          /* S: virtual shards per rank (1 unless deterministic) */
-  int64_t shard_rows;  /* rows of a virtual shard (deterministic) */
-  int units;           /* reduction units: ranks, or virtual shards */
-  int64_t train_len;   /* samples in the training set */
+  /* stage 3 with a pipeline: the stage's parameters outside the replica's
+   * cut given back after the step (gathered again before the next use:
+   * loom_train_pipe_whole), and the most resident before that */
+  bool z3p_released;
+  size_t z3p_param_peak;
+  int shards;         /* S: virtual shards per rank (1 unless deterministic) */
+  int64_t shard_rows; /* rows of a virtual shard (deterministic) */
+  int units;          /* reduction units: ranks, or virtual shards */
+  int64_t train_len;  /* samples in the training set */
 
   /* The mesh: replicas x stages = nranks, rank = replica x stages + stage
    * (a pipeline's stages on neighbouring ranks). Without a pipeline every
@@ -355,6 +360,11 @@ loom_status loom_train_pipe_optim(loom_trainer *t, float lr, double *gnorm,
                                   loom_step_times *tm);
 /* Evaluation batch i's sums (loss, rows, correct) added into part, on the
  * last stage; every stage of the replica runs it. */
+/* zero3 with a pipeline: the stage's whole parameters back (all-gathered
+ * over its replicas, the tied weights sent on), if the last step gave them
+ * back; every rank of the world calls it at the same points (the start of
+ * a step, evaluation, a checkpoint save, the end). */
+loom_status loom_train_pipe_whole(loom_trainer *t);
 loom_status loom_train_pipe_eval(loom_trainer *t, const loom_batch *b,
                                  double *part);
 /* Rows of global batch (epoch, batch), every replica's together. */

@@ -353,6 +353,10 @@ TT_TEST(test_not_implemented_and_sizes) {
   EXPECT_ERR("parallel:\n  deterministic: true\n  strategy: none\n",
              "t.yaml:2:3: key 'parallel.deterministic': needs "
              "parallel.strategy 'auto', 'ddp' or 'zero1' (got 'none')");
+  EXPECT_ERR("parallel:\n  deterministic: true\n  compress: bf16\n",
+             "t.yaml:3:3: key 'parallel.compress': 'bf16' with "
+             "parallel.deterministic: deterministic mode sums the gradients "
+             "in f32 in a fixed tree; it supports none");
   EXPECT_ERR("parallel:\n  deterministic: true\n  virtual_shards: 6\n",
              "t.yaml:3:3: key 'parallel.virtual_shards': 6 is not a power of "
              "two (parallel.deterministic sums the shards in a binary tree)");

@@ -205,7 +205,7 @@ G="$SRC/examples/small_gpt.yaml"
 for x in "parallel.tp=3 --set parallel.pp=2|does not divide model.heads (2)" \
   "parallel.micro_batches=3|does not divide train.batch_size" \
   "parallel.pp=2 --set parallel.pp_split=[1,2]|parallel.pp is 2 and the model has 5 units" \
-  "parallel.pp=2 --set parallel.strategy=zero3|a stage's parameters are not sharded" \
+  "parallel.pp=2 --set parallel.strategy=none|'none' with parallel.pp 2" \
   "parallel.pp=6|at most one stage a unit" \
   "parallel.pp=2 --set model.name=mlp --set data.dataset=fashion-mnist|supports model gpt"; do
   "$LOOM" config check "$G" --set ${x%%|*} >"$tmp/out" 2>&1

@@ -15,9 +15,9 @@
 # - zero2 (the DDP keeps the reduced gradient of the replica's cut):
 #   ddp's bits without clipping, within 1e-6 with it (the norm is summed
 #   from the cuts), less gradient memory, and a stopped run resumed with
-#   the bits of the straight one;
-# - zero3 with tp and a pipeline refused at loom config check (zero3 with
-#   tp: test_tp_zero3.sh; zero2 with a pipeline: test_pipe_zero.sh).
+#   the bits of the straight one
+#   (zero3 with tp: test_tp_zero3.sh; zero2 and zero3 with a pipeline:
+#   test_pipe_zero.sh, test_pipe_zero3.sh).
 . "$(dirname "$0")/../lib.sh"
 HASH=${1:?usage: test_tp_zero.sh DDP_CKPT_HASH}
 export LOOM_THREADS=1 OMP_NUM_THREADS=1 LOOM_COMM_TIMEOUT=60 LOOM_LOG=warn
@@ -138,6 +138,4 @@ awk -v p="$part" '$1 == "ddp" { od = $5; sd = $11 } $1 == "zero1" { oz = $5; sz 
   ok "loom estimate, dp 2 x tp 2: zero1 $(awk '$1 == "zero1" { print $5 " MiB of optimizer, sends " $11 }' "$tmp/est") MiB" ||
   { bad "loom estimate's zero1 row"; cat "$tmp/est"; }
 
-# -- refused at loom config check (exit 2)
-tp_refused "parallel.strategy=zero3 --set parallel.pp=2|zero3 and fsdp with tp need parallel.pp 1"
 finish parallel_tp_zero

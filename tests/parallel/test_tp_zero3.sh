@@ -22,8 +22,7 @@
 # - tp 2 on 2 ranks (one replica): ddp's bits; a short last batch that
 #   leaves a replica without rows: ddp's bits;
 # - loom estimate's zero3 row: half the optimizer, the cut and two units of
-#   parameters, the reduce-scatter and two gathers a pass sent;
-# - zero3 with a pipeline and with sequence parallelism refused.
+#   parameters, the reduce-scatter and two gathers a pass sent.
 . "$(dirname "$0")/tp_lib.sh"
 # 3 batches in the periodic evaluation: one replica runs the last again
 cfg=("${cfg[@]}" --set train.batch_size=4 --set train.eval_batches=3)
@@ -142,7 +141,5 @@ awk -v p="$part" '$1 == "ddp" { pd = $3; od = $5; sd = $11 } $1 == "zero3" { pz 
   ok "loom estimate, dp 2 x tp 2: zero3 $(awk '$1 == "zero3" { print $3 " MiB of parameters, " $5 " of optimizer, sends " $11 }' "$tmp/est") MiB" ||
   { bad "loom estimate's zero3 row"; cat "$tmp/est"; }
 
-# -- refused at loom config check (exit 2)
-tp_refused "parallel.strategy=zero3 --set parallel.pp=2|zero3 and fsdp with tp need parallel.pp 1" \
-  "parallel.strategy=fsdp --set parallel.sequence_parallel=true --set parallel.pp=2|zero3 and fsdp with tp need parallel.pp 1"
+# (zero3 and fsdp with tp and a pipeline: test_pipe_zero3.sh)
 finish parallel_tp_zero3
