@@ -46,11 +46,12 @@ static struct {
   int rank, size, port;
   char addr[256];
   double deadline;
-  int secs;      /* LOOM_RDZV_TIMEOUT (loom run --rdzv-timeout) */
-  int *fds;      /* rank 0: [size] sockets of the others */
-  int master;    /* the others: socket to rank 0 */
-  pid_t server;  /* rank 0: ompi-server */
-  char dir[128]; /* rank 0: the server's URI and log */
+  int secs;       /* LOOM_RDZV_TIMEOUT (loom run --rdzv-timeout) */
+  int *fds;       /* rank 0: [size] sockets of the others */
+  int master;     /* the others: socket to rank 0 */
+  pid_t server;   /* rank 0: ompi-server */
+  char dir[128];  /* rank 0: the server's URI and log */
+  char sdir[512]; /* this process's Open MPI session base (made here) */
   pthread_t guard;
   bool guarding;
   pthread_mutex_t mu;
@@ -464,6 +465,21 @@ loom_status loom_envinit_before_mpi(void) {
                         E.addr, E.port, msg);
     setenv("OMPI_MCA_pmix_server_uri", msg + 3, 1);
   }
+  /* Each process a session directory tree of its own: a singleton's
+   * MPI_Init starts a daemon that makes $TMPDIR/ompi.HOST.UID/..., which
+   * the other singletons of the host share and one of them may be
+   * removing while another makes its part ("orte_session_dir failed ...
+   * Unable to start a daemon on the local node", seen under load). After
+   * the server's start: it keeps the default. */
+  if (!getenv("OMPI_MCA_orte_tmpdir_base")) {
+    const char *tmp = getenv("TMPDIR");
+    snprintf(E.sdir, sizeof E.sdir, "%s/loom-ompi-XXXXXX",
+             tmp && *tmp ? tmp : "/tmp");
+    if (mkdtemp(E.sdir))
+      setenv("OMPI_MCA_orte_tmpdir_base", E.sdir, 1);
+    else
+      E.sdir[0] = '\0';
+  }
   /* Everyone is here: the world's wiring gets a whole timeout of its own
    * (ranks that came late, an image pulled slowly, spent the first). */
   int secs = 300;
@@ -654,6 +670,37 @@ static void close_sockets(void) {
   E.master = -1;
 }
 
+/* Removes the session base once it is empty. A singleton's MPI_Init forks
+ * an "orted" that removes the session tree only when this process has
+ * exited (it watches a pipe for that), so a small process of its own
+ * (double-forked, holding none of this one's descriptors) tries rmdir
+ * every 10 ms for 10 s: it succeeds once the daemon has cleaned up, and
+ * never removes anything but the empty directory this process made. */
+static void remove_session_base(void) {
+  if (!E.sdir[0])
+    return;
+  if (rmdir(E.sdir) == 0 || errno != ENOTEMPTY) {
+    E.sdir[0] = '\0';
+    return;
+  }
+  pid_t c = fork();
+  if (c == 0) {
+    if (fork() != 0)
+      _exit(0);
+    /* async-signal-safe calls only: this process had threads */
+    long most = sysconf(_SC_OPEN_MAX);
+    for (int fd = 0; fd < (most > 0 && most < 65536 ? most : 1024); fd++)
+      close(fd);
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    for (int i = 0; i < 1000 && rmdir(E.sdir) != 0 && errno == ENOTEMPTY; i++)
+      nanosleep(&ts, NULL); /* polling the daemon's clean-up */
+    _exit(0);
+  }
+  if (c > 0)
+    waitpid(c, NULL, 0);
+  E.sdir[0] = '\0';
+}
+
 void loom_envinit_finish(void) {
   close_sockets();
   if (E.server > 0) { /* SIGTERM, then SIGKILL after 5 s */
@@ -671,6 +718,7 @@ void loom_envinit_finish(void) {
     E.server = -1;
   }
   remove_dir();
+  remove_session_base();
 }
 
 #endif /* LOOM_HAVE_MPI */

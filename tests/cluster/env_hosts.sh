@@ -89,4 +89,7 @@ hosts_down
 left=$(ip netns list | grep -c "^${HOSTS_PREFIX}" || true)
 [ "$left" = 0 ] && ok "no namespace left" || bad "$left namespaces left"
 [ -z "$(find "$tmp" -maxdepth 1 -name 'loom-rdzv-*')" ] && ok "no rendezvous directory left" || bad "rendezvous directory left"
+# each process's Open MPI session base (LOOM_INIT=env://), removed at exit
+[ -z "$(find "$tmp" -maxdepth 1 -name 'loom-ompi-*')" ] && ok "no session base left" ||
+  bad "session bases left: $(find "$tmp" -maxdepth 2 -path '*loom-ompi-*' | head -5)"
 finish cluster_env
