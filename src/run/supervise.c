@@ -8,6 +8,7 @@
  * failed first and how, stops the others at once, times the recovery, and
  * writes it all to --report; --min-np/--max-np restart on what the hostfile
  * offers at that moment. */
+#define _GNU_SOURCE /* renameat2 */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -18,6 +19,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "hostfile.h"
@@ -1443,13 +1445,27 @@ typedef struct jobdir_scan {
   const char *tmp;
 } jobdir_scan;
 
+/* A job directory is made as loom-new-XXXXXX, its owner file created and
+ * locked there, then renamed to loom-run-XXXXXX (make_jobdir): so a
+ * loom-run-* whose owner can be locked belongs to no live loom run. One
+ * being made, between the owner's creation and its lock, is never seen
+ * under that name (before, a loom run starting beside another could lock
+ * the other's new owner in that moment, take it for stale and SIGKILL the
+ * ranks the other had started meanwhile). A loom-new-* is another's
+ * directory being made, unless it is older than a minute (a loom run
+ * killed in those few instructions). */
+#define JOBDIR_NEW_STALE_S 60
+
 static bool remove_if_stale(const char *name, void *ctx) {
   const jobdir_scan *js = ctx;
-  if (strncmp(name, "loom-run-", 9) != 0 || strlen(name) != 15)
+  bool made = strncmp(name, "loom-run-", 9) == 0;
+  if ((!made && strncmp(name, "loom-new-", 9) != 0) || strlen(name) != 15)
     return true;
   struct stat st;
   if (fstatat(js->dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
       !S_ISDIR(st.st_mode) || st.st_uid != geteuid())
+    return true;
+  if (!made && time(NULL) - st.st_mtime < JOBDIR_NEW_STALE_S)
     return true;
   int jfd =
       openat(js->dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -1459,8 +1475,8 @@ static bool remove_if_stale(const char *name, void *ctx) {
   close(jfd);
   if (ofd < 0)
     return true; /* not one of ours (or an older loom's): leave it */
+  /* held through the clean-up: a live owner cannot have it */
   bool stale = flock(ofd, LOCK_EX | LOCK_NB) == 0;
-  close(ofd);
   char shown[4200];
   snprintf(shown, sizeof shown, "%s/%s", js->tmp, name);
   if (stale)
@@ -1468,6 +1484,7 @@ static bool remove_if_stale(const char *name, void *ctx) {
   if (stale && remove_own_tree(js->dfd, name, shown, 0))
     LOOM_INFO("loom run: removed %s/%s of a loom run that is gone", js->tmp,
               name);
+  close(ofd);
   return true;
 }
 
@@ -1489,28 +1506,43 @@ static int make_jobdir(char *jobdir, size_t n) {
   const char *tmp = getenv("TMPDIR");
   tmp = tmp && *tmp ? tmp : "/tmp";
   remove_stale_jobdirs(tmp);
-  snprintf(jobdir, n, "%s/loom-run-XXXXXX", tmp);
-  if (!mkdtemp(jobdir)) {
-    fprintf(stderr, "loom run: cannot make a directory in %s: %s\n", tmp,
-            strerror(errno));
-    return -1;
-  }
-  char owner[4200];
-  snprintf(owner, sizeof owner, "%s/owner", jobdir);
-  int fd =
-      open(owner, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0) {
+  /* made and locked as loom-new-XXXXXX, then renamed (remove_if_stale) */
+  char made[4200], owner[4300];
+  for (int tries = 0; tries < 100; tries++) {
+    snprintf(made, sizeof made, "%s/loom-new-XXXXXX", tmp);
+    if (!mkdtemp(made)) {
+      fprintf(stderr, "loom run: cannot make a directory in %s: %s\n", tmp,
+              strerror(errno));
+      return -1;
+    }
+    snprintf(owner, sizeof owner, "%s/owner", made);
+    int fd =
+        open(owner, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      fprintf(stderr, "loom run: cannot lock %s: %s\n", owner, strerror(errno));
+      if (fd >= 0)
+        close(fd);
+      remove_dir(made);
+      return -1;
+    }
     char pid[32];
     int len = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
     if (write(fd, pid, (size_t)len) != len) {
       /* the pid is for people; the lock is what counts */
     }
-    return fd;
-  }
-  if (fd >= 0)
+    snprintf(jobdir, n, "%s/loom-run-%s", tmp, made + strlen(made) - 6);
+    if (renameat2(AT_FDCWD, made, AT_FDCWD, jobdir, RENAME_NOREPLACE) == 0)
+      return fd;
+    int e = errno;
     close(fd);
-  fprintf(stderr, "loom run: cannot lock %s: %s\n", owner, strerror(errno));
-  remove_dir(jobdir);
+    remove_dir(made);
+    if (e != EEXIST) { /* taken: another name */
+      fprintf(stderr, "loom run: cannot rename %s to %s: %s\n", made, jobdir,
+              strerror(e));
+      return -1;
+    }
+  }
+  fprintf(stderr, "loom run: no free loom-run-XXXXXX name in %s\n", tmp);
   return -1;
 }
 

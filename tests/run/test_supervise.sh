@@ -270,6 +270,18 @@ TMPDIR="$tmp/stale" "$LOOM" run -n 1 true 2>"$tmp/e19"
   && ok "stale job directory removed, its leftover process stopped" || { bad "stale job directory"; ls -R "$tmp/stale"; cat "$tmp/e19"; }
 [ "$(cat "$tmp/victim/precious" 2>/dev/null)" = keep ] && [ -e "$tmp/stale/loom-run-ghijkl/notes.txt" ] \
   && ok "stale job directory with a link and a stranger: victim intact, stranger kept" || { bad "link-safe removal"; ls -lR "$tmp/stale" "$tmp/victim"; }
+# A job directory being made (loom-new-*: its owner created and locked
+# there, then renamed to loom-run-*) belongs to a loom run starting beside
+# this one and is left alone, even with its owner not yet locked; one older
+# than a minute with a free owner is a loom run killed while making it.
+mkdir -p "$tmp/stale/loom-new-mnopqr" "$tmp/stale/loom-new-stuvwx"
+touch "$tmp/stale/loom-new-mnopqr/owner" "$tmp/stale/loom-new-stuvwx/owner"
+touch -d '2 minutes ago' "$tmp/stale/loom-new-stuvwx"
+TMPDIR="$tmp/stale" "$LOOM" run -n 1 true 2>"$tmp/e20"
+[ -e "$tmp/stale/loom-new-mnopqr/owner" ] && [ ! -e "$tmp/stale/loom-new-stuvwx" ] &&
+  [ -z "$(ls -d "$tmp"/stale/loom-run-* 2>/dev/null | grep -v ghijkl)" ] &&
+  ok "a directory being made left alone, an old one removed, none of this run left" ||
+  { bad "loom-new-* directories"; ls -la "$tmp/stale"; cat "$tmp/e20"; }
 
 # auto: only loom train waits at the gate; another program is never doubled.
 out=$("$LOOM" run -n 2 --max-restarts 1 --report "$tmp/r15" sh -c "sleep 0.3; echo $marker" 2>&1)
