@@ -35,19 +35,8 @@
 # - loom config check accepts bf16 and f16 with parallel.pp (also zero2,
 #   tp 2); deterministic mode stays refused with a pipeline, compressed or
 #   not (it reduces in f32).
-. "$(dirname "$0")/../lib.sh"
-HASH=${1:?usage: test_pipe_compress.sh DDP_CKPT_HASH}
-export LOOM_THREADS=1 OMP_NUM_THREADS=1 LOOM_COMM_TIMEOUT=60 LOOM_LOG=warn
-here=$(cd "$(dirname "$0")" && pwd)
-export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$here/lsan_mpi.supp:fast_unwind_on_malloc=0:print_suppressions=0}
-seeded_text "$tmp/text.txt"
-cfg=("$SRC/examples/small_gpt.yaml" --set "data.path=$tmp/text.txt"
-  --set model.layers=3 --set train.batch_size=8 --set train.accumulate=2
-  --set optim.grad_clip=0.5 --set train.steps=20 --set log.every=1
-  --set checkpoint.every=0 --set log.progress=off --quiet --resume never)
-mesh=(--set parallel.pp=2 --set parallel.micro_batches=2 --set train.batch_size=4)
-tp=(--set parallel.tp=2 --set model.heads=4)
-hashof() { "$HASH" "$1/ckpt" | cut -d' ' -f1-2; }
+. "$(dirname "$0")/pipe_lib.sh"
+cfg+=(--resume never)
 # REF RUN MAX [MIN] WHAT: RUN's parameters within MAX of REF's, relative
 # to REF's largest; with MIN, also more than MIN from them and every
 # step's loss within 1e-4 of REF's.

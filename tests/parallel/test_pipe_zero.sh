@@ -21,42 +21,7 @@
 #   gradient memory, and stopped at step 7 and resumed with its bits;
 # - loom estimate's zero2 rows: zero1's optimizer state, ddp's bytes sent
 #   (zero3 and fsdp with a pipeline: test_pipe_zero3.sh).
-. "$(dirname "$0")/../lib.sh"
-HASH=${1:?usage: test_pipe_zero.sh DDP_CKPT_HASH}
-export LOOM_THREADS=1 OMP_NUM_THREADS=1 LOOM_COMM_TIMEOUT=60 LOOM_LOG=warn
-here=$(cd "$(dirname "$0")" && pwd)
-export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$here/lsan_mpi.supp:fast_unwind_on_malloc=0:print_suppressions=0}
-seeded_text "$tmp/text.txt"
-cfg=("$SRC/examples/small_gpt.yaml" --set "data.path=$tmp/text.txt"
-  --set model.layers=3 --set train.batch_size=8 --set train.accumulate=2
-  --set optim.grad_clip=0.5 --set train.steps=20 --set log.every=1
-  --set checkpoint.every=0 --set log.progress=off --quiet)
-mesh=(--set parallel.pp=2 --set parallel.micro_batches=2 --set train.batch_size=4)
-hashof() { "$HASH" "$1/ckpt" | cut -d' ' -f1-2; }
-close() { # RUN WHAT: parameters and every loss within 1e-5 of one rank
-  local d l
-  d=$("$HASH" --diff "$tmp/one/ckpt" "$1/ckpt")
-  l=$(python3 -c 'import sys
-a, b = sys.argv[1].split(), sys.argv[2].split()
-print(max(abs(float(x) - float(y)) / abs(float(x)) for x, y in zip(a, b))
-      if a and len(a) == len(b) else "none")' "$(loss_steps "$tmp/one")" "$(loss_steps "$1")")
-  awk -v d="$d" -v l="$l" 'BEGIN { exit !(d != "" && d + 0 <= 1e-5 && l != "none" && l + 0 <= 1e-5) }' &&
-    ok "$2: parameters within $d, losses within $l of one rank" ||
-    bad "$2: parameters differ by '$d', losses by '$l'"
-}
-pz() { # NAME STRATEGY [ARGS...]: dp 2 x pp 2 under loom run
-  local name=$1 s=$2
-  shift 2
-  run 4 train "${cfg[@]}" "${mesh[@]}" --set "log.run_dir=$tmp/$name" \
-    --set parallel.strategy="$s" "$@"
-  [ $rc = 0 ] || { bad "$name (rc $rc)"; cat "$tmp/out"; }
-}
-one() { # NAME [ARGS...]: one rank, the same global batch
-  local name=$1
-  shift
-  run 1 train "${cfg[@]}" --set "log.run_dir=$tmp/$name" "$@"
-  [ $rc = 0 ] || { bad "$name on one rank (rc $rc)"; cat "$tmp/out"; }
-}
+. "$(dirname "$0")/pipe_lib.sh"
 
 one one --resume never
 pz ddp ddp --resume never
@@ -125,7 +90,6 @@ same "$tmp/killed" "$tmp/whole" "zero2 with pp, rank 1 killed at step 7, restart
 
 # -- dp 2 x tp 2 x pp 2: each replica keeps the gradient of its cut of its
 #    tp part of the stage's range
-tp=(--set parallel.tp=2 --set model.heads=4)
 run 8 train "${cfg[@]}" "${mesh[@]}" "${tp[@]}" --resume never --set "log.run_dir=$tmp/t_ddp"
 [ $rc = 0 ] || { bad "dp 2 x tp 2 x pp 2 ddp (rc $rc)"; cat "$tmp/out"; }
 run 8 train "${cfg[@]}" "${mesh[@]}" "${tp[@]}" --resume never \
