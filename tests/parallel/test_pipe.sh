@@ -15,8 +15,9 @@
 #   with the bits of the uninterrupted run;
 # - metrics.jsonl has the measured bubble next to the theory;
 # - config errors: tp 3 with 2 heads, pp with the mlp, micro-batches that do not
-#   divide the batch, a bad pp_split, zero3 with pp (zero2 with pp:
-#   test_pipe_zero.sh), a mesh that does not fit the job.
+#   divide the batch, a bad pp_split, strategy none with pp (zero2 and
+#   zero3 with pp: test_pipe_zero.sh, test_pipe_zero3.sh), a mesh that
+#   does not fit the job.
 . "$(dirname "$0")/../lib.sh"
 HASH=${1:?usage: test_pipe.sh DDP_CKPT_HASH}
 export LOOM_THREADS=1 OMP_NUM_THREADS=1 LOOM_COMM_TIMEOUT=60 LOOM_LOG=warn

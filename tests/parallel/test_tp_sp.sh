@@ -176,7 +176,8 @@ for x in "parallel.sequence_parallel=true|true with parallel.tp 1: sequence para
 done
 for x in "parallel.tp=2" "parallel.tp=2 --set parallel.pp=2" "parallel.tp=2 --set parallel.dp=2" \
   "parallel.tp=2 --set parallel.strategy=zero2" "parallel.tp=2 --set parallel.strategy=zero3" \
-  "parallel.tp=2 --set parallel.strategy=fsdp" "parallel.tp=2 --set parallel.strategy=zero2 --set parallel.pp=2"; do
+  "parallel.tp=2 --set parallel.strategy=fsdp" "parallel.tp=2 --set parallel.strategy=zero2 --set parallel.pp=2" \
+  "parallel.tp=2 --set parallel.strategy=fsdp --set parallel.pp=2"; do
   "$LOOM" config check "$G" --set parallel.sequence_parallel=true --set $x >"$tmp/out" 2>&1 &&
     ok "config check sequence_parallel with --set $x: accepted" ||
     { bad "config check sequence_parallel with --set $x: rc $?"; cat "$tmp/out"; }
