@@ -438,6 +438,15 @@ typedef bool (*loom_fs_entry_fn)(const char *name, void *ctx);
 int loom_fs_each_entry(int dirfd, const char *path, bool follow,
                        loom_fs_entry_fn fn, void *ctx);
 
+/* Removes the empty directory dirfd/name (one component), never through a
+ * symbolic link: fstatat(AT_SYMLINK_NOFOLLOW) must see a directory, then
+ * unlinkat(AT_REMOVEDIR), which removes nothing that is not empty.
+ * Returns 0, or -1 with errno set (ENOTEMPTY while something is in it,
+ * ENOTDIR for anything but a directory, EINVAL for a name that is not one
+ * component). Only async-signal-safe calls: usable in a child forked from
+ * a process with threads. */
+int loom_fs_remove_empty_dir(int dirfd, const char *name);
+
 /* Whether an entry may be removed: its name, whether it is a directory,
  * its depth (0: the entry named to loom_fs_remove_own, 1: inside it, ...). */
 typedef bool (*loom_fs_own_fn)(const char *name, bool is_dir, int depth,

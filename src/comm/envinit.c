@@ -673,31 +673,44 @@ static void close_sockets(void) {
 /* Removes the session base once it is empty. A singleton's MPI_Init forks
  * an "orted" that removes the session tree only when this process has
  * exited (it watches a pipe for that), so a small process of its own
- * (double-forked, holding none of this one's descriptors) tries rmdir
- * every 10 ms for 10 s: it succeeds once the daemon has cleaned up, and
- * never removes anything but the empty directory this process made. */
+ * (double-forked, holding only the parent directory's descriptor) tries
+ * loom_fs_remove_empty_dir every 10 ms for 10 s: it succeeds once the
+ * daemon has cleaned up, and never removes anything but the empty
+ * directory this process made. */
 static void remove_session_base(void) {
   if (!E.sdir[0])
     return;
-  if (rmdir(E.sdir) == 0 || errno != ENOTEMPTY) {
-    E.sdir[0] = '\0';
-    return;
+  char *slash = strrchr(E.sdir, '/');
+  int dfd = -1;
+  if (slash) {
+    *slash = '\0';
+    dfd = loom_fs_open_dir(E.sdir[0] ? E.sdir : "/");
+    *slash = '/';
   }
-  pid_t c = fork();
-  if (c == 0) {
-    if (fork() != 0)
+  const char *name = slash ? slash + 1 : E.sdir;
+  if (dfd >= 0 && loom_fs_remove_empty_dir(dfd, name) != 0 &&
+      errno == ENOTEMPTY) {
+    pid_t c = fork();
+    if (c == 0) {
+      if (fork() != 0)
+        _exit(0);
+      /* async-signal-safe calls only: this process had threads */
+      long most = sysconf(_SC_OPEN_MAX);
+      for (int fd = 0; fd < (most > 0 && most < 65536 ? most : 1024); fd++)
+        if (fd != dfd)
+          close(fd);
+      struct timespec ts = {0, 10 * 1000 * 1000};
+      for (int i = 0; i < 1000 && loom_fs_remove_empty_dir(dfd, name) != 0 &&
+                      errno == ENOTEMPTY;
+           i++)
+        nanosleep(&ts, NULL); /* polling the daemon's clean-up */
       _exit(0);
-    /* async-signal-safe calls only: this process had threads */
-    long most = sysconf(_SC_OPEN_MAX);
-    for (int fd = 0; fd < (most > 0 && most < 65536 ? most : 1024); fd++)
-      close(fd);
-    struct timespec ts = {0, 10 * 1000 * 1000};
-    for (int i = 0; i < 1000 && rmdir(E.sdir) != 0 && errno == ENOTEMPTY; i++)
-      nanosleep(&ts, NULL); /* polling the daemon's clean-up */
-    _exit(0);
+    }
+    if (c > 0)
+      waitpid(c, NULL, 0);
   }
-  if (c > 0)
-    waitpid(c, NULL, 0);
+  if (dfd >= 0)
+    close(dfd);
   E.sdir[0] = '\0';
 }
 

@@ -400,6 +400,22 @@ int loom_fs_each_entry(int dirfd, const char *path, bool follow,
   return 0;
 }
 
+int loom_fs_remove_empty_dir(int dirfd, const char *name) {
+  if (!name || !name[0] || strchr(name, '/') || !strcmp(name, ".") ||
+      !strcmp(name, "..")) {
+    errno = EINVAL;
+    return -1;
+  }
+  struct stat st;
+  if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+    return -1;
+  if (!S_ISDIR(st.st_mode)) {
+    errno = ENOTDIR;
+    return -1;
+  }
+  return unlinkat(dirfd, name, AT_REMOVEDIR);
+}
+
 loom_status loom_fs_remove_own(int dirfd, const char *name, const char *shown,
                                loom_fs_own_fn own, void *ctx, int *left) {
   if (left)

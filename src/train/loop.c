@@ -395,23 +395,24 @@ static loom_status open_world(loom_trainer *t) {
   t->units = 1;
   t->micro = (int)pc->micro_batches;
   LOOM_TRY(loom_train_mesh(t));
+  /* ZeRO's stage: 1 the optimizer state, 2 the gradient too, 3 (zero3,
+   * fsdp) the parameters too, over the replicas */
+  t->zero = pc->strategy == LOOM_CFG_STRATEGY_ZERO1   ? 1
+            : pc->strategy == LOOM_CFG_STRATEGY_ZERO2 ? 2
+            : pc->strategy == LOOM_CFG_STRATEGY_ZERO3 ||
+                    pc->strategy == LOOM_CFG_STRATEGY_FSDP
+                ? 3
+                : 0;
   if (t->stages > 1) {
     /* Each stage's gradient is summed over the replicas by the pipeline
      * (the loss weighs each row by 1/rows of the step): units 1. zero1:
      * each replica steps its cut of the stage's range (loom_train_slice)
-     * and the cuts are gathered. */
-    if (pc->strategy == LOOM_CFG_STRATEGY_ZERO1)
-      t->zero = 1;
-    /* zero2: and the pipeline reduces each piece of the stage's gradient
-     * to the replica whose cut holds it (loom_pipe_set_cuts) */
-    if (pc->strategy == LOOM_CFG_STRATEGY_ZERO2)
-      t->zero = 2;
-    /* zero3/fsdp: and after the step each replica keeps only its cut of
-     * the stage's parameters, gathered whole again before the next
-     * forward (loom_train_pipe_whole: once a step, not per unit) */
-    if (pc->strategy == LOOM_CFG_STRATEGY_ZERO3 ||
-        pc->strategy == LOOM_CFG_STRATEGY_FSDP)
-      t->zero = 3;
+     * and the cuts are gathered; zero2: and the pipeline reduces each
+     * piece of the stage's gradient to the replica whose cut holds it
+     * (loom_pipe_set_cuts); zero3/fsdp: and after the step each replica
+     * keeps only its cut of the stage's parameters, gathered whole again
+     * before the next forward (loom_train_pipe_whole: once a step, not
+     * per unit) */
     if (t->rank == 0 && pc->strategy == LOOM_CFG_STRATEGY_DDP &&
         t->replicas == 1 && !t->opts.quiet)
       LOOM_INFO("parallel.strategy ddp with one replica: nothing to reduce");
@@ -421,29 +422,14 @@ static loom_status open_world(loom_trainer *t) {
     /* DDP over the replicas of each tensor-parallel rank (parallel.dp),
      * when there are several or parallel.strategy is ddp; zero1: each
      * replica keeps and steps the optimizer state of its cut of the
-     * rank's part (loom_train_tp_cut), the cuts all-gathered after */
+     * rank's part (loom_train_tp_cut), the cuts all-gathered after;
+     * zero2: and the DDP keeps the reduced gradient of the cut; zero3:
+     * and the replicas hold only their cut's parameters, each unit
+     * gathered over the dp group as it runs */
     t->units = t->replicas;
-    if (pc->strategy == LOOM_CFG_STRATEGY_ZERO1)
-      t->zero = 1;
-    if (pc->strategy == LOOM_CFG_STRATEGY_ZERO2)
-      t->zero = 2; /* and the DDP keeps the reduced gradient of the cut */
-    if (pc->strategy == LOOM_CFG_STRATEGY_ZERO3 ||
-        pc->strategy == LOOM_CFG_STRATEGY_FSDP)
-      t->zero = 3; /* and the replicas hold only their cut's parameters,
-                      each unit gathered over the dp group as it runs */
     return LOOM_OK;
   }
   switch (pc->strategy) {
-  case LOOM_CFG_STRATEGY_ZERO1:
-    t->zero = 1;
-    break;
-  case LOOM_CFG_STRATEGY_ZERO2:
-    t->zero = 2;
-    break;
-  case LOOM_CFG_STRATEGY_ZERO3:
-  case LOOM_CFG_STRATEGY_FSDP:
-    t->zero = 3;
-    break;
   case LOOM_CFG_STRATEGY_NONE:
     if (t->nranks > 1)
       return loom_error(LOOM_ERR_CONFIG,

@@ -399,19 +399,27 @@ static loom_status zero1_gather(loom_trainer *t, float *params) {
   return loom_wait(&req);
 }
 
+/* Gives back the pages of buf (a reserved buffer of the model's layout)
+ * in [lo, hi) outside [glo, ghi): the cut kept; the most resident before
+ * into *peak. */
+static void release_outside(const loom_trainer *t, float *buf, size_t *peak,
+                            int64_t lo, int64_t hi, int64_t glo, int64_t ghi) {
+  size_t all = (size_t)loom_model_num_params(t->model) * sizeof(float);
+  size_t r = loom_vmem_resident(buf, 0, all);
+  if (r > *peak)
+    *peak = r;
+  loom_vmem_release(buf, (size_t)lo * sizeof(float),
+                    (size_t)glo * sizeof(float));
+  loom_vmem_release(buf, (size_t)ghi * sizeof(float),
+                    (size_t)hi * sizeof(float));
+}
+
 /* zero3: after the step, the stage's parameters outside the replica's cut
  * given back (the cut is what it stepped, keeps and saves); the most
  * resident before is the parameters' peak. */
 static void zero3_release(loom_trainer *t, int64_t lo, int64_t hi, int64_t glo,
                           int64_t ghi) {
-  size_t all = (size_t)loom_model_num_params(t->model) * sizeof(float);
-  size_t r = loom_vmem_resident(t->pbuf, 0, all);
-  if (r > t->z3p_param_peak)
-    t->z3p_param_peak = r;
-  loom_vmem_release(t->pbuf, (size_t)lo * sizeof(float),
-                    (size_t)glo * sizeof(float));
-  loom_vmem_release(t->pbuf, (size_t)ghi * sizeof(float),
-                    (size_t)hi * sizeof(float));
+  release_outside(t, t->pbuf, &t->z3p_param_peak, lo, hi, glo, ghi);
   t->z3p_released = true;
 }
 
@@ -476,14 +484,7 @@ loom_status loom_train_pipe_optim(loom_trainer *t, float lr, double *gnorm,
   int64_t glo = lo, ghi = hi;
   if (t->zero >= 2 && t->replicas > 1) {
     loom_train_pipe_cut(t, t->replica, &glo, &ghi);
-    size_t all = (size_t)loom_model_num_params(t->model) * sizeof(float);
-    size_t r = loom_vmem_resident(t->gbuf, 0, all);
-    if (r > t->z2_grad_peak)
-      t->z2_grad_peak = r;
-    loom_vmem_release(t->gbuf, (size_t)lo * sizeof(float),
-                      (size_t)glo * sizeof(float));
-    loom_vmem_release(t->gbuf, (size_t)ghi * sizeof(float),
-                      (size_t)hi * sizeof(float));
+    release_outside(t, t->gbuf, &t->z2_grad_peak, lo, hi, glo, ghi);
   }
   double clip = t->cfg.optim.grad_clip;
   /* f16: the stage's summed gradient unscaled; an inf or NaN on any rank

@@ -195,6 +195,41 @@ TT_TEST(test_open_write_refuses_links) {
   TT_CHECK(stat(p, &sb) == 0 && sb.st_size == 0);
 }
 
+/* loom_fs_remove_empty_dir: an empty directory goes; one with anything
+ * in it, a link to a directory, a file and a path are left, saying why. */
+TT_TEST(test_remove_empty_dir) {
+  char p[1200], v[1200];
+  int fd = open_base();
+  TT_REQUIRE(mkdir(at(p, sizeof p, "e_empty"), 0700) == 0);
+  TT_CHECK_EQ(loom_fs_remove_empty_dir(fd, "e_empty"), 0);
+  TT_CHECK(!exists_nofollow(p));
+  make_victim_dir(at(v, sizeof v, "e_victim"));
+  uint32_t cv = crc_tree(v);
+  errno = 0;
+  TT_CHECK_EQ(loom_fs_remove_empty_dir(fd, "e_victim"), -1);
+  TT_CHECK_EQ(errno, ENOTEMPTY);
+  TT_CHECK_EQ(crc_tree(v), cv);
+  TT_REQUIRE(mkdir(at(p, sizeof p, "e_target"), 0700) == 0);
+  TT_REQUIRE(symlink(p, at(v, sizeof v, "e_link")) == 0);
+  errno = 0;
+  TT_CHECK_EQ(loom_fs_remove_empty_dir(fd, "e_link"), -1);
+  TT_CHECK_EQ(errno, ENOTDIR);
+  TT_CHECK(is_link(v));
+  TT_CHECK(exists_nofollow(p));
+  put_file(at(p, sizeof p, "e_file"), "x");
+  errno = 0;
+  TT_CHECK_EQ(loom_fs_remove_empty_dir(fd, "e_file"), -1);
+  TT_CHECK_EQ(errno, ENOTDIR);
+  TT_CHECK(exists_nofollow(p));
+  errno = 0;
+  TT_CHECK_EQ(loom_fs_remove_empty_dir(fd, "e_target/.."), -1);
+  TT_CHECK_EQ(errno, EINVAL);
+  errno = 0;
+  TT_CHECK_EQ(loom_fs_remove_empty_dir(fd, "e_none"), -1);
+  TT_CHECK_EQ(errno, ENOENT);
+  close(fd);
+}
+
 TT_TEST(test_discard) {
   char p[1200], vf[1200], d[1200];
   /* A file the caller made: removed, errno kept for its message. */
@@ -325,6 +360,7 @@ int main(void) {
   TT_RUN(test_remove_own_links_and_strangers);
   TT_RUN(test_remove_own_mount);
   TT_RUN(test_open_write_refuses_links);
+  TT_RUN(test_remove_empty_dir);
   TT_RUN(test_discard);
   TT_RUN(test_write_atomic);
   TT_RUN(test_mkdirs);
