@@ -174,6 +174,10 @@ void loom_relu_backward(float *dinp, const float *inp, const float *dout,
                         int64_t n);
 /* GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
 void loom_gelu_forward(float *out, const float *inp, int64_t n);
+/* The same rounded to half type dt (bf16 or f16; out: n half values):
+ * bit for bit loom_gelu_forward then loom_cvt_f32_to_half, in one pass. */
+void loom_gelu_forward_half(loom_dtype dt, uint16_t *out, const float *inp,
+                            int64_t n);
 void loom_gelu_backward(float *dinp, const float *inp, const float *dout,
                         int64_t n);
 /* The same two backward passes writing dinp instead of adding into it: the
@@ -206,6 +210,13 @@ void loom_log_softmax_backward(float *dinp, const float *out, const float *dout,
 void loom_layernorm_forward(float *out, float *mean, float *rstd,
                             const float *inp, const float *weight,
                             const float *bias, int N, int C);
+/* The same with out rounded to half type dt (bf16 or f16; N*C half
+ * values): bit for bit loom_layernorm_forward then loom_cvt_f32_to_half,
+ * in one pass. */
+void loom_layernorm_forward_half(loom_dtype dt, uint16_t *out, float *mean,
+                                 float *rstd, const float *inp,
+                                 const float *weight, const float *bias, int N,
+                                 int C);
 void loom_layernorm_backward(float *dinp, float *dweight, float *dbias,
                              const float *dout, const float *inp,
                              const float *weight, const float *mean,

@@ -105,6 +105,26 @@ void LOOM_ISA(loom_gelu_forward)(float *out, const float *inp, int64_t n) {
   });
 }
 
+/* The same rounded to half type dt (out: n half values), in blocks through
+ * a stack buffer: the bits of loom_gelu_forward then the conversion,
+ * without the f32 output's write and read. */
+#define GELU_BLOCK 512
+void LOOM_ISA(loom_gelu_forward_half)(loom_dtype dt, uint16_t *out,
+                                      const float *inp, int64_t n) {
+  EW_PARALLEL(n, {
+    float buf[GELU_BLOCK];
+    for (int64_t b0 = i0; b0 < i1; b0 += GELU_BLOCK) {
+      const int64_t m = i1 - b0 < GELU_BLOCK ? i1 - b0 : GELU_BLOCK;
+      const float *x = inp + b0;
+      for (int64_t i = 0; i < m; i++) {
+        const float u = GELU_S * fmaf(GELU_A * x[i] * x[i], x[i], x[i]);
+        buf[i] = x[i] / (1.0f + loom_kern_expf(-2.0f * u));
+      }
+      LOOM_ISA(loom_kern_narrow)(dt, out + b0, buf, m);
+    }
+  });
+}
+
 /* d/dx x s(2u) = s + 2 x s (1 - s) u', s = sigmoid(2u),
  * u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2). */
 static inline float gelu_slope(float x) {

@@ -373,6 +373,13 @@ bool LOOM_ISA(loom_kern_conv_use_dnnl)(const loom_conv2d_dims *d);
 /* Half conversions (half.c) on the calling thread alone, for kernels' own
  * parallel loops; dt bf16, else f16. The bits of loom_cvt_* and
  * loom_round_half. */
+/* The linear layer's bias gradient, dbias += the column sums of dout(N,OC)
+ * (dbias may be NULL), in the pass that also rounds dout to half type dt:
+ * into h as half values, or (h NULL) into r as their f32 values (linear.c:
+ * the f32 layer's sums, bit for bit). */
+void LOOM_ISA(loom_kern_bias_grad_half)(float *dbias, const float *dout, int N,
+                                        int OC, loom_dtype dt, uint16_t *h,
+                                        float *r);
 void LOOM_ISA(loom_kern_narrow)(loom_dtype dt, uint16_t *out, const float *in,
                                 int64_t n);
 void LOOM_ISA(loom_kern_widen)(loom_dtype dt, float *out, const uint16_t *in,

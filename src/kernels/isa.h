@@ -33,6 +33,7 @@
   V(loom_relu_backward, (float *dinp, const float *inp, const float *dout, int64_t n), (dinp, inp, dout, n)) \
   V(loom_relu_backward_to, (float *dinp, const float *inp, const float *dout, int64_t n), (dinp, inp, dout, n)) \
   V(loom_gelu_forward, (float *out, const float *inp, int64_t n), (out, inp, n)) \
+  V(loom_gelu_forward_half, (loom_dtype dt, uint16_t *out, const float *inp, int64_t n), (dt, out, inp, n)) \
   V(loom_gelu_backward, (float *dinp, const float *inp, const float *dout, int64_t n), (dinp, inp, dout, n)) \
   V(loom_gelu_backward_to, (float *dinp, const float *inp, const float *dout, int64_t n), (dinp, inp, dout, n)) \
   V(loom_dropout_forward, (float *out, uint8_t *mask, const float *inp, float p, loom_rng *rng, int64_t n), (out, mask, inp, p, rng, n)) \
@@ -42,6 +43,7 @@
   V(loom_gemm_ref, (bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc), (trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) \
   R(loom_status, loom_gemm, (bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc), (trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) \
   V(loom_layernorm_forward, (float *out, float *mean, float *rstd, const float *inp, const float *weight, const float *bias, int N, int C), (out, mean, rstd, inp, weight, bias, N, C)) \
+  V(loom_layernorm_forward_half, (loom_dtype dt, uint16_t *out, float *mean, float *rstd, const float *inp, const float *weight, const float *bias, int N, int C), (dt, out, mean, rstd, inp, weight, bias, N, C)) \
   V(loom_layernorm_backward, (float *dinp, float *dweight, float *dbias, const float *dout, const float *inp, const float *weight, const float *mean, const float *rstd, int N, int C), (dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C)) \
   V(loom_cvt_f32_to_bf16, (loom_bf16 *out, const float *in, int64_t n), (out, in, n)) \
   V(loom_cvt_bf16_to_f32, (float *out, const loom_bf16 *in, int64_t n), (out, in, n)) \

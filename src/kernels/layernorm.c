@@ -30,6 +30,34 @@ void LOOM_ISA(loom_layernorm_forward)(float *out, float *mean, float *rstd,
   }
 }
 
+/* The same with the output rounded to half type dt (out: N*C half
+ * values) as each row is computed, through a stack buffer: the bits of
+ * loom_layernorm_forward then the conversion, in one pass. */
+#define LN_HALF_BLOCK 256
+void LOOM_ISA(loom_layernorm_forward_half)(loom_dtype dt, uint16_t *out,
+                                           float *mean, float *rstd,
+                                           const float *inp,
+                                           const float *weight,
+                                           const float *bias, int N, int C) {
+  const int nt = loom_kern_nthreads((int64_t)N * C, LOOM_KERN_PAR_MIN);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (int n = 0; n < N; n++) {
+    const float *x = inp + (int64_t)n * C;
+    uint16_t *o = out + (int64_t)n * C;
+    const float m = loom_kern_sum(x, C) / (float)C;
+    const float r = 1.0f / sqrtf(loom_kern_sqdev(x, m, C) / (float)C + LN_EPS);
+    float buf[LN_HALF_BLOCK];
+    for (int j0 = 0; j0 < C; j0 += LN_HALF_BLOCK) {
+      const int w = C - j0 < LN_HALF_BLOCK ? C - j0 : LN_HALF_BLOCK;
+      for (int j = 0; j < w; j++)
+        buf[j] = fmaf((x[j0 + j] - m) * r, weight[j0 + j], bias[j0 + j]);
+      LOOM_ISA(loom_kern_narrow)(dt, o + j0, buf, w);
+    }
+    mean[n] = m;
+    rstd[n] = r;
+  }
+}
+
 /* dinp: per row, from dnorm = dout * w:
  *   dinp += rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)). */
 static void ln_dinp(float *dinp, const float *dout, const float *inp,

@@ -35,8 +35,12 @@ loom_status LOOM_ISA(loom_linear_forward)(float *out, const float *inp,
  * order from zero. Each column's arithmetic is the same whatever the column
  * blocks, so the blocks follow the thread count (one per thread, at most
  * LIN_COLS_MAX wide: row segments long enough to stream, not a strided walk
- * down 16-column strips). */
-static void bias_grad(float *dbias, const float *dout, int N, int OC) {
+ * down 16-column strips). dbias may be NULL (no sum). With h (or r) the
+ * same pass also writes dout rounded to half type dt, as half values into
+ * h (or as their f32 values into r): what the half matmuls of the backward
+ * take, without a second read of dout. */
+static void bias_grad_half(float *dbias, const float *dout, int N, int OC,
+                           loom_dtype dt, uint16_t *h, float *r) {
   const int nt = loom_kern_nthreads((int64_t)N * OC, LOOM_KERN_PAR_MIN);
   int bw = (OC + nt - 1) / nt;
   bw = (bw + 15) / 16 * 16;
@@ -52,16 +56,33 @@ static void bias_grad(float *dbias, const float *dout, int N, int OC) {
       for (int j = 0; j < w; j++)
         part[j] = 0.0f;
       for (int n = n0; n < n1; n++) {
-        const float *d = dout + (int64_t)n * OC + c0;
-        for (int j = 0; j < w; j++)
-          part[j] += d[j];
+        const int64_t at = (int64_t)n * OC + c0;
+        const float *d = dout + at;
+        if (dbias)
+          for (int j = 0; j < w; j++)
+            part[j] += d[j];
+        if (h)
+          LOOM_ISA(loom_kern_narrow)(dt, h + at, d, w);
+        else if (r)
+          LOOM_ISA(loom_kern_round)(dt, r + at, d, w);
       }
       for (int j = 0; j < w; j++)
         tot[j] += part[j];
     }
-    for (int j = 0; j < w; j++)
-      dbias[c0 + j] += tot[j];
+    if (dbias)
+      for (int j = 0; j < w; j++)
+        dbias[c0 + j] += tot[j];
   }
+}
+
+static void bias_grad(float *dbias, const float *dout, int N, int OC) {
+  bias_grad_half(dbias, dout, N, OC, LOOM_F32, NULL, NULL);
+}
+
+void LOOM_ISA(loom_kern_bias_grad_half)(float *dbias, const float *dout, int N,
+                                        int OC, loom_dtype dt, uint16_t *h,
+                                        float *r) {
+  bias_grad_half(dbias, dout, N, OC, dt, h, r);
 }
 
 loom_status LOOM_ISA(loom_linear_backward)(float *dinp, float *dweight,

@@ -58,13 +58,13 @@ static loom_status layernorm_forward(loom_module *m, loom_nn_ctx *ctx,
   layernorm *l = (layernorm *)m;
   l->in = in;
   const float *b = l->bias ? loom_nn_param(ctx, m, 1) : l->zeros;
-  /* half: the f32 output in dsink (free until backward), then rounded */
-  float *y = m->out_half ? l->dsink : l->out;
-  loom_layernorm_forward(y, l->mean, l->rstd, l->in, loom_nn_param(ctx, m, 0),
-                         b, l->N, l->C);
+  /* half: rounded as each row is computed */
   if (m->out_half)
-    LOOM_TRY(
-        loom_cvt_f32_to_half(m->out.dtype, l->out, y, (int64_t)l->N * l->C));
+    loom_layernorm_forward_half(m->out.dtype, l->out, l->mean, l->rstd, l->in,
+                                loom_nn_param(ctx, m, 0), b, l->N, l->C);
+  else
+    loom_layernorm_forward(l->out, l->mean, l->rstd, l->in,
+                           loom_nn_param(ctx, m, 0), b, l->N, l->C);
   *out = l->out;
   return LOOM_OK;
 }

@@ -60,9 +60,8 @@ static loom_status mlp_forward(loom_module *m, loom_nn_ctx *ctx, const void *in,
   mlp *p = (mlp *)m;
   LOOM_TRY(loom_module_forward(p->fc, ctx, in, &p->h));
   if (p->half != LOOM_F32) {
-    /* the f32 GELU in dg (free until backward), then rounded */
-    loom_gelu_forward(p->dg, p->h, p->N * p->H);
-    LOOM_TRY(loom_cvt_f32_to_half(p->half, p->g, p->dg, p->N * p->H));
+    /* the GELU rounded to half as it is computed */
+    loom_gelu_forward_half(p->half, p->g, p->h, p->N * p->H);
   } else {
     loom_gelu_forward(p->g, p->h, p->N * p->H);
   }

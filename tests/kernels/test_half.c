@@ -799,6 +799,46 @@ TT_TEST(bf16_unit) {
   conv_unit_shapes();
 }
 
+/* The kernels that write a half output as they compute (GELU, layer norm):
+ * bit for bit the f32 kernel then the conversion, for bf16 and f16, on
+ * lengths and rows that are not multiples of their blocks, at 1 and 2
+ * threads. */
+static void fused_half_one(loom_dtype dt) {
+  const int64_t n = 3 * 16384 + 1027; /* three parallel chunks and a tail */
+  float *x = kt_rand((size_t)n, 31, -6, 6), *g = kt_zeros((size_t)n);
+  uint16_t *h = loom_malloc((size_t)n * 2), *hw = loom_malloc((size_t)n * 2);
+  TT_REQUIRE(x && g && h && hw);
+  loom_gelu_forward(g, x, n);
+  TT_CHECK_OK(loom_cvt_f32_to_half(dt, hw, g, n));
+  loom_gelu_forward_half(dt, h, x, n);
+  TT_CHECK(memcmp(h, hw, (size_t)n * 2) == 0);
+  const int N = 97, C = 300; /* a row longer than the 256-wide block */
+  float *w = kt_rand(C, 32, -1, 1), *b = kt_rand(C, 33, -1, 1);
+  float *m1 = kt_zeros(N), *r1 = kt_zeros(N), *m2 = kt_zeros(N),
+        *r2 = kt_zeros(N);
+  TT_REQUIRE(w && b && m1 && r1 && m2 && r2);
+  loom_layernorm_forward(g, m1, r1, x, w, b, N, C);
+  TT_CHECK_OK(loom_cvt_f32_to_half(dt, hw, g, (int64_t)N * C));
+  loom_layernorm_forward_half(dt, h, m2, r2, x, w, b, N, C);
+  TT_CHECK(memcmp(h, hw, (size_t)N * C * 2) == 0);
+  KT_CHECK_SAME_BITS(m1, m2, (size_t)N);
+  KT_CHECK_SAME_BITS(r1, r2, (size_t)N);
+  float *all[] = {x, g, w, b, m1, r1, m2, r2};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    loom_free(all[i]);
+  loom_free(h);
+  loom_free(hw);
+}
+
+TT_TEST(fused_half_outputs) {
+  for (int t = 1; t <= 2; t++) {
+    loom_set_threads(t);
+    fused_half_one(LOOM_BF16);
+    fused_half_one(LOOM_F16);
+  }
+  loom_set_threads(0);
+}
+
 TT_TEST(half_path_named) {
   TT_CHECK_EQ(loom_bf16_get_path(), LOOM_BF16_PATH_CONVERT);
   TT_CHECK_STR(loom_bf16_path_name(LOOM_BF16_PATH_AMX), "amx");
@@ -820,6 +860,7 @@ int main(void) {
   TT_RUN(gemm_half_shapes_all);
   TT_RUN(gemm_half_args);
   TT_RUN(half_layers);
+  TT_RUN(fused_half_outputs);
   TT_RUN(half_path_named);
   TT_RUN(bf16_unit);
   return tt_finish();
