@@ -161,6 +161,17 @@ loom_status loom_linear_backward_half(float *dinp, float *dweight, float *dbias,
                                       loom_dtype in_dtype, loom_dtype dt,
                                       const uint16_t *weight, int N, int C,
                                       int OC, float *scratch);
+/* The same for a layer whose output feeds a GELU, given the gradient at
+ * the GELU's output (dgelu) and the layer's output (pre, the GELU's
+ * input): bit for bit loom_gelu_backward_to(d, pre, dgelu) then
+ * loom_linear_backward_half(..., d, ...), without d written in f32 (the
+ * GELU's backward, the rounding and the bias sum in one pass). */
+loom_status loom_linear_backward_half_gelu(float *dinp, float *dweight,
+                                           float *dbias, const float *dgelu,
+                                           const float *pre, const void *inp,
+                                           loom_dtype in_dtype, loom_dtype dt,
+                                           const uint16_t *weight, int N, int C,
+                                           int OC, float *scratch);
 
 /* ----------------------------------------------------------- elementwise */
 
@@ -240,13 +251,19 @@ loom_status loom_attention_backward(float *dqkv, float *scratch,
  * f32; out and dqkv f32; att(B,NH,T,T) saved in dt. bf16 runs on the CPU's
  * bf16 unit unless loom_bf16_get_path() is convert; otherwise the rounded
  * values go through the f32 GEMM. scratch:
- * loom_attention_half_scratch_floats(B, T, C, NH) floats, for both. */
+ * loom_attention_half_scratch_floats(B, T, C, NH) floats, for both.
+ * Optional (NULL: not): outh(B,T,C) receives out rounded to dt, each block
+ * of rows as it is computed (out is still written); qkvh(B,T,3C) receives
+ * qkv rounded to dt in forward, and backward given it reads it instead of
+ * rounding qkv again (qkv is then not read; the same bits). */
 int64_t loom_attention_half_scratch_floats(int B, int T, int C, int NH);
 loom_status loom_attention_forward_half(loom_dtype dt, float *out,
-                                        uint16_t *att, const float *qkv, int B,
+                                        uint16_t *outh, uint16_t *att,
+                                        const float *qkv, uint16_t *qkvh, int B,
                                         int T, int C, int NH, float *scratch);
 loom_status loom_attention_backward_half(loom_dtype dt, float *dqkv,
                                          const float *dout, const float *qkv,
+                                         const uint16_t *qkvh,
                                          const uint16_t *att, int B, int T,
                                          int C, int NH, float *scratch);
 

@@ -260,19 +260,36 @@ static loom_status half_setup(half_att *h, loom_dtype dt, int B, int T, int C,
   return LOOM_OK;
 }
 
-/* qkv(B,T,3C) into ops, and dout(B,T,C) after it when given: half (unit)
- * or rounded f32, one parallel pass each (elementwise: the bits do not
- * depend on the threads). The matmuls read the heads in place, strided. */
-static void operands(const half_att *h, void *ops, const float *qkv,
+/* The operands' buffer ops: qkv(B,T,3C) then dout(B,T,C), half (unit) or
+ * rounded f32. qkv is rounded from the f32 qkv, or taken from qkvh, the
+ * forward's half copy (unit: used in place, *q set to it; converting:
+ * widened, which gives the rounded values exactly); with keep (forward)
+ * the half copy is written into it. One parallel pass each (elementwise:
+ * the bits do not depend on the threads). The matmuls read the heads in
+ * place, strided. */
+static void operands(const half_att *h, void *ops, const void **q,
+                     const float *qkv, const uint16_t *qkvh, uint16_t *keep,
                      const float *dout) {
   const int64_t BTC = (int64_t)h->B * h->T * h->C;
   void *d = at(ops, 3 * BTC, h->es);
+  *q = ops;
   if (h->unit) {
-    (void)LOOM_ISA(loom_cvt_f32_to_half)(h->dt, ops, qkv, 3 * BTC);
+    if (qkvh) {
+      *q = qkvh;
+    } else {
+      void *dst = keep ? (void *)keep : ops;
+      (void)LOOM_ISA(loom_cvt_f32_to_half)(h->dt, dst, qkv, 3 * BTC);
+      *q = dst;
+    }
     if (dout)
       (void)LOOM_ISA(loom_cvt_f32_to_half)(h->dt, d, dout, BTC);
   } else {
-    (void)LOOM_ISA(loom_round_half)(h->dt, ops, qkv, 3 * BTC);
+    if (qkvh)
+      (void)LOOM_ISA(loom_cvt_half_to_f32)(h->dt, ops, qkvh, 3 * BTC);
+    else
+      (void)LOOM_ISA(loom_round_half)(h->dt, ops, qkv, 3 * BTC);
+    if (keep)
+      (void)LOOM_ISA(loom_cvt_f32_to_half)(h->dt, keep, qkv, 3 * BTC);
     if (dout)
       (void)LOOM_ISA(loom_round_half)(h->dt, d, dout, BTC);
   }
@@ -310,11 +327,9 @@ static void operands(const half_att *h, void *ops, const float *qkv,
   } while (0)
 /* clang-format on */
 
-loom_status LOOM_ISA(loom_attention_forward_half)(loom_dtype dt, float *out,
-                                                  uint16_t *att,
-                                                  const float *qkv, int B,
-                                                  int T, int C, int NH,
-                                                  float *scratch) {
+loom_status LOOM_ISA(loom_attention_forward_half)(
+    loom_dtype dt, float *out, uint16_t *outh, uint16_t *att, const float *qkv,
+    uint16_t *qkvh, int B, int T, int C, int NH, float *scratch) {
   LOOM_TRY(att_check("forward", B, T, C, NH));
   if (B == 0 || T == 0)
     return LOOM_OK;
@@ -324,11 +339,12 @@ loom_status LOOM_ISA(loom_attention_forward_half)(loom_dtype dt, float *out,
   const int64_t BTC = (int64_t)B * T * C, TT = (int64_t)T * T;
   void *ops = scratch;          /* (B,T,3C) qkv, half or rounded */
   float *S = scratch + 4 * BTC; /* (slots,T,T) scores, then P */
-  operands(&h, ops, qkv, NULL);
+  const void *qs;
+  operands(&h, ops, &qs, qkv, NULL, qkvh, NULL);
   int rc = 0;
   HALF_TASKS(&h, rc, {
     const int b = bh / NH, hd = bh % NH;
-    const void *q = at(ops, (int64_t)b * T * C3 + hd * HS, h.es);
+    const void *q = at(qs, (int64_t)b * T * C3 + hd * HS, h.es);
     const void *k = at(q, C, h.es), *v = at(q, 2 * C, h.es);
     float *s = S + slot * TT;
     uint16_t *p = att + bh * TT;
@@ -349,6 +365,11 @@ loom_status LOOM_ISA(loom_attention_forward_half)(loom_dtype dt, float *out,
       const void *pb = h.unit ? (const void *)(p + (int64_t)r0 * T) : sb;
       task_rc |= half_mm(&h, false, false, rows, HS, kend, 1.0f, pb, T, v, C3,
                          0.0f, o + (int64_t)r0 * C, C);
+      if (outh) /* the block's rows rounded while they are in cache */
+        for (int t = r0; t < kend; t++) {
+          const int64_t oi = ((int64_t)b * T + t) * C + hd * HS;
+          LOOM_ISA(loom_kern_narrow)(dt, outh + oi, out + oi, HS);
+        }
     }
   });
   if (rc)
@@ -359,7 +380,8 @@ loom_status LOOM_ISA(loom_attention_forward_half)(loom_dtype dt, float *out,
 
 loom_status LOOM_ISA(loom_attention_backward_half)(
     loom_dtype dt, float *dqkv, const float *dout, const float *qkv,
-    const uint16_t *att, int B, int T, int C, int NH, float *scratch) {
+    const uint16_t *qkvh, const uint16_t *att, int B, int T, int C, int NH,
+    float *scratch) {
   LOOM_TRY(att_check("backward", B, T, C, NH));
   if (B == 0 || T == 0)
     return LOOM_OK;
@@ -372,11 +394,12 @@ loom_status LOOM_ISA(loom_attention_backward_half)(
   float *S = scratch + 4 * BTC; /* (slots,T,T) dP, then dS */
   float *R = S + SL * TT;       /* (slots,T,T) P in f32, or dS in half */
   float *PR = R + SL * TT;      /* (slots,T) a row of P */
-  operands(&h, ops, qkv, dout);
+  const void *qs;
+  operands(&h, ops, &qs, qkv, qkvh, NULL, dout);
   int rc = 0;
   HALF_TASKS(&h, rc, {
     const int b = bh / NH, hd = bh % NH;
-    const void *q = at(ops, (int64_t)b * T * C3 + hd * HS, h.es);
+    const void *q = at(qs, (int64_t)b * T * C3 + hd * HS, h.es);
     const void *k = at(q, C, h.es), *v = at(q, 2 * C, h.es);
     const void *dO = at(ops, 3 * BTC + (int64_t)b * T * C + hd * HS, h.es);
     float *dq = dqkv + (int64_t)b * T * C3 + hd * HS, *dk = dq + C,

@@ -90,8 +90,8 @@ void LOOM_ISA(loom_relu_backward_to)(float *dinp, const float *inp,
   EW_PARALLEL(n, relu_to_run(dinp, inp, dout, i0, i1));
 }
 
-#define GELU_S 0.7978845608028654f /* sqrt(2/pi) */
-#define GELU_A 0.044715f
+#define GELU_S LOOM_GELU_S
+#define GELU_A LOOM_GELU_A
 
 /* 0.5 x (1 + tanh(u)) = x sigmoid(2u): one exp and one division, no sign
  * juggling. exp(-2u) saturates at exp(88) for u <= -44, where gelu is -0. */
@@ -125,14 +125,8 @@ void LOOM_ISA(loom_gelu_forward_half)(loom_dtype dt, uint16_t *out,
   });
 }
 
-/* d/dx x s(2u) = s + 2 x s (1 - s) u', s = sigmoid(2u),
- * u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2). */
-static inline float gelu_slope(float x) {
-  const float u = GELU_S * fmaf(GELU_A * x * x, x, x);
-  const float sg = 1.0f / (1.0f + loom_kern_expf(-2.0f * u));
-  const float du = GELU_S * fmaf(3.0f * GELU_A, x * x, 1.0f);
-  return fmaf(2.0f * x * sg * (1.0f - sg), du, sg);
-}
+/* The slope: loom_kern_gelu_slope (internal.h). */
+static inline float gelu_slope(float x) { return loom_kern_gelu_slope(x); }
 
 void LOOM_ISA(loom_gelu_backward)(float *dinp, const float *inp,
                                   const float *dout, int64_t n) {

@@ -479,17 +479,45 @@ loom_status LOOM_ISA(loom_linear_forward_half)(float *out, const void *inp,
  * dout^T @ inp with dout and inp rounded to bf16; each output it could
  * not do (no fast kernel for the shape) is left in *dinp / *dweight for
  * the conversion path, the others set to NULL. */
+/* The layer's output gradient -- dout, or with pre the gradient at a GELU
+ * of it, gelu'(pre) * dout -- rounded to dt into h (half values) or r
+ * (their f32 values), and dbias (NULL: not) summed in the same pass. */
+static void grad_pass(float *dbias, const float *dout, const float *pre, int N,
+                      int OC, loom_dtype dt, uint16_t *h, float *r,
+                      float *parts) {
+  if (pre)
+    LOOM_ISA(loom_kern_gelu_bias_grad_half)
+    (dbias, dout, pre, N, OC, dt, h, r, parts);
+  else
+    LOOM_ISA(loom_kern_bias_grad_half)(dbias, dout, N, OC, dt, h, r, parts);
+}
+
+/* The bias pass's work space at floats [used, total) of the scratch when
+ * it fits there, else NULL (it then walks column blocks). */
+static float *parts_in(float *scratch, int64_t used, int64_t total, int N,
+                       int OC) {
+  return used + LOOM_ISA(loom_kern_bias_parts_floats)(N, OC) <= total
+             ? scratch + used
+             : NULL;
+}
+
 static loom_status linear_backward_unit(float **dinp, float **dweight,
                                         float **dbias, const float *dout,
-                                        const void *inp, loom_dtype in_dtype,
-                                        loom_dtype dt, const uint16_t *weight,
-                                        int N, int C, int OC, float *scratch) {
+                                        const float *pre, const void *inp,
+                                        loom_dtype in_dtype, loom_dtype dt,
+                                        const uint16_t *weight, int N, int C,
+                                        int OC, float *scratch) {
   if ((!*dinp && !*dweight) || N == 0 || C == 0 || OC == 0)
     return LOOM_OK;
   uint16_t *d = (uint16_t *)scratch;   /* (N,OC) */
   uint16_t *buf = d + (int64_t)N * OC; /* (N,C) */
-  /* dout rounded and the bias gradient summed in one pass */
-  LOOM_ISA(loom_kern_bias_grad_half)(*dbias, dout, N, OC, dt, d, NULL);
+  /* the gradient rounded and the bias gradient summed in one pass, its
+   * work space after d and buf */
+  const int64_t used = ((int64_t)N * OC + (int64_t)N * C + 1) / 2;
+  grad_pass(*dbias, dout, pre, N, OC, dt, d, NULL,
+            parts_in(scratch, used,
+                     LOOM_ISA(loom_linear_half_scratch_floats)(N, C, OC), N,
+                     OC));
   *dbias = NULL;
   loom_status s;
   if (*dinp) {
@@ -513,23 +541,29 @@ static loom_status linear_backward_unit(float **dinp, float **dweight,
   return LOOM_OK;
 }
 
-loom_status LOOM_ISA(loom_linear_backward_half)(
-    float *dinp, float *dweight, float *dbias, const float *dout,
-    const void *inp, loom_dtype in_dtype, loom_dtype dt, const uint16_t *weight,
-    int N, int C, int OC, float *scratch) {
+static loom_status linear_backward_half(float *dinp, float *dweight,
+                                        float *dbias, const float *dout,
+                                        const float *pre, const void *inp,
+                                        loom_dtype in_dtype, loom_dtype dt,
+                                        const uint16_t *weight, int N, int C,
+                                        int OC, float *scratch) {
   if (N < 0 || C < 0 || OC < 0)
     return loom_error(LOOM_ERR_INVALID_ARG, "half linear: negative size");
   if (dt != LOOM_BF16 && dt != LOOM_F16)
     return not_half(dt, "linear backward");
   if (unit(dt))
-    LOOM_TRY(linear_backward_unit(&dinp, &dweight, &dbias, dout, inp, in_dtype,
-                                  dt, weight, N, C, OC, scratch));
+    LOOM_TRY(linear_backward_unit(&dinp, &dweight, &dbias, dout, pre, inp,
+                                  in_dtype, dt, weight, N, C, OC, scratch));
   float *d = scratch;             /* (N,OC) */
   float *w = d + (int64_t)N * OC; /* (OC,C) */
   float *a = w + (int64_t)OC * C; /* (N,C) */
-  if (dinp || dweight) {
-    /* dout rounded and the bias gradient summed in one pass */
-    LOOM_ISA(loom_kern_bias_grad_half)(dbias, dout, N, OC, dt, NULL, d);
+  if (dinp || dweight || (dbias && pre)) {
+    /* the gradient rounded and the bias gradient summed in one pass (the
+     * f32 layer's sums, from the f32 gradient) */
+    grad_pass(dbias, dout, pre, N, OC, dt, NULL, dinp || dweight ? d : NULL,
+              parts_in(scratch, (int64_t)N * OC,
+                       LOOM_ISA(loom_linear_half_scratch_floats)(N, C, OC), N,
+                       OC));
     dbias = NULL;
   }
   if (dinp)
@@ -538,11 +572,30 @@ loom_status LOOM_ISA(loom_linear_backward_half)(
     LOOM_TRY(load_f32(a, inp, in_dtype, dt, (int64_t)N * C));
   LOOM_TRY(
       LOOM_ISA(loom_linear_backward)(dinp, dweight, NULL, d, a, w, N, C, OC));
-  /* the bias gradient from the f32 gradient, as the f32 layer sums it */
+  /* the bias gradient alone */
   if (dbias)
     LOOM_TRY(LOOM_ISA(loom_linear_backward)(NULL, NULL, dbias, dout, NULL, NULL,
                                             N, C, OC));
   return LOOM_OK;
+}
+
+loom_status LOOM_ISA(loom_linear_backward_half)(
+    float *dinp, float *dweight, float *dbias, const float *dout,
+    const void *inp, loom_dtype in_dtype, loom_dtype dt, const uint16_t *weight,
+    int N, int C, int OC, float *scratch) {
+  return linear_backward_half(dinp, dweight, dbias, dout, NULL, inp, in_dtype,
+                              dt, weight, N, C, OC, scratch);
+}
+
+loom_status LOOM_ISA(loom_linear_backward_half_gelu)(
+    float *dinp, float *dweight, float *dbias, const float *dgelu,
+    const float *pre, const void *inp, loom_dtype in_dtype, loom_dtype dt,
+    const uint16_t *weight, int N, int C, int OC, float *scratch) {
+  if (!pre)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "half linear backward through a GELU: no pre-activation");
+  return linear_backward_half(dinp, dweight, dbias, dgelu, pre, inp, in_dtype,
+                              dt, weight, N, C, OC, scratch);
 }
 
 /* --------------------------------------------------------- convolution */

@@ -83,6 +83,19 @@ static inline float loom_kern_tanhf(float x) {
   return copysignf((1.0f - t) / (1.0f + t), x);
 }
 
+/* GELU, tanh form, as x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3),
+ * and its slope: d/dx x s(2u) = s + 2 x s (1 - s) u', s = sigmoid(2u),
+ * u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2). One definition for every kernel
+ * that computes them (elementwise.c, the fused ones of linear.c). */
+#define LOOM_GELU_S 0.7978845608028654f /* sqrt(2/pi) */
+#define LOOM_GELU_A 0.044715f
+static inline float loom_kern_gelu_slope(float x) {
+  const float u = LOOM_GELU_S * fmaf(LOOM_GELU_A * x * x, x, x);
+  const float sg = 1.0f / (1.0f + loom_kern_expf(-2.0f * u));
+  const float du = LOOM_GELU_S * fmaf(3.0f * LOOM_GELU_A, x * x, 1.0f);
+  return fmaf(2.0f * x * sg * (1.0f - sg), du, sg);
+}
+
 /* Fixed-order reductions: LOOM_KERN_LANES (16) partial sums, lane j
  * taking x[j], x[j+16], ...; then a fixed tree (lanes j += j+8, j += j+4,
  * j += j+2, j += j+1); then the tail in order. The result depends on n
@@ -376,10 +389,20 @@ bool LOOM_ISA(loom_kern_conv_use_dnnl)(const loom_conv2d_dims *d);
 /* The linear layer's bias gradient, dbias += the column sums of dout(N,OC)
  * (dbias may be NULL), in the pass that also rounds dout to half type dt:
  * into h as half values, or (h NULL) into r as their f32 values (linear.c:
- * the f32 layer's sums, bit for bit). */
+ * the f32 layer's sums, bit for bit). parts: NULL, or
+ * loom_kern_bias_parts_floats(N, OC) floats of work space, which lets the
+ * threads read whole rows (the same bits). */
+int64_t LOOM_ISA(loom_kern_bias_parts_floats)(int N, int OC);
 void LOOM_ISA(loom_kern_bias_grad_half)(float *dbias, const float *dout, int N,
                                         int OC, loom_dtype dt, uint16_t *h,
-                                        float *r);
+                                        float *r, float *parts);
+/* The same for the gradient gelu'(pre) * dout (loom_gelu_backward_to's
+ * values, never stored in f32): what a linear layer after a GELU is
+ * handed in backward. */
+void LOOM_ISA(loom_kern_gelu_bias_grad_half)(float *dbias, const float *dout,
+                                             const float *pre, int N, int OC,
+                                             loom_dtype dt, uint16_t *h,
+                                             float *r, float *parts);
 void LOOM_ISA(loom_kern_narrow)(loom_dtype dt, uint16_t *out, const float *in,
                                 int64_t n);
 void LOOM_ISA(loom_kern_widen)(loom_dtype dt, float *out, const uint16_t *in,

@@ -17,8 +17,8 @@
   R(loom_status, loom_attention_forward, (float *out, float *att, const float *qkv, int B, int T, int C, int NH), (out, att, qkv, B, T, C, NH)) \
   R(loom_status, loom_attention_backward, (float *dqkv, float *scratch, const float *dout, const float *qkv, const float *att, int B, int T, int C, int NH), (dqkv, scratch, dout, qkv, att, B, T, C, NH)) \
   R(int64_t, loom_attention_half_scratch_floats, (int B, int T, int C, int NH), (B, T, C, NH)) \
-  R(loom_status, loom_attention_forward_half, (loom_dtype dt, float *out, uint16_t *att, const float *qkv, int B, int T, int C, int NH, float *scratch), (dt, out, att, qkv, B, T, C, NH, scratch)) \
-  R(loom_status, loom_attention_backward_half, (loom_dtype dt, float *dqkv, const float *dout, const float *qkv, const uint16_t *att, int B, int T, int C, int NH, float *scratch), (dt, dqkv, dout, qkv, att, B, T, C, NH, scratch)) \
+  R(loom_status, loom_attention_forward_half, (loom_dtype dt, float *out, uint16_t *outh, uint16_t *att, const float *qkv, uint16_t *qkvh, int B, int T, int C, int NH, float *scratch), (dt, out, outh, att, qkv, qkvh, B, T, C, NH, scratch)) \
+  R(loom_status, loom_attention_backward_half, (loom_dtype dt, float *dqkv, const float *dout, const float *qkv, const uint16_t *qkvh, const uint16_t *att, int B, int T, int C, int NH, float *scratch), (dt, dqkv, dout, qkv, qkvh, att, B, T, C, NH, scratch)) \
   R(int, loom_conv2d_out_h, (const loom_conv2d_dims *d), (d)) \
   R(int, loom_conv2d_out_w, (const loom_conv2d_dims *d), (d)) \
   R(int64_t, loom_conv2d_col_floats, (const loom_conv2d_dims *d), (d)) \
@@ -59,6 +59,7 @@
   R(int64_t, loom_linear_half_scratch_floats, (int N, int C, int OC), (N, C, OC)) \
   R(loom_status, loom_linear_forward_half, (float *out, const void *inp, loom_dtype in_dtype, loom_dtype dt, const uint16_t *weight, const float *bias, int N, int C, int OC, float *scratch), (out, inp, in_dtype, dt, weight, bias, N, C, OC, scratch)) \
   R(loom_status, loom_linear_backward_half, (float *dinp, float *dweight, float *dbias, const float *dout, const void *inp, loom_dtype in_dtype, loom_dtype dt, const uint16_t *weight, int N, int C, int OC, float *scratch), (dinp, dweight, dbias, dout, inp, in_dtype, dt, weight, N, C, OC, scratch)) \
+  R(loom_status, loom_linear_backward_half_gelu, (float *dinp, float *dweight, float *dbias, const float *dgelu, const float *pre, const void *inp, loom_dtype in_dtype, loom_dtype dt, const uint16_t *weight, int N, int C, int OC, float *scratch), (dinp, dweight, dbias, dgelu, pre, inp, in_dtype, dt, weight, N, C, OC, scratch)) \
   R(int64_t, loom_conv2d_half_scratch_floats, (const loom_conv2d_dims *d), (d)) \
   R(loom_status, loom_conv2d_forward_half, (float *out, float *col, const void *inp, loom_dtype in_dtype, loom_dtype dt, const uint16_t *weight, const float *bias, const loom_conv2d_dims *d, float *scratch), (out, col, inp, in_dtype, dt, weight, bias, d, scratch)) \
   R(loom_status, loom_conv2d_backward_half, (float *dinp, float *dweight, float *dbias, float *col, const float *dout, const void *inp, loom_dtype in_dtype, loom_dtype dt, const uint16_t *weight, const loom_conv2d_dims *d, float *scratch), (dinp, dweight, dbias, col, dout, inp, in_dtype, dt, weight, d, scratch)) \

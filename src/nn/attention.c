@@ -17,6 +17,7 @@ typedef struct attention {
   float *att;        /* (B,NH,T,T) softmax probabilities */
   uint16_t *atth;    /* (B,NH,T,T) the same in the half type (half model) */
   void *y;           /* (B,T,CL) heads concatenated: f32, or the half type */
+  uint16_t *qkvh;    /* (B,T,3CL) half model: qkv rounded, kept for backward */
   loom_dtype half;   /* LOOM_BF16, LOOM_F16, or LOOM_F32: none */
   float *dy;         /* (B,T,CL) scratch */
   float *dqkv;       /* (B,T,3CL) scratch */
@@ -56,10 +57,16 @@ static loom_status attention_plan(loom_module *m, loom_nn_plan *p,
   size_t kid = loom_nn_plan_scratch_mark(p);
   LOOM_TRY(loom_module_plan(a->qkv, p, in, &s));
   loom_nn_plan_scratch_release(p, kid);
-  if (a->half != LOOM_F32)
+  a->qkvh = NULL;
+  if (a->half != LOOM_F32) {
     a->atth = loom_nn_plan_act(p, (size_t)BHTT * sizeof(uint16_t));
-  else
+    /* on the bf16 unit the half qkv the forward's matmuls read is kept,
+     * so backward does not round qkv again (2 bytes an element more) */
+    if (a->half == LOOM_BF16 && loom_bf16_get_path() != LOOM_BF16_PATH_CONVERT)
+      a->qkvh = loom_nn_plan_act(p, (size_t)(3 * BTC) * sizeof(uint16_t));
+  } else {
     a->att = loom_nn_plan_floats(p, BHTT);
+  }
   /* proj, a linear layer, takes the heads in half */
   s = *in;
   s.dim[1] = T;
@@ -76,11 +83,11 @@ static loom_status attention_forward(loom_module *m, loom_nn_ctx *ctx,
   attention *a = (attention *)m;
   LOOM_TRY(loom_module_forward(a->qkv, ctx, in, &a->qkvo));
   if (a->half != LOOM_F32) {
-    /* the f32 heads in dy (free until backward), then rounded */
-    LOOM_TRY(loom_attention_forward_half(a->half, a->dy, a->atth, a->qkvo, a->B,
-                                         a->T, a->CL, a->NH, a->datt));
-    LOOM_TRY(loom_cvt_f32_to_half(a->half, a->y, a->dy,
-                                  (int64_t)a->B * a->T * a->CL));
+    /* the f32 heads in dy (free until backward), rounded into y as each
+     * block is computed */
+    LOOM_TRY(loom_attention_forward_half(a->half, a->dy, a->y, a->atth, a->qkvo,
+                                         a->qkvh, a->B, a->T, a->CL, a->NH,
+                                         a->datt));
   } else {
     LOOM_TRY(loom_attention_forward(a->y, a->att, a->qkvo, a->B, a->T, a->CL,
                                     a->NH));
@@ -97,8 +104,8 @@ static loom_status attention_backward(loom_module *m, loom_nn_ctx *ctx,
   memset(a->dqkv, 0, (size_t)(3 * BTC) * sizeof(float));
   if (a->half != LOOM_F32)
     LOOM_TRY(loom_attention_backward_half(a->half, a->dqkv, a->dy, a->qkvo,
-                                          a->atth, a->B, a->T, a->CL, a->NH,
-                                          a->datt));
+                                          a->qkvh, a->atth, a->B, a->T, a->CL,
+                                          a->NH, a->datt));
   else
     LOOM_TRY(loom_attention_backward(a->dqkv, a->datt, a->dy, a->qkvo, a->att,
                                      a->B, a->T, a->CL, a->NH));

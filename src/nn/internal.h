@@ -156,6 +156,15 @@ loom_status loom_linear_row_new(loom_module **out, int C, int OC, bool bias,
 /* A tied linear layer made column-parallel (the GPT's output layer over a
  * vocabulary-parallel token embedding). */
 void loom_linear_set_tp_col(loom_module *linear, const loom_tp *tp, int sp);
+/* A linear layer whose output feeds a GELU (an MLP's first layer): asked
+ * to, its backward in a half model takes the gradient at the GELU's output
+ * and runs the GELU's backward itself, fused with the rounding of the
+ * gradient and the bias sum (loom_linear_backward_half_gelu). After
+ * planning, loom_linear_gelu_fused says whether it does (a half model, no
+ * tensor or sequence parallelism); if not, the caller runs the GELU's
+ * backward and hands the layer its result as before. */
+void loom_linear_set_gelu_after(loom_module *linear, bool on);
+bool loom_linear_gelu_fused(const loom_module *linear);
 /* tp can run sequence parallelism (more than one rank, gather and scatter
  * offered). */
 bool loom_tp_sp_ok(const loom_tp *tp);

@@ -14,6 +14,7 @@ typedef struct linear {
   /* half model: the operands in f32 (loom_linear_half_scratch_floats) */
   float *scratch;
   loom_dtype half; /* LOOM_BF16, LOOM_F16, or LOOM_F32: none */
+  bool gelu_after; /* the output feeds a GELU (loom_linear_set_gelu_after) */
   /* Tensor parallelism (docs/parallel.md): column-parallel (this rank's
    * outputs; the input gradient is a partial sum, all-reduced in backward
    * through dx) or row-parallel (this rank's inputs; the output is a
@@ -256,6 +257,11 @@ static loom_status gradients_of(linear *l, loom_nn_ctx *ctx, float *dinp,
                               l->C, l->OC);
 }
 
+static bool gelu_fused(const linear *l) {
+  return l->gelu_after && l->half != LOOM_F32 && l->tp_mode == TP_NONE &&
+         !l->sp;
+}
+
 /* The same of the layer's own input, N rows. */
 static loom_status gradients(linear *l, loom_nn_ctx *ctx, float *dinp,
                              float *dw, float *db, const float *dout) {
@@ -361,6 +367,14 @@ static loom_status linear_backward(loom_module *m, loom_nn_ctx *ctx,
     LOOM_TRY(ws);
     loom_accumulate(dinp, l->dx, n);
     return LOOM_OK;
+  }
+  if (gelu_fused(l)) {
+    /* dout is the gradient at GELU(out): its backward runs in the pass
+     * that rounds it */
+    LOOM_TRY(half_weights_ok(l, ctx));
+    return loom_linear_backward_half_gelu(
+        dinp, dw, db, dout, l->out, l->in, l->base.in.dtype, l->half,
+        linear_weight_half(l, ctx), l->N, l->C, l->OC, l->scratch);
   }
   return gradients(l, ctx, dinp, dw, db, dout);
 }
@@ -475,6 +489,15 @@ loom_status loom_tp_reduce_scatter(const loom_tp *tp, const float *send,
                                    float *recv, int64_t n) {
   LOOM_TRY(tp->scatter(tp->user, 0, send, recv, n));
   return tp->wait(tp->user, 0);
+}
+
+void loom_linear_set_gelu_after(loom_module *m, bool on) {
+  if (m && m->ops == &linear_ops)
+    ((linear *)m)->gelu_after = on;
+}
+
+bool loom_linear_gelu_fused(const loom_module *m) {
+  return m && m->ops == &linear_ops && gelu_fused((const linear *)m);
 }
 
 void loom_linear_set_resid_proj(loom_module *m, bool on) {

@@ -82,6 +82,9 @@ static loom_status mlp_backward(loom_module *m, loom_nn_ctx *ctx,
   }
   memset(p->dg, 0, (size_t)NH * sizeof(float));
   LOOM_TRY(loom_module_backward(p->proj, ctx, dout, p->dg));
+  /* in a half model fc runs the GELU's backward itself, fused */
+  if (loom_linear_gelu_fused(p->fc))
+    return loom_module_backward(p->fc, ctx, p->dg, dinp);
   loom_gelu_backward_to(p->dh, p->h, p->dg, NH);
   return loom_module_backward(p->fc, ctx, p->dh, dinp);
 }
@@ -139,6 +142,7 @@ loom_status loom_mlp_tp_new(loom_module **out, int C, int hidden, bool bias,
   LOOM_TRY_GOTO(st, loom_linear_row_new(&p->proj, hidden, C, bias, tp, sp),
                 fail);
   loom_linear_set_resid_proj(p->proj, true);
+  loom_linear_set_gelu_after(p->fc, true);
   p->fc->attached = p->proj->attached = true;
   if (dropout > 0.0f) {
     LOOM_TRY_GOTO(st, loom_dropout_new(&p->drop, dropout), fail);

@@ -386,6 +386,54 @@ static void linear_half_one(loom_dtype dt, int N, int C, int OC) {
   loom_free(xh);
 }
 
+/* A layer through a GELU: given the gradient at GELU(y) and y, the bits of
+ * the GELU's backward then the layer's (on whichever path runs: the
+ * conversion or the bf16 unit), with and without the matmuls (the bias sum
+ * alone). */
+static void linear_gelu_one(loom_dtype dt, int N, int C, int OC) {
+  const size_t nx = (size_t)N * C, nw = (size_t)OC * C, ny = (size_t)N * OC;
+  float *x = kt_rand(nx, 41, -2, 2), *w = kt_rand(nw, 42, -0.5f, 0.5f);
+  float *y = kt_rand(ny, 43, -4, 4), *dout = kt_rand(ny, 44, -1, 1);
+  float *g = kt_zeros(ny);
+  float *S = kt_zeros((size_t)loom_linear_half_scratch_floats(N, C, OC));
+  float *gx = kt_rand(nx, 45, -1, 1), *gw = kt_rand(nw, 46, -1, 1);
+  float *gb = kt_rand((size_t)OC, 47, -1, 1);
+  float *rx = kt_copy(gx, nx), *rw = kt_copy(gw, nw), *rb = kt_copy(gb, OC);
+  float *gb2 = kt_copy(gb, OC), *rb2 = kt_copy(gb, OC);
+  uint16_t *wh = loom_malloc(nw * 2);
+  TT_REQUIRE(x && w && y && dout && g && S && gx && gw && gb && rx && rw &&
+             rb && gb2 && rb2 && wh);
+  TT_CHECK_OK(loom_cvt_f32_to_half(dt, wh, w, (int64_t)nw));
+  loom_gelu_backward_to(g, y, dout, (int64_t)ny);
+  TT_CHECK_OK(loom_linear_backward_half(rx, rw, rb, g, x, LOOM_F32, dt, wh, N,
+                                        C, OC, S));
+  TT_CHECK_OK(loom_linear_backward_half_gelu(gx, gw, gb, dout, y, x, LOOM_F32,
+                                             dt, wh, N, C, OC, S));
+  KT_CHECK_SAME_BITS(gx, rx, nx);
+  KT_CHECK_SAME_BITS(gw, rw, nw);
+  KT_CHECK_SAME_BITS(gb, rb, (size_t)OC);
+  TT_CHECK_OK(loom_linear_backward_half(NULL, NULL, rb2, g, x, LOOM_F32, dt, wh,
+                                        N, C, OC, S));
+  TT_CHECK_OK(loom_linear_backward_half_gelu(NULL, NULL, gb2, dout, y, x,
+                                             LOOM_F32, dt, wh, N, C, OC, S));
+  KT_CHECK_SAME_BITS(gb2, rb2, (size_t)OC);
+  TT_CHECK(loom_linear_backward_half_gelu(gx, gw, gb, dout, NULL, x, LOOM_F32,
+                                          dt, wh, N, C, OC,
+                                          S) == LOOM_ERR_INVALID_ARG);
+  loom_clear_error();
+  float *fr[] = {x, w, y, dout, g, S, gx, gw, gb, rx, rw, rb, gb2, rb2};
+  for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++)
+    loom_free(fr[i]);
+  loom_free(wh);
+}
+
+static void linear_gelu(loom_dtype dt) {
+  linear_gelu_one(dt, 37, 45, 19);
+  loom_set_threads(2);
+  linear_gelu_one(dt, 131, 40, 300); /* two column blocks, 300 > 256 */
+  loom_set_threads(0);
+}
+
 /* One small shape on one thread; at 2 threads, two whose bias gradient and
  * conversions run on both (column blocks of the bias sum: two, and one). */
 static void linear_half(loom_dtype dt) {
@@ -394,6 +442,7 @@ static void linear_half(loom_dtype dt) {
   linear_half_one(dt, 131, 40, 300);
   linear_half_one(dt, 3001, 8, 12);
   loom_set_threads(0);
+  linear_gelu(dt);
 }
 
 /* The convolution the same way, bitwise, on a shape oneDNN's engine takes
@@ -717,10 +766,35 @@ static void att_half_one(loom_dtype dt, int B, int T, int C, int NH) {
     dq[t] = kt_zeros(nq);
     TT_REQUIRE(out[t] && dq[t]);
     loom_set_threads(t + 1);
+    TT_CHECK_OK(loom_attention_forward_half(dt, out[t], NULL, att, qkv, NULL, B,
+                                            T, C, NH, S));
+    TT_CHECK_OK(loom_attention_backward_half(dt, dq[t], dout, qkv, NULL, att, B,
+                                             T, C, NH, S));
+  }
+  /* with the half output and the kept half qkv: the same bits, the output
+   * rounded, and backward reading the kept qkv (qkv itself not passed) */
+  {
+    float *o2 = kt_zeros(no), *d2 = kt_zeros(nq);
+    uint16_t *oh = loom_malloc(no * 2), *ow = loom_malloc(no * 2);
+    uint16_t *qh = loom_malloc(nq * 2), *qw = loom_malloc(nq * 2);
+    TT_REQUIRE(o2 && d2 && oh && ow && qh && qw);
+    loom_set_threads(2);
     TT_CHECK_OK(
-        loom_attention_forward_half(dt, out[t], att, qkv, B, T, C, NH, S));
-    TT_CHECK_OK(loom_attention_backward_half(dt, dq[t], dout, qkv, att, B, T, C,
-                                             NH, S));
+        loom_attention_forward_half(dt, o2, oh, att, qkv, qh, B, T, C, NH, S));
+    TT_CHECK_OK(loom_attention_backward_half(dt, d2, dout, NULL, qh, att, B, T,
+                                             C, NH, S));
+    KT_CHECK_SAME_BITS(o2, out[0], no);
+    KT_CHECK_SAME_BITS(d2, dq[0], nq);
+    TT_CHECK_OK(loom_cvt_f32_to_half(dt, ow, out[0], (int64_t)no));
+    TT_CHECK_OK(loom_cvt_f32_to_half(dt, qw, qkv, (int64_t)nq));
+    TT_CHECK(memcmp(oh, ow, no * 2) == 0);
+    TT_CHECK(memcmp(qh, qw, nq * 2) == 0);
+    loom_free(o2);
+    loom_free(d2);
+    loom_free(oh);
+    loom_free(ow);
+    loom_free(qh);
+    loom_free(qw);
   }
   loom_set_threads(0);
   int bad = 0;
@@ -759,7 +833,8 @@ static void att_half_shapes(loom_dtype dt) {
                                   {5, 33, 16, 4}}; /* 20 tasks > 16 slots */
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
     att_half_one(dt, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
-  TT_CHECK(loom_attention_forward_half(LOOM_F32, NULL, NULL, NULL, 1, 1, 4, 2,
+  TT_CHECK(loom_attention_forward_half(LOOM_F32, NULL, NULL, NULL, NULL, NULL,
+                                       1, 1, 4, 2,
                                        NULL) == LOOM_ERR_UNSUPPORTED);
   loom_clear_error();
 }
@@ -793,6 +868,7 @@ TT_TEST(bf16_unit) {
   half_thread_invariance(LOOM_BF16);
   conv_unit_shapes();
   att_half_shapes(LOOM_BF16);
+  linear_gelu(LOOM_BF16);
   TT_CHECK_OK(loom_bf16_set_path(LOOM_BF16_PATH_CONVERT));
   /* the conversion path meets the same bound (and is bitwise the f32
    * convolution of the rounded values: half_layers) */
