@@ -1,4 +1,5 @@
 /* Softmax cross-entropy loss with mean reduction, accuracy counts. */
+#include <immintrin.h>
 #include <math.h>
 
 #include "internal.h"
@@ -135,6 +136,42 @@ static loom_status grow(loom_xent *x, int64_t N, int64_t NV) {
   return LOOM_OK;
 }
 
+/* The index of a row's first largest value, as the scan `best = 0; for j:
+ * if (row[j] > row[best]) best = j` gives it (a NaN never wins; a NaN in
+ * row[0] keeps 0): the max found 4 lanes at a time, then the first index
+ * holding it. A row with a NaN takes the scan itself. */
+static int row_argmax(const float *row, int V) {
+  int j = 0;
+  if (V >= 8) {
+    __m128 m = _mm_loadu_ps(row), nan = _mm_cmpunord_ps(m, m);
+    for (j = 4; j + 4 <= V; j += 4) {
+      const __m128 v = _mm_loadu_ps(row + j);
+      nan = _mm_or_ps(nan, _mm_cmpunord_ps(v, v));
+      m = _mm_max_ps(m, v);
+    }
+    bool tail_nan = false;
+    for (int k = j; k < V; k++)
+      tail_nan |= isnan(row[k]);
+    if (!_mm_movemask_ps(nan) && !tail_nan) {
+      float lane[4];
+      _mm_storeu_ps(lane, m);
+      float top = lane[0];
+      for (int k = 1; k < 4; k++)
+        top = lane[k] > top ? lane[k] : top;
+      for (int k = j; k < V; k++)
+        top = row[k] > top ? row[k] : top;
+      for (int k = 0; k < V; k++)
+        if (row[k] == top)
+          return k;
+    }
+  }
+  int best = 0;
+  for (j = 1; j < V; j++)
+    if (row[j] > row[best])
+      best = j;
+  return best;
+}
+
 loom_status loom_xent_forward(loom_xent *x, const loom_tensor *logits,
                               const int32_t *targets, loom_xent_stats *stats) {
   int64_t N = 0; /* set: the analyzer cannot see that check_logits fails */
@@ -167,12 +204,7 @@ loom_status loom_xent_forward(loom_xent *x, const loom_tensor *logits,
     count++;
     if (x->tp)
       continue; /* the argmax spans the ranks: forward_tp counted */
-    const float *row = z + i * V;
-    int best = 0;
-    for (int j = 1; j < V; j++)
-      if (row[j] > row[best])
-        best = j;
-    correct += best == targets[i];
+    correct += row_argmax(z + i * V, V) == targets[i];
   }
   correct += tp_correct;
   x->targets = targets;

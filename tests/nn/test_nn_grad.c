@@ -273,8 +273,58 @@ TT_TEST(grad_crossentropy) {
   loom_xent_free(x);
 }
 
+/* Accuracy counts the rows whose first largest logit is the target, as the
+ * scan `best = 0; if (z[j] > z[best]) best = j` decides: ties to the first,
+ * -0 and +0 equal, a NaN never wins (in row[0] it keeps 0), infinities,
+ * rows long enough for the 4-lane search and a tail. */
+static int scan_argmax(const float *z, int V) {
+  int best = 0;
+  for (int j = 1; j < V; j++)
+    if (z[j] > z[best])
+      best = j;
+  return best;
+}
+
+TT_TEST(xent_accuracy_argmax) {
+  enum { V = 23 };
+  float rows[][V] = {{0}, {0}, {0}, {0}, {0}, {0}, {0}};
+  gc_fill_normal(rows[0], V, 5, 1.0f);
+  memcpy(rows[1], rows[0], sizeof rows[0]);
+  rows[1][7] = rows[1][19] = 9.0f; /* a tie: the first */
+  rows[2][3] = -0.0f;              /* all zeros, -0 before the rest */
+  memcpy(rows[3], rows[0], sizeof rows[0]);
+  rows[3][5] = NAN; /* a NaN in the middle never wins */
+  rows[3][21] = 50.0f;
+  memcpy(rows[4], rows[0], sizeof rows[0]);
+  rows[4][0] = NAN; /* in row[0]: the scan keeps 0 */
+  rows[4][9] = 50.0f;
+  memcpy(rows[5], rows[0], sizeof rows[0]);
+  rows[5][22] = INFINITY; /* in the tail */
+  rows[5][2] = INFINITY;
+  for (int j = 0; j < V; j++)
+    rows[6][j] = -INFINITY;
+  loom_xent *x;
+  TT_REQUIRE_OK(loom_xent_new(&x));
+  for (int r = 0; r < 7; r++)
+    for (int v = 3; v <= V; v += 10) { /* 3: the scan alone; 13, 23 */
+      loom_tensor logits =
+          loom_tensor_view(rows[r], LOOM_F32, 2, (int64_t[]){1, v});
+      const int want = scan_argmax(rows[r], v);
+      for (int32_t t = 0; t < v; t++) {
+        loom_xent_stats st;
+        TT_REQUIRE_OK(loom_xent_forward(x, &logits, &t, &st));
+        if (st.correct != (t == want))
+          fprintf(stderr, "  row %d V %d target %d: correct %lld, argmax %d\n",
+                  r, v, t, (long long)st.correct, want);
+        TT_CHECK_EQ(st.correct, t == want);
+      }
+    }
+  loom_xent_free(x);
+}
+
 int main(void) {
   loom_set_threads(1); /* tiny shapes: threads would only add overhead */
+  TT_RUN(xent_accuracy_argmax);
   TT_RUN(grad_linear);
   TT_RUN(grad_conv2d);
   TT_RUN(grad_maxpool2d);
