@@ -457,14 +457,20 @@ loom_status LOOM_ISA(loom_linear_forward_half)(float *out, const void *inp,
     const uint16_t *x;
     LOOM_TRY(
         as_half(&x, (uint16_t *)scratch, inp, in_dtype, dt, (int64_t)N * C));
+    loom_status s = LOOM_ERR_UNSUPPORTED;
+    if (bias) /* the bias added as oneDNN stores out, when it can */
+      s = loom_kern_bf16_matmul_bias(false, true, N, OC, C, x, C, weight, C,
+                                     bias, out, OC);
+    if (s != LOOM_ERR_UNSUPPORTED)
+      return s;
     float beta = 0.0f;
     if (bias) {
       for (int n = 0; n < N; n++)
         memcpy(out + (int64_t)n * OC, bias, (size_t)OC * sizeof(float));
       beta = 1.0f;
     }
-    loom_status s = loom_kern_bf16_matmul(false, true, N, OC, C, 1.0f, x, C,
-                                          weight, C, beta, out, OC);
+    s = loom_kern_bf16_matmul(false, true, N, OC, C, 1.0f, x, C, weight, C,
+                              beta, out, OC);
     if (s != LOOM_ERR_UNSUPPORTED)
       return s;
   }
@@ -487,9 +493,8 @@ static void grad_pass(float *dbias, const float *dout, const float *pre, int N,
                       float *parts) {
   if (pre)
     LOOM_ISA(loom_kern_gelu_bias_grad_half)
-    (dbias, dout, pre, N, OC, dt, h, r, parts);
-  else
-    LOOM_ISA(loom_kern_bias_grad_half)(dbias, dout, N, OC, dt, h, r, parts);
+  (dbias, dout, pre, N, OC, dt, h, r, parts);
+  else LOOM_ISA(loom_kern_bias_grad_half)(dbias, dout, N, OC, dt, h, r, parts);
 }
 
 /* The bias pass's work space at floats [used, total) of the scratch when

@@ -340,6 +340,13 @@ loom_status loom_kern_bf16_matmul(bool ta, bool tb, int M, int N, int K,
                                   float alpha, const uint16_t *A, int lda,
                                   const uint16_t *B, int ldb, float beta,
                                   float *C, int ldc);
+/* The same with a bias row: C = op(A) op(B) + bias (bias (N) f32, added
+ * to each row by oneDNN as it stores C: C is not read). UNSUPPORTED (C
+ * untouched) where the thread-count invariant grid would cut K. */
+loom_status loom_kern_bf16_matmul_bias(bool ta, bool tb, int M, int N, int K,
+                                       const uint16_t *A, int lda,
+                                       const uint16_t *B, int ldb,
+                                       const float *bias, float *C, int ldc);
 bool loom_kern_bf16_matmul_probe(void);
 /* One such GEMM on the calling thread alone, for a kernel's own parallel
  * loop (attention): its primitive is built for one thread, so the bits

@@ -22,12 +22,13 @@ typedef struct mm_key {
   bool ta, tb;
   float alpha, beta;
   bool serial; /* built for one thread (loom_kern_bf16_matmul_serial) */
+  bool bias;   /* adds a bias row (1, N) of f32 (loom_kern_bf16_matmul_bias) */
 } mm_key;
 
 typedef struct mm_entry {
   mm_key key;
   dnnl_primitive_t prim; /* NULL: oneDNN has no fast kernel for it */
-  dnnl_memory_desc_t a, b, c, pad;
+  dnnl_memory_desc_t a, b, c, pad, bias;
   size_t pad_bytes;
   bool brgemm; /* oneDNN's blocked kernels (AMX or AVX512-BF16 tiles) */
   /* When the strided shape gets only oneDNN's older gemm kernel but the
@@ -56,7 +57,7 @@ static bool same(const mm_key *x, const mm_key *y) {
   return x->M == y->M && x->N == y->N && x->K == y->K && x->lda == y->lda &&
          x->ldb == y->ldb && x->ldc == y->ldc && x->ta == y->ta &&
          x->tb == y->tb && x->alpha == y->alpha && x->beta == y->beta &&
-         x->serial == y->serial;
+         x->serial == y->serial && x->bias == y->bias;
 }
 
 /* A matrix of rows x cols, row-major with stride ld, or its transpose. */
@@ -78,10 +79,12 @@ static bool build(mm_entry *e) {
     return false;
   if (!md_of(&e->a, k->M, k->K, k->lda, k->ta, dnnl_bf16) ||
       !md_of(&e->b, k->K, k->N, k->ldb, k->tb, dnnl_bf16) ||
-      !md_of(&e->c, k->M, k->N, k->ldc, false, dnnl_f32))
+      !md_of(&e->c, k->M, k->N, k->ldc, false, dnnl_f32) ||
+      (k->bias && !md_of(&e->bias, 1, k->N, k->N, false, dnnl_f32)))
     return false;
   dnnl_matmul_desc_t d;
-  if (dnnl_matmul_desc_init(&d, &e->a, &e->b, NULL, &e->c) != dnnl_success)
+  if (dnnl_matmul_desc_init(&d, &e->a, &e->b, k->bias ? &e->bias : NULL,
+                            &e->c) != dnnl_success)
     return false;
   dnnl_primitive_attr_t attr = NULL;
   dnnl_post_ops_t po = NULL;
@@ -202,7 +205,7 @@ static const mm_entry *lookup(const mm_key *k) {
 #define T_MEM 48
 typedef struct t_mem {
   const mm_entry *e;
-  dnnl_memory_t m[4]; /* A, B, C, scratchpad (NULL: none) */
+  dnnl_memory_t m[5]; /* A, B, C, scratchpad, bias (NULL: none) */
 } t_mem;
 #define T_RECENT 16
 typedef struct t_cache {
@@ -244,14 +247,15 @@ static t_mem *mems_of(t_cache *c, const mm_entry *e) {
   } else {
     x = &c->mems[c->oldest];
     c->oldest = (c->oldest + 1) % T_MEM;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
       if (x->m[i])
         dnnl_memory_destroy(x->m[i]);
   }
   memset(x, 0, sizeof *x);
-  const dnnl_memory_desc_t *md[4] = {&e->a, &e->b, &e->c,
-                                     e->pad_bytes ? &e->pad : NULL};
-  for (int i = 0; i < 4; i++)
+  const dnnl_memory_desc_t *md[5] = {&e->a, &e->b, &e->c,
+                                     e->pad_bytes ? &e->pad : NULL,
+                                     e->key.bias ? &e->bias : NULL};
+  for (int i = 0; i < 5; i++)
     if (md[i] && dnnl_memory_create(&x->m[i], md[i], g_engine,
                                     DNNL_MEMORY_NONE) != dnnl_success) {
       for (int k = 0; k < i; k++)
@@ -266,7 +270,7 @@ static t_mem *mems_of(t_cache *c, const mm_entry *e) {
 
 /* Runs e's primitive on the calling thread's share; 0 on success. */
 static int exec_prim(t_cache *c, const mm_entry *e, const uint16_t *A,
-                     const uint16_t *B, float *C) {
+                     const uint16_t *B, float *C, const float *bias) {
   if (e->pad_bytes > c->pad_bytes) {
     void *np = malloc(e->pad_bytes);
     if (!np)
@@ -284,16 +288,19 @@ static int exec_prim(t_cache *c, const mm_entry *e, const uint16_t *A,
   t_mem *x = mems_of(c, e);
   if (!x)
     return -1;
-  void *ptr[4] = {(void *)A, (void *)B, C, c->pad};
-  for (int i = 0; i < 4; i++)
+  void *ptr[5] = {(void *)A, (void *)B, C, c->pad, (void *)bias};
+  for (int i = 0; i < 5; i++)
     if (x->m[i] && dnnl_memory_set_data_handle(x->m[i], ptr[i]) != dnnl_success)
       return -1;
-  dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, x->m[0]},
+  dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, x->m[0]},
                              {DNNL_ARG_WEIGHTS, x->m[1]},
-                             {DNNL_ARG_DST, x->m[2]},
-                             {DNNL_ARG_SCRATCHPAD, x->m[3]}};
-  int rc =
-      (int)dnnl_primitive_execute(e->prim, c->stream, x->m[3] ? 4 : 3, args);
+                             {DNNL_ARG_DST, x->m[2]}};
+  int na = 3;
+  if (x->m[3])
+    args[na++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, x->m[3]};
+  if (x->m[4])
+    args[na++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, x->m[4]};
+  int rc = (int)dnnl_primitive_execute(e->prim, c->stream, na, args);
   if (rc == 0)
     rc = (int)dnnl_stream_wait(c->stream);
   return rc;
@@ -311,13 +318,13 @@ static void pack(uint16_t *dst, const uint16_t *src, int rows, int cols,
  * primitive's products, then C = staged + beta C (the sum post-op's
  * arithmetic). */
 static int run(const mm_entry *e, const uint16_t *A, const uint16_t *B,
-               float *C) {
+               float *C, const float *bias) {
   t_cache *c = my_cache();
   if (!c)
     return -1;
   const mm_entry *d = e->dense;
   if (!d)
-    return exec_prim(c, e, A, B, C);
+    return exec_prim(c, e, A, B, C, bias);
   const mm_key *k = &e->key, *dk = &d->key;
   const int ar = k->ta ? k->K : k->M, ac = k->ta ? k->M : k->K;
   const int br = k->tb ? k->N : k->K, bc = k->tb ? k->K : k->N;
@@ -345,7 +352,7 @@ static int run(const mm_entry *e, const uint16_t *A, const uint16_t *B,
     pack(a, A, ar, ac, k->lda);
   if (pb)
     pack(b, B, br, bc, k->ldb);
-  int rc = exec_prim(c, d, a, b, cc);
+  int rc = exec_prim(c, d, a, b, cc, bias);
   if (rc || !pc)
     return rc;
   const float beta = k->beta;
@@ -379,7 +386,7 @@ static const mm_entry *find(const mm_key *k) {
 }
 
 bool loom_kern_bf16_matmul_probe(void) {
-  mm_key k = {64, 64, 64, 64, 64, 64, false, false, 1.0f, 0.0f, false};
+  mm_key k = {64, 64, 64, 64, 64, 64, false, false, 1.0f, 0.0f, false, false};
   const mm_entry *e = lookup(&k);
   return e && e->prim;
 }
@@ -390,18 +397,18 @@ const char *loom_kern_bf16_matmul_impl(void) { return g_impl; }
  * kernel for the shape (the caller converts instead). */
 static int tile(bool ta, bool tb, int M, int N, int K, float alpha,
                 const uint16_t *A, int lda, const uint16_t *B, int ldb,
-                float beta, float *C, int ldc) {
-  mm_key k = {M, N, K, lda, ldb, ldc, ta, tb, alpha, beta, false};
+                float beta, float *C, int ldc, const float *bias) {
+  mm_key k = {M, N, K, lda, ldb, ldc, ta, tb, alpha, beta, false, bias != NULL};
   const mm_entry *e = find(&k);
   if (!e || !e->prim)
     return -1;
-  return run(e, A, B, C);
+  return run(e, A, B, C, bias);
 }
 
 bool loom_kern_bf16_matmul_serial_ok(bool ta, bool tb, int M, int N, int K,
                                      float alpha, int lda, int ldb, float beta,
                                      int ldc) {
-  mm_key k = {M, N, K, lda, ldb, ldc, ta, tb, alpha, beta, true};
+  mm_key k = {M, N, K, lda, ldb, ldc, ta, tb, alpha, beta, true, false};
   const mm_entry *e = lookup(&k);
   return e && e->prim;
 }
@@ -412,11 +419,11 @@ int loom_kern_bf16_matmul_serial(bool ta, bool tb, int M, int N, int K,
                                  float *C, int ldc) {
   if (M <= 0 || N <= 0)
     return 0;
-  mm_key k = {M, N, K, lda, ldb, ldc, ta, tb, alpha, beta, true};
+  mm_key k = {M, N, K, lda, ldb, ldc, ta, tb, alpha, beta, true, false};
   const mm_entry *e = find(&k);
   if (!e || !e->prim)
     return -1;
-  return run(e, A, B, C);
+  return run(e, A, B, C, NULL);
 }
 
 typedef struct mm_ctx {
@@ -424,6 +431,7 @@ typedef struct mm_ctx {
   float alpha;
   const uint16_t *A, *B;
   int lda, ldb;
+  const float *bias; /* (N) or NULL */
 } mm_ctx;
 
 static int tile_bf16(void *ctx, int i0, int j0, int k0, int mm, int nn, int kk,
@@ -434,23 +442,27 @@ static int tile_bf16(void *ctx, int i0, int j0, int k0, int mm, int nn, int kk,
   const uint16_t *b = x->tb ? x->B + (int64_t)j0 * x->ldb + k0
                             : x->B + (int64_t)k0 * x->ldb + j0;
   return tile(x->ta, x->tb, mm, nn, kk, x->alpha, a, x->lda, b, x->ldb, beta, c,
-              ldc);
+              ldc, x->bias ? x->bias + j0 : NULL);
 }
 
-loom_status loom_kern_bf16_matmul(bool ta, bool tb, int M, int N, int K,
-                                  float alpha, const uint16_t *A, int lda,
-                                  const uint16_t *B, int ldb, float beta,
-                                  float *C, int ldc) {
+/* C = alpha op(A) op(B) + beta C (+ the bias row, when given: then alpha
+ * 1, beta 0 and no K partials, else LOOM_ERR_UNSUPPORTED). */
+static loom_status matmul(bool ta, bool tb, int M, int N, int K, float alpha,
+                          const uint16_t *A, int lda, const uint16_t *B,
+                          int ldb, float beta, float *C, int ldc,
+                          const float *bias) {
   if (!loom_gemm_get_deterministic()) {
     int save = omp_get_max_threads();
     omp_set_num_threads(loom_threads());
-    int rc = tile(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    int rc = tile(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
     omp_set_num_threads(save);
     return rc == 0 ? LOOM_OK : LOOM_ERR_UNSUPPORTED;
   }
   loom_kern_gemm_plan p;
   loom_kern_gemm_plan_make(M, N, K, &p);
   const bool part = p.gk > 1; /* K partials into an (M, N) buffer each */
+  if (part && bias)
+    return LOOM_ERR_UNSUPPORTED;
   const int tasks = p.gm * p.gn * p.gk;
   /* Every tile shape has a fast primitive, or nothing is touched. */
   for (int t = 0; t < tasks; t++) {
@@ -466,18 +478,35 @@ loom_status loom_kern_bf16_matmul(bool ta, bool tb, int M, int N, int K,
                 tb,
                 alpha,
                 part ? 0.0f : beta,
-                false};
+                false,
+                bias != NULL};
     const mm_entry *e = lookup(&k);
     if (!e || !e->prim)
       return LOOM_ERR_UNSUPPORTED;
   }
-  mm_ctx x = {ta, tb, alpha, A, B, lda, ldb};
+  mm_ctx x = {ta, tb, alpha, A, B, lda, ldb, bias};
   int rc;
   LOOM_TRY(loom_kern_gemm_tiled(M, N, K, beta, C, ldc, tile_bf16, &x, &rc));
   return rc == 0 ? LOOM_OK
                  : loom_error(LOOM_ERR_INTERNAL,
                               "bf16 gemm %dx%dx%d: oneDNN matmul failed (%d)",
                               M, N, K, rc);
+}
+
+loom_status loom_kern_bf16_matmul(bool ta, bool tb, int M, int N, int K,
+                                  float alpha, const uint16_t *A, int lda,
+                                  const uint16_t *B, int ldb, float beta,
+                                  float *C, int ldc) {
+  return matmul(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL);
+}
+
+loom_status loom_kern_bf16_matmul_bias(bool ta, bool tb, int M, int N, int K,
+                                       const uint16_t *A, int lda,
+                                       const uint16_t *B, int ldb,
+                                       const float *bias, float *C, int ldc) {
+  if (!bias)
+    return LOOM_ERR_UNSUPPORTED;
+  return matmul(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc, bias);
 }
 
 #else /* no oneDNN */
@@ -500,6 +529,14 @@ int loom_kern_bf16_matmul_serial(bool ta, bool tb, int M, int N, int K,
 }
 
 bool loom_kern_bf16_matmul_probe(void) { return false; }
+loom_status loom_kern_bf16_matmul_bias(bool ta, bool tb, int M, int N, int K,
+                                       const uint16_t *A, int lda,
+                                       const uint16_t *B, int ldb,
+                                       const float *bias, float *C, int ldc) {
+  (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B;
+  (void)ldb, (void)bias, (void)C, (void)ldc;
+  return LOOM_ERR_UNSUPPORTED;
+}
 const char *loom_kern_bf16_matmul_impl(void) { return ""; }
 loom_status loom_kern_bf16_matmul(bool ta, bool tb, int M, int N, int K,
                                   float alpha, const uint16_t *A, int lda,

@@ -532,27 +532,42 @@ static void half_thread_invariance(loom_dtype dt) {
   float *dout = kt_rand((size_t)N * OC, 13, -1, 1);
   uint16_t *wh = loom_malloc((size_t)OC * C * 2);
   float *S = kt_zeros((size_t)loom_linear_half_scratch_floats(N, C, OC));
-  float *y[3], *dx[3], *dw[3];
-  TT_REQUIRE(x && w && dout && wh && S);
+  float *b = kt_rand((size_t)OC, 14, -1, 1);
+  float *y[3], *dx[3], *dw[3], *yb[3];
+  TT_REQUIRE(x && w && dout && wh && S && b);
   TT_CHECK_OK(loom_cvt_f32_to_half(dt, wh, w, (int64_t)OC * C));
   for (int t = 0; t < 3; t++) {
     y[t] = kt_zeros((size_t)N * OC);
+    yb[t] = kt_zeros((size_t)N * OC);
     dx[t] = kt_zeros((size_t)N * C);
     dw[t] = kt_zeros((size_t)OC * C);
-    TT_REQUIRE(y[t] && dx[t] && dw[t]);
+    TT_REQUIRE(y[t] && yb[t] && dx[t] && dw[t]);
     loom_set_threads(t + 1);
     TT_CHECK_OK(
         loom_linear_forward_half(y[t], x, LOOM_F32, dt, wh, NULL, N, C, OC, S));
+    /* with a bias (on the unit: added by oneDNN as it stores the rows) */
+    TT_CHECK_OK(
+        loom_linear_forward_half(yb[t], x, LOOM_F32, dt, wh, b, N, C, OC, S));
     TT_CHECK_OK(loom_linear_backward_half(dx[t], dw[t], NULL, dout, x, LOOM_F32,
                                           dt, wh, N, C, OC, S));
   }
   loom_set_threads(0);
   for (int t = 1; t < 3; t++) {
     KT_CHECK_SAME_BITS(y[0], y[t], (size_t)N * OC);
+    KT_CHECK_SAME_BITS(yb[0], yb[t], (size_t)N * OC);
     KT_CHECK_SAME_BITS(dx[0], dx[t], (size_t)N * C);
     KT_CHECK_SAME_BITS(dw[0], dw[t], (size_t)OC * C);
   }
+  /* the bias added: y + b up to the order of the f32 additions (on the
+   * unit oneDNN adds it as it stores the rows; where its kernel sums K in
+   * blocks the bias may join before the last block) */
+  for (int n = 0; n < N; n++)
+    for (int j = 0; j < OC; j++)
+      y[1][(size_t)n * OC + j] = y[0][(size_t)n * OC + j] + b[j];
+  TT_CHECK_CLOSE(yb[0], y[1], (size_t)N * OC, 1e-5, 1e-5);
+  loom_free(b);
   for (int t = 0; t < 3; t++) {
+    loom_free(yb[t]);
     loom_free(y[t]);
     loom_free(dx[t]);
     loom_free(dw[t]);
