@@ -13,49 +13,49 @@
 #define LN_COLS 16
 #define LN_ROWS 64
 
-void LOOM_ISA(loom_layernorm_forward)(float *out, float *mean, float *rstd,
-                                      const float *inp, const float *weight,
-                                      const float *bias, int N, int C) {
+/* Rows of out (f32) or, with out NULL, of outh rounded to half type dt
+ * as each row is computed, through a stack block: the bits of the f32
+ * output then the conversion, in one pass. */
+#define LN_HALF_BLOCK 256
+static void ln_forward(float *out, uint16_t *outh, loom_dtype dt, float *mean,
+                       float *rstd, const float *inp, const float *weight,
+                       const float *bias, int N, int C) {
   const int nt = loom_kern_nthreads((int64_t)N * C, LOOM_KERN_PAR_MIN);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int n = 0; n < N; n++) {
     const float *x = inp + (int64_t)n * C;
-    float *o = out + (int64_t)n * C;
     const float m = loom_kern_sum(x, C) / (float)C;
     const float r = 1.0f / sqrtf(loom_kern_sqdev(x, m, C) / (float)C + LN_EPS);
-    for (int j = 0; j < C; j++)
-      o[j] = fmaf((x[j] - m) * r, weight[j], bias[j]);
+    if (out) {
+      float *o = out + (int64_t)n * C;
+      for (int j = 0; j < C; j++)
+        o[j] = fmaf((x[j] - m) * r, weight[j], bias[j]);
+    } else {
+      float buf[LN_HALF_BLOCK];
+      for (int j0 = 0; j0 < C; j0 += LN_HALF_BLOCK) {
+        const int w = C - j0 < LN_HALF_BLOCK ? C - j0 : LN_HALF_BLOCK;
+        for (int j = 0; j < w; j++)
+          buf[j] = fmaf((x[j0 + j] - m) * r, weight[j0 + j], bias[j0 + j]);
+        LOOM_ISA(loom_kern_narrow)(dt, outh + (int64_t)n * C + j0, buf, w);
+      }
+    }
     mean[n] = m;
     rstd[n] = r;
   }
 }
 
-/* The same with the output rounded to half type dt (out: N*C half
- * values) as each row is computed, through a stack buffer: the bits of
- * loom_layernorm_forward then the conversion, in one pass. */
-#define LN_HALF_BLOCK 256
+void LOOM_ISA(loom_layernorm_forward)(float *out, float *mean, float *rstd,
+                                      const float *inp, const float *weight,
+                                      const float *bias, int N, int C) {
+  ln_forward(out, NULL, LOOM_F32, mean, rstd, inp, weight, bias, N, C);
+}
+
 void LOOM_ISA(loom_layernorm_forward_half)(loom_dtype dt, uint16_t *out,
                                            float *mean, float *rstd,
                                            const float *inp,
                                            const float *weight,
                                            const float *bias, int N, int C) {
-  const int nt = loom_kern_nthreads((int64_t)N * C, LOOM_KERN_PAR_MIN);
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-  for (int n = 0; n < N; n++) {
-    const float *x = inp + (int64_t)n * C;
-    uint16_t *o = out + (int64_t)n * C;
-    const float m = loom_kern_sum(x, C) / (float)C;
-    const float r = 1.0f / sqrtf(loom_kern_sqdev(x, m, C) / (float)C + LN_EPS);
-    float buf[LN_HALF_BLOCK];
-    for (int j0 = 0; j0 < C; j0 += LN_HALF_BLOCK) {
-      const int w = C - j0 < LN_HALF_BLOCK ? C - j0 : LN_HALF_BLOCK;
-      for (int j = 0; j < w; j++)
-        buf[j] = fmaf((x[j0 + j] - m) * r, weight[j0 + j], bias[j0 + j]);
-      LOOM_ISA(loom_kern_narrow)(dt, o + j0, buf, w);
-    }
-    mean[n] = m;
-    rstd[n] = r;
-  }
+  ln_forward(NULL, out, dt, mean, rstd, inp, weight, bias, N, C);
 }
 
 /* dinp: per row, from dnorm = dout * w:
