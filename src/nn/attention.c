@@ -53,6 +53,13 @@ static loom_status attention_plan(loom_module *m, loom_nn_plan *p,
       p, a->half != LOOM_F32
              ? loom_attention_half_scratch_floats(a->B, a->T, a->CL, a->NH)
              : BHTT);
+  /* On the bf16 unit the half qkv the forward's matmuls read is kept for
+   * backward (which then rounds nothing again and never reads the f32
+   * qkv), so the qkv projection's f32 output lives in scratch for the
+   * forward call only: 2 bytes an element of qkv kept instead of 4. */
+  const bool keep_half =
+      a->half == LOOM_BF16 && loom_bf16_get_path() != LOOM_BF16_PATH_CONVERT;
+  loom_linear_set_out_scratch(a->qkv, keep_half);
   loom_shape s;
   size_t kid = loom_nn_plan_scratch_mark(p);
   LOOM_TRY(loom_module_plan(a->qkv, p, in, &s));
@@ -60,9 +67,7 @@ static loom_status attention_plan(loom_module *m, loom_nn_plan *p,
   a->qkvh = NULL;
   if (a->half != LOOM_F32) {
     a->atth = loom_nn_plan_act(p, (size_t)BHTT * sizeof(uint16_t));
-    /* on the bf16 unit the half qkv the forward's matmuls read is kept,
-     * so backward does not round qkv again (2 bytes an element more) */
-    if (a->half == LOOM_BF16 && loom_bf16_get_path() != LOOM_BF16_PATH_CONVERT)
+    if (keep_half)
       a->qkvh = loom_nn_plan_act(p, (size_t)(3 * BTC) * sizeof(uint16_t));
   } else {
     a->att = loom_nn_plan_floats(p, BHTT);

@@ -165,6 +165,10 @@ void loom_linear_set_tp_col(loom_module *linear, const loom_tp *tp, int sp);
  * backward and hands the layer its result as before. */
 void loom_linear_set_gelu_after(loom_module *linear, bool on);
 bool loom_linear_gelu_fused(const loom_module *linear);
+/* The layer's output planned in scratch, not as an activation: its
+ * consumer (the parent) reads it within its own forward call only and
+ * keeps what backward needs itself (attention's half qkv). Read at plan. */
+void loom_linear_set_out_scratch(loom_module *linear, bool on);
 /* tp can run sequence parallelism (more than one rank, gather and scatter
  * offered). */
 bool loom_tp_sp_ok(const loom_tp *tp);

@@ -13,8 +13,9 @@ typedef struct linear {
   float *out;     /* (N,OC) */
   /* half model: the operands in f32 (loom_linear_half_scratch_floats) */
   float *scratch;
-  loom_dtype half; /* LOOM_BF16, LOOM_F16, or LOOM_F32: none */
-  bool gelu_after; /* the output feeds a GELU (loom_linear_set_gelu_after) */
+  loom_dtype half;  /* LOOM_BF16, LOOM_F16, or LOOM_F32: none */
+  bool gelu_after;  /* the output feeds a GELU (loom_linear_set_gelu_after) */
+  bool out_scratch; /* the output in scratch (loom_linear_set_out_scratch) */
   /* Tensor parallelism (docs/parallel.md): column-parallel (this rank's
    * outputs; the input gradient is a partial sum, all-reduced in backward
    * through dx) or row-parallel (this rank's inputs; the output is a
@@ -131,7 +132,8 @@ static loom_status linear_plan(loom_module *m, loom_nn_plan *p,
     const int64_t gf = in->dtype == LOOM_F32 ? N * l->C : (N * l->C + 1) / 2;
     if (!l->regather)
       l->gin = loom_nn_plan_floats(p, gf);
-    l->out = loom_nn_plan_floats(p, N * l->OC);
+    l->out = l->out_scratch ? loom_nn_plan_scratch_floats(p, N * l->OC)
+                            : loom_nn_plan_floats(p, N * l->OC);
     size_t mark = loom_nn_plan_scratch_mark(p);
     if (l->regather) /* forward and backward each use it within the call */
       l->gin = loom_nn_plan_scratch_floats(p, gf);
@@ -157,7 +159,8 @@ static loom_status linear_plan(loom_module *m, loom_nn_plan *p,
     loom_nn_plan_scratch_release(p, mark);
     return LOOM_OK;
   }
-  l->out = loom_nn_plan_floats(p, N * l->OC);
+  l->out = l->out_scratch ? loom_nn_plan_scratch_floats(p, N * l->OC)
+                          : loom_nn_plan_floats(p, N * l->OC);
   /* Scratch used within a call: column-parallel's partial input gradient
    * (in flight while the weight's gradient is computed, so apart from the
    * half operands' room, which that computation uses) */
@@ -489,6 +492,11 @@ loom_status loom_tp_reduce_scatter(const loom_tp *tp, const float *send,
                                    float *recv, int64_t n) {
   LOOM_TRY(tp->scatter(tp->user, 0, send, recv, n));
   return tp->wait(tp->user, 0);
+}
+
+void loom_linear_set_out_scratch(loom_module *m, bool on) {
+  if (m && m->ops == &linear_ops)
+    ((linear *)m)->out_scratch = on;
 }
 
 void loom_linear_set_gelu_after(loom_module *m, bool on) {
