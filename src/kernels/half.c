@@ -453,7 +453,9 @@ loom_status LOOM_ISA(loom_linear_forward_half)(float *out, const void *inp,
   if (N < 0 || C < 0 || OC < 0)
     return loom_error(LOOM_ERR_INVALID_ARG, "half linear: negative size");
   if (unit(dt) && N > 0 && C > 0 && OC > 0) {
-    /* out = bias, then out += inp @ W^T on the bf16 unit */
+    /* out = inp @ W^T + bias on the bf16 unit: the bias added by oneDNN
+     * as it stores the rows, or (a grid that cuts K) copied into out
+     * first and the product added */
     const uint16_t *x;
     LOOM_TRY(
         as_half(&x, (uint16_t *)scratch, inp, in_dtype, dt, (int64_t)N * C));
@@ -481,10 +483,6 @@ loom_status LOOM_ISA(loom_linear_forward_half)(float *out, const void *inp,
   return LOOM_ISA(loom_linear_forward)(out, a, w, bias, N, C, OC);
 }
 
-/* The bf16 unit's share of the backward: dinp += dout @ W and dweight +=
- * dout^T @ inp with dout and inp rounded to bf16; each output it could
- * not do (no fast kernel for the shape) is left in *dinp / *dweight for
- * the conversion path, the others set to NULL. */
 /* The layer's output gradient -- dout, or with pre the gradient at a GELU
  * of it, gelu'(pre) * dout -- rounded to dt into h (half values) or r
  * (their f32 values), and dbias (NULL: not) summed in the same pass. */
@@ -501,11 +499,15 @@ static void grad_pass(float *dbias, const float *dout, const float *pre, int N,
  * it fits there, else NULL (it then walks column blocks). */
 static float *parts_in(float *scratch, int64_t used, int64_t total, int N,
                        int OC) {
-  return used + LOOM_ISA(loom_kern_bias_parts_floats)(N, OC) <= total
+  return scratch && used + LOOM_ISA(loom_kern_bias_parts_floats)(N, OC) <= total
              ? scratch + used
              : NULL;
 }
 
+/* The bf16 unit's share of the backward: dinp += dout @ W and dweight +=
+ * dout^T @ inp with dout and inp rounded to bf16; each output it could
+ * not do (no fast kernel for the shape) is left in *dinp / *dweight for
+ * the conversion path, the others set to NULL. */
 static loom_status linear_backward_unit(float **dinp, float **dweight,
                                         float **dbias, const float *dout,
                                         const float *pre, const void *inp,

@@ -390,9 +390,6 @@ loom_status loom_kern_conv_dnnl_backward_bf16(float *dinp, float *dweight,
  * primitives (conv.c, one copy per instruction set). */
 #ifdef LOOM_ISA_SUFFIX
 bool LOOM_ISA(loom_kern_conv_use_dnnl)(const loom_conv2d_dims *d);
-/* Half conversions (half.c) on the calling thread alone, for kernels' own
- * parallel loops; dt bf16, else f16. The bits of loom_cvt_* and
- * loom_round_half. */
 /* The linear layer's bias gradient, dbias += the column sums of dout(N,OC)
  * (dbias may be NULL), in the pass that also rounds dout to half type dt:
  * into h as half values, or (h NULL) into r as their f32 values (linear.c:
@@ -410,6 +407,9 @@ void LOOM_ISA(loom_kern_gelu_bias_grad_half)(float *dbias, const float *dout,
                                              const float *pre, int N, int OC,
                                              loom_dtype dt, uint16_t *h,
                                              float *r, float *parts);
+/* Half conversions (half.c) on the calling thread alone, for kernels' own
+ * parallel loops; dt bf16, else f16. The bits of loom_cvt_* and
+ * loom_round_half. */
 void LOOM_ISA(loom_kern_narrow)(loom_dtype dt, uint16_t *out, const float *in,
                                 int64_t n);
 void LOOM_ISA(loom_kern_widen)(loom_dtype dt, float *out, const uint16_t *in,

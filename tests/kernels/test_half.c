@@ -430,12 +430,13 @@ static void linear_gelu_one(loom_dtype dt, int N, int C, int OC) {
 static void linear_gelu(loom_dtype dt) {
   linear_gelu_one(dt, 37, 45, 19);
   loom_set_threads(2);
-  linear_gelu_one(dt, 131, 40, 300); /* two column blocks, 300 > 256 */
+  linear_gelu_one(dt, 131, 40, 300); /* three 64-row chunks on two threads */
   loom_set_threads(0);
 }
 
 /* One small shape on one thread; at 2 threads, two whose bias gradient and
- * conversions run on both (column blocks of the bias sum: two, and one). */
+ * conversions run on both (the half layer's bias pass in 64-row chunks,
+ * checked against the f32 layer's column walk: three chunks, and 47). */
 static void linear_half(loom_dtype dt) {
   linear_half_one(dt, 37, 45, 19);
   loom_set_threads(2);
