@@ -130,6 +130,9 @@ loom_status loom_bf16_set_path(loom_bf16_path p);
  * bf16 storage)", "F16C (f32 arithmetic, f16 storage)"; "?" for another
  * type. */
 const char *loom_half_path_describe(loom_dtype dt);
+/* Whether matmuls of type dt run on the CPU's bf16 unit in this process:
+ * dt bf16 and loom_bf16_get_path() not convert. */
+bool loom_bf16_on_unit(loom_dtype dt);
 
 /* C(M,N) = alpha op(A) op(B) + beta C with A and B of half type dt (bf16
  * or f16) and C in f32: each product of two bf16 or two f16 values is

@@ -253,7 +253,7 @@ static loom_status half_setup(half_att *h, loom_dtype dt, int B, int T, int C,
   h->B = B, h->T = T, h->C = C, h->NH = NH, h->HS = C / NH;
   h->scale = 1.0f / sqrtf((float)h->HS);
   h->rb = half_rb(T);
-  h->unit = dt == LOOM_BF16 && loom_bf16_get_path() != LOOM_BF16_PATH_CONVERT;
+  h->unit = loom_bf16_on_unit(dt);
   if (h->unit && !half_unit_ok(h, backward))
     h->unit = false;
   h->es = h->unit ? sizeof(uint16_t) : sizeof(float);

@@ -90,18 +90,13 @@ void LOOM_ISA(loom_relu_backward_to)(float *dinp, const float *inp,
   EW_PARALLEL(n, relu_to_run(dinp, inp, dout, i0, i1));
 }
 
-#define GELU_S LOOM_GELU_S
-#define GELU_A LOOM_GELU_A
-
 /* 0.5 x (1 + tanh(u)) = x sigmoid(2u): one exp and one division, no sign
- * juggling. exp(-2u) saturates at exp(88) for u <= -44, where gelu is -0. */
+ * juggling (loom_kern_gelu, internal.h). exp(-2u) saturates at exp(88) for
+ * u <= -44, where gelu is -0. */
 void LOOM_ISA(loom_gelu_forward)(float *out, const float *inp, int64_t n) {
   EW_PARALLEL(n, {
-    for (int64_t i = i0; i < i1; i++) {
-      const float x = inp[i];
-      const float u = GELU_S * fmaf(GELU_A * x * x, x, x);
-      out[i] = x / (1.0f + loom_kern_expf(-2.0f * u));
-    }
+    for (int64_t i = i0; i < i1; i++)
+      out[i] = loom_kern_gelu(inp[i]);
   });
 }
 
@@ -115,24 +110,18 @@ void LOOM_ISA(loom_gelu_forward_half)(loom_dtype dt, uint16_t *out,
     float buf[GELU_BLOCK];
     for (int64_t b0 = i0; b0 < i1; b0 += GELU_BLOCK) {
       const int64_t m = i1 - b0 < GELU_BLOCK ? i1 - b0 : GELU_BLOCK;
-      const float *x = inp + b0;
-      for (int64_t i = 0; i < m; i++) {
-        const float u = GELU_S * fmaf(GELU_A * x[i] * x[i], x[i], x[i]);
-        buf[i] = x[i] / (1.0f + loom_kern_expf(-2.0f * u));
-      }
+      for (int64_t i = 0; i < m; i++)
+        buf[i] = loom_kern_gelu(inp[b0 + i]);
       LOOM_ISA(loom_kern_narrow)(dt, out + b0, buf, m);
     }
   });
 }
 
-/* The slope: loom_kern_gelu_slope (internal.h). */
-static inline float gelu_slope(float x) { return loom_kern_gelu_slope(x); }
-
 void LOOM_ISA(loom_gelu_backward)(float *dinp, const float *inp,
                                   const float *dout, int64_t n) {
   EW_PARALLEL(n, {
     for (int64_t i = i0; i < i1; i++) {
-      const float d = gelu_slope(inp[i]);
+      const float d = loom_kern_gelu_slope(inp[i]);
       dinp[i] = fmaf(d, dout[i], dinp[i]);
     }
   });
@@ -142,7 +131,7 @@ void LOOM_ISA(loom_gelu_backward_to)(float *dinp, const float *inp,
                                      const float *dout, int64_t n) {
   EW_PARALLEL(n, {
     for (int64_t i = i0; i < i1; i++) {
-      const float d = gelu_slope(inp[i]);
+      const float d = loom_kern_gelu_slope(inp[i]);
       dinp[i] = fmaf(d, dout[i], 0.0f);
     }
   });

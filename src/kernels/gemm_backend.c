@@ -266,6 +266,10 @@ loom_bf16_path loom_bf16_get_path(void) {
   return (loom_bf16_path)p;
 }
 
+bool loom_bf16_on_unit(loom_dtype dt) {
+  return dt == LOOM_BF16 && loom_bf16_get_path() != LOOM_BF16_PATH_CONVERT;
+}
+
 loom_status loom_bf16_set_path(loom_bf16_path p) {
   if ((int)p < 0 || p >= LOOM_BF16_PATH_COUNT)
     return loom_error(LOOM_ERR_INVALID_ARG, "bf16 path %d", (int)p);

@@ -363,9 +363,7 @@ static loom_status load_f32(float *out, const void *in, loom_dtype in_dt,
 /* ---------------------------------------------------------------- GEMM */
 
 /* bf16 on a CPU with a bf16 unit: oneDNN's matmul (matmul_dnnl.c). */
-static bool unit(loom_dtype dt) {
-  return dt == LOOM_BF16 && loom_bf16_get_path() != LOOM_BF16_PATH_CONVERT;
-}
+static bool unit(loom_dtype dt) { return loom_bf16_on_unit(dt); }
 
 int64_t LOOM_ISA(loom_gemm_half_scratch_floats)(int M, int N, int K) {
   return (int64_t)M * K + (int64_t)K * N;
@@ -483,22 +481,11 @@ loom_status LOOM_ISA(loom_linear_forward_half)(float *out, const void *inp,
   return LOOM_ISA(loom_linear_forward)(out, a, w, bias, N, C, OC);
 }
 
-/* The layer's output gradient -- dout, or with pre the gradient at a GELU
- * of it, gelu'(pre) * dout -- rounded to dt into h (half values) or r
- * (their f32 values), and dbias (NULL: not) summed in the same pass. */
-static void grad_pass(float *dbias, const float *dout, const float *pre, int N,
-                      int OC, loom_dtype dt, uint16_t *h, float *r,
-                      float *parts) {
-  if (pre)
-    LOOM_ISA(loom_kern_gelu_bias_grad_half)
-  (dbias, dout, pre, N, OC, dt, h, r, parts);
-  else LOOM_ISA(loom_kern_bias_grad_half)(dbias, dout, N, OC, dt, h, r, parts);
-}
-
-/* The bias pass's work space at floats [used, total) of the scratch when
- * it fits there, else NULL (it then walks column blocks). */
-static float *parts_in(float *scratch, int64_t used, int64_t total, int N,
-                       int OC) {
+/* The bias pass's work space in the layer's scratch (N, C, OC: its
+ * loom_linear_half_scratch_floats) from float `used` on, when it fits
+ * there, else NULL (the pass then walks column blocks). */
+static float *parts_in(float *scratch, int64_t used, int N, int C, int OC) {
+  const int64_t total = LOOM_ISA(loom_linear_half_scratch_floats)(N, C, OC);
   return scratch && used + LOOM_ISA(loom_kern_bias_parts_floats)(N, OC) <= total
              ? scratch + used
              : NULL;
@@ -521,10 +508,8 @@ static loom_status linear_backward_unit(float **dinp, float **dweight,
   /* the gradient rounded and the bias gradient summed in one pass, its
    * work space after d and buf */
   const int64_t used = ((int64_t)N * OC + (int64_t)N * C + 1) / 2;
-  grad_pass(*dbias, dout, pre, N, OC, dt, d, NULL,
-            parts_in(scratch, used,
-                     LOOM_ISA(loom_linear_half_scratch_floats)(N, C, OC), N,
-                     OC));
+  LOOM_ISA(loom_kern_bias_grad_half)
+  (*dbias, dout, pre, N, OC, dt, d, NULL, parts_in(scratch, used, N, C, OC));
   *dbias = NULL;
   loom_status s;
   if (*dinp) {
@@ -564,26 +549,17 @@ static loom_status linear_backward_half(float *dinp, float *dweight,
   float *d = scratch;             /* (N,OC) */
   float *w = d + (int64_t)N * OC; /* (OC,C) */
   float *a = w + (int64_t)OC * C; /* (N,C) */
-  if (dinp || dweight || (dbias && pre)) {
-    /* the gradient rounded and the bias gradient summed in one pass (the
-     * f32 layer's sums, from the f32 gradient) */
-    grad_pass(dbias, dout, pre, N, OC, dt, NULL, dinp || dweight ? d : NULL,
-              parts_in(scratch, (int64_t)N * OC,
-                       LOOM_ISA(loom_linear_half_scratch_floats)(N, C, OC), N,
-                       OC));
-    dbias = NULL;
-  }
+  /* the gradient rounded (when a matmul is left) and the bias gradient
+   * summed in one pass (the f32 layer's sums, from the f32 gradient) */
+  if (dinp || dweight || dbias)
+    LOOM_ISA(loom_kern_bias_grad_half)
+  (dbias, dout, pre, N, OC, dt, NULL, dinp || dweight ? d : NULL,
+   parts_in(scratch, (int64_t)N * OC, N, C, OC));
   if (dinp)
     LOOM_TRY(LOOM_ISA(loom_cvt_half_to_f32)(dt, w, weight, (int64_t)OC * C));
   if (dweight)
     LOOM_TRY(load_f32(a, inp, in_dtype, dt, (int64_t)N * C));
-  LOOM_TRY(
-      LOOM_ISA(loom_linear_backward)(dinp, dweight, NULL, d, a, w, N, C, OC));
-  /* the bias gradient alone */
-  if (dbias)
-    LOOM_TRY(LOOM_ISA(loom_linear_backward)(NULL, NULL, dbias, dout, NULL, NULL,
-                                            N, C, OC));
-  return LOOM_OK;
+  return LOOM_ISA(loom_linear_backward)(dinp, dweight, NULL, d, a, w, N, C, OC);
 }
 
 loom_status LOOM_ISA(loom_linear_backward_half)(

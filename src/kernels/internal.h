@@ -89,6 +89,10 @@ static inline float loom_kern_tanhf(float x) {
  * that computes them (elementwise.c, the fused ones of linear.c). */
 #define LOOM_GELU_S 0.7978845608028654f /* sqrt(2/pi) */
 #define LOOM_GELU_A 0.044715f
+static inline float loom_kern_gelu(float x) {
+  const float u = LOOM_GELU_S * fmaf(LOOM_GELU_A * x * x, x, x);
+  return x / (1.0f + loom_kern_expf(-2.0f * u));
+}
 static inline float loom_kern_gelu_slope(float x) {
   const float u = LOOM_GELU_S * fmaf(LOOM_GELU_A * x * x, x, x);
   const float sg = 1.0f / (1.0f + loom_kern_expf(-2.0f * u));
@@ -395,18 +399,14 @@ bool LOOM_ISA(loom_kern_conv_use_dnnl)(const loom_conv2d_dims *d);
  * into h as half values, or (h NULL) into r as their f32 values (linear.c:
  * the f32 layer's sums, bit for bit). parts: NULL, or
  * loom_kern_bias_parts_floats(N, OC) floats of work space, which lets the
- * threads read whole rows (the same bits). */
+ * threads read whole rows (the same bits). pre (NULL: none): the gradient
+ * summed and rounded is gelu'(pre) * dout (loom_gelu_backward_to's values,
+ * never stored in f32), what a linear layer after a GELU is handed. */
 int64_t LOOM_ISA(loom_kern_bias_parts_floats)(int N, int OC);
-void LOOM_ISA(loom_kern_bias_grad_half)(float *dbias, const float *dout, int N,
-                                        int OC, loom_dtype dt, uint16_t *h,
-                                        float *r, float *parts);
-/* The same for the gradient gelu'(pre) * dout (loom_gelu_backward_to's
- * values, never stored in f32): what a linear layer after a GELU is
- * handed in backward. */
-void LOOM_ISA(loom_kern_gelu_bias_grad_half)(float *dbias, const float *dout,
-                                             const float *pre, int N, int OC,
-                                             loom_dtype dt, uint16_t *h,
-                                             float *r, float *parts);
+void LOOM_ISA(loom_kern_bias_grad_half)(float *dbias, const float *dout,
+                                        const float *pre, int N, int OC,
+                                        loom_dtype dt, uint16_t *h, float *r,
+                                        float *parts);
 /* Half conversions (half.c) on the calling thread alone, for kernels' own
  * parallel loops; dt bf16, else f16. The bits of loom_cvt_* and
  * loom_round_half. */

@@ -137,16 +137,10 @@ static void bias_grad(float *dbias, const float *dout, int N, int OC) {
   bias_grad_half(dbias, dout, NULL, N, OC, LOOM_F32, NULL, NULL, NULL);
 }
 
-void LOOM_ISA(loom_kern_bias_grad_half)(float *dbias, const float *dout, int N,
-                                        int OC, loom_dtype dt, uint16_t *h,
-                                        float *r, float *parts) {
-  bias_grad_half(dbias, dout, NULL, N, OC, dt, h, r, parts);
-}
-
-void LOOM_ISA(loom_kern_gelu_bias_grad_half)(float *dbias, const float *dout,
-                                             const float *pre, int N, int OC,
-                                             loom_dtype dt, uint16_t *h,
-                                             float *r, float *parts) {
+void LOOM_ISA(loom_kern_bias_grad_half)(float *dbias, const float *dout,
+                                        const float *pre, int N, int OC,
+                                        loom_dtype dt, uint16_t *h, float *r,
+                                        float *parts) {
   bias_grad_half(dbias, dout, pre, N, OC, dt, h, r, parts);
 }
 

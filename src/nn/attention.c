@@ -57,8 +57,7 @@ static loom_status attention_plan(loom_module *m, loom_nn_plan *p,
    * backward (which then rounds nothing again and never reads the f32
    * qkv), so the qkv projection's f32 output lives in scratch for the
    * forward call only: 2 bytes an element of qkv kept instead of 4. */
-  const bool keep_half =
-      a->half == LOOM_BF16 && loom_bf16_get_path() != LOOM_BF16_PATH_CONVERT;
+  const bool keep_half = loom_bf16_on_unit(a->half);
   loom_linear_set_out_scratch(a->qkv, keep_half);
   loom_shape s;
   size_t kid = loom_nn_plan_scratch_mark(p);

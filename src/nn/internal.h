@@ -159,12 +159,12 @@ void loom_linear_set_tp_col(loom_module *linear, const loom_tp *tp, int sp);
 /* A linear layer whose output feeds a GELU (an MLP's first layer): asked
  * to, its backward in a half model takes the gradient at the GELU's output
  * and runs the GELU's backward itself, fused with the rounding of the
- * gradient and the bias sum (loom_linear_backward_half_gelu). After
- * planning, loom_linear_gelu_fused says whether it does (a half model, no
- * tensor or sequence parallelism); if not, the caller runs the GELU's
- * backward and hands the layer its result as before. */
+ * gradient and the bias sum (loom_linear_backward_half_gelu).
+ * loom_linear_gelu_fused says whether it does in a model of type half (a
+ * half model, no tensor or sequence parallelism); if not, the caller runs
+ * the GELU's backward and hands the layer its result as before. */
 void loom_linear_set_gelu_after(loom_module *linear, bool on);
-bool loom_linear_gelu_fused(const loom_module *linear);
+bool loom_linear_gelu_fused(const loom_module *linear, loom_dtype half);
 /* The layer's output planned in scratch, not as an activation: its
  * consumer (the parent) reads it within its own forward call only and
  * keeps what backward needs itself (attention's half qkv). Read at plan. */

@@ -260,9 +260,8 @@ static loom_status gradients_of(linear *l, loom_nn_ctx *ctx, float *dinp,
                               l->C, l->OC);
 }
 
-static bool gelu_fused(const linear *l) {
-  return l->gelu_after && l->half != LOOM_F32 && l->tp_mode == TP_NONE &&
-         !l->sp;
+static bool gelu_fused(const linear *l, loom_dtype half) {
+  return l->gelu_after && half != LOOM_F32 && l->tp_mode == TP_NONE && !l->sp;
 }
 
 /* The same of the layer's own input, N rows. */
@@ -371,7 +370,7 @@ static loom_status linear_backward(loom_module *m, loom_nn_ctx *ctx,
     loom_accumulate(dinp, l->dx, n);
     return LOOM_OK;
   }
-  if (gelu_fused(l)) {
+  if (gelu_fused(l, l->half)) {
     /* dout is the gradient at GELU(out): its backward runs in the pass
      * that rounds it */
     LOOM_TRY(half_weights_ok(l, ctx));
@@ -504,8 +503,8 @@ void loom_linear_set_gelu_after(loom_module *m, bool on) {
     ((linear *)m)->gelu_after = on;
 }
 
-bool loom_linear_gelu_fused(const loom_module *m) {
-  return m && m->ops == &linear_ops && gelu_fused((const linear *)m);
+bool loom_linear_gelu_fused(const loom_module *m, loom_dtype half) {
+  return m && m->ops == &linear_ops && gelu_fused((const linear *)m, half);
 }
 
 void loom_linear_set_resid_proj(loom_module *m, bool on) {

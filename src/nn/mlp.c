@@ -12,7 +12,7 @@ typedef struct mlp {
   void *g;         /* (N,H) GELU output: f32, or half in a half model */
   loom_dtype half; /* LOOM_BF16, LOOM_F16, or LOOM_F32: none */
   float *dg;       /* (N,H) scratch */
-  float *dh;       /* (N,H) scratch */
+  float *dh;       /* (N,H) scratch; NULL when fc runs the GELU's backward */
   float *dd;       /* (N,C) scratch, with dropout */
 } mlp;
 
@@ -34,8 +34,11 @@ static loom_status mlp_plan(loom_module *m, loom_nn_plan *pl,
   p->N = loom_nn_rows(in) * (p->sp > 1 ? p->sp : 1);
   int64_t NH = p->N * p->H;
   size_t mark = loom_nn_plan_scratch_mark(pl);
+  p->half = pl->half;
   p->dg = loom_nn_plan_scratch_floats(pl, NH);
-  p->dh = loom_nn_plan_scratch_floats(pl, NH);
+  p->dh = loom_linear_gelu_fused(p->fc, p->half)
+              ? NULL
+              : loom_nn_plan_scratch_floats(pl, NH);
   p->dd =
       p->drop ? loom_nn_plan_scratch_floats(pl, loom_nn_rows(in) * p->C) : NULL;
   loom_shape s;
@@ -43,7 +46,6 @@ static loom_status mlp_plan(loom_module *m, loom_nn_plan *pl,
   LOOM_TRY(loom_module_plan(p->fc, pl, in, &s));
   loom_nn_plan_scratch_release(pl, kid);
   /* proj, a linear layer, takes the GELU's output in half */
-  p->half = pl->half;
   s.dtype = p->half;
   p->g = loom_nn_plan_act(pl, (size_t)NH * loom_dtype_size(s.dtype));
   LOOM_TRY(loom_module_plan(p->proj, pl, &s, out));
@@ -83,7 +85,7 @@ static loom_status mlp_backward(loom_module *m, loom_nn_ctx *ctx,
   memset(p->dg, 0, (size_t)NH * sizeof(float));
   LOOM_TRY(loom_module_backward(p->proj, ctx, dout, p->dg));
   /* in a half model fc runs the GELU's backward itself, fused */
-  if (loom_linear_gelu_fused(p->fc))
+  if (loom_linear_gelu_fused(p->fc, p->half))
     return loom_module_backward(p->fc, ctx, p->dg, dinp);
   loom_gelu_backward_to(p->dh, p->h, p->dg, NH);
   return loom_module_backward(p->fc, ctx, p->dh, dinp);
