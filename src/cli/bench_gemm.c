@@ -1,6 +1,8 @@
 /* loom bench gemm: GFLOP/s of loom_gemm per backend against raw dnnl_sgemm
  * and raw cblas_sgemm, at 1024^3 and at the GEMM shapes of the reference
- * workloads (MLP and CNN at batch 128, GPT at B*T = 4096). */
+ * workloads (MLP and CNN at batch 128, GPT at B*T = 4096) and of gpt85
+ * (bench/model_parallel.sh's 85M GPT: d_model 768, B*T = 512, one head's
+ * attention at context 256). */
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +57,18 @@ static const gemm_shape shapes[] = {
     {"gpt fc dweight", 'T', 'N', 512, 128, 4096},
     {"gpt fcproj dweight", 'T', 'N', 128, 512, 4096},
     {"gpt lmhead dweight", 'T', 'N', 256, 128, 4096},
+    {"gpt85 qkv fwd", 'N', 'T', 512, 2304, 768},
+    {"gpt85 attproj fwd", 'N', 'T', 512, 768, 768},
+    {"gpt85 fc fwd", 'N', 'T', 512, 3072, 768},
+    {"gpt85 fcproj fwd", 'N', 'T', 512, 768, 3072},
+    {"gpt85 qkv dinp", 'N', 'N', 512, 768, 2304},
+    {"gpt85 fc dinp", 'N', 'N', 512, 768, 3072},
+    {"gpt85 fcproj dinp", 'N', 'N', 512, 3072, 768},
+    {"gpt85 qkv dweight", 'T', 'N', 2304, 768, 512},
+    {"gpt85 fc dweight", 'T', 'N', 3072, 768, 512},
+    {"gpt85 fcproj dweight", 'T', 'N', 768, 3072, 512},
+    {"gpt85 att scores", 'N', 'T', 256, 256, 64},
+    {"gpt85 att values", 'N', 'N', 256, 64, 256},
 };
 #define NSHAPES (int)(sizeof shapes / sizeof shapes[0])
 

@@ -104,16 +104,23 @@ bool loom_gemm_get_deterministic(void) {
 
 /* The grid is a function of (M, N, K) alone. Each tile costs the library a
  * repack of its A rows and B columns, so tiles are kept large: about
- * GEMM_TILE_FLOPS of work each (two for any GEMM over GEMM_SPLIT_FLOPS), a
- * power of two of them (2, 4, 8... threads share them evenly), at least
+ * GEMM_TILE_FLOPS of work each up to GEMM_TILES_NARROW of them (two for any
+ * GEMM over GEMM_SPLIT_FLOPS); a GEMM too big for that many gets more tiles
+ * only at GEMM_WIDE_TILE_FLOPS each, up to GEMM_TILES_MAX; always a power of
+ * two of them (2, 4, 8... threads share them evenly), at least
  * GEMM_TILE_MIN on a side (twice that when K is long, where cutting K is the
  * cheaper way to more tiles: K chunks of at least GEMM_KCHUNK_MIN whose
- * partials are added in chunk order). GEMM_TILES_MAX bounds the parallelism
- * a grid offers. Tuned on the reference workloads' shapes at 2 threads: the
- * grid runs at 0.9-1.0x of dnnl_sgemm's own threading there. */
+ * partials are added in chunk order). Tuned on the reference workloads'
+ * shapes at 2 threads: the grid runs at 0.9-1.0x of dnnl_sgemm's own
+ * threading there. The wide tiles are for one thread a rank on big layers
+ * (an 85M GPT's 512x3072x768 forward: 64 tiles of 128x192 ran at 0.81-0.91x
+ * of one dnnl_sgemm call on Zen 4, 32 of 256x192 at 0.97): 16 threads still
+ * get at least a tile each of any GEMM over 256 MFLOP. */
 #define GEMM_TILE_MIN 64
+#define GEMM_TILES_NARROW 16
 #define GEMM_TILES_MAX 64
 #define GEMM_TILE_FLOPS 16e6
+#define GEMM_WIDE_TILE_FLOPS 64e6
 #define GEMM_SPLIT_FLOPS 0.5e6
 #define GEMM_KCHUNK_MIN 1024
 #define GEMM_KCHUNKS_MAX 16
@@ -131,6 +138,10 @@ static int pow2_floor(double x) {
 void loom_kern_gemm_plan_make(int M, int N, int K, loom_kern_gemm_plan *p) {
   const double work = 2.0 * M * N * (double)K;
   int target = pow2_floor(work / GEMM_TILE_FLOPS);
+  if (target > GEMM_TILES_NARROW) {
+    const int wide = pow2_floor(work / GEMM_WIDE_TILE_FLOPS);
+    target = wide > GEMM_TILES_NARROW ? wide : GEMM_TILES_NARROW;
+  }
   if (target > GEMM_TILES_MAX)
     target = GEMM_TILES_MAX;
   if (target < 2 && work >= GEMM_SPLIT_FLOPS)
