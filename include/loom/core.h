@@ -468,18 +468,22 @@ loom_status loom_fs_remove_own(int dirfd, const char *name, const char *shown,
 /* ------------------------------------------------- CPU and instruction sets */
 
 typedef struct loom_cpu_features {
-  bool avx2, fma, f16c, avx512f, avx512_bf16, amx_bf16, amx_tile;
+  bool avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512dq, avx512_bf16,
+      amx_bf16, amx_tile;
 } loom_cpu_features;
 /* Read once from CPUID (and, for AMX, whether the OS granted tile state). */
 const loom_cpu_features *loom_cpu_get_features(void);
 
 /* The instruction sets loom's own vector code (kernels, optimizer updates,
  * gradient clipping) is built for, each a complete copy chosen at run time:
- * base is x86-64-v2 (SSE4.2), avx2 adds AVX2, FMA and F16C (x86-64-v3). Every
+ * base is x86-64-v2 (SSE4.2), avx2 adds AVX2, FMA and F16C (x86-64-v3),
+ * avx512 adds AVX-512 F, BW, VL and DQ (x86-64-v4) with the compiler's loops
+ * 512 bits wide. Each copy's instructions include the one before it. Every
  * copy computes the same bits; only the speed differs. */
 #define LOOM_ISA_LIST(X)                                                       \
   X(LOOM_ISA_BASE, "base")                                                     \
-  X(LOOM_ISA_AVX2, "avx2")
+  X(LOOM_ISA_AVX2, "avx2")                                                     \
+  X(LOOM_ISA_AVX512, "avx512")
 typedef enum loom_isa {
 #define LOOM_X_ENUM(name, text) name,
   LOOM_ISA_LIST(LOOM_X_ENUM)
@@ -499,17 +503,26 @@ typedef enum loom_isa {
  * and the dispatchers, which call the copy loom_cpu_isa() chose. */
 #define LOOM_ISA_DECL_R(ret, name, params, args)                               \
   ret LOOM_ISA_NAME(name, base) params;                                        \
-  ret LOOM_ISA_NAME(name, avx2) params;
+  ret LOOM_ISA_NAME(name, avx2) params;                                        \
+  ret LOOM_ISA_NAME(name, avx512) params;
 #define LOOM_ISA_DECL_V(name, params, args)                                    \
   LOOM_ISA_DECL_R(void, name, params, args)
 #if defined(LOOM_BUILDING_LIBRARY)
 #if defined(LOOM_BUILT_ISA_AVX2)
-#define LOOM_ISA_PICK(name)                                                    \
-  (loom_cpu_isa() == LOOM_ISA_AVX2 ? LOOM_ISA_NAME(name, avx2)                 \
-                                   : LOOM_ISA_NAME(name, base))
+#define LOOM_ISA_PICK_AVX2_(name, other)                                       \
+  (loom_cpu_isa() == LOOM_ISA_AVX2 ? LOOM_ISA_NAME(name, avx2) : other)
 #else
-#define LOOM_ISA_PICK(name) LOOM_ISA_NAME(name, base)
+#define LOOM_ISA_PICK_AVX2_(name, other) other
 #endif
+#if defined(LOOM_BUILT_ISA_AVX512)
+#define LOOM_ISA_PICK_AVX512_(name, other)                                     \
+  (loom_cpu_isa() == LOOM_ISA_AVX512 ? LOOM_ISA_NAME(name, avx512) : other)
+#else
+#define LOOM_ISA_PICK_AVX512_(name, other) other
+#endif
+#define LOOM_ISA_PICK(name)                                                    \
+  LOOM_ISA_PICK_AVX512_(name,                                                  \
+                        LOOM_ISA_PICK_AVX2_(name, LOOM_ISA_NAME(name, base)))
 #define LOOM_ISA_DISPATCH_R(ret, name, params, args)                           \
   ret name params { return LOOM_ISA_PICK(name) args; }
 #define LOOM_ISA_DISPATCH_V(name, params, args)                                \
@@ -518,8 +531,9 @@ typedef enum loom_isa {
 const char *loom_isa_name(loom_isa isa);
 /* Whether this build holds the copy for isa and this CPU can run it. */
 bool loom_isa_available(loom_isa isa);
-/* The copy in use, decided on first call: LOOM_ISA=base|avx2 if set to one
- * that is available, else the best available. Never one this CPU lacks. */
+/* The copy in use, decided on first call: LOOM_ISA=base|avx2|avx512 if set
+ * to one that is available, else the best available. Never one this CPU
+ * lacks. */
 loom_isa loom_cpu_isa(void);
 /* LOOM_OK when the kernels can run as asked: LOOM_ERR_CONFIG for a LOOM_ISA
  * that names no instruction set (the message lists them), LOOM_ERR_UNSUPPORTED

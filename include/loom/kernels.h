@@ -82,8 +82,8 @@ loom_status loom_linear_backward(float *dinp, float *dweight, float *dbias,
  * infinities stay, a value past the type's largest finite one rounds to
  * infinity (f16: |x| >= 65520), f16's subnormals are kept (never flushed).
  * The bits are those of core's scalar loom_f32_to_bf16 / loom_f32_to_f16,
- * on every instruction set (f16 uses F16C in the avx2 copy). Elementwise,
- * any thread count, same bits. */
+ * on every instruction set (f16 uses F16C in the avx2 and avx512 copies).
+ * Elementwise, any thread count, same bits. */
 void loom_cvt_f32_to_bf16(loom_bf16 *out, const float *in, int64_t n);
 void loom_cvt_bf16_to_f32(float *out, const loom_bf16 *in, int64_t n);
 /* out = in rounded to bf16, kept in f32 (out may be in). */

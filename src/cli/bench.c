@@ -12,6 +12,8 @@ static const struct {
     {"gemm", loom_bench_gemm, "GEMM GFLOP/s: loom vs raw oneDNN and OpenBLAS"},
     {"comm", loom_bench_comm, "collective bandwidth: loom vs plain MPI"},
     {"train", loom_bench_train, "training throughput of the reference models"},
+    {"kernels", loom_bench_kernels,
+     "loom's own vector kernels, for the instruction-set copy in use"},
 };
 
 int loom_cmd_bench(int argc, char **argv) {
@@ -20,7 +22,7 @@ int loom_cmd_bench(int argc, char **argv) {
     FILE *f = argc < 2 ? stderr : stdout;
     fprintf(f, "usage: loom bench <what> [options]\n\n");
     for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++)
-      fprintf(f, "  %-6s %s\n", benches[i].name, benches[i].help);
+      fprintf(f, "  %-7s %s\n", benches[i].name, benches[i].help);
     fprintf(f, "\n'loom bench <what> --help' lists its options.\n");
     return argc < 2 ? LOOM_EXIT_USAGE : LOOM_EXIT_OK;
   }

@@ -60,9 +60,10 @@ int loom_cli_find_batch_run(const char *config_path, const char *const *sets,
  * rank, as --memory. An exit code. */
 int loom_cli_auto_batch(const char *config_path, const char *const *sets,
                         int n_sets, const char *memory, loom_config *cfg);
-int loom_cmd_bench(int argc, char **argv);   /* bench.c */
-int loom_bench_gemm(int argc, char **argv);  /* bench_gemm.c */
-int loom_bench_comm(int argc, char **argv);  /* bench_comm.c */
-int loom_bench_train(int argc, char **argv); /* bench_train.c */
+int loom_cmd_bench(int argc, char **argv);     /* bench.c */
+int loom_bench_gemm(int argc, char **argv);    /* bench_gemm.c */
+int loom_bench_comm(int argc, char **argv);    /* bench_comm.c */
+int loom_bench_train(int argc, char **argv);   /* bench_train.c */
+int loom_bench_kernels(int argc, char **argv); /* bench_kernels.c */
 
 #endif

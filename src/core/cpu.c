@@ -78,6 +78,9 @@ static void detect(loom_cpu_features *f) {
   const unsigned max_sub = a;
   f->avx2 = ymm_ok && ((b >> 5) & 1);
   f->avx512f = zmm_ok && ((b >> 16) & 1);
+  f->avx512dq = f->avx512f && ((b >> 17) & 1);
+  f->avx512bw = f->avx512f && ((b >> 30) & 1);
+  f->avx512vl = f->avx512f && ((b >> 31) & 1);
   const int amx_tile = (d >> 24) & 1, amx_bf16 = (d >> 22) & 1;
   if (max_sub >= 1) {
     __cpuid_count(7, 1, a, b, c, d);
@@ -116,13 +119,20 @@ const char *loom_isa_name(loom_isa isa) {
   return isa_names[isa];
 }
 
-/* Whether the copy for isa was built (LOOM_ISA_AVX2 in CMakeLists.txt). */
+/* Whether the copy for isa was built (LOOM_ISA_AVX2, LOOM_ISA_AVX512 in
+ * CMakeLists.txt). */
 static bool isa_built(loom_isa isa) {
   switch (isa) {
   case LOOM_ISA_BASE:
     return true;
   case LOOM_ISA_AVX2:
 #if defined(LOOM_BUILT_ISA_AVX2)
+    return true;
+#else
+    return false;
+#endif
+  case LOOM_ISA_AVX512:
+#if defined(LOOM_BUILT_ISA_AVX512)
     return true;
 #else
     return false;
@@ -139,6 +149,9 @@ static bool isa_on_cpu(loom_isa isa) {
     return true;
   case LOOM_ISA_AVX2:
     return f->avx2 && f->fma && f->f16c;
+  case LOOM_ISA_AVX512:
+    return f->avx2 && f->fma && f->f16c && f->avx512f && f->avx512bw &&
+           f->avx512vl && f->avx512dq;
   default:
     return false;
   }

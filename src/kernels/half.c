@@ -3,8 +3,8 @@
  * and 2-D convolution with half operands and f32 accumulation, computed
  * here by converting the operands on load into f32 and running the f32
  * kernels: the path of CPUs without bf16/f16 arithmetic. f16 conversions
- * use F16C in the avx2 copy (which requires it) and core's scalar ones in
- * the base copy; every copy gives the same bits. */
+ * use F16C in the avx2 and avx512 copies (which require it) and core's scalar
+ * ones in the base copy; every copy gives the same bits. */
 #include <omp.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -86,10 +86,10 @@ static inline __m256 b2f_8(const uint16_t *in) {
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__)
-/* On a CPU with AVX512-BF16 (Zen 4, Sapphire Rapids) the avx2 copy
- * converts 32 values an instruction (vcvtne2ps2bf16: the same rounding
- * and the same quiet NaN as f2b) and widens 16 at a time: 2.1x the AVX2
- * loop's rate on 2M values, measured on Zen 4 (docs/precision.md). The
+/* On a CPU with AVX512-BF16 (Zen 4, Sapphire Rapids) the avx2 and avx512
+ * copies convert 32 values an instruction (vcvtne2ps2bf16: the same
+ * rounding and the same quiet NaN as f2b) and widen 16 at a time: 2.1x the
+ * AVX2 loop's rate on 2M values, measured on Zen 4 (docs/precision.md). The
  * instruction flushes subnormal inputs to zero, which f2b does not, so a
  * block holding one takes the integer rounding instead: the bits are
  * f2b's on every CPU. LOOM_CVT_AVX512=0 turns it off (for measuring). */

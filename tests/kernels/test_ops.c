@@ -562,6 +562,9 @@ TT_TEST(cpu_features) {
   TT_CHECK_EQ(f->avx2, __builtin_cpu_supports("avx2") != 0);
   TT_CHECK_EQ(f->fma, __builtin_cpu_supports("fma") != 0);
   TT_CHECK_EQ(f->avx512f, __builtin_cpu_supports("avx512f") != 0);
+  TT_CHECK_EQ(f->avx512bw, __builtin_cpu_supports("avx512bw") != 0);
+  TT_CHECK_EQ(f->avx512vl, __builtin_cpu_supports("avx512vl") != 0);
+  TT_CHECK_EQ(f->avx512dq, __builtin_cpu_supports("avx512dq") != 0);
 #endif
   TT_CHECK(!f->avx512_bf16 || f->avx512f);
   TT_CHECK(!f->amx_bf16 || f->amx_tile);
@@ -577,9 +580,13 @@ TT_TEST(isa_choice) {
   TT_CHECK(loom_isa_available(isa));
   TT_CHECK(loom_isa_available(LOOM_ISA_BASE));
   TT_CHECK_EQ(loom_cpu_check(), LOOM_OK);
+  /* LOOM_ISA names the copy when it is available; unset, the best one */
   const char *env = getenv("LOOM_ISA");
   if (env && strcmp(env, "base") == 0) {
     TT_CHECK_EQ(isa, LOOM_ISA_BASE);
+  } else if (env && strcmp(env, "avx2") == 0 &&
+             loom_isa_available(LOOM_ISA_AVX2)) {
+    TT_CHECK_EQ(isa, LOOM_ISA_AVX2);
   } else {
     for (int i = isa + 1; i < LOOM_ISA_COUNT; i++)
       TT_CHECK(!loom_isa_available((loom_isa)i));
@@ -587,7 +594,12 @@ TT_TEST(isa_choice) {
   const loom_cpu_features *f = loom_cpu_get_features();
   if (!(f->avx2 && f->fma))
     TT_CHECK(!loom_isa_available(LOOM_ISA_AVX2));
+  /* each copy's instructions include the one before it's */
+  if (loom_isa_available(LOOM_ISA_AVX512))
+    TT_CHECK(loom_isa_available(LOOM_ISA_AVX2) && f->avx512f && f->avx512bw &&
+             f->avx512vl && f->avx512dq);
   TT_CHECK(strcmp(loom_isa_name(LOOM_ISA_AVX2), "avx2") == 0);
+  TT_CHECK(strcmp(loom_isa_name(LOOM_ISA_AVX512), "avx512") == 0);
   TT_CHECK(strcmp(loom_isa_name(LOOM_ISA_COUNT), "unknown") == 0);
   printf("isa: %s\n", loom_isa_name(isa));
 }
