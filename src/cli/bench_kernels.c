@@ -125,7 +125,7 @@ static int parse_count(const char *o, const char *v, int *out) {
 
 int loom_bench_kernels(int argc, char **argv) {
   int threads = 0, reps = 20;
-  for (int i = 1; i < argc; i++) {
+  for (int i = 1; i < argc; i += 2) {
     const char *o = argv[i];
     if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
       usage(stdout);
@@ -143,7 +143,6 @@ int loom_bench_kernels(int argc, char **argv) {
     if (parse_count(o, argv[i + 1],
                     strcmp(o, "--reps") == 0 ? &reps : &threads) != 0)
       return LOOM_EXIT_USAGE;
-    i++;
   }
   if (loom_cpu_check() != LOOM_OK) {
     fprintf(stderr, "loom bench kernels: %s\n", loom_last_error());
