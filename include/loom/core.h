@@ -317,6 +317,9 @@ float loom_rng_uniform(loom_rng *r);
 uint64_t loom_rng_below(loom_rng *r, uint64_t n);
 /* Standard normal by Box-Muller; consumes exactly two draws per value. */
 float loom_rng_normal(loom_rng *r);
+/* n values lo + (hi - lo) * uniform, or mean + std * normal, exactly those
+ * of as many loom_rng_uniform / loom_rng_normal calls (r advances as far),
+ * computed on loom_threads() threads when n is large. */
 void loom_rng_fill_uniform(loom_rng *r, float *out, size_t n, float lo,
                            float hi);
 void loom_rng_fill_normal(loom_rng *r, float *out, size_t n, float mean,

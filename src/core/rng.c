@@ -79,16 +79,43 @@ float loom_rng_normal(loom_rng *r) {
   return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
+/* Value i of a fill takes the draws at counter + per * i (per: 1 uniform,
+ * 2 normal), whoever computes it: threads take chunks of FILL_CHUNK values,
+ * each from its own copy of r seeked there, and the values are those of
+ * the draws made one by one (a model's initial weights: 1.3 s of libm's log
+ * and cos for 85M normals on one core). */
+#define FILL_CHUNK 65536
+
+static void fill(loom_rng *r, float *out, size_t n, float a, float b,
+                 int per) {
+  const uint64_t c0 = r->counter;
+  const int64_t chunks = (int64_t)((n + FILL_CHUNK - 1) / FILL_CHUNK);
+  int nt = chunks > 1 ? loom_threads() : 1;
+  nt = nt > chunks ? (int)chunks : nt;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (int64_t c = 0; c < chunks; c++) {
+    loom_rng x = *r;
+    const size_t i0 = (size_t)c * FILL_CHUNK;
+    const size_t i1 = i0 + FILL_CHUNK < n ? i0 + FILL_CHUNK : n;
+    x.counter = c0 + (uint64_t)per * i0;
+    if (per == 1)
+      for (size_t i = i0; i < i1; i++)
+        out[i] = a + (b - a) * loom_rng_uniform(&x);
+    else
+      for (size_t i = i0; i < i1; i++)
+        out[i] = a + b * loom_rng_normal(&x);
+  }
+  r->counter = c0 + (uint64_t)per * n;
+}
+
 void loom_rng_fill_uniform(loom_rng *r, float *out, size_t n, float lo,
                            float hi) {
-  for (size_t i = 0; i < n; i++)
-    out[i] = lo + (hi - lo) * loom_rng_uniform(r);
+  fill(r, out, n, lo, hi, 1);
 }
 
 void loom_rng_fill_normal(loom_rng *r, float *out, size_t n, float mean,
                           float std) {
-  for (size_t i = 0; i < n; i++)
-    out[i] = mean + std * loom_rng_normal(r);
+  fill(r, out, n, mean, std, 2);
 }
 
 static uint64_t splitmix64(uint64_t x) {

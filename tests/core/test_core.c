@@ -136,6 +136,37 @@ TT_TEST(test_philox_known_answers) {
            out[2] == 0x5001e420u && out[3] == 0x24126ea1u);
 }
 
+/* A fill gives the values of the draws made one by one, whatever the
+ * thread count, from any counter, and leaves r where they would. */
+TT_TEST(test_rng_fill_threads) {
+  const size_t n = 3 * 65536 + 123; /* chunks, and a tail */
+  float *want = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+  TT_REQUIRE(want && got);
+  for (int normal = 0; normal < 2; normal++) {
+    loom_rng one = loom_rng_init(9, 3);
+    loom_rng_seek(&one, 5); /* a fill from inside a Philox block */
+    for (size_t i = 0; i < n; i++)
+      want[i] = normal ? 0.5f + 2.0f * loom_rng_normal(&one)
+                       : -1.0f + 3.0f * loom_rng_uniform(&one);
+    const uint32_t next = loom_rng_u32(&one);
+    for (int t = 1; t <= 3; t++) {
+      loom_set_threads(t);
+      loom_rng r = loom_rng_init(9, 3);
+      loom_rng_seek(&r, 5);
+      memset(got, 0, n * sizeof(float));
+      if (normal)
+        loom_rng_fill_normal(&r, got, n, 0.5f, 2.0f);
+      else
+        loom_rng_fill_uniform(&r, got, n, -1.0f, 2.0f);
+      TT_CHECK(memcmp(want, got, n * sizeof(float)) == 0);
+      TT_CHECK_EQ(loom_rng_u32(&r), next);
+    }
+  }
+  loom_set_threads(0);
+  free(want);
+  free(got);
+}
+
 TT_TEST(test_rng_streams) {
   loom_rng a = loom_rng_init(42, 7), b = loom_rng_init(42, 7);
   for (int i = 0; i < 10; i++)
@@ -347,6 +378,7 @@ int main(void) {
   TT_RUN(test_arena);
   TT_RUN(test_philox_known_answers);
   TT_RUN(test_rng_streams);
+  TT_RUN(test_rng_fill_threads);
   TT_RUN(test_crc32c_and_hash);
   TT_RUN(test_threads_and_time);
   return tt_finish();
