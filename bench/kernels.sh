@@ -21,9 +21,8 @@ bench_fair_env "$THREADS"
 if [ -z "${ISAS:-}" ]; then
   ISAS=
   for isa in base avx2 avx512; do
-    LOOM_ISA=$isa "$LOOM" bench kernels --help >/dev/null 2>&1 &&
-      LOOM_ISA=$isa "$LOOM" config check "$LOOM_ROOT/examples/small_mlp.yaml" >/dev/null 2>&1 &&
-      ISAS="$ISAS $isa"
+    # loom refuses a LOOM_ISA this CPU or build lacks before any command
+    LOOM_ISA=$isa "$LOOM" bench kernels --help >/dev/null 2>&1 && ISAS="$ISAS $isa"
   done
 fi
 out=${RAW:-$(mktemp)}

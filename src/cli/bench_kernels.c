@@ -160,7 +160,7 @@ int loom_bench_kernels(int argc, char **argv) {
   m.z = loom_malloc((size_t)big * sizeof(float));
   m.att = loom_malloc((size_t)att * sizeof(float));
   m.scr = loom_malloc((size_t)att * sizeof(float));
-  m.big = loom_malloc((size_t)4 * KPARAMS * sizeof(float));
+  m.big = loom_malloc((size_t)2 * KPARAMS * sizeof(float));
   m.h = loom_malloc((size_t)big * sizeof(uint16_t));
   m.w = loom_malloc(KC * sizeof(float));
   m.b = loom_malloc(KC * sizeof(float));

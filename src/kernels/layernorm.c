@@ -141,6 +141,8 @@ static inline void ln_strip(float *tw, float *tb, const float *dout,
 static void ln_dparams(float *dweight, float *dbias, const float *dout,
                        const float *inp, const float *mean, const float *rstd,
                        int N, int C) {
+  if (N <= 0 || C <= 0)
+    return;
   const int nt = loom_kern_nthreads((int64_t)N * C, LOOM_KERN_PAR_MIN);
   int bw = (C + nt - 1) / nt;
   bw = (bw + LN_COLS - 1) / LN_COLS * LN_COLS;

@@ -573,19 +573,21 @@ TT_TEST(cpu_features) {
          f->avx2, f->fma, f->avx512f, f->avx512_bf16, f->amx_tile, f->amx_bf16);
 }
 
-/* The copy in use: the one LOOM_ISA names (the _base tests), else the best
- * this CPU runs; never one it lacks. */
+/* The copy in use: the one LOOM_ISA names (the _base and _avx2 tests),
+ * else the best this CPU runs; never one it lacks. A LOOM_ISA naming a copy
+ * this CPU lacks (the _avx2 tests on a CPU without AVX2) is refused by
+ * loom_cpu_check, and the kernels run the best copy. */
 TT_TEST(isa_choice) {
   const loom_isa isa = loom_cpu_isa();
   TT_CHECK(loom_isa_available(isa));
   TT_CHECK(loom_isa_available(LOOM_ISA_BASE));
-  TT_CHECK_EQ(loom_cpu_check(), LOOM_OK);
-  /* LOOM_ISA names the copy when it is available; unset, the best one */
   const char *env = getenv("LOOM_ISA");
+  const bool lacked =
+      env && strcmp(env, "avx2") == 0 && !loom_isa_available(LOOM_ISA_AVX2);
+  TT_CHECK_EQ(loom_cpu_check(), lacked ? LOOM_ERR_UNSUPPORTED : LOOM_OK);
   if (env && strcmp(env, "base") == 0) {
     TT_CHECK_EQ(isa, LOOM_ISA_BASE);
-  } else if (env && strcmp(env, "avx2") == 0 &&
-             loom_isa_available(LOOM_ISA_AVX2)) {
+  } else if (env && strcmp(env, "avx2") == 0 && !lacked) {
     TT_CHECK_EQ(isa, LOOM_ISA_AVX2);
   } else {
     for (int i = isa + 1; i < LOOM_ISA_COUNT; i++)
