@@ -83,9 +83,31 @@ static void ln_dinp(float *dinp, const float *dout, const float *inp,
   }
 }
 
-/* One chunk of rows [n0, n1) of one strip of at most LN_COLS columns from
- * c: the chunk's sums from zero, rows in order, added to tw and tb. The AVX2
- * code does the loop's operations in its order. */
+/* One chunk of rows [n0, n1) of the w columns from c: the chunk's sums from
+ * zero, rows in order (in pw and pb, w floats each), added to tw and tb. */
+static inline void ln_rows(float *tw, float *tb, float *pw, float *pb,
+                           const float *dout, const float *inp,
+                           const float *mean, const float *rstd, int n0, int n1,
+                           int C, int c, int w) {
+  for (int j = 0; j < w; j++)
+    pw[j] = pb[j] = 0.0f;
+  for (int n = n0; n < n1; n++) {
+    const float *x = inp + (int64_t)n * C + c;
+    const float *d = dout + (int64_t)n * C + c;
+    const float m = mean[n], r = rstd[n];
+    for (int j = 0; j < w; j++) {
+      pw[j] = fmaf((x[j] - m) * r, d[j], pw[j]);
+      pb[j] += d[j];
+    }
+  }
+  for (int j = 0; j < w; j++) {
+    tw[j] += pw[j];
+    tb[j] += pb[j];
+  }
+}
+
+/* The same for a strip of at most LN_COLS columns, a full strip's sums in
+ * registers: the AVX2 code does ln_rows' operations in its order. */
 static inline void ln_strip(float *tw, float *tb, const float *dout,
                             const float *inp, const float *mean,
                             const float *rstd, int n0, int n1, int C, int c,
@@ -113,20 +135,8 @@ static inline void ln_strip(float *tw, float *tb, const float *dout,
     return;
   }
 #endif
-  float pw[LN_COLS] = {0}, pb[LN_COLS] = {0};
-  for (int n = n0; n < n1; n++) {
-    const float *x = inp + (int64_t)n * C + c;
-    const float *d = dout + (int64_t)n * C + c;
-    const float m = mean[n], r = rstd[n];
-    for (int j = 0; j < sw; j++) {
-      pw[j] = fmaf((x[j] - m) * r, d[j], pw[j]);
-      pb[j] += d[j];
-    }
-  }
-  for (int j = 0; j < sw; j++) {
-    tw[j] += pw[j];
-    tb[j] += pb[j];
-  }
+  float pw[LN_COLS], pb[LN_COLS];
+  ln_rows(tw, tb, pw, pb, dout, inp, mean, rstd, n0, n1, C, c, sw);
 }
 
 /* dweight += sum_n norm * dout, dbias += sum_n dout, per column the sums of
@@ -152,7 +162,7 @@ static void ln_dparams(float *dweight, float *dbias, const float *dout,
   for (int cb = 0; cb < blocks; cb++) {
     const int c0 = cb * bw;
     const int w = C - c0 < bw ? C - c0 : bw;
-    float tw[LN_COLS_MAX], tb[LN_COLS_MAX];
+    float tw[LN_COLS_MAX], tb[LN_COLS_MAX], pw[LN_COLS_MAX], pb[LN_COLS_MAX];
     for (int j = 0; j < w; j++)
       tw[j] = tb[j] = 0.0f;
     for (int n0 = 0; n0 < N; n0 += LN_ROWS) {
@@ -163,22 +173,7 @@ static void ln_dparams(float *dweight, float *dbias, const float *dout,
                    w - s0 < LN_COLS ? w - s0 : LN_COLS);
         continue;
       }
-      float pw[LN_COLS_MAX], pb[LN_COLS_MAX];
-      for (int j = 0; j < w; j++)
-        pw[j] = pb[j] = 0.0f;
-      for (int n = n0; n < n1; n++) {
-        const float *x = inp + (int64_t)n * C + c0;
-        const float *d = dout + (int64_t)n * C + c0;
-        const float m = mean[n], r = rstd[n];
-        for (int j = 0; j < w; j++) {
-          pw[j] = fmaf((x[j] - m) * r, d[j], pw[j]);
-          pb[j] += d[j];
-        }
-      }
-      for (int j = 0; j < w; j++) {
-        tw[j] += pw[j];
-        tb[j] += pb[j];
-      }
+      ln_rows(tw, tb, pw, pb, dout, inp, mean, rstd, n0, n1, C, c0, w);
     }
     for (int j = 0; j < w; j++) {
       if (dweight)
