@@ -112,14 +112,13 @@ static const struct {
 #define NKERNELS (int)(sizeof kernels / sizeof kernels[0])
 
 static int parse_count(const char *o, const char *v, int *out) {
-  char *end;
-  long n = strtol(v, &end, 10);
-  if (*v == '\0' || *end != '\0' || n < 1 || n > 1 << 20) {
+  int n;
+  if (!loom_parse_int(v, &n) || n < 1 || n > 1 << 20) {
     fprintf(stderr, "loom bench kernels: %s wants a count >= 1, not '%s'\n", o,
             v);
     return -1;
   }
-  *out = (int)n;
+  *out = n;
   return 0;
 }
 

@@ -149,8 +149,8 @@ static bool isa_on_cpu(loom_isa isa) {
     return true;
   case LOOM_ISA_AVX2:
     return f->avx2 && f->fma && f->f16c;
-  case LOOM_ISA_AVX512:
-    return f->avx2 && f->fma && f->f16c && f->avx512f && f->avx512bw &&
+  case LOOM_ISA_AVX512: /* each copy's instructions include the one before's */
+    return isa_on_cpu(LOOM_ISA_AVX2) && f->avx512f && f->avx512bw &&
            f->avx512vl && f->avx512dq;
   default:
     return false;

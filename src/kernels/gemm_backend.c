@@ -302,10 +302,10 @@ loom_status loom_bf16_set_path(loom_bf16_path p) {
 const char *loom_half_path_describe(loom_dtype dt) {
   const loom_cpu_features *f = loom_cpu_get_features();
   const loom_isa isa = loom_cpu_isa();
-  const bool avx2 = isa >= LOOM_ISA_AVX2; /* avx512 includes it */
   if (dt == LOOM_F16) /* the avx2 and avx512 copies convert with F16C */
-    return avx2 ? "F16C (f32 arithmetic, f16 storage)"
-                : "base (f32 arithmetic, f16 storage, scalar conversions)";
+    return isa >= LOOM_ISA_AVX2
+               ? "F16C (f32 arithmetic, f16 storage)"
+               : "base (f32 arithmetic, f16 storage, scalar conversions)";
   if (dt != LOOM_BF16)
     return "?";
   switch (loom_bf16_get_path()) {
@@ -321,15 +321,18 @@ const char *loom_half_path_describe(loom_dtype dt) {
   default:
     break;
   }
-  if (f->amx_bf16 || f->avx512_bf16)
-    return isa == LOOM_ISA_AVX512
-               ? "AVX-512 (f32 arithmetic, bf16 storage; LOOM_BF16_PATH "
-                 "convert or no oneDNN: this CPU's bf16 unit unused)"
-           : avx2 ? "AVX2 (f32 arithmetic, bf16 storage; LOOM_BF16_PATH "
-                    "convert or no oneDNN: this CPU's bf16 unit unused)"
-                  : "base (f32 arithmetic, bf16 storage; this CPU's bf16 "
-                    "unit unused)";
-  return isa == LOOM_ISA_AVX512 ? "AVX-512 (f32 arithmetic, bf16 storage)"
-         : avx2                 ? "AVX2 (f32 arithmetic, bf16 storage)"
-                                : "base (f32 arithmetic, bf16 storage)";
+  /* the conversion path, by the copy of the kernels that runs it */
+  static const char *const convert[LOOM_ISA_COUNT] = {
+      [LOOM_ISA_BASE] = "base (f32 arithmetic, bf16 storage)",
+      [LOOM_ISA_AVX2] = "AVX2 (f32 arithmetic, bf16 storage)",
+      [LOOM_ISA_AVX512] = "AVX-512 (f32 arithmetic, bf16 storage)"};
+  static const char *const unused[LOOM_ISA_COUNT] = {
+      [LOOM_ISA_BASE] = "base (f32 arithmetic, bf16 storage; this CPU's bf16 "
+                        "unit unused)",
+      [LOOM_ISA_AVX2] = "AVX2 (f32 arithmetic, bf16 storage; LOOM_BF16_PATH "
+                        "convert or no oneDNN: this CPU's bf16 unit unused)",
+      [LOOM_ISA_AVX512] = "AVX-512 (f32 arithmetic, bf16 storage; "
+                          "LOOM_BF16_PATH convert or no oneDNN: this CPU's "
+                          "bf16 unit unused)"};
+  return (f->amx_bf16 || f->avx512_bf16 ? unused : convert)[isa];
 }

@@ -362,8 +362,8 @@ static loom_status load_f32(float *out, const void *in, loom_dtype in_dt,
 
 /* ---------------------------------------------------------------- GEMM */
 
-/* bf16 on a CPU with a bf16 unit: oneDNN's matmul (matmul_dnnl.c). */
-static bool unit(loom_dtype dt) { return loom_bf16_on_unit(dt); }
+/* bf16 on a CPU with a bf16 unit (loom_bf16_on_unit): oneDNN's matmul
+ * (matmul_dnnl.c). */
 
 int64_t LOOM_ISA(loom_gemm_half_scratch_floats)(int M, int N, int K) {
   return (int64_t)M * K + (int64_t)K * N;
@@ -405,7 +405,7 @@ loom_status LOOM_ISA(loom_gemm_half)(loom_dtype dt, bool trans_a, bool trans_b,
   if (K > 0 && alpha != 0.0f && (!A || !B || !scratch))
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "gemm_half %dx%dx%d: NULL matrix or scratch", M, N, K);
-  if (unit(dt) && K > 0 && alpha != 0.0f) {
+  if (loom_bf16_on_unit(dt) && K > 0 && alpha != 0.0f) {
     loom_status s = loom_kern_bf16_matmul(trans_a, trans_b, M, N, K, alpha, A,
                                           lda, B, ldb, beta, C, ldc);
     if (s != LOOM_ERR_UNSUPPORTED)
@@ -450,7 +450,7 @@ loom_status LOOM_ISA(loom_linear_forward_half)(float *out, const void *inp,
                                                int OC, float *scratch) {
   if (N < 0 || C < 0 || OC < 0)
     return loom_error(LOOM_ERR_INVALID_ARG, "half linear: negative size");
-  if (unit(dt) && N > 0 && C > 0 && OC > 0) {
+  if (loom_bf16_on_unit(dt) && N > 0 && C > 0 && OC > 0) {
     /* out = inp @ W^T + bias on the bf16 unit: the bias added by oneDNN
      * as it stores the rows, or (a grid that cuts K) copied into out
      * first and the product added */
@@ -543,7 +543,7 @@ static loom_status linear_backward_half(float *dinp, float *dweight,
     return loom_error(LOOM_ERR_INVALID_ARG, "half linear: negative size");
   if (dt != LOOM_BF16 && dt != LOOM_F16)
     return not_half(dt, "linear backward");
-  if (unit(dt))
+  if (loom_bf16_on_unit(dt))
     LOOM_TRY(linear_backward_unit(&dinp, &dweight, &dbias, dout, pre, inp,
                                   in_dtype, dt, weight, N, C, OC, scratch));
   float *d = scratch;             /* (N,OC) */
@@ -602,7 +602,7 @@ LOOM_ISA(loom_conv2d_forward_half)(float *out, float *col, const void *inp,
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "half conv2d forward: bad dims or no scratch");
   const int64_t in_n = (int64_t)d->N * d->C * d->H * d->W;
-  if (unit(dt) && LOOM_ISA(loom_kern_conv_use_dnnl)(d)) {
+  if (loom_bf16_on_unit(dt) && LOOM_ISA(loom_kern_conv_use_dnnl)(d)) {
     /* oneDNN's bf16 convolution: bf16 input and weights, f32 sums */
     const uint16_t *x;
     LOOM_TRY(as_half(&x, (uint16_t *)scratch, inp, in_dtype, dt, in_n));
@@ -641,7 +641,7 @@ loom_status LOOM_ISA(loom_conv2d_backward_half)(
                                             NULL, d));
   if (!dinp && !dweight)
     return LOOM_OK;
-  if (unit(dt) && LOOM_ISA(loom_kern_conv_use_dnnl)(d)) {
+  if (loom_bf16_on_unit(dt) && LOOM_ISA(loom_kern_conv_use_dnnl)(d)) {
     /* oneDNN's bf16 convolution on the output gradient rounded to bf16 */
     uint16_t *g16 = (uint16_t *)(void *)(a + in_n); /* (N,OC,OH,OW) */
     const uint16_t *x = NULL;
