@@ -472,7 +472,7 @@ loom_status loom_fs_remove_own(int dirfd, const char *name, const char *shown,
 
 typedef struct loom_cpu_features {
   bool avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512dq, avx512_bf16,
-      amx_bf16, amx_tile;
+      avx512_fp16, amx_bf16, amx_tile;
 } loom_cpu_features;
 /* Read once from CPUID (and, for AMX, whether the OS granted tile state). */
 const loom_cpu_features *loom_cpu_get_features(void);

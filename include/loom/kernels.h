@@ -108,8 +108,7 @@ loom_status loom_round_half(loom_dtype dt, float *out, const float *in,
  * built once per shape and cached, thread-count invariant as loom_gemm
  * (chosen when the GEMM backend is dnnl and the CPU has the unit;
  * LOOM_BF16_PATH=convert forces the conversion). A shape oneDNN has no
- * fast kernel for takes the conversion. Convolutions and f16 take the
- * conversion path everywhere. */
+ * fast kernel for takes the conversion. f16: loom_f16_path below. */
 #define LOOM_BF16_PATH_LIST(X)                                                 \
   X(LOOM_BF16_PATH_CONVERT, "convert")                                         \
   X(LOOM_BF16_PATH_AVX512_BF16, "avx512_bf16")                                 \
@@ -130,9 +129,35 @@ loom_status loom_bf16_set_path(loom_bf16_path p);
  * bf16 storage)", "F16C (f32 arithmetic, f16 storage)"; "?" for another
  * type. */
 const char *loom_half_path_describe(loom_dtype dt);
-/* Whether matmuls of type dt run on the CPU's bf16 unit in this process:
- * dt bf16 and loom_bf16_get_path() not convert. */
-bool loom_bf16_on_unit(loom_dtype dt);
+/* How the f16 matmuls run. CONVERT: as bf16's (f32 arithmetic on the
+ * values converted on load; F16C in the avx2 and avx512 copies).
+ * AVX512_FP16: oneDNN's matmul and convolution primitives with f16
+ * operands and f32 sums, as bf16's unit path, where the CPU has
+ * AVX512-FP16 (Sapphire Rapids and later) and loom is built against a
+ * oneDNN with f16 kernels for it (3.x: LOOM_DNNL_ROOT and
+ * scripts/fetch-onednn3.sh; Debian's 2.6.3 has none). Chosen at the first
+ * call; LOOM_F16_PATH=convert forces the conversion. */
+#define LOOM_F16_PATH_LIST(X)                                                  \
+  X(LOOM_F16_PATH_CONVERT, "convert")                                          \
+  X(LOOM_F16_PATH_AVX512_FP16, "avx512_fp16")
+typedef enum {
+#define LOOM_X_ENUM(name, text) name,
+  LOOM_F16_PATH_LIST(LOOM_X_ENUM)
+#undef LOOM_X_ENUM
+      LOOM_F16_PATH_COUNT
+} loom_f16_path;
+const char *loom_f16_path_name(loom_f16_path p);
+loom_f16_path loom_f16_get_path(void);
+/* Another path (tests, benchmarks); LOOM_ERR_UNSUPPORTED where this CPU or
+ * build has no f16 unit. */
+loom_status loom_f16_set_path(loom_f16_path p);
+/* Whether matmuls of half type dt run on the CPU's unit in this process:
+ * bf16 with loom_bf16_get_path() not convert, or f16 with
+ * loom_f16_get_path() not convert. */
+bool loom_half_on_unit(loom_dtype dt);
+/* The oneDNN loom runs on (the one it was built against, LOOM_DNNL_ROOT):
+ * major * 100 + minor, as 206 for 2.6 or 302 for 3.2; 0 without oneDNN. */
+int loom_dnnl_version(void);
 
 /* C(M,N) = alpha op(A) op(B) + beta C with A and B of half type dt (bf16
  * or f16) and C in f32: each product of two bf16 or two f16 values is

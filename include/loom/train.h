@@ -151,9 +151,13 @@ typedef struct loom_train_estimate {
  * libraries (oneDNN, OpenBLAS), OpenMP and communication threads, and on
  * more than one rank MPI's own (its shared-memory transport's segments).
  * Measured with a GPT of 13,000 parameters: 24.0 MiB alone, 34.2-34.9 MiB
- * a rank of 2 or 4 (AMD EPYC, Debian 12, Open MPI 4.1). */
+ * a rank of 2 or 4 (AMD EPYC, Debian 12, Open MPI 4.1). Built against
+ * oneDNN 3.x (PyPI's 3.2, LOOM_DNNL_ROOT), its library keeps 25 MiB of
+ * pages resident where Debian's 2.6.3 keeps 5 (a small GPT's whole
+ * process: 57.0 against 36.5 MiB): LOOM_ESTIMATE_DNNL3_MB more. */
 #define LOOM_ESTIMATE_PROCESS_MB 22.0
 #define LOOM_ESTIMATE_MPI_MB 10.0
+#define LOOM_ESTIMATE_DNNL3_MB 20.0
 
 /* Estimates cfg on `ranks` ranks (>= 1) under `strategy` (the config's own
  * when LOOM_CFG_STRATEGY_AUTO: none on one rank, else ddp). Builds the

@@ -198,9 +198,9 @@ int loom_bench_kernels(int argc, char **argv) {
          loom_isa_name(loom_cpu_isa()), loom_threads(),
          loom_threads() == 1 ? "" : "s", reps);
   printf("# cpu: avx2 %d, avx512f %d, avx512bw %d, avx512vl %d, avx512dq %d, "
-         "avx512_bf16 %d\n",
+         "avx512_bf16 %d, avx512_fp16 %d\n",
          f->avx2, f->avx512f, f->avx512bw, f->avx512vl, f->avx512dq,
-         f->avx512_bf16);
+         f->avx512_bf16, f->avx512_fp16);
   printf("%-20s %-13s %9s %8s\n", "kernel", "shape", "ms", "ns/elem");
   for (int k = 0; k < NKERNELS; k++) {
     kernels[k].fn(&m); /* first touch, caches */

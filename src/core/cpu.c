@@ -82,6 +82,7 @@ static void detect(loom_cpu_features *f) {
   f->avx512bw = f->avx512f && ((b >> 30) & 1);
   f->avx512vl = f->avx512f && ((b >> 31) & 1);
   const int amx_tile = (d >> 24) & 1, amx_bf16 = (d >> 22) & 1;
+  f->avx512_fp16 = f->avx512bw && ((d >> 23) & 1);
   if (max_sub >= 1) {
     __cpuid_count(7, 1, a, b, c, d);
     f->avx512_bf16 = f->avx512f && ((a >> 5) & 1);

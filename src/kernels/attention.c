@@ -209,8 +209,8 @@ static int half_mm(const half_att *h, bool ta, bool tb, int M, int N, int K,
                    float alpha, const void *A, int lda, const void *B, int ldb,
                    float beta, float *C, int ldc) {
   if (h->unit)
-    return loom_kern_bf16_matmul_serial(ta, tb, M, N, K, alpha, A, lda, B, ldb,
-                                        beta, C, ldc);
+    return loom_kern_half_matmul_serial(h->dt, ta, tb, M, N, K, alpha, A, lda,
+                                        B, ldb, beta, C, ldc);
   loom_kern_gemm_serial(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   return 0;
 }
@@ -224,19 +224,19 @@ static bool half_unit_ok(const half_att *h, bool backward) {
     const int rows = T - r0 < h->rb ? T - r0 : h->rb, kend = r0 + rows;
     bool ok;
     if (!backward)
-      ok = loom_kern_bf16_matmul_serial_ok(false, true, rows, kend, HS, sc, C3,
-                                           C3, 0.0f, T) &&
-           loom_kern_bf16_matmul_serial_ok(false, false, rows, HS, kend, 1.0f,
-                                           T, C3, 0.0f, C);
+      ok = loom_kern_half_matmul_serial_ok(h->dt, false, true, rows, kend, HS,
+                                           sc, C3, C3, 0.0f, T) &&
+           loom_kern_half_matmul_serial_ok(h->dt, false, false, rows, HS, kend,
+                                           1.0f, T, C3, 0.0f, C);
     else
-      ok = loom_kern_bf16_matmul_serial_ok(false, true, rows, kend, HS, 1.0f, C,
-                                           C3, 0.0f, T) &&
-           loom_kern_bf16_matmul_serial_ok(false, false, rows, HS, kend, sc, T,
-                                           C3, 1.0f, C3) &&
-           loom_kern_bf16_matmul_serial_ok(true, false, kend, HS, rows, sc, T,
-                                           C3, 1.0f, C3) &&
-           loom_kern_bf16_matmul_serial_ok(true, false, kend, HS, rows, 1.0f, T,
-                                           C, 1.0f, C3);
+      ok = loom_kern_half_matmul_serial_ok(h->dt, false, true, rows, kend, HS,
+                                           1.0f, C, C3, 0.0f, T) &&
+           loom_kern_half_matmul_serial_ok(h->dt, false, false, rows, HS, kend,
+                                           sc, T, C3, 1.0f, C3) &&
+           loom_kern_half_matmul_serial_ok(h->dt, true, false, kend, HS, rows,
+                                           sc, T, C3, 1.0f, C3) &&
+           loom_kern_half_matmul_serial_ok(h->dt, true, false, kend, HS, rows,
+                                           1.0f, T, C, 1.0f, C3);
     if (!ok)
       return false;
   }
@@ -253,7 +253,7 @@ static loom_status half_setup(half_att *h, loom_dtype dt, int B, int T, int C,
   h->B = B, h->T = T, h->C = C, h->NH = NH, h->HS = C / NH;
   h->scale = 1.0f / sqrtf((float)h->HS);
   h->rb = half_rb(T);
-  h->unit = loom_bf16_on_unit(dt);
+  h->unit = loom_half_on_unit(dt);
   if (h->unit && !half_unit_ok(h, backward))
     h->unit = false;
   h->es = h->unit ? sizeof(uint16_t) : sizeof(float);

@@ -7,15 +7,16 @@
  * shape decides what is summed where: the bits do not depend on the thread
  * count. Primitives are built once per shape and cached. Scratch (blocked
  * copies, partials, oneDNN's scratchpad) lives in the caller's col buffer.
- * The bf16 set (a CPU with a bf16 unit) takes bf16 input, weights and
- * output gradient and gives f32 output, input and weight gradients (f32
- * sums inside oneDNN's kernels); it chunks the batch as the f32 set does,
- * so it keeps the same thread-count invariance. */
+ * The half sets (bf16 on a CPU with a bf16 unit, f16 on one with
+ * AVX512-FP16 and oneDNN 3.x) take half input, weights and output gradient
+ * and give f32 output, input and weight gradients (f32 sums inside
+ * oneDNN's kernels); they chunk the batch as the f32 set does, so they
+ * keep the same thread-count invariance. */
 #include "internal.h"
 
 #ifdef LOOM_HAVE_DNNL
+#include "dnnl_compat.h"
 #include <omp.h>
-#include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -48,7 +49,7 @@ typedef struct conv_set {
 
 typedef struct conv_entry {
   loom_conv2d_dims key; /* N is the minibatch size */
-  bool bf;              /* bf16 operands */
+  loom_dtype dt;        /* of the operands: f32, bf16 or f16 */
   conv_set *set;        /* NULL: oneDNN cannot do this shape */
 } conv_entry;
 
@@ -81,39 +82,36 @@ static dnnl_primitive_attr_t user_pad_attr(void) {
   return attr;
 }
 
-static void note_pad(dnnl_primitive_desc_t pd, dnnl_memory_desc_t *pad,
+static bool note_pad(dnnl_primitive_desc_t pd, dnnl_memory_desc_t *pad,
                      size_t *most) {
-  const dnnl_memory_desc_t *md =
+  loom_md_ref md =
       dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
-  if (md) {
-    *pad = *md;
-    size_t sz = dnnl_memory_desc_get_size(md);
-    if (sz > *most)
-      *most = sz;
-  }
+  if (!md)
+    return true;
+  size_t sz = dnnl_memory_desc_get_size(md);
+  if (sz > *most)
+    *most = sz;
+  return md_copy(pad, md);
 }
 
 /* view->md = what pd wants for `what`; a reorder from/to `plain`. */
 static bool make_view(conv_view *v, dnnl_primitive_desc_t pd, dnnl_query_t what,
-                      const dnnl_memory_desc_t *plain, bool into,
-                      size_t *most) {
-  const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, what, 0);
-  if (!md)
-    return false;
-  v->md = *md;
+                      loom_md_ref plain, bool into, size_t *most) {
   v->reorder = NULL;
-  if (dnnl_memory_desc_equal(&v->md, plain))
+  if (!md_copy(&v->md, dnnl_primitive_desc_query_md(pd, what, 0)))
+    return false;
+  if (dnnl_memory_desc_equal(MD(v->md), plain))
     return true;
   dnnl_primitive_attr_t attr = user_pad_attr();
   dnnl_primitive_desc_t rpd = NULL;
-  dnnl_status_t st =
-      dnnl_reorder_primitive_desc_create(&rpd, into ? plain : &v->md, g_engine,
-                                         into ? &v->md : plain, g_engine, attr);
+  dnnl_status_t st = dnnl_reorder_primitive_desc_create(
+      &rpd, into ? plain : MD(v->md), g_engine, into ? MD(v->md) : plain,
+      g_engine, attr);
   dnnl_primitive_attr_destroy(attr);
   if (st != dnnl_success)
     return false;
-  note_pad(rpd, &v->pad, most);
-  bool ok = dnnl_primitive_create(&v->reorder, rpd) == dnnl_success;
+  bool ok = note_pad(rpd, &v->pad, most) &&
+            dnnl_primitive_create(&v->reorder, rpd) == dnnl_success;
   dnnl_primitive_desc_destroy(rpd);
   return ok;
 }
@@ -145,6 +143,16 @@ static void set_free(conv_set *s) {
   for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
     if (p[i])
       dnnl_primitive_destroy(p[i]);
+  dnnl_memory_desc_t *m[] = {
+      &s->src_u,     &s->dst_u,      &s->wei_u,     &s->bias,
+      &s->dst_i,     &s->src_o,      &s->wei_o,     &s->pad_fwd,
+      &s->pad_bwd_d, &s->pad_bwd_w,  &s->f_src.md,  &s->f_src.pad,
+      &s->f_wei.md,  &s->f_wei.pad,  &s->f_dst.md,  &s->f_dst.pad,
+      &s->d_ddst.md, &s->d_ddst.pad, &s->d_wei.md,  &s->d_wei.pad,
+      &s->d_dsrc.md, &s->d_dsrc.pad, &s->w_src.md,  &s->w_src.pad,
+      &s->w_ddst.md, &s->w_ddst.pad, &s->w_dwei.md, &s->w_dwei.pad};
+  for (size_t i = 0; i < sizeof m / sizeof m[0]; i++)
+    md_free(m[i]);
   loom_free(s);
 }
 
@@ -154,7 +162,7 @@ static bool is_ref(dnnl_primitive_desc_t pd) {
   return strncmp(impl_name(pd), "ref", 3) == 0;
 }
 
-static conv_set *set_build(const loom_conv2d_dims *d, bool bf) {
+static conv_set *set_build(const loom_conv2d_dims *d, loom_dtype dt) {
   const int OH = loom_conv2d_out_h(d), OW = loom_conv2d_out_w(d);
   conv_set *s = loom_calloc(1, sizeof *s);
   if (!s)
@@ -163,82 +171,75 @@ static conv_set *set_build(const loom_conv2d_dims *d, bool bf) {
   dnnl_dims_t sd = {d->N, d->C, d->H, d->W}, wd = {d->OC, d->C, d->KH, d->KW};
   dnnl_dims_t bd = {d->OC}, dd = {d->N, d->OC, OH, OW};
   dnnl_dims_t strides = {d->stride, d->stride}, pad = {d->pad, d->pad};
-  const dnnl_data_type_t t = bf ? dnnl_bf16 : dnnl_f32;
+  const dnnl_data_type_t t = dt == LOOM_BF16  ? dnnl_bf16
+                             : dt == LOOM_F16 ? dnnl_f16
+                                              : dnnl_f32;
   const dnnl_format_tag_t any = dnnl_format_tag_any;
   /* sa, wa, da: the operands' layouts (any), of type t; sa_o, wa_o, da_o:
    * the f32 results' (forward output, input and weight gradients) */
-  dnnl_memory_desc_t sa, wa, da, sa_o, wa_o, da_o;
-  bool ok =
-      dnnl_memory_desc_init_by_tag(&s->src_u, 4, sd, t, dnnl_nchw) == 0 &&
-      dnnl_memory_desc_init_by_tag(&s->wei_u, 4, wd, t, dnnl_oihw) == 0 &&
-      dnnl_memory_desc_init_by_tag(&s->dst_i, 4, dd, t, dnnl_nchw) == 0 &&
-      dnnl_memory_desc_init_by_tag(&s->bias, 1, bd, dnnl_f32, dnnl_x) == 0 &&
-      dnnl_memory_desc_init_by_tag(&s->dst_u, 4, dd, dnnl_f32, dnnl_nchw) ==
-          0 &&
-      dnnl_memory_desc_init_by_tag(&s->src_o, 4, sd, dnnl_f32, dnnl_nchw) ==
-          0 &&
-      dnnl_memory_desc_init_by_tag(&s->wei_o, 4, wd, dnnl_f32, dnnl_oihw) ==
-          0 &&
-      dnnl_memory_desc_init_by_tag(&sa, 4, sd, t, any) == 0 &&
-      dnnl_memory_desc_init_by_tag(&wa, 4, wd, t, any) == 0 &&
-      dnnl_memory_desc_init_by_tag(&da, 4, dd, t, any) == 0 &&
-      dnnl_memory_desc_init_by_tag(&sa_o, 4, sd, dnnl_f32, any) == 0 &&
-      dnnl_memory_desc_init_by_tag(&wa_o, 4, wd, dnnl_f32, any) == 0 &&
-      dnnl_memory_desc_init_by_tag(&da_o, 4, dd, dnnl_f32, any) == 0;
+  dnnl_memory_desc_t sa = MD_NONE, wa = MD_NONE, da = MD_NONE, sa_o = MD_NONE,
+                     wa_o = MD_NONE, da_o = MD_NONE;
+  bool ok = md_tag(&s->src_u, 4, sd, t, dnnl_nchw) &&
+            md_tag(&s->wei_u, 4, wd, t, dnnl_oihw) &&
+            md_tag(&s->dst_i, 4, dd, t, dnnl_nchw) &&
+            md_tag(&s->bias, 1, bd, dnnl_f32, dnnl_x) &&
+            md_tag(&s->dst_u, 4, dd, dnnl_f32, dnnl_nchw) &&
+            md_tag(&s->src_o, 4, sd, dnnl_f32, dnnl_nchw) &&
+            md_tag(&s->wei_o, 4, wd, dnnl_f32, dnnl_oihw) &&
+            md_tag(&sa, 4, sd, t, any) && md_tag(&wa, 4, wd, t, any) &&
+            md_tag(&da, 4, dd, t, any) && md_tag(&sa_o, 4, sd, dnnl_f32, any) &&
+            md_tag(&wa_o, 4, wd, dnnl_f32, any) &&
+            md_tag(&da_o, 4, dd, dnnl_f32, any);
   dnnl_primitive_attr_t attr = user_pad_attr();
   dnnl_primitive_desc_t fpd = NULL, bdpd = NULL, bwpd = NULL;
-  dnnl_convolution_desc_t cd;
   ok = ok && attr &&
-       dnnl_convolution_forward_desc_init(
-           &cd, dnnl_forward_training, dnnl_convolution_direct, &sa, &wa,
-           &s->bias, &da_o, strides, pad, pad) == dnnl_success &&
-       dnnl_primitive_desc_create(&fpd, &cd, attr, g_engine, NULL) ==
-           dnnl_success &&
-       dnnl_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct,
-                                                &sa_o, &wa, &da, strides, pad,
-                                                pad) == dnnl_success &&
-       dnnl_primitive_desc_create(&bdpd, &cd, attr, g_engine, fpd) ==
-           dnnl_success &&
-       dnnl_convolution_backward_weights_desc_init(
-           &cd, dnnl_convolution_direct, &sa, &wa_o, NULL, &da, strides, pad,
-           pad) == dnnl_success &&
-       dnnl_primitive_desc_create(&bwpd, &cd, attr, g_engine, fpd) ==
-           dnnl_success;
+       pd_conv_fwd(&fpd, g_engine, MD(sa), MD(wa), MD(s->bias), MD(da_o),
+                   strides, pad, attr) == dnnl_success &&
+       pd_conv_bwd_data(&bdpd, g_engine, MD(sa_o), MD(wa), MD(da), strides, pad,
+                        fpd, attr) == dnnl_success &&
+       pd_conv_bwd_weights(&bwpd, g_engine, MD(sa), MD(wa_o), MD(da), strides,
+                           pad, fpd, attr) == dnnl_success;
   if (attr)
     dnnl_primitive_attr_destroy(attr);
+  dnnl_memory_desc_t *tmp[] = {&sa, &wa, &da, &sa_o, &wa_o, &da_o};
+  for (size_t i = 0; i < sizeof tmp / sizeof tmp[0]; i++)
+    md_free(tmp[i]);
   size_t most = 0;
   if (ok) {
     LOOM_DEBUG("conv2d %s mb=%d C=%d %dx%d OC=%d K=%dx%d: oneDNN fwd %s, bwd "
                "data %s, bwd weights %s",
-               bf ? "bf16" : "f32", d->N, d->C, d->H, d->W, d->OC, d->KH, d->KW,
+               loom_dtype_name(dt), d->N, d->C, d->H, d->W, d->OC, d->KH, d->KW,
                impl_name(fpd), impl_name(bdpd), impl_name(bwpd));
-    /* bf16 has no use for a reference kernel: converting to f32 is faster */
-    if (bf && (is_ref(fpd) || is_ref(bdpd) || is_ref(bwpd)))
+    /* a half type has no use for a reference kernel: converting to f32 is
+     * faster */
+    if (dt != LOOM_F32 && (is_ref(fpd) || is_ref(bdpd) || is_ref(bwpd)))
       ok = false;
   }
   if (ok) {
-    note_pad(fpd, &s->pad_fwd, &most);
-    note_pad(bdpd, &s->pad_bwd_d, &most);
-    note_pad(bwpd, &s->pad_bwd_w, &most);
-    ok =
-        make_view(&s->f_src, fpd, dnnl_query_src_md, &s->src_u, true, &most) &&
-        make_view(&s->f_wei, fpd, dnnl_query_weights_md, &s->wei_u, true,
-                  &most) &&
-        make_view(&s->f_dst, fpd, dnnl_query_dst_md, &s->dst_u, false, &most) &&
-        make_view(&s->d_ddst, bdpd, dnnl_query_diff_dst_md, &s->dst_i, true,
-                  &most) &&
-        make_view(&s->d_wei, bdpd, dnnl_query_weights_md, &s->wei_u, true,
-                  &most) &&
-        make_view(&s->d_dsrc, bdpd, dnnl_query_diff_src_md, &s->src_o, false,
-                  &most) &&
-        make_view(&s->w_src, bwpd, dnnl_query_src_md, &s->src_u, true, &most) &&
-        make_view(&s->w_ddst, bwpd, dnnl_query_diff_dst_md, &s->dst_i, true,
-                  &most) &&
-        make_view(&s->w_dwei, bwpd, dnnl_query_diff_weights_md, &s->wei_o,
-                  false, &most) &&
-        dnnl_primitive_create(&s->fwd, fpd) == dnnl_success &&
-        dnnl_primitive_create(&s->bwd_d, bdpd) == dnnl_success &&
-        dnnl_primitive_create(&s->bwd_w, bwpd) == dnnl_success;
+    ok = note_pad(fpd, &s->pad_fwd, &most) &&
+         note_pad(bdpd, &s->pad_bwd_d, &most) &&
+         note_pad(bwpd, &s->pad_bwd_w, &most) &&
+         make_view(&s->f_src, fpd, dnnl_query_src_md, MD(s->src_u), true,
+                   &most) &&
+         make_view(&s->f_wei, fpd, dnnl_query_weights_md, MD(s->wei_u), true,
+                   &most) &&
+         make_view(&s->f_dst, fpd, dnnl_query_dst_md, MD(s->dst_u), false,
+                   &most) &&
+         make_view(&s->d_ddst, bdpd, dnnl_query_diff_dst_md, MD(s->dst_i), true,
+                   &most) &&
+         make_view(&s->d_wei, bdpd, dnnl_query_weights_md, MD(s->wei_u), true,
+                   &most) &&
+         make_view(&s->d_dsrc, bdpd, dnnl_query_diff_src_md, MD(s->src_o),
+                   false, &most) &&
+         make_view(&s->w_src, bwpd, dnnl_query_src_md, MD(s->src_u), true,
+                   &most) &&
+         make_view(&s->w_ddst, bwpd, dnnl_query_diff_dst_md, MD(s->dst_i), true,
+                   &most) &&
+         make_view(&s->w_dwei, bwpd, dnnl_query_diff_weights_md, MD(s->wei_o),
+                   false, &most) &&
+         dnnl_primitive_create(&s->fwd, fpd) == dnnl_success &&
+         dnnl_primitive_create(&s->bwd_d, bdpd) == dnnl_success &&
+         dnnl_primitive_create(&s->bwd_w, bwpd) == dnnl_success;
   }
   if (fpd)
     dnnl_primitive_desc_destroy(fpd);
@@ -255,7 +256,7 @@ static conv_set *set_build(const loom_conv2d_dims *d, bool bf) {
 }
 
 /* The cached set for these dims with minibatch mb, built on first use. */
-static conv_set *set_get(const loom_conv2d_dims *d, int mb, bool bf) {
+static conv_set *set_get(const loom_conv2d_dims *d, int mb, loom_dtype dt) {
   pthread_once(&g_engine_once, engine_init);
   if (!g_engine)
     return NULL;
@@ -265,7 +266,7 @@ static conv_set *set_get(const loom_conv2d_dims *d, int mb, bool bf) {
   pthread_mutex_lock(&g_lock);
   int i = 0;
   for (; i < g_ncache; i++)
-    if (g_cache[i].bf == bf && same_key(&g_cache[i].key, &key))
+    if (g_cache[i].dt == dt && same_key(&g_cache[i].key, &key))
       break;
   if (i < g_ncache) {
     found = g_cache[i].set;
@@ -275,10 +276,10 @@ static conv_set *set_get(const loom_conv2d_dims *d, int mb, bool bf) {
      * them on one thread, so build them for one. */
     const int save = omp_get_max_threads();
     omp_set_num_threads(1);
-    found = set_build(&key, bf);
+    found = set_build(&key, dt);
     omp_set_num_threads(save);
     g_cache[g_ncache].key = key;
-    g_cache[g_ncache].bf = bf;
+    g_cache[g_ncache].dt = dt;
     g_cache[g_ncache].set = found; /* NULL too: do not try again */
     g_ncache++;
   }
@@ -302,7 +303,7 @@ typedef struct dnnl_plan {
   int64_t a_off, b_off, b2_off, xp_off, wb_off, wp_off, pad_off, per_slot;
 } dnnl_plan;
 
-static int64_t md_floats(const dnnl_memory_desc_t *md) {
+static int64_t md_floats(loom_md_ref md) {
   return ALIGN16((int64_t)(dnnl_memory_desc_get_size(md) / sizeof(float)));
 }
 
@@ -310,50 +311,58 @@ static int64_t max3(int64_t a, int64_t b, int64_t c) {
   return a > b ? (a > c ? a : c) : (b > c ? b : c);
 }
 
-static bool plan_make(const loom_conv2d_dims *d, bool bf, dnnl_plan *p) {
+static bool plan_make(const loom_conv2d_dims *d, loom_dtype dt, dnnl_plan *p) {
   p->nb = (d->N + LOOM_CONV_SLOTS - 1) / LOOM_CONV_SLOTS;
   p->nchunks = (d->N + p->nb - 1) / p->nb;
   p->rem = d->N - (p->nchunks - 1) * p->nb;
-  p->full = set_get(d, p->nb, bf);
-  p->last = p->rem == p->nb ? p->full : set_get(d, p->rem, bf);
+  p->full = set_get(d, p->nb, dt);
+  p->last = p->rem == p->nb ? p->full : set_get(d, p->rem, dt);
   if (!p->full || !p->last)
     return false;
   const conv_set *f = p->full; /* the larger minibatch: its sizes bound */
   p->wf_off = 0;
-  p->wd_off = p->wf_off + md_floats(&f->f_wei.md);
-  p->zb_off = p->wd_off + md_floats(&f->d_wei.md);
+  p->wd_off = p->wf_off + md_floats(MD(f->f_wei.md));
+  p->zb_off = p->wd_off + md_floats(MD(f->d_wei.md));
   p->slots_off = p->zb_off + ALIGN16((int64_t)d->OC);
   p->a_off = 0;
-  p->b_off = p->a_off + max3(md_floats(&f->f_src.md), md_floats(&f->w_src.md),
-                             md_floats(&f->d_dsrc.md));
-  p->b2_off =
-      p->b_off + max3(md_floats(&f->f_dst.md), md_floats(&f->w_ddst.md), 0);
-  p->xp_off = p->b2_off + md_floats(&f->d_ddst.md);
-  p->wb_off = p->xp_off + md_floats(&f->src_o);
-  p->wp_off = p->wb_off + md_floats(&f->w_dwei.md);
-  p->pad_off = p->wp_off + md_floats(&f->wei_o);
+  p->b_off =
+      p->a_off + max3(md_floats(MD(f->f_src.md)), md_floats(MD(f->w_src.md)),
+                      md_floats(MD(f->d_dsrc.md)));
+  p->b2_off = p->b_off +
+              max3(md_floats(MD(f->f_dst.md)), md_floats(MD(f->w_ddst.md)), 0);
+  p->xp_off = p->b2_off + md_floats(MD(f->d_ddst.md));
+  p->wb_off = p->xp_off + md_floats(MD(f->src_o));
+  p->wp_off = p->wb_off + md_floats(MD(f->w_dwei.md));
+  p->pad_off = p->wp_off + md_floats(MD(f->wei_o));
   size_t pad =
       f->pad_bytes > p->last->pad_bytes ? f->pad_bytes : p->last->pad_bytes;
   p->per_slot = p->pad_off + ALIGN16((int64_t)(pad / sizeof(float)) + 16);
   return true;
 }
 
-static int64_t plan_floats(const loom_conv2d_dims *d, bool bf) {
+static int64_t plan_floats(const loom_conv2d_dims *d, loom_dtype dt) {
   dnnl_plan p;
-  if (!plan_make(d, bf, &p))
+  if (!plan_make(d, dt, &p))
     return 0;
   return p.slots_off + (int64_t)p.nchunks * p.per_slot;
 }
 
-/* Enough for the f32 set and, on a CPU with a bf16 unit, the bf16 one (a
- * model's precision is not known here). */
+/* Enough for the f32 set and, on a CPU with a bf16 or f16 unit, the half
+ * ones (a model's precision is not known here). */
 int64_t loom_kern_conv_dnnl_floats(const loom_conv2d_dims *d) {
-  const int64_t f = plan_floats(d, false);
+  int64_t most = plan_floats(d, LOOM_F32);
   const loom_cpu_features *cf = loom_cpu_get_features();
-  if (f == 0 || !(cf->avx512_bf16 || cf->amx_bf16))
-    return f;
-  const int64_t b = plan_floats(d, true);
-  return b > f ? b : f;
+  if (most == 0)
+    return 0;
+  if (cf->avx512_bf16 || cf->amx_bf16) {
+    const int64_t b = plan_floats(d, LOOM_BF16);
+    most = b > most ? b : most;
+  }
+  if (cf->avx512_fp16) {
+    const int64_t h = plan_floats(d, LOOM_F16);
+    most = h > most ? h : most;
+  }
+  return most;
 }
 
 /* ------------------------------------------------------------ execution */
@@ -367,7 +376,7 @@ typedef struct exec_ctx {
 /* An argument of a primitive: its descriptor and where its data is. */
 typedef struct exec_arg {
   int arg;
-  const dnnl_memory_desc_t *md;
+  loom_md_ref md;
   void *ptr;
 } exec_arg;
 
@@ -379,17 +388,19 @@ static void run(exec_ctx *c, dnnl_primitive_t p, const exec_arg *a, int n) {
   dnnl_memory_t mem[8];
   int made = 0;
   for (int i = 0; i < n; i++) {
-    if (dnnl_memory_create(&mem[i], a[i].md, g_engine, a[i].ptr) !=
+    if (!a[i].md) /* 3.x: no scratchpad */
+      continue;
+    if (dnnl_memory_create(&mem[made], a[i].md, g_engine, a[i].ptr) !=
         dnnl_success) {
       c->failed = 1;
       break;
     }
+    args[made].arg = a[i].arg;
+    args[made].memory = mem[made];
     made++;
-    args[i].arg = a[i].arg;
-    args[i].memory = mem[i];
   }
   if (!c->failed &&
-      dnnl_primitive_execute(p, c->stream, n, args) != dnnl_success)
+      dnnl_primitive_execute(p, c->stream, made, args) != dnnl_success)
     c->failed = 1;
   for (int i = 0; i < made; i++)
     dnnl_memory_destroy(mem[i]);
@@ -397,27 +408,25 @@ static void run(exec_ctx *c, dnnl_primitive_t p, const exec_arg *a, int n) {
 
 /* Brings plain data into v's layout at `buf`, or returns the plain data
  * when v takes it as is. */
-static void *view_in(exec_ctx *c, const conv_view *v,
-                     const dnnl_memory_desc_t *plain, const void *data,
-                     void *buf, float *pad) {
+static void *view_in(exec_ctx *c, const conv_view *v, loom_md_ref plain,
+                     const void *data, void *buf, float *pad) {
   if (!v->reorder)
     return (void *)data;
   exec_arg a[3] = {{DNNL_ARG_FROM, plain, (void *)data},
-                   {DNNL_ARG_TO, &v->md, buf},
-                   {DNNL_ARG_SCRATCHPAD, &v->pad, pad}};
+                   {DNNL_ARG_TO, MD(v->md), buf},
+                   {DNNL_ARG_SCRATCHPAD, MD(v->pad), pad}};
   run(c, v->reorder, a, 3);
   return buf;
 }
 
 /* Takes v-layout data at `from` to plain `to` (nothing when the same). */
-static void view_out(exec_ctx *c, const conv_view *v,
-                     const dnnl_memory_desc_t *plain, const float *from,
-                     float *to, float *pad) {
+static void view_out(exec_ctx *c, const conv_view *v, loom_md_ref plain,
+                     const float *from, float *to, float *pad) {
   if (!v->reorder)
     return;
-  exec_arg a[3] = {{DNNL_ARG_FROM, &v->md, (void *)from},
+  exec_arg a[3] = {{DNNL_ARG_FROM, MD(v->md), (void *)from},
                    {DNNL_ARG_TO, plain, to},
-                   {DNNL_ARG_SCRATCHPAD, &v->pad, pad}};
+                   {DNNL_ARG_SCRATCHPAD, MD(v->pad), pad}};
   run(c, v->reorder, a, 3);
 }
 
@@ -470,7 +479,7 @@ static const void *shared_weights(const dnnl_plan *p, const conv_view *v,
     return weight;
   }
   float *pad = col + p->slots_off + p->pad_off;
-  view_in(&c, v, &p->full->wei_u, weight, col + off, pad);
+  view_in(&c, v, MD(p->full->wei_u), weight, col + off, pad);
   if (dnnl_stream_wait(c.stream) != dnnl_success)
     c.failed = 1;
   dnnl_stream_destroy(c.stream);
@@ -478,14 +487,14 @@ static const void *shared_weights(const dnnl_plan *p, const conv_view *v,
   return col + off;
 }
 
-/* inp, weight: f32, or bf16 when bf */
+/* inp, weight: of type dt (f32, bf16 or f16) */
 static loom_status conv_forward(float *out, float *col, const void *inp,
                                 const void *weight, const float *bias,
-                                const loom_conv2d_dims *d, bool bf) {
+                                const loom_conv2d_dims *d, loom_dtype dt) {
   dnnl_plan p;
-  if (!plan_make(d, bf, &p))
+  if (!plan_make(d, dt, &p))
     return LOOM_ERR_UNSUPPORTED;
-  const size_t es = bf ? sizeof(uint16_t) : sizeof(float);
+  const size_t es = dt == LOOM_F32 ? sizeof(float) : sizeof(uint16_t);
   int wfail = 0;
   const void *wf =
       shared_weights(&p, &p.full->f_wei, weight, col, p.wf_off, &wfail);
@@ -502,31 +511,31 @@ static loom_status conv_forward(float *out, float *col, const void *inp,
     float *sc = col + p.slots_off + slot * p.per_slot, *pad = sc + p.pad_off;
     const int64_t n0 = (int64_t)slot * p.nb;
     float *y = out + n0 * out_img;
-    void *xs = view_in(&ctx, &s->f_src, &s->src_u,
+    void *xs = view_in(&ctx, &s->f_src, MD(s->src_u),
                        (const char *)inp + n0 * in_img * es, sc + p.a_off, pad);
     float *ys = s->f_dst.reorder ? sc + p.b_off : y;
-    exec_arg a[5] = {{DNNL_ARG_SRC, &s->f_src.md, xs},
-                     {DNNL_ARG_WEIGHTS, &s->f_wei.md, (void *)wf},
-                     {DNNL_ARG_BIAS, &s->bias, (void *)bias},
-                     {DNNL_ARG_DST, &s->f_dst.md, ys},
-                     {DNNL_ARG_SCRATCHPAD, &s->pad_fwd, pad}};
+    exec_arg a[5] = {{DNNL_ARG_SRC, MD(s->f_src.md), xs},
+                     {DNNL_ARG_WEIGHTS, MD(s->f_wei.md), (void *)wf},
+                     {DNNL_ARG_BIAS, MD(s->bias), (void *)bias},
+                     {DNNL_ARG_DST, MD(s->f_dst.md), ys},
+                     {DNNL_ARG_SCRATCHPAD, MD(s->pad_fwd), pad}};
     run(&ctx, s->fwd, a, 5);
-    view_out(&ctx, &s->f_dst, &s->dst_u, ys, y, pad);
+    view_out(&ctx, &s->f_dst, MD(s->dst_u), ys, y, pad);
   });
   if (atomic_load(&failed))
     return loom_error(LOOM_ERR_INTERNAL, "conv2d forward: oneDNN failed");
   return LOOM_OK;
 }
 
-/* dout, inp, weight: f32, or bf16 when bf */
+/* dout, inp, weight: of type dt (f32, bf16 or f16) */
 static loom_status conv_backward(float *dinp, float *dweight, float *col,
                                  const void *dout, const void *inp,
                                  const void *weight, const loom_conv2d_dims *d,
-                                 bool bf) {
+                                 loom_dtype dt) {
   dnnl_plan p;
-  if (!plan_make(d, bf, &p))
+  if (!plan_make(d, dt, &p))
     return LOOM_ERR_UNSUPPORTED;
-  const size_t es = bf ? sizeof(uint16_t) : sizeof(float);
+  const size_t es = dt == LOOM_F32 ? sizeof(float) : sizeof(uint16_t);
   int wfail = 0;
   const void *wd =
       dinp ? shared_weights(&p, &p.full->d_wei, weight, col, p.wd_off, &wfail)
@@ -545,15 +554,15 @@ static loom_status conv_backward(float *dinp, float *dweight, float *col,
       float *wp = sc + p.wp_off; /* (OC, C, KH, KW) partial of this chunk */
       float *wb = s->w_dwei.reorder ? sc + p.wb_off : wp;
       void *xs =
-          view_in(&ctx, &s->w_src, &s->src_u,
+          view_in(&ctx, &s->w_src, MD(s->src_u),
                   (const char *)inp + n0 * in_img * es, sc + p.a_off, pad);
-      dyw = view_in(&ctx, &s->w_ddst, &s->dst_i, dy, sc + p.b_off, pad);
-      exec_arg a[4] = {{DNNL_ARG_SRC, &s->w_src.md, xs},
-                       {DNNL_ARG_DIFF_DST, &s->w_ddst.md, dyw},
-                       {DNNL_ARG_DIFF_WEIGHTS, &s->w_dwei.md, wb},
-                       {DNNL_ARG_SCRATCHPAD, &s->pad_bwd_w, pad}};
+      dyw = view_in(&ctx, &s->w_ddst, MD(s->dst_i), dy, sc + p.b_off, pad);
+      exec_arg a[4] = {{DNNL_ARG_SRC, MD(s->w_src.md), xs},
+                       {DNNL_ARG_DIFF_DST, MD(s->w_ddst.md), dyw},
+                       {DNNL_ARG_DIFF_WEIGHTS, MD(s->w_dwei.md), wb},
+                       {DNNL_ARG_SCRATCHPAD, MD(s->pad_bwd_w), pad}};
       run(&ctx, s->bwd_w, a, 4);
-      view_out(&ctx, &s->w_dwei, &s->wei_o, wb, wp, pad);
+      view_out(&ctx, &s->w_dwei, MD(s->wei_o), wb, wp, pad);
     }
     if (dinp) {
       /* oneDNN overwrites its output and our contract adds: the chunk's
@@ -561,17 +570,17 @@ static loom_status conv_backward(float *dinp, float *dweight, float *col,
        * with a sum post-op would add in place, but oneDNN runs that through
        * a slow reference kernel). */
       void *dyd =
-          dyw && dnnl_memory_desc_equal(&s->d_ddst.md, &s->w_ddst.md)
+          dyw && dnnl_memory_desc_equal(MD(s->d_ddst.md), MD(s->w_ddst.md))
               ? dyw
-              : view_in(&ctx, &s->d_ddst, &s->dst_i, dy, sc + p.b2_off, pad);
+              : view_in(&ctx, &s->d_ddst, MD(s->dst_i), dy, sc + p.b2_off, pad);
       float *xp = sc + p.xp_off;                          /* (mb, C, H, W) */
       float *dxs = s->d_dsrc.reorder ? sc + p.a_off : xp; /* a is free now */
-      exec_arg a[4] = {{DNNL_ARG_DIFF_DST, &s->d_ddst.md, dyd},
-                       {DNNL_ARG_WEIGHTS, &s->d_wei.md, (void *)wd},
-                       {DNNL_ARG_DIFF_SRC, &s->d_dsrc.md, dxs},
-                       {DNNL_ARG_SCRATCHPAD, &s->pad_bwd_d, pad}};
+      exec_arg a[4] = {{DNNL_ARG_DIFF_DST, MD(s->d_ddst.md), dyd},
+                       {DNNL_ARG_WEIGHTS, MD(s->d_wei.md), (void *)wd},
+                       {DNNL_ARG_DIFF_SRC, MD(s->d_dsrc.md), dxs},
+                       {DNNL_ARG_SCRATCHPAD, MD(s->pad_bwd_d), pad}};
       run(&ctx, s->bwd_d, a, 4);
-      view_out(&ctx, &s->d_dsrc, &s->src_o, dxs, xp, pad);
+      view_out(&ctx, &s->d_dsrc, MD(s->src_o), dxs, xp, pad);
       if (dnnl_stream_wait(ctx.stream) != dnnl_success)
         ctx.failed = 1;
       float *dx = dinp + n0 * in_img;
@@ -601,30 +610,35 @@ loom_status loom_kern_conv_dnnl_forward(float *out, float *col,
                                         const float *inp, const float *weight,
                                         const float *bias,
                                         const loom_conv2d_dims *d) {
-  return conv_forward(out, col, inp, weight, bias, d, false);
+  return conv_forward(out, col, inp, weight, bias, d, LOOM_F32);
 }
 
 loom_status loom_kern_conv_dnnl_backward(float *dinp, float *dweight,
                                          float *col, const float *dout,
                                          const float *inp, const float *weight,
                                          const loom_conv2d_dims *d) {
-  return conv_backward(dinp, dweight, col, dout, inp, weight, d, false);
+  return conv_backward(dinp, dweight, col, dout, inp, weight, d, LOOM_F32);
 }
 
-loom_status loom_kern_conv_dnnl_forward_bf16(float *out, float *col,
-                                             const uint16_t *inp,
+loom_status loom_kern_conv_dnnl_forward_half(loom_dtype dt, float *out,
+                                             float *col, const uint16_t *inp,
                                              const uint16_t *weight,
                                              const float *bias,
                                              const loom_conv2d_dims *d) {
-  return conv_forward(out, col, inp, weight, bias, d, true);
+  if (dt != LOOM_BF16 && dt != LOOM_F16)
+    return LOOM_ERR_UNSUPPORTED;
+  return conv_forward(out, col, inp, weight, bias, d, dt);
 }
 
-loom_status loom_kern_conv_dnnl_backward_bf16(float *dinp, float *dweight,
-                                              float *col, const uint16_t *dout,
+loom_status loom_kern_conv_dnnl_backward_half(loom_dtype dt, float *dinp,
+                                              float *dweight, float *col,
+                                              const uint16_t *dout,
                                               const uint16_t *inp,
                                               const uint16_t *weight,
                                               const loom_conv2d_dims *d) {
-  return conv_backward(dinp, dweight, col, dout, inp, weight, d, true);
+  if (dt != LOOM_BF16 && dt != LOOM_F16)
+    return LOOM_ERR_UNSUPPORTED;
+  return conv_backward(dinp, dweight, col, dout, inp, weight, d, dt);
 }
 
 #else /* !LOOM_HAVE_DNNL */
@@ -651,22 +665,23 @@ loom_status loom_kern_conv_dnnl_backward(float *dinp, float *dweight,
   return LOOM_ERR_UNSUPPORTED;
 }
 
-loom_status loom_kern_conv_dnnl_forward_bf16(float *out, float *col,
-                                             const uint16_t *inp,
+loom_status loom_kern_conv_dnnl_forward_half(loom_dtype dt, float *out,
+                                             float *col, const uint16_t *inp,
                                              const uint16_t *weight,
                                              const float *bias,
                                              const loom_conv2d_dims *d) {
-  (void)out, (void)col, (void)inp, (void)weight, (void)bias, (void)d;
+  (void)dt, (void)out, (void)col, (void)inp, (void)weight, (void)bias, (void)d;
   return LOOM_ERR_UNSUPPORTED;
 }
 
-loom_status loom_kern_conv_dnnl_backward_bf16(float *dinp, float *dweight,
-                                              float *col, const uint16_t *dout,
+loom_status loom_kern_conv_dnnl_backward_half(loom_dtype dt, float *dinp,
+                                              float *dweight, float *col,
+                                              const uint16_t *dout,
                                               const uint16_t *inp,
                                               const uint16_t *weight,
                                               const loom_conv2d_dims *d) {
-  (void)dinp, (void)dweight, (void)col, (void)dout, (void)inp, (void)weight,
-      (void)d;
+  (void)dt, (void)dinp, (void)dweight, (void)col, (void)dout, (void)inp,
+      (void)weight, (void)d;
   return LOOM_ERR_UNSUPPORTED;
 }
 

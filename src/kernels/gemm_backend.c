@@ -261,7 +261,8 @@ static loom_bf16_path choose_bf16_path(void) {
     LOOM_WARN("LOOM_BF16_PATH=%s: expected auto or convert; auto", env);
   const loom_cpu_features *f = loom_cpu_get_features();
   if (loom_gemm_get_backend() != LOOM_GEMM_DNNL ||
-      !(f->avx512_bf16 || f->amx_bf16) || !loom_kern_bf16_matmul_probe())
+      !(f->avx512_bf16 || f->amx_bf16) ||
+      !loom_kern_half_matmul_probe(LOOM_BF16))
     return LOOM_BF16_PATH_CONVERT;
   return f->amx_bf16 ? LOOM_BF16_PATH_AMX : LOOM_BF16_PATH_AVX512_BF16;
 }
@@ -277,8 +278,10 @@ loom_bf16_path loom_bf16_get_path(void) {
   return (loom_bf16_path)p;
 }
 
-bool loom_bf16_on_unit(loom_dtype dt) {
-  return dt == LOOM_BF16 && loom_bf16_get_path() != LOOM_BF16_PATH_CONVERT;
+bool loom_half_on_unit(loom_dtype dt) {
+  if (dt == LOOM_BF16)
+    return loom_bf16_get_path() != LOOM_BF16_PATH_CONVERT;
+  return dt == LOOM_F16 && loom_f16_get_path() != LOOM_F16_PATH_CONVERT;
 }
 
 loom_status loom_bf16_set_path(loom_bf16_path p) {
@@ -288,7 +291,7 @@ loom_status loom_bf16_set_path(loom_bf16_path p) {
     const loom_cpu_features *f = loom_cpu_get_features();
     bool has = p == LOOM_BF16_PATH_AMX ? f->amx_bf16 : f->avx512_bf16;
     if (!has || loom_gemm_get_backend() != LOOM_GEMM_DNNL ||
-        !loom_kern_bf16_matmul_probe())
+        !loom_kern_half_matmul_probe(LOOM_BF16))
       return loom_error(LOOM_ERR_UNSUPPORTED,
                         "bf16 path %s: this CPU or build has no such unit "
                         "for oneDNN's matmul (GEMM backend %s)",
@@ -299,9 +302,88 @@ loom_status loom_bf16_set_path(loom_bf16_path p) {
   return LOOM_OK;
 }
 
+/* ------------------------------------------------------------------- f16 */
+
+static const char *const f16_path_names[] = {
+#define LOOM_X_NAME(name, text) text,
+    LOOM_F16_PATH_LIST(LOOM_X_NAME)
+#undef LOOM_X_NAME
+};
+_Static_assert(sizeof f16_path_names / sizeof f16_path_names[0] ==
+                   LOOM_F16_PATH_COUNT,
+               "one name per f16 path");
+
+const char *loom_f16_path_name(loom_f16_path p) {
+  if ((int)p < 0 || p >= LOOM_F16_PATH_COUNT)
+    return "unknown";
+  return f16_path_names[p];
+}
+
+/* The f16 path, chosen once as bf16's: LOOM_F16_PATH (convert or auto),
+ * else oneDNN's matmul where the CPU has AVX512-FP16 and the oneDNN built
+ * in has f16 kernels for it (3.x; Debian's 2.6.3 has none), else the
+ * conversion. */
+static atomic_int g_f16_path = -1;
+
+static bool f16_unit_here(void) {
+  return loom_cpu_get_features()->avx512_fp16 &&
+         loom_gemm_get_backend() == LOOM_GEMM_DNNL &&
+         loom_kern_half_matmul_probe(LOOM_F16);
+}
+
+static loom_f16_path choose_f16_path(void) {
+  const char *env = getenv("LOOM_F16_PATH");
+  if (env && strcmp(env, "convert") == 0)
+    return LOOM_F16_PATH_CONVERT;
+  if (env && *env && strcmp(env, "auto") != 0)
+    LOOM_WARN("LOOM_F16_PATH=%s: expected auto or convert; auto", env);
+  return f16_unit_here() ? LOOM_F16_PATH_AVX512_FP16 : LOOM_F16_PATH_CONVERT;
+}
+
+loom_f16_path loom_f16_get_path(void) {
+  int p = atomic_load(&g_f16_path);
+  if (p < 0) {
+    int expected = -1;
+    atomic_compare_exchange_strong(&g_f16_path, &expected,
+                                   (int)choose_f16_path());
+    p = atomic_load(&g_f16_path);
+  }
+  return (loom_f16_path)p;
+}
+
+loom_status loom_f16_set_path(loom_f16_path p) {
+  if ((int)p < 0 || p >= LOOM_F16_PATH_COUNT)
+    return loom_error(LOOM_ERR_INVALID_ARG, "f16 path %d", (int)p);
+  if (p != LOOM_F16_PATH_CONVERT && !f16_unit_here()) {
+    const int v = loom_dnnl_version();
+    char why[160];
+    if (!loom_cpu_get_features()->avx512_fp16)
+      snprintf(why, sizeof why, "this CPU has no AVX512-FP16");
+    else if (loom_gemm_get_backend() != LOOM_GEMM_DNNL)
+      snprintf(why, sizeof why, "the GEMM backend is %s, not dnnl",
+               loom_gemm_backend_name(loom_gemm_get_backend()));
+    else if (v < 300)
+      snprintf(why, sizeof why,
+               "oneDNN %d.%d has no f16 kernels for it (3.x has: build with "
+               "LOOM_DNNL_ROOT, scripts/fetch-onednn3.sh)",
+               v / 100, v % 100);
+    else
+      snprintf(why, sizeof why, "oneDNN %d.%d offers no fast f16 matmul here",
+               v / 100, v % 100);
+    return loom_error(LOOM_ERR_UNSUPPORTED, "f16 path %s: %s",
+                      loom_f16_path_name(p), why);
+  }
+  atomic_store(&g_f16_path, (int)p);
+  return LOOM_OK;
+}
+
 const char *loom_half_path_describe(loom_dtype dt) {
   const loom_cpu_features *f = loom_cpu_get_features();
   const loom_isa isa = loom_cpu_isa();
+  if (dt == LOOM_F16 && loom_f16_get_path() == LOOM_F16_PATH_AVX512_FP16)
+    return "AVX512-FP16 (oneDNN matmul and convolution: f16 operands, f32 "
+           "sums, attention included; convolutions of under 4 input "
+           "channels convert to f32)";
   if (dt == LOOM_F16) /* the avx2 and avx512 copies convert with F16C */
     return isa >= LOOM_ISA_AVX2
                ? "F16C (f32 arithmetic, f16 storage)"

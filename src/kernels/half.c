@@ -362,7 +362,7 @@ static loom_status load_f32(float *out, const void *in, loom_dtype in_dt,
 
 /* ---------------------------------------------------------------- GEMM */
 
-/* bf16 on a CPU with a bf16 unit (loom_bf16_on_unit): oneDNN's matmul
+/* A half type on a CPU with its unit (loom_half_on_unit): oneDNN's matmul
  * (matmul_dnnl.c). */
 
 int64_t LOOM_ISA(loom_gemm_half_scratch_floats)(int M, int N, int K) {
@@ -405,9 +405,9 @@ loom_status LOOM_ISA(loom_gemm_half)(loom_dtype dt, bool trans_a, bool trans_b,
   if (K > 0 && alpha != 0.0f && (!A || !B || !scratch))
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "gemm_half %dx%dx%d: NULL matrix or scratch", M, N, K);
-  if (loom_bf16_on_unit(dt) && K > 0 && alpha != 0.0f) {
-    loom_status s = loom_kern_bf16_matmul(trans_a, trans_b, M, N, K, alpha, A,
-                                          lda, B, ldb, beta, C, ldc);
+  if (loom_half_on_unit(dt) && K > 0 && alpha != 0.0f) {
+    loom_status s = loom_kern_half_matmul(dt, trans_a, trans_b, M, N, K, alpha,
+                                          A, lda, B, ldb, beta, C, ldc);
     if (s != LOOM_ERR_UNSUPPORTED)
       return s;
   }
@@ -450,8 +450,8 @@ loom_status LOOM_ISA(loom_linear_forward_half)(float *out, const void *inp,
                                                int OC, float *scratch) {
   if (N < 0 || C < 0 || OC < 0)
     return loom_error(LOOM_ERR_INVALID_ARG, "half linear: negative size");
-  if (loom_bf16_on_unit(dt) && N > 0 && C > 0 && OC > 0) {
-    /* out = inp @ W^T + bias on the bf16 unit: the bias added by oneDNN
+  if (loom_half_on_unit(dt) && N > 0 && C > 0 && OC > 0) {
+    /* out = inp @ W^T + bias on the unit: the bias added by oneDNN
      * as it stores the rows, or (a grid that cuts K) copied into out
      * first and the product added */
     const uint16_t *x;
@@ -459,7 +459,7 @@ loom_status LOOM_ISA(loom_linear_forward_half)(float *out, const void *inp,
         as_half(&x, (uint16_t *)scratch, inp, in_dtype, dt, (int64_t)N * C));
     loom_status s = LOOM_ERR_UNSUPPORTED;
     if (bias) /* the bias added as oneDNN stores out, when it can */
-      s = loom_kern_bf16_matmul_bias(false, true, N, OC, C, x, C, weight, C,
+      s = loom_kern_half_matmul_bias(dt, false, true, N, OC, C, x, C, weight, C,
                                      bias, out, OC);
     if (s != LOOM_ERR_UNSUPPORTED)
       return s;
@@ -469,7 +469,7 @@ loom_status LOOM_ISA(loom_linear_forward_half)(float *out, const void *inp,
         memcpy(out + (int64_t)n * OC, bias, (size_t)OC * sizeof(float));
       beta = 1.0f;
     }
-    s = loom_kern_bf16_matmul(false, true, N, OC, C, 1.0f, x, C, weight, C,
+    s = loom_kern_half_matmul(dt, false, true, N, OC, C, 1.0f, x, C, weight, C,
                               beta, out, OC);
     if (s != LOOM_ERR_UNSUPPORTED)
       return s;
@@ -491,8 +491,8 @@ static float *parts_in(float *scratch, int64_t used, int N, int C, int OC) {
              : NULL;
 }
 
-/* The bf16 unit's share of the backward: dinp += dout @ W and dweight +=
- * dout^T @ inp with dout and inp rounded to bf16; each output it could
+/* The unit's share of the backward: dinp += dout @ W and dweight +=
+ * dout^T @ inp with dout and inp rounded to dt; each output it could
  * not do (no fast kernel for the shape) is left in *dinp / *dweight for
  * the conversion path, the others set to NULL. */
 static loom_status linear_backward_unit(float **dinp, float **dweight,
@@ -513,8 +513,8 @@ static loom_status linear_backward_unit(float **dinp, float **dweight,
   *dbias = NULL;
   loom_status s;
   if (*dinp) {
-    s = loom_kern_bf16_matmul(false, false, N, C, OC, 1.0f, d, OC, weight, C,
-                              1.0f, *dinp, C);
+    s = loom_kern_half_matmul(dt, false, false, N, C, OC, 1.0f, d, OC, weight,
+                              C, 1.0f, *dinp, C);
     if (s == LOOM_OK)
       *dinp = NULL;
     else if (s != LOOM_ERR_UNSUPPORTED)
@@ -523,8 +523,8 @@ static loom_status linear_backward_unit(float **dinp, float **dweight,
   if (*dweight) {
     const uint16_t *x;
     LOOM_TRY(as_half(&x, buf, inp, in_dtype, dt, (int64_t)N * C));
-    s = loom_kern_bf16_matmul(true, false, OC, C, N, 1.0f, d, OC, x, C, 1.0f,
-                              *dweight, C);
+    s = loom_kern_half_matmul(dt, true, false, OC, C, N, 1.0f, d, OC, x, C,
+                              1.0f, *dweight, C);
     if (s == LOOM_OK)
       *dweight = NULL;
     else if (s != LOOM_ERR_UNSUPPORTED)
@@ -543,7 +543,7 @@ static loom_status linear_backward_half(float *dinp, float *dweight,
     return loom_error(LOOM_ERR_INVALID_ARG, "half linear: negative size");
   if (dt != LOOM_BF16 && dt != LOOM_F16)
     return not_half(dt, "linear backward");
-  if (loom_bf16_on_unit(dt))
+  if (loom_half_on_unit(dt))
     LOOM_TRY(linear_backward_unit(&dinp, &dweight, &dbias, dout, pre, inp,
                                   in_dtype, dt, weight, N, C, OC, scratch));
   float *d = scratch;             /* (N,OC) */
@@ -602,12 +602,12 @@ LOOM_ISA(loom_conv2d_forward_half)(float *out, float *col, const void *inp,
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "half conv2d forward: bad dims or no scratch");
   const int64_t in_n = (int64_t)d->N * d->C * d->H * d->W;
-  if (loom_bf16_on_unit(dt) && LOOM_ISA(loom_kern_conv_use_dnnl)(d)) {
-    /* oneDNN's bf16 convolution: bf16 input and weights, f32 sums */
+  if (loom_half_on_unit(dt) && LOOM_ISA(loom_kern_conv_use_dnnl)(d)) {
+    /* oneDNN's half convolution: half input and weights, f32 sums */
     const uint16_t *x;
     LOOM_TRY(as_half(&x, (uint16_t *)scratch, inp, in_dtype, dt, in_n));
     loom_status s =
-        loom_kern_conv_dnnl_forward_bf16(out, col, x, weight, bias, d);
+        loom_kern_conv_dnnl_forward_half(dt, out, col, x, weight, bias, d);
     if (s != LOOM_ERR_UNSUPPORTED)
       return s;
   }
@@ -641,15 +641,15 @@ loom_status LOOM_ISA(loom_conv2d_backward_half)(
                                             NULL, d));
   if (!dinp && !dweight)
     return LOOM_OK;
-  if (loom_bf16_on_unit(dt) && LOOM_ISA(loom_kern_conv_use_dnnl)(d)) {
-    /* oneDNN's bf16 convolution on the output gradient rounded to bf16 */
+  if (loom_half_on_unit(dt) && LOOM_ISA(loom_kern_conv_use_dnnl)(d)) {
+    /* oneDNN's half convolution on the output gradient rounded to dt */
     uint16_t *g16 = (uint16_t *)(void *)(a + in_n); /* (N,OC,OH,OW) */
     const uint16_t *x = NULL;
     LOOM_TRY(LOOM_ISA(loom_cvt_f32_to_half)(dt, g16, dout, out_n));
     if (dweight)
       LOOM_TRY(as_half(&x, (uint16_t *)(void *)a, inp, in_dtype, dt, in_n));
-    loom_status s = loom_kern_conv_dnnl_backward_bf16(dinp, dweight, col, g16,
-                                                      x, weight, d);
+    loom_status s = loom_kern_conv_dnnl_backward_half(dt, dinp, dweight, col,
+                                                      g16, x, weight, d);
     if (s != LOOM_ERR_UNSUPPORTED)
       return s;
   }

@@ -334,37 +334,39 @@ loom_status loom_kern_gemm_tiled(int M, int N, int K, float beta, float *C,
                                  int ldc, loom_kern_tile_fn fn, void *ctx,
                                  int *rc);
 
-/* bf16 GEMM through oneDNN's matmul (matmul_dnnl.c): C(f32) = alpha op(A)
- * op(B) + beta C, A and B bf16; thread-count invariant under
+/* Half GEMM through oneDNN's matmul (matmul_dnnl.c): C(f32) = alpha op(A)
+ * op(B) + beta C, A and B of half type dt (bf16, or f16 where the oneDNN
+ * built in has f16 kernels for the CPU); thread-count invariant under
  * loom_gemm_get_deterministic. LOOM_ERR_UNSUPPORTED (C untouched) when
  * oneDNN has no fast kernel for a shape. probe: whether it has one at all
- * (a bf16 unit: AVX512-BF16 or AMX); impl: the implementation oneDNN
- * chose ("brg:avx512_core_bf16"), "" before the first. */
-loom_status loom_kern_bf16_matmul(bool ta, bool tb, int M, int N, int K,
-                                  float alpha, const uint16_t *A, int lda,
-                                  const uint16_t *B, int ldb, float beta,
-                                  float *C, int ldc);
+ * for dt (a bf16 unit: AVX512-BF16 or AMX; f16: AVX512-FP16 with oneDNN
+ * 3.x); impl: the implementation oneDNN chose first
+ * ("brg:avx512_core_bf16"), "" before the first. */
+loom_status loom_kern_half_matmul(loom_dtype dt, bool ta, bool tb, int M, int N,
+                                  int K, float alpha, const uint16_t *A,
+                                  int lda, const uint16_t *B, int ldb,
+                                  float beta, float *C, int ldc);
 /* The same with a bias row: C = op(A) op(B) + bias (bias (N) f32, added
  * to each row by oneDNN as it stores C: C is not read). UNSUPPORTED (C
  * untouched) where the thread-count invariant grid would cut K. */
-loom_status loom_kern_bf16_matmul_bias(bool ta, bool tb, int M, int N, int K,
-                                       const uint16_t *A, int lda,
+loom_status loom_kern_half_matmul_bias(loom_dtype dt, bool ta, bool tb, int M,
+                                       int N, int K, const uint16_t *A, int lda,
                                        const uint16_t *B, int ldb,
                                        const float *bias, float *C, int ldc);
-bool loom_kern_bf16_matmul_probe(void);
+bool loom_kern_half_matmul_probe(loom_dtype dt);
 /* One such GEMM on the calling thread alone, for a kernel's own parallel
  * loop (attention): its primitive is built for one thread, so the bits
  * depend on the shape alone. 0 on success, -1 when oneDNN has no fast
  * kernel for the shape (C untouched); _ok says which beforehand (call it
  * outside the parallel loop: it builds the primitive). */
-bool loom_kern_bf16_matmul_serial_ok(bool ta, bool tb, int M, int N, int K,
-                                     float alpha, int lda, int ldb, float beta,
-                                     int ldc);
-int loom_kern_bf16_matmul_serial(bool ta, bool tb, int M, int N, int K,
-                                 float alpha, const uint16_t *A, int lda,
+bool loom_kern_half_matmul_serial_ok(loom_dtype dt, bool ta, bool tb, int M,
+                                     int N, int K, float alpha, int lda,
+                                     int ldb, float beta, int ldc);
+int loom_kern_half_matmul_serial(loom_dtype dt, bool ta, bool tb, int M, int N,
+                                 int K, float alpha, const uint16_t *A, int lda,
                                  const uint16_t *B, int ldb, float beta,
                                  float *C, int ldc);
-const char *loom_kern_bf16_matmul_impl(void);
+const char *loom_kern_half_matmul_impl(void);
 
 /* oneDNN convolution primitives (conv_dnnl.c): the scratch floats they need
  * for these dims (0 when oneDNN is not built in or cannot do the shape), and
@@ -379,14 +381,16 @@ loom_status loom_kern_conv_dnnl_backward(float *dinp, float *dweight,
                                          float *col, const float *dout,
                                          const float *inp, const float *weight,
                                          const loom_conv2d_dims *d);
-/* The same with bf16 input, weights and output gradient (results f32). */
-loom_status loom_kern_conv_dnnl_forward_bf16(float *out, float *col,
-                                             const uint16_t *inp,
+/* The same with input, weights and output gradient of half type dt
+ * (results f32). */
+loom_status loom_kern_conv_dnnl_forward_half(loom_dtype dt, float *out,
+                                             float *col, const uint16_t *inp,
                                              const uint16_t *weight,
                                              const float *bias,
                                              const loom_conv2d_dims *d);
-loom_status loom_kern_conv_dnnl_backward_bf16(float *dinp, float *dweight,
-                                              float *col, const uint16_t *dout,
+loom_status loom_kern_conv_dnnl_backward_half(loom_dtype dt, float *dinp,
+                                              float *dweight, float *col,
+                                              const uint16_t *dout,
                                               const uint16_t *inp,
                                               const uint16_t *weight,
                                               const loom_conv2d_dims *d);

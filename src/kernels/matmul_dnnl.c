@@ -10,8 +10,8 @@
 #include "internal.h"
 
 #ifdef LOOM_HAVE_DNNL
+#include "dnnl_compat.h"
 #include <omp.h>
-#include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -21,8 +21,9 @@ typedef struct mm_key {
   int M, N, K, lda, ldb, ldc;
   bool ta, tb;
   float alpha, beta;
-  bool serial; /* built for one thread (loom_kern_bf16_matmul_serial) */
-  bool bias;   /* adds a bias row (1, N) of f32 (loom_kern_bf16_matmul_bias) */
+  bool serial; /* built for one thread (loom_kern_half_matmul_serial) */
+  bool bias;   /* adds a bias row (1, N) of f32 (loom_kern_half_matmul_bias) */
+  dnnl_data_type_t dt; /* of A and B: dnnl_bf16 or dnnl_f16 */
 } mm_key;
 
 typedef struct mm_entry {
@@ -57,7 +58,12 @@ static bool same(const mm_key *x, const mm_key *y) {
   return x->M == y->M && x->N == y->N && x->K == y->K && x->lda == y->lda &&
          x->ldb == y->ldb && x->ldc == y->ldc && x->ta == y->ta &&
          x->tb == y->tb && x->alpha == y->alpha && x->beta == y->beta &&
-         x->serial == y->serial && x->bias == y->bias;
+         x->serial == y->serial && x->bias == y->bias && x->dt == y->dt;
+}
+
+/* oneDNN's type for half type dt (bf16 or f16) */
+static dnnl_data_type_t ddt(loom_dtype dt) {
+  return dt == LOOM_F16 ? dnnl_f16 : dnnl_bf16;
 }
 
 /* A matrix of rows x cols, row-major with stride ld, or its transpose. */
@@ -65,8 +71,16 @@ static bool md_of(dnnl_memory_desc_t *md, int rows, int cols, int ld,
                   bool trans, dnnl_data_type_t dt) {
   dnnl_dims_t dims = {rows, cols};
   dnnl_dims_t strides = {trans ? 1 : ld, trans ? ld : 1};
-  return dnnl_memory_desc_init_by_strides(md, 2, dims, dt, strides) ==
-         dnnl_success;
+  return md_strides(md, 2, dims, dt, strides);
+}
+
+/* e's descriptors given back (3.x: handles; a failed build) */
+static void mds_free(mm_entry *e) {
+  md_free(&e->a);
+  md_free(&e->b);
+  md_free(&e->c);
+  md_free(&e->bias);
+  md_free(&e->pad);
 }
 
 /* Builds the primitive for k; false when oneDNN offers only its reference
@@ -77,59 +91,59 @@ static bool build(mm_entry *e) {
   pthread_once(&g_engine_once, engine_init);
   if (!g_engine)
     return false;
-  if (!md_of(&e->a, k->M, k->K, k->lda, k->ta, dnnl_bf16) ||
-      !md_of(&e->b, k->K, k->N, k->ldb, k->tb, dnnl_bf16) ||
+  if (!md_of(&e->a, k->M, k->K, k->lda, k->ta, k->dt) ||
+      !md_of(&e->b, k->K, k->N, k->ldb, k->tb, k->dt) ||
       !md_of(&e->c, k->M, k->N, k->ldc, false, dnnl_f32) ||
-      (k->bias && !md_of(&e->bias, 1, k->N, k->N, false, dnnl_f32)))
+      (k->bias && !md_of(&e->bias, 1, k->N, k->N, false, dnnl_f32))) {
+    mds_free(e);
     return false;
-  dnnl_matmul_desc_t d;
-  if (dnnl_matmul_desc_init(&d, &e->a, &e->b, k->bias ? &e->bias : NULL,
-                            &e->c) != dnnl_success)
-    return false;
+  }
   dnnl_primitive_attr_t attr = NULL;
   dnnl_post_ops_t po = NULL;
-  bool ok = dnnl_primitive_attr_create(&attr) == dnnl_success;
+  bool ok = dnnl_primitive_attr_create(&attr) == dnnl_success &&
+            dnnl_post_ops_create(&po) == dnnl_success;
   if (ok)
     dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
   if (ok && k->alpha != 1.0f)
-    ok = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &k->alpha) ==
-         dnnl_success;
-  if (ok && k->beta != 0.0f) {
-    ok = dnnl_post_ops_create(&po) == dnnl_success &&
-         dnnl_post_ops_append_sum(po, k->beta) == dnnl_success &&
-         dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success;
-  }
+    ok = attr_alpha(attr, po, k->alpha);
+  if (ok && k->beta != 0.0f)
+    ok = po_sum(po, k->beta);
+  if (ok && dnnl_post_ops_len(po) > 0)
+    ok = dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success;
   dnnl_primitive_desc_t pd = NULL;
   if (ok)
-    ok = dnnl_primitive_desc_create(&pd, &d, attr, g_engine, NULL) ==
-         dnnl_success;
+    ok =
+        pd_matmul(&pd, g_engine, MD(e->a), MD(e->b),
+                  k->bias ? MD(e->bias) : NULL, MD(e->c), attr) == dnnl_success;
   if (po)
     dnnl_post_ops_destroy(po);
   if (attr)
     dnnl_primitive_attr_destroy(attr);
-  if (!ok)
+  if (!ok) {
+    mds_free(e);
     return false;
+  }
   const char *impl = NULL;
   if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) !=
           dnnl_success ||
       !impl || strncmp(impl, "ref", 3) == 0) {
     dnnl_primitive_desc_destroy(pd);
+    mds_free(e);
     return false;
   }
   if (!g_impl[0])
     snprintf(g_impl, sizeof g_impl, "%s", impl);
   e->brgemm = strncmp(impl, "brg", 3) == 0;
-  const dnnl_memory_desc_t *pad =
+  loom_md_ref pad =
       dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
-  e->pad_bytes = 0;
-  if (pad) {
-    e->pad = *pad;
-    e->pad_bytes = dnnl_memory_desc_get_size(pad);
-  }
-  ok = dnnl_primitive_create(&e->prim, pd) == dnnl_success;
+  e->pad_bytes = pad ? dnnl_memory_desc_get_size(pad) : 0;
+  ok = (e->pad_bytes == 0 || md_copy(&e->pad, pad)) &&
+       dnnl_primitive_create(&e->prim, pd) == dnnl_success;
   dnnl_primitive_desc_destroy(pd);
-  if (!ok)
+  if (!ok) {
     e->prim = NULL;
+    mds_free(e);
+  }
   return ok;
 }
 
@@ -252,9 +266,9 @@ static t_mem *mems_of(t_cache *c, const mm_entry *e) {
         dnnl_memory_destroy(x->m[i]);
   }
   memset(x, 0, sizeof *x);
-  const dnnl_memory_desc_t *md[5] = {&e->a, &e->b, &e->c,
-                                     e->pad_bytes ? &e->pad : NULL,
-                                     e->key.bias ? &e->bias : NULL};
+  const loom_md_ref md[5] = {MD(e->a), MD(e->b), MD(e->c),
+                             e->pad_bytes ? MD(e->pad) : NULL,
+                             e->key.bias ? MD(e->bias) : NULL};
   for (int i = 0; i < 5; i++)
     if (md[i] && dnnl_memory_create(&x->m[i], md[i], g_engine,
                                     DNNL_MEMORY_NONE) != dnnl_success) {
@@ -385,41 +399,50 @@ static const mm_entry *find(const mm_key *k) {
   return e;
 }
 
-bool loom_kern_bf16_matmul_probe(void) {
-  mm_key k = {64, 64, 64, 64, 64, 64, false, false, 1.0f, 0.0f, false, false};
+bool loom_kern_half_matmul_probe(loom_dtype dt) {
+  mm_key k = {64,    64,   64,   64,    64,    64,     false,
+              false, 1.0f, 0.0f, false, false, ddt(dt)};
   const mm_entry *e = lookup(&k);
   return e && e->prim;
 }
 
-const char *loom_kern_bf16_matmul_impl(void) { return g_impl; }
+const char *loom_kern_half_matmul_impl(void) { return g_impl; }
+
+int loom_dnnl_version(void) {
+  const dnnl_version_t *v = dnnl_version();
+  return v ? v->major * 100 + v->minor : 0;
+}
 
 /* Runs op on one thread: a tile; 0 on success, -1 when oneDNN has no fast
  * kernel for the shape (the caller converts instead). */
-static int tile(bool ta, bool tb, int M, int N, int K, float alpha,
-                const uint16_t *A, int lda, const uint16_t *B, int ldb,
-                float beta, float *C, int ldc, const float *bias) {
-  mm_key k = {M, N, K, lda, ldb, ldc, ta, tb, alpha, beta, false, bias != NULL};
+static int tile(loom_dtype dt, bool ta, bool tb, int M, int N, int K,
+                float alpha, const uint16_t *A, int lda, const uint16_t *B,
+                int ldb, float beta, float *C, int ldc, const float *bias) {
+  mm_key k = {M,  N,     K,    lda,   ldb,          ldc,    ta,
+              tb, alpha, beta, false, bias != NULL, ddt(dt)};
   const mm_entry *e = find(&k);
   if (!e || !e->prim)
     return -1;
   return run(e, A, B, C, bias);
 }
 
-bool loom_kern_bf16_matmul_serial_ok(bool ta, bool tb, int M, int N, int K,
-                                     float alpha, int lda, int ldb, float beta,
-                                     int ldc) {
-  mm_key k = {M, N, K, lda, ldb, ldc, ta, tb, alpha, beta, true, false};
+bool loom_kern_half_matmul_serial_ok(loom_dtype dt, bool ta, bool tb, int M,
+                                     int N, int K, float alpha, int lda,
+                                     int ldb, float beta, int ldc) {
+  mm_key k = {M,  N,     K,    lda,  ldb,   ldc,    ta,
+              tb, alpha, beta, true, false, ddt(dt)};
   const mm_entry *e = lookup(&k);
   return e && e->prim;
 }
 
-int loom_kern_bf16_matmul_serial(bool ta, bool tb, int M, int N, int K,
-                                 float alpha, const uint16_t *A, int lda,
+int loom_kern_half_matmul_serial(loom_dtype dt, bool ta, bool tb, int M, int N,
+                                 int K, float alpha, const uint16_t *A, int lda,
                                  const uint16_t *B, int ldb, float beta,
                                  float *C, int ldc) {
   if (M <= 0 || N <= 0)
     return 0;
-  mm_key k = {M, N, K, lda, ldb, ldc, ta, tb, alpha, beta, true, false};
+  mm_key k = {M,  N,     K,    lda,  ldb,   ldc,    ta,
+              tb, alpha, beta, true, false, ddt(dt)};
   const mm_entry *e = find(&k);
   if (!e || !e->prim)
     return -1;
@@ -427,6 +450,7 @@ int loom_kern_bf16_matmul_serial(bool ta, bool tb, int M, int N, int K,
 }
 
 typedef struct mm_ctx {
+  loom_dtype dt;
   bool ta, tb;
   float alpha;
   const uint16_t *A, *B;
@@ -441,20 +465,21 @@ static int tile_bf16(void *ctx, int i0, int j0, int k0, int mm, int nn, int kk,
                             : x->A + (int64_t)i0 * x->lda + k0;
   const uint16_t *b = x->tb ? x->B + (int64_t)j0 * x->ldb + k0
                             : x->B + (int64_t)k0 * x->ldb + j0;
-  return tile(x->ta, x->tb, mm, nn, kk, x->alpha, a, x->lda, b, x->ldb, beta, c,
-              ldc, x->bias ? x->bias + j0 : NULL);
+  return tile(x->dt, x->ta, x->tb, mm, nn, kk, x->alpha, a, x->lda, b, x->ldb,
+              beta, c, ldc, x->bias ? x->bias + j0 : NULL);
 }
 
 /* C = alpha op(A) op(B) + beta C (+ the bias row, when given: then alpha
  * 1, beta 0 and no K partials, else LOOM_ERR_UNSUPPORTED). */
-static loom_status matmul(bool ta, bool tb, int M, int N, int K, float alpha,
-                          const uint16_t *A, int lda, const uint16_t *B,
-                          int ldb, float beta, float *C, int ldc,
-                          const float *bias) {
+static loom_status matmul(loom_dtype dt, bool ta, bool tb, int M, int N, int K,
+                          float alpha, const uint16_t *A, int lda,
+                          const uint16_t *B, int ldb, float beta, float *C,
+                          int ldc, const float *bias) {
   if (!loom_gemm_get_deterministic()) {
     int save = omp_get_max_threads();
     omp_set_num_threads(loom_threads());
-    int rc = tile(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
+    int rc =
+        tile(dt, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
     omp_set_num_threads(save);
     return rc == 0 ? LOOM_OK : LOOM_ERR_UNSUPPORTED;
   }
@@ -479,70 +504,77 @@ static loom_status matmul(bool ta, bool tb, int M, int N, int K, float alpha,
                 alpha,
                 part ? 0.0f : beta,
                 false,
-                bias != NULL};
+                bias != NULL,
+                ddt(dt)};
     const mm_entry *e = lookup(&k);
     if (!e || !e->prim)
       return LOOM_ERR_UNSUPPORTED;
   }
-  mm_ctx x = {ta, tb, alpha, A, B, lda, ldb, bias};
+  mm_ctx x = {dt, ta, tb, alpha, A, B, lda, ldb, bias};
   int rc;
   LOOM_TRY(loom_kern_gemm_tiled(M, N, K, beta, C, ldc, tile_bf16, &x, &rc));
   return rc == 0 ? LOOM_OK
                  : loom_error(LOOM_ERR_INTERNAL,
-                              "bf16 gemm %dx%dx%d: oneDNN matmul failed (%d)",
-                              M, N, K, rc);
+                              "%s gemm %dx%dx%d: oneDNN matmul failed (%d)",
+                              loom_dtype_name(dt), M, N, K, rc);
 }
 
-loom_status loom_kern_bf16_matmul(bool ta, bool tb, int M, int N, int K,
-                                  float alpha, const uint16_t *A, int lda,
-                                  const uint16_t *B, int ldb, float beta,
-                                  float *C, int ldc) {
-  return matmul(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL);
+loom_status loom_kern_half_matmul(loom_dtype dt, bool ta, bool tb, int M, int N,
+                                  int K, float alpha, const uint16_t *A,
+                                  int lda, const uint16_t *B, int ldb,
+                                  float beta, float *C, int ldc) {
+  return matmul(dt, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL);
 }
 
-loom_status loom_kern_bf16_matmul_bias(bool ta, bool tb, int M, int N, int K,
-                                       const uint16_t *A, int lda,
+loom_status loom_kern_half_matmul_bias(loom_dtype dt, bool ta, bool tb, int M,
+                                       int N, int K, const uint16_t *A, int lda,
                                        const uint16_t *B, int ldb,
                                        const float *bias, float *C, int ldc) {
   if (!bias)
     return LOOM_ERR_UNSUPPORTED;
-  return matmul(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc, bias);
+  return matmul(dt, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc, bias);
 }
 
 #else /* no oneDNN */
 
-bool loom_kern_bf16_matmul_serial_ok(bool ta, bool tb, int M, int N, int K,
-                                     float alpha, int lda, int ldb, float beta,
-                                     int ldc) {
-  (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)lda;
+bool loom_kern_half_matmul_serial_ok(loom_dtype dt, bool ta, bool tb, int M,
+                                     int N, int K, float alpha, int lda,
+                                     int ldb, float beta, int ldc) {
+  (void)dt, (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha,
+      (void)lda;
   (void)ldb, (void)beta, (void)ldc;
   return false;
 }
 
-int loom_kern_bf16_matmul_serial(bool ta, bool tb, int M, int N, int K,
-                                 float alpha, const uint16_t *A, int lda,
+int loom_kern_half_matmul_serial(loom_dtype dt, bool ta, bool tb, int M, int N,
+                                 int K, float alpha, const uint16_t *A, int lda,
                                  const uint16_t *B, int ldb, float beta,
                                  float *C, int ldc) {
-  (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A;
+  (void)dt, (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A;
   (void)lda, (void)B, (void)ldb, (void)beta, (void)C, (void)ldc;
   return -1;
 }
 
-bool loom_kern_bf16_matmul_probe(void) { return false; }
-loom_status loom_kern_bf16_matmul_bias(bool ta, bool tb, int M, int N, int K,
-                                       const uint16_t *A, int lda,
+bool loom_kern_half_matmul_probe(loom_dtype dt) {
+  (void)dt;
+  return false;
+}
+loom_status loom_kern_half_matmul_bias(loom_dtype dt, bool ta, bool tb, int M,
+                                       int N, int K, const uint16_t *A, int lda,
                                        const uint16_t *B, int ldb,
                                        const float *bias, float *C, int ldc) {
-  (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B;
+  (void)dt, (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)A, (void)lda,
+      (void)B;
   (void)ldb, (void)bias, (void)C, (void)ldc;
   return LOOM_ERR_UNSUPPORTED;
 }
-const char *loom_kern_bf16_matmul_impl(void) { return ""; }
-loom_status loom_kern_bf16_matmul(bool ta, bool tb, int M, int N, int K,
-                                  float alpha, const uint16_t *A, int lda,
-                                  const uint16_t *B, int ldb, float beta,
-                                  float *C, int ldc) {
-  (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A;
+const char *loom_kern_half_matmul_impl(void) { return ""; }
+int loom_dnnl_version(void) { return 0; }
+loom_status loom_kern_half_matmul(loom_dtype dt, bool ta, bool tb, int M, int N,
+                                  int K, float alpha, const uint16_t *A,
+                                  int lda, const uint16_t *B, int ldb,
+                                  float beta, float *C, int ldc) {
+  (void)dt, (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A;
   (void)lda, (void)B, (void)ldb, (void)beta, (void)C, (void)ldc;
   return LOOM_ERR_UNSUPPORTED;
 }

@@ -53,11 +53,11 @@ static loom_status attention_plan(loom_module *m, loom_nn_plan *p,
       p, a->half != LOOM_F32
              ? loom_attention_half_scratch_floats(a->B, a->T, a->CL, a->NH)
              : BHTT);
-  /* On the bf16 unit the half qkv the forward's matmuls read is kept for
+  /* On the half unit the half qkv the forward's matmuls read is kept for
    * backward (which then rounds nothing again and never reads the f32
    * qkv), so the qkv projection's f32 output lives in scratch for the
    * forward call only: 2 bytes an element of qkv kept instead of 4. */
-  const bool keep_half = loom_bf16_on_unit(a->half);
+  const bool keep_half = loom_half_on_unit(a->half);
   loom_linear_set_out_scratch(a->qkv, keep_half);
   loom_shape s;
   size_t kid = loom_nn_plan_scratch_mark(p);

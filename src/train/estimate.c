@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "loom/data.h"
+#include "loom/kernels.h"
 #include "loom/nn.h"
 #include "loom/optim.h"
 #include "loom/parallel.h"
@@ -120,7 +121,8 @@ static loom_status total(loom_train_estimate *out) {
 }
 
 static double process_bytes(int ranks) {
-  return (LOOM_ESTIMATE_PROCESS_MB + (ranks > 1 ? LOOM_ESTIMATE_MPI_MB : 0)) *
+  return (LOOM_ESTIMATE_PROCESS_MB + (ranks > 1 ? LOOM_ESTIMATE_MPI_MB : 0) +
+          (loom_dnnl_version() >= 300 ? LOOM_ESTIMATE_DNNL3_MB : 0)) *
          1024.0 * 1024.0;
 }
 

@@ -81,10 +81,11 @@ static loom_status env_json(const loom_trainer *t, char **out) {
   gmtime_r(&now, &tm);
   strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
   const loom_cpu_features *f = loom_cpu_get_features();
-  char flags[128];
-  snprintf(flags, sizeof flags, "%s%s%s%s%s%s", f->avx2 ? "avx2 " : "",
+  char flags[160];
+  snprintf(flags, sizeof flags, "%s%s%s%s%s%s%s", f->avx2 ? "avx2 " : "",
            f->fma ? "fma " : "", f->avx512f ? "avx512f " : "",
-           f->avx512_bf16 ? "avx512_bf16 " : "", f->amx_tile ? "amx_tile " : "",
+           f->avx512_bf16 ? "avx512_bf16 " : "",
+           f->avx512_fp16 ? "avx512_fp16 " : "", f->amx_tile ? "amx_tile " : "",
            f->amx_bf16 ? "amx_bf16 " : "");
   size_t fl = strlen(flags);
   if (fl && flags[fl - 1] == ' ')

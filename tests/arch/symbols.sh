@@ -9,9 +9,11 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 # C identifiers only: names the compiler makes for itself (clang's OpenMP
-# ".gomp_critical_user_.reduction.var") are not loom's API.
+# ".gomp_critical_user_.reduction.var") are not loom's API, nor the
+# linker's segment bounds (_edata, _end, __bss_start: ld exports them when
+# a library linked in exports its own, as PyPI's oneDNN 3.2 does).
 nm -D --defined-only "$lib" | awk '$2 ~ /^[TDBRVW]$/ && $3 ~ /^[A-Za-z_][A-Za-z0-9_]*$/ {print $3}' |
-  sort -u >"$tmp/exported"
+  grep -v -x -E '_edata|_end|__bss_start' | sort -u >"$tmp/exported"
 # Declarations in the headers, comments removed; static inline functions
 # are the header's own and not exported.
 cat "$src"/include/loom/*.h | gcc -fpreprocessed -dD -E -P - 2>/dev/null | tr '\n' ' ' >"$tmp/text"

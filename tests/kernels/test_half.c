@@ -263,7 +263,7 @@ static void gemm_half_shapes(loom_dtype dt) {
        * bf16 unit sums in its own order: the bound below only) */
       TT_CHECK_OK(
           loom_gemm(ta, tb, M, N, K, alpha, Af, lda, Bf, ldb, beta, Cf, ldc));
-      if (dt != LOOM_BF16 || loom_bf16_get_path() == LOOM_BF16_PATH_CONVERT)
+      if (!loom_half_on_unit(dt))
         KT_CHECK_SAME_BITS(C, Cf, (size_t)nc);
       /* and the double reference of the same values, within f32 sums */
       loom_gemm_ref(ta, tb, M, N, K, alpha, Af, lda, Bf, ldb, beta, R, ldc);
@@ -588,7 +588,7 @@ static void half_thread_invariance(loom_dtype dt) {
  * the terms summed (C KH KW forward, OC KH KW input gradient, N OH OW
  * weight gradient), the +2 for the bias or the gradient added to. And the
  * same bits at 1, 2 and 3 threads. */
-static void conv_unit_one(const loom_conv2d_dims d) {
+static void conv_unit_one(loom_dtype dt, const loom_conv2d_dims d) {
   const int OH = loom_conv2d_out_h(&d), OW = loom_conv2d_out_w(&d);
   const size_t nx = (size_t)d.N * d.C * d.H * d.W;
   const size_t nw = (size_t)d.OC * d.C * d.KH * d.KW;
@@ -605,9 +605,9 @@ static void conv_unit_one(const loom_conv2d_dims d) {
   float *y[3], *dx[3], *dw[3];
   TT_REQUIRE(xh && wh && xr && wr && b && g && gr && col && S && ry && my &&
              rx && mx && rw && mw);
-  rand_half(LOOM_BF16, xh, xr, (int64_t)nx, 35);
-  rand_half(LOOM_BF16, wh, wr, (int64_t)nw, 36);
-  TT_CHECK_OK(loom_round_half(LOOM_BF16, gr, g, (int64_t)ny));
+  rand_half(dt, xh, xr, (int64_t)nx, 35);
+  rand_half(dt, wh, wr, (int64_t)nw, 36);
+  TT_CHECK_OK(loom_round_half(dt, gr, g, (int64_t)ny));
   /* the reference: dx and dw start at 0.5, y at the bias */
   for (size_t i = 0; i < nx; i++)
     rx[i] = mx[i] = 0.5;
@@ -652,10 +652,9 @@ static void conv_unit_one(const loom_conv2d_dims d) {
     for (size_t i = 0; i < nw; i++)
       dw[t][i] = 0.5f;
     loom_set_threads(t + 1);
-    TT_CHECK_OK(loom_conv2d_forward_half(y[t], col, xh, LOOM_BF16, LOOM_BF16,
-                                         wh, b, &d, S));
-    TT_CHECK_OK(loom_conv2d_backward_half(dx[t], dw[t], NULL, col, g, xh,
-                                          LOOM_BF16, LOOM_BF16, wh, &d, S));
+    TT_CHECK_OK(loom_conv2d_forward_half(y[t], col, xh, dt, dt, wh, b, &d, S));
+    TT_CHECK_OK(loom_conv2d_backward_half(dx[t], dw[t], NULL, col, g, xh, dt,
+                                          dt, wh, &d, S));
   }
   loom_set_threads(0);
   int bad = 0;
@@ -687,7 +686,7 @@ static void conv_unit_one(const loom_conv2d_dims d) {
     free(dall[i]);
 }
 
-static void conv_unit_shapes(void) {
+static void conv_unit_shapes(loom_dtype dt) {
   static const int shapes[][9] = {
       /* N C H W OC KH KW stride pad */
       {5, 6, 12, 11, 8, 3, 3, 1, 1},
@@ -698,8 +697,8 @@ static void conv_unit_shapes(void) {
   };
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     const int *s = shapes[i];
-    conv_unit_one((loom_conv2d_dims){s[0], s[1], s[2], s[3], s[4], s[5], s[6],
-                                     s[7], s[8]});
+    conv_unit_one(dt, (loom_conv2d_dims){s[0], s[1], s[2], s[3], s[4], s[5],
+                                         s[6], s[7], s[8]});
   }
 }
 
@@ -882,13 +881,40 @@ TT_TEST(bf16_unit) {
   TT_CHECK(strstr(loom_half_path_describe(LOOM_BF16), "oneDNN matmul") != NULL);
   gemm_half_shapes(LOOM_BF16);
   half_thread_invariance(LOOM_BF16);
-  conv_unit_shapes();
+  conv_unit_shapes(LOOM_BF16);
   att_half_shapes(LOOM_BF16);
   linear_gelu(LOOM_BF16);
   TT_CHECK_OK(loom_bf16_set_path(LOOM_BF16_PATH_CONVERT));
   /* the conversion path meets the same bound (and is bitwise the f32
    * convolution of the rounded values: half_layers) */
-  conv_unit_shapes();
+  conv_unit_shapes(LOOM_BF16);
+}
+
+/* The f16 unit (oneDNN 3.x's f16 matmul and convolution on AVX512-FP16),
+ * where this CPU and build have it: the same checks as bf16's. Elsewhere
+ * the path is refused with a message naming what is missing, and f16
+ * keeps converting. */
+TT_TEST(f16_unit) {
+  const loom_status st = loom_f16_set_path(LOOM_F16_PATH_AVX512_FP16);
+  if (st != LOOM_OK) {
+    TT_CHECK_EQ(st, LOOM_ERR_UNSUPPORTED);
+    TT_CHECK(strstr(loom_last_error(), "AVX512-FP16") != NULL);
+    TT_CHECK_EQ(loom_f16_get_path(), LOOM_F16_PATH_CONVERT);
+    TT_CHECK(!loom_half_on_unit(LOOM_F16));
+    printf("  (no f16 unit here: skipped; %s)\n", loom_last_error());
+    loom_clear_error();
+    return;
+  }
+  printf("  f16 unit: %s\n", loom_half_path_describe(LOOM_F16));
+  TT_CHECK(loom_half_on_unit(LOOM_F16));
+  TT_CHECK(strstr(loom_half_path_describe(LOOM_F16), "AVX512-FP16") != NULL);
+  gemm_half_shapes(LOOM_F16);
+  half_thread_invariance(LOOM_F16);
+  conv_unit_shapes(LOOM_F16);
+  att_half_shapes(LOOM_F16);
+  linear_gelu(LOOM_F16);
+  TT_CHECK_OK(loom_f16_set_path(LOOM_F16_PATH_CONVERT));
+  conv_unit_shapes(LOOM_F16);
 }
 
 /* The kernels that write a half output as they compute (GELU, layer norm):
@@ -934,6 +960,11 @@ TT_TEST(fused_half_outputs) {
 TT_TEST(half_path_named) {
   TT_CHECK_EQ(loom_bf16_get_path(), LOOM_BF16_PATH_CONVERT);
   TT_CHECK_STR(loom_bf16_path_name(LOOM_BF16_PATH_AMX), "amx");
+  TT_CHECK_EQ(loom_f16_get_path(), LOOM_F16_PATH_CONVERT);
+  TT_CHECK_STR(loom_f16_path_name(LOOM_F16_PATH_AVX512_FP16), "avx512_fp16");
+  TT_CHECK_STR(loom_f16_path_name((loom_f16_path)7), "unknown");
+  TT_CHECK_EQ(loom_f16_set_path((loom_f16_path)-1), LOOM_ERR_INVALID_ARG);
+  loom_clear_error();
   TT_CHECK(strstr(loom_half_path_describe(LOOM_BF16), "bf16 storage") != NULL);
   /* the avx2 and avx512 copies convert f16 with F16C, and say so */
   const char *f16 = loom_half_path_describe(LOOM_F16);
@@ -946,6 +977,7 @@ int main(void) {
   /* the conversion path first (bitwise against the f32 kernels), then the
    * bf16 unit where there is one */
   TT_CHECK_OK(loom_bf16_set_path(LOOM_BF16_PATH_CONVERT));
+  TT_CHECK_OK(loom_f16_set_path(LOOM_F16_PATH_CONVERT));
   TT_RUN(cvt_matches_scalar);
   TT_RUN(cvt_f16_matches_scalar);
   TT_RUN(cvt_f16_sweep);
@@ -955,5 +987,6 @@ int main(void) {
   TT_RUN(fused_half_outputs);
   TT_RUN(half_path_named);
   TT_RUN(bf16_unit);
+  TT_RUN(f16_unit);
   return tt_finish();
 }
