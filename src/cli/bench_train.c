@@ -210,11 +210,12 @@ static loom_status run_one(const workload *w, loom_dtype precision, int threads,
         "\"%s\",\"model\":\"%s\",\"procs\":1,\"threads\":%d,\"unit\":"
         "\"%s\",\"throughput\":%.1f,\"step_s\":%.6f,\"items_per_cpu_s\":%.1f,"
         "\"step_cpu_s\":%.6f,\"gflops\":%.2f,"
-        "\"gemm\":\"%s\",\"isa\":\"%s\",\"precision\":\"%s\","
-        "\"loadavg_start\":[%.2f,%.2f,%.2f]}\n",
+        "\"gemm\":\"%s\",\"onednn\":\"%d.%d\",\"isa\":\"%s\","
+        "\"precision\":\"%s\",\"loadavg_start\":[%.2f,%.2f,%.2f]}\n",
         loom_version(), w->name, threads, w->unit, tput, med,
         units / cpu[steps / 2], cpu[steps / 2], gflops,
         loom_gemm_backend_name(loom_gemm_get_backend()),
+        loom_dnnl_version() / 100, loom_dnnl_version() % 100,
         loom_isa_name(loom_cpu_isa()), loom_dtype_name(precision), load[0],
         load[1], load[2]);
   else

@@ -81,6 +81,12 @@ static loom_status env_json(const loom_trainer *t, char **out) {
   gmtime_r(&now, &tm);
   strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
   const loom_cpu_features *f = loom_cpu_get_features();
+  char onednn[16]; /* the oneDNN loom runs on ("2.6"; "none") */
+  if (loom_dnnl_version() > 0)
+    snprintf(onednn, sizeof onednn, "%d.%d", loom_dnnl_version() / 100,
+             loom_dnnl_version() % 100);
+  else
+    snprintf(onednn, sizeof onednn, "none");
   char flags[160];
   snprintf(flags, sizeof flags, "%s%s%s%s%s%s%s", f->avx2 ? "avx2 " : "",
            f->fma ? "fma " : "", f->avx512f ? "avx512f " : "",
@@ -104,6 +110,7 @@ static loom_status env_json(const loom_trainer *t, char **out) {
       cJSON_AddStringToObject(o, "kernels", loom_isa_name(loom_cpu_isa())) &&
       cJSON_AddStringToObject(
           o, "gemm", loom_gemm_backend_name(loom_gemm_get_backend())) &&
+      cJSON_AddStringToObject(o, "onednn", onednn) &&
       /* the whole model's (a tensor-parallel rank holds a part) */
       cJSON_AddNumberToObject(
           o, "parameters",
