@@ -29,10 +29,10 @@ bench_cpu_header() {
   local model flags f have=""
   model=$(awk -F': *' '/^model name/ {print $2; exit}' /proc/cpuinfo)
   flags=$(awk -F': *' '/^flags/ {print $2; exit}' /proc/cpuinfo)
-  for f in avx2 fma avx512f avx512_bf16 amx_tile amx_bf16; do
+  for f in avx2 fma avx512f avx512_bf16 avx512_fp16 amx_tile amx_bf16; do
     case " $flags " in *" $f "*) have="$have $f" ;; esac
   done
-  echo "# cpu: ${model:-unknown}, $(nproc) cores; flags:${have:- none of avx2 fma avx512f avx512_bf16 amx}"
+  echo "# cpu: ${model:-unknown}, $(nproc) cores; flags:${have:- none of avx2 fma avx512f avx512_bf16 avx512_fp16 amx}"
 }
 
 # BENCH_ISA=avx2: both sides as on a CPU with AVX2 and FMA only (no AVX-512,
