@@ -90,7 +90,8 @@ mpich: deps
 # f16 kernels for AVX512-FP16, docs/precision.md): the labels whose code
 # calls oneDNN. CI runs it, so neither oneDNN API drifts.
 dnnl3: deps
-	cmake -S . -B $(DNNL3_BUILD) -DCMAKE_BUILD_TYPE=Release -DLOOM_DNNL_ROOT="$$(bash scripts/fetch-onednn3.sh)" $(CMAKE_FLAGS)
+	root=$$(bash scripts/fetch-onednn3.sh) && \
+	  cmake -S . -B $(DNNL3_BUILD) -DCMAKE_BUILD_TYPE=Release -DLOOM_DNNL_ROOT="$$root" $(CMAKE_FLAGS)
 	cmake --build $(DNNL3_BUILD) -j $(JOBS)
 	cd $(DNNL3_BUILD) && ctest --output-on-failure -j $(JOBS) -L 'kernels|precision|nn|train|ddp' $(CTEST_ARGS)
 

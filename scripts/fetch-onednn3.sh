@@ -69,6 +69,10 @@ EOF
 test -f "$work/prefix/lib/libdnnl.so.3" && test -f "$work/prefix/include/oneapi/dnnl/dnnl.h"
 mkdir -p "$prefix"
 for d in lib include; do
-  [ -e "$prefix/$d" ] || mv "$work/prefix/$d" "$prefix/$d"
+  [ -e "$prefix/$d" ] || mv -T "$work/prefix/$d" "$prefix/$d"
 done
+if [ ! -f "$prefix/lib/libdnnl.so.3" ] || [ ! -f "$prefix/include/oneapi/dnnl/dnnl.h" ]; then
+  echo "fetch-onednn3: $prefix holds lib/ or include/ without oneDNN 3.2's files (not ours: move it away)" >&2
+  exit 1
+fi
 echo "$prefix"

@@ -276,9 +276,9 @@ loom_status loom_attention_backward(float *dqkv, float *scratch,
                                     int NH);
 /* The same in a half model, dt bf16 or f16 (docs/precision.md): the
  * matmuls on Q, K, V, P (and dO, dS) rounded to dt with f32 sums, softmax in
- * f32; out and dqkv f32; att(B,NH,T,T) saved in dt. bf16 runs on the CPU's
- * bf16 unit unless loom_bf16_get_path() is convert; otherwise the rounded
- * values go through the f32 GEMM. scratch:
+ * f32; out and dqkv f32; att(B,NH,T,T) saved in dt. The matmuls run on
+ * the CPU's unit where loom_half_on_unit(dt); otherwise the rounded values
+ * go through the f32 GEMM. scratch:
  * loom_attention_half_scratch_floats(B, T, C, NH) floats, for both.
  * Optional (NULL: not): outh(B,T,C) receives out rounded to dt, each block
  * of rows as it is computed (out is still written); qkvh(B,T,3C) receives

@@ -147,11 +147,12 @@ loom_status LOOM_ISA(loom_attention_backward)(float *dqkv, float *scratch,
 /* In a half model (bf16, f16) the attention's matmuls take half operands
  * with f32 sums, as under PyTorch's autocast: Q, K, V and dO rounded to the
  * half type, the probabilities P saved in it (half the activation memory)
- * and dS rounded to it; softmax and its gradient in f32. On the bf16 unit
- * (oneDNN's matmul, one primitive per block shape, built for and run on one
- * thread) the operands are bf16; elsewhere (f16, a CPU without the unit,
- * LOOM_BF16_PATH=convert) they are the rounded values in f32 and the f32
- * GEMMs run: the same products, summed in another order. Each (b, h) task
+ * and dS rounded to it; softmax and its gradient in f32. On the type's
+ * unit (loom_half_on_unit: oneDNN's matmul, one primitive per block shape,
+ * built for and run on one thread) the operands are half values; elsewhere
+ * (a CPU or build without the unit, LOOM_BF16_PATH / LOOM_F16_PATH
+ * convert) they are the rounded values in f32 and the f32 GEMMs run: the
+ * same products, summed in another order. Each (b, h) task
  * runs on one thread over the f32 kernel's row blocks, so the bits do not
  * depend on the thread count. */
 

@@ -84,19 +84,23 @@ pd_conv_bwd_weights(dnnl_primitive_desc_t *pd, dnnl_engine_t eng,
       pad, pad, hint, attr);
 }
 
-/* dst = alpha * (the product) first in the chain of post-ops: 3.x has no
- * output scales for floating-point types, so a linear eltwise. */
-static inline bool attr_alpha(dnnl_primitive_attr_t attr, dnnl_post_ops_t po,
-                              float alpha) {
+/* C = alpha (the product) + beta C. 3.x has no output scales for
+ * floating-point types, and its gemm-based matmul (what strided operands
+ * get) takes a sum post-op only first in the chain; so the sum scaled by
+ * beta / alpha, then a linear eltwise by alpha: alpha (AB + (beta / alpha)
+ * C), which rounds beta / alpha once (a relative 2^-24 on C's term). */
+static inline bool alpha_beta(dnnl_primitive_attr_t attr, dnnl_post_ops_t po,
+                              float alpha, float beta) {
   (void)attr;
-  return dnnl_post_ops_append_eltwise(po, dnnl_eltwise_linear, alpha, 0.0f) ==
-         dnnl_success;
-}
-
-/* dst += beta * (dst before), next in the chain. */
-static inline bool po_sum(dnnl_post_ops_t po, float beta) {
-  return dnnl_post_ops_append_sum(po, beta, 0, dnnl_data_type_undef) ==
-         dnnl_success;
+  if (alpha == 0.0f)
+    return false;
+  if (beta != 0.0f &&
+      dnnl_post_ops_append_sum(po, alpha == 1.0f ? beta : beta / alpha, 0,
+                               dnnl_data_type_undef) != dnnl_success)
+    return false;
+  return alpha == 1.0f ||
+         dnnl_post_ops_append_eltwise(po, dnnl_eltwise_linear, alpha, 0.0f) ==
+             dnnl_success;
 }
 
 #else /* oneDNN 2.x */
@@ -179,16 +183,14 @@ pd_conv_bwd_weights(dnnl_primitive_desc_t *pd, dnnl_engine_t eng,
              : dnnl_primitive_desc_create(pd, &cd, attr, eng, hint);
 }
 
-/* 2.x: output scales (what the library always did). */
-static inline bool attr_alpha(dnnl_primitive_attr_t attr, dnnl_post_ops_t po,
-                              float alpha) {
-  (void)po;
-  return dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha) ==
-         dnnl_success;
-}
-
-static inline bool po_sum(dnnl_post_ops_t po, float beta) {
-  return dnnl_post_ops_append_sum(po, beta) == dnnl_success;
+/* 2.x: output scales, then the sum post-op (what the library always did):
+ * C = alpha AB + beta C. */
+static inline bool alpha_beta(dnnl_primitive_attr_t attr, dnnl_post_ops_t po,
+                              float alpha, float beta) {
+  if (alpha != 1.0f &&
+      dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha) != dnnl_success)
+    return false;
+  return beta == 0.0f || dnnl_post_ops_append_sum(po, beta) == dnnl_success;
 }
 
 #endif

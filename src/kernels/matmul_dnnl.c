@@ -1,6 +1,7 @@
-/* bf16 GEMM through oneDNN's matmul primitive (docs/precision.md): C (f32)
- * = alpha op(A) op(B) + beta C with A and B in bf16, run by oneDNN's
- * AVX512-BF16 or AMX kernels with f32 sums. A primitive fixes the shape,
+/* Half GEMM through oneDNN's matmul primitive (docs/precision.md): C (f32)
+ * = alpha op(A) op(B) + beta C with A and B in bf16 (or f16), run by
+ * oneDNN's AVX512-BF16 or AMX kernels (AVX512-FP16 for f16, oneDNN 3.x)
+ * with f32 sums. A primitive fixes the shape,
  * the strides and the transposes, so one is built per (tile) shape and
  * cached. With thread-count invariance on (loom_gemm_set_deterministic),
  * C is cut by the same grid as the f32 GEMM and every tile runs on one
@@ -35,7 +36,9 @@ typedef struct mm_entry {
   /* When the strided shape gets only oneDNN's older gemm kernel but the
    * same shape packed densely gets the blocked one (oneDNN 2.x's blocked
    * matmul takes a transposed A only with lda = M, and a C only with
-   * ldc = N): the dense shape's entry; the call packs A and B into dense
+   * ldc = N), or gets no fast kernel at all where the dense shape does
+   * (3.x's blocked matmul takes no strided operand, and f16 has no gemm
+   * kernel): the dense shape's entry; the call packs A and B into dense
    * copies and stages C. NULL otherwise. */
   const struct mm_entry *dense;
 } mm_entry;
@@ -104,10 +107,8 @@ static bool build(mm_entry *e) {
             dnnl_post_ops_create(&po) == dnnl_success;
   if (ok)
     dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
-  if (ok && k->alpha != 1.0f)
-    ok = attr_alpha(attr, po, k->alpha);
-  if (ok && k->beta != 0.0f)
-    ok = po_sum(po, k->beta);
+  if (ok)
+    ok = alpha_beta(attr, po, k->alpha, k->beta);
   if (ok && dnnl_post_ops_len(po) > 0)
     ok = dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success;
   dnnl_primitive_desc_t pd = NULL;
@@ -184,7 +185,11 @@ static mm_entry *find_locked(const mm_key *k) {
   (void)build(e);
   if (k->serial)
     omp_set_num_threads(save);
-  if (e->prim && !e->brgemm && !dense_key(k) && pack_on()) {
+  /* A strided shape on the older kernel (pack_on), or with no fast kernel
+   * at all (oneDNN 3.x's blocked kernels refuse strided operands, and f16
+   * has no other): the dense shape's primitive, if it has a fast one. */
+  const bool older = e->prim && !e->brgemm && pack_on();
+  if (!dense_key(k) && (older || !e->prim)) {
     mm_key d = *k;
     d.lda = k->ta ? k->M : k->K;
     d.ldb = k->tb ? k->K : k->N;
@@ -193,11 +198,14 @@ static mm_entry *find_locked(const mm_key *k) {
       d.beta = 0.0f;
     }
     const mm_entry *de = find_locked(&d);
-    if (de && de->prim && de->brgemm)
+    if (de && de->prim && (de->brgemm || !e->prim))
       e->dense = de;
   }
   return e;
 }
+
+/* Whether e runs: its own primitive, or the dense shape's. */
+static bool usable(const mm_entry *e) { return e && (e->prim || e->dense); }
 
 /* The cached entry for k (built on first use; entries are never removed,
  * so a pointer stays valid). NULL when the cache is full. */
@@ -391,7 +399,7 @@ static const mm_entry *find(const mm_key *k) {
     if (same(&c->recent[i]->key, k))
       return c->recent[i];
   const mm_entry *e = lookup(k);
-  if (e && e->prim) {
+  if (usable(e)) {
     memmove(c->recent + 1, c->recent,
             (T_RECENT - 1) * sizeof(const mm_entry *));
     c->recent[0] = e;
@@ -403,7 +411,7 @@ bool loom_kern_half_matmul_probe(loom_dtype dt) {
   mm_key k = {64,    64,   64,   64,    64,    64,     false,
               false, 1.0f, 0.0f, false, false, ddt(dt)};
   const mm_entry *e = lookup(&k);
-  return e && e->prim;
+  return usable(e);
 }
 
 const char *loom_kern_half_matmul_impl(void) { return g_impl; }
@@ -421,7 +429,7 @@ static int tile(loom_dtype dt, bool ta, bool tb, int M, int N, int K,
   mm_key k = {M,  N,     K,    lda,   ldb,          ldc,    ta,
               tb, alpha, beta, false, bias != NULL, ddt(dt)};
   const mm_entry *e = find(&k);
-  if (!e || !e->prim)
+  if (!usable(e))
     return -1;
   return run(e, A, B, C, bias);
 }
@@ -432,7 +440,7 @@ bool loom_kern_half_matmul_serial_ok(loom_dtype dt, bool ta, bool tb, int M,
   mm_key k = {M,  N,     K,    lda,  ldb,   ldc,    ta,
               tb, alpha, beta, true, false, ddt(dt)};
   const mm_entry *e = lookup(&k);
-  return e && e->prim;
+  return usable(e);
 }
 
 int loom_kern_half_matmul_serial(loom_dtype dt, bool ta, bool tb, int M, int N,
@@ -444,7 +452,7 @@ int loom_kern_half_matmul_serial(loom_dtype dt, bool ta, bool tb, int M, int N,
   mm_key k = {M,  N,     K,    lda,  ldb,   ldc,    ta,
               tb, alpha, beta, true, false, ddt(dt)};
   const mm_entry *e = find(&k);
-  if (!e || !e->prim)
+  if (!usable(e))
     return -1;
   return run(e, A, B, C, NULL);
 }
@@ -507,7 +515,7 @@ static loom_status matmul(loom_dtype dt, bool ta, bool tb, int M, int N, int K,
                 bias != NULL,
                 ddt(dt)};
     const mm_entry *e = lookup(&k);
-    if (!e || !e->prim)
+    if (!usable(e))
       return LOOM_ERR_UNSUPPORTED;
   }
   mm_ctx x = {dt, ta, tb, alpha, A, B, lda, ldb, bias};
