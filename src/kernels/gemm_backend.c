@@ -230,6 +230,31 @@ void loom_kern_gemm_fold(const float *part, int gk, int M, int N, float beta,
   }
 }
 
+/* ------------------------------------------------------- half-type paths */
+
+/* Whether the environment variable var (LOOM_BF16_PATH, LOOM_F16_PATH)
+ * forces the conversion: "convert"; "auto" or unset leave the choice to
+ * the CPU; anything else is warned about and treated as auto. */
+static bool env_forces_convert(const char *var) {
+  const char *env = getenv(var);
+  if (env && strcmp(env, "convert") == 0)
+    return true;
+  if (env && *env && strcmp(env, "auto") != 0)
+    LOOM_WARN("%s=%s: expected auto or convert; auto", var, env);
+  return false;
+}
+
+/* *slot's path, chosen by choose() at the first call (-1: not yet). */
+static int path_once(atomic_int *slot, int (*choose)(void)) {
+  int p = atomic_load(slot);
+  if (p < 0) {
+    int expected = -1;
+    atomic_compare_exchange_strong(slot, &expected, choose());
+    p = atomic_load(slot);
+  }
+  return p;
+}
+
 /* ------------------------------------------------------------------ bf16 */
 
 static const char *const bf16_path_names[] = {
@@ -253,12 +278,9 @@ const char *loom_bf16_path_name(loom_bf16_path p) {
  * kernel of its own, not its reference loops), else the conversion. */
 static atomic_int g_bf16_path = -1;
 
-static loom_bf16_path choose_bf16_path(void) {
-  const char *env = getenv("LOOM_BF16_PATH");
-  if (env && strcmp(env, "convert") == 0)
+static int choose_bf16_path(void) {
+  if (env_forces_convert("LOOM_BF16_PATH"))
     return LOOM_BF16_PATH_CONVERT;
-  if (env && *env && strcmp(env, "auto") != 0)
-    LOOM_WARN("LOOM_BF16_PATH=%s: expected auto or convert; auto", env);
   const loom_cpu_features *f = loom_cpu_get_features();
   if (loom_gemm_get_backend() != LOOM_GEMM_DNNL ||
       !(f->avx512_bf16 || f->amx_bf16) ||
@@ -268,14 +290,7 @@ static loom_bf16_path choose_bf16_path(void) {
 }
 
 loom_bf16_path loom_bf16_get_path(void) {
-  int p = atomic_load(&g_bf16_path);
-  if (p < 0) {
-    int expected = -1;
-    atomic_compare_exchange_strong(&g_bf16_path, &expected,
-                                   (int)choose_bf16_path());
-    p = atomic_load(&g_bf16_path);
-  }
-  return (loom_bf16_path)p;
+  return (loom_bf16_path)path_once(&g_bf16_path, choose_bf16_path);
 }
 
 bool loom_half_on_unit(loom_dtype dt) {
@@ -331,24 +346,14 @@ static bool f16_unit_here(void) {
          loom_kern_half_matmul_probe(LOOM_F16);
 }
 
-static loom_f16_path choose_f16_path(void) {
-  const char *env = getenv("LOOM_F16_PATH");
-  if (env && strcmp(env, "convert") == 0)
+static int choose_f16_path(void) {
+  if (env_forces_convert("LOOM_F16_PATH"))
     return LOOM_F16_PATH_CONVERT;
-  if (env && *env && strcmp(env, "auto") != 0)
-    LOOM_WARN("LOOM_F16_PATH=%s: expected auto or convert; auto", env);
   return f16_unit_here() ? LOOM_F16_PATH_AVX512_FP16 : LOOM_F16_PATH_CONVERT;
 }
 
 loom_f16_path loom_f16_get_path(void) {
-  int p = atomic_load(&g_f16_path);
-  if (p < 0) {
-    int expected = -1;
-    atomic_compare_exchange_strong(&g_f16_path, &expected,
-                                   (int)choose_f16_path());
-    p = atomic_load(&g_f16_path);
-  }
-  return (loom_f16_path)p;
+  return (loom_f16_path)path_once(&g_f16_path, choose_f16_path);
 }
 
 loom_status loom_f16_set_path(loom_f16_path p) {
