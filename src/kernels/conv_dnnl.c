@@ -128,29 +128,21 @@ static const char *impl_name(dnnl_primitive_desc_t pd) {
 static void set_free(conv_set *s) {
   if (!s)
     return;
-  dnnl_primitive_t p[] = {s->fwd,
-                          s->bwd_d,
-                          s->bwd_w,
-                          s->f_src.reorder,
-                          s->f_wei.reorder,
-                          s->f_dst.reorder,
-                          s->d_ddst.reorder,
-                          s->d_wei.reorder,
-                          s->d_dsrc.reorder,
-                          s->w_src.reorder,
-                          s->w_ddst.reorder,
-                          s->w_dwei.reorder};
+  dnnl_primitive_t p[] = {s->fwd, s->bwd_d, s->bwd_w};
   for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
     if (p[i])
       dnnl_primitive_destroy(p[i]);
+  conv_view *v[] = {&s->f_src,  &s->f_wei, &s->f_dst,  &s->d_ddst, &s->d_wei,
+                    &s->d_dsrc, &s->w_src, &s->w_ddst, &s->w_dwei};
+  for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+    if (v[i]->reorder)
+      dnnl_primitive_destroy(v[i]->reorder);
+    md_free(&v[i]->md);
+    md_free(&v[i]->pad);
+  }
   dnnl_memory_desc_t *m[] = {
-      &s->src_u,     &s->dst_u,      &s->wei_u,     &s->bias,
-      &s->dst_i,     &s->src_o,      &s->wei_o,     &s->pad_fwd,
-      &s->pad_bwd_d, &s->pad_bwd_w,  &s->f_src.md,  &s->f_src.pad,
-      &s->f_wei.md,  &s->f_wei.pad,  &s->f_dst.md,  &s->f_dst.pad,
-      &s->d_ddst.md, &s->d_ddst.pad, &s->d_wei.md,  &s->d_wei.pad,
-      &s->d_dsrc.md, &s->d_dsrc.pad, &s->w_src.md,  &s->w_src.pad,
-      &s->w_ddst.md, &s->w_ddst.pad, &s->w_dwei.md, &s->w_dwei.pad};
+      &s->src_u, &s->dst_u, &s->wei_u,   &s->bias,      &s->dst_i,
+      &s->src_o, &s->wei_o, &s->pad_fwd, &s->pad_bwd_d, &s->pad_bwd_w};
   for (size_t i = 0; i < sizeof m / sizeof m[0]; i++)
     md_free(m[i]);
   loom_free(s);

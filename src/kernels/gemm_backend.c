@@ -340,16 +340,37 @@ const char *loom_f16_path_name(loom_f16_path p) {
  * conversion. */
 static atomic_int g_f16_path = -1;
 
-static bool f16_unit_here(void) {
-  return loom_cpu_get_features()->avx512_fp16 &&
-         loom_gemm_get_backend() == LOOM_GEMM_DNNL &&
-         loom_kern_half_matmul_probe(LOOM_F16);
+/* Whether this process can run f16 on the unit; if not and why is given,
+ * the part that is missing, in words. */
+static bool f16_unit_here(char *why, size_t n) {
+  const bool fp16 = loom_cpu_get_features()->avx512_fp16;
+  const bool dnnl = loom_gemm_get_backend() == LOOM_GEMM_DNNL;
+  if (fp16 && dnnl && loom_kern_half_matmul_probe(LOOM_F16))
+    return true;
+  const int v = loom_dnnl_version();
+  if (!why)
+    return false;
+  if (!fp16)
+    snprintf(why, n, "this CPU has no AVX512-FP16");
+  else if (!dnnl)
+    snprintf(why, n, "the GEMM backend is %s, not dnnl",
+             loom_gemm_backend_name(loom_gemm_get_backend()));
+  else if (v < 300)
+    snprintf(why, n,
+             "oneDNN %d.%d has no f16 kernels for it (3.x has: build with "
+             "LOOM_DNNL_ROOT, scripts/fetch-onednn3.sh)",
+             v / 100, v % 100);
+  else
+    snprintf(why, n, "oneDNN %d.%d offers no fast f16 matmul here", v / 100,
+             v % 100);
+  return false;
 }
 
 static int choose_f16_path(void) {
   if (env_forces_convert("LOOM_F16_PATH"))
     return LOOM_F16_PATH_CONVERT;
-  return f16_unit_here() ? LOOM_F16_PATH_AVX512_FP16 : LOOM_F16_PATH_CONVERT;
+  return f16_unit_here(NULL, 0) ? LOOM_F16_PATH_AVX512_FP16
+                                : LOOM_F16_PATH_CONVERT;
 }
 
 loom_f16_path loom_f16_get_path(void) {
@@ -359,25 +380,10 @@ loom_f16_path loom_f16_get_path(void) {
 loom_status loom_f16_set_path(loom_f16_path p) {
   if ((int)p < 0 || p >= LOOM_F16_PATH_COUNT)
     return loom_error(LOOM_ERR_INVALID_ARG, "f16 path %d", (int)p);
-  if (p != LOOM_F16_PATH_CONVERT && !f16_unit_here()) {
-    const int v = loom_dnnl_version();
-    char why[160];
-    if (!loom_cpu_get_features()->avx512_fp16)
-      snprintf(why, sizeof why, "this CPU has no AVX512-FP16");
-    else if (loom_gemm_get_backend() != LOOM_GEMM_DNNL)
-      snprintf(why, sizeof why, "the GEMM backend is %s, not dnnl",
-               loom_gemm_backend_name(loom_gemm_get_backend()));
-    else if (v < 300)
-      snprintf(why, sizeof why,
-               "oneDNN %d.%d has no f16 kernels for it (3.x has: build with "
-               "LOOM_DNNL_ROOT, scripts/fetch-onednn3.sh)",
-               v / 100, v % 100);
-    else
-      snprintf(why, sizeof why, "oneDNN %d.%d offers no fast f16 matmul here",
-               v / 100, v % 100);
+  char why[160];
+  if (p != LOOM_F16_PATH_CONVERT && !f16_unit_here(why, sizeof why))
     return loom_error(LOOM_ERR_UNSUPPORTED, "f16 path %s: %s",
                       loom_f16_path_name(p), why);
-  }
   atomic_store(&g_f16_path, (int)p);
   return LOOM_OK;
 }

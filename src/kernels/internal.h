@@ -340,8 +340,7 @@ loom_status loom_kern_gemm_tiled(int M, int N, int K, float beta, float *C,
  * loom_gemm_get_deterministic. LOOM_ERR_UNSUPPORTED (C untouched) when
  * oneDNN has no fast kernel for a shape. probe: whether it has one at all
  * for dt (a bf16 unit: AVX512-BF16 or AMX; f16: AVX512-FP16 with oneDNN
- * 3.x); impl: the implementation oneDNN chose first
- * ("brg:avx512_core_bf16"), "" before the first. */
+ * 3.x). */
 loom_status loom_kern_half_matmul(loom_dtype dt, bool ta, bool tb, int M, int N,
                                   int K, float alpha, const uint16_t *A,
                                   int lda, const uint16_t *B, int ldb,
@@ -366,7 +365,6 @@ int loom_kern_half_matmul_serial(loom_dtype dt, bool ta, bool tb, int M, int N,
                                  int K, float alpha, const uint16_t *A, int lda,
                                  const uint16_t *B, int ldb, float beta,
                                  float *C, int ldc);
-const char *loom_kern_half_matmul_impl(void);
 
 /* oneDNN convolution primitives (conv_dnnl.c): the scratch floats they need
  * for these dims (0 when oneDNN is not built in or cannot do the shape), and

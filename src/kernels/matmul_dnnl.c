@@ -50,7 +50,6 @@ static int g_nmm;
 static pthread_mutex_t g_mm_lock = PTHREAD_MUTEX_INITIALIZER;
 static dnnl_engine_t g_engine;
 static pthread_once_t g_engine_once = PTHREAD_ONCE_INIT;
-static char g_impl[64] = "";
 
 static void engine_init(void) {
   if (dnnl_engine_create(&g_engine, dnnl_cpu, 0) != dnnl_success)
@@ -142,8 +141,6 @@ static bool build(mm_entry *e) {
     mds_free(e);
     return false;
   }
-  if (!g_impl[0])
-    snprintf(g_impl, sizeof g_impl, "%s", impl);
   e->brgemm = strncmp(impl, "brg", 3) == 0;
   loom_md_ref pad =
       dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
@@ -424,8 +421,6 @@ bool loom_kern_half_matmul_probe(loom_dtype dt) {
   return usable(e);
 }
 
-const char *loom_kern_half_matmul_impl(void) { return g_impl; }
-
 int loom_dnnl_version(void) {
   const dnnl_version_t *v = dnnl_version();
   return v ? v->major * 100 + v->minor : 0;
@@ -586,7 +581,6 @@ loom_status loom_kern_half_matmul_bias(loom_dtype dt, bool ta, bool tb, int M,
   (void)ldb, (void)bias, (void)C, (void)ldc;
   return LOOM_ERR_UNSUPPORTED;
 }
-const char *loom_kern_half_matmul_impl(void) { return ""; }
 int loom_dnnl_version(void) { return 0; }
 loom_status loom_kern_half_matmul(loom_dtype dt, bool ta, bool tb, int M, int N,
                                   int K, float alpha, const uint16_t *A,
