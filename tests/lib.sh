@@ -13,6 +13,19 @@ bad() {
   echo "FAILED: $1"
   fail=1
 }
+# A base for TCP ports this test listens on (base .. base+99): below the
+# kernel's ephemeral range, from which every connecting socket and MPI's
+# own listeners take their ports; a fixed port in it can be taken by a
+# test running beside this one (seen: "Address already in use").
+port_base() {
+  local lo
+  lo=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+  if [ "$lo" -gt 11100 ]; then
+    echo $((lo - 11100 + $$ % 10000))
+  else
+    echo $((20000 + $$ % 20000))
+  fi
+}
 run() { # N ARGS...: loom run -n N loom ARGS (output in $tmp/out, code in $rc)
   local n=$1
   shift

@@ -189,9 +189,28 @@ static loom_status listen_master(int *out) {
     int e = errno;
     if (fd >= 0)
       close(fd);
+    /* A port inside the kernel's ephemeral range can be held by any
+     * connecting socket or MPI listener on this host, now and on restart:
+     * say so, with the range, when that is the likely cause. */
+    char hint[200] = "", line[64] = "";
+    FILE *f = e == EADDRINUSE
+                  ? fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")
+                  : NULL;
+    if (f) {
+      char *end = line;
+      long lo = fgets(line, sizeof line, f) ? strtol(line, &end, 10) : 0;
+      long hi = end != line ? strtol(end, NULL, 10) : 0;
+      if (lo > 0 && E.port >= lo && E.port <= hi)
+        snprintf(hint, sizeof hint,
+                 " (it lies in this host's ephemeral range %ld-%ld, from "
+                 "which outgoing connections take their ports: choose one "
+                 "below %ld, such as 29500)",
+                 lo, hi, lo);
+      fclose(f);
+    }
     return loom_error(LOOM_ERR_IO,
-                      "env://: rank 0 cannot listen on MASTER_PORT %d: %s",
-                      E.port, strerror(e));
+                      "env://: rank 0 cannot listen on MASTER_PORT %d: %s%s",
+                      E.port, strerror(e), hint);
   }
   *out = fd;
   return LOOM_OK;

@@ -24,7 +24,7 @@ print(json.load(sys.stdin)[0]["stats64"]["rx"]["bytes"])'; }
 
 "$LOOM" run -n 4 --timeout 300 "$LOOM" train "${cfg[@]}" --set "log.run_dir=$tmp/ref" >"$tmp/ref.out" 2>&1 ||
   bad "4 ranks on one host: $(tail -3 "$tmp/ref.out")"
-port=$((20000 + $$ % 20000))
+port=$(port_base)
 before=$(rx 2)
 t0=$(date +%s.%N)
 pids=()

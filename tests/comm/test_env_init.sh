@@ -7,11 +7,12 @@
 # time, a rank missing, sizes that disagree, an unknown method, a missing
 # variable), without hanging; `loom run --nnodes 1 --nproc-per-node 2`
 # equals loom run -n 2 and restarts a killed rank's group, which resumes;
-# the rendezvous leaves no process or file.
+# the rendezvous leaves no process or file; a master port in use is named
+# with the ephemeral range it lies in.
 . "$(dirname "$0")/../lib.sh"
 BIN=$1
 export TMPDIR=$tmp LOOM_THREADS=1 OMP_NUM_THREADS=1
-base=$((20000 + $$ % 20000))
+base=$(port_base)
 n=0
 # start N PROG...: ranks 0..N-1 in the background, logs $tmp/e.K; waits.
 start() {
@@ -115,6 +116,21 @@ LOOM_INIT=env:// WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 "$BIN" >"$tmp/e.0" 2>&1
 LOOM_INIT=env:// RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=99999 "$BIN" >"$tmp/e.0" 2>&1
 [ $? != 0 ] && grep -q "MASTER_PORT='99999' is not a whole number from 1 to 65535" "$tmp/e.0" &&
   ok "a bad MASTER_PORT is named" || { bad "bad port"; cat "$tmp/e.0"; }
+# A port another process holds, inside the ephemeral range (the kernel
+# picks it: bind to port 0), is named with the range and a way out; the
+# holder keeps it for as long as rank 0 runs.
+python3 - "$BIN" >"$tmp/e.0" 2>&1 <<'PY'
+import os, socket, subprocess, sys
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen(1)
+env = dict(os.environ, LOOM_INIT="env://", RANK="0", WORLD_SIZE="2",
+           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+print("held", s.getsockname()[1], flush=True)
+sys.exit(subprocess.run([sys.argv[1]], env=env).returncode)
+PY
+[ $? != 0 ] && grep -q "cannot listen on MASTER_PORT $(awk '/^held/{print $2}' "$tmp/e.0"): Address already in use (it lies in this host's ephemeral range" "$tmp/e.0" &&
+  ok "a port in use: $(grep -o 'cannot listen.*' "$tmp/e.0")" || { bad "port in use"; cat "$tmp/e.0"; }
 
 # Nothing left: the rendezvous directory, ompi-server, the singletons' orted.
 left=$(find "$tmp" -maxdepth 1 -name 'loom-rdzv-*' | wc -l)
