@@ -26,13 +26,18 @@ bench_loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
 # The CPU model and the flags that choose loom's kernels, above every table:
 # figures from different machines are never compared.
 bench_cpu_header() {
-  local model flags f have=""
+  local model flags f have="" lack=""
   model=$(awk -F': *' '/^model name/ {print $2; exit}' /proc/cpuinfo)
   flags=$(awk -F': *' '/^flags/ {print $2; exit}' /proc/cpuinfo)
   for f in avx2 fma avx512f avx512_bf16 avx512_fp16 amx_tile amx_bf16; do
-    case " $flags " in *" $f "*) have="$have $f" ;; esac
+    case " $flags " in
+    *" $f "*) have="$have $f" ;;
+    *) lack="$lack${lack:+,} $f" ;;
+    esac
   done
-  echo "# cpu: ${model:-unknown}, $(nproc) cores; flags:${have:- none of avx2 fma avx512f avx512_bf16 avx512_fp16 amx}"
+  # the flags it lacks are named too: "no avx512_bf16" is what decides a
+  # bf16 path, and a reader should not have to know which were looked for
+  echo "# cpu: ${model:-unknown}, $(nproc) cores; flags:${have:- none}${lack:+ (not:$lack)}"
 }
 
 # BENCH_ISA=avx2: both sides as on a CPU with AVX2 and FMA only (no AVX-512,
