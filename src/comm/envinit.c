@@ -177,6 +177,28 @@ static const char *why(int rc) {
 
 /* -------------------------------------------------------- rendezvous */
 
+/* Why a port in use may be taken: one inside the kernel's ephemeral range
+ * can be held by any connecting socket or MPI listener on this host, now
+ * and on restart. hint: that, with the range, or "" when the port lies
+ * outside it (or the range cannot be read). */
+static void ephemeral_hint(char *hint, size_t n) {
+  char line[64];
+  hint[0] = '\0';
+  FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+  if (!f)
+    return;
+  char *end = line;
+  long lo = fgets(line, sizeof line, f) ? strtol(line, &end, 10) : 0;
+  long hi = end != line ? strtol(end, NULL, 10) : 0;
+  fclose(f);
+  if (lo > 0 && E.port >= lo && E.port <= hi)
+    snprintf(hint, n,
+             " (it lies in this host's ephemeral range %ld-%ld, from which "
+             "outgoing connections take their ports: choose one below %ld, "
+             "such as 29500)",
+             lo, hi, lo);
+}
+
 static loom_status listen_master(int *out) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   int one = 1;
@@ -189,25 +211,9 @@ static loom_status listen_master(int *out) {
     int e = errno;
     if (fd >= 0)
       close(fd);
-    /* A port inside the kernel's ephemeral range can be held by any
-     * connecting socket or MPI listener on this host, now and on restart:
-     * say so, with the range, when that is the likely cause. */
-    char hint[200] = "", line[64] = "";
-    FILE *f = e == EADDRINUSE
-                  ? fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")
-                  : NULL;
-    if (f) {
-      char *end = line;
-      long lo = fgets(line, sizeof line, f) ? strtol(line, &end, 10) : 0;
-      long hi = end != line ? strtol(end, NULL, 10) : 0;
-      if (lo > 0 && E.port >= lo && E.port <= hi)
-        snprintf(hint, sizeof hint,
-                 " (it lies in this host's ephemeral range %ld-%ld, from "
-                 "which outgoing connections take their ports: choose one "
-                 "below %ld, such as 29500)",
-                 lo, hi, lo);
-      fclose(f);
-    }
+    char hint[200] = "";
+    if (e == EADDRINUSE)
+      ephemeral_hint(hint, sizeof hint);
     return loom_error(LOOM_ERR_IO,
                       "env://: rank 0 cannot listen on MASTER_PORT %d: %s%s",
                       E.port, strerror(e), hint);

@@ -347,9 +347,9 @@ static bool f16_unit_here(char *why, size_t n) {
   const bool dnnl = loom_gemm_get_backend() == LOOM_GEMM_DNNL;
   if (fp16 && dnnl && loom_kern_half_matmul_probe(LOOM_F16))
     return true;
-  const int v = loom_dnnl_version();
   if (!why)
     return false;
+  const int v = loom_dnnl_version();
   if (!fp16)
     snprintf(why, n, "this CPU has no AVX512-FP16");
   else if (!dnnl)
