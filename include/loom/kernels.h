@@ -173,7 +173,12 @@ loom_status loom_gemm_half(loom_dtype dt, bool trans_a, bool trans_b, int M,
 
 /* The linear layer with half operands of type dt: out(N,OC) = half(inp) @
  * weight^T + bias, where inp is f32 (rounded to dt here) or of type dt
- * (in_dtype), weight (OC,C) of type dt, bias f32 or NULL, out f32.
+ * (in_dtype), bias f32 or NULL, out f32. weight (OC,C) is of type dt, or
+ * f32 holding values of dt (w_dtype LOOM_F32: values loom_round_half
+ * made, as a model's copy on the conversion path holds them), which the
+ * conversion path reads as they are, with no widening pass; an f32 weight
+ * always takes that path. Other values are not rounded again: they are
+ * the caller's to round.
  * Backward rounds dout to dt for the two matmuls (dinp += half(dout) @
  * weight, dweight += half(dout)^T @ half(inp), both f32 sums) and sums
  * dbias from the f32 dout, as the f32 layer does. scratch:
@@ -182,13 +187,14 @@ loom_status loom_gemm_half(loom_dtype dt, bool trans_a, bool trans_b, int M,
 int64_t loom_linear_half_scratch_floats(int N, int C, int OC);
 loom_status loom_linear_forward_half(float *out, const void *inp,
                                      loom_dtype in_dtype, loom_dtype dt,
-                                     const uint16_t *weight, const float *bias,
-                                     int N, int C, int OC, float *scratch);
+                                     const void *weight, loom_dtype w_dtype,
+                                     const float *bias, int N, int C, int OC,
+                                     float *scratch);
 loom_status loom_linear_backward_half(float *dinp, float *dweight, float *dbias,
                                       const float *dout, const void *inp,
                                       loom_dtype in_dtype, loom_dtype dt,
-                                      const uint16_t *weight, int N, int C,
-                                      int OC, float *scratch);
+                                      const void *weight, loom_dtype w_dtype,
+                                      int N, int C, int OC, float *scratch);
 /* The same for a layer whose output feeds a GELU, given the gradient at
  * the GELU's output (dgelu) and the layer's output (pre, the GELU's
  * input): bit for bit loom_gelu_backward_to(d, pre, dgelu) then
@@ -198,7 +204,8 @@ loom_status loom_linear_backward_half_gelu(float *dinp, float *dweight,
                                            float *dbias, const float *dgelu,
                                            const float *pre, const void *inp,
                                            loom_dtype in_dtype, loom_dtype dt,
-                                           const uint16_t *weight, int N, int C,
+                                           const void *weight,
+                                           loom_dtype w_dtype, int N, int C,
                                            int OC, float *scratch);
 
 /* ----------------------------------------------------------- elementwise */
@@ -351,7 +358,8 @@ loom_status loom_conv2d_backward(float *dinp, float *dweight, float *dbias,
                                  const loom_conv2d_dims *d);
 /* The convolution with half operands of type dt, as the half linear
  * layer: inp is f32 (rounded to dt here) or of type dt (in_dtype), weight
- * (OC,C,KH,KW) of type dt, bias f32 or NULL, out f32; the operands are
+ * (OC,C,KH,KW) of type dt or f32 holding values of dt (w_dtype, as the
+ * linear layer's), bias f32 or NULL, out f32; the operands are
  * widened into scratch and the f32 kernels above run on them (same engine,
  * same bits as those kernels on rounded operands). Backward rounds dout to
  * dt for dinp and dweight and sums dbias from the f32 dout. scratch:
@@ -360,14 +368,13 @@ loom_status loom_conv2d_backward(float *dinp, float *dweight, float *dbias,
 int64_t loom_conv2d_half_scratch_floats(const loom_conv2d_dims *d);
 loom_status loom_conv2d_forward_half(float *out, float *col, const void *inp,
                                      loom_dtype in_dtype, loom_dtype dt,
-                                     const uint16_t *weight, const float *bias,
+                                     const void *weight, loom_dtype w_dtype,
+                                     const float *bias,
                                      const loom_conv2d_dims *d, float *scratch);
-loom_status loom_conv2d_backward_half(float *dinp, float *dweight, float *dbias,
-                                      float *col, const float *dout,
-                                      const void *inp, loom_dtype in_dtype,
-                                      loom_dtype dt, const uint16_t *weight,
-                                      const loom_conv2d_dims *d,
-                                      float *scratch);
+loom_status loom_conv2d_backward_half(
+    float *dinp, float *dweight, float *dbias, float *col, const float *dout,
+    const void *inp, loom_dtype in_dtype, loom_dtype dt, const void *weight,
+    loom_dtype w_dtype, const loom_conv2d_dims *d, float *scratch);
 /* Direct 7-loop convolution: the reference of tests. */
 void loom_conv2d_forward_ref(float *out, const float *inp, const float *weight,
                              const float *bias, const loom_conv2d_dims *d);

@@ -224,13 +224,17 @@ typedef loom_status (*loom_unit_hook)(void *user, int unit, loom_unit_event ev);
 struct loom_nn_ctx {
   float *params;               /* the flat parameter buffer */
   const uint16_t *params_half; /* its copy in `half`, else NULL */
-  loom_dtype half;             /* LOOM_BF16 or LOOM_F16; LOOM_F32: none */
-  float *grads;                /* the flat gradient buffer */
-  const loom_param *views;     /* the model's views */
-  bool training;               /* dropout on */
-  uint64_t seed;               /* the model's seed (dropout masks) */
-  uint64_t step;               /* loom_model_set_step */
-  uint64_t sample_base;        /* global index of this batch's first sample */
+  /* On the conversion path (!loom_half_on_unit(half)) the model's own
+   * copy holds the values of `half` in f32 instead, here (params_half is
+   * then NULL): the matmuls read them with no widening pass. */
+  const float *params_rounded;
+  loom_dtype half;         /* LOOM_BF16 or LOOM_F16; LOOM_F32: none */
+  float *grads;            /* the flat gradient buffer */
+  const loom_param *views; /* the model's views */
+  bool training;           /* dropout on */
+  uint64_t seed;           /* the model's seed (dropout masks) */
+  uint64_t step;           /* loom_model_set_step */
+  uint64_t sample_base;    /* global index of this batch's first sample */
   loom_grad_hook hook;
   void *hook_user;
   loom_unit_hook unit_hook; /* NULL: none */
@@ -463,7 +467,10 @@ void loom_model_bind_params(loom_model *m, float *params);
  * also what is kept for backward; everything else (norms, softmax,
  * attention's scores, the loss, gradients, the parameters themselves)
  * stays f32. The model keeps a half copy of its parameters (2 bytes a
- * parameter), made on the first forward after they changed: call
+ * parameter; on the conversion path, where no unit takes the type
+ * (loom_half_on_unit), 4: the same values in f32, which its f32 GEMMs
+ * read with no widening pass), made on the first forward after they
+ * changed: call
  * loom_model_params_updated after writing them (an optimizer step; the
  * trainer does), not needed after loom_model_init_params,
  * loom_model_init_view or loom_model_bind_params. LOOM_F32 (the default)
@@ -475,10 +482,12 @@ loom_status loom_model_set_precision(loom_model *m, loom_dtype precision);
 loom_dtype loom_model_precision(const loom_model *m);
 void loom_model_params_updated(loom_model *m);
 /* Bytes of the half (bf16 or f16) parameter copy the model owns (0 in
- * f32, or when bound to the caller's). */
+ * f32, or when bound to the caller's; 4 a parameter on the conversion
+ * path, 2 on the unit). */
 size_t loom_model_half_bytes(const loom_model *m);
-/* Binds the half copy to the caller's buffer buf (numel 2-byte entries;
- * NULL: the model's own again, made on the next forward). Several models
+/* Binds the half copy to the caller's buffer buf (numel 2-byte entries,
+ * on either path: the conversion path widens them on use; NULL: the
+ * model's own again, made on the next forward). Several models
  * bound to one pair of parameter buffers can share one copy (a pipeline
  * stage's instances). A bound copy is never made by the model itself: the
  * caller fills the ranges the model reads with loom_model_refresh_half

@@ -427,6 +427,25 @@ int64_t LOOM_ISA(loom_linear_half_scratch_floats)(int N, int C, int OC) {
   return (int64_t)N * C + (int64_t)OC * C + (int64_t)N * OC;
 }
 
+/* The weight's n values in f32 for the conversion path: weight itself
+ * when w_dtype is f32 (values of dt already, as the model's rounded copy
+ * holds them: no pass), or widened from dt into buf. */
+static loom_status weight_f32(const float **w, float *buf, const void *weight,
+                              loom_dtype w_dtype, loom_dtype dt, int64_t n) {
+  if (w_dtype == LOOM_F32) {
+    *w = weight;
+    return LOOM_OK;
+  }
+  if (w_dtype != dt)
+    return loom_error(LOOM_ERR_UNSUPPORTED,
+                      "%s matmul: weight of type %s (%s, or f32 holding %s "
+                      "values)",
+                      loom_dtype_name(dt), loom_dtype_name(w_dtype),
+                      loom_dtype_name(dt), loom_dtype_name(dt));
+  *w = buf;
+  return LOOM_ISA(loom_cvt_half_to_f32)(dt, buf, weight, n);
+}
+
 /* x(n) as half type dt: in itself, or in (f32) rounded into buf. */
 static loom_status as_half(const uint16_t **x, uint16_t *buf, const void *in,
                            loom_dtype in_dt, loom_dtype dt, int64_t n) {
@@ -442,15 +461,13 @@ static loom_status as_half(const uint16_t **x, uint16_t *buf, const void *in,
   return LOOM_ISA(loom_cvt_f32_to_half)(dt, buf, in, n);
 }
 
-loom_status LOOM_ISA(loom_linear_forward_half)(float *out, const void *inp,
-                                               loom_dtype in_dtype,
-                                               loom_dtype dt,
-                                               const uint16_t *weight,
-                                               const float *bias, int N, int C,
-                                               int OC, float *scratch) {
+loom_status LOOM_ISA(loom_linear_forward_half)(
+    float *out, const void *inp, loom_dtype in_dtype, loom_dtype dt,
+    const void *weight, loom_dtype w_dtype, const float *bias, int N, int C,
+    int OC, float *scratch) {
   if (N < 0 || C < 0 || OC < 0)
     return loom_error(LOOM_ERR_INVALID_ARG, "half linear: negative size");
-  if (loom_half_on_unit(dt) && N > 0 && C > 0 && OC > 0) {
+  if (w_dtype == dt && loom_half_on_unit(dt) && N > 0 && C > 0 && OC > 0) {
     /* out = inp @ W^T + bias on the unit: the bias added by oneDNN
      * as it stores the rows, or (a grid that cuts K) copied into out
      * first and the product added */
@@ -474,10 +491,11 @@ loom_status LOOM_ISA(loom_linear_forward_half)(float *out, const void *inp,
     if (s != LOOM_ERR_UNSUPPORTED)
       return s;
   }
-  float *a = scratch;                  /* (N,C) */
-  float *w = scratch + (int64_t)N * C; /* (OC,C) */
+  float *a = scratch; /* (N,C) */
+  const float *w;     /* (OC,C) */
+  LOOM_TRY(weight_f32(&w, scratch + (int64_t)N * C, weight, w_dtype, dt,
+                      (int64_t)OC * C));
   LOOM_TRY(load_f32(a, inp, in_dtype, dt, (int64_t)N * C));
-  LOOM_TRY(LOOM_ISA(loom_cvt_half_to_f32)(dt, w, weight, (int64_t)OC * C));
   return LOOM_ISA(loom_linear_forward)(out, a, w, bias, N, C, OC);
 }
 
@@ -537,18 +555,18 @@ static loom_status linear_backward_half(float *dinp, float *dweight,
                                         float *dbias, const float *dout,
                                         const float *pre, const void *inp,
                                         loom_dtype in_dtype, loom_dtype dt,
-                                        const uint16_t *weight, int N, int C,
-                                        int OC, float *scratch) {
+                                        const void *weight, loom_dtype w_dtype,
+                                        int N, int C, int OC, float *scratch) {
   if (N < 0 || C < 0 || OC < 0)
     return loom_error(LOOM_ERR_INVALID_ARG, "half linear: negative size");
   if (dt != LOOM_BF16 && dt != LOOM_F16)
     return not_half(dt, "linear backward");
-  if (loom_half_on_unit(dt))
+  if (w_dtype == dt && loom_half_on_unit(dt))
     LOOM_TRY(linear_backward_unit(&dinp, &dweight, &dbias, dout, pre, inp,
                                   in_dtype, dt, weight, N, C, OC, scratch));
-  float *d = scratch;             /* (N,OC) */
-  float *w = d + (int64_t)N * OC; /* (OC,C) */
-  float *a = w + (int64_t)OC * C; /* (N,C) */
+  float *d = scratch;                               /* (N,OC) */
+  const float *w = d + (int64_t)N * OC;             /* (OC,C) */
+  float *a = d + (int64_t)N * OC + (int64_t)OC * C; /* (N,C) */
   /* the gradient rounded (when a matmul is left) and the bias gradient
    * summed in one pass (the f32 layer's sums, from the f32 gradient) */
   if (dinp || dweight || dbias)
@@ -556,7 +574,8 @@ static loom_status linear_backward_half(float *dinp, float *dweight,
   (dbias, dout, pre, N, OC, dt, NULL, dinp || dweight ? d : NULL,
    parts_in(scratch, (int64_t)N * OC, N, C, OC));
   if (dinp)
-    LOOM_TRY(LOOM_ISA(loom_cvt_half_to_f32)(dt, w, weight, (int64_t)OC * C));
+    LOOM_TRY(weight_f32(&w, d + (int64_t)N * OC, weight, w_dtype, dt,
+                        (int64_t)OC * C));
   if (dweight)
     LOOM_TRY(load_f32(a, inp, in_dtype, dt, (int64_t)N * C));
   return LOOM_ISA(loom_linear_backward)(dinp, dweight, NULL, d, a, w, N, C, OC);
@@ -564,21 +583,22 @@ static loom_status linear_backward_half(float *dinp, float *dweight,
 
 loom_status LOOM_ISA(loom_linear_backward_half)(
     float *dinp, float *dweight, float *dbias, const float *dout,
-    const void *inp, loom_dtype in_dtype, loom_dtype dt, const uint16_t *weight,
-    int N, int C, int OC, float *scratch) {
+    const void *inp, loom_dtype in_dtype, loom_dtype dt, const void *weight,
+    loom_dtype w_dtype, int N, int C, int OC, float *scratch) {
   return linear_backward_half(dinp, dweight, dbias, dout, NULL, inp, in_dtype,
-                              dt, weight, N, C, OC, scratch);
+                              dt, weight, w_dtype, N, C, OC, scratch);
 }
 
 loom_status LOOM_ISA(loom_linear_backward_half_gelu)(
     float *dinp, float *dweight, float *dbias, const float *dgelu,
     const float *pre, const void *inp, loom_dtype in_dtype, loom_dtype dt,
-    const uint16_t *weight, int N, int C, int OC, float *scratch) {
+    const void *weight, loom_dtype w_dtype, int N, int C, int OC,
+    float *scratch) {
   if (!pre)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "half linear backward through a GELU: no pre-activation");
   return linear_backward_half(dinp, dweight, dbias, dgelu, pre, inp, in_dtype,
-                              dt, weight, N, C, OC, scratch);
+                              dt, weight, w_dtype, N, C, OC, scratch);
 }
 
 /* --------------------------------------------------------- convolution */
@@ -593,16 +613,16 @@ int64_t LOOM_ISA(loom_conv2d_half_scratch_floats)(const loom_conv2d_dims *d) {
          (int64_t)d->N * d->OC * OH * OW;
 }
 
-loom_status
-LOOM_ISA(loom_conv2d_forward_half)(float *out, float *col, const void *inp,
-                                   loom_dtype in_dtype, loom_dtype dt,
-                                   const uint16_t *weight, const float *bias,
-                                   const loom_conv2d_dims *d, float *scratch) {
+loom_status LOOM_ISA(loom_conv2d_forward_half)(
+    float *out, float *col, const void *inp, loom_dtype in_dtype, loom_dtype dt,
+    const void *weight, loom_dtype w_dtype, const float *bias,
+    const loom_conv2d_dims *d, float *scratch) {
   if (!d || d->stride < 1 || !scratch)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "half conv2d forward: bad dims or no scratch");
   const int64_t in_n = (int64_t)d->N * d->C * d->H * d->W;
-  if (loom_half_on_unit(dt) && LOOM_ISA(loom_kern_conv_use_dnnl)(d)) {
+  if (w_dtype == dt && loom_half_on_unit(dt) &&
+      LOOM_ISA(loom_kern_conv_use_dnnl)(d)) {
     /* oneDNN's half convolution: half input and weights, f32 sums */
     const uint16_t *x;
     LOOM_TRY(as_half(&x, (uint16_t *)scratch, inp, in_dtype, dt, in_n));
@@ -611,18 +631,18 @@ LOOM_ISA(loom_conv2d_forward_half)(float *out, float *col, const void *inp,
     if (s != LOOM_ERR_UNSUPPORTED)
       return s;
   }
-  float *a = scratch;        /* (N,C,H,W) */
-  float *w = scratch + in_n; /* (OC,C,KH,KW) */
+  float *a = scratch; /* (N,C,H,W) */
+  const float *w;     /* (OC,C,KH,KW) */
+  LOOM_TRY(weight_f32(&w, scratch + in_n, weight, w_dtype, dt,
+                      (int64_t)d->OC * d->C * d->KH * d->KW));
   LOOM_TRY(load_f32(a, inp, in_dtype, dt, in_n));
-  LOOM_TRY(LOOM_ISA(loom_cvt_half_to_f32)(
-      dt, w, weight, (int64_t)d->OC * d->C * d->KH * d->KW));
   return LOOM_ISA(loom_conv2d_forward)(out, col, a, w, bias, d);
 }
 
 loom_status LOOM_ISA(loom_conv2d_backward_half)(
     float *dinp, float *dweight, float *dbias, float *col, const float *dout,
-    const void *inp, loom_dtype in_dtype, loom_dtype dt, const uint16_t *weight,
-    const loom_conv2d_dims *d, float *scratch) {
+    const void *inp, loom_dtype in_dtype, loom_dtype dt, const void *weight,
+    loom_dtype w_dtype, const loom_conv2d_dims *d, float *scratch) {
   if (!d || d->stride < 1 || !scratch)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "half conv2d backward: bad dims or no scratch");
@@ -630,9 +650,9 @@ loom_status LOOM_ISA(loom_conv2d_backward_half)(
   const int64_t w_n = (int64_t)d->OC * d->C * d->KH * d->KW;
   const int64_t out_n = (int64_t)d->N * d->OC * LOOM_ISA(loom_conv2d_out_h)(d) *
                         LOOM_ISA(loom_conv2d_out_w)(d);
-  float *a = scratch;  /* (N,C,H,W) */
-  float *w = a + in_n; /* (OC,C,KH,KW) */
-  float *g = w + w_n;  /* (N,OC,OH,OW) */
+  float *a = scratch;        /* (N,C,H,W) */
+  const float *w = a + in_n; /* (OC,C,KH,KW) */
+  float *g = a + in_n + w_n; /* (N,OC,OH,OW) */
   if (dt != LOOM_BF16 && dt != LOOM_F16)
     return not_half(dt, "conv2d backward");
   /* the bias gradient from the f32 gradient, as the f32 layer sums it */
@@ -641,7 +661,8 @@ loom_status LOOM_ISA(loom_conv2d_backward_half)(
                                             NULL, d));
   if (!dinp && !dweight)
     return LOOM_OK;
-  if (loom_half_on_unit(dt) && LOOM_ISA(loom_kern_conv_use_dnnl)(d)) {
+  if (w_dtype == dt && loom_half_on_unit(dt) &&
+      LOOM_ISA(loom_kern_conv_use_dnnl)(d)) {
     /* oneDNN's half convolution on the output gradient rounded to dt */
     uint16_t *g16 = (uint16_t *)(void *)(a + in_n); /* (N,OC,OH,OW) */
     const uint16_t *x = NULL;
@@ -655,7 +676,7 @@ loom_status LOOM_ISA(loom_conv2d_backward_half)(
   }
   LOOM_TRY(LOOM_ISA(loom_round_half)(dt, g, dout, out_n));
   if (dinp)
-    LOOM_TRY(LOOM_ISA(loom_cvt_half_to_f32)(dt, w, weight, w_n));
+    LOOM_TRY(weight_f32(&w, a + in_n, weight, w_dtype, dt, w_n));
   if (dweight)
     LOOM_TRY(load_f32(a, inp, in_dtype, dt, in_n));
   return LOOM_ISA(loom_conv2d_backward)(dinp, dweight, NULL, col, g, a, w, d);

@@ -83,12 +83,13 @@ static loom_status conv2d_forward(loom_module *m, loom_nn_ctx *ctx,
   c->in = in;
   const float *b = c->bias ? loom_nn_param(ctx, m, 1) : NULL;
   if (c->half != LOOM_F32) {
-    if (!ctx->params_half || ctx->half != c->half)
+    loom_dtype wdt;
+    const void *w = loom_nn_param_half(ctx, m, 0, &wdt);
+    if (!w || ctx->half != c->half)
       return loom_module_error(m, LOOM_ERR_INTERNAL, "no %s weights",
                                loom_dtype_name(c->half));
     LOOM_TRY(loom_conv2d_forward_half(c->out, c->col, c->in, m->in.dtype,
-                                      c->half, loom_nn_param_half(ctx, m, 0), b,
-                                      &c->d, c->scratch));
+                                      c->half, w, wdt, b, &c->d, c->scratch));
   } else {
     LOOM_TRY(loom_conv2d_forward(c->out, c->col, c->in,
                                  loom_nn_param(ctx, m, 0), b, &c->d));
@@ -101,10 +102,16 @@ static loom_status conv2d_backward(loom_module *m, loom_nn_ctx *ctx,
                                    const float *dout, float *dinp) {
   conv2d *c = (conv2d *)m;
   float *db = c->bias ? loom_nn_grad(ctx, m, 1) : NULL;
-  if (c->half != LOOM_F32)
-    return loom_conv2d_backward_half(
-        dinp, loom_nn_grad(ctx, m, 0), db, c->col, dout, c->in, m->in.dtype,
-        c->half, loom_nn_param_half(ctx, m, 0), &c->d, c->scratch);
+  if (c->half != LOOM_F32) {
+    loom_dtype wdt;
+    const void *w = loom_nn_param_half(ctx, m, 0, &wdt);
+    if (!w || ctx->half != c->half)
+      return loom_module_error(m, LOOM_ERR_INTERNAL, "no %s weights",
+                               loom_dtype_name(c->half));
+    return loom_conv2d_backward_half(dinp, loom_nn_grad(ctx, m, 0), db, c->col,
+                                     dout, c->in, m->in.dtype, c->half, w, wdt,
+                                     &c->d, c->scratch);
+  }
   return loom_conv2d_backward(dinp, loom_nn_grad(ctx, m, 0), db, c->col, dout,
                               c->in, loom_nn_param(ctx, m, 0), &c->d);
 }

@@ -86,10 +86,18 @@ bool loom_nn_takes_half(const loom_module *m, const loom_nn_plan *p);
  * each) when m->out_half, else f32; sets out->dtype to match. */
 void *loom_nn_plan_out(loom_nn_plan *p, const loom_module *m, int64_t n,
                        loom_shape *out);
-/* The half copy of the k-th own parameter of m (a half model only). */
-static inline const uint16_t *loom_nn_param_half(const loom_nn_ctx *c,
-                                                 const loom_module *m, int k) {
-  return c->params_half + c->views[m->param_first + k].offset;
+/* The k-th own parameter of m as a half matmul takes it (a half model
+ * only): the copy in the half type (*dt = c->half), or on the conversion
+ * path the copy in f32 of values rounded to it (*dt = LOOM_F32); NULL
+ * when the model has neither. */
+static inline const void *loom_nn_param_half(const loom_nn_ctx *c,
+                                             const loom_module *m, int k,
+                                             loom_dtype *dt) {
+  const int64_t at = c->views[m->param_first + k].offset;
+  *dt = c->params_rounded ? LOOM_F32 : c->half;
+  if (c->params_rounded)
+    return c->params_rounded + at;
+  return c->params_half ? c->params_half + at : NULL;
 }
 
 /* numel fits the int dimensions of the kernels. */

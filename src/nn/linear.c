@@ -179,14 +179,13 @@ static const float *linear_weight(const linear *l, const loom_nn_ctx *ctx) {
                   : loom_nn_param(ctx, &l->base, 0);
 }
 
-static const uint16_t *linear_weight_half(const linear *l,
-                                          const loom_nn_ctx *ctx) {
-  return l->owner ? loom_nn_param_half(ctx, l->owner, l->owner_k)
-                  : loom_nn_param_half(ctx, &l->base, 0);
-}
-
-static loom_status half_weights_ok(const linear *l, const loom_nn_ctx *ctx) {
-  if (!ctx->params_half || ctx->half != l->half)
+/* The weight as the half matmuls take it (*w, of type *wdt: the half
+ * type, or f32 values of it on the conversion path). */
+static loom_status linear_weight_half(const linear *l, const loom_nn_ctx *ctx,
+                                      const void **w, loom_dtype *wdt) {
+  *w = l->owner ? loom_nn_param_half(ctx, l->owner, l->owner_k, wdt)
+                : loom_nn_param_half(ctx, &l->base, 0, wdt);
+  if (!*w || ctx->half != l->half)
     return loom_module_error(&l->base, LOOM_ERR_INTERNAL, "no %s weights",
                              loom_dtype_name(l->half));
   return LOOM_OK;
@@ -200,10 +199,11 @@ static loom_status product_of(linear *l, loom_nn_ctx *ctx, float *out,
   if (l->half == LOOM_F32)
     return loom_linear_forward(out, in, linear_weight(l, ctx), b, N, l->C,
                                l->OC);
-  LOOM_TRY(half_weights_ok(l, ctx));
-  return loom_linear_forward_half(out, in, dt, l->half,
-                                  linear_weight_half(l, ctx), b, N, l->C, l->OC,
-                                  l->scratch);
+  const void *w;
+  loom_dtype wdt;
+  LOOM_TRY(linear_weight_half(l, ctx, &w, &wdt));
+  return loom_linear_forward_half(out, in, dt, l->half, w, wdt, b, N, l->C,
+                                  l->OC, l->scratch);
 }
 
 /* out = in @ W^T (+ b), in f32 or on the half weights. */
@@ -251,10 +251,11 @@ static loom_status gradients_of(linear *l, loom_nn_ctx *ctx, float *dinp,
                                 float *dw, float *db, const float *dout,
                                 const void *in, loom_dtype dt, int N) {
   if (l->half != LOOM_F32) {
-    LOOM_TRY(half_weights_ok(l, ctx));
-    return loom_linear_backward_half(dinp, dw, db, dout, in, dt, l->half,
-                                     linear_weight_half(l, ctx), N, l->C, l->OC,
-                                     l->scratch);
+    const void *w;
+    loom_dtype wdt;
+    LOOM_TRY(linear_weight_half(l, ctx, &w, &wdt));
+    return loom_linear_backward_half(dinp, dw, db, dout, in, dt, l->half, w,
+                                     wdt, N, l->C, l->OC, l->scratch);
   }
   return loom_linear_backward(dinp, dw, db, dout, in, linear_weight(l, ctx), N,
                               l->C, l->OC);
@@ -373,10 +374,12 @@ static loom_status linear_backward(loom_module *m, loom_nn_ctx *ctx,
   if (gelu_fused(l, l->half)) {
     /* dout is the gradient at GELU(out): its backward runs in the pass
      * that rounds it */
-    LOOM_TRY(half_weights_ok(l, ctx));
-    return loom_linear_backward_half_gelu(
-        dinp, dw, db, dout, l->out, l->in, l->base.in.dtype, l->half,
-        linear_weight_half(l, ctx), l->N, l->C, l->OC, l->scratch);
+    const void *w;
+    loom_dtype wdt;
+    LOOM_TRY(linear_weight_half(l, ctx, &w, &wdt));
+    return loom_linear_backward_half_gelu(dinp, dw, db, dout, l->out, l->in,
+                                          l->base.in.dtype, l->half, w, wdt,
+                                          l->N, l->C, l->OC, l->scratch);
   }
   return gradients(l, ctx, dinp, dw, db, dout);
 }

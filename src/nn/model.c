@@ -46,8 +46,11 @@ struct loom_model {
   /* mixed precision (docs/precision.md) */
   loom_dtype precision;  /* LOOM_F32, LOOM_BF16 or LOOM_F16 */
   uint16_t *params_half; /* (numel) the half copy of params, half only */
-  bool half_stale;       /* params changed since the copy was made */
-  bool half_bound;       /* params_half is the caller's: it fills it */
+  /* (numel) the model's own copy on the conversion path instead: the
+   * values of the half type in f32 (own_copy) */
+  float *params_rounded;
+  bool half_stale; /* params changed since the copy was made */
+  bool half_bound; /* params_half is the caller's: it fills it */
   char f32_only[LOOM_PARAM_NAME_MAX + 32]; /* "path (type)" of a module
                                               without a half form, or "" */
 };
@@ -367,6 +370,7 @@ void loom_model_free(loom_model *m) {
   loom_free(m->own_grads);
   if (!m->half_bound)
     loom_free(m->params_half);
+  loom_free(m->params_rounded);
   loom_free(m->arena);
   loom_free(m->unit_first);
   loom_free(m->unit_ranges);
@@ -440,6 +444,43 @@ void loom_model_bind_params(loom_model *m, float *params) {
 
 /* ----------------------------------------------------- mixed precision */
 
+/* Frees the model's own copy (either kind); a bound one stays. */
+static void drop_own_copy(loom_model *m) {
+  if (!m->half_bound) {
+    loom_free(m->params_half);
+    m->params_half = NULL;
+  }
+  loom_free(m->params_rounded);
+  m->params_rounded = NULL;
+}
+
+/* Makes the model's own copy of its parameters in its half type, of the
+ * kind the matmuls' path reads (a bound copy is the caller's): 2-byte
+ * values where they run on the CPU's unit (loom_half_on_unit), else the
+ * same values in f32, which the conversion path's f32 GEMMs read as they
+ * are. That costs 2 more bytes a parameter and saves, each step, the
+ * widening of every weight in forward and again in backward (three passes
+ * over the weights become one: the refresh). */
+static loom_status own_copy(loom_model *m) {
+  if (m->half_bound || m->precision == LOOM_F32)
+    return LOOM_OK;
+  const bool rounded = !loom_half_on_unit(m->precision);
+  const size_t n = (size_t)(m->numel ? m->numel : 1);
+  if (rounded ? m->params_rounded != NULL : m->params_half != NULL)
+    return LOOM_OK;
+  drop_own_copy(m); /* the other kind (the path changed) */
+  if (rounded)
+    m->params_rounded = loom_malloc(n * sizeof(float));
+  else
+    m->params_half = loom_malloc(n * sizeof(uint16_t));
+  if (!m->params_rounded && !m->params_half)
+    return loom_error_context(
+        LOOM_ERR_NOMEM, "model: the %s copy of %lld parameters",
+        loom_dtype_name(m->precision), (long long)m->numel);
+  m->half_stale = true;
+  return LOOM_OK;
+}
+
 loom_status loom_model_set_precision(loom_model *m, loom_dtype precision) {
   const bool half = precision == LOOM_BF16 || precision == LOOM_F16;
   if (precision != LOOM_F32 && !half)
@@ -454,21 +495,19 @@ loom_status loom_model_set_precision(loom_model *m, loom_dtype precision) {
                       "model: %s has no %s form yet; this model runs in "
                       "f32 only",
                       m->f32_only, loom_dtype_name(precision));
-  /* bf16 <-> f16: the copy keeps its size, its values are made again */
-  if (m->half_bound) {
-    /* the caller's copy: the caller makes it again */
-  } else if (!half || m->opts.shape_only) {
-    loom_free(m->params_half);
-    m->params_half = NULL;
-  } else if (!m->params_half) {
-    m->params_half =
-        loom_malloc((size_t)(m->numel ? m->numel : 1) * sizeof(uint16_t));
-    if (!m->params_half)
-      return loom_error_context(
-          LOOM_ERR_NOMEM, "model: the %s copy of %lld parameters",
-          loom_dtype_name(precision), (long long)m->numel);
-  }
+  /* bf16 <-> f16: the copy is made again (its kind may change: one type
+   * may run on the unit and the other convert). A bound copy is the
+   * caller's to make. */
+  const loom_dtype was = m->precision;
+  drop_own_copy(m);
   m->precision = precision;
+  if (half && !m->opts.shape_only) {
+    loom_status s = own_copy(m);
+    if (s != LOOM_OK) {
+      m->precision = was;
+      return s;
+    }
+  }
   m->half_stale = true;
   m->planned = false; /* the activations change type: plan again */
   m->have_forward = false;
@@ -480,20 +519,22 @@ loom_dtype loom_model_precision(const loom_model *m) { return m->precision; }
 void loom_model_params_updated(loom_model *m) { m->half_stale = true; }
 
 size_t loom_model_half_bytes(const loom_model *m) {
+  if (m->params_rounded)
+    return (size_t)m->numel * sizeof(float);
   return m->params_half && !m->half_bound ? (size_t)m->numel * sizeof(uint16_t)
                                           : 0;
 }
 
 void loom_model_bind_half(loom_model *m, uint16_t *buf) {
-  if (!m->half_bound)
-    loom_free(m->params_half);
+  drop_own_copy(m);
   m->params_half = buf;
   m->half_bound = buf != NULL;
   m->half_stale = true;
 }
 
 loom_status loom_model_refresh_half(loom_model *m, const loom_range *r, int n) {
-  if (m->precision == LOOM_F32 || !m->params_half || !m->params)
+  if (m->precision == LOOM_F32 || (!m->params_half && !m->params_rounded) ||
+      !m->params)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "model: no half copy to refresh (precision %s)",
                       loom_dtype_name(m->precision));
@@ -504,8 +545,12 @@ loom_status loom_model_refresh_half(loom_model *m, const loom_range *r, int n) {
           LOOM_ERR_INVALID_ARG, "model: range [%lld, %lld) of %lld parameters",
           (long long)r[k].offset, (long long)(r[k].offset + r[k].numel),
           (long long)m->numel);
-    LOOM_TRY(loom_cvt_f32_to_half(m->precision, m->params_half + r[k].offset,
-                                  m->params + r[k].offset, r[k].numel));
+    if (m->params_rounded)
+      LOOM_TRY(loom_round_half(m->precision, m->params_rounded + r[k].offset,
+                               m->params + r[k].offset, r[k].numel));
+    else
+      LOOM_TRY(loom_cvt_f32_to_half(m->precision, m->params_half + r[k].offset,
+                                    m->params + r[k].offset, r[k].numel));
   }
   m->half_stale = false;
   return LOOM_OK;
@@ -599,6 +644,7 @@ loom_status loom_model_act_bytes(loom_model *m, const loom_shape *input,
 static loom_nn_ctx make_ctx(const loom_model *m) {
   loom_nn_ctx c = {.params = m->params,
                    .params_half = m->params_half,
+                   .params_rounded = m->params_rounded,
                    .half = m->precision,
                    .grads = m->grads,
                    .views = m->views,
@@ -636,20 +682,18 @@ loom_status loom_model_forward(loom_model *m, const loom_tensor *input,
   loom_shape s = loom_shape_make(input->dtype, input->ndim, input->shape);
   LOOM_TRY(loom_model_plan(m, &s));
   m->have_forward = false;
-  if (m->precision != LOOM_F32 && !m->params_half) {
-    /* a shape_only model running on bound parameters (ZeRO-2) */
-    m->params_half =
-        loom_malloc((size_t)(m->numel ? m->numel : 1) * sizeof(uint16_t));
-    if (!m->params_half)
-      return loom_error_context(
-          LOOM_ERR_NOMEM, "model: the %s copy of %lld parameters",
-          loom_dtype_name(m->precision), (long long)m->numel);
-    m->half_stale = true;
-  }
-  if (m->params_half && m->half_stale && !m->half_bound) {
+  /* made here when set_precision did not (a shape_only model running on
+   * bound parameters: ZeRO-2), or of the other kind when the path changed
+   * since (loom_bf16_set_path) */
+  LOOM_TRY(own_copy(m));
+  if (m->half_stale && !m->half_bound && m->precision != LOOM_F32) {
     /* once per change of the parameters (an optimizer step), not per use */
-    LOOM_TRY(loom_cvt_f32_to_half(m->precision, m->params_half, m->params,
-                                  m->numel));
+    if (m->params_rounded)
+      LOOM_TRY(loom_round_half(m->precision, m->params_rounded, m->params,
+                               m->numel));
+    else
+      LOOM_TRY(loom_cvt_f32_to_half(m->precision, m->params_half, m->params,
+                                    m->numel));
     m->half_stale = false;
   }
   loom_nn_ctx ctx = make_ctx(m);

@@ -336,13 +336,18 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
       f * (shard_params && ranks > 1
                ? (slice + unit + unit2 < psi ? slice + unit + unit2 : psi)
                : psi);
-  /* bf16/f16: the model's half copy of every parameter
-   * (loom_model_half_bytes); ZeRO-3's follows its gathers (the units
-   * present) */
-  if (cfg->train.precision != LOOM_CFG_PRECISION_F32)
-    out->param_bytes += 2.0 * (shard_params && ranks > 1
-                                   ? (unit + unit2 < psi ? unit + unit2 : psi)
-                                   : psi);
+  /* bf16/f16: the model's copy of every parameter in the half type
+   * (loom_model_half_bytes: 2 bytes each, 4 on the conversion path, whose
+   * copy holds the values in f32); ZeRO-3's follows its gathers (the units
+   * present, always 2 bytes) */
+  if (cfg->train.precision != LOOM_CFG_PRECISION_F32) {
+    const loom_dtype half =
+        cfg->train.precision == LOOM_CFG_PRECISION_BF16 ? LOOM_BF16 : LOOM_F16;
+    if (shard_params && ranks > 1)
+      out->param_bytes += 2.0 * (unit + unit2 < psi ? unit + unit2 : psi);
+    else
+      out->param_bytes += (loom_half_on_unit(half) ? 2.0 : 4.0) * psi;
+  }
   /* The model's own gradient buffer, or DDP's (shared memory) that
    * replaces it while DDP lives (the model's is freed then); sharded: the
    * slice and three buckets (two in flight and the one backward is

@@ -341,12 +341,20 @@ static void linear_half_one(loom_dtype dt, int N, int C, int OC) {
   TT_CHECK_OK(loom_round_half(dt, xr, x, (int64_t)N * C));
   TT_CHECK_OK(loom_round_half(dt, wr, w, (int64_t)OC * C));
   TT_CHECK_OK(loom_round_half(dt, dr, dout, (int64_t)N * OC));
-  TT_CHECK_OK(loom_linear_forward_half(y, x, LOOM_F32, dt, wh, b, N, C, OC, S));
-  TT_CHECK_OK(loom_linear_forward_half(y2, xh, dt, dt, wh, b, N, C, OC, S));
+  TT_CHECK_OK(
+      loom_linear_forward_half(y, x, LOOM_F32, dt, wh, dt, b, N, C, OC, S));
+  TT_CHECK_OK(loom_linear_forward_half(y2, xh, dt, dt, wh, dt, b, N, C, OC, S));
   TT_CHECK_OK(loom_linear_forward(yr, xr, wr, b, N, C, OC));
   TT_CHECK_OK(loom_linear_forward(yf, x, w, b, N, C, OC));
   KT_CHECK_SAME_BITS(y, yr, (size_t)N * OC);
   KT_CHECK_SAME_BITS(y2, yr, (size_t)N * OC);
+  /* the weight as a model's copy on the conversion path holds it (f32
+   * values of dt, read as they are): the same bits */
+  float *y3 = kt_zeros((size_t)N * OC);
+  TT_REQUIRE(y3);
+  TT_CHECK_OK(loom_linear_forward_half(y3, x, LOOM_F32, dt, wr, LOOM_F32, b, N,
+                                       C, OC, S));
+  KT_CHECK_SAME_BITS(y3, yr, (size_t)N * OC);
   /* against f32 arithmetic: |x| < 2, |w| < 0.5, so each product moves by
    * at most (2u + u^2) |x w| and a row by that times C * 1 */
   const double u = unit_u(dt);
@@ -361,11 +369,16 @@ static void linear_half_one(loom_dtype dt, int N, int C, int OC) {
   float *dbr = kt_copy(db, (size_t)OC);
   float *dx2 = kt_copy(dx, (size_t)N * C), *dw2 = kt_copy(dw, (size_t)OC * C);
   float *db2 = kt_copy(db, (size_t)OC);
-  TT_REQUIRE(dx && dw && db && dxr && dwr && dbr && dx2 && dw2 && db2);
+  float *dx3 = kt_copy(dx, (size_t)N * C), *dw3 = kt_copy(dw, (size_t)OC * C);
+  float *db3 = kt_copy(db, (size_t)OC);
+  TT_REQUIRE(dx && dw && db && dxr && dwr && dbr && dx2 && dw2 && db2 && dx3 &&
+             dw3 && db3);
   TT_CHECK_OK(loom_linear_backward_half(dx, dw, db, dout, x, LOOM_F32, dt, wh,
+                                        dt, N, C, OC, S));
+  TT_CHECK_OK(loom_linear_backward_half(dx3, dw3, db3, dout, x, LOOM_F32, dt,
+                                        wr, LOOM_F32, N, C, OC, S));
+  TT_CHECK_OK(loom_linear_backward_half(dx2, dw2, db2, dout, xh, dt, dt, wh, dt,
                                         N, C, OC, S));
-  TT_CHECK_OK(loom_linear_backward_half(dx2, dw2, db2, dout, xh, dt, dt, wh, N,
-                                        C, OC, S));
   TT_CHECK_OK(loom_linear_backward(dxr, dwr, NULL, dr, xr, wr, N, C, OC));
   TT_CHECK_OK(
       loom_linear_backward(NULL, NULL, dbr, dout, NULL, NULL, N, C, OC));
@@ -375,11 +388,22 @@ static void linear_half_one(loom_dtype dt, int N, int C, int OC) {
   KT_CHECK_SAME_BITS(dx2, dxr, (size_t)N * C);
   KT_CHECK_SAME_BITS(dw2, dwr, (size_t)OC * C);
   KT_CHECK_SAME_BITS(db2, dbr, (size_t)OC);
-  /* an input type the layer does not take */
-  TT_CHECK(loom_linear_forward_half(y, x, LOOM_I32, dt, wh, b, N, C, OC, S) ==
-           LOOM_ERR_UNSUPPORTED);
-  float *all[] = {x,  w,  b,  dout, xr,  wr,  dr,  S,   y,   y2, yr,
-                  yf, dx, dw, db,   dxr, dwr, dbr, dx2, dw2, db2};
+  KT_CHECK_SAME_BITS(dx3, dxr, (size_t)N * C);
+  KT_CHECK_SAME_BITS(dw3, dwr, (size_t)OC * C);
+  KT_CHECK_SAME_BITS(db3, dbr, (size_t)OC);
+  /* an input or weight type the layer does not take (the other half
+   * type's weight included) */
+  TT_CHECK(loom_linear_forward_half(y, x, LOOM_I32, dt, wh, dt, b, N, C, OC,
+                                    S) == LOOM_ERR_UNSUPPORTED);
+  const loom_dtype other = dt == LOOM_BF16 ? LOOM_F16 : LOOM_BF16;
+  TT_CHECK(loom_linear_forward_half(y, x, LOOM_F32, dt, wh, other, b, N, C, OC,
+                                    S) == LOOM_ERR_UNSUPPORTED);
+  TT_CHECK(loom_linear_backward_half(dx, dw, db, dout, x, LOOM_F32, dt, wh,
+                                     LOOM_I32, N, C, OC,
+                                     S) == LOOM_ERR_UNSUPPORTED);
+  loom_clear_error();
+  float *all[] = {x,  w,  b,   dout, xr,  wr,  dr,  S,   y,  y2,  yr,  yf, dx,
+                  dw, db, dxr, dwr,  dbr, dx2, dw2, db2, y3, dx3, dw3, db3};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     loom_free(all[i]);
   loom_free(wh);
@@ -405,20 +429,20 @@ static void linear_gelu_one(loom_dtype dt, int N, int C, int OC) {
              rb && gb2 && rb2 && wh);
   TT_CHECK_OK(loom_cvt_f32_to_half(dt, wh, w, (int64_t)nw));
   loom_gelu_backward_to(g, y, dout, (int64_t)ny);
-  TT_CHECK_OK(loom_linear_backward_half(rx, rw, rb, g, x, LOOM_F32, dt, wh, N,
-                                        C, OC, S));
+  TT_CHECK_OK(loom_linear_backward_half(rx, rw, rb, g, x, LOOM_F32, dt, wh, dt,
+                                        N, C, OC, S));
   TT_CHECK_OK(loom_linear_backward_half_gelu(gx, gw, gb, dout, y, x, LOOM_F32,
-                                             dt, wh, N, C, OC, S));
+                                             dt, wh, dt, N, C, OC, S));
   KT_CHECK_SAME_BITS(gx, rx, nx);
   KT_CHECK_SAME_BITS(gw, rw, nw);
   KT_CHECK_SAME_BITS(gb, rb, (size_t)OC);
   TT_CHECK_OK(loom_linear_backward_half(NULL, NULL, rb2, g, x, LOOM_F32, dt, wh,
-                                        N, C, OC, S));
-  TT_CHECK_OK(loom_linear_backward_half_gelu(NULL, NULL, gb2, dout, y, x,
-                                             LOOM_F32, dt, wh, N, C, OC, S));
+                                        dt, N, C, OC, S));
+  TT_CHECK_OK(loom_linear_backward_half_gelu(
+      NULL, NULL, gb2, dout, y, x, LOOM_F32, dt, wh, dt, N, C, OC, S));
   KT_CHECK_SAME_BITS(gb2, rb2, (size_t)OC);
   TT_CHECK(loom_linear_backward_half_gelu(gx, gw, gb, dout, NULL, x, LOOM_F32,
-                                          dt, wh, N, C, OC,
+                                          dt, wh, dt, N, C, OC,
                                           S) == LOOM_ERR_INVALID_ARG);
   loom_clear_error();
   float *fr[] = {x, w, y, dout, g, S, gx, gw, gb, rx, rw, rb, gb2, rb2};
@@ -468,11 +492,17 @@ static void conv_half_one(loom_dtype dt, const loom_conv2d_dims d) {
   TT_CHECK_OK(loom_round_half(dt, xr, x, (int64_t)nx));
   TT_CHECK_OK(loom_round_half(dt, wr, w, (int64_t)nw));
   TT_CHECK_OK(loom_round_half(dt, dr, dout, (int64_t)ny));
-  TT_CHECK_OK(loom_conv2d_forward_half(y, col, x, LOOM_F32, dt, wh, b, &d, S));
-  TT_CHECK_OK(loom_conv2d_forward_half(y2, col, xh, dt, dt, wh, b, &d, S));
+  TT_CHECK_OK(
+      loom_conv2d_forward_half(y, col, x, LOOM_F32, dt, wh, dt, b, &d, S));
+  TT_CHECK_OK(loom_conv2d_forward_half(y2, col, xh, dt, dt, wh, dt, b, &d, S));
   TT_CHECK_OK(loom_conv2d_forward(yr, col, xr, wr, b, &d));
   KT_CHECK_SAME_BITS(y, yr, ny);
   KT_CHECK_SAME_BITS(y2, yr, ny);
+  float *y3 = kt_zeros(ny); /* the weight in f32 values of dt */
+  TT_REQUIRE(y3);
+  TT_CHECK_OK(loom_conv2d_forward_half(y3, col, x, LOOM_F32, dt, wr, LOOM_F32,
+                                       b, &d, S));
+  KT_CHECK_SAME_BITS(y3, yr, ny);
 
   float *dx = kt_rand(nx, 25, -1, 1), *dw = kt_rand(nw, 26, -1, 1);
   float *db = kt_rand((size_t)d.OC, 27, -1, 1);
@@ -480,11 +510,16 @@ static void conv_half_one(loom_dtype dt, const loom_conv2d_dims d) {
   float *dbr = kt_copy(db, (size_t)d.OC);
   float *dx2 = kt_copy(dx, nx), *dw2 = kt_copy(dw, nw);
   float *db2 = kt_copy(db, (size_t)d.OC);
-  TT_REQUIRE(dx && dw && db && dxr && dwr && dbr && dx2 && dw2 && db2);
+  float *dx3 = kt_copy(dx, nx), *dw3 = kt_copy(dw, nw);
+  float *db3 = kt_copy(db, (size_t)d.OC);
+  TT_REQUIRE(dx && dw && db && dxr && dwr && dbr && dx2 && dw2 && db2 && dx3 &&
+             dw3 && db3);
   TT_CHECK_OK(loom_conv2d_backward_half(dx, dw, db, col, dout, x, LOOM_F32, dt,
-                                        wh, &d, S));
+                                        wh, dt, &d, S));
+  TT_CHECK_OK(loom_conv2d_backward_half(dx3, dw3, db3, col, dout, x, LOOM_F32,
+                                        dt, wr, LOOM_F32, &d, S));
   TT_CHECK_OK(loom_conv2d_backward_half(dx2, dw2, db2, col, dout, xh, dt, dt,
-                                        wh, &d, S));
+                                        wh, dt, &d, S));
   TT_CHECK_OK(loom_conv2d_backward(dxr, dwr, NULL, col, dr, xr, wr, &d));
   TT_CHECK_OK(loom_conv2d_backward(NULL, NULL, dbr, col, dout, NULL, NULL, &d));
   KT_CHECK_SAME_BITS(dx, dxr, nx);
@@ -493,10 +528,16 @@ static void conv_half_one(loom_dtype dt, const loom_conv2d_dims d) {
   KT_CHECK_SAME_BITS(dx2, dxr, nx);
   KT_CHECK_SAME_BITS(dw2, dwr, nw);
   KT_CHECK_SAME_BITS(db2, dbr, (size_t)d.OC);
-  TT_CHECK(loom_conv2d_forward_half(y, col, x, LOOM_I32, dt, wh, b, &d, S) ==
-           LOOM_ERR_UNSUPPORTED);
-  float *all[] = {x,  w,  b,  dout, xr,  wr,  dr,  col, S,   y,  y2,
-                  yr, dx, dw, db,   dxr, dwr, dbr, dx2, dw2, db2};
+  KT_CHECK_SAME_BITS(dx3, dxr, nx);
+  KT_CHECK_SAME_BITS(dw3, dwr, nw);
+  KT_CHECK_SAME_BITS(db3, dbr, (size_t)d.OC);
+  TT_CHECK(loom_conv2d_forward_half(y, col, x, LOOM_I32, dt, wh, dt, b, &d,
+                                    S) == LOOM_ERR_UNSUPPORTED);
+  TT_CHECK(loom_conv2d_forward_half(y, col, x, LOOM_F32, dt, wh, LOOM_I32, b,
+                                    &d, S) == LOOM_ERR_UNSUPPORTED);
+  loom_clear_error();
+  float *all[] = {x,  w,  b,   dout, xr,  wr,  dr,  col, S,  y,   y2,  yr, dx,
+                  dw, db, dxr, dwr,  dbr, dx2, dw2, db2, y3, dx3, dw3, db3};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     loom_free(all[i]);
   loom_free(wh);
@@ -544,13 +585,13 @@ static void half_thread_invariance(loom_dtype dt) {
     dw[t] = kt_zeros((size_t)OC * C);
     TT_REQUIRE(y[t] && yb[t] && dx[t] && dw[t]);
     loom_set_threads(t + 1);
-    TT_CHECK_OK(
-        loom_linear_forward_half(y[t], x, LOOM_F32, dt, wh, NULL, N, C, OC, S));
+    TT_CHECK_OK(loom_linear_forward_half(y[t], x, LOOM_F32, dt, wh, dt, NULL, N,
+                                         C, OC, S));
     /* with a bias (on the unit: added by oneDNN as it stores the rows) */
-    TT_CHECK_OK(
-        loom_linear_forward_half(yb[t], x, LOOM_F32, dt, wh, b, N, C, OC, S));
+    TT_CHECK_OK(loom_linear_forward_half(yb[t], x, LOOM_F32, dt, wh, dt, b, N,
+                                         C, OC, S));
     TT_CHECK_OK(loom_linear_backward_half(dx[t], dw[t], NULL, dout, x, LOOM_F32,
-                                          dt, wh, N, C, OC, S));
+                                          dt, wh, dt, N, C, OC, S));
   }
   loom_set_threads(0);
   for (int t = 1; t < 3; t++) {
@@ -652,9 +693,10 @@ static void conv_unit_one(loom_dtype dt, const loom_conv2d_dims d) {
     for (size_t i = 0; i < nw; i++)
       dw[t][i] = 0.5f;
     loom_set_threads(t + 1);
-    TT_CHECK_OK(loom_conv2d_forward_half(y[t], col, xh, dt, dt, wh, b, &d, S));
+    TT_CHECK_OK(
+        loom_conv2d_forward_half(y[t], col, xh, dt, dt, wh, dt, b, &d, S));
     TT_CHECK_OK(loom_conv2d_backward_half(dx[t], dw[t], NULL, col, g, xh, dt,
-                                          dt, wh, &d, S));
+                                          dt, wh, dt, &d, S));
   }
   loom_set_threads(0);
   int bad = 0;
@@ -863,6 +905,28 @@ TT_TEST(half_layers) {
   }
 }
 
+/* A weight in f32 values of dt (a model's copy on the conversion path)
+ * takes the conversion path even with the unit on: the f32 layer on the
+ * rounded operands, bit for bit. */
+static void f32_weight_converts(loom_dtype dt) {
+  const int N = 37, C = 45, OC = 19;
+  float *x = kt_rand((size_t)N * C, 51, -2, 2);
+  float *w = kt_rand((size_t)OC * C, 52, -0.5f, 0.5f);
+  float *xr = kt_zeros((size_t)N * C), *wr = kt_zeros((size_t)OC * C);
+  float *S = kt_zeros((size_t)loom_linear_half_scratch_floats(N, C, OC));
+  float *y = kt_zeros((size_t)N * OC), *yr = kt_zeros((size_t)N * OC);
+  TT_REQUIRE(x && w && xr && wr && S && y && yr);
+  TT_CHECK_OK(loom_round_half(dt, xr, x, (int64_t)N * C));
+  TT_CHECK_OK(loom_round_half(dt, wr, w, (int64_t)OC * C));
+  TT_CHECK_OK(loom_linear_forward_half(y, x, LOOM_F32, dt, wr, LOOM_F32, NULL,
+                                       N, C, OC, S));
+  TT_CHECK_OK(loom_linear_forward(yr, xr, wr, NULL, N, C, OC));
+  KT_CHECK_SAME_BITS(y, yr, (size_t)N * OC);
+  float *all[] = {x, w, xr, wr, S, y, yr};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    loom_free(all[i]);
+}
+
 /* The bf16 unit (oneDNN's matmul on AVX512-BF16 or AMX), where this CPU
  * has one: the GEMM within the f32-sum bound of the double reference on
  * every shape and transpose, and the same bits at 1, 2 and 3 threads. */
@@ -884,6 +948,7 @@ TT_TEST(bf16_unit) {
   conv_unit_shapes(LOOM_BF16);
   att_half_shapes(LOOM_BF16);
   linear_gelu(LOOM_BF16);
+  f32_weight_converts(LOOM_BF16);
   TT_CHECK_OK(loom_bf16_set_path(LOOM_BF16_PATH_CONVERT));
   /* the conversion path meets the same bound (and is bitwise the f32
    * convolution of the rounded values: half_layers) */

@@ -168,13 +168,23 @@ psi=$(sed -n 's/.* \([0-9]*\) parameters, .*/\1/p' "$tmp/out" | head -1)
 want=$(awk -v p="$psi" 'BEGIN { printf "%.1f", 2 * 3 / 4 * 4 * p / 1048576 }')
 [ "$(col ddp 11)" = "$want" ] && ok "ddp on 4 ranks sends $want MiB a step" ||
   bad "ddp on 4 ranks sends $(col ddp 11) MiB, want $want"
-# bf16: the bf16 copy of the parameters (2 bytes each) on top of f32's.
+# bf16: the copy of the parameters in bf16 on top of f32's: 4 bytes each on
+# the conversion path (the values in f32), 2 on a bf16 unit; the header
+# names the path and the size.
 "$LOOM" estimate "$cfg" "${mid[@]}" >"$tmp/out" 2>&1
 p32=$(col none 3)
-"$LOOM" estimate "$cfg" "${mid[@]}" --set train.precision=bf16 >"$tmp/out" 2>&1
-want=$(awk -v a="$p32" -v p="$psi" 'BEGIN { printf "%.1f", a + 2 * p / 1048576 }')
-awk -v a="$(col none 3)" -v w="$want" 'BEGIN { exit !(a - w < 0.11 && w - a < 0.11) }' &&
-  ok "bf16 params $(col none 3) MiB (f32 $p32 + the bf16 copy)" || bad "bf16 params $(col none 3), want $want"
+for path in convert auto; do
+  LOOM_BF16_PATH=$path "$LOOM" estimate "$cfg" "${mid[@]}" --set train.precision=bf16 >"$tmp/out" 2>&1
+  bytes=$(sed -n 's/^# bf16: .*, \([24]\) bytes a parameter.*/\1/p' "$tmp/out")
+  case $path:$bytes in
+  convert:4 | auto:2 | auto:4) ok "bf16 on $path: the header says $bytes bytes a parameter" ;;
+  *) bad "bf16 on $path: header $(grep '^# bf16' "$tmp/out")" ;;
+  esac
+  want=$(awk -v a="$p32" -v p="$psi" -v b="${bytes:-0}" 'BEGIN { printf "%.1f", a + b * p / 1048576 }')
+  awk -v a="$(col none 3)" -v w="$want" 'BEGIN { exit !(a - w < 0.11 && w - a < 0.11) }' &&
+    ok "bf16 params on $path $(col none 3) MiB (f32 $p32 + the copy)" ||
+    bad "bf16 params on $path $(col none 3), want $want"
+done
 # parallel.micro_batches on one rank: a micro-batch's rows at a time.
 "$LOOM" estimate "$cfg" "${mid[@]}" --set train.batch_size=8 --set parallel.micro_batches=4 >"$tmp/out" 2>&1
 grep -q "micro-batch 2 rows" "$tmp/out" && ok "micro_batches 4 of batch 8: 2 rows a forward" ||

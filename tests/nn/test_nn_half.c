@@ -27,6 +27,10 @@
 
 /* The half type the tests run in (main runs them for each). */
 static loom_dtype g_half = LOOM_BF16;
+
+/* Bytes a parameter of the model's own copy: 2 where the matmuls run on
+ * the CPU's unit, 4 on the conversion path (f32 values of the type). */
+static size_t copy_bytes(void) { return loom_half_on_unit(g_half) ? 2 : 4; }
 #define TOL (g_half == LOOM_BF16 ? 1.0 / 32.0 : 1.0 / 256.0)
 
 static double rel_err(const float *a, const float *b, int64_t n) {
@@ -419,7 +423,7 @@ TT_TEST(activation_memory) {
   /* fc1 and fc2 out f32, the two ReLUs' outputs bf16, fc3 out f32 */
   TT_CHECK_EQ(a32, (size_t)128 * (512 * 4 + 10) * 4);
   TT_CHECK_EQ(a16, (size_t)128 * (512 * 2 * 4 + 512 * 2 * 2 + 10 * 4));
-  TT_CHECK_EQ(loom_model_half_bytes(m), (size_t)669706 * 2);
+  TT_CHECK_EQ(loom_model_half_bytes(m), (size_t)669706 * copy_bytes());
   printf("  fashion-mlp batch 128: activations %zu -> %zu bytes, scratch %zu "
          "-> %zu\n",
          a32, a16, s32, s16);
@@ -488,6 +492,65 @@ TT_TEST(copy_refresh) {
   TT_CHECK(memcmp(y3, y.data, sizeof y3) != 0);
   loom_free(x);
   loom_model_free(m);
+}
+
+/* The model's own copy on the conversion path (f32 values of the half
+ * type) and a bound 2-byte copy (ZeRO-3's, a pipeline's) give the same
+ * bits, and loom_model_refresh_half fills either; a change of path makes
+ * the copy of the other kind on the next forward. */
+TT_TEST(copy_kinds) {
+  int32_t ids[4 * 12];
+  for (int i = 0; i < 4 * 12; i++)
+    ids[i] = (i * 7 + 3) % 29;
+  loom_tensor tok = loom_tensor_view(ids, LOOM_I32, 2, (int64_t[]){4, 12});
+  loom_gpt_opts o = tiny_gpt();
+  loom_model *own, *bound;
+  TT_REQUIRE_OK(loom_gpt_new(&own, &o, NULL));
+  TT_REQUIRE_OK(loom_gpt_new(&bound, &o, NULL));
+  TT_REQUIRE_OK(loom_model_set_precision(own, g_half));
+  TT_REQUIRE_OK(loom_model_set_precision(bound, g_half));
+  const int64_t np = loom_model_num_params(own);
+  TT_CHECK(!loom_half_on_unit(g_half)); /* main runs this on the conversion */
+  TT_CHECK_EQ(loom_model_half_bytes(own), (size_t)np * 4);
+  uint16_t *buf = loom_malloc((size_t)np * 2);
+  TT_REQUIRE(buf);
+  loom_model_bind_half(bound, buf);
+  TT_CHECK_EQ(loom_model_half_bytes(bound), (size_t)0);
+  const loom_range all = {0, np};
+  TT_REQUIRE_OK(loom_model_refresh_half(bound, &all, 1));
+  run r[2];
+  TT_REQUIRE_OK(run_model(own, &tok, &r[0]));
+  TT_REQUIRE_OK(run_model(bound, &tok, &r[1]));
+  TT_CHECK(memcmp(r[0].out, r[1].out, (size_t)r[0].out_n * 4) == 0);
+  TT_CHECK(memcmp(r[0].grads, r[1].grads, (size_t)np * 4) == 0);
+  run_free(&r[0]);
+  /* refresh_half on the own copy, by ranges: the new weights are read */
+  float *p = loom_model_params(own);
+  for (int64_t i = 0; i < np; i++)
+    p[i] *= 0.5f;
+  const loom_range halves[2] = {{0, np / 2}, {np / 2, np - np / 2}};
+  TT_REQUIRE_OK(loom_model_refresh_half(own, halves, 2));
+  TT_REQUIRE_OK(run_model(own, &tok, &r[0]));
+  TT_CHECK(memcmp(r[0].out, r[1].out, (size_t)r[0].out_n * 4) != 0);
+  run_free(&r[0]);
+  run_free(&r[1]);
+  /* unbound: the model's own copy again, of the path's kind */
+  loom_model_bind_half(bound, NULL);
+  TT_REQUIRE_OK(run_model(bound, &tok, &r[1]));
+  TT_CHECK_EQ(loom_model_half_bytes(bound), (size_t)np * 4);
+  run_free(&r[1]);
+  if (g_half == LOOM_BF16 &&
+      (loom_bf16_set_path(LOOM_BF16_PATH_AMX) == LOOM_OK ||
+       loom_bf16_set_path(LOOM_BF16_PATH_AVX512_BF16) == LOOM_OK)) {
+    TT_REQUIRE_OK(run_model(bound, &tok, &r[1]));
+    TT_CHECK_EQ(loom_model_half_bytes(bound), (size_t)np * 2);
+    run_free(&r[1]);
+    TT_CHECK_OK(loom_bf16_set_path(LOOM_BF16_PATH_CONVERT));
+  }
+  loom_clear_error();
+  loom_free(buf);
+  loom_model_free(own);
+  loom_model_free(bound);
 }
 
 /* Same bits at 1 and 2 threads, and with activation checkpointing. */
@@ -601,7 +664,7 @@ TT_TEST(half_errors) {
   TT_CHECK_OK(loom_model_set_precision(m, LOOM_BF16));
   TT_CHECK_OK(loom_model_set_precision(m, LOOM_F16));
   TT_CHECK_EQ(loom_model_precision(m), LOOM_F16);
-  TT_CHECK_EQ(loom_model_half_bytes(m), (size_t)(37 * 23 + 23) * 2);
+  TT_CHECK_EQ(loom_model_half_bytes(m), (size_t)(37 * 23 + 23) * copy_bytes());
   TT_CHECK(loom_model_set_precision(m, LOOM_I32) == LOOM_ERR_UNSUPPORTED);
   TT_CHECK_OK(loom_model_set_precision(m, LOOM_F32));
   loom_model_free(m);
@@ -619,6 +682,7 @@ int main(void) {
     TT_RUN(conv2d_exact);
     TT_RUN(activation_memory);
     TT_RUN(copy_refresh);
+    TT_RUN(copy_kinds);
     TT_RUN(half_same_bits);
     TT_RUN(half_errors);
   }
