@@ -100,6 +100,11 @@ loom_status loom_cvt_half_to_f32(loom_dtype dt, float *out, const uint16_t *in,
                                  int64_t n);
 loom_status loom_round_half(loom_dtype dt, float *out, const float *in,
                             int64_t n);
+/* The same on the calling thread alone, with no parallel region: for a
+ * caller inside its own parallel loop (the optimizer, writing the model's
+ * rounded copy block by block as it updates the parameters). */
+loom_status loom_round_half_serial(loom_dtype dt, float *out, const float *in,
+                                   int64_t n);
 
 /* How the bf16 matmuls (GEMM and linear layer) run on this CPU. CONVERT:
  * operands converted on load to f32 and the f32 GEMM (every CPU; up to

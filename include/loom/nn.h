@@ -485,6 +485,14 @@ void loom_model_params_updated(loom_model *m);
  * f32, or when bound to the caller's; 4 a parameter on the conversion
  * path, 2 on the unit). */
 size_t loom_model_half_bytes(const loom_model *m);
+/* The model's own copy on the conversion path (numel f32 values of its
+ * half type), or NULL (f32, a unit path, a bound copy, or none made yet:
+ * the first forward makes it). Whoever changes parameters may write each
+ * one's rounding (loom_round_half) there as it goes and leave out
+ * loom_model_params_updated: the copy stays current, with no refresh pass
+ * at the next forward (the trainer has its optimizer do it:
+ * loom_optim_set_rounded). */
+float *loom_model_rounded_copy(loom_model *m);
 /* Binds the half copy to the caller's buffer buf (numel 2-byte entries,
  * on either path: the conversion path widens them on use; NULL: the
  * model's own again, made on the next forward). Several models

@@ -91,6 +91,14 @@ loom_status loom_optim_step_shard(loom_optim *o, float *params,
 loom_status loom_optim_step_range(loom_optim *o, float *params,
                                   const float *grads, float lr, int64_t begin,
                                   int64_t end);
+/* Mixed precision on the conversion path: while out is set, every step
+ * (of the three above) also writes each parameter it updates, rounded to
+ * half type dt (LOOM_BF16 or LOOM_F16, loom_round_half's bits), into out,
+ * addressed as params is (out[i - shard_begin] for loom_optim_step_shard),
+ * block by block while the values are in cache: the model's copy
+ * (loom_model_rounded_copy) kept current with no refresh pass of its own.
+ * out NULL: none (the default). LOOM_ERR_INVALID_ARG for another type. */
+loom_status loom_optim_set_rounded(loom_optim *o, loom_dtype dt, float *out);
 /* Ends a step made of loom_optim_step_range calls: the step count + 1. */
 void loom_optim_finish_step(loom_optim *o);
 

@@ -188,9 +188,14 @@ static loom_status run_one(const workload *w, loom_dtype precision, int threads,
     bool skip = scaled && loom_scaler_unscale(&sc, grads, np);
     if (scaled)
       loom_scaler_update(&sc, skip);
+    /* bf16/f16: a new copy once a step, written by the optimizer as it
+     * goes on the conversion path (as the trainer does) */
+    float *rounded = loom_model_rounded_copy(model);
+    LOOM_TRY_GOTO(s, loom_optim_set_rounded(optim, precision, rounded), out);
     if (!skip)
       LOOM_TRY_GOTO(s, loom_optim_step(optim, params, grads, lr), out);
-    loom_model_params_updated(model); /* bf16/f16: a new copy, once a step */
+    if (!rounded)
+      loom_model_params_updated(model);
     if (i >= 0) {
       times[i] = loom_time_now() - t0;
       cpu[i] = process_cpu() - c0;

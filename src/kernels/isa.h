@@ -54,6 +54,7 @@
   R(loom_status, loom_cvt_f32_to_half, (loom_dtype dt, uint16_t *out, const float *in, int64_t n), (dt, out, in, n)) \
   R(loom_status, loom_cvt_half_to_f32, (loom_dtype dt, float *out, const uint16_t *in, int64_t n), (dt, out, in, n)) \
   R(loom_status, loom_round_half, (loom_dtype dt, float *out, const float *in, int64_t n), (dt, out, in, n)) \
+  R(loom_status, loom_round_half_serial, (loom_dtype dt, float *out, const float *in, int64_t n), (dt, out, in, n)) \
   R(int64_t, loom_gemm_half_scratch_floats, (int M, int N, int K), (M, N, K)) \
   R(loom_status, loom_gemm_half, (loom_dtype dt, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta, float *C, int ldc, float *scratch), (dt, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, scratch)) \
   R(int64_t, loom_linear_half_scratch_floats, (int N, int C, int OC), (N, C, OC)) \

@@ -525,6 +525,14 @@ size_t loom_model_half_bytes(const loom_model *m) {
                                           : 0;
 }
 
+float *loom_model_rounded_copy(loom_model *m) {
+  /* a change of path since the copy was made: none, the next forward makes
+   * the other kind */
+  return m->params_rounded && !loom_half_on_unit(m->precision)
+             ? m->params_rounded
+             : NULL;
+}
+
 void loom_model_bind_half(loom_model *m, uint16_t *buf) {
   drop_own_copy(m);
   m->params_half = buf;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "loom/kernels.h"
 
 const char *const loom_optim_kind_names[] = {
 #define LOOM_X_ROW(name, text) text,
@@ -103,6 +104,10 @@ struct loom_optim {
   int nstate;
   const char *state_names[OPTIM_MAX_STATE];
   float *state[OPTIM_MAX_STATE]; /* (S) each, S = end - begin */
+  /* loom_optim_set_rounded: where each updated element's rounding to
+   * round_dt goes (addressed as params), or NULL */
+  float *round_out;
+  loom_dtype round_dt;
 };
 
 static bool finite_nonneg(double x) { return x >= 0.0 && isfinite(x); }
@@ -272,6 +277,27 @@ void loom_optim_free(loom_optim *o) {
 
 /* --------------------------------------------------------------- kernels */
 
+/* The update of cnt elements of one segment: p, g from its first, state
+ * index so. */
+static void update_seg(const loom_optim *o, const step_consts *k, float *pp,
+                       const float *gg, int64_t so, int64_t cnt, bool decay) {
+  if (o->opts.kind == LOOM_OPTIM_ADAMW) {
+    loom_optim_adamw(pp, gg, o->state[0] + so, o->state[1] + so, cnt, k, decay);
+  } else if (o->nstate == 1) {
+    loom_optim_sgd_momentum(pp, gg, o->state[0] + so, cnt, k->lr,
+                            decay ? k->wd : 0.0f, k->mu, o->opts.nesterov);
+  } else {
+    loom_optim_sgd_plain(pp, gg, cnt, k->lr, decay ? k->wd : 0.0f);
+  }
+}
+
+/* Elements a block of the update when the rounded copy is written too:
+ * each block rounded while its parameters are still in L1 (p, g, two
+ * state buffers and the copy: 40 KB). A multiple of 32, so the vector
+ * loops' tails fall on the same elements as in one call (the same bits;
+ * the updates are elementwise anyway). */
+#define ROUND_BLOCK 2048
+
 /* Updates global elements [lo, hi); p and g hold global element i at index
  * i - pbase, each state buffer at i - o->begin. */
 static void update_part(const loom_optim *o, const step_consts *k, float *p,
@@ -293,14 +319,16 @@ static void update_part(const loom_optim *o, const step_consts *k, float *p,
     float *pp = p + (x - pbase);
     const float *gg = g + (x - pbase);
     int64_t cnt = y - x, so = x - o->begin;
-    if (o->opts.kind == LOOM_OPTIM_ADAMW) {
-      loom_optim_adamw(pp, gg, o->state[0] + so, o->state[1] + so, cnt, k,
-                       decay);
-    } else if (o->nstate == 1) {
-      loom_optim_sgd_momentum(pp, gg, o->state[0] + so, cnt, k->lr,
-                              decay ? k->wd : 0.0f, k->mu, o->opts.nesterov);
-    } else {
-      loom_optim_sgd_plain(pp, gg, cnt, k->lr, decay ? k->wd : 0.0f);
+    if (!o->round_out) {
+      update_seg(o, k, pp, gg, so, cnt, decay);
+      continue;
+    }
+    float *rr = o->round_out + (x - pbase);
+    for (int64_t at = 0; at < cnt; at += ROUND_BLOCK) {
+      const int64_t bn = cnt - at < ROUND_BLOCK ? cnt - at : ROUND_BLOCK;
+      update_seg(o, k, pp + at, gg + at, so + at, bn, decay);
+      /* the type was checked by loom_optim_set_rounded */
+      (void)loom_round_half_serial(o->round_dt, rr + at, pp + at, bn);
     }
   }
 }
@@ -379,6 +407,18 @@ loom_status loom_optim_step_range(loom_optim *o, float *params,
                                   const float *grads, float lr, int64_t begin,
                                   int64_t end) {
   return step_impl(o, params, grads, 0, lr, begin, end);
+}
+
+loom_status loom_optim_set_rounded(loom_optim *o, loom_dtype dt, float *out) {
+  if (!o)
+    return loom_error(LOOM_ERR_INVALID_ARG, "optim: optimizer is NULL");
+  if (out && dt != LOOM_BF16 && dt != LOOM_F16)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "optim: a rounded copy in %s (bf16 or f16)",
+                      loom_dtype_name(dt));
+  o->round_out = out;
+  o->round_dt = dt;
+  return LOOM_OK;
 }
 
 void loom_optim_finish_step(loom_optim *o) {

@@ -1458,6 +1458,16 @@ static loom_status optim_step(loom_trainer *t, float lr, double *gnorm,
    * steps (no stepping bucket by bucket); skip: all ranks skip. */
   const bool scaled = t->ls_mode != LOOM_LOSS_SCALE_NONE;
   bool skip = false;
+  /* bf16/f16 on the conversion path: the optimizer writes each parameter's
+   * rounding into the model's copy as it updates it, when it updates them
+   * all here (not a ZeRO shard, whose others arrive by gather) */
+  const loom_optim_opts *oo = loom_optim_get_opts(t->optim);
+  float *rounded = t->zero == 0 && oo->shard_begin == 0 &&
+                           (oo->shard_end < 0 || oo->shard_end == n)
+                       ? loom_model_rounded_copy(t->model)
+                       : NULL;
+  LOOM_TRY(loom_optim_set_rounded(t->optim, loom_model_precision(t->model),
+                                  rounded));
   if (t->ddp && clip <= 0 && !scaled && !t->sp) {
     LOOM_TRY(loom_ddp_step(t->ddp, t->optim, lr));
   } else if (t->zero >= 2) {
@@ -1516,8 +1526,10 @@ static loom_status optim_step(loom_trainer *t, float lr, double *gnorm,
   }
   if (!skip && (t->zero == 1 || t->zero == 2))
     LOOM_TRY(zero1_gather(t, params));
-  /* bf16/f16: the weight copy is made again once, on the next forward */
-  loom_model_params_updated(t->model);
+  /* bf16/f16: the weight copy is made again once, on the next forward,
+   * unless the optimizer kept it current (a skipped step changed nothing) */
+  if (!rounded)
+    loom_model_params_updated(t->model);
   double el = loom_time_now() - t0;
   if (t->ddp) {
     loom_ddp_get_stats(t->ddp, &ds);

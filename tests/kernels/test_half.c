@@ -55,17 +55,20 @@ TT_TEST(cvt_matches_scalar) {
   float *x = special_values(n);
   loom_bf16 *h = loom_malloc((size_t)n * sizeof(loom_bf16));
   float *w = kt_zeros((size_t)n), *rd = kt_zeros((size_t)n);
-  TT_REQUIRE(x && h && w && rd);
+  float *rs = kt_zeros((size_t)n);
+  TT_REQUIRE(x && h && w && rd && rs);
   for (int off = 0; off < 3; off++) { /* unaligned starts */
     const int m = n - off;
     loom_cvt_f32_to_bf16(h + off, x + off, m);
     loom_cvt_bf16_to_f32(w + off, h + off, m);
     loom_round_bf16(rd + off, x + off, m);
+    TT_CHECK_OK(loom_round_half_serial(LOOM_BF16, rs + off, x + off, m));
     int bad = 0;
     for (int i = off; i < n; i++) {
       const loom_bf16 want = loom_f32_to_bf16(x[i]);
       if (h[i] != want || f_bits(w[i]) != f_bits(loom_bf16_to_f32(want)) ||
-          f_bits(rd[i]) != f_bits(loom_bf16_to_f32(want))) {
+          f_bits(rd[i]) != f_bits(loom_bf16_to_f32(want)) ||
+          f_bits(rs[i]) != f_bits(rd[i])) {
         if (bad++ < 3)
           fprintf(stderr, "  [%d] %08x: got %04x/%08x/%08x want %04x\n", i,
                   f_bits(x[i]), h[i], f_bits(w[i]), f_bits(rd[i]), want);
@@ -81,10 +84,17 @@ TT_TEST(cvt_matches_scalar) {
   TT_CHECK(isnan(w[4]) && isnan(w[5]) && isnan(w[6]) && isnan(w[7]));
   TT_CHECK(isinf(w[14]) && w[14] > 0 && isinf(w[15]) && w[15] < 0);
   TT_CHECK(isinf(w[16]) && !isinf(w[17]));
+  /* f16's serial rounding: loom_round_half's bits */
+  TT_CHECK_OK(loom_round_half(LOOM_F16, rd, x, n));
+  TT_CHECK_OK(loom_round_half_serial(LOOM_F16, rs, x, n));
+  TT_CHECK(memcmp(rd, rs, (size_t)n * sizeof(float)) == 0);
+  TT_CHECK(loom_round_half_serial(LOOM_F32, rs, x, n) == LOOM_ERR_UNSUPPORTED);
+  loom_clear_error();
   loom_free(x);
   loom_free(h);
   loom_free(w);
   loom_free(rd);
+  loom_free(rs);
 }
 
 /* f16: F16C in the avx2 copy, core's scalar in the base copy (run by the

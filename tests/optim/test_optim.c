@@ -3,6 +3,7 @@
  * checkpoints, invalid options and allocation failures. */
 #include <string.h>
 
+#include "loom/kernels.h"
 #include "loom/optim.h"
 #include "ref_torch.h"
 #include "tt.h"
@@ -328,6 +329,82 @@ TT_TEST(test_range_equals_full) {
   big_release(&b);
 }
 
+/* loom_optim_set_rounded: the same parameters, and beside them each one
+ * rounded (loom_round_half's bits), from full steps, ranges and a shard,
+ * in bf16 and f16, on 2 threads (blocks cut inside each thread's part). */
+TT_TEST(test_rounded_copy) {
+  big_bufs b;
+  TT_REQUIRE(big_alloc(&b));
+  float *r = loom_calloc(BIG_N, sizeof(float));
+  float *want = loom_calloc(BIG_N, sizeof(float));
+  TT_REQUIRE(r && want);
+  loom_param v[BIG_V];
+  big_views(v);
+  loom_set_threads(2);
+  const loom_dtype halves[] = {LOOM_BF16, LOOM_F16};
+  for (int kind = 0; kind < LOOM_OPTIM_KIND_COUNT; kind++) {
+    TT_REQUIRE_OK(run_full(kind, b.p, b.s0, b.s1));
+    for (int h = 0; h < 2; h++) {
+      const loom_dtype dt = halves[h];
+      for (int ranges = 0; ranges < 2; ranges++) {
+        loom_optim_opts opts = big_opts(kind);
+        loom_optim *o = NULL;
+        TT_REQUIRE_OK(loom_optim_new(&o, &opts, v, BIG_V, BIG_N));
+        TT_REQUIRE_OK(loom_optim_set_rounded(o, dt, r));
+        big_data(b.q, b.g, 0);
+        memset(r, 0xff, sizeof(float) * BIG_N);
+        for (int s = 0; s < 3; s++) {
+          big_data(NULL, b.g, s);
+          if (ranges) {
+            TT_CHECK_OK(
+                loom_optim_step_range(o, b.q, b.g, 0.01f, 70001, BIG_N));
+            TT_CHECK_OK(loom_optim_step_range(o, b.q, b.g, 0.01f, 0, 70001));
+            loom_optim_finish_step(o);
+          } else {
+            TT_CHECK_OK(loom_optim_step(o, b.q, b.g, 0.01f));
+          }
+        }
+        TT_CHECK(BITWISE_EQ(b.p, b.q, BIG_N));
+        TT_REQUIRE_OK(loom_round_half(dt, want, b.q, BIG_N));
+        TT_CHECK(BITWISE_EQ(r, want, BIG_N));
+        /* cleared: the copy is left alone */
+        TT_REQUIRE_OK(loom_optim_set_rounded(o, dt, NULL));
+        memcpy(b.t1, r, sizeof(float) * BIG_N);
+        TT_CHECK_OK(loom_optim_step(o, b.q, b.g, 0.01f));
+        TT_CHECK(BITWISE_EQ(r, b.t1, BIG_N));
+        loom_optim_free(o);
+      }
+    }
+    /* a shard on local buffers: the copy addressed as they are */
+    const int64_t sb = 4100, se = 134567, S = se - sb;
+    loom_optim_opts opts = big_opts(kind);
+    opts.shard_begin = sb;
+    opts.shard_end = se;
+    loom_optim *sh = NULL;
+    TT_REQUIRE_OK(loom_optim_new(&sh, &opts, v, BIG_V, BIG_N));
+    TT_REQUIRE_OK(loom_optim_set_rounded(sh, LOOM_BF16, r));
+    big_data(b.q, b.g, 0);
+    memcpy(b.t0, b.q + sb, sizeof(float) * S);
+    for (int s = 0; s < 3; s++) {
+      big_data(NULL, b.g, s);
+      TT_CHECK_OK(loom_optim_step_shard(sh, b.t0, b.g + sb, 0.01f));
+    }
+    TT_CHECK(BITWISE_EQ(b.t0, b.p + sb, S));
+    TT_REQUIRE_OK(loom_round_half(LOOM_BF16, want, b.t0, S));
+    TT_CHECK(BITWISE_EQ(r, want, S));
+    TT_CHECK_EQ(loom_optim_set_rounded(sh, LOOM_F32, r), LOOM_ERR_INVALID_ARG);
+    TT_CHECK_OK(loom_optim_set_rounded(sh, LOOM_F32, NULL));
+    loom_clear_error();
+    loom_optim_free(sh);
+  }
+  loom_set_threads(0);
+  TT_CHECK_EQ(loom_optim_set_rounded(NULL, LOOM_BF16, r), LOOM_ERR_INVALID_ARG);
+  loom_clear_error();
+  loom_free(r);
+  loom_free(want);
+  big_release(&b);
+}
+
 TT_TEST(test_threads_deterministic) {
   big_bufs b;
   TT_REQUIRE(big_alloc(&b));
@@ -508,6 +585,7 @@ int main(void) {
   TT_RUN(test_torch_reference);
   TT_RUN(test_hand_computed);
   TT_RUN(test_range_equals_full);
+  TT_RUN(test_rounded_copy);
   TT_RUN(test_threads_deterministic);
   TT_RUN(test_state_checkpoint);
   TT_RUN(test_invalid);
