@@ -220,6 +220,10 @@ void loom_add_forward(float *out, const float *a, const float *b, int64_t n);
 void loom_accumulate(float *y, const float *x, int64_t n);
 void loom_scale(float *x, float s, int64_t n);
 void loom_relu_forward(float *out, const float *inp, int64_t n);
+/* The same rounded to half type dt (bf16 or f16; out: n half values):
+ * bit for bit loom_relu_forward then loom_cvt_f32_to_half, in one pass. */
+void loom_relu_forward_half(loom_dtype dt, uint16_t *out, const float *inp,
+                            int64_t n);
 /* dinp += dout * (inp > 0) */
 void loom_relu_backward(float *dinp, const float *inp, const float *dout,
                         int64_t n);

@@ -59,6 +59,23 @@ void LOOM_ISA(loom_relu_forward)(float *out, const float *inp, int64_t n) {
   });
 }
 
+/* ReLU rounded to half as it is computed, a block at a time through a
+ * stack buffer (as GELU's below): one pass and one parallel region where
+ * loom_relu_forward then the conversion take two of each. */
+#define RELU_BLOCK 512
+void LOOM_ISA(loom_relu_forward_half)(loom_dtype dt, uint16_t *out,
+                                      const float *inp, int64_t n) {
+  EW_PARALLEL(n, {
+    float buf[RELU_BLOCK];
+    for (int64_t b0 = i0; b0 < i1; b0 += RELU_BLOCK) {
+      const int64_t m = i1 - b0 < RELU_BLOCK ? i1 - b0 : RELU_BLOCK;
+      for (int64_t i = 0; i < m; i++)
+        buf[i] = inp[b0 + i] > 0.0f ? inp[b0 + i] : 0.0f;
+      LOOM_ISA(loom_kern_narrow)(dt, out + b0, buf, m);
+    }
+  });
+}
+
 void LOOM_ISA(loom_relu_backward)(float *dinp, const float *inp,
                                   const float *dout, int64_t n) {
   EW_PARALLEL(n, {

@@ -34,6 +34,7 @@
   V(loom_relu_backward_to, (float *dinp, const float *inp, const float *dout, int64_t n), (dinp, inp, dout, n)) \
   V(loom_gelu_forward, (float *out, const float *inp, int64_t n), (out, inp, n)) \
   V(loom_gelu_forward_half, (loom_dtype dt, uint16_t *out, const float *inp, int64_t n), (dt, out, inp, n)) \
+  V(loom_relu_forward_half, (loom_dtype dt, uint16_t *out, const float *inp, int64_t n), (dt, out, inp, n)) \
   V(loom_gelu_backward, (float *dinp, const float *inp, const float *dout, int64_t n), (dinp, inp, dout, n)) \
   V(loom_gelu_backward_to, (float *dinp, const float *inp, const float *dout, int64_t n), (dinp, inp, dout, n)) \
   V(loom_dropout_forward, (float *out, uint8_t *mask, const float *inp, float p, loom_rng *rng, int64_t n), (out, mask, inp, p, rng, n)) \

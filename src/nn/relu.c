@@ -6,7 +6,6 @@ typedef struct relu {
   int64_t n;
   const float *in; /* (n), kept from forward */
   void *out;       /* (n) f32, or half when handed on in half */
-  float *tmp;      /* (n) scratch: the f32 output before rounding (half) */
 } relu;
 
 static loom_status relu_params(loom_module *m, loom_nn_visit *v) {
@@ -23,12 +22,6 @@ static loom_status relu_plan(loom_module *m, loom_nn_plan *p,
   *out = *in;
   /* Fused with the pooling after it (sequential.c): never written. */
   r->out = p->no_out ? NULL : loom_nn_plan_out(p, m, r->n, out);
-  r->tmp = NULL;
-  if (m->out_half) {
-    size_t mark = loom_nn_plan_scratch_mark(p);
-    r->tmp = loom_nn_plan_scratch_floats(p, r->n);
-    loom_nn_plan_scratch_release(p, mark);
-  }
   return LOOM_OK;
 }
 
@@ -38,8 +31,7 @@ static loom_status relu_forward(loom_module *m, loom_nn_ctx *ctx,
   (void)ctx;
   r->in = in;
   if (m->out_half) {
-    loom_relu_forward(r->tmp, r->in, r->n);
-    LOOM_TRY(loom_cvt_f32_to_half(m->out.dtype, r->out, r->tmp, r->n));
+    loom_relu_forward_half(m->out.dtype, r->out, r->in, r->n);
   } else {
     loom_relu_forward(r->out, r->in, r->n);
   }

@@ -992,7 +992,8 @@ TT_TEST(f16_unit) {
   conv_unit_shapes(LOOM_F16);
 }
 
-/* The kernels that write a half output as they compute (GELU, layer norm):
+/* The kernels that write a half output as they compute (ReLU, GELU, layer
+ * norm):
  * bit for bit the f32 kernel then the conversion, for bf16 and f16, on
  * lengths and rows that are not multiples of their blocks, at 1 and 2
  * threads. */
@@ -1004,6 +1005,10 @@ static void fused_half_one(loom_dtype dt) {
   loom_gelu_forward(g, x, n);
   TT_CHECK_OK(loom_cvt_f32_to_half(dt, hw, g, n));
   loom_gelu_forward_half(dt, h, x, n);
+  TT_CHECK(memcmp(h, hw, (size_t)n * 2) == 0);
+  loom_relu_forward(g, x, n);
+  TT_CHECK_OK(loom_cvt_f32_to_half(dt, hw, g, n));
+  loom_relu_forward_half(dt, h, x, n);
   TT_CHECK(memcmp(h, hw, (size_t)n * 2) == 0);
   const int N = 97, C = 300; /* a row longer than the 256-wide block */
   float *w = kt_rand(C, 32, -1, 1), *b = kt_rand(C, 33, -1, 1);
