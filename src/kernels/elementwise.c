@@ -52,28 +52,36 @@ void LOOM_ISA(loom_scale)(float *x, float s, int64_t n) {
   });
 }
 
+/* out(n) of half type dt = F(inp) elementwise, rounded as it is computed:
+ * a block at a time through a stack buffer, so the bits of the f32 kernel
+ * then the conversion in one pass and one parallel region, without the
+ * f32 output's write and read (ReLU's and GELU's half outputs). */
+#define HALF_OUT_BLOCK 512
+/* clang-format off */
+#define HALF_OUT_PASS(dt, out, inp, n, F)                                      \
+  EW_PARALLEL(n, {                                                             \
+    float buf_[HALF_OUT_BLOCK];                                                \
+    for (int64_t b0 = i0; b0 < i1; b0 += HALF_OUT_BLOCK) {                     \
+      const int64_t m_ = i1 - b0 < HALF_OUT_BLOCK ? i1 - b0 : HALF_OUT_BLOCK;  \
+      for (int64_t i = 0; i < m_; i++)                                         \
+        buf_[i] = F((inp)[b0 + i]);                                            \
+      LOOM_ISA(loom_kern_narrow)(dt, (out) + b0, buf_, m_);                    \
+    }                                                                          \
+  })
+/* clang-format on */
+
+static inline float relu1(float x) { return x > 0.0f ? x : 0.0f; }
+
 void LOOM_ISA(loom_relu_forward)(float *out, const float *inp, int64_t n) {
   EW_PARALLEL(n, {
     for (int64_t i = i0; i < i1; i++)
-      out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
+      out[i] = relu1(inp[i]);
   });
 }
 
-/* ReLU rounded to half as it is computed, a block at a time through a
- * stack buffer (as GELU's below): one pass and one parallel region where
- * loom_relu_forward then the conversion take two of each. */
-#define RELU_BLOCK 512
 void LOOM_ISA(loom_relu_forward_half)(loom_dtype dt, uint16_t *out,
                                       const float *inp, int64_t n) {
-  EW_PARALLEL(n, {
-    float buf[RELU_BLOCK];
-    for (int64_t b0 = i0; b0 < i1; b0 += RELU_BLOCK) {
-      const int64_t m = i1 - b0 < RELU_BLOCK ? i1 - b0 : RELU_BLOCK;
-      for (int64_t i = 0; i < m; i++)
-        buf[i] = inp[b0 + i] > 0.0f ? inp[b0 + i] : 0.0f;
-      LOOM_ISA(loom_kern_narrow)(dt, out + b0, buf, m);
-    }
-  });
+  HALF_OUT_PASS(dt, out, inp, n, relu1);
 }
 
 void LOOM_ISA(loom_relu_backward)(float *dinp, const float *inp,
@@ -117,21 +125,11 @@ void LOOM_ISA(loom_gelu_forward)(float *out, const float *inp, int64_t n) {
   });
 }
 
-/* The same rounded to half type dt (out: n half values), in blocks through
- * a stack buffer: the bits of loom_gelu_forward then the conversion,
- * without the f32 output's write and read. */
-#define GELU_BLOCK 512
+/* The same rounded to half type dt (out: n half values): the bits of
+ * loom_gelu_forward then the conversion, in one pass. */
 void LOOM_ISA(loom_gelu_forward_half)(loom_dtype dt, uint16_t *out,
                                       const float *inp, int64_t n) {
-  EW_PARALLEL(n, {
-    float buf[GELU_BLOCK];
-    for (int64_t b0 = i0; b0 < i1; b0 += GELU_BLOCK) {
-      const int64_t m = i1 - b0 < GELU_BLOCK ? i1 - b0 : GELU_BLOCK;
-      for (int64_t i = 0; i < m; i++)
-        buf[i] = loom_kern_gelu(inp[b0 + i]);
-      LOOM_ISA(loom_kern_narrow)(dt, out + b0, buf, m);
-    }
-  });
+  HALF_OUT_PASS(dt, out, inp, n, loom_kern_gelu);
 }
 
 void LOOM_ISA(loom_gelu_backward)(float *dinp, const float *inp,

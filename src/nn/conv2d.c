@@ -77,17 +77,26 @@ static loom_status conv2d_plan(loom_module *m, loom_nn_plan *p,
   return LOOM_OK;
 }
 
+/* The weight as the half convolutions take it (*w, of type *wdt: the half
+ * type, or f32 values of it on the conversion path). */
+static loom_status conv_weight_half(conv2d *c, const loom_nn_ctx *ctx,
+                                    const void **w, loom_dtype *wdt) {
+  *w = loom_nn_param_half(ctx, &c->base, 0, wdt);
+  if (!*w || ctx->half != c->half)
+    return loom_module_error(&c->base, LOOM_ERR_INTERNAL, "no %s weights",
+                             loom_dtype_name(c->half));
+  return LOOM_OK;
+}
+
 static loom_status conv2d_forward(loom_module *m, loom_nn_ctx *ctx,
                                   const void *in, const float **out) {
   conv2d *c = (conv2d *)m;
   c->in = in;
   const float *b = c->bias ? loom_nn_param(ctx, m, 1) : NULL;
   if (c->half != LOOM_F32) {
+    const void *w;
     loom_dtype wdt;
-    const void *w = loom_nn_param_half(ctx, m, 0, &wdt);
-    if (!w || ctx->half != c->half)
-      return loom_module_error(m, LOOM_ERR_INTERNAL, "no %s weights",
-                               loom_dtype_name(c->half));
+    LOOM_TRY(conv_weight_half(c, ctx, &w, &wdt));
     LOOM_TRY(loom_conv2d_forward_half(c->out, c->col, c->in, m->in.dtype,
                                       c->half, w, wdt, b, &c->d, c->scratch));
   } else {
@@ -103,11 +112,9 @@ static loom_status conv2d_backward(loom_module *m, loom_nn_ctx *ctx,
   conv2d *c = (conv2d *)m;
   float *db = c->bias ? loom_nn_grad(ctx, m, 1) : NULL;
   if (c->half != LOOM_F32) {
+    const void *w;
     loom_dtype wdt;
-    const void *w = loom_nn_param_half(ctx, m, 0, &wdt);
-    if (!w || ctx->half != c->half)
-      return loom_module_error(m, LOOM_ERR_INTERNAL, "no %s weights",
-                               loom_dtype_name(c->half));
+    LOOM_TRY(conv_weight_half(c, ctx, &w, &wdt));
     return loom_conv2d_backward_half(dinp, loom_nn_grad(ctx, m, 0), db, c->col,
                                      dout, c->in, m->in.dtype, c->half, w, wdt,
                                      &c->d, c->scratch);
