@@ -55,8 +55,10 @@ static inline float b2f(uint16_t h) {
 
 /* ------------------------------------------------------------ vectors */
 
-#if defined(__AVX2__) && defined(__FMA__)
-/* 8 floats to 8 bf16 in the low 16 bits of each 32-bit lane. */
+#if defined(__AVX2__) && defined(__FMA__) &&                                   \
+    !(defined(__AVX512F__) && defined(__AVX512BW__))
+/* The avx2 copy's loops (the avx512 copy has its own below). 8 floats to 8
+ * bf16 in the low 16 bits of each 32-bit lane. */
 static inline __m256i f2b_8(__m256 x) {
   const __m256i u = _mm256_castps_si256(x);
   const __m256i absu = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
