@@ -127,6 +127,12 @@ typedef struct loom_train_estimate {
                            ranks' shared buffers this rank writes into (DDP's
                            gradients, zero2's parameters: counted in its RSS) */
   double ckpt_bytes;    /* the async checkpoint's copy of the state */
+  loom_dtype half;      /* the model's half type (LOOM_F32: none) */
+  int half_copy_bytes;  /* its copy of the parameters, bytes a parameter
+                           (in param_bytes): 2, or 4 where the matmuls
+                           convert (the model's own copy holds f32 values);
+                           2 under zero3 over several ranks and in a
+                           pipeline stage (bound copies); 0 in f32 */
   double process_bytes; /* the process itself: code, libraries, threads
                            (LOOM_ESTIMATE_PROCESS_MB, and
                            LOOM_ESTIMATE_MPI_MB on more than one

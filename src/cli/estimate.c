@@ -236,18 +236,14 @@ int loom_cmd_estimate(int argc, char **argv) {
   printf("# MiB per rank (all ranks on one host); total includes %.0f MiB "
          "for the process itself (code, libraries, threads%s)\n",
          e.process_bytes / (1024.0 * 1024.0), ranks > 1 ? ", MPI" : "");
-  if (cfg.train.precision != LOOM_CFG_PRECISION_F32) {
-    /* the copy's size follows the path the matmuls take on this CPU */
-    const loom_dtype half =
-        cfg.train.precision == LOOM_CFG_PRECISION_BF16 ? LOOM_BF16 : LOOM_F16;
-    /* a pipeline stage's instances share one 2-byte copy */
-    const int bytes = loom_half_on_unit(half) || cfg.parallel.pp > 1 ? 2 : 4;
+  if (e.half != LOOM_F32) /* the copy's size follows the path on this CPU */
     printf("# %s: %s; params include the model's copy in %s, %d bytes a "
            "parameter%s\n",
-           loom_dtype_name(half), loom_half_path_describe(half),
-           loom_dtype_name(half), bytes,
-           bytes == 4 && ranks > 1 ? " (2 under zero3, which gathers it)" : "");
-  }
+           loom_dtype_name(e.half), loom_half_path_describe(e.half),
+           loom_dtype_name(e.half), e.half_copy_bytes,
+           e.half_copy_bytes == 4 && ranks > 1
+               ? " (2 under zero3, which gathers it)"
+               : "");
   if (!e.dataset_known)
     printf("# data: the loader's batches only; the data set (%s) was not "
            "found, so its memory is not counted\n",

@@ -340,13 +340,13 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
    * (loom_model_half_bytes: 2 bytes each, 4 on the conversion path, whose
    * copy holds the values in f32); ZeRO-3's follows its gathers (the units
    * present, always 2 bytes) */
-  if (cfg->train.precision != LOOM_CFG_PRECISION_F32) {
-    const loom_dtype half =
-        cfg->train.precision == LOOM_CFG_PRECISION_BF16 ? LOOM_BF16 : LOOM_F16;
-    if (shard_params && ranks > 1)
-      out->param_bytes += 2.0 * (unit + unit2 < psi ? unit + unit2 : psi);
-    else
-      out->param_bytes += (loom_half_on_unit(half) ? 2.0 : 4.0) * psi;
+  out->half = loom_train_precision_dtype(cfg);
+  if (out->half != LOOM_F32) {
+    const bool bound = shard_params && ranks > 1;
+    out->half_copy_bytes = bound || loom_half_on_unit(out->half) ? 2 : 4;
+    out->param_bytes +=
+        out->half_copy_bytes *
+        (bound ? (unit + unit2 < psi ? unit + unit2 : psi) : psi);
   }
   /* The model's own gradient buffer, or DDP's (shared memory) that
    * replaces it while DDP lives (the model's is freed then); sharded: the
@@ -560,8 +560,11 @@ loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
    * and what it borrows are touched. */
   out->param_bytes = f * (own + borrowed);
   /* bf16/f16: the instances' one half copy of the same ranges */
-  if (cfg->train.precision != LOOM_CFG_PRECISION_F32)
+  out->half = loom_train_precision_dtype(cfg);
+  if (out->half != LOOM_F32) {
+    out->half_copy_bytes = 2;
     out->param_bytes += 2.0 * (own + borrowed);
+  }
   out->grad_bytes = f * (own + borrowed);
   out->optim_bytes = f * k * (cut_optim ? own / D + 1.0 : own);
   /* Each instance's arena (activations, scratch, the output's gradient),

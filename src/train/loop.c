@@ -54,9 +54,8 @@ loom_status loom_train_model_make_tp(const loom_config *cfg,
   LOOM_TRY(model_build(cfg, base, tp, out));
   if (cfg->train.precision == LOOM_CFG_PRECISION_F32)
     return LOOM_OK;
-  loom_dtype p =
-      cfg->train.precision == LOOM_CFG_PRECISION_BF16 ? LOOM_BF16 : LOOM_F16;
-  loom_status s = loom_model_set_precision(*out, p);
+  loom_status s =
+      loom_model_set_precision(*out, loom_train_precision_dtype(cfg));
   if (s != LOOM_OK) {
     loom_model_free(*out);
     *out = NULL;
@@ -484,6 +483,15 @@ loom_dtype loom_train_compress_dtype(const loom_config *cfg) {
   _Static_assert(sizeof wire / sizeof wire[0] == LOOM_CFG_COMPRESS_COUNT,
                  "a wire type per compression");
   return wire[cfg->parallel.compress];
+}
+
+loom_dtype loom_train_precision_dtype(const loom_config *cfg) {
+  static const loom_dtype type[] = {[LOOM_CFG_PRECISION_F32] = LOOM_F32,
+                                    [LOOM_CFG_PRECISION_BF16] = LOOM_BF16,
+                                    [LOOM_CFG_PRECISION_F16] = LOOM_F16};
+  _Static_assert(sizeof type / sizeof type[0] == LOOM_CFG_PRECISION_COUNT,
+                 "a type per precision");
+  return type[cfg->train.precision];
 }
 
 static loom_status make_ddp(loom_trainer *t) {

@@ -273,6 +273,8 @@ loom_status loom_train_mesh(loom_trainer *t);
 /* The wire type of parallel.compress (LOOM_F32 for none): DDP's buckets
  * and a pipeline's dp sum. */
 loom_dtype loom_train_compress_dtype(const loom_config *cfg);
+/* The model's type for train.precision: LOOM_F32, LOOM_BF16 or LOOM_F16. */
+loom_dtype loom_train_precision_dtype(const loom_config *cfg);
 
 /* loop_tp.c: tensor parallelism. The rank's part of the model (t->model,
  * its parameters drawn later), the whole model's layout and the map. */
