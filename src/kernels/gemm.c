@@ -164,12 +164,13 @@ static int tile_f32(void *ctx, int i0, int j0, int k0, int mm, int nn, int kk,
 static loom_status tiled_gemm(loom_gemm_backend be, bool ta, bool tb, int M,
                               int N, int K, float alpha, const float *A,
                               int lda, const float *B, int ldb, float beta,
-                              float *C, int ldc) {
+                              const float *bias, float *C, int ldc) {
   if (be == LOOM_GEMM_OPENBLAS)
     ob_set_threads(1);
   tile_ctx x = {be, ta, tb, alpha, A, B, lda, ldb};
   int rc;
-  LOOM_TRY(loom_kern_gemm_tiled(M, N, K, beta, C, ldc, tile_f32, &x, &rc));
+  LOOM_TRY(
+      loom_kern_gemm_tiled(M, N, K, beta, C, ldc, bias, tile_f32, &x, &rc));
   if (rc != 0)
     return loom_error(LOOM_ERR_INTERNAL, "gemm %dx%dx%d: %s failed (%d)", M, N,
                       K, loom_gemm_backend_name(be), rc);
@@ -189,10 +190,20 @@ static void scale_c(int M, int N, float beta, float *C, int ldc) {
   }
 }
 
-loom_status LOOM_ISA(loom_gemm)(bool trans_a, bool trans_b, int M, int N, int K,
-                                float alpha, const float *A, int lda,
-                                const float *B, int ldb, float beta, float *C,
-                                int ldc) {
+/* C's rows set to bias (N floats), over the threads when it pays. */
+static void fill_rows(int M, int N, const float *bias, float *C, int ldc) {
+  const int nt = loom_kern_nthreads((int64_t)M * N, LOOM_KERN_PAR_MIN);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (int i = 0; i < M; i++)
+    memcpy(C + (int64_t)i * ldc, bias, (size_t)N * sizeof(float));
+}
+
+/* loom_gemm, with bias (N floats, or NULL) standing for C's prior values
+ * in every row (beta 1: C = op(A) op(B) + bias). */
+static loom_status gemm_impl(bool trans_a, bool trans_b, int M, int N, int K,
+                             float alpha, const float *A, int lda,
+                             const float *B, int ldb, float beta,
+                             const float *bias, float *C, int ldc) {
   LOOM_TRY(
       loom_kern_gemm_dims("gemm", trans_a, trans_b, M, N, K, lda, ldb, ldc));
   if (M == 0 || N == 0)
@@ -200,21 +211,25 @@ loom_status LOOM_ISA(loom_gemm)(bool trans_a, bool trans_b, int M, int N, int K,
   if (!C || (K > 0 && alpha != 0.0f && (!A || !B)))
     return loom_error(LOOM_ERR_INVALID_ARG, "gemm %dx%dx%d: NULL matrix", M, N,
                       K);
+  const loom_gemm_backend be = loom_gemm_get_backend();
+  const bool tiled = K > 0 && alpha != 0.0f && be != LOOM_GEMM_NAIVE &&
+                     loom_gemm_get_deterministic();
+  if (tiled) /* the grid sets each tile to the bias as it makes it */
+    return tiled_gemm(be, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb,
+                      beta, bias, C, ldc);
+  if (bias)
+    fill_rows(M, N, bias, C, ldc);
   if (K == 0 || alpha == 0.0f) {
     if (beta != 1.0f)
       scale_c(M, N, beta, C, ldc);
     return LOOM_OK;
   }
-  const loom_gemm_backend be = loom_gemm_get_backend();
   if (be == LOOM_GEMM_NAIVE) {
     int nt = loom_kern_nthreads((int64_t)M * N * K, 1 << 16);
     naive_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
                nt > M ? M : nt);
     return LOOM_OK;
   }
-  if (loom_gemm_get_deterministic())
-    return tiled_gemm(be, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb,
-                      beta, C, ldc);
   const int nt = loom_threads(); /* also sets OpenMP's count for oneDNN */
   if (be == LOOM_GEMM_OPENBLAS) {
     ob_set_threads(nt);
@@ -233,4 +248,21 @@ loom_status LOOM_ISA(loom_gemm)(bool trans_a, bool trans_b, int M, int N, int K,
 #else
   return loom_error(LOOM_ERR_UNSUPPORTED, "gemm: built without oneDNN");
 #endif
+}
+
+loom_status LOOM_ISA(loom_gemm)(bool trans_a, bool trans_b, int M, int N, int K,
+                                float alpha, const float *A, int lda,
+                                const float *B, int ldb, float beta, float *C,
+                                int ldc) {
+  return gemm_impl(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, NULL,
+                   C, ldc);
+}
+
+loom_status LOOM_ISA(loom_kern_gemm_bias)(bool trans_a, bool trans_b, int M,
+                                          int N, int K, const float *A, int lda,
+                                          const float *B, int ldb,
+                                          const float *bias, float *C,
+                                          int ldc) {
+  return gemm_impl(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb,
+                   bias ? 1.0f : 0.0f, bias, C, ldc);
 }

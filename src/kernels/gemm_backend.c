@@ -177,8 +177,8 @@ void loom_kern_gemm_plan_make(int M, int N, int K, loom_kern_gemm_plan *p) {
 }
 
 loom_status loom_kern_gemm_tiled(int M, int N, int K, float beta, float *C,
-                                 int ldc, loom_kern_tile_fn fn, void *ctx,
-                                 int *rc) {
+                                 int ldc, const float *bias,
+                                 loom_kern_tile_fn fn, void *ctx, int *rc) {
   loom_kern_gemm_plan p;
   loom_kern_gemm_plan_make(M, N, K, &p);
   *rc = 0;
@@ -201,31 +201,35 @@ loom_status loom_kern_gemm_tiled(int M, int N, int K, float beta, float *C,
     const int mm = M - i0 < p.tm ? M - i0 : p.tm;
     const int nn = N - j0 < p.tn ? N - j0 : p.tn;
     const int kk = K - k0 < p.kc ? K - k0 : p.kc;
+    float *c = C + (int64_t)i0 * ldc + j0;
+    if (bias && !part) /* the tile's rows set to the bias as it is made */
+      for (int i = 0; i < mm; i++)
+        memcpy(c + (int64_t)i * ldc, bias + j0, (size_t)nn * sizeof(float));
     int r = part ? fn(ctx, i0, j0, k0, mm, nn, kk, 0.0f,
                       part + ((int64_t)kb * M + i0) * N + j0, N)
-                 : fn(ctx, i0, j0, k0, mm, nn, kk, beta,
-                      C + (int64_t)i0 * ldc + j0, ldc);
+                 : fn(ctx, i0, j0, k0, mm, nn, kk, beta, c, ldc);
     if (r != 0)
       atomic_store(&failed, r);
   }
   *rc = atomic_load(&failed);
   if (part && *rc == 0)
-    loom_kern_gemm_fold(part, p.gk, M, N, beta, C, ldc);
+    loom_kern_gemm_fold(part, p.gk, M, N, beta, bias, C, ldc);
   loom_free(part);
   return LOOM_OK;
 }
 
 void loom_kern_gemm_fold(const float *part, int gk, int M, int N, float beta,
-                         float *C, int ldc) {
+                         const float *bias, float *C, int ldc) {
   int nr = loom_kern_nthreads((int64_t)M * N * gk, LOOM_KERN_PAR_MIN);
 #pragma omp parallel for num_threads(nr) schedule(static) if (nr > 1)
   for (int i = 0; i < M; i++) {
     float *c = C + (int64_t)i * ldc;
+    const float *prior = bias ? bias : c; /* what beta scales */
     for (int j = 0; j < N; j++) {
       float s = part[(int64_t)i * N + j];
       for (int kb = 1; kb < gk; kb++)
         s += part[((int64_t)kb * M + i) * N + j];
-      c[j] = beta == 0.0f ? s : fmaf(beta, c[j], s);
+      c[j] = beta == 0.0f ? s : fmaf(beta, prior[j], s);
     }
   }
 }

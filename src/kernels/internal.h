@@ -321,18 +321,23 @@ typedef struct loom_kern_gemm_plan {
   int gm, gn, gk; /* tile counts */
 } loom_kern_gemm_plan;
 void loom_kern_gemm_plan_make(int M, int N, int K, loom_kern_gemm_plan *p);
+/* bias (N floats, or NULL): stands for every row of C's prior values
+ * (what beta scales), as if copied there first. */
 void loom_kern_gemm_fold(const float *part, int gk, int M, int N, float beta,
-                         float *C, int ldc);
+                         const float *bias, float *C, int ldc);
 /* Runs the grid of (M, N, K) on loom_threads() threads: fn computes tile
  * C[i0.., j0..] (mm x nn, K range [k0, k0 + kk)) = alpha-scaled product +
  * beta c into c (stride ldc) on the calling thread, returning 0 or a
  * nonzero code (the last one seen goes to *rc; C is then unspecified).
- * K partials go to a buffer and are folded in chunk order. */
+ * K partials go to a buffer and are folded in chunk order. With bias (N
+ * floats, or NULL), C's prior values are the bias in every row: each tile's
+ * rows are set to it just before fn runs on them (while they are in
+ * cache; the same bits as a pass over C first), or the fold takes it. */
 typedef int (*loom_kern_tile_fn)(void *ctx, int i0, int j0, int k0, int mm,
                                  int nn, int kk, float beta, float *c, int ldc);
 loom_status loom_kern_gemm_tiled(int M, int N, int K, float beta, float *C,
-                                 int ldc, loom_kern_tile_fn fn, void *ctx,
-                                 int *rc);
+                                 int ldc, const float *bias,
+                                 loom_kern_tile_fn fn, void *ctx, int *rc);
 
 /* Half GEMM through oneDNN's matmul (matmul_dnnl.c): C(f32) = alpha op(A)
  * op(B) + beta C, A and B of half type dt (bf16, or f16 where the oneDNN
@@ -409,6 +414,14 @@ void LOOM_ISA(loom_kern_bias_grad_half)(float *dbias, const float *dout,
                                         const float *pre, int N, int OC,
                                         loom_dtype dt, uint16_t *h, float *r,
                                         float *parts);
+/* C = op(A) op(B) + bias in every row (bias: N floats, or NULL for none),
+ * as loom_gemm after the bias was copied into each row of C with beta 1,
+ * the same bits, without that pass: the thread-count invariant grid sets
+ * each tile to the bias just before its product (gemm.c). */
+loom_status LOOM_ISA(loom_kern_gemm_bias)(bool trans_a, bool trans_b, int M,
+                                          int N, int K, const float *A, int lda,
+                                          const float *B, int ldb,
+                                          const float *bias, float *C, int ldc);
 /* Half conversions (half.c) on the calling thread alone, for kernels' own
  * parallel loops; dt bf16, else f16. The bits of loom_cvt_* and
  * loom_round_half. */

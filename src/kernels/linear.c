@@ -16,17 +16,11 @@ loom_status LOOM_ISA(loom_linear_forward)(float *out, const float *inp,
                                           int OC) {
   if (N < 0 || C < 0 || OC < 0)
     return loom_error(LOOM_ERR_INVALID_ARG, "linear: negative size");
-  float beta = 0.0f;
-  if (bias) {
-    /* Bias first, then C += inp @ W^T: one pass over out, not two. */
-    const int nt = loom_kern_nthreads((int64_t)N * OC, LOOM_KERN_PAR_MIN);
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (int n = 0; n < N; n++)
-      memcpy(out + (int64_t)n * OC, bias, (size_t)OC * sizeof(float));
-    beta = 1.0f;
-  }
-  loom_status st = loom_gemm(false, true, N, OC, C, 1.0f, inp, C > 0 ? C : 1,
-                             weight, C > 0 ? C : 1, beta, out, OC > 0 ? OC : 1);
+  /* out's rows set to the bias, then out += inp @ W^T: one pass over out,
+   * the bias copied tile by tile as the grid makes them */
+  loom_status st = LOOM_ISA(loom_kern_gemm_bias)(
+      false, true, N, OC, C, inp, C > 0 ? C : 1, weight, C > 0 ? C : 1, bias,
+      out, OC > 0 ? OC : 1);
   return st == LOOM_OK ? st : loom_error_context(st, "linear forward");
 }
 

@@ -525,7 +525,8 @@ static loom_status matmul(loom_dtype dt, bool ta, bool tb, int M, int N, int K,
   }
   mm_ctx x = {dt, ta, tb, alpha, A, B, lda, ldb, bias};
   int rc;
-  LOOM_TRY(loom_kern_gemm_tiled(M, N, K, beta, C, ldc, tile_bf16, &x, &rc));
+  LOOM_TRY(
+      loom_kern_gemm_tiled(M, N, K, beta, C, ldc, NULL, tile_bf16, &x, &rc));
   return rc == 0 ? LOOM_OK
                  : loom_error(LOOM_ERR_INTERNAL,
                               "%s gemm %dx%dx%d: oneDNN matmul failed (%d)",

@@ -208,6 +208,61 @@ TT_TEST(gemm_thread_count_invariance) {
   loom_set_threads(0);
 }
 
+/* The linear layer's forward sets each tile of out to the bias as the
+ * grid makes it: the bits of the bias copied into every row first and the
+ * product added with beta 1 (and of beta 0 without a bias), on every
+ * backend, either path, thread counts 1-3, shapes whose grid cuts K. */
+TT_TEST(gemm_linear_bias_bits) {
+  static const int sh[][3] = {/* N rows, C in, OC out */
+                              {128, 784, 512}, {40, 5000, 24}, {7, 3, 5},
+                              {300, 129, 67},  {1, 2500, 200}, {256, 64, 9}};
+  for (int bi = 0; bi < NBACKENDS; bi++) {
+    TT_REQUIRE_OK(loom_gemm_set_backend(backends[bi]));
+    for (int det = 0; det < 2; det++) {
+      if (backends[bi] == LOOM_GEMM_NAIVE && det == 0)
+        continue;
+      loom_gemm_set_deterministic(det);
+      for (size_t s = 0; s < sizeof sh / sizeof sh[0]; s++) {
+        const int N = sh[s][0], C = sh[s][1], OC = sh[s][2];
+        const size_t no = (size_t)N * OC;
+        float *x = kt_rand((size_t)N * C, 31 + s, -1, 1);
+        float *w = kt_rand((size_t)OC * C, 32 + s, -1, 1);
+        float *b = kt_rand((size_t)OC, 33 + s, -1, 1);
+        float *want = kt_rand(no, 34, -1, 1), *nob = kt_copy(want, no);
+        float *got = kt_rand(no, 35, -9, 9), *got0 = kt_copy(got, no);
+        TT_REQUIRE(x && w && b && want && nob && got && got0);
+        for (int t = 1; t <= 3; t++) {
+          /* (dnnl_sgemm and OpenBLAS threading themselves, det 0, give
+           * other bits at another thread count: the same count here) */
+          loom_set_threads(t);
+          for (int n = 0; n < N; n++)
+            memcpy(want + (size_t)n * OC, b, (size_t)OC * sizeof(float));
+          TT_CHECK_OK(loom_gemm(false, true, N, OC, C, 1.0f, x, C, w, C, 1.0f,
+                                want, OC));
+          TT_CHECK_OK(loom_gemm(false, true, N, OC, C, 1.0f, x, C, w, C, 0.0f,
+                                nob, OC));
+          TT_CHECK_OK(loom_linear_forward(got, x, w, b, N, C, OC));
+          TT_CHECK_OK(loom_linear_forward(got0, x, w, NULL, N, C, OC));
+          if (!kt_same_bits(got, want, no) || !kt_same_bits(got0, nob, no))
+            fprintf(stderr, "    backend %s det %d threads %d %dx%dx%d\n",
+                    loom_gemm_backend_name(backends[bi]), det, t, N, C, OC);
+          KT_CHECK_SAME_BITS(got, want, no);
+          KT_CHECK_SAME_BITS(got0, nob, no);
+        }
+        loom_set_threads(0);
+        loom_free(x);
+        loom_free(w);
+        loom_free(b);
+        loom_free(want);
+        loom_free(nob);
+        loom_free(got);
+        loom_free(got0);
+      }
+    }
+  }
+  loom_gemm_set_deterministic(true);
+}
+
 /* The env var decides the backend on first use. */
 TT_TEST(gemm_env_backend) {
   TT_CHECK_EQ(loom_gemm_get_backend(), LOOM_GEMM_NAIVE);
@@ -224,5 +279,6 @@ int main(void) {
   TT_RUN(gemm_alpha_beta);
   TT_RUN(gemm_matches_reference);
   TT_RUN(gemm_thread_count_invariance);
+  TT_RUN(gemm_linear_bias_bits);
   return tt_finish();
 }
