@@ -77,9 +77,11 @@ static loom_status sequential_plan(loom_module *m, loom_nn_plan *p,
   for (int i = lo; i < hi; i++) {
     size_t kid_mark = loom_nn_plan_scratch_mark(p);
     p->no_out = s->kids[i].fuse_next;
-    /* half out when the next child (or, for the last, our parent) takes it */
+    /* half out when the next child (or, for the last that runs, our
+     * parent) takes it: a pipeline stage's last child hands its output
+     * to the stage's caller, never to the child after it */
     p->out_half = s->kids[i].fuse_next ? false
-                  : i + 1 < s->n       ? loom_nn_takes_half(s->kids[i + 1].m, p)
+                  : i + 1 < hi         ? loom_nn_takes_half(s->kids[i + 1].m, p)
                                        : m->out_half;
     loom_status st = loom_module_plan(s->kids[i].m, p, &x, &x);
     p->no_out = false;
