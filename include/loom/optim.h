@@ -233,8 +233,10 @@ typedef struct loom_scaler {
 } loom_scaler;
 
 loom_scaler loom_scaler_default(void);
-/* LOOM_ERR_INVALID_ARG unless scale > 0 and finite, growth_factor > 1,
- * 0 < backoff_factor < 1, growth_interval >= 1. */
+/* LOOM_ERR_INVALID_ARG unless scale is finite and at least FLT_MIN (the
+ * smallest normal f32: the unscaling multiplies by its reciprocal, which
+ * overflows below), growth_factor > 1, 0 < backoff_factor < 1,
+ * growth_interval >= 1, good_steps >= 0. */
 loom_status loom_scaler_check(const loom_scaler *s);
 /* g *= 1/scale (the reciprocal rounded to f32 once, as PyTorch); returns
  * true when some element of the result is an inf or NaN. Ranks OR their
@@ -242,8 +244,12 @@ loom_status loom_scaler_check(const loom_scaler *s);
 bool loom_scaler_unscale(const loom_scaler *s, float *g, int64_t n);
 /* After each step: on found_inf scale *= backoff_factor and the count
  * restarts; else after growth_interval good steps scale *= growth_factor
- * (kept only if finite). */
-void loom_scaler_update(loom_scaler *s, bool found_inf);
+ * (kept only if finite). LOOM_ERR_INVALID_ARG, *s unchanged, when a backoff
+ * would take the scale below FLT_MIN: every step since the scale was
+ * normal overflowed, so the gradients are inf or NaN at any scale (a
+ * diverged model; PyTorch's GradScaler would skip every step from then
+ * on). */
+loom_status loom_scaler_update(loom_scaler *s, bool found_inf);
 
 LOOM_API_END
 #ifdef __cplusplus

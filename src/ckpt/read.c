@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -224,6 +225,11 @@ static loom_status parse_meta(loom_ckpt *c, const cJSON *root) {
       j_int(c, o, "schedule", "step", 0, JSON_INT_MAX - 1, &m->schedule_step));
   LOOM_TRY(j_num(c, o, "schedule", "lr", &m->lr));
   LOOM_TRY(j_num(c, root, "", "loss_scale", &m->loss_scale));
+  if (!(m->loss_scale >= FLT_MIN && m->loss_scale <= FLT_MAX)) {
+    snprintf(where, sizeof where, "%g is outside f32's normal range",
+             m->loss_scale);
+    return bad(c, "", "loss_scale", where);
+  }
   if (!(o = j_obj(c, root, "", "data", &st)))
     return st;
   LOOM_TRY(j_int(c, o, "data", "epoch", 0, JSON_INT_MAX - 1, &m->data.epoch));

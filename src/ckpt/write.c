@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -284,9 +285,12 @@ loom_status loom_ckpt_writer_set_meta(loom_ckpt_writer *w,
   if (meta->n_views < 0 || (meta->n_views && !meta->views) ||
       meta->n_rngs < 0 || (meta->n_rngs && !meta->rngs))
     return loom_error(LOOM_ERR_INVALID_ARG, "checkpoint meta: bad arrays");
-  if (!isfinite(meta->lr) || !isfinite(meta->loss_scale))
+  if (!isfinite(meta->lr) ||
+      !(meta->loss_scale >= FLT_MIN && meta->loss_scale <= FLT_MAX))
     return loom_error(LOOM_ERR_INVALID_ARG,
-                      "checkpoint meta: lr and loss_scale must be finite");
+                      "checkpoint meta: lr must be finite and loss_scale in "
+                      "f32's normal range (lr %g, loss_scale %g)",
+                      meta->lr, meta->loss_scale);
   if (meta->optimizer_step < 0 || meta->optimizer_step >= JSON_INT_MAX ||
       meta->schedule_step < 0 || meta->schedule_step >= JSON_INT_MAX ||
       meta->data.epoch < 0 || meta->data.epoch >= JSON_INT_MAX ||

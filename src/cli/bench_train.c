@@ -187,7 +187,7 @@ static loom_status run_one(const workload *w, loom_dtype precision, int threads,
     LOOM_TRY_GOTO(s, loom_model_backward(model, NULL, NULL), out);
     bool skip = scaled && loom_scaler_unscale(&sc, grads, np);
     if (scaled)
-      loom_scaler_update(&sc, skip);
+      LOOM_TRY_GOTO(s, loom_scaler_update(&sc, skip), out);
     /* bf16/f16: a new copy once a step, written by the optimizer as it
      * goes on the conversion path (as the trainer does) */
     float *rounded = loom_model_rounded_copy(model);

@@ -3,6 +3,7 @@
 #include "loom/config.h"
 
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -248,10 +249,14 @@ static const loom_config_key keys[] = {
          "auto (dynamic with f16, none otherwise), dynamic (start at "
          "train.loss_scale_init, halve it and skip the step when a gradient "
          "holds an inf or NaN on any rank, double it after "
-         "train.loss_scale_growth_interval good steps), a number > 0 (a "
-         "static scale), or 0 (none); f32 and bf16 take auto or 0"),
-    KFLOAT("train.loss_scale_init", train.loss_scale_init, "65536", 0, 1e38, MI,
-           "dynamic loss scaling: the first scale"),
+         "train.loss_scale_growth_interval good steps; a run whose scale "
+         "would fall below the smallest normal f32 stops: diverged), a "
+         "number from 1.2e-38 (that f32) to 1e38 (a static scale), or 0 "
+         "(none); f32 and bf16 take auto or 0"),
+    KFLOAT("train.loss_scale_init", train.loss_scale_init, "65536", FLT_MIN,
+           1e38, 0,
+           "dynamic loss scaling: the first scale (at least the smallest "
+           "normal f32, whose reciprocal unscales the gradients)"),
     KINT("train.loss_scale_growth_interval", train.loss_scale_growth_interval,
          "2000", 1, 1000000000, 0,
          "dynamic loss scaling: good steps in a row (no inf or NaN) before "
@@ -405,7 +410,8 @@ static const loom_config_key keys[] = {
           "pipeline schedule: gpipe (all forwards, then all backwards: "
           "activations of M micro-batches kept) or 1f1b (one forward, one "
           "backward in turn after a warm-up: at most pp - stage kept). The "
-          "same results, bit for bit"),
+          "same results, bit for bit. With parallel.pp 1 (no pipeline) only "
+          "1f1b"),
     KLIST("parallel.pp_split", parallel.pp_split, "[]", 1, 1048576, 0, 0,
           "units of each pipeline stage, in order (pp numbers that add up to "
           "the model's units: 1 embedding + the blocks, or checkpointed "
@@ -1384,6 +1390,17 @@ static loom_status check_mesh(const loom_config *cfg, const cfg_origins *org,
                      ac_every > 0 ? "checkpointed segments" : "blocks");
   }
   LOOM_TRY(check_tp(cfg, org, none));
+  /* The schedule orders a pipeline's stages; on one stage the micro-batches
+   * run one after another, each forward then its backward, whatever it
+   * says: only the default (what such a run does) is taken there. */
+  if (P == 1 && pc->pp_schedule != LOOM_CFG_PP_1F1B)
+    return cfg_err(origin_of(org, "parallel.pp_schedule", none),
+                   "parallel.pp_schedule",
+                   "'%s' orders the micro-batches of a pipeline; with "
+                   "parallel.pp 1 there is none (micro-batches on one stage "
+                   "run one after another, each forward then its backward): "
+                   "supported here: 1f1b (the default), or parallel.pp > 1",
+                   loom_cfg_pp_schedule_names[pc->pp_schedule]);
   if (P == 1)
     return LOOM_OK;
   const cfg_loc *l = origin_of(org, "parallel.pp", none);
@@ -1591,11 +1608,13 @@ loom_status loom_config_loss_scale(const loom_config *cfg,
   errno = 0;
   double x = strtod(v, &end);
   if (!*v || end == v || *end != '\0' || errno != 0 || !isfinite(x) || x < 0 ||
-      x > 1e38)
+      (x > 0 && x < FLT_MIN) || x > 1e38)
     return loom_error(LOOM_ERR_CONFIG,
                       "train.loss_scale '%s': expected auto, dynamic, a "
-                      "number > 0 (a static scale, at most 1e38) or 0 (none)",
-                      v);
+                      "number from %g to 1e38 (a static scale; the smallest "
+                      "normal f32 at least, whose reciprocal unscales the "
+                      "gradients) or 0 (none)",
+                      v, (double)FLT_MIN);
   *mode = x > 0 ? LOOM_LOSS_SCALE_STATIC : LOOM_LOSS_SCALE_NONE;
   *scale = x > 0 ? x : 1.0;
   return LOOM_OK;
@@ -1611,9 +1630,10 @@ static loom_status check_loss_scale(const loom_config *cfg,
   const cfg_loc *l = origin_of(org, "train.loss_scale", none);
   if (loom_config_loss_scale(cfg, &mode, &scale) != LOOM_OK)
     return cfg_err(l, "train.loss_scale",
-                   "'%s': expected auto, dynamic, a number > 0 (a static "
-                   "scale, at most 1e38) or 0 (none)",
-                   cfg->train.loss_scale);
+                   "'%s': expected auto, dynamic, a number from %g to 1e38 "
+                   "(a static scale; the smallest normal f32 at least, whose "
+                   "reciprocal unscales the gradients) or 0 (none)",
+                   cfg->train.loss_scale, (double)FLT_MIN);
   const bool f16 = cfg->train.precision == LOOM_CFG_PRECISION_F16;
   if (!f16 && mode != LOOM_LOSS_SCALE_NONE)
     return cfg_err(l, "train.loss_scale",

@@ -1,6 +1,7 @@
 /* The dynamic loss scaler for f16 training (PyTorch GradScaler semantics). */
 #include "loom/optim.h"
 
+#include <float.h>
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -21,10 +22,12 @@ loom_scaler loom_scaler_default(void) {
 loom_status loom_scaler_check(const loom_scaler *s) {
   if (!s)
     return loom_error(LOOM_ERR_INVALID_ARG, "scaler: NULL");
-  if (!(s->scale > 0.0f) || isinf(s->scale))
+  if (!(s->scale >= FLT_MIN) || isinf(s->scale))
     return loom_error(LOOM_ERR_INVALID_ARG,
-                      "scaler: scale must be finite and > 0 (got %g)",
-                      (double)s->scale);
+                      "scaler: scale must be finite and at least %g, the "
+                      "smallest normal f32, whose reciprocal the unscaling "
+                      "takes (got %g)",
+                      (double)FLT_MIN, (double)s->scale);
   if (!(s->growth_factor > 1.0f) || isinf(s->growth_factor))
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "scaler: growth_factor must be finite and > 1 (got %g)",
@@ -70,11 +73,19 @@ bool loom_scaler_unscale(const loom_scaler *s, float *g, int64_t n) {
   return bad != 0;
 }
 
-void loom_scaler_update(loom_scaler *s, bool found_inf) {
+loom_status loom_scaler_update(loom_scaler *s, bool found_inf) {
   if (found_inf) {
-    s->scale *= s->backoff_factor;
+    const float next = s->scale * s->backoff_factor;
+    if (!(next >= FLT_MIN)) /* 1/next would overflow: no step could pass */
+      return loom_error(LOOM_ERR_INVALID_ARG,
+                        "scaler: the scale %g cannot back off further (x%g "
+                        "is below %g, the smallest normal f32): the "
+                        "gradients hold an inf or NaN at any scale",
+                        (double)s->scale, (double)s->backoff_factor,
+                        (double)FLT_MIN);
+    s->scale = next;
     s->good_steps = 0;
-    return;
+    return LOOM_OK;
   }
   if (++s->good_steps >= s->growth_interval) {
     float grown = s->scale * s->growth_factor;
@@ -82,4 +93,5 @@ void loom_scaler_update(loom_scaler *s, bool found_inf) {
       s->scale = grown;
     s->good_steps = 0;
   }
+  return LOOM_OK;
 }

@@ -513,7 +513,9 @@ static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
                                     st.data));
   }
   LOOM_TRY(loom_optim_set_step(t->optim, meta->optimizer_step));
-  LOOM_TRY(loom_train_scale_restore(t, meta));
+  char manifest[4096]; /* the file holding the scaler's fields */
+  snprintf(manifest, sizeof manifest, "%s/manifest.json", loom_ckpt_path(c));
+  LOOM_TRY(loom_train_scale_restore(t, meta, manifest));
   t->step = meta->step;
   /* The data position in samples: exact at any world size. */
   LOOM_TRY(

@@ -71,8 +71,18 @@ loom_status loom_train_scale_unscale(loom_trainer *t, float *g, int64_t n,
   }
   *skip = bad != 0;
   const float before = t->scaler.scale;
-  if (t->ls_mode == LOOM_LOSS_SCALE_DYNAMIC)
-    loom_scaler_update(&t->scaler, *skip);
+  if (t->ls_mode == LOOM_LOSS_SCALE_DYNAMIC &&
+      loom_scaler_update(&t->scaler, *skip) != LOOM_OK)
+    /* every rank got the same flag: all of them stop here, before a
+     * checkpoint could hold a scale no run can resume with */
+    return loom_error(LOOM_ERR_INTERNAL,
+                      "step %lld: f16 loss scaling: a gradient holds an inf "
+                      "or NaN even at loss scale %g, which cannot be halved "
+                      "again (skipped so far: %lld): training "
+                      "diverged (lower optim.lr or set optim.grad_clip; "
+                      "bf16 needs no loss scaling)",
+                      (long long)t->step + 1, (double)before,
+                      (long long)t->ls_skipped + 1);
   if (*skip) {
     t->ls_skipped++;
     if (t->rank == 0 && !t->opts.quiet)
@@ -96,8 +106,25 @@ void loom_train_scale_meta(loom_trainer *t, loom_ckpt_meta *meta) {
   meta->extra_json = t->ls_extra;
 }
 
+/* A whole number of steps in [0, most] in extra.loss_scaler.KEY, or an
+ * error naming the checkpoint, the field and what it holds. */
+static loom_status steps_in(const char *path, const cJSON *ls, const char *key,
+                            int64_t most, int64_t *out) {
+  const cJSON *x = cJSON_GetObjectItemCaseSensitive(ls, key);
+  const double v = cJSON_IsNumber(x) ? x->valuedouble : NAN;
+  if (!(v >= 0 && v <= (double)most && v == floor(v)))
+    return loom_error(LOOM_ERR_CORRUPT,
+                      "%s: extra.loss_scaler.%s: %s%.17g: expected a whole "
+                      "number of steps from 0 to the checkpoint's step, %lld",
+                      path, key, cJSON_IsNumber(x) ? "" : "not a number, ",
+                      cJSON_IsNumber(x) ? v : 0.0, (long long)most);
+  *out = (int64_t)v;
+  return LOOM_OK;
+}
+
 loom_status loom_train_scale_restore(loom_trainer *t,
-                                     const loom_ckpt_meta *meta) {
+                                     const loom_ckpt_meta *meta,
+                                     const char *path) {
   if (t->ls_mode == LOOM_LOSS_SCALE_NONE || !meta->extra_json)
     return LOOM_OK;
   cJSON *root = cJSON_Parse(meta->extra_json);
@@ -106,25 +133,33 @@ loom_status loom_train_scale_restore(loom_trainer *t,
     cJSON_Delete(root);
     return LOOM_OK;
   }
+  /* Every field checked, whichever of them this run takes: the reader
+   * already holds loss_scale to f32's normal range. */
   const cJSON *mode = cJSON_GetObjectItemCaseSensitive(ls, "mode");
-  const cJSON *good = cJSON_GetObjectItemCaseSensitive(ls, "good_steps");
-  const cJSON *skipped = cJSON_GetObjectItemCaseSensitive(ls, "skipped");
+  const bool dyn =
+      cJSON_IsString(mode) && strcmp(mode->valuestring, "dynamic") == 0;
+  int64_t good = 0, skipped = 0;
   loom_status s = LOOM_OK;
-  if (!cJSON_IsString(mode) || !cJSON_IsNumber(good) || good->valuedouble < 0 ||
-      !cJSON_IsNumber(skipped) || skipped->valuedouble < 0 ||
-      !(meta->loss_scale > 0) || !isfinite(meta->loss_scale))
+  if (!dyn &&
+      !(cJSON_IsString(mode) && strcmp(mode->valuestring, "static") == 0))
     s = loom_error(LOOM_ERR_CORRUPT,
-                   "checkpoint: the loss scaler's state (extra.loss_scaler, "
-                   "loss_scale) is malformed");
+                   "%s: extra.loss_scaler.mode: %s%s%s: expected dynamic or "
+                   "static",
+                   path, cJSON_IsString(mode) ? "'" : "not a string",
+                   cJSON_IsString(mode) ? mode->valuestring : "",
+                   cJSON_IsString(mode) ? "'" : "");
+  if (s == LOOM_OK)
+    s = steps_in(path, ls, "good_steps", meta->step, &good);
+  if (s == LOOM_OK)
+    s = steps_in(path, ls, "skipped", meta->step, &skipped);
   /* The saved scale and count carry on when both runs scale dynamically; a
    * static scale is the config's. */
-  if (s == LOOM_OK && t->ls_mode == LOOM_LOSS_SCALE_DYNAMIC &&
-      strcmp(mode->valuestring, "dynamic") == 0) {
+  if (s == LOOM_OK && dyn && t->ls_mode == LOOM_LOSS_SCALE_DYNAMIC) {
     t->scaler.scale = (float)meta->loss_scale;
-    t->scaler.good_steps = (int64_t)good->valuedouble;
+    t->scaler.good_steps = good;
   }
   if (s == LOOM_OK)
-    t->ls_skipped = (int64_t)skipped->valuedouble;
+    t->ls_skipped = skipped;
   cJSON_Delete(root);
   return s;
 }

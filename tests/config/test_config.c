@@ -272,12 +272,14 @@ TT_TEST(test_not_implemented_and_sizes) {
              "and needs no loss scaling: it supports auto or 0");
   EXPECT_ERR("train:\n  precision: f16\n  loss_scale: lots\n",
              "t.yaml:3:3: key 'train.loss_scale': 'lots': expected auto, "
-             "dynamic, a number > 0 (a static scale, at most 1e38) or 0 "
-             "(none)");
+             "dynamic, a number from 1.17549e-38 to 1e38 (a static scale; "
+             "the smallest normal f32 at least, whose reciprocal unscales "
+             "the gradients) or 0 (none)");
   EXPECT_ERR("train:\n  precision: f16\n  loss_scale: -1\n",
              "t.yaml:3:3: key 'train.loss_scale': '-1': expected auto, "
-             "dynamic, a number > 0 (a static scale, at most 1e38) or 0 "
-             "(none)");
+             "dynamic, a number from 1.17549e-38 to 1e38 (a static scale; "
+             "the smallest normal f32 at least, whose reciprocal unscales "
+             "the gradients) or 0 (none)");
   EXPECT_ERR("train:\n  precision: f16\n  loss_scale: 64\n  "
              "loss_scale_init: 8\n",
              "t.yaml:4:3: key 'train.loss_scale_init': is for dynamic loss "
@@ -289,7 +291,34 @@ TT_TEST(test_not_implemented_and_sizes) {
              "train.precision f16); here loss scaling is off");
   EXPECT_ERR("train:\n  loss_scale_init: 0\n",
              "t.yaml:2:20: key 'train.loss_scale_init': 0 is out of range "
-             "(must be in (0, 1e+38])");
+             "(must be in [1.1754943508222875e-38, 1e+38])");
+  /* below the smallest normal f32 (it would unscale by an inf, or be
+   * stored as 0): refused here, not at the first step */
+  EXPECT_ERR("train:\n  precision: f16\n  loss_scale_init: 1e-45\n",
+             "t.yaml:3:20: key 'train.loss_scale_init': 1e-45 is out of "
+             "range (must be in [1.1754943508222875e-38, 1e+38])");
+  EXPECT_ERR("train:\n  precision: f16\n  loss_scale: 1e-50\n",
+             "t.yaml:3:3: key 'train.loss_scale': '1e-50': expected auto, "
+             "dynamic, a number from 1.17549e-38 to 1e38 (a static scale; "
+             "the smallest normal f32 at least, whose reciprocal unscales "
+             "the gradients) or 0 (none)");
+  /* a pipeline schedule without a pipeline; the default stays accepted
+   * (a run's resolved config.yaml lists every key) */
+  EXPECT_ERR("parallel:\n  pp_schedule: gpipe\n",
+             "t.yaml:2:3: key 'parallel.pp_schedule': 'gpipe' orders the "
+             "micro-batches of a pipeline; with parallel.pp 1 there is none "
+             "(micro-batches on one stage run one after another, each "
+             "forward then its backward): supported here: 1f1b (the "
+             "default), or parallel.pp > 1");
+  {
+    static const char ok_text[] =
+        "train:\n  batch_size: 8\nparallel:\n  pp_schedule: 1f1b\n  "
+        "micro_batches: 2\n";
+    loom_config ok_cfg;
+    loom_config_defaults(&ok_cfg);
+    TT_CHECK_OK(loom_config_load_string(&ok_cfg, ok_text, strlen(ok_text),
+                                        "t.yaml", NULL, 0));
+  }
   EXPECT_ERR("log:\n  profile: true\n",
              "t.yaml:2:3: key 'log.profile': true is not implemented yet; "
              "supported: false (it is called log.trace: set log.trace: "

@@ -181,9 +181,26 @@ TT_TEST(test_scaler_sequence) {
   /* Growth that would overflow keeps the scale. */
   s.scale = FLT_MAX / 1.5f;
   s.good_steps = 2;
-  loom_scaler_update(&s, false);
+  TT_CHECK_OK(loom_scaler_update(&s, false));
   TT_CHECK(s.scale == FLT_MAX / 1.5f);
   TT_CHECK_EQ(s.good_steps, 0);
+  /* The floor: a backoff may reach FLT_MIN (whose reciprocal unscales)
+   * but not go under it: then an error and the state as it was. */
+  s.scale = 2.0f * FLT_MIN;
+  s.good_steps = 1;
+  TT_CHECK_OK(loom_scaler_update(&s, true));
+  TT_CHECK(s.scale == FLT_MIN);
+  TT_CHECK_OK(loom_scaler_check(&s));
+  s.good_steps = 1;
+  TT_CHECK_EQ(loom_scaler_update(&s, true), LOOM_ERR_INVALID_ARG);
+  TT_CHECK(strstr(loom_last_error(), "cannot back off further") != NULL);
+  TT_CHECK(s.scale == FLT_MIN);
+  TT_CHECK_EQ(s.good_steps, 1);
+  /* a subnormal or zero scale is refused by the check */
+  s.scale = FLT_MIN / 2.0f;
+  TT_CHECK_EQ(loom_scaler_check(&s), LOOM_ERR_INVALID_ARG);
+  s.scale = 0.0f;
+  TT_CHECK_EQ(loom_scaler_check(&s), LOOM_ERR_INVALID_ARG);
 }
 
 TT_TEST(test_scaler_unscale) {

@@ -5,7 +5,9 @@
 # the gradient skips the step on every rank (ZeRO-1 and ZeRO-2: the other
 # rank never sees it); deterministic mode gives the same bits on 1 and 2
 # ranks with accumulation and clipping; a run stopped at a checkpoint and
-# resumed ends with the weights and the scale sequence of the straight run.
+# resumed ends with the weights and the scale sequence of the straight run;
+# a scale that cannot be halved again stops the run before a checkpoint
+# could hold it; a checkpoint's scaler fields out of range are refused.
 . "$(dirname "$0")/../lib.sh"
 HASH=${1:?usage: test_f16_train.sh DDP_CKPT_HASH}
 export LOOM_THREADS=1 OMP_NUM_THREADS=1 LOOM_COMM_TIMEOUT=60 LOOM_LOG=warn
@@ -128,4 +130,67 @@ sb=$(scales "$tmp/resumed")
 [ "$sa" = "$sb" ] && [ "$(loss_steps "$tmp/straight")" = "$(loss_steps "$tmp/resumed")" ] &&
   ok "f16 resumed: the same losses and scales step by step ($sa)" ||
   bad "f16 resumed scales: '$sb' vs straight '$sa'"
+
+# -- a scale that cannot back off again: from 2e-38 (the smallest normal
+# f32 is 1.18e-38) an inf at step 3 leaves nowhere to go. The run stops
+# there with the reason, never writes a checkpoint of a scale no run can
+# resume with, and the one of step 2 resumes.
+LOOM_FAULT=0:3:grad_inf "$LOOM" train "${mlp[@]}" --resume never \
+  --set train.steps=6 --set train.batch_size=8 --set checkpoint.every=2 \
+  --set train.loss_scale_init=2e-38 --set "log.run_dir=$tmp/floor" \
+  >"$tmp/out" 2>&1
+rc=$?
+[ $rc != 0 ] && grep -q "step 3: f16 loss scaling: a gradient holds an inf or NaN even at loss scale 2e-38, which cannot be halved again" "$tmp/out" &&
+  [ "$(ls "$tmp/floor/ckpt" | grep step_ | tr '\n' ' ')" = "step_00000002 " ] &&
+  "$LOOM" ckpt verify "$tmp/floor/ckpt" >/dev/null 2>&1 &&
+  ok "a scale that cannot be halved again stops the run at that step (rc $rc); step 2's checkpoint stands" ||
+  { bad "scale floor: rc $rc, checkpoints $(ls "$tmp/floor/ckpt" | tr '\n' ' ')"; cat "$tmp/out"; }
+"$LOOM" train "${mlp[@]}" --set train.steps=4 --set train.batch_size=8 \
+  --set checkpoint.every=2 --set train.loss_scale_init=2e-38 \
+  --set "log.run_dir=$tmp/floor" >"$tmp/out" 2>&1 &&
+  ok "the run stopped at the floor resumes from step 2 (no fault: it trains on)" ||
+  { bad "resume after the floor"; cat "$tmp/out"; }
+
+# -- the scaler's fields of a checkpoint, checked on resume: each bad
+# value (its manifest's checksum made good again) is refused with the
+# file and the field named, never trained on
+edit_manifest() { # MANIFEST PYTHON_REGEX REPLACEMENT: edited, crc32c redone
+  python3 - "$@" <<'PY'
+import re, sys
+path, pat, rep = sys.argv[1:4]
+text = open(path, "rb").read().decode()
+text, n = re.subn(pat, rep, text, count=1)
+assert n == 1, "no match for " + pat
+def crc32c(data):
+    c = 0xFFFFFFFF
+    for b in data:
+        c ^= b
+        for _ in range(8):
+            c = (c >> 1) ^ (0x82F63B78 & -(c & 1))
+    return c ^ 0xFFFFFFFF
+at = text.rindex('"manifest_crc32c"')
+d = text.index('"0x', at) + 3
+text = text[:d] + "00000000" + text[d + 8:]
+text = text[:d] + "%08x" % crc32c(text.encode()) + text[d + 8:]
+open(path, "wb").write(text.encode())
+PY
+}
+for case in 'loss_scale|"loss_scale":\s*[^,]*|"loss_scale": 1e39|loss_scale: 1e+39 is outside' \
+  'loss_scale|"loss_scale":\s*[^,]*|"loss_scale": 1e-50|loss_scale: 1e-50 is outside' \
+  'mode|"mode":\s*"dynamic"|"mode": "bogus"|extra.loss_scaler.mode: '"'"'bogus'"'"': expected dynamic or static' \
+  'skipped|"skipped":\s*[0-9]+|"skipped": 1e300|extra.loss_scaler.skipped: 1.0000000000000001e+300: expected a whole number' \
+  'good_steps|"good_steps":\s*[0-9]+|"good_steps": -1|extra.loss_scaler.good_steps: -1: expected a whole number'; do
+  IFS='|' read -r name pat rep want <<<"$case"
+  rm -rf "$tmp/bad_$name"
+  mkdir -p "$tmp/bad_$name/ckpt"
+  cp -r "$tmp/resumed/ckpt/step_00000006" "$tmp/bad_$name/ckpt/"
+  edit_manifest "$tmp/bad_$name/ckpt/step_00000006/manifest.json" "$pat" "$rep" || bad "editing $name"
+  "$LOOM" train "${common[@]}" --set train.steps=12 \
+    --resume "$tmp/bad_$name/ckpt/step_00000006" --set "log.run_dir=$tmp/bad_$name/run" >"$tmp/out" 2>&1
+  rc=$?
+  [ $rc != 0 ] && grep -q "bad_$name/ckpt/step_00000006/manifest.json.*$want" "$tmp/out" &&
+    [ ! -e "$tmp/bad_$name/run/ckpt/step_00000012" ] &&
+    ok "a checkpoint's $rep is refused on resume, naming the manifest and the field" ||
+    { bad "checkpoint with $rep: rc $rc"; cat "$tmp/out"; }
+done
 finish f16_train
