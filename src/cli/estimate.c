@@ -28,8 +28,8 @@ static void usage(FILE *f) {
       "this build cannot run yet are marked 'forecast'. A training run\n"
       "writes its measured peak (peak_rss_mb) into metrics.jsonl.\n\n"
       "  -n N              ranks\n"
-      "  --strategy S      ddp, zero1, zero2, zero3, fsdp or none (with\n"
-      "                    parallel.pp: ddp, zero1 or zero2)\n"
+      "  --strategy S      ddp, zero1, zero2, zero3, fsdp, or none (one\n"
+      "                    rank only)\n"
       "  --memory BYTES    also the largest train.batch_size whose total\n"
       "                    fits BYTES (suffix K, M, G or T: powers of 1024),\n"
       "                    under S or the config's strategy\n"
@@ -190,19 +190,18 @@ int loom_cmd_estimate(int argc, char **argv) {
     rc = st == LOOM_ERR_CONFIG ? LOOM_EXIT_USAGE : LOOM_EXIT_FAIL;
     goto done;
   }
-  if (cfg.parallel.pp > 1 && only >= 0) {
-    if (only != LOOM_CFG_STRATEGY_DDP && only != LOOM_CFG_STRATEGY_ZERO1 &&
-        only != LOOM_CFG_STRATEGY_ZERO2 && only != LOOM_CFG_STRATEGY_ZERO3 &&
-        only != LOOM_CFG_STRATEGY_FSDP) {
-      fprintf(stderr,
-              "loom estimate: --strategy %s with parallel.pp %lld "
-              "(supported: ddp, zero1, zero2, zero3, fsdp)\n",
-              strategy, (long long)cfg.parallel.pp);
-      rc = LOOM_EXIT_USAGE;
-      goto done;
-    }
-    cfg.parallel.strategy = (loom_cfg_strategy)only;
+  /* none is one rank's alone (a pipeline or a tp group has several) */
+  if (only == LOOM_CFG_STRATEGY_NONE && ranks > 1) {
+    fprintf(stderr,
+            "loom estimate: --strategy none with -n %d: on more than one "
+            "rank (a data-parallel group, parallel.tp %lld, parallel.pp "
+            "%lld) supported: ddp, zero1, zero2, zero3, fsdp\n",
+            ranks, (long long)cfg.parallel.tp, (long long)cfg.parallel.pp);
+    rc = LOOM_EXIT_USAGE;
+    goto done;
   }
+  if (cfg.parallel.pp > 1 && only >= 0)
+    cfg.parallel.strategy = (loom_cfg_strategy)only;
   if (cfg.train.batch_size == 0) {
     /* auto: what loom train under loom run -n N on one host would take. */
     double share = 0.8 * loom_cli_mem_total() / ranks;
@@ -261,7 +260,7 @@ int loom_cmd_estimate(int argc, char **argv) {
     printf("# mesh: dp %d x tp %lld x pp 1: each rank holds its tensor-"
            "parallel part of the model (%lld parameters); sent/step counts "
            "the tp group's all-reduces (4 a block per micro-batch)%s%s\n",
-           e.dp, (long long)cfg.parallel.tp, (long long)e.params,
+           e.dp, (long long)cfg.parallel.tp, (long long)e.stage_params,
            !cfg.parallel.sequence_parallel ? ""
            : cfg.parallel.sequence_parallel_regather
                ? "; sequence parallel: each a reduce-scatter and an "

@@ -187,6 +187,24 @@ static int blocks_in(const loom_config *cfg, loom_model *m, int u0, int u1) {
   return n;
 }
 
+/* The whole model's parameters (Psi) when m is this rank's part of it
+ * (parallel.tp > 1: the layout alone, built again), else m's own. */
+static loom_status whole_params(const loom_config *cfg, const loom_model *m,
+                                int64_t *n) {
+  *n = loom_model_num_params(m);
+  if (cfg->parallel.tp <= 1)
+    return LOOM_OK;
+  loom_model *w = NULL;
+  loom_model_opts wo = loom_model_opts_default();
+  wo.shape_only = true;
+  loom_status s = loom_train_model_make(cfg, &wo, &w);
+  if (s != LOOM_OK)
+    return loom_error_context(s, "estimate: the whole model");
+  *n = loom_model_num_params(w);
+  loom_model_free(w);
+  return LOOM_OK;
+}
+
 /* Bytes a rank sends per step for tensor parallelism: per block, one
  * all-reduce of the (rows, context, d_model) activations for attention
  * and one for the MLP, in forward and again in backward (2 (T - 1) / T of
@@ -266,19 +284,13 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
   LOOM_TRY(rank_model(cfg, &tp, &m));
   /* with tensor parallelism, the whole model's count too: checkpoints
    * keep its layout */
-  double whole_n = (double)loom_model_num_params(m);
-  if (T > 1) {
-    loom_model *w = NULL;
-    loom_model_opts wo = loom_model_opts_default();
-    wo.shape_only = true;
-    loom_status ws = loom_train_model_make(cfg, &wo, &w);
-    if (ws != LOOM_OK) {
-      loom_model_free(m);
-      return loom_error_context(ws, "estimate: the whole model");
-    }
-    whole_n = (double)loom_model_num_params(w);
-    loom_model_free(w);
+  int64_t whole = 0;
+  loom_status ws = whole_params(cfg, m, &whole);
+  if (ws != LOOM_OK) {
+    loom_model_free(m);
+    return ws;
   }
+  const double whole_n = (double)whole;
   const int blocks = blocks_in(cfg, m, 0, loom_model_num_units(m));
   const loom_shape in = input_shape(cfg, out->batch);
   size_t act = 0, scratch = 0;
@@ -327,8 +339,8 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
       strategy != LOOM_CFG_STRATEGY_NONE && strategy != LOOM_CFG_STRATEGY_DDP;
   /* The largest slice: ceil(Psi / P). */
   const double slice = ranks > 1 ? (double)((int64_t)psi / ranks + 1) : psi;
-  out->params = (int64_t)psi;
-  out->stage_params = (int64_t)psi;
+  out->params = whole;              /* the model's, whatever the mesh */
+  out->stage_params = (int64_t)psi; /* this rank's tensor-parallel part */
   out->unit_end = nu;
   /* ZeRO-3: the slice and the units gathered at once (the one computing
    * and the next), which may overlap the slice: at most all of them. */
@@ -538,7 +550,9 @@ loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
   int blocks = 0;
   if (s == LOOM_OK) {
     blocks = blocks_in(cfg, m, first[stage], first[stage + 1]);
-    out->params = loom_model_num_params(m);
+    s = whole_params(cfg, m, &out->params);
+  }
+  if (s == LOOM_OK) {
     out->unit_first = first[stage];
     out->unit_end = first[stage + 1];
     out->stage_params = cum[first[stage + 1]] - cum[first[stage]];
