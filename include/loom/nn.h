@@ -477,7 +477,10 @@ void loom_model_bind_params(loom_model *m, float *params);
  * frees the copy. f16's range ends at 65504: train it with a loss scaler
  * (loom_scaler, include/loom/optim.h), as the trainer does.
  * LOOM_ERR_UNSUPPORTED for another type, or for a half type in a model holding
- * a module without a half form (ops->f32_only; none of loom's own). */
+ * a module without a half form (ops->f32_only; none of loom's own);
+ * LOOM_ERR_INVALID_ARG for a NULL model. These precision calls take NULL
+ * without harm: loom_model_precision says f32, loom_model_half_bytes 0,
+ * loom_model_rounded_copy NULL; params_updated and bind_half do nothing. */
 loom_status loom_model_set_precision(loom_model *m, loom_dtype precision);
 loom_dtype loom_model_precision(const loom_model *m);
 void loom_model_params_updated(loom_model *m);
@@ -554,8 +557,8 @@ const loom_range *loom_model_unit_ranges(const loom_model *m, int u, int *n);
  * place; returns how many remain. */
 int loom_ranges_merge(loom_range *r, int n);
 /* Converts ranges r[0..n) of the parameters into the half copy (the
- * model's own or bound). LOOM_ERR_INVALID_ARG in f32 or for a range out of
- * bounds. */
+ * model's own or bound). LOOM_ERR_INVALID_ARG in f32, for a range out of
+ * bounds, a NULL model, n < 0, or NULL r with n > 0. */
 loom_status loom_model_refresh_half(loom_model *m, const loom_range *r, int n);
 /* Only units [first, end) run from now on (a pipeline stage): forward
  * takes what unit `first` takes (the token ids, or the activations of the

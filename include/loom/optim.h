@@ -244,7 +244,8 @@ loom_status loom_scaler_check(const loom_scaler *s);
 bool loom_scaler_unscale(const loom_scaler *s, float *g, int64_t n);
 /* After each step: on found_inf scale *= backoff_factor and the count
  * restarts; else after growth_interval good steps scale *= growth_factor
- * (kept only if finite). LOOM_ERR_INVALID_ARG, *s unchanged, when a backoff
+ * (kept only if finite). LOOM_ERR_INVALID_ARG, *s unchanged, for a scaler
+ * loom_scaler_check refuses (NULL among them), and when a backoff
  * would take the scale below FLT_MIN: every step since the scale was
  * normal overflowed, so the gradients are inf or NaN at any scale (a
  * diverged model; PyTorch's GradScaler would skip every step from then

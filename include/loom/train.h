@@ -184,10 +184,14 @@ double loom_train_peak_rss(void);
  * does not fit the data, or an unreadable checkpoint is an error here. */
 loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
                              const loom_train_opts *opts);
+/* Trains to the config's end (or a stop); res (may be NULL) gets the
+ * outcome. A NULL trainer is LOOM_ERR_INVALID_ARG. */
 loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res);
-/* Evaluates on the validation split (eval_batches of them, 0 = all). */
+/* Evaluates on the validation split (eval_batches of them, 0 = all); loss
+ * and accuracy may each be NULL. */
 loom_status loom_trainer_evaluate(loom_trainer *t, double *loss,
                                   double *accuracy);
+/* The trainer's model (NULL for a NULL trainer). */
 loom_model *loom_trainer_model(loom_trainer *t);
 void loom_trainer_free(loom_trainer *t);
 /* Asks a running loop to stop at the next step boundary and save (safe to

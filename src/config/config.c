@@ -1596,6 +1596,9 @@ static loom_status check_sizes(const loom_config *cfg, const cfg_origins *org,
  * keys together. `where` names the source for keys left at their default. */
 loom_status loom_config_loss_scale(const loom_config *cfg,
                                    loom_loss_scale_mode *mode, double *scale) {
+  if (!cfg || !mode || !scale)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_config_loss_scale: NULL "
+                                            "argument");
   const char *v = cfg->train.loss_scale;
   const bool f16 = cfg->train.precision == LOOM_CFG_PRECISION_F16;
   if (strcmp(v, "auto") == 0 || strcmp(v, "dynamic") == 0) {

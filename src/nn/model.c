@@ -482,6 +482,8 @@ static loom_status own_copy(loom_model *m) {
 }
 
 loom_status loom_model_set_precision(loom_model *m, loom_dtype precision) {
+  if (!m)
+    return loom_error(LOOM_ERR_INVALID_ARG, "model: NULL");
   const bool half = precision == LOOM_BF16 || precision == LOOM_F16;
   if (precision != LOOM_F32 && !half)
     return loom_error(LOOM_ERR_UNSUPPORTED,
@@ -514,11 +516,18 @@ loom_status loom_model_set_precision(loom_model *m, loom_dtype precision) {
   return LOOM_OK;
 }
 
-loom_dtype loom_model_precision(const loom_model *m) { return m->precision; }
+loom_dtype loom_model_precision(const loom_model *m) {
+  return m ? m->precision : LOOM_F32;
+}
 
-void loom_model_params_updated(loom_model *m) { m->half_stale = true; }
+void loom_model_params_updated(loom_model *m) {
+  if (m)
+    m->half_stale = true;
+}
 
 size_t loom_model_half_bytes(const loom_model *m) {
+  if (!m)
+    return 0;
   if (m->params_rounded)
     return (size_t)m->numel * sizeof(float);
   return m->params_half && !m->half_bound ? (size_t)m->numel * sizeof(uint16_t)
@@ -528,12 +537,14 @@ size_t loom_model_half_bytes(const loom_model *m) {
 float *loom_model_rounded_copy(loom_model *m) {
   /* a change of path since the copy was made: none, the next forward makes
    * the other kind */
-  return m->params_rounded && !loom_half_on_unit(m->precision)
+  return m && m->params_rounded && !loom_half_on_unit(m->precision)
              ? m->params_rounded
              : NULL;
 }
 
 void loom_model_bind_half(loom_model *m, uint16_t *buf) {
+  if (!m)
+    return;
   drop_own_copy(m);
   m->params_half = buf;
   m->half_bound = buf != NULL;
@@ -541,6 +552,11 @@ void loom_model_bind_half(loom_model *m, uint16_t *buf) {
 }
 
 loom_status loom_model_refresh_half(loom_model *m, const loom_range *r, int n) {
+  if (!m || n < 0 || (n > 0 && !r))
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "model: refresh_half: NULL model or ranges, or %d "
+                      "ranges",
+                      n);
   if (m->precision == LOOM_F32 || (!m->params_half && !m->params_rounded) ||
       !m->params)
     return loom_error(LOOM_ERR_INVALID_ARG,

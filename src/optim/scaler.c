@@ -74,6 +74,9 @@ bool loom_scaler_unscale(const loom_scaler *s, float *g, int64_t n) {
 }
 
 loom_status loom_scaler_update(loom_scaler *s, bool found_inf) {
+  /* a scaler the check refuses (a NaN scale, an interval of 0) is not
+   * stepped on: its error, the state untouched */
+  LOOM_TRY(loom_scaler_check(s));
   if (found_inf) {
     const float next = s->scale * s->backoff_factor;
     if (!(next >= FLT_MIN)) /* 1/next would overflow: no step could pass */

@@ -25,7 +25,7 @@ loom_train_opts loom_train_opts_default(void) {
   return o;
 }
 
-loom_model *loom_trainer_model(loom_trainer *t) { return t->model; }
+loom_model *loom_trainer_model(loom_trainer *t) { return t ? t->model : NULL; }
 
 /* ------------------------------------------------------------- building */
 
@@ -813,6 +813,8 @@ static void close_rank_log(loom_trainer *t) {
 
 loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
                              const loom_train_opts *opts) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_trainer_new: out is NULL");
   *out = NULL;
   loom_status s = loom_config_validate(cfg);
   if (s != LOOM_OK)
@@ -1279,7 +1281,12 @@ done:
 
 loom_status loom_trainer_evaluate(loom_trainer *t, double *loss,
                                   double *accuracy) {
-  return evaluate(t, t->cfg.train.eval_batches, loss, accuracy);
+  if (!t)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_trainer_evaluate: trainer is NULL");
+  double l, a; /* either result may be left out */
+  return evaluate(t, t->cfg.train.eval_batches, loss ? loss : &l,
+                  accuracy ? accuracy : &a);
 }
 
 static bool is_rank0(const loom_trainer *t) { return t->rank == 0; }
@@ -1925,6 +1932,12 @@ static void stop_handlers_restore(const stop_handlers *h) {
 }
 
 loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
+  if (!t)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_trainer_run: trainer is NULL");
+  loom_train_result unused; /* res may be NULL: nothing reported */
+  if (!res)
+    res = &unused;
   memset(res, 0, sizeof *res);
   res->val_loss = NAN;
   res->val_accuracy = NAN;

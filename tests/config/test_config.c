@@ -260,6 +260,9 @@ TT_TEST(test_not_implemented_and_sizes) {
       TT_CHECK_EQ(mode, ls[i].mode);
       TT_CHECK(scale == ls[i].scale);
     }
+    TT_CHECK_EQ(loom_config_loss_scale(&cfg, NULL, NULL), LOOM_ERR_INVALID_ARG);
+    TT_CHECK_EQ(loom_config_loss_scale(NULL, &mode, &scale),
+                LOOM_ERR_INVALID_ARG);
     TT_CHECK_EQ(cfg.train.precision, LOOM_CFG_PRECISION_F32);
   }
   EXPECT_ERR("train:\n  loss_scale: 128\n",

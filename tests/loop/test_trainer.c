@@ -1,5 +1,6 @@
 /* Tests of the training loop: exact resume (bitwise), gradient accumulation
  * equal to a larger batch, clear errors for data that is missing. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -136,6 +137,13 @@ TT_TEST(test_accumulation_equals_big_batch) {
   loom_train_result r;
   TT_REQUIRE_OK(loom_trainer_new(&t, &cfg, &o));
   TT_CHECK_OK(loom_trainer_run(t, &r));
+  /* results left out: evaluated all the same (and a second run of a
+   * finished trainer reports nothing, with res NULL) */
+  TT_CHECK_OK(loom_trainer_evaluate(t, NULL, NULL));
+  double vl = NAN;
+  TT_CHECK_OK(loom_trainer_evaluate(t, &vl, NULL));
+  TT_CHECK(isfinite(vl));
+  TT_CHECK_OK(loom_trainer_run(t, NULL));
   loom_model *m = loom_trainer_model(t);
   n2 = loom_model_num_params(m);
   acc = loom_model_params(m);
@@ -144,6 +152,19 @@ TT_TEST(test_accumulation_equals_big_batch) {
   TT_CHECK_CLOSE(acc, big, (size_t)n1, 1e-5, 1e-4);
   loom_trainer_free(t);
   free(big);
+}
+
+/* NULL trainers are errors, never a crash */
+TT_TEST(test_null_trainer) {
+  loom_train_result r;
+  double l, a;
+  loom_config cfg;
+  loom_config_defaults(&cfg);
+  TT_CHECK_EQ(loom_trainer_new(NULL, &cfg, NULL), LOOM_ERR_INVALID_ARG);
+  TT_CHECK_EQ(loom_trainer_run(NULL, &r), LOOM_ERR_INVALID_ARG);
+  TT_CHECK_EQ(loom_trainer_evaluate(NULL, &l, &a), LOOM_ERR_INVALID_ARG);
+  TT_CHECK(loom_trainer_model(NULL) == NULL);
+  loom_trainer_free(NULL);
 }
 
 TT_TEST(test_missing_data_is_clear_error) {
@@ -174,6 +195,7 @@ int main(void) {
   TT_RUN(test_resume_gpt_bitwise);
   TT_RUN(test_accumulation_equals_big_batch);
   TT_RUN(test_missing_data_is_clear_error);
+  TT_RUN(test_null_trainer);
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_root);
   if (system(cmd) != 0)

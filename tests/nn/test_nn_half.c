@@ -671,8 +671,21 @@ TT_TEST(half_errors) {
   TT_CHECK_EQ(loom_model_precision(m), LOOM_F16);
   TT_CHECK_EQ(loom_model_half_bytes(m), (size_t)(37 * 23 + 23) * copy_bytes());
   TT_CHECK(loom_model_set_precision(m, LOOM_I32) == LOOM_ERR_UNSUPPORTED);
+  /* refresh: negative counts and NULL ranges refused */
+  TT_CHECK(loom_model_refresh_half(m, NULL, 1) == LOOM_ERR_INVALID_ARG);
+  loom_range r0 = {0, 1};
+  TT_CHECK(loom_model_refresh_half(m, &r0, -1) == LOOM_ERR_INVALID_ARG);
+  TT_CHECK_OK(loom_model_refresh_half(m, NULL, 0));
   TT_CHECK_OK(loom_model_set_precision(m, LOOM_F32));
   loom_model_free(m);
+  /* NULL models: errors or harmless answers, never a crash */
+  TT_CHECK(loom_model_set_precision(NULL, g_half) == LOOM_ERR_INVALID_ARG);
+  TT_CHECK_EQ(loom_model_precision(NULL), LOOM_F32);
+  TT_CHECK_EQ(loom_model_half_bytes(NULL), (size_t)0);
+  TT_CHECK(loom_model_rounded_copy(NULL) == NULL);
+  loom_model_params_updated(NULL);
+  loom_model_bind_half(NULL, NULL);
+  TT_CHECK(loom_model_refresh_half(NULL, &r0, 1) == LOOM_ERR_INVALID_ARG);
 }
 
 int main(void) {

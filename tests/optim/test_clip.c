@@ -201,6 +201,17 @@ TT_TEST(test_scaler_sequence) {
   TT_CHECK_EQ(loom_scaler_check(&s), LOOM_ERR_INVALID_ARG);
   s.scale = 0.0f;
   TT_CHECK_EQ(loom_scaler_check(&s), LOOM_ERR_INVALID_ARG);
+  /* update steps only on a scaler the check takes: NULL, a NaN scale or
+   * an interval of 0 are errors and the state stays */
+  TT_CHECK_EQ(loom_scaler_update(NULL, false), LOOM_ERR_INVALID_ARG);
+  s = loom_scaler_default();
+  s.scale = NAN;
+  TT_CHECK_EQ(loom_scaler_update(&s, false), LOOM_ERR_INVALID_ARG);
+  TT_CHECK(isnan(s.scale) && s.good_steps == 0);
+  s = loom_scaler_default();
+  s.growth_interval = 0;
+  TT_CHECK_EQ(loom_scaler_update(&s, false), LOOM_ERR_INVALID_ARG);
+  TT_CHECK(s.scale == 65536.0f && s.good_steps == 0);
 }
 
 TT_TEST(test_scaler_unscale) {
