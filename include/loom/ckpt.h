@@ -214,6 +214,8 @@ loom_status loom_ckpt_find_latest_valid(const char *root,
 
 const loom_ckpt_meta *loom_ckpt_get_meta(const loom_ckpt *c);
 const char *loom_ckpt_path(const loom_ckpt *c);
+/* Its manifest file (DIR/manifest.json), for messages about its fields. */
+const char *loom_ckpt_manifest_path(const loom_ckpt *c);
 /* manifest.json as stored. */
 const char *loom_ckpt_manifest_text(const loom_ckpt *c);
 

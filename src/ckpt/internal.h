@@ -4,6 +4,7 @@
 #ifndef LOOM_TRAIN_CKPT_INTERNAL_H
 #define LOOM_TRAIN_CKPT_INTERNAL_H
 
+#include <float.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -61,6 +62,12 @@ void loom_ckpt_footer_encode(unsigned char out[CKPT_FOOTER_BYTES],
                              const ckpt_footer *f);
 loom_status loom_ckpt_footer_decode(const unsigned char in[CKPT_FOOTER_BYTES],
                                     ckpt_footer *f);
+
+/* A loss scale a manifest may hold: f32's normal range, whose reciprocal
+ * the unscaling takes (written and read alike). */
+static inline bool ckpt_loss_scale_ok(double s) {
+  return s >= FLT_MIN && s <= FLT_MAX;
+}
 
 static inline int64_t ckpt_align(int64_t x) {
   return (x + CKPT_ALIGN - 1) / CKPT_ALIGN * CKPT_ALIGN;

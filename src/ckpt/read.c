@@ -4,7 +4,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -225,7 +224,7 @@ static loom_status parse_meta(loom_ckpt *c, const cJSON *root) {
       j_int(c, o, "schedule", "step", 0, JSON_INT_MAX - 1, &m->schedule_step));
   LOOM_TRY(j_num(c, o, "schedule", "lr", &m->lr));
   LOOM_TRY(j_num(c, root, "", "loss_scale", &m->loss_scale));
-  if (!(m->loss_scale >= FLT_MIN && m->loss_scale <= FLT_MAX)) {
+  if (!ckpt_loss_scale_ok(m->loss_scale)) {
     snprintf(where, sizeof where, "%g is outside f32's normal range",
              m->loss_scale);
     return bad(c, "", "loss_scale", where);
@@ -810,6 +809,9 @@ const loom_ckpt_meta *loom_ckpt_get_meta(const loom_ckpt *c) {
 }
 
 const char *loom_ckpt_path(const loom_ckpt *c) { return c ? c->dir : ""; }
+const char *loom_ckpt_manifest_path(const loom_ckpt *c) {
+  return c ? c->mpath : "";
+}
 
 const char *loom_ckpt_manifest_text(const loom_ckpt *c) {
   return c ? c->text : "";

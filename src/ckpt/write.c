@@ -4,7 +4,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -285,8 +284,7 @@ loom_status loom_ckpt_writer_set_meta(loom_ckpt_writer *w,
   if (meta->n_views < 0 || (meta->n_views && !meta->views) ||
       meta->n_rngs < 0 || (meta->n_rngs && !meta->rngs))
     return loom_error(LOOM_ERR_INVALID_ARG, "checkpoint meta: bad arrays");
-  if (!isfinite(meta->lr) ||
-      !(meta->loss_scale >= FLT_MIN && meta->loss_scale <= FLT_MAX))
+  if (!isfinite(meta->lr) || !ckpt_loss_scale_ok(meta->loss_scale))
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "checkpoint meta: lr must be finite and loss_scale in "
                       "f32's normal range (lr %g, loss_scale %g)",

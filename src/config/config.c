@@ -1592,6 +1592,13 @@ static loom_status check_sizes(const loom_config *cfg, const cfg_origins *org,
   return LOOM_OK;
 }
 
+/* What train.loss_scale takes, for both of its errors (the API's and
+ * config check's). */
+#define LOSS_SCALE_VALUES                                                      \
+  "expected auto, dynamic, a number from %g to 1e38 (a static scale; the "     \
+  "smallest normal f32 at least, whose reciprocal unscales the gradients) "    \
+  "or 0 (none)"
+
 /* Range of every key (for configs filled in from C) and the rules that tie
  * keys together. `where` names the source for keys left at their default. */
 loom_status loom_config_loss_scale(const loom_config *cfg,
@@ -1613,11 +1620,8 @@ loom_status loom_config_loss_scale(const loom_config *cfg,
   if (!*v || end == v || *end != '\0' || errno != 0 || !isfinite(x) || x < 0 ||
       (x > 0 && x < FLT_MIN) || x > 1e38)
     return loom_error(LOOM_ERR_CONFIG,
-                      "train.loss_scale '%s': expected auto, dynamic, a "
-                      "number from %g to 1e38 (a static scale; the smallest "
-                      "normal f32 at least, whose reciprocal unscales the "
-                      "gradients) or 0 (none)",
-                      v, (double)FLT_MIN);
+                      "train.loss_scale '%s': " LOSS_SCALE_VALUES, v,
+                      (double)FLT_MIN);
   *mode = x > 0 ? LOOM_LOSS_SCALE_STATIC : LOOM_LOSS_SCALE_NONE;
   *scale = x > 0 ? x : 1.0;
   return LOOM_OK;
@@ -1632,10 +1636,7 @@ static loom_status check_loss_scale(const loom_config *cfg,
   double scale;
   const cfg_loc *l = origin_of(org, "train.loss_scale", none);
   if (loom_config_loss_scale(cfg, &mode, &scale) != LOOM_OK)
-    return cfg_err(l, "train.loss_scale",
-                   "'%s': expected auto, dynamic, a number from %g to 1e38 "
-                   "(a static scale; the smallest normal f32 at least, whose "
-                   "reciprocal unscales the gradients) or 0 (none)",
+    return cfg_err(l, "train.loss_scale", "'%s': " LOSS_SCALE_VALUES,
                    cfg->train.loss_scale, (double)FLT_MIN);
   const bool f16 = cfg->train.precision == LOOM_CFG_PRECISION_F16;
   if (!f16 && mode != LOOM_LOSS_SCALE_NONE)

@@ -513,9 +513,7 @@ static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
                                     st.data));
   }
   LOOM_TRY(loom_optim_set_step(t->optim, meta->optimizer_step));
-  char manifest[4096]; /* the file holding the scaler's fields */
-  snprintf(manifest, sizeof manifest, "%s/manifest.json", loom_ckpt_path(c));
-  LOOM_TRY(loom_train_scale_restore(t, meta, manifest));
+  LOOM_TRY(loom_train_scale_restore(t, meta, loom_ckpt_manifest_path(c)));
   t->step = meta->step;
   /* The data position in samples: exact at any world size. */
   LOOM_TRY(

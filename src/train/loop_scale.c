@@ -135,19 +135,18 @@ loom_status loom_train_scale_restore(loom_trainer *t,
   }
   /* Every field checked, whichever of them this run takes: the reader
    * already holds loss_scale to f32's normal range. */
-  const cJSON *mode = cJSON_GetObjectItemCaseSensitive(ls, "mode");
-  const bool dyn =
-      cJSON_IsString(mode) && strcmp(mode->valuestring, "dynamic") == 0;
+  /* NULL when missing or not a string */
+  const char *mode =
+      cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(ls, "mode"));
+  const bool dyn = mode && strcmp(mode, "dynamic") == 0;
   int64_t good = 0, skipped = 0;
   loom_status s = LOOM_OK;
-  if (!dyn &&
-      !(cJSON_IsString(mode) && strcmp(mode->valuestring, "static") == 0))
+  if (!dyn && !(mode && strcmp(mode, "static") == 0))
     s = loom_error(LOOM_ERR_CORRUPT,
                    "%s: extra.loss_scaler.mode: %s%s%s: expected dynamic or "
                    "static",
-                   path, cJSON_IsString(mode) ? "'" : "not a string",
-                   cJSON_IsString(mode) ? mode->valuestring : "",
-                   cJSON_IsString(mode) ? "'" : "");
+                   path, mode ? "'" : "not a string", mode ? mode : "",
+                   mode ? "'" : "");
   if (s == LOOM_OK)
     s = steps_in(path, ls, "good_steps", meta->step, &good);
   if (s == LOOM_OK)
