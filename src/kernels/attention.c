@@ -64,6 +64,13 @@ static void softmax_grad_row(float *d, const float *pr, int t, int T) {
 
 /* ------------------------------------------------------------ kernels */
 
+/* Floating-point operations of a causal attention over B sequences of T
+ * tokens of width C (all heads): QK^T and PV, each 2 T^2/2 C, forward; the
+ * backward's four products twice that. */
+static double att_flops(int B, int T, int C, bool backward) {
+  return (backward ? 4.0 : 2.0) * B * (double)T * T * C;
+}
+
 loom_status LOOM_ISA(loom_attention_forward)(float *out, float *att,
                                              const float *qkv, int B, int T,
                                              int C, int NH) {
@@ -73,7 +80,7 @@ loom_status LOOM_ISA(loom_attention_forward)(float *out, float *att,
   const int HS = C / NH, C3 = 3 * C;
   const float scale = 1.0f / sqrtf((float)HS);
   const int tasks = B * NH;
-  const int nt = loom_kern_nthreads(tasks, 1);
+  const int nt = loom_kern_nthreads_flops(tasks, att_flops(B, T, C, false));
   loom_kern_gemm_serial_begin();
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int bh = 0; bh < tasks; bh++) {
@@ -112,7 +119,7 @@ loom_status LOOM_ISA(loom_attention_backward)(float *dqkv, float *scratch,
   const int HS = C / NH, C3 = 3 * C;
   const float scale = 1.0f / sqrtf((float)HS);
   const int tasks = B * NH;
-  const int nt = loom_kern_nthreads(tasks, 1);
+  const int nt = loom_kern_nthreads_flops(tasks, att_flops(B, T, C, true));
   loom_kern_gemm_serial_begin();
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int bh = 0; bh < tasks; bh++) {
@@ -198,6 +205,7 @@ typedef struct half_att {
   bool unit;
   size_t es; /* operand element bytes: 2 on the unit, 4 converting */
   int B, T, C, NH, HS, rb;
+  bool backward; /* set up for the backward pass (its flops: twice) */
   float scale;
 } half_att;
 
@@ -252,6 +260,7 @@ static loom_status half_setup(half_att *h, loom_dtype dt, int B, int T, int C,
                       loom_dtype_name(dt));
   h->dt = dt;
   h->B = B, h->T = T, h->C = C, h->NH = NH, h->HS = C / NH;
+  h->backward = backward;
   h->scale = 1.0f / sqrtf((float)h->HS);
   h->rb = half_rb(T);
   h->unit = loom_half_on_unit(dt);
@@ -303,7 +312,8 @@ static void operands(const half_att *h, void *ops, const void **q,
 #define HALF_TASKS(h, rc, ...)                                                 \
   do {                                                                         \
     const int ht_tasks = (h)->B * (h)->NH;                                     \
-    const int ht_nt1 = loom_kern_nthreads(ht_tasks, 1);                        \
+    const int ht_nt1 = loom_kern_nthreads_flops(                               \
+        ht_tasks, att_flops((h)->B, (h)->T, (h)->C, (h)->backward));           \
     const int ht_nt = ht_nt1 < ATT_SLOTS ? ht_nt1 : ATT_SLOTS;                 \
     int ht_save = 0;                                                           \
     if (ht_nt == 1 && !omp_in_parallel() &&                                    \

@@ -228,7 +228,7 @@ loom_status LOOM_ISA(loom_conv2d_forward)(float *out, float *col,
   const int64_t ld = (int64_t)p.nb * P;
   const int64_t per_slot = p.col_floats + p.tmp_floats + p.dw_floats;
   const int64_t in_img = (int64_t)d->C * d->H * d->W, out_img = (int64_t)OC * P;
-  const int nt = loom_kern_nthreads(p.slots, 1);
+  const int nt = loom_kern_nthreads_flops(p.slots, loom_kern_conv_flops(d, 1));
   loom_kern_gemm_serial_begin();
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int s = 0; s < p.slots; s++) {
@@ -302,7 +302,8 @@ loom_status LOOM_ISA(loom_conv2d_backward)(float *dinp, float *dweight,
     if (st != LOOM_ERR_UNSUPPORTED)
       return st;
   }
-  const int nt = loom_kern_nthreads(p.slots, 1);
+  const int nt = loom_kern_nthreads_flops(
+      p.slots, loom_kern_conv_flops(d, (dinp != NULL) + (dweight != NULL)));
   loom_kern_gemm_serial_begin();
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int s = 0; s < p.slots; s++) {

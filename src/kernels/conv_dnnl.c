@@ -422,13 +422,14 @@ static void view_out(exec_ctx *c, const conv_view *v, loom_md_ref plain,
   run(c, v->reorder, a, 3);
 }
 
-/* Runs the statement (with slot and ctx) for every chunk on
- * min(threads, chunks) threads, each with its own stream; oneDNN is held to
+/* Runs the statement (with slot and ctx) for every chunk on at most
+ * min(threads, chunks) threads, fewer when the `flops` of all chunks are few
+ * (loom_kern_nthreads_flops), each with its own stream; oneDNN is held to
  * one thread per chunk. */
 /* clang-format off */
-#define CONV_PARALLEL(plan, failed, ...)                                       \
+#define CONV_PARALLEL(plan, flops, failed, ...)                                \
   do {                                                                         \
-    const int cp_nt = loom_kern_nthreads((plan).nchunks, 1);                   \
+    const int cp_nt = loom_kern_nthreads_flops((plan).nchunks, (flops));       \
     int cp_save = 0;                                                           \
     if (cp_nt == 1 && !omp_in_parallel() &&                                    \
         (cp_save = omp_get_max_threads()) > 1)                                 \
@@ -498,7 +499,8 @@ static loom_status conv_forward(float *out, float *col, const void *inp,
   const int64_t out_img =
       (int64_t)d->OC * loom_conv2d_out_h(d) * loom_conv2d_out_w(d);
   atomic_int failed = wfail;
-  CONV_PARALLEL(p, failed, {
+  const double flops = loom_kern_conv_flops(d, 1);
+  CONV_PARALLEL(p, flops, failed, {
     const conv_set *s = slot == p.nchunks - 1 ? p.last : p.full;
     float *sc = col + p.slots_off + slot * p.per_slot, *pad = sc + p.pad_off;
     const int64_t n0 = (int64_t)slot * p.nb;
@@ -536,7 +538,9 @@ static loom_status conv_backward(float *dinp, float *dweight, float *col,
   const int64_t out_img =
       (int64_t)d->OC * loom_conv2d_out_h(d) * loom_conv2d_out_w(d);
   atomic_int failed = wfail;
-  CONV_PARALLEL(p, failed, {
+  const double flops =
+      loom_kern_conv_flops(d, (dinp != NULL) + (dweight != NULL));
+  CONV_PARALLEL(p, flops, failed, {
     const conv_set *s = slot == p.nchunks - 1 ? p.last : p.full;
     float *sc = col + p.slots_off + slot * p.per_slot, *pad = sc + p.pad_off;
     const int64_t n0 = (int64_t)slot * p.nb;

@@ -189,9 +189,7 @@ loom_status loom_kern_gemm_tiled(int M, int N, int K, float beta, float *C,
       return loom_error_context(LOOM_ERR_NOMEM, "gemm %dx%dx%d", M, N, K);
   }
   const int tasks = p.gm * p.gn * p.gk;
-  int nt = loom_threads();
-  if (nt > tasks)
-    nt = tasks;
+  const int nt = loom_kern_nthreads_flops(tasks, 2.0 * M * N * (double)K);
   atomic_int failed = 0;
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int t = 0; t < tasks; t++) {

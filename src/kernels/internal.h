@@ -294,6 +294,34 @@ static inline int loom_kern_nthreads(int64_t work, int64_t grain) {
   return most < t ? (int)most : t;
 }
 
+/* A thread that joins a loop of products (GEMM tiles, attention heads,
+ * convolution chunks) should bring at least this many floating-point
+ * operations, some 10-20 us at the rate small products run. On an idle
+ * machine a fork and join costs about 3 us (a 128x10x512 GEMM: 50 us on one
+ * thread, 28 on two), so that much work still pays; on a loaded one each join
+ * waits for a thread the scheduler may not run for milliseconds, and forks
+ * over less work made a tiny GPT's evaluation (attention over 8 heads of 16
+ * tokens, 65 kFLOP) take minutes beside other jobs instead of seconds. */
+#define LOOM_KERN_THREAD_FLOPS 0.5e6
+
+/* Threads for `tasks` independent tasks of `flops` operations in all: at
+ * most one a task and one per LOOM_KERN_THREAD_FLOPS. Like
+ * loom_kern_nthreads, it decides only how many threads run. */
+static inline int loom_kern_nthreads_flops(int64_t tasks, double flops) {
+  const double by_work = flops / LOOM_KERN_THREAD_FLOPS;
+  return loom_kern_nthreads(by_work < (double)tasks ? (int64_t)by_work : tasks,
+                            1);
+}
+
+/* Floating-point operations of `products` of a convolution's GEMMs
+ * (forward: 1; backward: 1 each for the input and the weight gradient). */
+static inline double loom_kern_conv_flops(const loom_conv2d_dims *d,
+                                          int products) {
+  const double oh = (d->H + 2 * d->pad - d->KH) / d->stride + 1;
+  const double ow = (d->W + 2 * d->pad - d->KW) / d->stride + 1;
+  return 2.0 * products * d->N * oh * ow * d->OC * d->C * d->KH * d->KW;
+}
+
 /* ---- GEMM used by other kernels (gemm.c) */
 
 /* One GEMM computed by the calling thread alone with the current backend,
