@@ -398,10 +398,15 @@ loom_status loom_fs_fsync_dir(const char *path);
 /* Opens dirfd/name for writing without following a symbolic link in its
  * place (-1, errno ELOOP) and without writing into a file that has other
  * hard links (-1, errno EMLINK) or is not a regular file (-1, errno
- * EINVAL). flags: O_TRUNC and/or O_APPEND (O_WRONLY|O_CREAT|O_CLOEXEC|
+ * LOOM_FS_ENOTREG; a pipe without a reader is refused too, never waited
+ * for). flags: O_TRUNC and/or O_APPEND (O_WRONLY|O_CREAT|O_CLOEXEC|
  * O_NOFOLLOW are added); dirfd may be AT_FDCWD. */
 int loom_fs_open_write_at(int dirfd, const char *name, int flags,
                           unsigned mode);
+/* The errno of loom_fs_open_write_at for a file that is not regular
+ * (ENOTBLK, which no open of a path otherwise gives); loom_fs_strerror says
+ * it plainly. */
+#define LOOM_FS_ENOTREG ENOTBLK
 /* Removes dirfd/name, a temporary file the caller created there itself,
  * after a failed write: only a regular file (never a directory; a symbolic
  * link is not followed). errno is left as it was, for the caller's message.
@@ -417,7 +422,8 @@ loom_status loom_fs_open_append(const char *path, bool truncate, FILE **out);
 
 /* Writes dir/name in one step: dir/.name.tmp.<pid>, write, fsync, rename
  * over dir/name, fsync of dir. A symbolic link at dir/name is replaced as a
- * link (its target untouched) and reported. */
+ * link (its target untouched) and reported; a device, pipe, socket or
+ * directory there is an error (LOOM_ERR_IO), and left as it is. */
 loom_status loom_fs_write_atomic(const char *dir, const char *name,
                                  const void *data, size_t len);
 loom_status loom_fs_write_atomic_hooked(const char *dir, const char *name,

@@ -42,6 +42,9 @@ const char *loom_fs_strerror(int e) {
            "links)";
   case EMLINK:
     return "it has other hard links (loom does not overwrite it)";
+  case LOOM_FS_ENOTREG:
+    return "it is not a regular file (a device, pipe, socket or directory: "
+           "loom writes only regular files)";
   default:
     return strerror(e);
   }
@@ -110,19 +113,32 @@ int loom_fs_open_write_at(int dirfd, const char *name, int flags,
   /* O_TRUNC would cut a file before we could look at it (a hard link to
    * someone else's file): truncate only after the checks. */
   bool trunc = (flags & O_TRUNC) != 0;
-  int f = O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | (flags & O_APPEND);
+  /* O_NONBLOCK: a pipe with no reader would block the open forever (with
+   * it, ENXIO); cleared again once the file is known to be regular. */
+  int f = O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK |
+          (flags & O_APPEND);
   int fd = openat(dirfd, name, f, (mode_t)mode);
-  if (fd < 0)
+  if (fd < 0) {
+    struct stat lst;
+    if (errno == ENXIO &&
+        fstatat(dirfd, name, &lst, AT_SYMLINK_NOFOLLOW) == 0 &&
+        !S_ISREG(lst.st_mode))
+      errno = LOOM_FS_ENOTREG;
+    else if (errno == EISDIR)
+      errno = LOOM_FS_ENOTREG;
     return -1;
+  }
   struct stat st;
   int e = 0;
   if (fstat(fd, &st) != 0)
     e = errno;
   else if (!S_ISREG(st.st_mode))
-    e = EINVAL;
+    e = LOOM_FS_ENOTREG;
   else if (st.st_nlink > 1)
     e = EMLINK;
   else if (trunc && st.st_size > 0 && ftruncate(fd, 0) != 0)
+    e = errno;
+  else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
     e = errno;
   if (e) {
     close(fd);
@@ -220,8 +236,15 @@ loom_status loom_fs_write_atomic_at(int dfd, const char *dir, const char *name,
     return loom_error(LOOM_ERR_IO, "%s: %s failed: %s", tmp, what, strerror(e));
   }
   struct stat lst;
-  bool was_link = fstatat(dfd, name, &lst, AT_SYMLINK_NOFOLLOW) == 0 &&
-                  S_ISLNK(lst.st_mode);
+  bool there = fstatat(dfd, name, &lst, AT_SYMLINK_NOFOLLOW) == 0;
+  bool was_link = there && S_ISLNK(lst.st_mode);
+  if (there && !was_link && !S_ISREG(lst.st_mode)) {
+    /* a device, pipe, socket or directory: never replaced (as root, a
+     * report written to /dev/null would have removed the device) */
+    loom_fs_discard(dfd, tname);
+    return loom_error(LOOM_ERR_IO, "%s/%s: %s", dir, name,
+                      loom_fs_strerror(LOOM_FS_ENOTREG));
+  }
   /* rename replaces a link at `name` itself, never what it points to. */
   if (fault_now(fault) || renameat(dfd, tname, dfd, name) != 0) {
     e = errno;

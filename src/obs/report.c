@@ -3,11 +3,13 @@
  * evidence, the curves, where a step's time and the memory go, each rank's
  * step, the configuration and the environment. */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "report.h"
@@ -272,9 +274,13 @@ loom_status loom_report_write(const char *run_dir, const char *out_path,
              slash ? out_path : ".");
     if (slash == out_path)
       snprintf(dir, sizeof dir, "/");
+    struct stat lst;
     if (!*name)
       s = loom_error(LOOM_ERR_INVALID_ARG, "%s: names a directory, not a file",
                      out_path);
+    else if (lstat(out_path, &lst) == 0 && S_ISLNK(lst.st_mode))
+      /* as --trace -o: the user named a file, not where a link points */
+      s = loom_error(LOOM_ERR_IO, "%s: %s", out_path, loom_fs_strerror(ELOOP));
     else
       s = loom_fs_write_atomic(dir, name, b.p, b.len);
   }

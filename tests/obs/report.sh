@@ -245,11 +245,26 @@ rc=$?
   ok "not a directory: exit 2" || bad "not a directory: $(cat "$tmp/out")"
 "$LOOM" report >"$tmp/out" 2>&1
 [ $? = 2 ] && ok "no run: exit 2" || bad "no run: $(cat "$tmp/out")"
-# -o at a link: the link is replaced, its target untouched.
+# -o at a link: refused as --trace -o refuses it; link and target untouched.
 echo victim >"$tmp/victim"
 ln -s "$tmp/victim" "$tmp/link.html"
 "$LOOM" report "$tmp/compute" -o "$tmp/link.html" >"$tmp/out" 2>&1
-[ "$(cat "$tmp/victim")" = victim ] && ok "-o at a symbolic link: its target untouched" ||
-  bad "-o wrote through a link"
+rc=$?
+[ $rc = 1 ] && [ "$(cat "$tmp/victim")" = victim ] && [ -L "$tmp/link.html" ] &&
+  grep -q "link.html: a symbolic link is in its place" "$tmp/out" &&
+  ok "-o at a symbolic link: refused, link and target untouched" ||
+  bad "-o at a link: rc $rc: $(cat "$tmp/out")"
+# -o at a pipe (no reader) or a directory: refused at once, never replaced
+# or waited for (as root, -o /dev/null had removed the device).
+mkfifo "$tmp/fifo.html"
+timeout 60 "$LOOM" report "$tmp/compute" -o "$tmp/fifo.html" >"$tmp/out" 2>&1
+rc=$?
+[ $rc = 1 ] && [ -p "$tmp/fifo.html" ] && grep -q "fifo.html: it is not a regular file" "$tmp/out" &&
+  ok "-o at a pipe: refused, the pipe left" || bad "-o at a pipe: rc $rc: $(cat "$tmp/out")"
+mkdir "$tmp/dir.html"
+"$LOOM" report "$tmp/compute" -o "$tmp/dir.html" >"$tmp/out" 2>&1
+rc=$?
+[ $rc = 1 ] && [ -d "$tmp/dir.html" ] && grep -q "dir.html: it is not a regular file" "$tmp/out" &&
+  ok "-o at a directory: refused" || bad "-o at a directory: rc $rc: $(cat "$tmp/out")"
 
 finish obs_report

@@ -162,6 +162,15 @@ TT_TEST(test_open_write_refuses_links) {
   TT_CHECK_EQ(loom_fs_open_write_at(AT_FDCWD, p, O_TRUNC, 0644), -1);
   TT_CHECK_EQ(errno, EMLINK);
   TT_CHECK_EQ(crc_tree(vf), cf);
+  /* A pipe without a reader: refused at once (never waited for), and a
+   * directory too. */
+  TT_REQUIRE(mkfifo(at(p, sizeof p, "w_fifo"), 0644) == 0);
+  TT_CHECK_EQ(loom_fs_open_write_at(AT_FDCWD, p, O_TRUNC, 0644), -1);
+  TT_CHECK_EQ(errno, LOOM_FS_ENOTREG);
+  CHECK_HAS(loom_fs_strerror(LOOM_FS_ENOTREG), "not a regular file");
+  TT_REQUIRE(mkdir(at(p, sizeof p, "w_dir"), 0755) == 0);
+  TT_CHECK_EQ(loom_fs_open_write_at(AT_FDCWD, p, O_TRUNC, 0644), -1);
+  TT_CHECK_EQ(errno, LOOM_FS_ENOTREG);
   /* A plain file: opened and truncated. */
   put_file(at(p, sizeof p, "w_plain"), "old contents");
   int fd = loom_fs_open_write_at(AT_FDCWD, p, O_TRUNC, 0644);
@@ -285,6 +294,18 @@ TT_TEST(test_write_atomic) {
   TT_CHECK_EQ(crc_tree(vf), cf);
   TT_CHECK(!exists_nofollow(at(p, sizeof p, "wa/x")));
   TT_CHECK_EQ(loom_fs_write_atomic(d, "a/b", "data", 4), LOOM_ERR_INVALID_ARG);
+  /* A pipe or a directory at the name: refused and left as it is, the
+   * temporary removed. */
+  TT_REQUIRE(mkfifo(at(p, sizeof p, "wa/pipe"), 0644) == 0);
+  TT_CHECK_EQ(loom_fs_write_atomic(d, "pipe", "data", 4), LOOM_ERR_IO);
+  CHECK_HAS(loom_last_error(), "wa/pipe: it is not a regular file");
+  struct stat sb;
+  TT_CHECK(lstat(p, &sb) == 0 && S_ISFIFO(sb.st_mode));
+  TT_REQUIRE(mkdir(at(p, sizeof p, "wa/sub"), 0755) == 0);
+  TT_CHECK_EQ(loom_fs_write_atomic(d, "sub", "data", 4), LOOM_ERR_IO);
+  TT_CHECK(lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode));
+  snprintf(tname, sizeof tname, "wa/.sub.tmp.%ld", (long)getpid());
+  TT_CHECK(!exists_nofollow(at(p, sizeof p, "%s", tname)));
 }
 
 TT_TEST(test_mkdirs) {
