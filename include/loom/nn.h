@@ -291,7 +291,8 @@ void *loom_nn_plan_scratch(loom_nn_plan *p, size_t bytes);
 size_t loom_nn_plan_scratch_mark(const loom_nn_plan *p);
 void loom_nn_plan_scratch_release(loom_nn_plan *p, size_t mark);
 bool loom_nn_plan_binding(const loom_nn_plan *p);
-/* Output shape of m for `in` without touching any plan (a dry run). */
+/* Output shape of m for `in` without touching any plan (a dry run); a
+ * bf16 or f16 `in` plans as a run in that precision would. */
 loom_status loom_nn_plan_dry(loom_module *m, const loom_shape *in,
                              loom_shape *out);
 

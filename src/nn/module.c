@@ -128,6 +128,10 @@ loom_status loom_nn_plan_dry(loom_module *m, const loom_shape *in,
                              loom_shape *out) {
   loom_nn_plan dry;
   memset(&dry, 0, sizeof dry);
+  /* A half input (a mixed-precision composite's child that takes half)
+   * is what a run in that precision plans: every output stays f32. */
+  if (in->dtype == LOOM_BF16 || in->dtype == LOOM_F16)
+    dry.half = in->dtype;
   return loom_module_plan(m, &dry, in, out);
 }
 

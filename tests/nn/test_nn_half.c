@@ -109,6 +109,12 @@ static loom_status b_block(loom_model **out) {
   WRAP(out, loom_transformer_block_new(&a, 32, 4, 4, true, 0.0f), a);
 }
 
+/* with dropout: the attention and its dropout are a sequential inside the
+ * block, planned (dry-run first) with a half input */
+static loom_status b_block_drop(loom_model **out) {
+  WRAP(out, loom_transformer_block_new(&a, 32, 4, 4, true, 0.1f), a);
+}
+
 static loom_gpt_opts tiny_gpt(void) {
   loom_gpt_opts o = loom_gpt_opts_default();
   o.vocab = 29;
@@ -121,6 +127,12 @@ static loom_gpt_opts tiny_gpt(void) {
 
 static loom_status b_gpt(loom_model **out) {
   loom_gpt_opts o = tiny_gpt();
+  return loom_gpt_new(out, &o, NULL);
+}
+
+static loom_status b_gpt_drop(loom_model **out) {
+  loom_gpt_opts o = tiny_gpt();
+  o.dropout = 0.1f;
   return loom_gpt_new(out, &o, NULL);
 }
 
@@ -299,7 +311,9 @@ TT_TEST(modules_against_f32) {
   compare("attention", b_attn, &t32);
   compare("mlp", b_mlp, &t32);
   compare("block", b_block, &t32);
+  compare("block+drop", b_block_drop, &t32);
   compare("gpt", b_gpt, &tok);
+  compare("gpt+drop", b_gpt_drop, &tok);
   compare("fashion-mlp", b_fmlp, &ti);
   compare("conv2d", b_convs, &t39);
   compare("fashion-cnn", b_cnn, &tc);
