@@ -205,7 +205,7 @@ static const loom_config_key keys[] = {
     /* train */
     KINT("train.epochs", train.epochs, "1", 0, 1000000000, 0,
          "passes over the training set; 0 = no limit (train.steps must then "
-         "be set)"),
+         "be set). Not given while train.steps is: 0"),
     KINT("train.steps", train.steps, "0", 0, NOMAX, 0,
          "optimizer steps; 0 = no limit. With both limits set, training "
          "stops at the first one reached"),
@@ -1980,6 +1980,10 @@ loom_status loom_config_load_string(loom_config *cfg, const char *text,
     }
     LOOM_TRY_GOTO(st, apply_set(work, org, sets[i]), done);
   }
+  /* train.steps alone sets the length: the default epoch limit (1) would
+   * cut a run the config sized in steps. The resolved config says so. */
+  if (work->train.steps > 0 && !origin_of(org, "train.epochs", NULL))
+    work->train.epochs = 0;
   LOOM_TRY_GOTO(st, resolve_paths(work, org, name), done);
   LOOM_TRY_GOTO(st, check_config(work, org, name), done);
   *cfg = *work;

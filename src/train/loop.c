@@ -263,6 +263,19 @@ static loom_status make_optim(loom_trainer *t) {
         loom_lr_scale(sc->scaling, sd.min_lr, global_batch, base, &sd.min_lr));
   sd.step_size = sc->step_size;
   sd.gamma = (float)sc->gamma;
+  if ((sd.kind == LOOM_SCHED_COSINE || sd.kind == LOOM_SCHED_LINEAR) &&
+      sd.warmup_steps >= sd.total_steps)
+    /* config check sees only train.steps; an epoch-limited length is known
+     * once the data is */
+    return loom_error(
+        LOOM_ERR_CONFIG,
+        "schedule.warmup_steps (%lld) is not below the run's %lld steps "
+        "(train.epochs %lld x %lld steps an epoch, train.steps %lld): "
+        "schedule %s decays after its warm-up; lower schedule.warmup_steps "
+        "or train longer",
+        (long long)sd.warmup_steps, (long long)sd.total_steps,
+        (long long)t->cfg.train.epochs, (long long)t->steps_per_epoch,
+        (long long)t->cfg.train.steps, loom_sched_kind_names[sd.kind]);
   s = loom_sched_check(&sd);
   if (s != LOOM_OK)
     return loom_error_context(LOOM_ERR_CONFIG, "schedule");
@@ -612,9 +625,12 @@ static loom_status setup_local(loom_trainer *t) {
     loom_xent_set_tp(t->xent, loom_tp_group_tp(t->tpg));
   LOOM_TRY(make_loader(t));
   t->train_len = loom_dataset_len(t->train_ds);
-  t->total_steps = t->cfg.train.steps > 0
+  /* the first limit reached: train.steps or train.epochs (0: none) */
+  const int64_t by_epochs = t->cfg.train.epochs * t->steps_per_epoch;
+  t->total_steps = t->cfg.train.steps > 0 && (t->cfg.train.epochs == 0 ||
+                                              t->cfg.train.steps < by_epochs)
                        ? t->cfg.train.steps
-                       : t->cfg.train.epochs * t->steps_per_epoch;
+                       : by_epochs;
   /* Plan the largest forward now so the loop never allocates: a rank's
    * batch, one virtual shard or one micro-batch of it. */
   loom_dataset_info info;

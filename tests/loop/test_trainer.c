@@ -154,6 +154,49 @@ TT_TEST(test_accumulation_equals_big_batch) {
   free(big);
 }
 
+/* Runs mlp_yaml with `sets` (batches of 3000: 20 steps an epoch) and
+ * returns how many steps it trained. */
+static int64_t steps_run(const char *run, const char *const *sets, int n) {
+  loom_config cfg;
+  char set_run[256];
+  snprintf(set_run, sizeof set_run, "log.run_dir=%s/%s", tmp_root, run);
+  const char *all[8] = {set_run, "train.batch_size=3000",
+                        "train.eval_batches=1", "checkpoint.enabled=false",
+                        "schedule.name=constant"};
+  for (int i = 0; i < n; i++)
+    all[5 + i] = sets[i];
+  if (loom_config_load_string(&cfg, mlp_yaml, strlen(mlp_yaml), "test.yaml",
+                              all, 5 + n) != LOOM_OK)
+    return -1;
+  loom_train_opts o = loom_train_opts_default();
+  o.quiet = true;
+  o.resume = "never";
+  loom_trainer *t;
+  loom_train_result r = {0};
+  if (loom_trainer_new(&t, &cfg, &o) != LOOM_OK)
+    return -2;
+  loom_status st = loom_trainer_run(t, &r);
+  loom_trainer_free(t);
+  return st == LOOM_OK ? r.steps : -3;
+}
+
+/* train.steps and train.epochs: the first limit reached; train.steps
+ * alone is the length (the epoch limit's default, 1, does not cut it). */
+TT_TEST(test_step_and_epoch_limits) {
+  loom_config cfg;
+  TT_REQUIRE_OK(loom_config_load_string(&cfg, mlp_yaml, strlen(mlp_yaml),
+                                        "t.yaml", NULL, 0));
+  TT_CHECK_EQ(cfg.train.epochs, 0); /* steps: 14 alone */
+  const char *ep1[] = {"train.epochs=1", "train.steps=30"};
+  TT_CHECK_EQ(steps_run("lim_a", ep1, 2), 20);
+  const char *ep2[] = {"train.epochs=2", "train.steps=30"};
+  TT_CHECK_EQ(steps_run("lim_b", ep2, 2), 30);
+  const char *alone[] = {"train.steps=30"};
+  TT_CHECK_EQ(steps_run("lim_c", alone, 1), 30);
+  const char *by_epoch[] = {"train.steps=0", "train.epochs=1"};
+  TT_CHECK_EQ(steps_run("lim_d", by_epoch, 2), 20);
+}
+
 /* NULL trainers are errors, never a crash */
 TT_TEST(test_null_trainer) {
   loom_train_result r;
@@ -195,6 +238,7 @@ int main(void) {
   TT_RUN(test_resume_gpt_bitwise);
   TT_RUN(test_accumulation_equals_big_batch);
   TT_RUN(test_missing_data_is_clear_error);
+  TT_RUN(test_step_and_epoch_limits);
   TT_RUN(test_null_trainer);
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_root);
