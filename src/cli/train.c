@@ -225,7 +225,11 @@ static int train_main(int argc, char **argv) {
   if (s != LOOM_OK) {
     fprintf(stderr, "loom train: %s%s\n", who, loom_last_error());
     loom_group_free(world);
-    return s == LOOM_ERR_CONFIG ? LOOM_EXIT_USAGE : LOOM_EXIT_FAIL;
+    /* a config the data or the checkpoint disagrees with (another
+     * optimizer, a data set shorter than the saved position) fails the
+     * same way on every start: not restartable */
+    return s == LOOM_ERR_CONFIG || s == LOOM_ERR_MISMATCH ? LOOM_EXIT_USAGE
+                                                          : LOOM_EXIT_FAIL;
   }
   loom_train_result res;
   s = loom_trainer_run(t, &res);

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "loom/ckpt.h"
@@ -130,6 +131,12 @@ static loom_status open_data(loom_trainer *t) {
   switch (dc->dataset) {
   case LOOM_CFG_DATASET_FASHION_MNIST: {
     loom_image_opts io = loom_image_opts_default();
+    struct stat sb;
+    if (path && stat(path, &sb) == 0 && !S_ISDIR(sb.st_mode))
+      return loom_error(LOOM_ERR_CONFIG,
+                        "data.path: %s is not a directory (fashion-mnist "
+                        "reads the directory of its four IDX files)",
+                        path);
     if (path && access(path, R_OK | X_OK) != 0)
       return loom_error(LOOM_ERR_CONFIG,
                         "data.path: cannot read the directory %s: %s", path,
@@ -154,6 +161,12 @@ static loom_status open_data(loom_trainer *t) {
                         "data.path: cannot read %s: %s (leave data.path empty "
                         "to use the King James Bible prepared by loom)",
                         kjv, strerror(errno));
+    struct stat sb;
+    if (path && stat(kjv, &sb) == 0 && !S_ISREG(sb.st_mode))
+      return loom_error(LOOM_ERR_CONFIG,
+                        "data.path: %s is not a regular file (dataset kjv "
+                        "reads one text file)",
+                        kjv);
     if (!path) {
       loom_kjv_opts ko = loom_kjv_opts_default();
       loom_kjv_info info;
@@ -562,7 +575,16 @@ static loom_status zero2_params(loom_trainer *t) {
 /* Everything a rank builds on its own (no collective). */
 static loom_status setup_local(loom_trainer *t) {
   LOOM_TRY(loom_train_fault_init(t));
-  LOOM_TRY(open_data(t));
+  loom_status ds = open_data(t);
+  if (ds != LOOM_OK && ds != LOOM_ERR_NOMEM && ds != LOOM_ERR_CONFIG) {
+    /* a missing, unreadable or malformed data file fails the same way on
+     * every start: a configuration error (exit 2, not restarted), its
+     * message kept */
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", loom_last_error());
+    return loom_error(LOOM_ERR_CONFIG, "%s", msg);
+  }
+  LOOM_TRY(ds);
   if (t->opts.batch_auto) {
     /* Memory allows the batch; the data may not: one step of the whole
      * world must fit in an epoch. */

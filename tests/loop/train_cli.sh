@@ -55,6 +55,22 @@ run "$LOOM" train "$SRC/examples/small_mlp.yaml" --set "data.path=$T/no/fashion"
   --set "log.run_dir=$T/run_nofashion" --resume never
 check "missing fashion path exit code" test "$rc" -eq 2
 check "missing fashion path message" test "$out" = "loom train: data.path: cannot read the directory $T/no/fashion: No such file or directory"
+# A data.path of the wrong kind, or a data set missing a file: exit 2
+# (the same on every start, so loom run does not restart it).
+touch "$T/plain"
+mkdir -p "$T/emptydir"
+run "$LOOM" train "$SRC/examples/small_mlp.yaml" --set "data.path=$T/plain" \
+  --set "log.run_dir=$T/run_plain" --resume never
+check "fashion path a file: exit 2" test "$rc" -eq 2
+check "fashion path a file: message" test "$out" = "loom train: data.path: $T/plain is not a directory (fashion-mnist reads the directory of its four IDX files)"
+run "$LOOM" train "$SRC/examples/small_gpt.yaml" --set "data.path=$T/emptydir" \
+  --set "log.run_dir=$T/run_kjvdir" --resume never
+check "kjv path a directory: exit 2" test "$rc" -eq 2
+check "kjv path a directory: message" test "$out" = "loom train: data.path: $T/emptydir is not a regular file (dataset kjv reads one text file)"
+run "$LOOM" train "$SRC/examples/small_mlp.yaml" --set "data.path=$T/emptydir" \
+  --set "log.run_dir=$T/run_fdir" --resume never
+check "fashion files missing: exit 2" test "$rc" -eq 2
+check "fashion files missing: names the file" grep -q "emptydir/train-images-idx3-ubyte.gz is missing" <<<"$out"
 run "$LOOM" train missing.yaml
 check "missing file" test "$rc" -eq 2 -a "$out" = "loom train: missing.yaml: cannot open config: No such file or directory"
 run "$LOOM" train "$SRC/examples/small_mlp.yaml" --set optim.lr=x
@@ -98,6 +114,12 @@ check "done at 20" grep -q "done at step 20" <<<"$out"
 check "test accuracy printed" grep -q "^test accuracy: [0-9.]*%$" <<<"$out"
 run "$LOOM" ckpt verify "$T/run/ckpt"
 check "final checkpoint verifies" test "$rc" -eq 0
+# Resuming under another optimizer: exit 2 (a restart would fail the same
+# way), the run's checkpoints kept.
+run "$LOOM" train "${ARGS[@]}" --set optim.name=adamw --steps 24
+check "other optimizer: exit 2" test "$rc" -eq 2
+check "other optimizer: message" grep -q "step_00000020: saved with optimizer 'sgd', the config says 'adamw'" <<<"$out"
+check "other optimizer: checkpoint kept" test -d "$T/run/ckpt/step_00000020"
 check "metrics lines" test "$(grep -c '"loss"' "$T/run/metrics.jsonl")" -eq 4
 check "eval lines" test "$(grep -c '"val_accuracy"' "$T/run/metrics.jsonl")" -ge 2
 
