@@ -121,6 +121,39 @@ static loom_status j_str(const loom_ckpt *c, const cJSON *o, const char *where,
   return LOOM_OK;
 }
 
+/* extra.loss_scaler, the f16 loss scaler's state (docs/checkpoints.md),
+ * when present: mode dynamic or static, good_steps and skipped whole
+ * numbers of steps from 0 to the checkpoint's step. */
+static loom_status check_loss_scaler(const loom_ckpt *c, const cJSON *ls,
+                                     int64_t step) {
+  if (!ls)
+    return LOOM_OK;
+  const char *w = "extra.loss_scaler";
+  if (!cJSON_IsObject(ls))
+    return bad(c, "extra", "loss_scaler", "not an object");
+  const char *mode = cJSON_GetStringValue(field(ls, "mode"));
+  char what[160];
+  if (!mode || (strcmp(mode, "dynamic") != 0 && strcmp(mode, "static") != 0)) {
+    snprintf(what, sizeof what, "%s%.40s%s: expected dynamic or static",
+             mode ? "'" : "not a string", mode ? mode : "", mode ? "'" : "");
+    return bad(c, w, "mode", what);
+  }
+  static const char *const counts[] = {"good_steps", "skipped"};
+  for (int i = 0; i < 2; i++) {
+    const cJSON *x = field(ls, counts[i]);
+    const double v = cJSON_IsNumber(x) ? x->valuedouble : NAN;
+    if (!(v >= 0 && v <= (double)step && v == floor(v))) {
+      snprintf(what, sizeof what,
+               "%s%.17g: expected a whole number of steps from 0 to the "
+               "checkpoint's step, %lld",
+               cJSON_IsNumber(x) ? "" : "not a number, ",
+               cJSON_IsNumber(x) ? v : 0.0, (long long)step);
+      return bad(c, w, counts[i], what);
+    }
+  }
+  return LOOM_OK;
+}
+
 static loom_status j_hex(const loom_ckpt *c, const cJSON *o, const char *where,
                          const char *key, int digits, uint64_t *out) {
   const cJSON *x = field(o, key);
@@ -299,6 +332,7 @@ static loom_status parse_meta(loom_ckpt *c, const cJSON *root) {
 
   if (!(o = j_obj(c, root, "", "extra", &st)))
     return st;
+  LOOM_TRY(check_loss_scaler(c, field(o, "loss_scaler"), m->step));
   c->extra = cJSON_PrintUnformatted(o);
   if (!c->extra)
     return loom_error_context(LOOM_ERR_NOMEM, "%s", c->mpath);

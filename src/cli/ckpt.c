@@ -101,9 +101,9 @@ static int check_files(const loom_ckpt *c, loom_ckpt_verify_level level,
                        bool print) {
   int bad = 0;
   if (print)
-    printf("\nfiles (%s check)\n", level == LOOM_CKPT_VERIFY_FULL
-                                       ? "every checksum checked"
-                                       : "sizes and headers checked");
+    printf("\nfiles (%s)\n", level == LOOM_CKPT_VERIFY_FULL
+                                 ? "every checksum checked"
+                                 : "sizes and headers checked");
   for (int i = 0; i < loom_ckpt_file_count(c); i++) {
     loom_ckpt_file_info fi;
     loom_ckpt_file_get(c, i, &fi);
@@ -254,6 +254,12 @@ static int scan_root(const char *root, loom_ckpt_verify_level level) {
     oo.verify = level;
     loom_ckpt *c = NULL;
     loom_status st = loom_ckpt_open(&c, dir, &oo);
+    if (st == LOOM_OK && loom_ckpt_get_meta(c)->step != steps[i])
+      /* as training's search for the newest valid checkpoint says it */
+      st = loom_error(LOOM_ERR_CORRUPT, "%s: says step %lld, not %lld",
+                      loom_ckpt_manifest_path(c),
+                      (long long)loom_ckpt_get_meta(c)->step,
+                      (long long)steps[i]);
     char sz[32] = "";
     if (c) {
       double bytes = 0;

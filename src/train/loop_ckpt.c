@@ -513,7 +513,7 @@ static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
                                     st.data));
   }
   LOOM_TRY(loom_optim_set_step(t->optim, meta->optimizer_step));
-  LOOM_TRY(loom_train_scale_restore(t, meta, loom_ckpt_manifest_path(c)));
+  loom_train_scale_restore(t, meta);
   t->step = meta->step;
   /* The data position in samples: exact at any world size. */
   LOOM_TRY(

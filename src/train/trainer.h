@@ -259,12 +259,10 @@ loom_status loom_train_scale_unscale(loom_trainer *t, float *g, int64_t n,
                                      bool *skip);
 /* The scaler's state into a checkpoint's meta (loss_scale, extra_json),
  * and back from one (a checkpoint without it, older or of a run without
- * dynamic scaling, leaves the configured start); LOOM_ERR_CORRUPT naming
- * path and the field when a field is not what a run writes. */
+ * dynamic scaling, leaves the configured start); the checkpoint's reader
+ * has refused fields that are not what a run writes. */
 void loom_train_scale_meta(loom_trainer *t, loom_ckpt_meta *meta);
-loom_status loom_train_scale_restore(loom_trainer *t,
-                                     const loom_ckpt_meta *meta,
-                                     const char *path);
+void loom_train_scale_restore(loom_trainer *t, const loom_ckpt_meta *meta);
 /* metrics.jsonl: loss_scale and skipped_steps when scaling is on. */
 void loom_train_scale_metrics(const loom_trainer *t, loom_metrics *m);
 

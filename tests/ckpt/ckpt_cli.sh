@@ -81,6 +81,16 @@ run "$LOOM" ckpt verify "$R"
 check "missing latest exits 1" test "$rc" -eq 1
 check "missing latest named" has "$R/latest: missing"
 
+# A step directory whose manifest says another step (copied or renamed by
+# hand): BAD in verify, as training passes over it.
+"$SAMPLE" "$T/mv" 100 1 || exit 1
+mv "$T/mv/step_00000100" "$T/mv/step_00000150"
+echo step_00000150 >"$T/mv/latest"
+run "$LOOM" ckpt verify "$T/mv"
+check "renamed step exits 1" test "$rc" -eq 1
+check "renamed step named" has "step_00000150   "
+check "renamed step says why" has "$T/mv/step_00000150/manifest.json: says step 100, not 150"
+
 # An empty directory: nothing to check, nothing wrong.
 mkdir "$T/empty"
 run "$LOOM" ckpt verify "$T/empty"

@@ -192,5 +192,11 @@ for case in 'loss_scale|"loss_scale":\s*[^,]*|"loss_scale": 1e39|loss_scale: 1e+
     [ ! -e "$tmp/bad_$name/run/ckpt/step_00000012" ] &&
     ok "a checkpoint's $rep is refused on resume, naming the manifest and the field" ||
     { bad "checkpoint with $rep: rc $rc"; cat "$tmp/out"; }
+  # loom ckpt verify refuses what a resume refuses
+  "$LOOM" ckpt verify "$tmp/bad_$name/ckpt/step_00000006" >"$tmp/out" 2>&1
+  rc=$?
+  [ $rc = 1 ] && grep -q "step_00000006/manifest.json.*$want" "$tmp/out" &&
+    ok "loom ckpt verify: $rep is damage (exit 1)" ||
+    { bad "ckpt verify of $rep: rc $rc"; cat "$tmp/out"; }
 done
 finish f16_train
