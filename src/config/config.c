@@ -1795,10 +1795,25 @@ static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
                    (long long)vs);
   if (cfg->parallel.deterministic &&
       cfg->parallel.strategy == LOOM_CFG_STRATEGY_NONE)
-    return cfg_err(
-        origin_of(org, "parallel.deterministic", &none),
-        "parallel.deterministic",
-        "needs parallel.strategy 'auto', 'ddp' or 'zero1' (got 'none')");
+    return cfg_err(origin_of(org, "parallel.deterministic", &none),
+                   "parallel.deterministic",
+                   "needs a data-parallel parallel.strategy: auto, ddp, "
+                   "zero1, zero2, zero3 or fsdp (got 'none')");
+  /* strategy none: each rank trains alone, nothing is reduced */
+  if (cfg->parallel.strategy == LOOM_CFG_STRATEGY_NONE &&
+      cfg->parallel.compress != LOOM_CFG_COMPRESS_NONE)
+    return cfg_err(origin_of(org, "parallel.compress", &none),
+                   "parallel.compress",
+                   "'%s' with parallel.strategy none: no gradient is reduced "
+                   "to compress; it supports none (or choose a data-parallel "
+                   "strategy)",
+                   loom_cfg_compress_names[cfg->parallel.compress]);
+  if (cfg->parallel.strategy == LOOM_CFG_STRATEGY_NONE && cfg->parallel.dp > 1)
+    return cfg_err(origin_of(org, "parallel.dp", &none), "parallel.dp",
+                   "%lld replicas with parallel.strategy none, which has no "
+                   "data parallelism: it supports auto or 1 (or choose a "
+                   "data-parallel strategy)",
+                   (long long)cfg->parallel.dp);
   LOOM_TRY(check_mesh(cfg, org, &none, ac_every));
   if (cfg->parallel.deterministic &&
       cfg->parallel.compress != LOOM_CFG_COMPRESS_NONE)

@@ -383,8 +383,18 @@ TT_TEST(test_not_implemented_and_sizes) {
              "the limit of 64 GiB; use a smaller size (or train.accumulate)");
   /* Rules that used to fail only at training start. */
   EXPECT_ERR("parallel:\n  deterministic: true\n  strategy: none\n",
-             "t.yaml:2:3: key 'parallel.deterministic': needs "
-             "parallel.strategy 'auto', 'ddp' or 'zero1' (got 'none')");
+             "t.yaml:2:3: key 'parallel.deterministic': needs a "
+             "data-parallel parallel.strategy: auto, ddp, zero1, zero2, zero3 "
+             "or fsdp (got 'none')");
+  /* strategy none reduces nothing: compression and replicas refused */
+  EXPECT_ERR("parallel:\n  strategy: none\n  compress: bf16\n",
+             "t.yaml:3:3: key 'parallel.compress': 'bf16' with "
+             "parallel.strategy none: no gradient is reduced to compress; it "
+             "supports none (or choose a data-parallel strategy)");
+  EXPECT_ERR("parallel:\n  strategy: none\n  dp: 2\n",
+             "t.yaml:3:3: key 'parallel.dp': 2 replicas with "
+             "parallel.strategy none, which has no data parallelism: it "
+             "supports auto or 1 (or choose a data-parallel strategy)");
   EXPECT_ERR("parallel:\n  deterministic: true\n  compress: bf16\n",
              "t.yaml:3:3: key 'parallel.compress': 'bf16' with "
              "parallel.deterministic: deterministic mode sums the gradients "
