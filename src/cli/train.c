@@ -48,9 +48,10 @@ static void usage(FILE *f) {
       "                           80%% of MemTotal over the host's ranks)\n"
       "  -h, --help               this text\n"
       "\n"
-      "Ctrl-C (SIGINT) or SIGTERM stops at the next step boundary after\n"
-      "saving a checkpoint. Exit codes: 0 done, 1 failed, 2 bad config or\n"
-      "command line, 130 stopped by a signal.\n");
+      "Ctrl-C (SIGINT), SIGTERM or SIGHUP stops at the next step boundary\n"
+      "after saving a checkpoint. Exit codes: 0 done, 1 failed, 2 bad\n"
+      "config, data or command line, 128 + the signal when stopped by one\n"
+      "(130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).\n");
 }
 
 static int parse_i64(const char *s, int64_t *out) {
