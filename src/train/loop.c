@@ -1,12 +1,14 @@
 /* The training loop: model, data, optimizer, schedule, evaluation, metrics,
  * progress and checkpoints from one config. */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -841,6 +843,53 @@ static loom_status open_rank_log(loom_trainer *t) {
   return LOOM_OK;
 }
 
+/* Rank 0 holds log.run_dir/.lock (an exclusive flock, its pid and host
+ * written in it) while it trains: a second run in the same directory would
+ * overwrite the first's checkpoints and metrics, and prune its
+ * checkpoints. The lock goes with the process, however it ends. */
+static loom_status lock_run_dir(loom_trainer *t) {
+  const char *dir = t->cfg.log.run_dir;
+  if (t->rank != 0 || !dir[0])
+    return LOOM_OK;
+  LOOM_TRY(loom_fs_mkdirs(dir, 0755));
+  char path[LOOM_CONFIG_STR_MAX + 16];
+  snprintf(path, sizeof path, "%s/.lock", dir);
+  int fd = loom_fs_open_write_at(AT_FDCWD, path, 0, 0644);
+  if (fd < 0)
+    return loom_error(LOOM_ERR_IO, "%s: cannot open: %s", path,
+                      loom_fs_strerror(errno));
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int e = errno;
+    close(fd);
+    char who[128] = "";
+    ssize_t n = 0;
+    int rfd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (rfd >= 0) {
+      n = pread(rfd, who, sizeof who - 1, 0);
+      close(rfd);
+    }
+    who[n > 0 ? n : 0] = '\0';
+    who[strcspn(who, "\n")] = '\0';
+    if (e != EWOULDBLOCK)
+      return loom_error(LOOM_ERR_IO, "%s: cannot lock: %s", path, strerror(e));
+    return loom_error(LOOM_ERR_CONFIG,
+                      "log.run_dir %s is in use by another run (%s): two runs "
+                      "in one directory would overwrite each other's "
+                      "checkpoints and metrics; wait for it to end or set "
+                      "another log.run_dir",
+                      dir, who[0] ? who : "its pid unknown");
+  }
+  char host[64] = "?";
+  gethostname(host, sizeof host - 1);
+  char line[160];
+  int len =
+      snprintf(line, sizeof line, "pid %ld on %s\n", (long)getpid(), host);
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)len, 0) != len)
+    LOOM_WARN("%s: cannot write the owner: %s", path, strerror(errno));
+  t->run_lock = fd;
+  return LOOM_OK;
+}
+
 static void close_rank_log(loom_trainer *t) {
   if (!t->rank_log)
     return;
@@ -868,6 +917,7 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   if (!t)
     return LOOM_ERR_NOMEM;
   t->cfg = *cfg;
+  t->run_lock = -1;
   t->opts = opts ? *opts : loom_train_opts_default();
   snprintf(t->resume, sizeof t->resume, "%s",
            t->opts.resume ? t->opts.resume : "auto");
@@ -924,6 +974,9 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
                 "backward, state restored): %.2f s",
                 loom_time_now() - t0);
   }
+  LOOM_TRY_GOTO(
+      s, loom_train_agree(t, lock_run_dir(t), "locking the run directory"),
+      fail);
   loom_runstat_gate();
   LOOM_TRY_GOTO(s, loom_train_ckpt_resume(t), fail);
   if (t->tp_map && t->z3 && !t->resumed) {
@@ -964,6 +1017,8 @@ void loom_trainer_free(loom_trainer *t) {
     return;
   loom_train_trace_close(t);
   close_rank_log(t);
+  if (t->run_lock >= 0)
+    close(t->run_lock); /* the flock goes with it */
   if (t->save.w) {
     loom_ckpt_writer_wait(t->save.w);
     loom_ckpt_writer_free(t->save.w);

@@ -95,6 +95,7 @@ struct loom_trainer {
   loom_progress *progress;
   bool tracing;        /* this trainer opened the process's trace */
   FILE *rank_log;      /* log.per_rank: RUN/logs/rank-K.log */
+  int run_lock;        /* rank 0: RUN/.lock, held (flock) while training; -1 */
   loom_mlflow *mlflow; /* log.mlflow (rank 0) */
   char mlflow_status[16];
   double *unit_t0;    /* (2 x units) trace: when each unit's forward and

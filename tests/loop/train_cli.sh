@@ -101,6 +101,22 @@ check "val token outside vocab: exit 2" test "$rc" -eq 2
 check "val token outside vocab: file and position" test "$out" = \
   "loom train: $T/val.bin: token 700 (byte 2424) is 300, outside the vocabulary (model.vocab 256)"
 
+# A run directory another run holds (its .lock flocked, here by flock(1)):
+# refused at once with exit 2, nothing of the other run's touched.
+mkdir -p "$T/held"
+echo "pid 4242 on elsewhere" >"$T/held/.lock"
+echo keep >"$T/held/metrics.jsonl"
+flock -n "$T/held/.lock" sleep 120 </dev/null >/dev/null 2>&1 &
+holder=$!
+for _ in $(seq 100); do flock -n "$T/held/.lock" true 2>/dev/null || break; sleep 0.1; done
+run "$LOOM" train "$SRC/examples/small_mlp.yaml" --set "log.run_dir=$T/held" --resume never
+pkill -P "$holder" 2>/dev/null
+kill "$holder" 2>/dev/null
+wait "$holder" 2>/dev/null
+check "held run dir: exit 2" test "$rc" -eq 2
+check "held run dir: message" test "$out" = "loom train: log.run_dir $T/held is in use by another run (pid 4242 on elsewhere): two runs in one directory would overwrite each other's checkpoints and metrics; wait for it to end or set another log.run_dir"
+check "held run dir: untouched" test "$(cat "$T/held/metrics.jsonl")" = keep
+
 # Interrupted at step 7, then resumed to the end (20 steps).
 ARGS=("$SRC/examples/small_mlp.yaml" --set "log.run_dir=$T/run" --set log.progress=lines)
 run "$LOOM" train "${ARGS[@]}" --resume never --stop-at 7
