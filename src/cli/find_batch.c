@@ -180,8 +180,8 @@ static void run_trial(const char *config_path, const char *const *sets,
 }
 
 /* What the trials wrote: the directory, b<N> run directories holding
- * metrics.jsonl, config.yaml and env.json, and b<N>.log. Nothing else is
- * removed (nor followed). */
+ * metrics.jsonl, config.yaml, env.json and the run's .lock, and b<N>.log.
+ * Nothing else is removed (nor followed). */
 static bool trial_name(const char *name, bool is_dir, int depth, void *ctx) {
   (void)ctx;
   if (depth == 0)
@@ -189,7 +189,8 @@ static bool trial_name(const char *name, bool is_dir, int depth, void *ctx) {
   if (depth == 2)
     return !is_dir &&
            (strcmp(name, "metrics.jsonl") == 0 ||
-            strcmp(name, "config.yaml") == 0 || strcmp(name, "env.json") == 0);
+            strcmp(name, "config.yaml") == 0 || strcmp(name, "env.json") == 0 ||
+            strcmp(name, ".lock") == 0);
   if (depth != 1 || name[0] != 'b')
     return false;
   const char *p = name + 1;
