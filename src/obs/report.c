@@ -195,16 +195,26 @@ static void page(rp_buf *b, const rp_run *r, const rp_verdict *v,
     part_row(b, "data wait", p->data, p->step);
     part_row(b, "forward", p->forward, p->step);
     part_row(b, "backward", p->backward, p->step);
+    if (p->tp > 0) /* inside forward and backward: not added again */
+      part_row(b, "&nbsp;&nbsp;of which tensor-parallel wait", p->tp, p->step);
+    if (p->stages > 1)
+      part_row(b, "pipeline wait", p->pipe, p->step);
     part_row(b, "communication wait", p->comm, p->step);
     part_row(b, "optimizer", p->optim, p->step);
-    double rest =
-        p->step - p->data - p->forward - p->backward - p->comm - p->optim;
+    double rest = p->step - p->data - p->forward - p->backward - p->pipe -
+                  p->comm - p->optim;
     part_row(b, "other", rest > 0 ? rest : 0, p->step);
     part_row(b, "<b>step</b>", p->step, p->step);
     rp_printf(b, "</table>\n<p>");
     if (isfinite(p->hidden))
       rp_printf(b, "Reduction time hidden behind backward: %.0f%%. ",
                 100 * p->hidden);
+    if (isfinite(p->bubble))
+      rp_printf(b,
+                "Pipeline bubble (pp_bubble): %.0f%% of the schedule; %.0f%% "
+                "expected for these stages, %.0f%% in theory. ",
+                100 * p->bubble, 100 * p->bubble_expected,
+                100 * p->bubble_theory);
     if (r->nranks > 1)
       rp_printf(b,
                 "Busy time of the slowest rank (%d) against the mean: "

@@ -48,8 +48,13 @@ double rp_env_num(const rp_run *r, const char *key);
 /* Where a step's time went (means over the training lines but the first). */
 typedef struct rp_parts {
   double step, data, forward, backward, comm, optim;
-  double hidden;     /* comm_hidden's mean (NaN: one rank) */
-  double skew;       /* busy_skew's mean (1: one rank) */
+  double pipe;   /* pp_wait_s: blocked on pipeline neighbours (0: none) */
+  double tp;     /* tp_wait_s: on tp collectives, inside forward/backward */
+  double hidden; /* comm_hidden's mean (NaN: one rank) */
+  double skew;   /* busy_skew's mean (1: one rank) */
+  /* pp_bubble, pp_bubble_expected, pp_bubble_theory (NaN: no pipeline) */
+  double bubble, bubble_expected, bubble_theory;
+  int stages, micro; /* pp_stages, pp_micro_batches (0: no pipeline) */
   double ckpt_share; /* checkpoint seconds over the run's time */
   int slowest;       /* the rank with the most busy time (-1: none) */
   double slowest_excess;

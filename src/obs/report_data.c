@@ -251,6 +251,53 @@ static void add_finding(rp_verdict *v, double weight, const char *fmt, ...) {
   v->weight[v->n++] = weight;
 }
 
+/* mean_of, or NaN when the run has no such number. */
+static double mean_or_nan(const rp_run *r, const char *key) {
+  return rp_find(r, key) ? mean_of(r, key) : NAN;
+}
+
+/* The pipeline's finding: rank 0's wait on its neighbours (pipe: its share
+ * of the step) and the bubble, against what these stages would idle with
+ * no delay between them and against the theory. */
+static void pipe_finding(const rp_run *r, rp_verdict *v, double pipe) {
+  const rp_parts *p = &v->parts;
+  const double S = p->step;
+  double bubble = isfinite(p->bubble) ? p->bubble : 0;
+  char theory[96] = "", expect[96] = "", why[160] = "";
+  if (isfinite(p->bubble_theory) && p->stages > 1 && p->micro > 0)
+    snprintf(theory, sizeof theory,
+             " and %.0f%% in theory ((P-1)/(M+P-1), P %d, M %d)",
+             100 * p->bubble_theory, p->stages, p->micro);
+  if (isfinite(p->bubble_expected))
+    snprintf(expect, sizeof expect,
+             " against %.0f%% expected for these stages (pp_bubble_expected)",
+             100 * p->bubble_expected);
+  int w = 0;
+  if (isfinite(p->bubble_expected) && bubble - p->bubble_expected >= 0.05)
+    w = snprintf(why, sizeof why,
+                 " %.0f points are lost between the stages (messages, "
+                 "wake-ups).",
+                 100 * (bubble - p->bubble_expected));
+  if (isfinite(p->bubble_expected) && isfinite(p->bubble_theory) &&
+      p->bubble_expected - p->bubble_theory >= 0.05 && w >= 0 &&
+      (size_t)w < sizeof why)
+    snprintf(why + w, sizeof why - (size_t)w,
+             " %.0f come from uneven stages (parallel.pp_split).",
+             100 * (p->bubble_expected - p->bubble_theory));
+  char micro[32];
+  config_value(r, "parallel", "micro_batches", micro, sizeof micro);
+  if (!micro[0])
+    snprintf(micro, sizeof micro, "%d", p->micro);
+  add_finding(v, pipe > bubble ? pipe : bubble,
+              "Pipeline bubble bound: rank 0 waits on its pipeline neighbours "
+              "for %.0f%% of the step (%.1f of %.1f ms); the ranks idle %.0f%% "
+              "of the schedule (pp_bubble)%s%s.%s More "
+              "micro-batches (parallel.micro_batches, now %s) shrink the "
+              "bubble.",
+              100 * pipe, 1e3 * p->pipe, 1e3 * S, 100 * bubble, expect, theory,
+              why, micro);
+}
+
 void rp_verdict_make(const rp_run *r, rp_verdict *v) {
   memset(v, 0, sizeof *v);
   rp_parts *p = &v->parts;
@@ -260,8 +307,15 @@ void rp_verdict_make(const rp_run *r, rp_verdict *v) {
   p->backward = mean_of(r, "backward_s");
   p->comm = mean_of(r, "comm_wait_s");
   p->optim = mean_of(r, "optim_s");
-  p->hidden = rp_find(r, "comm_hidden") ? mean_of(r, "comm_hidden") : NAN;
+  p->pipe = mean_of(r, "pp_wait_s");
+  p->tp = mean_of(r, "tp_wait_s");
+  p->hidden = mean_or_nan(r, "comm_hidden");
   p->skew = rp_find(r, "busy_skew") ? mean_of(r, "busy_skew") : 1;
+  p->bubble = mean_or_nan(r, "pp_bubble");
+  p->bubble_expected = mean_or_nan(r, "pp_bubble_expected");
+  p->bubble_theory = mean_or_nan(r, "pp_bubble_theory");
+  p->stages = (int)lround(mean_of(r, "pp_stages"));
+  p->micro = (int)lround(mean_of(r, "pp_micro_batches"));
   double run_s = 0;
   const rp_series *tm = rp_find(r, "time");
   if (tm && tm->n > 1)
@@ -285,19 +339,30 @@ void rp_verdict_make(const rp_run *r, rp_verdict *v) {
     return;
   }
   const double S = p->step;
-  double data = p->data / S, comm = p->comm / S;
-  double compute = (p->forward + p->backward + p->optim) / S;
+  /* Every wait the metrics carry: the loader's, the reductions' (and a
+   * pipeline's exchanges outside its schedule), the pipeline's inside its
+   * schedule, and tensor parallelism's collectives, which forward_s and
+   * backward_s hold: compute is what is left of those three. */
+  double data = p->data / S, pipe = p->pipe / S;
+  double comm = (p->comm + p->tp) / S;
+  double compute = (p->forward + p->backward - p->tp + p->optim) / S;
+  double other = 1 - data - pipe - comm - compute;
   char prefetch[32];
   config_value(r, "data", "prefetch", prefetch, sizeof prefetch);
-  /* A straggler makes the others wait at the reductions: name it before
-   * the communication it shows up as. */
+  /* A straggler makes the others wait at the reductions, the tp
+   * collectives or the pipeline's exchanges: name it before the waits it
+   * shows up as. */
   if (p->skew >= 1.25 && p->slowest >= 0)
     add_finding(v, 2.0 + p->skew,
                 "Imbalanced ranks: rank %d computes %.0f%% longer than the "
                 "mean of the %d ranks (busy_skew %.2f); the others wait for "
-                "it at every reduction. Look for a slower or busier host, "
-                "or uneven data, on that rank.",
-                p->slowest, 100 * p->slowest_excess, r->nranks, p->skew);
+                "it at every %s. Look for a slower or busier host, or uneven "
+                "data, on that rank%s.",
+                p->slowest, 100 * p->slowest_excess, r->nranks, p->skew,
+                p->stages > 1 ? "exchange of the pipeline"
+                : p->tp > 0   ? "tensor-parallel collective"
+                              : "reduction",
+                p->stages > 1 ? ", or uneven stages (parallel.pp_split)" : "");
   if (data >= 0.2)
     add_finding(v, data,
                 "Data-loading bound: the loader's wait is %.0f%% of the step "
@@ -305,32 +370,63 @@ void rp_verdict_make(const rp_run *r, rp_verdict *v) {
                 "are ready ahead, or make the data cheaper to read.",
                 100 * data, 1e3 * p->data, 1e3 * S,
                 prefetch[0] ? prefetch : "?");
+  if (p->stages > 1 && (pipe >= 0.2 || p->bubble >= 0.2))
+    pipe_finding(r, v, pipe);
   if (comm >= 0.2) {
     char hid[96] = "";
-    if (isfinite(p->hidden))
+    if (isfinite(p->hidden) && p->comm / S >= 0.05)
       snprintf(hid, sizeof hid,
                "; %.0f%% of reduction time is exposed after "
                "backward",
                100 * (1 - p->hidden));
-    add_finding(v, comm,
-                "Communication bound: %.0f%% of the step waits for gradient "
-                "reductions (%.1f of %.1f ms)%s. Fewer bytes a step help: "
-                "parallel.compress: bf16, train.accumulate, or a larger "
-                "batch; so do faster links.",
-                100 * comm, 1e3 * p->comm, 1e3 * S, hid);
+    char red[64] = "";
+    if (p->comm > 0)
+      snprintf(red, sizeof red, " and %.1f ms for gradient reductions",
+               1e3 * p->comm);
+    if (p->tp > p->comm)
+      add_finding(v, comm,
+                  "Communication bound: %.0f%% of the step waits for "
+                  "communication: %.1f ms for the tensor-parallel "
+                  "collectives of forward and backward (tp_wait_s)%s, of "
+                  "%.1f ms%s. Each block reduces its activations over the tp "
+                  "group: a smaller parallel.tp (more data-parallel replicas "
+                  "instead), its ranks on one host, or faster links help.",
+                  100 * comm, 1e3 * p->tp, red, 1e3 * S, hid);
+    else
+      add_finding(v, comm,
+                  "Communication bound: %.0f%% of the step waits for gradient "
+                  "reductions (%.1f of %.1f ms)%s. Fewer bytes a step help: "
+                  "parallel.compress: bf16, train.accumulate, or a larger "
+                  "batch; so do faster links.",
+                  100 * comm, 1e3 * (p->comm + p->tp), 1e3 * S, hid);
   }
   if (p->ckpt_share >= 0.1)
     add_finding(v, p->ckpt_share,
                 "Checkpoint bound: saves take %.0f%% of the run's time; raise "
                 "checkpoint.every.",
                 100 * p->ckpt_share);
-  if (v->n == 0)
+  char waits[160];
+  int wl = snprintf(waits, sizeof waits,
+                    "data wait %.0f%%, communication wait %.0f%%", 100 * data,
+                    100 * comm);
+  if (p->stages > 1 && wl > 0 && (size_t)wl < sizeof waits)
+    snprintf(waits + wl, sizeof waits - (size_t)wl, ", pipeline wait %.0f%%",
+             100 * pipe);
+  if (v->n == 0 && compute >= 0.5)
     add_finding(v, compute,
                 "Compute bound: forward, backward and the optimizer are %.0f%% "
-                "of the step (data wait %.0f%%, communication wait %.0f%%). "
-                "Speed comes from the kernels and threads (train.threads), a "
-                "larger batch, or more ranks.",
-                100 * compute, 100 * data, 100 * comm);
+                "of the step (%s). Speed comes from the kernels and threads "
+                "(train.threads), a larger batch, or more ranks.",
+                100 * compute, waits);
+  else if (v->n == 0)
+    /* No wait reaches its threshold, yet compute is the lesser part: say
+     * where the step goes instead of calling it compute bound. */
+    add_finding(v, 1 - compute,
+                "No single bound: forward, backward and the optimizer are only "
+                "%.0f%% of the step; the rest is spread: %s, and %.0f%% "
+                "outside the measured parts (the step's sums, logging, the "
+                "process waiting for a core).",
+                100 * compute, waits, 100 * (other > 0 ? other : 0));
   /* The heaviest first. */
   for (int i = 1; i < v->n; i++)
     for (int j = i; j > 0 && v->weight[j] > v->weight[j - 1]; j--) {

@@ -1790,9 +1790,20 @@ static loom_status train_step(loom_trainer *t, double *sums, double g[SUM_N],
 }
 
 /* What each rank says of its own steps at a metrics line: the time it
- * computed (the step less its waits for data and for the reductions), and
- * those two waits; per step, over the window. */
-enum { RANK_BUSY, RANK_DATA, RANK_COMM, RANK_PP_STEP, RANK_PP_WAIT, RANK_N };
+ * computed (the step less every wait: for data, for the reductions, on its
+ * pipeline neighbours and on its tensor-parallel group's collectives), and
+ * those waits; per step, over the window. A rank slower than its group
+ * makes the others wait at the next collective: without their tp waits
+ * left out, every rank of a tp group would look as busy as the slowest. */
+enum {
+  RANK_BUSY,
+  RANK_DATA,
+  RANK_COMM,
+  RANK_PP_STEP,
+  RANK_PP_WAIT,
+  RANK_TP_WAIT,
+  RANK_N
+};
 
 static void rank_parts(const run_window *w, double now, double out[RANK_N]) {
   const double n = (double)w->steps;
@@ -1801,7 +1812,9 @@ static void rank_parts(const run_window *w, double now, double out[RANK_N]) {
   out[RANK_COMM] = w->times.comm_wait / n;
   out[RANK_PP_STEP] = w->times.pipe_step / n;
   out[RANK_PP_WAIT] = w->times.pipe_wait / n;
-  out[RANK_BUSY] = step - out[RANK_DATA] - out[RANK_COMM] - out[RANK_PP_WAIT];
+  out[RANK_TP_WAIT] = w->times.tp_wait / n;
+  out[RANK_BUSY] = step - out[RANK_DATA] - out[RANK_COMM] - out[RANK_PP_WAIT] -
+                   out[RANK_TP_WAIT];
 }
 
 /* Every rank's parts on rank 0 ((nranks, RANK_N) into *all, made here; NULL
@@ -1899,9 +1912,13 @@ static loom_status write_metrics(loom_trainer *t, const run_window *w,
     if (!v)
       return LOOM_ERR_NOMEM;
     static const char *const keys[RANK_N] = {
-        "rank_busy_s", "rank_data_wait_s", "rank_comm_wait_s", "rank_pp_step_s",
-        "rank_pp_wait_s"};
-    for (int k = 0; k < (t->pipe ? RANK_N : RANK_PP_STEP); k++) {
+        "rank_busy_s",    "rank_data_wait_s", "rank_comm_wait_s",
+        "rank_pp_step_s", "rank_pp_wait_s",   "rank_tp_wait_s"};
+    for (int k = 0; k < RANK_N; k++) {
+      if ((k == RANK_PP_STEP || k == RANK_PP_WAIT) && !t->pipe)
+        continue;
+      if (k == RANK_TP_WAIT && t->tps <= 1)
+        continue;
       for (int r = 0; r < t->nranks; r++)
         v[r] = ranks[r * RANK_N + k];
       loom_metrics_nums(m, keys[k], v, t->nranks);
