@@ -219,7 +219,7 @@ static void page(rp_buf *b, const rp_run *r, const rp_verdict *v,
       rp_printf(b,
                 "Busy time of the slowest rank (%d) against the mean: "
                 "%+.0f%% (busy_skew %.2f). ",
-                p->slowest, 100 * p->slowest_excess, p->skew);
+                p->slowest, 100 * (p->skew - 1), p->skew);
     if (p->ckpt_share > 0)
       rp_printf(b, "Checkpoints: %.1f%% of the run's time.",
                 100 * p->ckpt_share);

@@ -34,6 +34,11 @@ typedef struct rp_run {
    * the training lines after the first (rank_lines of them). */
   int nranks, rank_lines;
   double rank_sum[RP_RANK_N][RP_MAX_RANKS];
+  /* Over the same lines: each rank's busy time over the line's ranks'
+   * mean, summed, and busy_skew (the slowest's), summed over skew_lines. */
+  double rank_rel[RP_MAX_RANKS];
+  double skew_sum;
+  int skew_lines;
   struct cJSON *env; /* env.json, or NULL */
   char *config;      /* config.yaml's text, or NULL */
 } rp_run;
@@ -51,13 +56,17 @@ typedef struct rp_parts {
   double pipe;   /* pp_wait_s: blocked on pipeline neighbours (0: none) */
   double tp;     /* tp_wait_s: on tp collectives, inside forward/backward */
   double hidden; /* comm_hidden's mean (NaN: one rank) */
-  double skew;   /* busy_skew's mean (1: one rank) */
+  /* busy_skew's mean over the lines of rank_sum (1: one rank): how much
+   * longer the slowest rank computes than the mean, the one figure the
+   * imbalance finding and the evidence give */
+  double skew;
   /* pp_bubble, pp_bubble_expected, pp_bubble_theory (NaN: no pipeline) */
   double bubble, bubble_expected, bubble_theory;
   int stages, micro; /* pp_stages, pp_micro_batches (0: no pipeline) */
   double ckpt_share; /* checkpoint seconds over the run's time */
-  int slowest;       /* the rank with the most busy time (-1: none) */
-  double slowest_excess;
+  /* the rank with the highest busy time over the mean, averaged over the
+   * lines of rank_sum (-1: none) */
+  int slowest;
 } rp_parts;
 
 typedef struct rp_verdict {

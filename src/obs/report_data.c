@@ -72,6 +72,34 @@ static void add_ranks(rp_run *r, const cJSON *o, int k, const char *key) {
   }
 }
 
+/* A line's imbalance: each rank's busy time over the ranks' mean into
+ * r->rank_rel, and its busy_skew (the trainer's figure; computed the same
+ * way, the slowest over the mean, when the line lacks it) into
+ * r->skew_sum. */
+static void add_skew(rp_run *r, const cJSON *o) {
+  const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "rank_busy_s");
+  int n = cJSON_IsArray(a) ? cJSON_GetArraySize(a) : 0;
+  if (n > RP_MAX_RANKS)
+    n = RP_MAX_RANKS;
+  double sum = 0, mx = 0;
+  for (int i = 0; i < n; i++) {
+    const cJSON *v = cJSON_GetArrayItem(a, i);
+    double b = cJSON_IsNumber(v) ? v->valuedouble : 0;
+    sum += b;
+    mx = b > mx ? b : mx;
+  }
+  if (n < 2 || !(sum > 0))
+    return;
+  for (int i = 0; i < n; i++) {
+    const cJSON *v = cJSON_GetArrayItem(a, i);
+    if (cJSON_IsNumber(v))
+      r->rank_rel[i] += v->valuedouble * n / sum;
+  }
+  const cJSON *k = cJSON_GetObjectItemCaseSensitive(o, "busy_skew");
+  r->skew_sum += cJSON_IsNumber(k) ? k->valuedouble : mx * n / sum;
+  r->skew_lines++;
+}
+
 static loom_status read_metrics(rp_run *r, const char *path) {
   char *text = NULL;
   if (loom_obs_read_file(path, &text, NULL) != LOOM_OK) {
@@ -119,11 +147,14 @@ static loom_status read_metrics(rp_run *r, const char *path) {
        * the rank means leave it out when there are others. */
       if (r->train_lines == 2) {
         memset(r->rank_sum, 0, sizeof r->rank_sum);
-        r->rank_lines = 0;
+        memset(r->rank_rel, 0, sizeof r->rank_rel);
+        r->skew_sum = 0;
+        r->rank_lines = r->skew_lines = 0;
       }
       add_ranks(r, o, RP_RANK_BUSY, "rank_busy_s");
       add_ranks(r, o, RP_RANK_DATA, "rank_data_wait_s");
       add_ranks(r, o, RP_RANK_COMM, "rank_comm_wait_s");
+      add_skew(r, o);
       r->rank_lines++;
     }
     if (cJSON_IsNumber(step))
@@ -310,7 +341,7 @@ void rp_verdict_make(const rp_run *r, rp_verdict *v) {
   p->pipe = mean_of(r, "pp_wait_s");
   p->tp = mean_of(r, "tp_wait_s");
   p->hidden = mean_or_nan(r, "comm_hidden");
-  p->skew = rp_find(r, "busy_skew") ? mean_of(r, "busy_skew") : 1;
+  p->skew = r->skew_lines > 0 ? r->skew_sum / r->skew_lines : 1;
   p->bubble = mean_or_nan(r, "pp_bubble");
   p->bubble_expected = mean_or_nan(r, "pp_bubble_expected");
   p->bubble_theory = mean_or_nan(r, "pp_bubble_theory");
@@ -321,18 +352,16 @@ void rp_verdict_make(const rp_run *r, rp_verdict *v) {
   if (tm && tm->n > 1)
     run_s = tm->y[tm->n - 1] - tm->y[0];
   p->ckpt_share = run_s > 0 ? total_of(r, "ckpt_s") / run_s : 0;
-  /* The slowest rank by busy time. */
+  /* The slowest rank: the highest busy time over the mean, window by
+   * window as busy_skew counts it (not the sums over the windows, which
+   * weigh long windows more and gave another figure than busy_skew). */
   p->slowest = -1;
-  double mean = 0;
-  for (int i = 0; i < r->nranks; i++)
-    mean += r->rank_sum[RP_RANK_BUSY][i] / (double)r->nranks;
   double worst = 0;
-  for (int i = 0; i < r->nranks; i++)
-    if (r->rank_sum[RP_RANK_BUSY][i] > worst) {
-      worst = r->rank_sum[RP_RANK_BUSY][i];
+  for (int i = 0; r->skew_lines > 0 && i < r->nranks; i++)
+    if (r->rank_rel[i] > worst) {
+      worst = r->rank_rel[i];
       p->slowest = i;
     }
-  p->slowest_excess = mean > 0 ? worst / mean - 1 : 0;
   if (r->train_lines == 0 || !(p->step > 0)) {
     snprintf(v->headline, sizeof v->headline,
              "No verdict yet: no training step has been logged.");
@@ -355,10 +384,13 @@ void rp_verdict_make(const rp_run *r, rp_verdict *v) {
   if (p->skew >= 1.25 && p->slowest >= 0)
     add_finding(v, 2.0 + p->skew,
                 "Imbalanced ranks: rank %d computes %.0f%% longer than the "
-                "mean of the %d ranks (busy_skew %.2f); the others wait for "
-                "it at every %s. Look for a slower or busier host, or uneven "
-                "data, on that rank%s.",
-                p->slowest, 100 * p->slowest_excess, r->nranks, p->skew,
+                "mean of the %d ranks (busy_skew %.2f: the slowest rank's "
+                "busy time over the ranks' mean, averaged over %s); the "
+                "others wait for it at every %s. Look for a slower or busier "
+                "host, or uneven data, on that rank%s.",
+                p->slowest, 100 * (p->skew - 1), r->nranks, p->skew,
+                r->train_lines >= 2 ? "the windows after the first"
+                                    : "the one window",
                 p->stages > 1 ? "exchange of the pipeline"
                 : p->tp > 0   ? "tensor-parallel collective"
                               : "reduction",

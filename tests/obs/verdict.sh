@@ -4,7 +4,8 @@
 # them): a pipeline whose ranks wait on each other is pipeline bubble
 # bound, with its bubble against the expected and the theory; tensor
 # parallelism's waits are communication; a tp rank that is slow is named
-# as the straggler; a step that is mostly waits is never compute bound.
+# as the straggler, with the figure its words give (busy_skew); a step
+# that is mostly waits is never compute bound.
 # Then one real tp 2 run with a slow rank: busy time leaves the tp waits
 # out, so the slow rank is the busy one (what busy_skew is made of).
 . "$(dirname "$0")/../lib.sh"
@@ -80,6 +81,22 @@ verdict "$tmp/tp2slow" "Imbalanced ranks: rank 1 computes" "Compute bound"
 verdict "$tmp/tp2slow" "the others wait for it at every tensor-parallel collective"
 grep -q "Also: Communication bound" "$tmp/tp2slow/report.html" &&
   ok "tp2slow: the tp waits are the second finding" || bad "tp2slow: no communication finding"
+
+# --- the imbalance's figure and its words are one measure: busy_skew (each
+# window's slowest busy time over the ranks' mean), averaged over the
+# windows after the first; here 1.40, while the busy times summed over
+# those windows would say rank 1 is 23% over the mean.
+w1='{"step_s":0.06,"forward_s":0.01,"backward_s":0.01,"optim_s":0.001,"comm_wait_s":0.03,
+"rank_busy_s":[0.010,0.030],"busy_skew":1.5,"rank_data_wait_s":[0,0],"rank_comm_wait_s":[0.03,0.01]}'
+w2='{"step_s":0.12,"forward_s":0.05,"backward_s":0.05,"optim_s":0.001,"comm_wait_s":0.01,
+"rank_busy_s":[0.100,0.110],"busy_skew":1.0476190476,"rank_data_wait_s":[0,0],"rank_comm_wait_s":[0.01,0]}'
+w3='{"step_s":0.06,"forward_s":0.005,"backward_s":0.005,"optim_s":0.001,"comm_wait_s":0.045,
+"rank_busy_s":[0.010,0.050],"busy_skew":1.6666666667,"rank_data_wait_s":[0,0],"rank_comm_wait_s":[0.045,0.005]}'
+mkrun "$tmp/skew" "$(tr -d '\n' <<<"$w1")" "$(tr -d '\n' <<<"$w2")" "$(tr -d '\n' <<<"$w3")"
+verdict "$tmp/skew" "Imbalanced ranks: rank 1 computes 40% longer than the mean of the 2 ranks (busy_skew 1.40: the slowest rank's busy time over the ranks' mean, averaged over the windows after the first)"
+grep -q "Busy time of the slowest rank (1) against the mean: +40% (busy_skew 1.40)" "$tmp/skew/report.html" &&
+  ok "skew: the evidence gives the same figure" ||
+  bad "skew: the evidence: $(grep -o 'Busy time of the slowest[^.]*' "$tmp/skew/report.html")"
 
 # --- no wait past its threshold, yet compute is 40% of the step: not
 # compute bound.
