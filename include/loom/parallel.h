@@ -434,6 +434,23 @@ loom_status loom_pipe_grad_sumsq(loom_pipe *p, double *out);
 loom_status loom_pipe_sync_params(loom_pipe *p);
 void loom_pipe_set_training(loom_pipe *p, bool training);
 
+/* What a training step's schedule did, for a timeline: micro-batch mb's
+ * forward (with the loss on the last stage) or backward, or a time the
+ * stage was blocked on a neighbour (mb: the micro-batch it was about to
+ * compute; -1 in the step's final drain of sends and receives). t0 and t1
+ * are the readings of loom_time_now that loom_pipe_stats adds up, so a
+ * step's events sum to its forward_s, backward_s and wait_s. */
+typedef enum {
+  LOOM_PIPE_EV_FORWARD,
+  LOOM_PIPE_EV_BACKWARD,
+  LOOM_PIPE_EV_WAIT,
+  LOOM_PIPE_EV_COUNT
+} loom_pipe_event;
+typedef void (*loom_pipe_observer)(void *user, loom_pipe_event ev, int mb,
+                                   double t0, double t1);
+/* Calls fn during loom_pipe_step (not loom_pipe_forward); NULL: none. */
+void loom_pipe_set_observer(loom_pipe *p, loom_pipe_observer fn, void *user);
+
 /* Per-step times: the last step's and the sums since the last reset. */
 typedef struct loom_pipe_stats {
   int64_t steps;

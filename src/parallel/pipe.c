@@ -84,6 +84,10 @@ struct loom_pipe {
   int dp_next; /* chunks [dp_next, ndp) are summing; -1: none yet */
   loom_pipe_stats st;
   double wait_now; /* waits of the step under way */
+  /* the timeline's observer, called while stepping (in loom_pipe_step) */
+  loom_pipe_observer obs;
+  void *obs_user;
+  bool stepping;
   /* bf16/f16: one half copy of the parameters for every instance, of the
    * ranges the stage reads only (reserved like the flat buffers) */
   uint16_t *half;
@@ -562,15 +566,30 @@ void loom_pipe_zero_grad(loom_pipe *p) {
 
 /* ------------------------------------------------------------ schedules */
 
-/* Waits for a request; the time blocked counts as waiting for neighbours. */
-static loom_status wait_timed(loom_pipe *p, loom_req *r) {
+void loom_pipe_set_observer(loom_pipe *p, loom_pipe_observer fn, void *user) {
+  p->obs = fn;
+  p->obs_user = user;
+}
+
+/* A span of the step for the observer, if any. */
+static void observe(const loom_pipe *p, loom_pipe_event ev, int mb, double t0,
+                    double t1) {
+  if (p->obs && p->stepping)
+    p->obs(p->obs_user, ev, mb, t0, t1);
+}
+
+/* Waits for a request; the time blocked counts as waiting for neighbours
+ * (for micro-batch mb; -1: the drain). */
+static loom_status wait_timed(loom_pipe *p, loom_req *r, int mb) {
   bool done;
   loom_status s = loom_test(r, &done);
   if (done)
     return s;
   double t0 = loom_time_now();
   s = loom_wait(r);
-  p->wait_now += loom_time_now() - t0;
+  double t1 = loom_time_now();
+  p->wait_now += t1 - t0;
+  observe(p, LOOM_PIPE_EV_WAIT, mb, t0, t1);
   return s;
 }
 
@@ -601,12 +620,12 @@ static loom_status fwd(loom_pipe *p, const int64_t *rows, int n, int i,
   loom_tensor x;
   memset(&x, 0, sizeof x);
   if (p->stage > 0) {
-    LOOM_TRY(wait_timed(p, &sl->in_req));
+    LOOM_TRY(wait_timed(p, &sl->in_req, mb));
     loom_shape s = rows_shape(&p->in_shape, rows[mb]);
     x = loom_tensor_view(sl->in, LOOM_F32, s.ndim, s.dim);
   }
   /* the instance's output is about to be overwritten */
-  LOOM_TRY(wait_timed(p, &sl->out_req));
+  LOOM_TRY(wait_timed(p, &sl->out_req, mb));
   double t0 = loom_time_now();
   LOOM_TRY(io->prepare(io->user, mb, sl->m, p->stage == 0 ? &x : NULL));
   loom_tensor y;
@@ -618,7 +637,9 @@ static loom_status fwd(loom_pipe *p, const int64_t *rows, int n, int i,
       LOOM_TRY(loom_model_output_grad(sl->m, &dy));
     LOOM_TRY(io->loss(io->user, mb, &y, train ? &dy : NULL));
   }
-  p->st.forward_s += loom_time_now() - t0;
+  double t1 = loom_time_now();
+  p->st.forward_s += t1 - t0;
+  observe(p, LOOM_PIPE_EV_FORWARD, mb, t0, t1);
   if (!last) {
     LOOM_TRY(loom_send(y.data, ny, LOOM_F32, p->stage + 1, TAG_ACT, p->pp,
                        &sl->out_req));
@@ -635,7 +656,7 @@ static loom_status fwd(loom_pipe *p, const int64_t *rows, int n, int i,
    * unless the output being sent is a view of it (a module may give one). */
   const float *yd = y.data;
   if (yd >= sl->in && yd < sl->in + p->in_shape.dim[0] * p->in_row)
-    LOOM_TRY(wait_timed(p, &sl->out_req));
+    LOOM_TRY(wait_timed(p, &sl->out_req, mb));
   return post_recv(p, rows, n, i + p->K);
 }
 
@@ -753,10 +774,10 @@ static loom_status bwd(loom_pipe *p, const int64_t *rows, int n, int i,
   int mb = p->active[i];
   slot *sl = &p->slots[i % p->K];
   if (p->stage < p->P - 1)
-    LOOM_TRY(wait_timed(p, &sl->dout_req));
+    LOOM_TRY(wait_timed(p, &sl->dout_req, mb));
   loom_tensor din;
   if (p->stage > 0) {
-    LOOM_TRY(wait_timed(p, &sl->din_req));
+    LOOM_TRY(wait_timed(p, &sl->din_req, mb));
     loom_shape s = rows_shape(&p->in_shape, rows[mb]);
     din = loom_tensor_view(sl->din, LOOM_F32, s.ndim, s.dim);
   }
@@ -771,7 +792,9 @@ static loom_status bwd(loom_pipe *p, const int64_t *rows, int n, int i,
   if (early)
     loom_model_set_grad_hook(sl->m, NULL, NULL);
   LOOM_TRY(s);
-  p->st.backward_s += loom_time_now() - t0;
+  double t1 = loom_time_now();
+  p->st.backward_s += t1 - t0;
+  observe(p, LOOM_PIPE_EV_BACKWARD, mb, t0, t1);
   if (p->stage == 0)
     return LOOM_OK;
   LOOM_TRY(loom_send(sl->din, (size_t)(rows[mb] * p->in_row), LOOM_F32,
@@ -798,7 +821,7 @@ static loom_status drain(loom_pipe *p) {
     slot *sl = &p->slots[k];
     loom_req *r[] = {&sl->in_req, &sl->out_req, &sl->dout_req, &sl->din_req};
     for (size_t j = 0; j < sizeof r / sizeof r[0]; j++) {
-      loom_status s = wait_timed(p, r[j]);
+      loom_status s = wait_timed(p, r[j], -1);
       if (first == LOOM_OK)
         first = s;
     }
@@ -806,17 +829,9 @@ static loom_status drain(loom_pipe *p) {
   return first;
 }
 
-loom_status loom_pipe_step(loom_pipe *p, const int64_t *rows,
-                           const loom_pipe_io *io) {
-  int n = list_active(p, p->M, rows);
-  if (n < 0)
-    return loom_error(LOOM_ERR_INVALID_ARG,
-                      "pipeline: a micro-batch has more rows than planned "
-                      "(%lld)",
-                      (long long)p->in_shape.dim[0]);
-  LOOM_TRY(refresh_half(p));
-  double t0 = loom_time_now();
-  p->wait_now = 0;
+/* A training step's schedule over the n active micro-batches. */
+static loom_status run_schedule(loom_pipe *p, const int64_t *rows, int n,
+                                const loom_pipe_io *io) {
   for (int i = 0; i < p->K && i < n; i++)
     LOOM_TRY(post_recv(p, rows, n, i));
   if (p->schedule == LOOM_PIPE_GPIPE) {
@@ -842,7 +857,24 @@ loom_status loom_pipe_step(loom_pipe *p, const int64_t *rows,
     for (int i = n - w; i < n; i++)
       LOOM_TRY(bwd(p, rows, n, i, io->last));
   }
-  LOOM_TRY(drain(p));
+  return drain(p);
+}
+
+loom_status loom_pipe_step(loom_pipe *p, const int64_t *rows,
+                           const loom_pipe_io *io) {
+  int n = list_active(p, p->M, rows);
+  if (n < 0)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "pipeline: a micro-batch has more rows than planned "
+                      "(%lld)",
+                      (long long)p->in_shape.dim[0]);
+  LOOM_TRY(refresh_half(p));
+  double t0 = loom_time_now();
+  p->wait_now = 0;
+  p->stepping = true; /* the observer sees this step's spans */
+  loom_status s = run_schedule(p, rows, n, io);
+  p->stepping = false;
+  LOOM_TRY(s);
   double el = loom_time_now() - t0;
   p->st.steps++;
   p->st.step_s += el;

@@ -1079,17 +1079,6 @@ int64_t loom_train_step_rows(const loom_trainer *t) {
   return total;
 }
 
-/* A phase of the step on the trace's main track, with the step's number
- * (the optimizer step it belongs to). */
-static void trace_step_span(const loom_trainer *t, const char *name, double t0,
-                            double t1) {
-  if (!t->tracing)
-    return;
-  char args[32];
-  snprintf(args, sizeof args, "\"step\":%lld", (long long)t->step);
-  loom_trace_span("train", name, t0, t1, args);
-}
-
 /* Forward and loss of rows [lo, lo + n) of batch b. */
 static loom_status forward_rows(loom_trainer *t, const loom_batch *b,
                                 int64_t lo, int64_t n, loom_xent_stats *st,
@@ -1114,7 +1103,7 @@ static loom_status forward_rows(loom_trainer *t, const loom_batch *b,
   LOOM_TRY(loom_xent_forward(t->xent, &logits, y, st));
   double t1 = loom_time_now();
   tm->forward += t1 - t0;
-  trace_step_span(t, "forward", t0, t1);
+  loom_train_trace_step(t, "forward", t0, t1, NULL);
   return LOOM_OK;
 }
 
@@ -1133,7 +1122,7 @@ static loom_status forward_empty(loom_trainer *t, const loom_batch *b,
   LOOM_TRY(loom_xent_forward(t->xent, &logits, (const int32_t *)b->y.data, st));
   double t1 = loom_time_now();
   tm->forward += t1 - t0;
-  trace_step_span(t, "forward", t0, t1);
+  loom_train_trace_step(t, "forward", t0, t1, NULL);
   return LOOM_OK;
 }
 
@@ -1148,7 +1137,7 @@ static loom_status backward_rows(loom_trainer *t, float scale,
   LOOM_TRY(loom_model_backward(t->model, NULL, NULL));
   double t1 = loom_time_now();
   tm->backward += t1 - t0;
-  trace_step_span(t, "backward", t0, t1);
+  loom_train_trace_step(t, "backward", t0, t1, NULL);
   return LOOM_OK;
 }
 
@@ -1176,7 +1165,7 @@ static loom_status step_micro(loom_trainer *t, double *sums,
     tm->data += b->wait_s + late;
     if (t->tracing) {
       double now = loom_time_now();
-      trace_step_span(t, "data wait", now - b->wait_s - late, now);
+      loom_train_trace_step(t, "data wait", now - b->wait_s - late, now, NULL);
     }
     *epoch = b->epoch;
     bool last = m == t->accumulate - 1;
@@ -1883,6 +1872,10 @@ static loom_status write_metrics(loom_trainer *t, const run_window *w,
     loom_metrics_num(m, "comm_wait_s", win->comm_wait / n);
     loom_metrics_num(m, "reduce_s", win->reduce / n);
     loom_metrics_num(m, "comm_hidden", loom_ddp_hidden_share(&ds));
+  } else if (t->pipe) {
+    /* a pipeline without ddp: the exchanges outside its schedule (the
+     * tied weights', the replicas' sum, zero3's gather) */
+    loom_metrics_num(m, "comm_wait_s", win->comm_wait / n);
   }
   loom_metrics_num(m, "optim_s", win->optim / n);
   /* Rank 0's peak resident set so far (what loom estimate predicts, plus

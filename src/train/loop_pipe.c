@@ -339,6 +339,10 @@ loom_status loom_train_pipe_micro(loom_trainer *t, double *sums,
     double late = t->n_faults > 0 ? loom_train_fault_data_delay(t) : 0;
     LOOM_TRY_GOTO(s, loom_loader_next(t->train_loader, &b), done);
     tm->data += b->wait_s + late;
+    if (t->tracing) {
+      double now = loom_time_now();
+      loom_train_trace_step(t, "data wait", now - b->wait_s - late, now, NULL);
+    }
     *epoch = b->epoch;
     pipe_ctx c = {.t = t,
                   .b = b,
@@ -528,7 +532,16 @@ loom_status loom_train_pipe_optim(loom_trainer *t, float lr, double *gnorm,
   double sync = after.sync_s - before.sync_s;
   tm->pp_dp_bytes = (double)(after.dp_wire_bytes - before.dp_wire_bytes);
   tm->comm_wait += sync;
-  tm->optim += loom_time_now() - t0 - sync;
+  double t1 = loom_time_now();
+  tm->optim += t1 - t0 - sync;
+  if (t->tracing) {
+    /* As without a pipeline, the optimizer's span holds the exchanges it
+     * waits for (the tied weights', the replicas' sum): optim_s plus this
+     * comm_wait_s (zero3's gather before the step has its own span). */
+    char extra[48];
+    snprintf(extra, sizeof extra, "\"comm_wait_s\":%.6f", sync);
+    loom_train_trace_step(t, "optimizer", t0, t1, extra);
+  }
   return LOOM_OK;
 }
 

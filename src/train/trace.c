@@ -1,7 +1,8 @@
 /* The trainer's side of the timeline trace (obs/trace.c writes it): which
  * file, and the hooks that feed it from the model's units and from the
- * communication thread. The loop's own phases (data wait, forward,
- * backward, optimizer, evaluation, checkpoint) are spans in loop.c. */
+ * communication thread, and a pipeline's schedule. The loop's own phases
+ * (data wait, forward, backward, optimizer, evaluation, checkpoint) are
+ * spans in loop.c and loop_pipe.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,33 @@ static loom_status unit_observer(void *user, int u, loom_unit_event ev) {
   }
   }
   return LOOM_OK;
+}
+
+/* A phase of the step on the main track, with the step's number (the
+ * optimizer step it belongs to) and extra args (NULL: none). */
+void loom_train_trace_step(const loom_trainer *t, const char *name, double t0,
+                           double t1, const char *extra) {
+  if (!t->tracing)
+    return;
+  char args[160];
+  snprintf(args, sizeof args, "\"step\":%lld%s%s", (long long)t->step,
+           extra ? "," : "", extra ? extra : "");
+  loom_trace_span("train", name, t0, t1, args);
+}
+
+/* A pipeline's schedule on the main track: each micro-batch's forward and
+ * backward and each wait on a neighbour, as the pipeline times them
+ * (forward_s, backward_s and pp_wait_s in metrics.jsonl). */
+static void pipe_observer(void *user, loom_pipe_event ev, int mb, double t0,
+                          double t1) {
+  static const char *const names[] = {"forward", "backward", "pipeline wait"};
+  _Static_assert(sizeof names / sizeof names[0] == LOOM_PIPE_EV_COUNT,
+                 "a name for each pipeline event");
+  if ((unsigned)ev >= LOOM_PIPE_EV_COUNT)
+    return;
+  char extra[32];
+  snprintf(extra, sizeof extra, "\"micro_batch\":%d", mb);
+  loom_train_trace_step(user, names[ev], t0, t1, extra);
 }
 
 /* Each operation of the communication thread, on its own track. */
@@ -79,6 +107,8 @@ loom_status loom_train_trace_open(loom_trainer *t) {
   LOOM_TRY(loom_trace_start(path, t->rank));
   t->tracing = true;
   loom_model_set_unit_observer(t->model, unit_observer, t);
+  if (t->pipe)
+    loom_pipe_set_observer(t->pipe, pipe_observer, t);
   loom_comm_set_op_hook(comm_op, NULL);
   if (t->rank == 0 && !t->opts.quiet)
     LOOM_INFO("tracing into %s/rank-*.json (merge: loom report --trace %s)",
@@ -157,6 +187,8 @@ void loom_train_trace_close(loom_trainer *t) {
   loom_comm_set_op_hook(NULL, NULL);
   if (t->model)
     loom_model_set_unit_observer(t->model, NULL, NULL);
+  if (t->pipe)
+    loom_pipe_set_observer(t->pipe, NULL, NULL);
   loom_trace_stop(NULL);
   t->tracing = false;
   loom_free(t->unit_t0);

@@ -383,6 +383,10 @@ int64_t loom_train_step_rows(const loom_trainer *t);
  * loom_train_mem_get) and writes what is buffered. */
 loom_status loom_train_trace_open(loom_trainer *t);
 void loom_train_trace_close(loom_trainer *t);
+/* A phase of the step (category train, its number in args, then extra:
+ * JSON members or NULL); nothing when this trainer does not trace. */
+void loom_train_trace_step(const loom_trainer *t, const char *name, double t0,
+                           double t1, const char *extra);
 /* Several ranks, any tracing: every rank's wall clock against rank 0's,
  * recorded in its trace (collective over the world). */
 loom_status loom_train_trace_sync(loom_trainer *t);
