@@ -85,10 +85,34 @@ static loom_status bad_count(const char *path, int line, const char *tok,
                     path, line, (int)tok_n, tok, LOOM_HOSTFILE_MAX_SLOTS);
 }
 
-/* One line without its newline and comment; *hosts counts the hosts. */
+/* A host named so far: where its name lies in the buffer, and its line. */
+typedef struct seen_host {
+  const char *name;
+  size_t len;
+  int line;
+} seen_host;
+
+/* Host names compare as DNS compares them: without regard to case. */
+static bool same_name(const char *a, size_t an, const char *b, size_t bn) {
+  if (an != bn)
+    return false;
+  for (size_t i = 0; i < an; i++) {
+    char x = a[i], y = b[i];
+    if (x >= 'A' && x <= 'Z')
+      x = (char)(x - 'A' + 'a');
+    if (y >= 'A' && y <= 'Z')
+      y = (char)(y - 'A' + 'a');
+    if (x != y)
+      return false;
+  }
+  return true;
+}
+
+/* One line without its newline and comment; seen[0..*hosts) holds the
+ * hosts of the lines before. */
 static loom_status parse_line(const char *path, int line, const char *s,
                               size_t n, loom_hostfile_add_fn add, void *ctx,
-                              int *hosts) {
+                              seen_host *seen, int *hosts) {
   size_t i = 0;
   while (i < n && is_blank(s[i]))
     i++;
@@ -155,6 +179,20 @@ static loom_status parse_line(const char *path, int line, const char *s,
   if (*hosts >= LOOM_HOSTFILE_MAX_HOSTS)
     return loom_error(LOOM_ERR_CONFIG, "%s: line %d: more than %d hosts", path,
                       line, LOOM_HOSTFILE_MAX_HOSTS);
+  /* mpirun refuses a host listed twice, and a refusal at launch would be
+   * a failed attempt that loom run restarts (the same way each time). The
+   * names are compared as written: two names of one machine (localhost and
+   * 127.0.0.1) are not caught here. */
+  for (int k = 0; k < *hosts; k++)
+    if (same_name(seen[k].name, seen[k].len, name, name_n)) {
+      if (name_n > 64)
+        name_n = 64;
+      return loom_error(LOOM_ERR_CONFIG,
+                        "%s: line %d: host '%.*s' is already on line %d (one "
+                        "line per host, with all its slots: 'host slots=N')",
+                        path, line, (int)name_n, name, seen[k].line);
+    }
+  seen[*hosts] = (seen_host){name, name_n, line};
   if (add && add(ctx, name, name_n, slots) != 0)
     return loom_error(LOOM_ERR_NOMEM, "%s: line %d: out of memory", path, line);
   (*hosts)++;
@@ -167,9 +205,13 @@ loom_status loom_hostfile_parse(const char *path, const char *buf, size_t n,
     path = "hostfile";
   if (!buf && n)
     return loom_error(LOOM_ERR_INVALID_ARG, "loom_hostfile_parse: NULL");
+  seen_host *seen = loom_malloc(LOOM_HOSTFILE_MAX_HOSTS * sizeof *seen);
+  if (!seen)
+    return loom_error(LOOM_ERR_NOMEM, "%s: parsing the hostfile", path);
+  loom_status st = LOOM_OK;
   int hosts = 0, line = 0;
   size_t at = 0;
-  while (at < n) {
+  while (at < n && st == LOOM_OK) {
     line++;
     const char *s = buf + at;
     const char *nl = memchr(s, '\n', n - at);
@@ -177,32 +219,35 @@ loom_status loom_hostfile_parse(const char *path, const char *buf, size_t n,
     at += len + (nl ? 1 : 0);
     if (len > 0 && s[len - 1] == '\r')
       len--;
-    if (len > LOOM_HOSTFILE_MAX_LINE)
-      return loom_error(LOOM_ERR_CONFIG,
-                        "%s: line %d: longer than %d bytes (one host per "
-                        "line)",
-                        path, line, LOOM_HOSTFILE_MAX_LINE);
+    if (len > LOOM_HOSTFILE_MAX_LINE) {
+      st = loom_error(LOOM_ERR_CONFIG,
+                      "%s: line %d: longer than %d bytes (one host per line)",
+                      path, line, LOOM_HOSTFILE_MAX_LINE);
+      break;
+    }
     /* Binary data and control characters, comments included: not a
      * hostfile. Bytes above 127 may appear in comments. */
     size_t body = len;
-    for (size_t i = 0; i < len; i++) {
+    for (size_t i = 0; i < len && st == LOOM_OK; i++) {
       unsigned char c = (unsigned char)s[i];
       if ((c < 0x20 && c != '\t') || c == 0x7f)
-        return loom_error(LOOM_ERR_CONFIG,
-                          "%s: line %d: control byte 0x%02x at column %zu: "
-                          "not a text hostfile",
-                          path, line, c, i + 1);
+        st = loom_error(LOOM_ERR_CONFIG,
+                        "%s: line %d: control byte 0x%02x at column %zu: "
+                        "not a text hostfile",
+                        path, line, c, i + 1);
       if (c == '#' && body == len)
         body = i;
     }
-    LOOM_TRY(parse_line(path, line, s, body, add, ctx, &hosts));
+    if (st == LOOM_OK)
+      st = parse_line(path, line, s, body, add, ctx, seen, &hosts);
   }
-  if (hosts == 0)
-    return loom_error(LOOM_ERR_CONFIG,
-                      "%s: names no host (one per line: 'host', 'host "
-                      "slots=N' or 'host:N')",
-                      path);
-  return LOOM_OK;
+  loom_free(seen);
+  if (st == LOOM_OK && hosts == 0)
+    st = loom_error(LOOM_ERR_CONFIG,
+                    "%s: names no host (one per line: 'host', 'host "
+                    "slots=N' or 'host:N')",
+                    path);
+  return st;
 }
 
 loom_status loom_hostfile_read(const char *path, loom_hostfile_add_fn add,

@@ -33,8 +33,9 @@ typedef int (*loom_hostfile_add_fn)(void *ctx, const char *name, size_t len,
  *   node4:2                      MPICH's form: 2 slots
  * Names are RFC 1123 host names or IPv4 addresses. Anything else (a NUL or
  * other control byte, an unknown key, a bad or out-of-range count, a second
- * host on a line, a line over LOOM_HOSTFILE_MAX_LINE bytes, no host at all)
- * is LOOM_ERR_CONFIG naming `path`, the line and the reason. */
+ * host on a line, a host on two lines (names compared without regard to
+ * case), a line over LOOM_HOSTFILE_MAX_LINE bytes, no host at all) is
+ * LOOM_ERR_CONFIG naming `path`, the line and the reason. */
 loom_status loom_hostfile_parse(const char *path, const char *buf, size_t n,
                                 loom_hostfile_add_fn add, void *ctx);
 

@@ -96,6 +96,22 @@ TT_TEST(bad_names) {
   rejects(longname, "longer than");
 }
 
+/* mpirun fails on a host given slots twice, and a failed start is
+ * restarted: refused here, before anything starts, with both lines. */
+TT_TEST(duplicate_hosts) {
+  rejects("localhost slots=1\nlocalhost slots=1\n",
+          "hf: line 2: host 'localhost' is already on line 1");
+  rejects("a\n# b\n\nb:2\nA.example slots=2\na\n",
+          "hf: line 6: host 'a' is already on line 1");
+  rejects("node1\nNODE1 slots=4\n", "line 2: host 'NODE1' is already on "
+                                    "line 1");
+  rejects("h1:2\nh2:3\nh1 slots=1\n", "line 3: host 'h1' is already");
+  /* names that only share a prefix are distinct hosts */
+  got g;
+  TT_REQUIRE_OK(parse("node1\nnode10\nnode1.example\n", &g));
+  TT_CHECK_EQ(g.n, 3);
+}
+
 TT_TEST(bad_files) {
   rejects("", "hf: names no host");
   rejects("# only a comment\n\n  \n", "names no host");
@@ -115,13 +131,13 @@ TT_TEST(bad_files) {
   big[n] = '\0';
   rejects(big, "line 1: longer than 1024 bytes");
   free(big);
-  /* More hosts than the limit. */
-  size_t m = (size_t)(LOOM_HOSTFILE_MAX_HOSTS + 1) * 3;
+  /* More hosts than the limit (each named once: h0, h1, ...). */
+  size_t m = (size_t)(LOOM_HOSTFILE_MAX_HOSTS + 1) * 8;
   char *many = malloc(m + 1);
   TT_REQUIRE(many != NULL);
-  for (size_t i = 0; i < m; i += 3)
-    memcpy(many + i, "h\n\n", 3);
-  many[m] = '\0';
+  size_t at = 0;
+  for (int i = 0; i <= LOOM_HOSTFILE_MAX_HOSTS; i++)
+    at += (size_t)snprintf(many + at, m + 1 - at, "h%d\n\n", i);
   rejects(many, "more than 4096 hosts");
   free(many);
 }
@@ -164,6 +180,7 @@ int main(void) {
   TT_RUN(accepted_forms);
   TT_RUN(bad_slots);
   TT_RUN(bad_names);
+  TT_RUN(duplicate_hosts);
   TT_RUN(bad_files);
   TT_RUN(read_file);
   return tt_finish();
