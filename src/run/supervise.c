@@ -1787,6 +1787,10 @@ static bool after_failure(job *jb, int attempt, const loom_run_result *r,
   *rc = failure_code(&f, r);
   loom_run_result rr = *r;
   rr.code = *rc;
+  /* The launcher's death is the reason only when its status is the one
+   * reported: not when a rank's record gave the code, nor when the
+   * launcher is the rank itself (-n 1: its signal is a rank's). */
+  rr.launcher_killed = r->launcher_killed && !f.found && used != LAUNCH_DIRECT;
   char why[160];
   describe_failure(&rr, why, sizeof why);
   if (f.found) {

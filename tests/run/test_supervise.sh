@@ -84,6 +84,16 @@ t1=$(date +%s)
   && ok "exit recorded, process stuck: rc 3 in $((t1 - t0)) s" || { bad "stuck exit: rc $rc in $((t1 - t0)) s"; cat "$tmp/e1b"; }
 no_leftovers "stuck exit"
 
+# 1c. The same under -n 1, where the launcher is the rank itself: loom run's
+#     own SIGKILL of the stuck rank is no launcher death (it was reported
+#     as "the launcher died from signal 9" whenever the kill won the race
+#     with the rank's exit; stuck-exit makes it win every time).
+"$LOOM" run -n 1 --timeout 60 --max-restarts 1 --restart-delay 0 "$FAKE" --steps 5 --fault 0:3:stuck-exit "$marker" 2>"$tmp/e1c"; rc=$?
+[ $rc = 0 ] && grep -q "^loom run: rank 0 (host $host, pid [0-9]*) exited with code 3 after step 3" "$tmp/e1c" \
+  && grep -q "^loom run: job failed (exit code 3) after [0-9.]* s; restart 1 of 1" "$tmp/e1c" && ! grep -q "launcher died" "$tmp/e1c" \
+  && ok "-n 1, exit recorded, process killed by loom run: exit code 3, no launcher death" || { bad "-n 1 stuck exit: rc $rc"; cat "$tmp/e1c"; }
+no_leftovers "-n 1 stuck exit"
+
 # 2. A fatal signal, recorded by the rank's handler.
 "$LOOM" run -n 3 "$FAKE" --fault 2:4:segv "$marker" 2>"$tmp/e2"; rc=$?
 [ $rc = 139 ] && ok "segv: rc 139" || bad "segv: rc $rc"
