@@ -263,7 +263,8 @@ static const loom_config_key keys[] = {
          "the scale doubles"),
     /* checkpoint */
     KBOOL("checkpoint.enabled", checkpoint.enabled, "true", 0,
-          "write checkpoints"),
+          "write checkpoints (false still resumes from those there: see "
+          "--resume)"),
     KSTR("checkpoint.dir", checkpoint.dir, "\"\"", LO,
          "directory of the checkpoints; empty: <log.run_dir>/ckpt"),
     KINT("checkpoint.every", checkpoint.every, "0", 0, NOMAX, 0,

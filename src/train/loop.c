@@ -690,12 +690,13 @@ static loom_status setup_local(loom_trainer *t) {
 }
 
 /* Whether loom_train_ckpt_resume may load a checkpoint (its early returns
- * aside, it depends on what is on disk after the gate). */
+ * aside, it depends on what is on disk after the gate). checkpoint.enabled
+ * is about writing: a run that writes none still resumes. */
 static bool may_resume(const loom_trainer *t) {
   if (strcmp(t->resume, "never") == 0)
     return false;
   if (strcmp(t->resume, "auto") == 0)
-    return t->cfg.checkpoint.enabled && t->cfg.checkpoint.dir[0];
+    return t->cfg.checkpoint.dir[0] != '\0';
   return true;
 }
 

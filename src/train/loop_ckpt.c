@@ -572,8 +572,10 @@ loom_status loom_train_ckpt_resume(loom_trainer *t) {
   const char *how = t->opts.resume;
   if (strcmp(how, "never") == 0)
     return LOOM_OK;
-  if (strcmp(how, "auto") == 0 &&
-      (!t->cfg.checkpoint.enabled || !t->cfg.checkpoint.dir[0]))
+  /* checkpoint.enabled says whether this run writes checkpoints; those
+   * already there are still its state to go on from (training afresh over
+   * them, with metrics.jsonl begun anew, threw that away without a word). */
+  if (strcmp(how, "auto") == 0 && !t->cfg.checkpoint.dir[0])
     return LOOM_OK;
   loom_ckpt_open_opts oo = loom_ckpt_open_opts_default();
   const loom_model *layout = t->whole ? t->whole : t->model;
@@ -594,6 +596,12 @@ loom_status loom_train_ckpt_resume(loom_trainer *t) {
               loom_ckpt_get_meta(c)->world_size == 1 ? "" : "s",
               (long long)loom_ckpt_get_meta(c)->data.epoch,
               (long long)loom_ckpt_get_meta(c)->data.sample);
+  if (s == LOOM_OK && t->rank == 0 && !t->opts.quiet &&
+      !t->cfg.checkpoint.enabled)
+    LOOM_INFO("checkpoint.enabled is false: resumed all the same (it "
+              "governs writing); this run writes no checkpoint, so %s stays "
+              "the newest (--resume never starts afresh)",
+              loom_ckpt_path(c));
   loom_ckpt_close(c);
   if (s != LOOM_OK)
     return loom_error_context(s, "resuming");

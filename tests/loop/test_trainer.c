@@ -122,6 +122,66 @@ TT_TEST(test_resume_mlp_bitwise) { check_resume(mlp_yaml, "mlp", 6); }
 
 TT_TEST(test_resume_gpt_bitwise) { check_resume(gpt_yaml, "gpt", 4); }
 
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return NULL;
+  char *buf = calloc(1, 1 << 20);
+  if (buf && fread(buf, 1, (1 << 20) - 1, f) == 0)
+    buf[0] = '\0';
+  fclose(f);
+  return buf;
+}
+
+/* checkpoint.enabled=false governs writing: --resume auto still goes on
+ * from the checkpoint there (it trained afresh over it and began
+ * metrics.jsonl anew), ends with the uninterrupted run's bits, and writes
+ * no checkpoint. */
+TT_TEST(test_resume_with_checkpoints_disabled) {
+  float *full = NULL;
+  int64_t n = 0;
+  train(mlp_yaml, "off_full", 0, "log.every=1", &full, &n);
+  TT_REQUIRE(full != NULL);
+  loom_config cfg;
+  TT_REQUIRE_OK(load(&cfg, mlp_yaml, "off", "log.every=1"));
+  loom_train_opts o = loom_train_opts_default();
+  o.quiet = true;
+  o.resume = "never";
+  o.stop_at = 6;
+  loom_trainer *t;
+  loom_train_result r;
+  TT_REQUIRE_OK(loom_trainer_new(&t, &cfg, &o));
+  TT_CHECK_OK(loom_trainer_run(t, &r));
+  loom_trainer_free(t);
+  char mpath[256], ckpt[256];
+  snprintf(mpath, sizeof mpath, "%s/off/metrics.jsonl", tmp_root);
+  snprintf(ckpt, sizeof ckpt, "%s/off/ckpt", tmp_root);
+  char *before = slurp(mpath);
+  TT_REQUIRE(before != NULL && strstr(before, "\"step\":6") != NULL);
+  cfg.checkpoint.enabled = false;
+  o.stop_at = 0;
+  o.resume = "auto";
+  TT_REQUIRE_OK(loom_trainer_new(&t, &cfg, &o));
+  TT_CHECK_OK(loom_trainer_run(t, &r));
+  TT_CHECK_EQ(r.start_step, 6);
+  TT_CHECK_EQ(r.steps, cfg.train.steps);
+  TT_CHECK(!r.saved);
+  loom_model *m = loom_trainer_model(t);
+  TT_CHECK_EQ(loom_model_num_params(m), n);
+  TT_CHECK(memcmp(loom_model_params(m), full, (size_t)n * sizeof(float)) == 0);
+  loom_trainer_free(t);
+  char *after = slurp(mpath);
+  TT_REQUIRE(after != NULL);
+  TT_CHECK(strncmp(after, before, strlen(before)) == 0); /* appended */
+  TT_CHECK(strstr(after, "\"step\":14") != NULL);
+  int64_t latest = -1;
+  TT_CHECK_OK(loom_ckpt_read_latest(ckpt, &latest));
+  TT_CHECK_EQ(latest, 6);
+  free(before);
+  free(after);
+  free(full);
+}
+
 TT_TEST(test_accumulation_equals_big_batch) {
   float *big, *acc;
   int64_t n1 = 0, n2 = 0;
@@ -236,6 +296,7 @@ int main(void) {
   fclose(f);
   TT_RUN(test_resume_mlp_bitwise);
   TT_RUN(test_resume_gpt_bitwise);
+  TT_RUN(test_resume_with_checkpoints_disabled);
   TT_RUN(test_accumulation_equals_big_batch);
   TT_RUN(test_missing_data_is_clear_error);
   TT_RUN(test_step_and_epoch_limits);
