@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1647,6 +1648,28 @@ static bool not_restartable(int rc, double seconds) {
   return true;
 }
 
+/* LOOM_RUN_JOB, the same in every attempt: the trainer records it in its
+ * checkpoints, and a restart goes on from the newest one it names rather
+ * than from what --resume named for the first attempt (which the job's
+ * own saves may have pruned since), never from another run's checkpoint
+ * in the same directory. Inside SLURM the job's id, which a requeue
+ * keeps; elsewhere 64 random bits. */
+static void set_job_id(void) {
+  char id[64];
+  const char *slurm = getenv("SLURM_JOB_ID");
+  if (in_slurm() && slurm && *slurm && strlen(slurm) < 32 &&
+      strspn(slurm, "0123456789") == strlen(slurm)) {
+    snprintf(id, sizeof id, "slurm-%s", slurm);
+  } else {
+    uint64_t r = 0;
+    if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
+      r = (uint64_t)time(NULL) << 20 ^ (uint64_t)getpid() ^
+          (uint64_t)(loom_time_now() * 1e9);
+    snprintf(id, sizeof id, "run-%016llx", (unsigned long long)r);
+  }
+  setenv("LOOM_RUN_JOB", id, 1);
+}
+
 /* The job's directory for the ranks' status files (a fresh one per job,
  * one per attempt inside it, all removed at the end) and the --report
  * file. 0, or the exit code. */
@@ -1857,6 +1880,8 @@ int loom_run_main(int argc, char **argv) {
   if (bad)
     return bad;
   jb.jobdir = jobdir;
+  if (!o.dry_run)
+    set_job_id();
   double t_job = loom_time_now();
   int rc = 0, prev_np = 0;
   /* The supervise loop: start the group, wait, classify, maybe again. */

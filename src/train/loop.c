@@ -693,6 +693,8 @@ static loom_status setup_local(loom_trainer *t) {
  * aside, it depends on what is on disk after the gate). checkpoint.enabled
  * is about writing: a run that writes none still resumes. */
 static bool may_resume(const loom_trainer *t) {
+  if (loom_train_job_restart(t))
+    return true;
   if (strcmp(t->resume, "never") == 0)
     return false;
   if (strcmp(t->resume, "auto") == 0)
@@ -924,6 +926,11 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
            t->opts.resume ? t->opts.resume : "auto");
   t->opts.resume = t->resume;
   t->accumulate = cfg->train.accumulate;
+  s = loom_train_job_init(t);
+  if (s != LOOM_OK) {
+    loom_free(t);
+    return s;
+  }
   t->init_deferred = may_resume(t);
   if (cfg->train.threads > 0)
     loom_set_threads((int)cfg->train.threads);

@@ -1,7 +1,9 @@
 /* The trainer's checkpoints: what state is saved, and resuming from it so a
  * run continues bitwise as if never stopped. */
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "loom/ckpt.h"
@@ -53,6 +55,19 @@ static loom_status fill_meta(loom_trainer *t, loom_ckpt_meta *meta) {
   meta->data.batch = ls.batch;
   meta->data.sample = loom_loader_sample(t->train_loader);
   loom_train_scale_meta(t, meta);
+  if (t->job[0]) {
+    /* extra.job: whose checkpoint this is (a restart of the job goes on
+     * from it, never from another run's in the same directory) */
+    cJSON *x = cJSON_Parse(meta->extra_json ? meta->extra_json : "{}");
+    bool ok = x && cJSON_AddStringToObject(x, "job", t->job) &&
+              cJSON_PrintPreallocated(x, t->ckpt_extra,
+                                      (int)sizeof t->ckpt_extra, false);
+    cJSON_Delete(x);
+    if (!ok)
+      return loom_error(LOOM_ERR_NOMEM, "checkpoint meta: recording job %s",
+                        t->job);
+    meta->extra_json = t->ckpt_extra;
+  }
   return LOOM_OK;
 }
 
@@ -525,6 +540,144 @@ static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
   return LOOM_OK;
 }
 
+loom_status loom_train_job_init(loom_trainer *t) {
+  t->job[0] = '\0';
+  t->restart = 0;
+  const char *rc = getenv("LOOM_RESTART_COUNT");
+  if (rc && *rc) {
+    char *end;
+    long v = strtol(rc, &end, 10);
+    t->restart = *end == '\0' && v > 0 ? v : 0;
+  }
+  const char *job = getenv("LOOM_RUN_JOB");
+  if (!job || !*job)
+    return LOOM_OK;
+  size_t n = strlen(job);
+  bool ok = n <= LOOM_TRAIN_JOB_MAX;
+  for (size_t i = 0; ok && i < n; i++) {
+    char c = job[i];
+    ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+         (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+  }
+  if (!ok)
+    return loom_error(LOOM_ERR_CONFIG,
+                      "LOOM_RUN_JOB: '%.80s%s': a job id is 1 to %d letters, "
+                      "digits, '.', '_' or '-' (loom run sets it; unset it "
+                      "otherwise)",
+                      job, n > 80 ? "..." : "", LOOM_TRAIN_JOB_MAX);
+  memcpy(t->job, job, n + 1);
+  return LOOM_OK;
+}
+
+bool loom_train_job_restart(const loom_trainer *t) {
+  return t->restart > 0 && t->job[0] && t->cfg.checkpoint.dir[0] &&
+         strcmp(t->opts.resume, "auto") != 0;
+}
+
+/* Whether the manifest of the checkpoint in dir records job `job` (read at
+ * LOOM_CKPT_VERIFY_NONE: the manifest alone, self-checked). */
+static bool written_by_job(const char *dir, const char *job) {
+  loom_ckpt_open_opts o = loom_ckpt_open_opts_default();
+  o.verify = LOOM_CKPT_VERIFY_NONE;
+  loom_ckpt *c = NULL;
+  if (loom_ckpt_open(&c, dir, &o) != LOOM_OK || !c)
+    return false; /* unreadable: whose it is cannot be told */
+  const char *extra = loom_ckpt_get_meta(c)->extra_json;
+  cJSON *x = extra ? cJSON_Parse(extra) : NULL;
+  const char *j =
+      cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(x, "job"));
+  bool mine = j && strcmp(j, job) == 0;
+  cJSON_Delete(x);
+  loom_ckpt_close(c);
+  return mine;
+}
+
+/* Rank 0: the newest valid checkpoint under root that job `job` wrote
+ * (*step = -1 when none); each of the job's passed over is named with why.
+ * Checkpoints of other runs in the same directory are never taken, however
+ * new. */
+static loom_status find_job_ckpt(const char *root, const char *job,
+                                 const loom_ckpt_open_opts *oo, int64_t *step) {
+  *step = -1;
+  int64_t *steps = NULL;
+  int n = 0;
+  LOOM_TRY(loom_ckpt_list(root, &steps, &n));
+  loom_status s = LOOM_OK;
+  for (int i = n - 1; i >= 0 && *step < 0; i--) {
+    char dir[LOOM_CONFIG_STR_MAX + 64];
+    s = loom_ckpt_dir_name(root, steps[i], dir, sizeof dir);
+    if (s != LOOM_OK)
+      break;
+    if (!written_by_job(dir, job))
+      continue;
+    loom_ckpt *c = NULL;
+    s = loom_ckpt_open(&c, dir, oo);
+    if (s == LOOM_OK && c && loom_ckpt_get_meta(c)->step == steps[i]) {
+      *step = steps[i];
+    } else if (s == LOOM_ERR_NOMEM) {
+      loom_ckpt_close(c);
+      break;
+    } else {
+      LOOM_WARN("checkpoint %s of this job is not usable, passing over it: "
+                "%s",
+                dir,
+                s == LOOM_OK ? "its manifest names another step"
+                             : loom_last_error());
+    }
+    s = LOOM_OK;
+    loom_ckpt_close(c);
+  }
+  loom_free(steps);
+  return s;
+}
+
+/* A restart of a loom run job (LOOM_RESTART_COUNT > 0, LOOM_RUN_JOB set)
+ * with --resume never or DIR: the newest valid checkpoint this job wrote
+ * in an earlier attempt, so its progress is kept (and a DIR pruned since
+ * by checkpoint.keep is not needed). *c = NULL when it wrote none: the
+ * attempt then starts as the first did. */
+static loom_status
+open_job_resume(loom_trainer *t, const loom_ckpt_open_opts *oo, loom_ckpt **c) {
+  *c = NULL;
+  const char *root = t->cfg.checkpoint.dir;
+  int64_t step = -1;
+  loom_status s = LOOM_OK;
+  if (t->rank == 0)
+    s = find_job_ckpt(root, t->job, oo, &step);
+  s = loom_train_agree(t, s, "finding this job's latest checkpoint");
+  if (s != LOOM_OK)
+    return loom_error_context(s, "resuming job %s from %s", t->job, root);
+  if (t->nranks > 1) {
+    loom_req r = LOOM_REQ_INIT;
+    LOOM_TRY(loom_broadcast(&step, &step, 1, LOOM_I64, 0, t->world, &r));
+    LOOM_TRY(loom_wait(&r));
+  }
+  if (step < 0) {
+    if (t->rank == 0 && !t->opts.quiet)
+      LOOM_INFO("restart %ld of job %s: no checkpoint of this job in %s yet; "
+                "starting as the first attempt did (--resume %s)",
+                t->restart, t->job, root, t->opts.resume);
+    return LOOM_OK;
+  }
+  char dir[LOOM_CONFIG_STR_MAX + 64];
+  loom_ckpt_open_opts light = *oo;
+  light.verify = LOOM_CKPT_VERIFY_META;
+  s = loom_ckpt_dir_name(root, step, dir, sizeof dir);
+  if (s == LOOM_OK)
+    s = loom_ckpt_open(c, dir, t->rank == 0 ? oo : &light);
+  s = loom_train_agree(t, s, "opening this job's checkpoint to resume from");
+  if (s != LOOM_OK) { /* opened here, failed elsewhere */
+    loom_ckpt_close(*c);
+    *c = NULL;
+    return s;
+  }
+  if (t->rank == 0 && !t->opts.quiet)
+    LOOM_INFO("restart %ld of job %s: going on from the job's newest "
+              "checkpoint, not --resume %s",
+              t->restart, t->job, t->opts.resume);
+  return s;
+}
+
 /* Opens the checkpoint to resume from, the same on every rank: rank 0
  * finds it (checking it fully), the others open that step with the light
  * checks. *c = NULL when there is none. */
@@ -570,7 +723,8 @@ static loom_status open_resume(loom_trainer *t, const loom_ckpt_open_opts *oo,
 
 loom_status loom_train_ckpt_resume(loom_trainer *t) {
   const char *how = t->opts.resume;
-  if (strcmp(how, "never") == 0)
+  const bool job_restart = loom_train_job_restart(t);
+  if (strcmp(how, "never") == 0 && !job_restart)
     return LOOM_OK;
   /* checkpoint.enabled says whether this run writes checkpoints; those
    * already there are still its state to go on from (training afresh over
@@ -582,7 +736,10 @@ loom_status loom_train_ckpt_resume(loom_trainer *t) {
   oo.layout_hash = loom_ckpt_layout_hash(loom_model_view(layout, 0),
                                          loom_model_num_views(layout));
   loom_ckpt *c = NULL;
-  LOOM_TRY(open_resume(t, &oo, &c));
+  if (job_restart)
+    LOOM_TRY(open_job_resume(t, &oo, &c));
+  if (!c && strcmp(how, "never") != 0)
+    LOOM_TRY(open_resume(t, &oo, &c));
   if (!c)
     return LOOM_OK;
   loom_status s = restore(t, c);

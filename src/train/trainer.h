@@ -12,6 +12,9 @@
 #include "loom/parallel.h"
 #include "loom/train.h"
 
+/* Characters of a job id (LOOM_RUN_JOB). */
+#define LOOM_TRAIN_JOB_MAX 64
+
 /* Seconds of one step (or a window of steps) by phase. comm_wait is the
  * time blocked on gradient reductions after backward; reduce the
  * communication thread's time on them (hidden = reduce - comm_wait). */
@@ -185,6 +188,13 @@ struct loom_trainer {
    * random draws; they are made only when none was loaded after all. */
   bool init_deferred;
   bool resumed; /* the state came from a checkpoint */
+  /* The loom run job this process belongs to (LOOM_RUN_JOB; "" without),
+   * recorded in each checkpoint's manifest, and whether this is a restart
+   * of it (LOOM_RESTART_COUNT > 0): a restart goes on from the job's own
+   * newest checkpoint, whatever --resume says. */
+  char job[LOOM_TRAIN_JOB_MAX + 1];
+  long restart;
+  char ckpt_extra[320]; /* the manifest's extra JSON: the scaler's, the job */
 
   /* Fault injection (LOOM_FAULT): this rank's faults, armed in a job's
    * first attempt only. */
@@ -219,8 +229,16 @@ void loom_train_set_world(int rank, int world);
 loom_status loom_train_agree(loom_trainer *t, loom_status mine,
                              const char *what);
 
+/* Reads LOOM_RUN_JOB and LOOM_RESTART_COUNT into t->job and t->restart;
+ * LOOM_ERR_CONFIG for a job id that is not 1 to 64 letters, digits, '.',
+ * '_' or '-'. */
+loom_status loom_train_job_init(loom_trainer *t);
+/* Whether this is a restart of a loom run job that may go on from the
+ * job's own checkpoint, whatever opts.resume says. */
+bool loom_train_job_restart(const loom_trainer *t);
 /* Restores the state from a checkpoint as opts.resume says (a no-op for
- * "never" or when "auto" finds none). Collective. */
+ * "never" or when "auto" finds none; a restart of a job first looks for
+ * the job's own newest checkpoint). Collective. */
 loom_status loom_train_ckpt_resume(loom_trainer *t);
 /* Makes what saves need before the loop (the async snapshot). */
 loom_status loom_train_ckpt_prepare(loom_trainer *t);
