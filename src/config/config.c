@@ -211,7 +211,10 @@ static const loom_config_key keys[] = {
          "stops at the first one reached"),
     KINT("train.batch_size", train.batch_size, "32", 1, 16777216, AU,
          "samples per micro-batch on each rank (the global batch is "
-         "batch_size x accumulate x world size), or auto: the largest that "
+         "batch_size x accumulate x world size; with "
+         "parallel.deterministic, the rows of one virtual shard and the "
+         "global batch batch_size x accumulate x parallel.virtual_shards), "
+         "or auto: the largest that "
          "fits in memory, found by loom train before it starts (alone: "
          "real trial steps as --find-batch-size; under loom run or MPI: "
          "loom estimate's answer for 80% of the host's memory shared by its "

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "loom/ckpt.h"
 #include "loom/run.h"
@@ -681,16 +682,49 @@ open_job_resume(loom_trainer *t, const loom_ckpt_open_opts *oo, loom_ckpt **c) {
 /* Opens the checkpoint to resume from, the same on every rank: rank 0
  * finds it (checking it fully), the others open that step with the light
  * checks. *c = NULL when there is none. */
+/* --resume PATH that names checkpoints rather than one, as loom ckpt takes
+ * them: a checkpoint directory's root (its `latest` or step directories),
+ * that root's `latest` file, or a run directory (its ckpt/). The root into
+ * buf; false when PATH is none of these (one checkpoint, or nothing). */
+static bool resume_root(const char *path, char *buf, size_t n) {
+  struct stat st;
+  char probe[LOOM_CONFIG_STR_MAX + 64];
+  snprintf(probe, sizeof probe, "%s/manifest.json", path);
+  if (lstat(probe, &st) == 0)
+    return false; /* a checkpoint */
+  size_t len = strlen(path);
+  if (len >= 7 && strcmp(path + len - 7, "/latest") == 0 &&
+      lstat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+    snprintf(buf, n, "%.*s", (int)(len - 7), path);
+    return true;
+  }
+  snprintf(probe, sizeof probe, "%s/latest", path);
+  if (lstat(probe, &st) == 0 || loom_ckpt_has_step_dirs(path)) {
+    snprintf(buf, n, "%s", path);
+    return true;
+  }
+  snprintf(probe, sizeof probe, "%s/ckpt", path);
+  if (stat(probe, &st) == 0 && S_ISDIR(st.st_mode)) {
+    snprintf(buf, n, "%s", probe);
+    return true;
+  }
+  return false;
+}
+
 static loom_status open_resume(loom_trainer *t, const loom_ckpt_open_opts *oo,
                                loom_ckpt **c) {
   const char *how = t->opts.resume;
   const char *root = t->cfg.checkpoint.dir;
+  char named[LOOM_CONFIG_STR_MAX + 64];
   loom_ckpt_open_opts light = *oo;
   light.verify = LOOM_CKPT_VERIFY_META;
   *c = NULL;
   if (strcmp(how, "auto") != 0) {
-    loom_status s = loom_ckpt_open(c, how, t->rank == 0 ? oo : &light);
-    return loom_train_agree(t, s, "opening the checkpoint to resume from");
+    if (!resume_root(how, named, sizeof named)) {
+      loom_status s = loom_ckpt_open(c, how, t->rank == 0 ? oo : &light);
+      return loom_train_agree(t, s, "opening the checkpoint to resume from");
+    }
+    root = named; /* its newest valid checkpoint, as auto in its own */
   }
   char dir[LOOM_CONFIG_STR_MAX + 64];
   int64_t step = -1;
@@ -705,6 +739,11 @@ static loom_status open_resume(loom_trainer *t, const loom_ckpt_open_opts *oo,
     LOOM_TRY(loom_broadcast(&step, &step, 1, LOOM_I64, 0, t->world, &r));
     LOOM_TRY(loom_wait(&r));
   }
+  if (step < 0 && root == named)
+    return loom_error(LOOM_ERR_CONFIG,
+                      "--resume %s: no valid checkpoint in %s (each one "
+                      "passed over is named above with the reason)",
+                      how, root);
   if (step < 0) {
     /* Nothing usable: a fresh start. When something was passed over (each
      * named above, with why), say what happens now. */

@@ -136,6 +136,17 @@ run "$LOOM" train "${ARGS[@]}" --set optim.name=adamw --steps 24
 check "other optimizer: exit 2" test "$rc" -eq 2
 check "other optimizer: message" grep -q "step_00000020: saved with optimizer 'sgd', the config says 'adamw'" <<<"$out"
 check "other optimizer: checkpoint kept" test -d "$T/run/ckpt/step_00000020"
+# --resume with a checkpoint directory, its latest file or a run directory,
+# as loom ckpt reads them: the newest valid checkpoint there.
+i=0
+for form in "$T/run/ckpt" "$T/run/ckpt/latest" "$T/run"; do
+  i=$((i + 1))
+  LOOM_LOG=info run "$LOOM" train "${ARGS[@]}" --resume "$form" --set "log.run_dir=$T/form$i"
+  check "--resume $form: exit 0" test "$rc" -eq 0
+  check "--resume $form: from step 20" grep -q "resuming from $T/run/ckpt/step_00000020 (step 20" <<<"$out"
+done
+run "$LOOM" train "${ARGS[@]}" --resume "$T/emptydir/" --set "log.run_dir=$T/form_none"
+check "--resume of a directory without checkpoints: an error" test "$rc" -ne 0
 check "metrics lines" test "$(grep -c '"loss"' "$T/run/metrics.jsonl")" -eq 4
 check "eval lines" test "$(grep -c '"val_accuracy"' "$T/run/metrics.jsonl")" -ge 2
 
