@@ -86,7 +86,10 @@ fail:
   return st;
 }
 
-/* dir/stem.gz if present, else dir/stem; *found false when neither is. */
+/* dir/stem.gz if present, else dir/stem; *found false when neither is.
+ * A name that is there but cannot be opened as a file (a symbolic link in
+ * a loop, or to nothing) counts as found, so that reading it names it and
+ * says why. */
 static loom_status find_idx(const char *dir, const char *stem, char *buf,
                             size_t cap, bool *found) {
   struct stat sb;
@@ -97,7 +100,10 @@ static loom_status find_idx(const char *dir, const char *stem, char *buf,
   if (stat(buf, &sb) == 0)
     return LOOM_OK;
   snprintf(buf, cap, "%s/%s", dir, stem);
-  if (stat(buf, &sb) == 0)
+  if (stat(buf, &sb) == 0 || lstat(buf, &sb) == 0)
+    return LOOM_OK;
+  snprintf(buf, cap, "%s/%s.gz", dir, stem);
+  if (lstat(buf, &sb) == 0)
     return LOOM_OK;
   snprintf(buf, cap, "%s/%s.gz", dir, stem); /* name the usual file */
   *found = false;
@@ -159,13 +165,20 @@ loom_status loom_dataset_open_fashion(loom_dataset **out, const char *dir,
   LOOM_TRY(fashion_paths(dir, split, images, labels));
   loom_dataset *ds = NULL;
   LOOM_TRY(loom_dataset_open_idx(&ds, images, labels, opts));
-  if (ds->C != 1 || ds->H != 28 || ds->W != 28 || ds->classes > 10) {
+  if (ds->C != 1 || ds->H != 28 || ds->W != 28) {
     loom_status st = loom_error(
         LOOM_ERR_CORRUPT,
-        "%s: not Fashion-MNIST: images are %lldx%lldx%lld with %lld classes "
-        "(expected 1x28x28, 10 classes)",
-        images, (long long)ds->C, (long long)ds->H, (long long)ds->W,
-        (long long)ds->classes);
+        "%s: not Fashion-MNIST: images are %lldx%lldx%lld (expected 1x28x28)",
+        images, (long long)ds->C, (long long)ds->H, (long long)ds->W);
+    loom_dataset_free(ds);
+    return st;
+  }
+  if (ds->classes > 10) {
+    loom_status st = loom_error(
+        LOOM_ERR_CORRUPT,
+        "%s: not Fashion-MNIST: a label is %lld (expected 10 classes, labels "
+        "0 to 9)",
+        labels, (long long)ds->classes - 1);
     loom_dataset_free(ds);
     return st;
   }

@@ -71,6 +71,28 @@ run "$LOOM" train "$SRC/examples/small_mlp.yaml" --set "data.path=$T/emptydir" \
   --set "log.run_dir=$T/run_fdir" --resume never
 check "fashion files missing: exit 2" test "$rc" -eq 2
 check "fashion files missing: names the file" grep -q "emptydir/train-images-idx3-ubyte.gz is missing" <<<"$out"
+# A label outside Fashion-MNIST's 10 classes names the labels file; a
+# symbolic link in a loop is named as what it is, not as missing.
+mkdir -p "$T/fm"
+for f in /usr/share/datasets/fashion-mnist/*-idx*-ubyte.gz; do ln -s "$f" "$T/fm/"; done
+rm "$T/fm/train-labels-idx1-ubyte.gz"
+python3 - "$T/fm" <<'PY'
+import gzip, sys
+b = bytearray(gzip.open('/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz').read())
+b[100] = 12
+gzip.open(sys.argv[1] + '/train-labels-idx1-ubyte.gz', 'wb').write(bytes(b))
+PY
+run "$LOOM" train "$SRC/examples/small_mlp.yaml" --set "data.path=$T/fm" \
+  --set "log.run_dir=$T/run_fm" --resume never
+check "label 12: exit 2" test "$rc" -eq 2
+check "label 12: the labels file named" test "$out" = "loom train: $T/fm/train-labels-idx1-ubyte.gz: not Fashion-MNIST: a label is 12 (expected 10 classes, labels 0 to 9)"
+rm "$T/fm/train-labels-idx1-ubyte.gz"
+ln -s loop_b "$T/fm/train-labels-idx1-ubyte.gz"
+ln -s train-labels-idx1-ubyte.gz "$T/fm/loop_b"
+run "$LOOM" train "$SRC/examples/small_mlp.yaml" --set "data.path=$T/fm" \
+  --set "log.run_dir=$T/run_fm2" --resume never
+check "link loop: exit 2" test "$rc" -eq 2
+check "link loop: named as a loop" grep -q "train-labels-idx1-ubyte.gz: Too many levels of symbolic links" <<<"$out"
 run "$LOOM" train missing.yaml
 check "missing file" test "$rc" -eq 2 -a "$out" = "loom train: missing.yaml: cannot open config: No such file or directory"
 run "$LOOM" train "$SRC/examples/small_mlp.yaml" --set optim.lr=x
