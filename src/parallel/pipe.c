@@ -802,16 +802,21 @@ static loom_status bwd(loom_pipe *p, const int64_t *rows, int n, int i,
   return post_recv(p, rows, n, i + p->K);
 }
 
-/* The micro-batches with rows, in order; their number. */
-static int list_active(loom_pipe *p, int m, const int64_t *rows) {
-  int n = 0;
+/* The micro-batches with rows, in order, into p->active; their number in
+ * *n, or the error of a micro-batch larger than planned. */
+static loom_status list_active(loom_pipe *p, int m, const int64_t *rows,
+                               int *n) {
+  *n = 0;
   for (int mb = 0; mb < m; mb++) {
     if (rows[mb] > p->in_shape.dim[0] || rows[mb] < 0)
-      return -1;
+      return loom_error(LOOM_ERR_INVALID_ARG,
+                        "pipeline: a micro-batch has more rows than planned "
+                        "(%lld)",
+                        (long long)p->in_shape.dim[0]);
     if (rows[mb] > 0)
-      p->active[n++] = mb;
+      p->active[(*n)++] = mb;
   }
-  return n;
+  return LOOM_OK;
 }
 
 /* Every send and receive of the slots complete. */
@@ -862,12 +867,8 @@ static loom_status run_schedule(loom_pipe *p, const int64_t *rows, int n,
 
 loom_status loom_pipe_step(loom_pipe *p, const int64_t *rows,
                            const loom_pipe_io *io) {
-  int n = list_active(p, p->M, rows);
-  if (n < 0)
-    return loom_error(LOOM_ERR_INVALID_ARG,
-                      "pipeline: a micro-batch has more rows than planned "
-                      "(%lld)",
-                      (long long)p->in_shape.dim[0]);
+  int n;
+  LOOM_TRY(list_active(p, p->M, rows, &n));
   LOOM_TRY(refresh_half(p));
   double t0 = loom_time_now();
   p->wait_now = 0;
@@ -894,12 +895,8 @@ loom_status loom_pipe_forward(loom_pipe *p, int n, const int64_t *rows,
     p->active = a;
     p->active_cap = n;
   }
-  int na = list_active(p, n, rows);
-  if (na < 0)
-    return loom_error(LOOM_ERR_INVALID_ARG,
-                      "pipeline: a micro-batch has more rows than planned "
-                      "(%lld)",
-                      (long long)p->in_shape.dim[0]);
+  int na;
+  LOOM_TRY(list_active(p, n, rows, &na));
   LOOM_TRY(refresh_half(p));
   for (int i = 0; i < p->K && i < na; i++)
     LOOM_TRY(post_recv(p, rows, na, i));
