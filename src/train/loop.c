@@ -1659,6 +1659,9 @@ static loom_status optim_step(loom_trainer *t, float lr, double *gnorm,
 static loom_status open_outputs(loom_trainer *t) {
   const loom_config *cfg = &t->cfg;
   loom_status s = LOOM_OK;
+  if (t->outputs_open) /* a second loom_trainer_run: they stay open */
+    return LOOM_OK;
+  t->outputs_open = true;
   loom_log_file("training from step %lld to %lld", (long long)t->step,
                 (long long)t->total_steps);
   if (!is_rank0(t))

@@ -99,6 +99,7 @@ struct loom_trainer {
   bool tracing;        /* this trainer opened the process's trace */
   FILE *rank_log;      /* log.per_rank: RUN/logs/rank-K.log */
   int run_lock;        /* rank 0: RUN/.lock, held (flock) while training; -1 */
+  bool outputs_open;   /* open_outputs ran (metrics, progress, MLflow) */
   loom_mlflow *mlflow; /* log.mlflow (rank 0) */
   char mlflow_status[16];
   double *unit_t0;    /* (2 x units) trace: when each unit's forward and

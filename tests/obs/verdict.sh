@@ -115,23 +115,27 @@ cmp=$(tr -d '\n' <<<"$cmp")
 mkrun "$tmp/compute" "$cmp" "$cmp" "$cmp"
 verdict "$tmp/compute" "Compute bound: forward, backward and the optimizer are 95% of the step"
 
-# --- a real tp 2 run, rank 1 sleeping 30 ms a step from step 2: rank 0's
+# --- a real tp 2 run, rank 1 sleeping 100 ms a step from step 2: rank 0's
 # tp waits are not its busy time, so rank 1 is the busy one (checked by
-# the 30 ms, not by a ratio that a loaded machine could shrink).
+# half the 100 ms, not by a ratio that a loaded machine could shrink).
 head -c 60000 "$SRC/docs/parallel.md" >"$tmp/text.txt"
-LOOM_FAULT=1:2:slow:0.03 run 2 train "$SRC/examples/small_gpt.yaml" --set "data.path=$tmp/text.txt" \
-  --set parallel.tp=2 --set train.steps=6 --set log.every=2 --set train.eval_every=0 \
+LOOM_FAULT=1:2:slow:0.1 run 2 train "$SRC/examples/small_gpt.yaml" --set "data.path=$tmp/text.txt" \
+  --set parallel.tp=2 --set train.steps=6 --set log.every=3 --set train.eval_every=0 \
   --set checkpoint.enabled=false --set "log.run_dir=$tmp/tpreal" --quiet
 [ $rc = 0 ] || bad "tp 2 run with a slow rank (rc $rc): $(tail -3 "$tmp/out")"
-python3 - "$tmp/tpreal/metrics.jsonl" <<'PY' >"$tmp/check" 2>&1
+python3 - "$tmp/tpreal/metrics.jsonl" "${LOOM_TEST_SANITIZED:-}" <<'PY' >"$tmp/check" 2>&1
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1]) if '"step_s"' in l]
 late = lines[-1]
 b, w = late["rank_busy_s"], late["rank_tp_wait_s"]
 assert len(b) == 2 and len(w) == 2, late
-# rank 1 slept 30 ms in each step; rank 0 waited for it at a collective
-assert b[1] > b[0] + 0.02, ("busy", b)
-assert w[0] > w[1] + 0.02, ("tp waits", w)
+# rank 1 slept 100 ms in each step; rank 0 waited for it at a collective.
+# (Under ASan on a loaded machine rank 0's instrumented work, which
+# includes the metrics, once exceeded rank 1's by more than a 30 ms sleep:
+# there only the waits are checked.)
+if not sys.argv[2]:
+    assert b[1] > b[0] + 0.05, ("busy", b)
+assert w[0] > w[1] + 0.05, ("tp waits", w)
 print("ok", b, w, late["busy_skew"])
 PY
 grep -q '^ok' "$tmp/check" && ok "tp 2, slow rank 1: $(cat "$tmp/check")" ||
