@@ -861,8 +861,17 @@ static loom_status lock_run_dir(loom_trainer *t) {
   if (fd < 0)
     return loom_error(LOOM_ERR_IO, "%s: cannot open: %s", path,
                       loom_fs_strerror(errno));
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    int e = errno;
+  const int lk = flock(fd, LOCK_EX | LOCK_NB) == 0 ? 0 : errno;
+  if (lk != 0 && lk != EWOULDBLOCK) {
+    /* a file system without locks (ENOLCK on some NFS mounts): train, as
+     * before the lock existed, and say so */
+    LOOM_WARN("%s: cannot lock (%s): a second run in %s would not be "
+              "stopped",
+              path, strerror(lk), dir);
+    close(fd);
+    return LOOM_OK;
+  }
+  if (lk == EWOULDBLOCK) {
     close(fd);
     char who[128] = "";
     ssize_t n = 0;
@@ -873,8 +882,6 @@ static loom_status lock_run_dir(loom_trainer *t) {
     }
     who[n > 0 ? n : 0] = '\0';
     who[strcspn(who, "\n")] = '\0';
-    if (e != EWOULDBLOCK)
-      return loom_error(LOOM_ERR_IO, "%s: cannot lock: %s", path, strerror(e));
     return loom_error(LOOM_ERR_CONFIG,
                       "log.run_dir %s is in use by another run (%s): two runs "
                       "in one directory would overwrite each other's "
