@@ -796,12 +796,13 @@ int loom_run_wait(pid_t pid, double timeout_s, loom_run_watch *watch,
   res->stopped_by = stop_sig;
   if (WIFSIGNALED(status)) {
     res->signal = WTERMSIG(status);
-    /* Not the launcher's own death when loom run sent a signal: its
-     * SIGKILL of the session, a stop passed on, or, once a rank had
-     * failed, the SIGKILL of every local rank (under -n 1 the launcher
-     * is the rank, killed on its way out after it recorded its exit). */
-    res->launcher_killed =
-        !killed && !forwarded && !res->timed_out && fail_at == 0;
+    /* Not the launcher's own death when loom run killed the session or
+     * passed a stop on. (Under -n 1 the launcher is the rank, which loom
+     * run may kill on its way out after it recorded its exit: the
+     * supervisor never blames a launcher there. A rank seen failing first
+     * does not clear it: killing MPICH's mpiexec takes its ranks down
+     * before loom run sees the launcher go.) */
+    res->launcher_killed = !killed && !forwarded && !res->timed_out;
     res->code = 128 + res->signal;
   } else if (WIFEXITED(status)) {
     res->code = launcher_exit_code(status);
