@@ -317,9 +317,8 @@ static inline int loom_kern_nthreads_flops(int64_t tasks, double flops) {
  * (forward: 1; backward: 1 each for the input and the weight gradient). */
 static inline double loom_kern_conv_flops(const loom_conv2d_dims *d,
                                           int products) {
-  const double oh = (d->H + 2 * d->pad - d->KH) / d->stride + 1;
-  const double ow = (d->W + 2 * d->pad - d->KW) / d->stride + 1;
-  return 2.0 * products * d->N * oh * ow * d->OC * d->C * d->KH * d->KW;
+  return 2.0 * products * d->N * loom_conv2d_out_h(d) * loom_conv2d_out_w(d) *
+         d->OC * d->C * d->KH * d->KW;
 }
 
 /* ---- GEMM used by other kernels (gemm.c) */

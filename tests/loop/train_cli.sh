@@ -128,11 +128,12 @@ check "val token outside vocab: file and position" test "$out" = \
 mkdir -p "$T/held"
 echo "pid 4242 on elsewhere" >"$T/held/.lock"
 echo keep >"$T/held/metrics.jsonl"
-flock -n "$T/held/.lock" sleep 120 </dev/null >/dev/null 2>&1 &
+# the holder is the sleep itself (the subshell execs it), so killing it
+# ends the lock: no process tool needed
+(exec 9>>"$T/held/.lock" && flock -n 9 && exec sleep 120) </dev/null >/dev/null 2>&1 &
 holder=$!
 for _ in $(seq 100); do flock -n "$T/held/.lock" true 2>/dev/null || break; sleep 0.1; done
 run "$LOOM" train "$SRC/examples/small_mlp.yaml" --set "log.run_dir=$T/held" --resume never
-pkill -P "$holder" 2>/dev/null
 kill "$holder" 2>/dev/null
 wait "$holder" 2>/dev/null
 check "held run dir: exit 2" test "$rc" -eq 2
