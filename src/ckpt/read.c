@@ -566,6 +566,74 @@ static loom_status file_path(const loom_ckpt *c, int i, char *buf, size_t n) {
   return LOOM_OK;
 }
 
+static int cmp_entry_offset(const void *a, const void *b) {
+  const ckpt_entry *x = a, *y = b;
+  return (x->offset > y->offset) - (x->offset < y->offset);
+}
+
+/* The shard's own block index against the manifest: every block the
+ * manifest places in file i must be the entry at that offset, with the same
+ * buffer, dtype, range and checksum. The manifest's checksum covers only
+ * the manifest, so without this a manifest rewritten with a fresh checksum
+ * (two blocks' offsets and CRCs swapped, say) would load one buffer's bytes
+ * as another's. */
+static loom_status check_index(const loom_ckpt *c, int i, int fd,
+                               const char *path, int64_t index_at) {
+  const rfile *f = &c->files[i];
+  size_t ib = (size_t)f->n_blocks * CKPT_ENTRY_BYTES;
+  unsigned char *index = loom_malloc(ib + 1);
+  ckpt_entry *ents = loom_calloc((size_t)f->n_blocks + 1, sizeof *ents);
+  loom_status st = LOOM_OK;
+  if (!index || !ents) {
+    st = loom_error_context(LOOM_ERR_NOMEM, "%s", path);
+    goto done;
+  }
+  LOOM_TRY_GOTO(st, loom_ckpt_pread_all(fd, index, ib, index_at, path), done);
+  if (loom_crc32c(0, index, ib) != f->index_crc) {
+    st = loom_error(LOOM_ERR_CORRUPT,
+                    "%s: block index checksum mismatch (manifest 0x%08x)", path,
+                    f->index_crc);
+    goto done;
+  }
+  for (int e = 0; e < f->n_blocks; e++)
+    if ((st = loom_ckpt_entry_decode(index + (size_t)e * CKPT_ENTRY_BYTES,
+                                     &ents[e])) != LOOM_OK) {
+      loom_error_context(st, "%s: block index entry %d", path, e);
+      goto done;
+    }
+  qsort(ents, (size_t)f->n_blocks, sizeof *ents, cmp_entry_offset);
+  for (int bi = 0; bi < c->n_bufs; bi++) {
+    const rbuffer *b = &c->bufs[bi];
+    for (int k = b->first; k < b->first + b->n; k++) {
+      const rblock *r = &c->blocks[k];
+      if (r->file != i)
+        continue;
+      ckpt_entry key = {.offset = r->offset};
+      const ckpt_entry *e = bsearch(&key, ents, (size_t)f->n_blocks,
+                                    sizeof *ents, cmp_entry_offset);
+      if (!e || strcmp(e->name, b->name) != 0 || e->dtype != b->dtype ||
+          e->total != b->count || e->begin != r->begin ||
+          e->count != r->count || e->crc != r->crc) {
+        st = loom_error(
+            LOOM_ERR_CORRUPT,
+            "%s: the manifest's block of '%s' [%lld, %lld) at byte %lld is "
+            "not in the shard's block index (%s)",
+            path, b->name, (long long)r->begin,
+            (long long)(r->begin + r->count), (long long)r->offset,
+            !e ? "no block starts there"
+               : strcmp(e->name, b->name) != 0 ? "another buffer's block"
+                                                : "its range, dtype or "
+                                                  "checksum differ");
+        goto done;
+      }
+    }
+  }
+done:
+  loom_free(index);
+  loom_free(ents);
+  return st;
+}
+
 /* Size, header and footer of shard file i against the manifest. On success
  * *fd_out holds the open file when fd_out is given. */
 static loom_status check_file_meta(const loom_ckpt *c, int i, int *fd_out) {
@@ -624,6 +692,7 @@ static loom_status check_file_meta(const loom_ckpt *c, int i, int *fd_out) {
                     path, ft.index_crc, f->index_crc);
     goto done;
   }
+  st = check_index(c, i, fd, path, index_at);
 done:
   if (st == LOOM_OK && fd_out)
     *fd_out = fd;

@@ -16,6 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "loom/ckpt.h"
 #include "tt.h"
 
@@ -1224,6 +1226,96 @@ TT_TEST(test_views_checked) {
   TT_CHECK_EQ(step, 1);
 }
 
+/* Swaps the offsets and checksums of two blocks of rank 2's shard in the
+ * manifest (buffer ba's block ka with buffer bb's block kb) and rewrites the
+ * manifest's own checksum, as a forger would. */
+static void swap_blocks(const char *mpath, int ba, int ka, int bb, int kb) {
+  FILE *f = fopen(mpath, "rb");
+  TT_REQUIRE(f != NULL);
+  static char text[65536];
+  size_t len = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[len] = '\0';
+  cJSON *root = cJSON_Parse(text);
+  TT_REQUIRE(root != NULL);
+  cJSON *bufs = cJSON_GetObjectItemCaseSensitive(root, "buffers");
+  cJSON *x[2] = {NULL, NULL};
+  const int b[2] = {ba, bb}, k[2] = {ka, kb};
+  for (int i = 0; i < 2; i++) {
+    cJSON *sh = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(bufs, b[i]),
+                                                 "shards");
+    cJSON *s = cJSON_GetArrayItem(sh, cJSON_GetArraySize(sh) - 1); /* rank 2 */
+    x[i] = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(s, "blocks"),
+                              k[i]);
+    TT_REQUIRE(x[i] != NULL);
+  }
+  const char *keys[2] = {"offset", "crc32c"};
+  for (int j = 0; j < 2; j++) {
+    cJSON *v0 = cJSON_DetachItemFromObjectCaseSensitive(x[0], keys[j]);
+    cJSON *v1 = cJSON_DetachItemFromObjectCaseSensitive(x[1], keys[j]);
+    cJSON_AddItemToObject(x[0], keys[j], v1);
+    cJSON_AddItemToObject(x[1], keys[j], v0);
+  }
+  /* The self-checksum last, as the writer puts it. */
+  cJSON *crc = cJSON_DetachItemFromObjectCaseSensitive(root, "manifest_crc32c");
+  cJSON_AddItemToObject(root, "manifest_crc32c", crc);
+  char *out = cJSON_Print(root);
+  cJSON_Delete(root);
+  TT_REQUIRE(out != NULL);
+  size_t n = strlen(out);
+  fix_manifest_crc(out, n);
+  f = fopen(mpath, "wb");
+  TT_REQUIRE(f != NULL);
+  fwrite(out, 1, n, f);
+  fclose(f);
+  cJSON_free(out);
+}
+
+/* A manifest whose blocks were moved about and whose own checksum was then
+ * recomputed: the shard's block index disagrees, and the checkpoint is
+ * refused rather than loading one buffer's bytes (or another range) as
+ * another's. */
+TT_TEST(test_forged_blocks) {
+  char root[128], dir[512], mpath[600];
+  new_root(root, sizeof root);
+  static state s;
+  make_state(&s, 6);
+  TT_REQUIRE_OK(save_3_ranks(root, 1, &s));
+  loom_ckpt_dir_name(root, 1, dir, sizeof dir);
+  snprintf(mpath, sizeof mpath, "%s/manifest.json", dir);
+  FILE *f = fopen(mpath, "rb");
+  TT_REQUIRE(f != NULL);
+  static char orig[65536];
+  size_t len = fread(orig, 1, sizeof orig, f);
+  fclose(f);
+  TT_CHECK_OK(open_dir(root, 1, LOOM_CKPT_VERIFY_META));
+  loom_ckpt_open_opts oo = loom_ckpt_open_opts_default();
+  loom_ckpt *c = NULL;
+  /* params' first block with m's first block: both 24 floats. */
+  swap_blocks(mpath, 0, 0, 1, 0);
+  for (int v = LOOM_CKPT_VERIFY_META; v <= LOOM_CKPT_VERIFY_FULL; v++) {
+    oo.verify = (loom_ckpt_verify_level)v;
+    TT_CHECK_EQ(loom_ckpt_open(&c, dir, &oo), LOOM_ERR_CORRUPT);
+    TT_CHECK_HAS(loom_last_error(), "shard_00002.bin: the manifest's block "
+                                    "of 'params' [700, 724) at byte");
+    TT_CHECK_HAS(loom_last_error(), "(another buffer's block)");
+  }
+  /* Two blocks of one buffer trade places. */
+  f = fopen(mpath, "wb");
+  fwrite(orig, 1, len, f);
+  fclose(f);
+  TT_CHECK_OK(open_dir(root, 1, LOOM_CKPT_VERIFY_FULL));
+  swap_blocks(mpath, 0, 0, 0, 1);
+  TT_CHECK_EQ(loom_ckpt_open(&c, dir, NULL), LOOM_ERR_CORRUPT);
+  TT_CHECK_HAS(loom_last_error(), "(its range, dtype or checksum differ)");
+  /* The search for a checkpoint to resume from passes over it. */
+  char got[512];
+  int64_t step = -1;
+  oo.verify = LOOM_CKPT_VERIFY_FULL;
+  TT_CHECK_EQ(loom_ckpt_find_latest_valid(root, &oo, got, sizeof got, &step),
+              LOOM_ERR_CORRUPT);
+}
+
 int main(void) {
   loom_log_set_level(LOOM_LOG_WARN);
   snprintf(base_dir, sizeof base_dir, "/tmp/loom_test_ckpt_XXXXXX");
@@ -1245,6 +1337,7 @@ int main(void) {
   TT_RUN(test_misuse);
   TT_RUN(test_fuzz_manifest);
   TT_RUN(test_views_checked);
+  TT_RUN(test_forged_blocks);
   /* Remove the test's directories: base/rN/step_X/files and base/rN/... */
   char cmd[400];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", base_dir);
