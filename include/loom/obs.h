@@ -31,10 +31,14 @@ LOOM_API_BEGIN
 
 typedef struct loom_metrics loom_metrics;
 typedef struct loom_metrics_opts {
-  bool jsonl;       /* RUN_DIR/metrics.jsonl (default true) */
-  bool tensorboard; /* RUN_DIR/tb/events.out.tfevents.* (default false) */
-  bool append;      /* metrics.jsonl: append (a resumed run), else start it
-                       anew; an event file is always a new one */
+  bool jsonl;           /* RUN_DIR/metrics.jsonl (default true) */
+  bool tensorboard;     /* RUN_DIR/tb/events.out.tfevents.* (default false) */
+  bool append;          /* metrics.jsonl: append (a resumed run), else start it
+                           anew; an event file is always a new one */
+  int64_t keep_to_step; /* with append, >= 0: lines of a later step are cut
+                           off first (a run resumed from an older checkpoint
+                           logs those steps again), and so is a last line
+                           left unfinished; default -1: all kept */
   struct loom_mlflow *mlflow; /* every number of a line also as an MLflow
                                  metric at its step (borrowed; NULL: none) */
 } loom_metrics_opts;

@@ -1,10 +1,14 @@
 /* Metric sinks: one JSON object per line in RUN_DIR/metrics.jsonl, and the
  * same numbers as TensorBoard scalars in RUN_DIR/tb/. */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "internal.h"
 #include "loom/obs.h"
@@ -28,8 +32,70 @@ struct loom_metrics {
 };
 
 loom_metrics_opts loom_metrics_opts_default(void) {
-  loom_metrics_opts o = {.jsonl = true, .tensorboard = false, .append = false};
+  loom_metrics_opts o = {
+      .jsonl = true, .tensorboard = false, .append = false, .keep_to_step = -1};
   return o;
+}
+
+/* The byte at which metrics.jsonl stops holding steps <= keep: the start of
+ * its first line of a later step, or of a last line without its newline. */
+static loom_status cut_offset(FILE *r, const char *path, int64_t keep,
+                              off_t *cut) {
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t n;
+  off_t at = 0;
+  *cut = -1;
+  while ((n = getline(&line, &cap, r)) > 0) {
+    const char *k = strstr(line, "\"step\":");
+    if (line[n - 1] != '\n' ||
+        (k && strtoll(k + 7, NULL, 10) > (long long)keep)) {
+      *cut = at;
+      break;
+    }
+    at += (off_t)n;
+  }
+  bool err = ferror(r) != 0;
+  free(line);
+  if (err)
+    return loom_error(LOOM_ERR_IO, "%s: cannot read: %s", path,
+                      strerror(errno));
+  return LOOM_OK;
+}
+
+/* A resumed run's metrics.jsonl: the lines of steps after the checkpoint it
+ * resumes from belong to the timeline it abandons, and the run logs those
+ * steps again; they are cut off so that each step appears once. The file
+ * read is the one open for appending (same inode), never a link. */
+static loom_status cut_later_steps(const char *path, FILE *w, int64_t keep) {
+  int rfd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  struct stat rs, ws;
+  if (rfd < 0 || fstat(rfd, &rs) != 0 || fstat(fileno(w), &ws) != 0 ||
+      rs.st_dev != ws.st_dev || rs.st_ino != ws.st_ino) {
+    int e = errno;
+    if (rfd >= 0)
+      close(rfd);
+    return loom_error(LOOM_ERR_IO, "%s: cannot read it back: %s", path,
+                      rfd < 0 ? strerror(e) : "the file was replaced");
+  }
+  FILE *r = fdopen(rfd, "r");
+  if (!r) {
+    close(rfd);
+    return loom_error(LOOM_ERR_IO, "%s: %s", path, strerror(errno));
+  }
+  off_t cut = -1;
+  loom_status s = cut_offset(r, path, keep, &cut);
+  fclose(r);
+  if (s == LOOM_OK && cut >= 0) {
+    if (ftruncate(fileno(w), cut) != 0)
+      return loom_error(LOOM_ERR_IO, "%s: cannot cut it at byte %lld: %s", path,
+                        (long long)cut, strerror(errno));
+    LOOM_INFO("%s: %lld bytes of steps after %lld cut off (resuming from "
+              "step %lld logs them again)",
+              path, (long long)(rs.st_size - cut), (long long)keep,
+              (long long)keep);
+  }
+  return s;
 }
 
 loom_status loom_metrics_open_opts(loom_metrics **out, const char *run_dir,
@@ -47,6 +113,8 @@ loom_status loom_metrics_open_opts(loom_metrics **out, const char *run_dir,
      * a file hard-linked to another's); a fresh run truncates only loom's
      * own file. */
     s = loom_fs_open_append(m->path, !o.append, &m->f);
+    if (s == LOOM_OK && o.append && o.keep_to_step >= 0)
+      s = cut_later_steps(m->path, m->f, o.keep_to_step);
   }
   if (s == LOOM_OK && o.tensorboard) {
     char dir[1024];

@@ -1682,6 +1682,7 @@ static loom_status open_outputs(loom_trainer *t) {
     mo.jsonl = cfg->log.metrics;
     mo.tensorboard = cfg->log.tensorboard;
     mo.append = t->step > 0;
+    mo.keep_to_step = t->step > 0 ? t->step : -1;
     s = loom_metrics_open_opts(&t->metrics, cfg->log.run_dir, &mo);
     if (s == LOOM_OK)
       s = loom_train_write_run_info(t);

@@ -172,6 +172,20 @@ run "$LOOM" train "${ARGS[@]}" --resume "$T/emptydir/" --set "log.run_dir=$T/for
 check "--resume of a directory without checkpoints: an error" test "$rc" -ne 0
 check "metrics lines" test "$(grep -c '"loss"' "$T/run/metrics.jsonl")" -eq 4
 check "eval lines" test "$(grep -c '"val_accuracy"' "$T/run/metrics.jsonl")" -ge 2
+# Resumed from an older checkpoint: the steps after it are logged again,
+# and metrics.jsonl holds each step once, in order (the abandoned lines cut
+# off, with a last line left unfinished by a crash).
+run "$LOOM" train "$SRC/examples/small_mlp.yaml" --set "log.run_dir=$T/again" --resume never
+check "again: first run" test "$rc" -eq 0
+printf '{"step":21,"lo' >>"$T/again/metrics.jsonl"
+LOOM_LOG=info run "$LOOM" train "$SRC/examples/small_mlp.yaml" --set "log.run_dir=$T/again" \
+  --resume "$T/again/ckpt/step_00000010"
+check "again: resumed from 10" grep -q "resuming from .*step_00000010 (step 10" <<<"$out"
+check "again: cut said" grep -q "metrics.jsonl: .* bytes of steps after 10 cut off" <<<"$out"
+steps=$(grep -o '^{"step":[0-9]*' "$T/again/metrics.jsonl" | cut -d: -f2 | tr '\n' ' ')
+check "again: each step once, in order ($steps)" test "$(grep -c '"loss"' "$T/again/metrics.jsonl")" -eq 4
+check "again: steps in order ($steps)" test "$(grep -o '^{"step":[0-9]*' "$T/again/metrics.jsonl" | cut -d: -f2 | sort -n -c 2>&1)" = ""
+check "again: whole lines" test "$(tail -c 1 "$T/again/metrics.jsonl" | od -An -c | tr -d ' ')" = '\n'
 
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
