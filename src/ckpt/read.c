@@ -620,10 +620,10 @@ static loom_status check_index(const loom_ckpt *c, int i, int fd,
             "not in the shard's block index (%s)",
             path, b->name, (long long)r->begin,
             (long long)(r->begin + r->count), (long long)r->offset,
-            !e ? "no block starts there"
-               : strcmp(e->name, b->name) != 0 ? "another buffer's block"
-                                                : "its range, dtype or "
-                                                  "checksum differ");
+            !e                              ? "no block starts there"
+            : strcmp(e->name, b->name) != 0 ? "another buffer's block"
+                                            : "its range, dtype or "
+                                              "checksum differ");
         goto done;
       }
     }

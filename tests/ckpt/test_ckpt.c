@@ -1245,8 +1245,8 @@ static void swap_blocks(const char *mpath, int ba, int ka, int bb, int kb) {
     cJSON *sh = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(bufs, b[i]),
                                                  "shards");
     cJSON *s = cJSON_GetArrayItem(sh, cJSON_GetArraySize(sh) - 1); /* rank 2 */
-    x[i] = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(s, "blocks"),
-                              k[i]);
+    x[i] =
+        cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(s, "blocks"), k[i]);
     TT_REQUIRE(x[i] != NULL);
   }
   const char *keys[2] = {"offset", "crc32c"};
