@@ -162,7 +162,7 @@ if [ $? = 0 ]; then ok "outage: $(tail -1 "$tmp/check2")"; else bad "outage: $(t
 # starts it again from the step-8 checkpoint: one MLflow run throughout,
 # gone on with, its params the configuration (as first logged: MLflow's
 # params do not change), its tags the job, every number of metrics.jsonl at
-# its step, the artifacts, FINISHED.
+# its step (and the steps of metrics.jsonl only), the artifacts, FINISHED.
 cat "$SRC"/docs/*.md 2>/dev/null | head -c 60000 >"$tmp/text.txt"
 tr=("$SRC/examples/small_gpt.yaml" --set "data.path=$tmp/text.txt" --set model.layers=1
   --set model.d_model=32 --set model.heads=2 --set model.context=32 --set train.batch_size=2
@@ -205,9 +205,12 @@ for k, steps in want.items():
     for m in c.get_metric_history(r.info.run_id, k):
         got.setdefault(m.step, []).append(m.value)
     assert sorted(got) == sorted(steps), (k, sorted(got), sorted(steps))
-    for s, vals in got.items():
-        for v in vals:
-            assert any(math.isclose(v, w, rel_tol=1e-7, abs_tol=1e-12) for w in steps[s]), (k, s, v, steps[s])
+    # MLflow keeps the values the first attempt logged for steps 9-12 too;
+    # metrics.jsonl keeps only the restarted attempt's (it cuts the lines
+    # after the checkpoint it resumes from): each of those is in MLflow.
+    for s, vals in steps.items():
+        for w in vals:
+            assert any(math.isclose(v, w, rel_tol=1e-7, abs_tol=1e-12) for v in got[s]), (k, s, w, got[s])
 arts = sorted(a.path for a in c.list_artifacts(r.info.run_id))
 assert arts == ["config.yaml", "env.json", "report.html"], arts
 d = c.download_artifacts(r.info.run_id, "config.yaml", tempfile.mkdtemp())
