@@ -1157,6 +1157,7 @@ static loom_status backward_rows(loom_trainer *t, float scale,
 }
 
 static volatile sig_atomic_t stop_requested;
+static volatile sig_atomic_t stop_signal; /* the first stop signal */
 
 /* The step's sums travel with the DDP's (over its group, the world): not
  * with a pipeline or tensor parallelism, whose DDP spans the replicas
@@ -1245,7 +1246,7 @@ static loom_status wait_alive(loom_req *r) {
  * size, and the per-batch sums are added in batch order, so the result does
  * not depend on the number of ranks. */
 static loom_status evaluate(loom_trainer *t, int64_t max_batches, double *loss,
-                            double *accuracy) {
+                            double *accuracy, bool *stopped) {
   loom_sampler_opts so = loom_sampler_opts_default();
   so.shuffle = false;
   so.tail = LOOM_TAIL_PARTIAL;
@@ -1257,8 +1258,8 @@ static loom_status evaluate(loom_trainer *t, int64_t max_batches, double *loss,
     nb = max_batches;
   loom_batch b;
   memset(&b, 0, sizeof b);
-  /* (nb, 3); one row at least, so an empty set is not taken for no memory */
-  const size_t rows = (size_t)(nb > 0 ? nb : 1);
+  /* (nb, 3) and the ranks' stop count after them */
+  const size_t rows = (size_t)nb + 1;
   double *part = loom_calloc(rows * 3, sizeof(double));
   double *all = loom_calloc(rows * 3, sizeof(double));
   int64_t *idx = loom_malloc((size_t)so.batch * sizeof(int64_t));
@@ -1307,6 +1308,14 @@ static loom_status evaluate(loom_trainer *t, int64_t max_batches, double *loss,
   if (t->z3 && nb > 0)
     end = (nb + t->nranks - 1) / t->nranks * t->nranks;
   for (int64_t i = t->rank; i < end; i += t->nranks) {
+    /* A stop (a signal) ends this rank's share at once; the ranks learn
+     * it in the sums below. (ZeRO-3's forwards gather from every rank, and
+     * a pipeline's or tensor group's ranks run each batch together: those
+     * go on to the end.) */
+    if (stopped && !t->z3 && stop_requested) {
+      part[nb * 3] = 1;
+      break;
+    }
     int64_t count;
     LOOM_TRY_GOTO(s, loom_sampler_batch(sp, i < nb ? i : nb - 1, idx, &count),
                   done);
@@ -1351,14 +1360,19 @@ done:
   if (s == LOOM_OK && t->nranks > 1) {
     /* Each batch has one rank's value and zeros: the sum is exact. */
     loom_req r = LOOM_REQ_INIT;
-    s = loom_allreduce(part, all, (size_t)nb * 3, LOOM_F64, LOOM_SUM, t->world,
-                       &r);
+    s = loom_allreduce(part, all, (size_t)nb * 3 + 1, LOOM_F64, LOOM_SUM,
+                       t->world, &r);
     if (s == LOOM_OK)
       s = loom_wait(&r);
   } else if (s == LOOM_OK) {
-    memcpy(all, part, (size_t)nb * 3 * sizeof(double));
+    memcpy(all, part, ((size_t)nb * 3 + 1) * sizeof(double));
   }
-  if (s == LOOM_OK) {
+  if (stopped)
+    *stopped = s == LOOM_OK && all[nb * 3] > 0;
+  if (s == LOOM_OK && stopped && *stopped) {
+    *loss = NAN;
+    *accuracy = NAN;
+  } else if (s == LOOM_OK) {
     double loss_sum = 0, count = 0, correct = 0;
     for (int64_t i = 0; i < nb; i++) {
       loss_sum += all[i * 3 + 0];
@@ -1383,7 +1397,7 @@ loom_status loom_trainer_evaluate(loom_trainer *t, double *loss,
                       "loom_trainer_evaluate: trainer is NULL");
   double l, a; /* either result may be left out */
   return evaluate(t, t->cfg.train.eval_batches, loss ? loss : &l,
-                  accuracy ? accuracy : &a);
+                  accuracy ? accuracy : &a, NULL);
 }
 
 static bool is_rank0(const loom_trainer *t) { return t->rank == 0; }
@@ -1393,13 +1407,23 @@ static bool is_rank0(const loom_trainer *t) { return t->rank == 0; }
 static loom_status log_eval(loom_trainer *t, loom_train_result *res,
                             bool last) {
   double vl, va;
-  LOOM_TRY(evaluate(t, last ? 0 : t->cfg.train.eval_batches, &vl, &va));
+  bool stopped = false;
+  LOOM_TRY(
+      evaluate(t, last ? 0 : t->cfg.train.eval_batches, &vl, &va, &stopped));
   res->val_loss = vl;
   res->val_accuracy = t->is_text ? NAN : va;
+  if (stopped && last) { /* the steps are done; the run was stopped */
+    res->interrupted = true;
+    res->stop_signal = stop_signal;
+  }
   if (!is_rank0(t))
     return LOOM_OK;
   char line[256];
-  if (t->is_text)
+  if (stopped)
+    snprintf(line, sizeof line,
+             "eval step %lld: stopped (a stop was requested); not logged",
+             (long long)t->step);
+  else if (t->is_text)
     snprintf(line, sizeof line,
              "eval step %lld: val_loss %.4f (%.3f bits/byte)",
              (long long)t->step, vl, vl / log(2.0));
@@ -1410,7 +1434,7 @@ static loom_status log_eval(loom_trainer *t, loom_train_result *res,
   if (!t->opts.quiet)
     loom_progress_print(t->progress, line);
   loom_log_file("%s", line);
-  if (t->metrics) {
+  if (t->metrics && !stopped) {
     loom_metrics_begin(t->metrics);
     loom_metrics_int(t->metrics, "step", t->step);
     loom_metrics_num(t->metrics, "time", loom_time_wall());
@@ -1421,8 +1445,6 @@ static loom_status log_eval(loom_trainer *t, loom_train_result *res,
   }
   return LOOM_OK;
 }
-
-static volatile sig_atomic_t stop_signal; /* the first stop signal */
 
 /* The stop signals' handler, and what the signal thread calls. */
 static void note_stop(int sig) {
@@ -2142,20 +2164,14 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
       t->loss_window_n = 0;
       w = (run_window){.t0 = now};
     }
-    /* eval_every 0: at the end of each epoch (steps_per_epoch >= 1). */
-    int64_t every =
-        cfg->train.eval_every > 0 ? cfg->train.eval_every : t->steps_per_epoch;
-    if (t->step % every == 0 || last) {
-      double t0 = loom_time_now();
-      LOOM_TRY_GOTO(s, log_eval(t, res, last), out);
-      if (t->tracing)
-        loom_trace_span("train", "evaluation", t0, loom_time_now(), NULL);
-    }
     /* Injected faults land after the step, before its checkpoint. */
     if (t->n_faults > 0)
       loom_train_fault_after_step(t);
     /* A stop seen by any rank stops all at this same step. */
     bool stop = g[SUM_STOP] > 0 || (stop_at > 0 && t->step >= stop_at);
+    /* The checkpoint before the evaluation: the last one covers the whole
+     * validation split, and a stop (SLURM's SIGTERM, then SIGKILL after its
+     * grace period) that comes while it runs must not cost the run. */
     if ((cfg->checkpoint.enabled && cfg->checkpoint.every > 0 &&
          t->step % cfg->checkpoint.every == 0) ||
         last || stop) {
@@ -2165,6 +2181,15 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
       w.times.ckpt += t1 - t0;
       if (t->tracing)
         loom_trace_span("train", "checkpoint", t0, t1, NULL);
+    }
+    /* eval_every 0: at the end of each epoch (steps_per_epoch >= 1). */
+    int64_t every =
+        cfg->train.eval_every > 0 ? cfg->train.eval_every : t->steps_per_epoch;
+    if (t->step % every == 0 || last) {
+      double t0 = loom_time_now();
+      LOOM_TRY_GOTO(s, log_eval(t, res, last), out);
+      if (t->tracing)
+        loom_trace_span("train", "evaluation", t0, loom_time_now(), NULL);
     }
     if (stop && !last) {
       res->interrupted = true;

@@ -56,4 +56,31 @@ fi
 over_timeout "$t2" &&
   ok "rank 1's share took ${t2} s, over the hang timeout" ||
   bad "rank 1's share took ${t2:-?} s, not over the 2 s timeout: more batches or a longer delay"
+# A stop during the final evaluation: the last step's checkpoint is written
+# before the evaluation, and the evaluation ends at the stop instead of
+# running through the split (under SLURM a SIGKILL follows the SIGTERM after
+# its grace period): exit 143 in seconds, step 4 saved, no evaluation logged.
+LOOM_FAULT=0:1:slow_data:0.05,1:1:slow_data:0.05 "$LOOM" run -n 2 --max-restarts 0 \
+  "$LOOM" train "$SRC/examples/small_gpt.yaml" --set "data.path=$tmp/small.txt" \
+  --set data.val_fraction=0.5 --set model.layers=2 --set model.d_model=64 \
+  --set model.heads=2 --set model.context=64 --set train.batch_size=1 --set train.steps=4 \
+  --set train.eval_every=100 --set checkpoint.every=100 --set "log.run_dir=$tmp/stop" \
+  >"$tmp/stop.out" 2>&1 &
+job=$!
+# Polls (never a fixed sleep) up to 60 s for step 4's checkpoint.
+for _ in $(seq 1200); do [ -e "$tmp/stop/ckpt/latest" ] && break; sleep 0.05; done
+t0=$(date +%s.%N)
+kill -TERM $job
+wait $job
+rc=$?
+took=$(python3 -c "import sys, time; print('%.1f' % (time.time() - float(sys.argv[1])))" "$t0")
+if [ $rc = 143 ] && grep -q "stopped by SIGTERM at step 4, checkpoint saved" "$tmp/stop.out" &&
+  [ "$(cat "$tmp/stop/ckpt/latest")" = step_00000004 ] && ! grep -q '"val_loss"' "$tmp/stop/metrics.jsonl"; then
+  ok "SIGTERM during the final evaluation: exit 143 after $took s, step 4 saved, nothing logged of it"
+else
+  bad "SIGTERM during the final evaluation: rc $rc after $took s: $(tail -3 "$tmp/stop.out")"
+fi
+python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 30 else 1)" "$took" &&
+  ok "the stop did not wait for the evaluation (${took} s)" ||
+  bad "the stop waited ${took} s for the evaluation"
 finish run_eval_alive
