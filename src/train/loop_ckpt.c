@@ -2,6 +2,7 @@
  * run continues bitwise as if never stopped. */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,13 +57,26 @@ static loom_status fill_meta(loom_trainer *t, loom_ckpt_meta *meta) {
   meta->data.batch = ls.batch;
   meta->data.sample = loom_loader_sample(t->train_loader);
   loom_train_scale_meta(t, meta);
-  if (t->job[0]) {
+  if (t->job[0] || t->loss_window_n > 0) {
     /* extra.job: whose checkpoint this is (a restart of the job goes on
-     * from it, never from another run's in the same directory) */
+     * from it, never from another run's in the same directory);
+     * extra.loss_window: the steps since the last metrics line (loss sum,
+     * accuracy sum, count), so that a run resumed between two lines logs
+     * the next one as the uninterrupted run does */
     cJSON *x = cJSON_Parse(meta->extra_json ? meta->extra_json : "{}");
-    bool ok = x && cJSON_AddStringToObject(x, "job", t->job) &&
-              cJSON_PrintPreallocated(x, t->ckpt_extra,
-                                      (int)sizeof t->ckpt_extra, false);
+    bool ok = x != NULL;
+    if (ok && t->job[0])
+      ok = cJSON_AddStringToObject(x, "job", t->job) != NULL;
+    if (ok && t->loss_window_n > 0) {
+      cJSON *a = cJSON_AddArrayToObject(x, "loss_window");
+      ok =
+          a &&
+          cJSON_AddItemToArray(a, cJSON_CreateNumber(t->loss_window_sum)) &&
+          cJSON_AddItemToArray(a, cJSON_CreateNumber(t->acc_window_sum)) &&
+          cJSON_AddItemToArray(a, cJSON_CreateNumber((double)t->loss_window_n));
+    }
+    ok = ok && cJSON_PrintPreallocated(x, t->ckpt_extra,
+                                       (int)sizeof t->ckpt_extra, false);
     cJSON_Delete(x);
     if (!ok)
       return loom_error(LOOM_ERR_NOMEM, "checkpoint meta: recording job %s",
@@ -70,6 +84,28 @@ static loom_status fill_meta(loom_trainer *t, loom_ckpt_meta *meta) {
     meta->extra_json = t->ckpt_extra;
   }
   return LOOM_OK;
+}
+
+/* The loss window a checkpoint recorded (extra.loss_window), if whole:
+ * the sums of the steps after the last metrics line before it. */
+static void restore_loss_window(loom_trainer *t, const loom_ckpt_meta *meta) {
+  t->loss_window_sum = 0;
+  t->acc_window_sum = 0;
+  t->loss_window_n = 0;
+  cJSON *x = meta->extra_json ? cJSON_Parse(meta->extra_json) : NULL;
+  const cJSON *a = cJSON_GetObjectItemCaseSensitive(x, "loss_window");
+  const cJSON *l = cJSON_GetArrayItem(a, 0), *c = cJSON_GetArrayItem(a, 1),
+              *n = cJSON_GetArrayItem(a, 2);
+  if (cJSON_GetArraySize(a) == 3 && cJSON_IsNumber(l) && cJSON_IsNumber(c) &&
+      cJSON_IsNumber(n) && isfinite(l->valuedouble) &&
+      isfinite(c->valuedouble) && n->valuedouble >= 1 &&
+      n->valuedouble <= (double)meta->step &&
+      n->valuedouble == floor(n->valuedouble)) {
+    t->loss_window_sum = l->valuedouble;
+    t->acc_window_sum = c->valuedouble;
+    t->loss_window_n = (int64_t)n->valuedouble;
+  }
+  cJSON_Delete(x);
 }
 
 /* After every rank's write (st): all agree, rank 0 commits (or removes the
@@ -530,6 +566,7 @@ static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
   }
   LOOM_TRY(loom_optim_set_step(t->optim, meta->optimizer_step));
   loom_train_scale_restore(t, meta);
+  restore_loss_window(t, meta);
   t->step = meta->step;
   /* The data position in samples: exact at any world size. */
   LOOM_TRY(

@@ -195,7 +195,8 @@ struct loom_trainer {
    * newest checkpoint, whatever --resume says. */
   char job[LOOM_TRAIN_JOB_MAX + 1];
   long restart;
-  char ckpt_extra[320]; /* the manifest's extra JSON: the scaler's, the job */
+  char ckpt_extra[512]; /* the manifest's extra JSON: the scaler's, the job,
+                           the loss window */
 
   /* Fault injection (LOOM_FAULT): this rank's faults, armed in a job's
    * first attempt only. */

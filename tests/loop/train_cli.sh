@@ -185,6 +185,10 @@ check "again: cut said" grep -q "metrics.jsonl: .* bytes of steps after 10 cut o
 steps=$(grep -o '^{"step":[0-9]*' "$T/again/metrics.jsonl" | cut -d: -f2 | tr '\n' ' ')
 check "again: each step once, in order ($steps)" test "$(grep -c '"loss"' "$T/again/metrics.jsonl")" -eq 4
 check "again: steps in order ($steps)" test "$(grep -o '^{"step":[0-9]*' "$T/again/metrics.jsonl" | cut -d: -f2 | sort -n -c 2>&1)" = ""
+# The run stopped at step 7 and resumed logs steps 10, 15 and 20 as the
+# uninterrupted one does: its checkpoint kept the loss window of steps 6-7.
+losses() { grep '"loss"' "$1/metrics.jsonl" | grep -o '"step":[0-9]*,\|"loss":[-0-9.e+]*' | tr -d '\n'; }
+check "resumed at 7: the losses of the run without a stop ($(losses "$T/run"))" test "$(losses "$T/run")" = "$(losses "$T/again")"
 check "again: whole lines" test "$(tail -c 1 "$T/again/metrics.jsonl" | od -An -c | tr -d ' ')" = '\n'
 
 echo "$passes passed, $fails failed"
