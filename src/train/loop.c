@@ -707,7 +707,8 @@ static bool may_resume(const loom_trainer *t) {
  * seed and its index), and rank 0's replace the others' as DDP's set-up
  * broadcast did. */
 static loom_status init_fresh(loom_trainer *t) {
-  LOOM_TRY(loom_model_init_params(t->model, NULL));
+  if (t->init_deferred) /* else drawn when the model was made */
+    LOOM_TRY(loom_model_init_params(t->model, NULL));
   if (t->nranks > 1) {
     float *p = loom_model_params(t->model);
     loom_req r = LOOM_REQ_INIT;
@@ -939,6 +940,7 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
     return s;
   }
   t->init_deferred = may_resume(t);
+  bool deferred_any = t->init_deferred; /* on any rank (below) */
   if (cfg->train.threads > 0)
     loom_set_threads((int)cfg->train.threads);
 
@@ -959,6 +961,30 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   if (s == LOOM_OK)
     s = loom_train_trace_open(t);
   LOOM_TRY_GOTO(s, loom_train_agree(t, s, "setting up"), fail);
+  if (t->nranks > 1) {
+    /* Whether this is a restart of the job (and so where to resume from)
+     * is rank 0's to say: under loom run --nnodes each host's loom run
+     * counts its own restarts, and ranks that disagreed would take
+     * different paths to the checkpoint and stall in each other's
+     * collectives. */
+    int64_t rc = t->restart;
+    loom_req r = LOOM_REQ_INIT;
+    s = loom_broadcast(&rc, &rc, 1, LOOM_I64, 0, t->world, &r);
+    if (s == LOOM_OK)
+      s = loom_wait(&r);
+    LOOM_TRY_GOTO(s, s, fail);
+    t->restart = rc;
+    /* A rank that deferred its draws for a resume that rank 0 then does
+     * not make draws them below, and the fresh start's broadcast of rank
+     * 0's values must then be every rank's. */
+    int64_t d = t->init_deferred;
+    r = (loom_req)LOOM_REQ_INIT;
+    s = loom_allreduce(&d, &d, 1, LOOM_I64, LOOM_MAX, t->world, &r);
+    if (s == LOOM_OK)
+      s = loom_wait(&r);
+    LOOM_TRY_GOTO(s, s, fail);
+    deferred_any = d > 0;
+  }
   LOOM_TRY_GOTO(s, loom_train_trace_sync(t), fail);
   if (t->zero == 2 && t->nranks > 1 && t->tps == 1 && !t->pipe)
     LOOM_TRY_GOTO(s, zero2_params(t), fail);
@@ -1013,7 +1039,7 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   } else if (t->zero >= 2 && !t->resumed) {
     /* The same draws on every rank. */
     LOOM_TRY_GOTO(s, loom_model_init_params(t->model, NULL), fail);
-  } else if (t->init_deferred && !t->resumed) {
+  } else if (deferred_any && !t->resumed) {
     LOOM_TRY_GOTO(s, init_fresh(t), fail);
   }
   if (t->z3)
@@ -1402,6 +1428,21 @@ loom_status loom_trainer_evaluate(loom_trainer *t, double *loss,
 
 static bool is_rank0(const loom_trainer *t) { return t->rank == 0; }
 
+/* The stop signal the ranks stop on: the largest any rank caught (a rank
+ * that only learned of the stop from the others caught none). Every rank
+ * calls it at the same point: the stop is agreed. */
+static int agreed_signal(loom_trainer *t) {
+  int64_t sig = stop_signal;
+  if (t->world && t->nranks > 1) {
+    loom_req r = LOOM_REQ_INIT;
+    if (loom_allreduce(&sig, &sig, 1, LOOM_I64, LOOM_MAX, t->world, &r) !=
+            LOOM_OK ||
+        loom_wait(&r) != LOOM_OK)
+      sig = stop_signal;
+  }
+  return (int)sig;
+}
+
 /* Periodic evaluations take train.eval_batches batches; the last one of a
  * run covers the whole validation split. */
 static loom_status log_eval(loom_trainer *t, loom_train_result *res,
@@ -1414,7 +1455,7 @@ static loom_status log_eval(loom_trainer *t, loom_train_result *res,
   res->val_accuracy = t->is_text ? NAN : va;
   if (stopped && last) { /* the steps are done; the run was stopped */
     res->interrupted = true;
-    res->stop_signal = stop_signal;
+    res->stop_signal = agreed_signal(t);
   }
   if (!is_rank0(t))
     return LOOM_OK;
@@ -2193,7 +2234,7 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
     }
     if (stop && !last) {
       res->interrupted = true;
-      res->stop_signal = stop_signal;
+      res->stop_signal = agreed_signal(t);
       break;
     }
   }

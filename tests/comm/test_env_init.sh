@@ -85,6 +85,34 @@ rc=$?
 "$LOOM" run --nnodes 2 --node-rank 1 "$LOOM" train x.yaml >"$tmp/u.out" 2>&1
 [ $? = 2 ] && grep -q "needs --master-addr" "$tmp/u.out" && ok "--nnodes 2 without --master-addr: exit 2" ||
   { bad "--nnodes master"; cat "$tmp/u.out"; }
+# Hosts on different restarts (each host's loom run counts its own): rank
+# 1 on its host's restart 1 of job j, rank 0 on its first attempt with
+# --resume never. Rank 0 decides, so both start afresh, together (before,
+# rank 1 looked for the job's checkpoint with collectives rank 0 never ran,
+# and both stalled until the watchdog).
+LOOM_RUN_JOB=j LOOM_COMM_TIMEOUT=30 start 2 sh -c 'LOOM_RESTART_COUNT=$RANK exec "$@"' sh \
+  "$LOOM" train "${cfg[@]}" --set checkpoint.enabled=true --set "log.run_dir=$tmp/rc" --resume never
+[ "$codes" = " 0 0" ] && [ "$(losses "$tmp/ref")" = "$(losses "$tmp/rc")" ] &&
+  ok "restart counts 0 and 1 on two ranks: rank 0's decides, both trained from the start" ||
+  { bad "restart counts that differ: codes$codes"; tail -n 3 "$tmp"/e.*; }
+# SIGTERM to rank 1 alone: both stop at one step, and both exit 143 (rank 0
+# caught no signal; it stops on the one rank 1 caught, not as SIGINT).
+long=("${cfg[@]}" --set train.steps=1000000 --set checkpoint.enabled=true --set "log.run_dir=$tmp/st")
+pids=()
+for r in 0 1; do
+  LOOM_INIT=env:// RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 \
+    MASTER_PORT=$((base + 80)) LOOM_RDZV_TIMEOUT=60 "$LOOM" train "${long[@]}" >"$tmp/st.$r" 2>&1 &
+  pids+=($!)
+done
+for _ in $(seq 1200); do [ -s "$tmp/st/metrics.jsonl" ] && break; sleep 0.05; done
+kill -TERM "${pids[1]}"
+codes=""
+for p in "${pids[@]}"; do
+  wait "$p"
+  codes="$codes $?"
+done
+[ "$codes" = " 143 143" ] && ok "SIGTERM to rank 1 alone: both ranks exit 143" ||
+  { bad "SIGTERM to rank 1 alone: codes$codes"; tail -n 3 "$tmp"/st.*; }
 
 # Errors: each names the problem and ends the process, no hang.
 TO=2 start 1 env RANK=1 WORLD_SIZE=2 "$BIN"
