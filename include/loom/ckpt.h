@@ -130,7 +130,10 @@ loom_status loom_ckpt_writer_test(loom_ckpt_writer *w, bool *done);
 /* Waits for a started write; returns its status and message. */
 loom_status loom_ckpt_writer_wait(loom_ckpt_writer *w);
 /* Rank 0, once every rank's write has succeeded: checks that the shards
- * tile each buffer, writes manifest.json, fsyncs, renames the directory to
+ * tile each buffer, writes manifest.json, reads it back as loom_ckpt_open
+ * at LOOM_CKPT_VERIFY_META does (what a resume would refuse, such as views
+ * beyond the 'params' buffer, is never committed: the reader's status and
+ * reason), fsyncs, renames the directory to
  * ROOT/step_<step> (replacing one of the same step atomically), then
  * replaces ROOT/latest, then deletes checkpoints beyond opts.keep and stale
  * temporary directories. A failure before `latest` is replaced leaves the

@@ -1081,6 +1081,24 @@ static loom_status commit_impl(loom_ckpt_writer *w) {
       goto done;
     }
   }
+  /* Read back as a resume will read it (the manifest's every field, the
+   * views against the buffers, each shard's header, footer and block
+   * index): what the reader would refuse is never committed, so it can
+   * neither become `latest` nor let keep prune the last good one. */
+  {
+    loom_ckpt_open_opts oo = loom_ckpt_open_opts_default();
+    oo.verify = LOOM_CKPT_VERIFY_META;
+    loom_ckpt *back = NULL;
+    st = loom_ckpt_open(&back, w->tmp, &oo);
+    loom_ckpt_close(back);
+    if (st != LOOM_OK) {
+      loom_error_context(st,
+                         "checkpoint %s would not be read back; not "
+                         "committed",
+                         w->final);
+      goto done;
+    }
+  }
   /* The directory becomes a checkpoint in one rename. One of the same step
    * (say, written before a restart) is swapped out atomically, so there is
    * always a complete step_N. */
