@@ -1797,6 +1797,13 @@ static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
                    "%lld is not a power of two (parallel.deterministic sums "
                    "the shards in a binary tree)",
                    (long long)vs);
+  if (!cfg->parallel.deterministic && vs != 8)
+    return cfg_err(origin_of(org, "parallel.virtual_shards", &none),
+                   "parallel.virtual_shards",
+                   "%lld without parallel.deterministic: only deterministic "
+                   "mode cuts the batch into virtual shards; it supports the "
+                   "default 8 here (or set parallel.deterministic: true)",
+                   (long long)vs);
   if (cfg->parallel.deterministic &&
       cfg->parallel.strategy == LOOM_CFG_STRATEGY_NONE)
     return cfg_err(origin_of(org, "parallel.deterministic", &none),
@@ -1812,6 +1819,21 @@ static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
                    "to compress; it supports none (or choose a data-parallel "
                    "strategy)",
                    loom_cfg_compress_names[cfg->parallel.compress]);
+  if (cfg->parallel.strategy == LOOM_CFG_STRATEGY_NONE &&
+      (cfg->parallel.bucket_mb != 25.0 || cfg->parallel.first_bucket_mb != 1.0))
+    return cfg_err(
+        origin_of(org,
+                  cfg->parallel.bucket_mb != 25.0 ? "parallel.bucket_mb"
+                                                  : "parallel.first_bucket_mb",
+                  &none),
+        cfg->parallel.bucket_mb != 25.0 ? "parallel.bucket_mb"
+                                        : "parallel.first_bucket_mb",
+        "%g with parallel.strategy none: no gradient is reduced, so there "
+        "are no buckets; it supports the default (%g) (or choose a "
+        "data-parallel strategy)",
+        cfg->parallel.bucket_mb != 25.0 ? cfg->parallel.bucket_mb
+                                        : cfg->parallel.first_bucket_mb,
+        cfg->parallel.bucket_mb != 25.0 ? 25.0 : 1.0);
   if (cfg->parallel.strategy == LOOM_CFG_STRATEGY_NONE && cfg->parallel.dp > 1)
     return cfg_err(origin_of(org, "parallel.dp", &none), "parallel.dp",
                    "%lld replicas with parallel.strategy none, which has no "

@@ -961,6 +961,12 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   if (s == LOOM_OK)
     s = loom_train_trace_open(t);
   LOOM_TRY_GOTO(s, loom_train_agree(t, s, "setting up"), fail);
+  if (t->rank == 0 && t->replicas <= 1 &&
+      cfg->parallel.compress != LOOM_CFG_COMPRESS_NONE)
+    LOOM_WARN("parallel.compress %s: one replica (parallel.dp 1 of %d "
+              "rank(s)), so no gradient is reduced across replicas to "
+              "compress; it takes effect with parallel.dp > 1",
+              loom_cfg_compress_names[cfg->parallel.compress], t->nranks);
   if (t->nranks > 1) {
     /* Whether this is a restart of the job (and so where to resume from)
      * is rank 0's to say: under loom run --nnodes each host's loom run

@@ -399,6 +399,21 @@ TT_TEST(test_not_implemented_and_sizes) {
              "t.yaml:3:3: key 'parallel.compress': 'bf16' with "
              "parallel.deterministic: deterministic mode sums the gradients "
              "in f32 in a fixed tree; it supports none");
+  /* keys nothing would read: refused, never ignored */
+  EXPECT_ERR("parallel:\n  virtual_shards: 4\n",
+             "t.yaml:2:3: key 'parallel.virtual_shards': 4 without "
+             "parallel.deterministic: only deterministic mode cuts the batch "
+             "into virtual shards; it supports the default 8 here (or set "
+             "parallel.deterministic: true)");
+  EXPECT_ERR("parallel:\n  strategy: none\n  bucket_mb: 5\n",
+             "t.yaml:3:3: key 'parallel.bucket_mb': 5 with parallel.strategy "
+             "none: no gradient is reduced, so there are no buckets; it "
+             "supports the default (25) (or choose a data-parallel strategy)");
+  EXPECT_ERR("parallel:\n  strategy: none\n  first_bucket_mb: 3\n",
+             "t.yaml:3:3: key 'parallel.first_bucket_mb': 3 with "
+             "parallel.strategy none: no gradient is reduced, so there are no "
+             "buckets; it supports the default (1) (or choose a data-parallel "
+             "strategy)");
   EXPECT_ERR("parallel:\n  deterministic: true\n  virtual_shards: 6\n",
              "t.yaml:3:3: key 'parallel.virtual_shards': 6 is not a power of "
              "two (parallel.deterministic sums the shards in a binary tree)");

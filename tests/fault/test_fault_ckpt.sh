@@ -21,7 +21,7 @@ run 2 "$tmp/base" -- --stop-at 20
 [ $rc = 0 ] && [ -d "$tmp/base/ckpt/step_00000020" ] && ok "stopped at step 20" ||
   { bad "stop at 20: rc $rc"; cat "$tmp/out"; }
 # Another model's checkpoint of step 20, for its manifest.
-"$LOOM" train "${job[@]}" --set model.hidden=[16] --set parallel.deterministic=false \
+"$LOOM" train "${job[@]}" --set model.hidden=[16] --set parallel.deterministic=false --set parallel.virtual_shards=8 \
   --set train.steps=20 --set "log.run_dir=$tmp/other" >"$tmp/out" 2>&1 ||
   { bad "other model"; cat "$tmp/out"; }
 

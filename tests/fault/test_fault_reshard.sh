@@ -27,7 +27,7 @@ d=$(digest "$tmp/a/ckpt")
 left_behind "$tmp/a" && bad "4 -> 2: processes left behind"
 
 # -- 2 ranks killed, 3 ranks resume, then 2 again; not deterministic.
-nd=(--set parallel.deterministic=false)
+nd=(--set parallel.deterministic=false --set parallel.virtual_shards=8)
 LOOM_FAULT=1:14:exit run 2 "$tmp/b" -- "${nd[@]}" --set train.steps=40
 [ $rc = 1 ] && [ "$(digest "$tmp/b/ckpt" | cut -d' ' -f2,4)" = "10 0:320" ] &&
   ok "2 ranks: killed after step 14, checkpoint of step 10 at sample 320" ||

@@ -140,6 +140,13 @@ check "held run dir: exit 2" test "$rc" -eq 2
 check "held run dir: message" test "$out" = "loom train: log.run_dir $T/held is in use by another run (pid 4242 on elsewhere): two runs in one directory would overwrite each other's checkpoints and metrics; wait for it to end or set another log.run_dir"
 check "held run dir: untouched" test "$(cat "$T/held/metrics.jsonl")" = keep
 
+# Compression with one replica: nothing is reduced across replicas, and
+# the run says so rather than ignoring the key without a word.
+run "$LOOM" train "$SRC/examples/small_mlp.yaml" --set "log.run_dir=$T/cmp" --set train.steps=2 \
+  --set parallel.compress=bf16
+check "compress on 1 rank: trains" test "$rc" -eq 0
+check "compress on 1 rank: said" grep -q "warn: parallel.compress bf16: one replica (parallel.dp 1 of 1 rank(s)), so no gradient is reduced" <<<"$out"
+
 # Interrupted at step 7, then resumed to the end (20 steps).
 ARGS=("$SRC/examples/small_mlp.yaml" --set "log.run_dir=$T/run" --set log.progress=lines)
 run "$LOOM" train "${ARGS[@]}" --resume never --stop-at 7
