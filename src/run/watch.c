@@ -106,6 +106,7 @@ void loom_watch_init(loom_run_watch *w) {
   w->t_polled = 0;
   w->detected = false;
   w->n_step_s = 0;
+  w->all_local = true;
   memset(&w->fail, 0, sizeof w->fail);
   w->fail.rank = -1;
   memset(&w->prog, 0, sizeof w->prog);
@@ -471,18 +472,34 @@ static bool end_before(const loom_run_watch *w, const end_info *a,
   return ra->rank < rb->rank;
 }
 
-/* The failure is the earliest abnormal end among the local ranks that
- * loom run did not stop itself (after detection: among the ends seen at
- * that moment). A rank whose watchdog fired records exit code 75 before
- * the job is aborted, so it comes before the ranks the abort kills. */
+/* Whether an end is a casualty of a failure elsewhere: a local rank gone
+ * without a record of its own, killed (SIGKILL, SIGTERM or no status
+ * known), while ranks run on other hosts. The launcher kills its local
+ * ranks that way when a rank on another host fails, and loom run does not
+ * see that one die: the launcher's exit code tells it instead. (When every
+ * rank runs here, the one killed without a record is the failure.) */
+static bool casualty(const loom_run_watch *w, const loom_watch_rank *r,
+                     const end_info *e) {
+  return !w->all_local && r->local && !e->recorded &&
+         (e->sig == SIGKILL || e->sig == SIGTERM ||
+          (e->sig == 0 && e->code < 0));
+}
+
+/* The failure is the earliest abnormal end among the ranks that loom run
+ * did not stop itself (after detection: among the ends seen at that
+ * moment): a local rank's, or the record of a rank on another host that
+ * loom run can read (a shared file system) saying it failed. A rank whose
+ * watchdog fired records exit code 75 before the job is aborted, so it
+ * comes before the ranks the abort kills. */
 static bool pick_failure(loom_run_watch *w, double now, int launcher_code) {
   end_info best = {.i = -1};
   for (int i = 0; i < w->n; i++) {
     loom_watch_rank *r = &w->ranks[i];
-    if (!r->local || (w->detected && !r->candidate))
+    if (w->detected && !r->candidate)
       continue;
     end_info e = {.i = i};
-    if (judge(r, &e.code, &e.sig, &e.t, &e.recorded) != 1)
+    /* (another host's rank is never seen dead: only its record counts) */
+    if (judge(r, &e.code, &e.sig, &e.t, &e.recorded) != 1 || casualty(w, r, &e))
       continue;
     /* Ended by loom run's own hand (and not before it said it failed). */
     if (r->stopped && !r->candidate && !e.recorded)
@@ -602,14 +619,19 @@ int loom_watch_update(loom_run_watch *w, const struct pollfd *fds, int nfds,
       for (int i = 0; i < w->n; i++)
         if (!w->ranks[i].dead && w->ranks[i].local)
           refresh(w, &w->ranks[i]);
+    /* Other hosts' records (a shared file system may not tell inotify):
+     * their last words, read once the attempt is over. */
+    for (int i = 0; final && i < w->n; i++)
+      if (!w->ranks[i].local)
+        refresh(w, &w->ranks[i]);
   }
   /* A live rank that recorded a non-zero exit code or a fatal signal is
-   * failing now. */
+   * failing now (one on another host too, when its record can be read). */
   bool said_failed = false;
   for (int i = 0; spoke && i < w->n; i++) {
     const loom_runstat_record *rec = &w->ranks[i].rec;
     said_failed |=
-        w->ranks[i].local && !w->ranks[i].dead &&
+        !w->ranks[i].dead &&
         ((rec->exit_code > 0 && strncmp(rec->note, "stopped ", 8) != 0) ||
          rec->signal > 0);
   }
