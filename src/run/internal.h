@@ -163,6 +163,11 @@ void loom_run_set_stop_grace(double seconds);
 /* The launcher's own messages go to this file (made when first needed),
  * the ranks' output to stderr; verbose: the launcher's to stderr too. */
 void loom_run_set_launcher_log(const char *path, bool verbose);
+/* What the launcher wrote to its log in the last attempt: up to
+ * LOOM_RUN_SAID_MAX lines that read as errors (into lines), the log's path,
+ * and whether anything went there at all. Returns the number of lines. */
+#define LOOM_RUN_SAID_MAX 3
+int loom_run_launcher_said(const char **lines, const char **path, bool *wrote);
 /* A signal asked loom run to stop (then no restart is attempted). */
 bool loom_run_stop_requested(void);
 /* Sleeps, returning early when a stop signal arrives. */

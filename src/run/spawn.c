@@ -280,6 +280,7 @@ typedef struct relay {
   pid_t pid;
   size_t len;
   bool in_banner, in_trace;
+  bool head;  /* the next line opens a banner: its headline */
   bool blank; /* an empty line held back: the banner's, or the ranks' */
   char buf[RELAY_LINE];
 } relay;
@@ -345,6 +346,7 @@ static bool all_char(const char *s, size_t n, char c, size_t min) {
 static bool launcher_line(relay *r, const char *s, size_t n) {
   if (all_char(s, n, '-', 20)) {
     r->in_banner = !r->in_banner;
+    r->head = r->in_banner;
     return true;
   }
   if (r->in_trace) {
@@ -354,6 +356,7 @@ static bool launcher_line(relay *r, const char *s, size_t n) {
   }
   if (all_char(s, n, '=', 40)) { /* hydra's frame */
     r->in_banner = !r->in_banner;
+    r->head = r->in_banner;
     return true;
   }
   if (r->in_banner)
@@ -393,6 +396,70 @@ static bool launcher_line(relay *r, const char *s, size_t n) {
   return false;
 }
 
+/* What the launcher said in this attempt, for loom run's failure line:
+ * the first few lines that read as errors (each banner's headline, and
+ * outside banners a line naming an error), and whether anything went to
+ * the log at all. */
+static char said[LOOM_RUN_SAID_MAX][200];
+static int n_said;
+static bool said_any;
+
+static bool reads_as_error(const char *s, size_t n) {
+  static const char *const words[] = {
+      "error",     "fail",    "not found", "unable",    "cannot",
+      "could not", "abort",   "refused",   "denied",    "no route",
+      "killed",    "noticed", "signal",    "terminated"};
+  char low[512];
+  size_t k = n < sizeof low - 1 ? n : sizeof low - 1;
+  for (size_t i = 0; i < k; i++)
+    low[i] = (char)(s[i] >= 'A' && s[i] <= 'Z' ? s[i] - 'A' + 'a' : s[i]);
+  low[k] = '\0';
+  for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
+    if (strstr(low, words[i]))
+      return true;
+  return false;
+}
+
+/* A line of the launcher's that went to its log (frames excluded). */
+static void note_said(relay *r, const char *s, size_t n) {
+  said_any = true;
+  bool frame = all_char(s, n, '-', 20) || all_char(s, n, '=', 40);
+  while (n > 0 && (*s == ' ' || *s == '\t')) {
+    s++;
+    n--;
+  }
+  if (frame || n == 0)
+    return;
+  bool head = r->head;
+  r->head = false;
+  /* (Open MPI's note that it folded the other ranks' copies away) */
+  static const char *const asides[] = {"has sent help message",
+                                       "orte_base_help_aggregate"};
+  char text[512];
+  snprintf(text, sizeof text, "%.*s", (int)(n < 511 ? n : 511), s);
+  for (size_t i = 0; i < sizeof asides / sizeof asides[0]; i++)
+    if (strstr(text, asides[i]))
+      return;
+  if (n_said >= LOOM_RUN_SAID_MAX || r->in_trace ||
+      (!head && (r->in_banner || !reads_as_error(s, n))))
+    return;
+  size_t k = n < sizeof said[0] - 1 ? n : sizeof said[0] - 1;
+  for (int i = 0; i < n_said; i++)
+    if (strncmp(said[i], s, k) == 0 && said[i][k] == '\0')
+      return; /* the same message from another rank */
+  memcpy(said[n_said], s, k);
+  said[n_said][k] = '\0';
+  n_said++;
+}
+
+int loom_run_launcher_said(const char **lines, const char **path, bool *wrote) {
+  for (int i = 0; i < n_said; i++)
+    lines[i] = said[i];
+  *path = launcher_log_path;
+  *wrote = said_any && launcher_log_path[0];
+  return n_said;
+}
+
 static void write_all(int fd, const char *s, size_t n) {
   while (n > 0) {
     ssize_t w = write(fd, s, n);
@@ -426,6 +493,7 @@ static void relay_line(relay *r, const char *s, size_t n) {
       write_all(r->to, "\n", 1);
   }
   if (own) {
+    note_said(r, s, body);
     write_all(launcher_log_fd, s, n);
     if (!launcher_log_verbose)
       return;
@@ -492,6 +560,7 @@ static int relay_open(int *read_end, int to) {
       relays[i].to = to;
       relays[i].len = 0;
       relays[i].in_banner = relays[i].in_trace = relays[i].blank = false;
+      relays[i].head = false;
       *read_end = p[0];
       return p[1];
     }
@@ -694,6 +763,8 @@ int loom_run_wait(pid_t pid, double timeout_s, loom_run_watch *watch,
                   loom_run_result *res) {
   memset(res, 0, sizeof *res);
   res->launcher_pid = pid;
+  n_said = 0;
+  said_any = false;
   install_handlers();
   double t0 = loom_time_now();
   int status = 0;

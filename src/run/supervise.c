@@ -1788,6 +1788,26 @@ static int run_attempt(job *jb, const plan_info *pi, argv_buf *cmd,
   return s;
 }
 
+/* The launcher's own words on a failure, which went to its log: its first
+ * lines that read as errors, quoted with the log's path; with none, the
+ * path alone when no rank said why (none named, or none reached its first
+ * step: MPI_Init and the launcher's own failures are told only there). */
+static void tell_launcher_said(const loom_run_failure *f) {
+  const char *lines[LOOM_RUN_SAID_MAX], *path;
+  bool wrote;
+  int n = loom_run_launcher_said(lines, &path, &wrote);
+  for (int i = 0; i < n; i++)
+    if (i == 0)
+      fprintf(stderr, "loom run: the launcher said: \"%s\"%s%s%s\n", lines[0],
+              n == 1 ? " (" : "", n == 1 ? path : "", n == 1 ? ")" : "");
+    else
+      fprintf(stderr, "loom run:   \"%s\"%s%s%s\n", lines[i],
+              i == n - 1 ? " (" : "", i == n - 1 ? path : "",
+              i == n - 1 ? ")" : "");
+  if (n == 0 && wrote && (!f->found || f->last_step < 0))
+    fprintf(stderr, "loom run: the launcher's messages are in %s\n", path);
+}
+
 /* A failed attempt: names the rank (or the launcher) that failed, reports
  * it, and decides. True when the job ends here (*rc its code); false when
  * it restarts, after the restart delay. */
@@ -1821,6 +1841,7 @@ static bool after_failure(job *jb, int attempt, const loom_run_result *r,
     describe_rank_failure(&f, r, pi->np, line, sizeof line);
     fprintf(stderr, "loom run: %s\n", line);
   }
+  tell_launcher_said(&f);
   report_failure(jb, &f, pi->np, *rc, why);
   jb->recovering = false;
   if (not_restartable(*rc, r->seconds))
