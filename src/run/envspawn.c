@@ -17,10 +17,12 @@
 #include <unistd.h>
 
 #include "loom/core.h"
+#include "loom/run.h"
 
 #define MAX_LOCAL 1024
 
-static pid_t kids[MAX_LOCAL];
+static pid_t kids[MAX_LOCAL]; /* -1 once reaped */
+static pid_t pids[MAX_LOCAL];
 static int nkids;
 static volatile sig_atomic_t got_sig;
 
@@ -29,6 +31,48 @@ static void pass_on(int sig) {
   for (int i = 0; i < nkids; i++)
     if (kids[i] > 0)
       kill(kids[i], sig);
+}
+
+/* The failure a rank recorded in its status file (LOOM_RUN_DIR) before it
+ * ended: its code (128 + a fatal signal) and when; 0 when none. */
+static int recorded_failure(int rank, pid_t pid, double *t) {
+  const char *dir = getenv("LOOM_RUN_DIR");
+  loom_runstat_record rec;
+  if (!dir || !*dir || loom_runstat_read(dir, rank, &rec) != LOOM_OK ||
+      rec.pid != (int)pid)
+    return 0;
+  *t = rec.t_exit;
+  if (rec.signal > 0)
+    return 128 + rec.signal;
+  return rec.exit_code > 0 ? rec.exit_code : 0;
+}
+
+/* The first failure among this host's ranks when local rank i is the
+ * first seen to fail with code *c: a rank killed from outside (loom run
+ * SIGKILLs every rank here once one says it failed, in case that one hangs
+ * on its way out) gives way to the rank whose record says it failed first,
+ * with that rank's own code. Returns the local index. */
+static int first_failure(int i, bool signalled, int first, int *c) {
+  double t = 0;
+  int rc = recorded_failure(first + i, pids[i], &t);
+  if (rc) {
+    *c = rc;
+    return i;
+  }
+  if (!signalled)
+    return i;
+  int who = i;
+  double best = 0;
+  for (int k = 0; k < nkids; k++) {
+    double tk = 0;
+    int ck = recorded_failure(first + k, pids[k], &tk);
+    if (ck && (who == i || tk < best)) {
+      who = k;
+      best = tk;
+      *c = ck;
+    }
+  }
+  return who;
 }
 
 static int num(const char *s, int lo, int hi) {
@@ -93,8 +137,10 @@ int loom_run_env_ranks(int argc, char **argv) {
               strerror(errno));
       _exit(127);
     }
-    if (p > 0)
+    if (p > 0) {
+      pids[nkids] = p;
       kids[nkids++] = p;
+    }
     sigprocmask(SIG_SETMASK, &old, NULL);
     if (p < 0) {
       fprintf(stderr, "loom run: fork: %s\n", strerror(errno));
@@ -125,12 +171,13 @@ int loom_run_env_ranks(int argc, char **argv) {
     if (c != 0 && !failed) {
       /* The first failure is the job's: the others are ended at once, as
        * mpirun does (their collectives would wait for the dead rank). */
+      int who = first_failure(i, WIFSIGNALED(st), first, &c);
       failed = true;
       code = c;
       fprintf(stderr,
               "loom run: rank %d (local %d) exited with code %d; ending "
               "this host's other ranks\n",
-              first + i, i, c);
+              first + who, who, c);
       for (int k = 0; k < nkids; k++)
         if (kids[k] > 0)
           kill(kids[k], SIGKILL);

@@ -1838,7 +1838,9 @@ static bool after_failure(job *jb, int attempt, const loom_run_result *r,
   describe_failure(&rr, why, sizeof why);
   if (f.found) {
     char line[1024];
-    describe_rank_failure(&f, r, pi->np, line, sizeof line);
+    /* the ranks this job stops: under --nnodes, this host's only */
+    describe_rank_failure(&f, r, used == LAUNCH_ENV ? pi->local : pi->np, line,
+                          sizeof line);
     fprintf(stderr, "loom run: %s\n", line);
   }
   tell_launcher_said(&f);

@@ -82,7 +82,10 @@ int main(int argc, char **argv) {
     }
     rank = loom_group_rank(world);
   } else {
-    rank = env_int("OMPI_COMM_WORLD_RANK", env_int("PMI_RANK", 0));
+    /* (RANK: loom run --nnodes, as loom_runstat reads it) */
+    rank = env_int(
+        "OMPI_COMM_WORLD_RANK",
+        env_int("PMI_RANK", getenv("LOOM_INIT") ? env_int("RANK", 0) : 0));
   }
   loom_runstat_phase(LOOM_RUNSTAT_COMM_READY);
   if (pids) {

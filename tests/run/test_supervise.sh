@@ -302,6 +302,19 @@ out=$("$LOOM" run -n 2 --max-restarts 1 --report "$tmp/r15" sh -c "sleep 0.3; ec
 [ $rc = 139 ] && grep -q "^loom run: rank 0 (host $host, pid [0-9]*) died from signal 11 (SIGSEGV) after step 2 (fault injected: segv at step 2)$" "$tmp/e10" \
   && ok "-n 1: segv line" || { bad "-n 1 segv: rc $rc"; cat "$tmp/e10"; }
 
+# --nnodes (loom run's own launcher of this host's ranks): rank 1 records
+# exit code 3 and never leaves; loom run kills this host's ranks. The
+# launcher's line names rank 1 with its recorded code, not 137 from the
+# kill (nor rank 0, killed alongside), and "the other N rank(s)" counts this
+# host's 2 ranks, not the world's 4.
+"$LOOM" run --nnodes 2 --node-rank 0 --nproc-per-node 2 --master-addr 127.0.0.1 --timeout 60 \
+  "$FAKE" --steps 100000 --fault 1:3:stuck-exit "$marker" 2>"$tmp/e21"; rc=$?
+[ $rc = 3 ] && grep -q "^loom run: rank 1 (local 1) exited with code 3; ending this host's other ranks$" "$tmp/e21" \
+  && ! grep -q "exited with code 137" "$tmp/e21" \
+  && grep -q "^loom run: rank 1 (host $host, pid [0-9]*) exited with code 3 after step 3 (fault injected: stuck-exit at step 3); stopped the other 1 rank(s) in" "$tmp/e21" \
+  && ok "--nnodes: rank 1's recorded code 3 named, this host's other rank counted" || { bad "--nnodes lines: rc $rc"; cat "$tmp/e21"; }
+no_leftovers "--nnodes"
+
 # The run status directories are gone.
 left=$(cd "$tmp/rt" && ls -d loom-run-* 2>/dev/null)
 [ -z "$left" ] && ok "no loom-run-* directory left" || bad "loom-run-* directories left: $left"
