@@ -1788,11 +1788,15 @@ static int run_attempt(job *jb, const plan_info *pi, argv_buf *cmd,
   return s;
 }
 
-/* The launcher's own words on a failure, which went to its log: its first
+/* The launcher's own words on a failure, which went to its log, when no
+ * rank's record said why (MPI_Init and the launcher's own failures are told
+ * only there; a rank that recorded its end has said it, and the launcher's
+ * banners about the ranks it then killed would only mislead): its first
  * lines that read as errors, quoted with the log's path; with none, the
- * path alone when no rank said why (none named, or none reached its first
- * step: MPI_Init and the launcher's own failures are told only there). */
+ * path alone. */
 static void tell_launcher_said(const loom_run_failure *f) {
+  if (f->found && f->recorded)
+    return;
   const char *lines[LOOM_RUN_SAID_MAX], *path;
   bool wrote;
   int n = loom_run_launcher_said(lines, &path, &wrote);
@@ -1804,7 +1808,7 @@ static void tell_launcher_said(const loom_run_failure *f) {
       fprintf(stderr, "loom run:   \"%s\"%s%s%s\n", lines[i],
               i == n - 1 ? " (" : "", i == n - 1 ? path : "",
               i == n - 1 ? ")" : "");
-  if (n == 0 && wrote && (!f->found || f->last_step < 0))
+  if (n == 0 && wrote)
     fprintf(stderr, "loom run: the launcher's messages are in %s\n", path);
 }
 
