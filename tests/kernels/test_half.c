@@ -13,10 +13,10 @@
 
 /* Unit roundoff of a half type: bf16 keeps 8 significant bits, so
  * rounding to nearest moves a value by at most half an ulp, a relative
- * 2^-9; f16 keeps 11, 2^-12 (for normal values; the tests' operands are
- * far above f16's subnormals, 2^-14). */
+ * 2^-8 at the bottom of a binade; f16 keeps 11, 2^-11 (for normal values;
+ * the tests' operands are far above f16's subnormals, 2^-14). */
 static double unit_u(loom_dtype dt) {
-  return dt == LOOM_BF16 ? 1.0 / 512.0 : 1.0 / 4096.0;
+  return dt == LOOM_BF16 ? 1.0 / 256.0 : 1.0 / 2048.0;
 }
 
 static const loom_dtype halves[] = {LOOM_BF16, LOOM_F16};
