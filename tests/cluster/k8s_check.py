@@ -403,6 +403,15 @@ class Checker:
         n = run.get("-n", run.get("--np"))
         if n is None or not isinstance(slots, int) or not isinstance(workers, int) or int(n) != workers * slots:
             fail("MPIJob: loom run -n %s, but Worker replicas x slotsPerWorker = %s x %s" % (n, workers, slots))
+        # A worker pod lost is made again by the operator, which takes tens
+        # of seconds: restarts in quicker succession find its name without
+        # a pod and use up --max-restarts (seen: all 3 within 4 s).
+        try:
+            delay = float(run.get("--restart-delay", "1"))
+        except ValueError:
+            delay = 0
+        if delay < 30:
+            fail("MPIJob launcher: loom run --restart-delay %s is under 30 s, shorter than the operator takes to make a lost worker pod again" % run.get("--restart-delay", "1 (the default)"))
         threads = run.get("--threads")
         limit = wc.get("resources", {}).get("limits", {}).get("cpu")
         if threads is None or limit is None or not isinstance(slots, int) or int(threads) * slots != self.cpus(limit):
@@ -482,6 +491,16 @@ class Checker:
             ref = env.get(n, {}).get("valueFrom", {}).get("resourceFieldRef", {})
             if ref.get("resource") != "limits.cpu" or ref.get("containerName") != c.get("name"):
                 fail("Job: %s does not come from the container's cpu limit" % n)
+        # A replaced pod's rendezvous must outlast the survivors' watchdog
+        # (they leave only after LOOM_COMM_TIMEOUT) and a pod's start, or it
+        # gives up just as the new group forms: another failed pod each time.
+        try:
+            rdzv = float(val.get("LOOM_RDZV_TIMEOUT", 300))
+            comm = float(val.get("LOOM_COMM_TIMEOUT", 600))
+        except (TypeError, ValueError):
+            rdzv, comm = 0, 0
+        if rdzv < comm + 60:
+            fail("Job: LOOM_RDZV_TIMEOUT %s is not at least LOOM_COMM_TIMEOUT %s + 60 s (a pod's start)" % (val.get("LOOM_RDZV_TIMEOUT", "300 (the default)"), val.get("LOOM_COMM_TIMEOUT", "600 (the default)")))
         if "cpu" not in c.get("resources", {}).get("limits", {}):
             fail("Job: the container has no cpu limit (the thread count comes from it)")
         try:
@@ -638,6 +657,8 @@ MUTATIONS = [
     ("LOOM_INIT misspelt", "read nowhere", lambda f: _env(f, "indexed-job.yaml", "LOOM_INIT").update(name="LOOM_INITS")),
     ("a thread variable misspelt", "LOOM_THREAD ", lambda f: _env(f, "indexed-job.yaml", "LOOM_THREADS").update(name="LOOM_THREAD")),
     ("Service not headless", "headless", lambda f: files_service(f).pop("clusterIP")),
+    ("rendezvous shorter than the watchdog", "LOOM_RDZV_TIMEOUT 300 is not", lambda f: _env(f, "indexed-job.yaml", "LOOM_RDZV_TIMEOUT").update(value="300")),
+    ("restarts faster than a pod comes back", "--restart-delay 1 is under", lambda f: _launcher_cmd(f).__setitem__(_launcher_cmd(f).index("--restart-delay") + 1, "1")),
     ("train.yaml with a misspelt key", "loom config check", lambda f: _cm(f, "indexed-job.yaml").update({"train.yaml": _cm(f, "indexed-job.yaml")["train.yaml"].replace("every: 100", "evry: 100")})),
     ("run directory off the volume", "run_dir", lambda f: _cm(f, "mpijob.yaml").update({"train.yaml": _cm(f, "mpijob.yaml")["train.yaml"].replace("run_dir: /runs/", "run_dir: /tmp/")})),
     ("loom train option misspelt", "loom train has no option", lambda f: _idx(f)["template"]["spec"]["containers"][0]["command"].append("--resum")),
