@@ -46,6 +46,27 @@ static const char *host_name_error(const char *s, size_t n) {
   }
   if (label == 0 || s[n - 1] == '-')
     return "a host name with an empty label or a label ending in '-'";
+  /* Digits and dots alone: an IPv4 address, each of its 4 parts 0..255. */
+  bool numeric = true;
+  int dots = 0;
+  for (size_t i = 0; i < n && numeric; i++) {
+    numeric = s[i] == '.' || (s[i] >= '0' && s[i] <= '9');
+    dots += s[i] == '.';
+  }
+  if (numeric) {
+    if (dots != 3)
+      return "an IPv4 address without 4 parts";
+    long part = 0;
+    for (size_t i = 0; i <= n; i++) {
+      if (i == n || s[i] == '.') {
+        if (part > 255)
+          return "an IPv4 address with a part over 255";
+        part = 0;
+      } else if ((part = part * 10 + (s[i] - '0')) > 255) {
+        return "an IPv4 address with a part over 255";
+      }
+    }
+  }
   return NULL;
 }
 
@@ -141,19 +162,31 @@ static loom_status parse_line(const char *path, int line, const char *s,
       i++;
     if (i == n)
       break;
+    /* key=N, with blanks around '=' allowed (as Open MPI allows them) */
     const char *tok = s + i;
-    while (i < n && !is_blank(s[i]))
+    while (i < n && !is_blank(s[i]) && s[i] != '=')
       i++;
-    size_t tok_n = (size_t)(s + i - tok);
-    const char *eq = memchr(tok, '=', tok_n);
-    if (!eq)
+    size_t key_n = (size_t)(s + i - tok);
+    size_t j = i;
+    while (j < n && is_blank(s[j]))
+      j++;
+    if (j == n || s[j] != '=') {
+      while (i < n && !is_blank(s[i]))
+        i++;
       return bad_line(path, line,
                       "more than one host on a line (one host per line, then "
                       "slots=N)",
-                      tok, tok_n);
-    size_t key_n = (size_t)(eq - tok);
-    const char *val = eq + 1;
-    size_t val_n = tok_n - key_n - 1;
+                      tok, (size_t)(s + i - tok));
+    }
+    j++;
+    while (j < n && is_blank(s[j]))
+      j++;
+    const char *val = s + j;
+    while (j < n && !is_blank(s[j]))
+      j++;
+    size_t val_n = (size_t)(s + j - val);
+    i = j;
+    size_t tok_n = (size_t)(s + j - tok);
     int *dst = NULL;
     if (key_n == 5 && memcmp(tok, "slots", 5) == 0)
       dst = &slots;

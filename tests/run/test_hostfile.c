@@ -62,6 +62,11 @@ TT_TEST(accepted_forms) {
   TT_CHECK_EQ(g.slots[3], 3);
   TT_CHECK_STR(g.names[4], "node5");
   TT_CHECK_EQ(g.slots[4], 1);
+  /* blanks around '=' as Open MPI takes them */
+  TT_REQUIRE_OK(parse("a slots = 2 max_slots =8\nb slots= 3\n", &g));
+  TT_CHECK_EQ(g.n, 2);
+  TT_CHECK_EQ(g.slots[0], 2);
+  TT_CHECK_EQ(g.slots[1], 3);
   TT_REQUIRE_OK(parse("big slots=4096\n", &g));
   TT_CHECK_EQ(g.total, LOOM_HOSTFILE_MAX_SLOTS);
 }
@@ -84,6 +89,11 @@ TT_TEST(bad_slots) {
 TT_TEST(bad_names) {
   rejects("host:2:3\n", "line 1: more than one ':'");
   rejects("node1 node2\n", "more than one host on a line");
+  rejects("node1 node2 slots=2\n", "more than one host on a line");
+  rejects("256.1.1.1 slots=1\n",
+          "an IPv4 address with a part over 255: '256.1.1.1'");
+  rejects("10.0.0.1000\n", "a part over 255");
+  rejects("10.0.3\n", "an IPv4 address without 4 parts");
   rejects("a cpus=4\n", "unknown key");
   rejects("no_underscores\n", "a character other than");
   rejects("-lead\n", "starting with '-'");
