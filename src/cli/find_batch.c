@@ -2,7 +2,8 @@
  * within a memory budget. The estimate (loom estimate) gives an upper
  * bound; then real training steps, each in a fresh `loom train` process
  * (its peak resident set is its own, and running out of memory kills only
- * it), at 1, 2, 4, ... up to the bound, then bisecting between the last
+ * it), at 1, 2, 4, ... (times parallel.micro_batches) up to the bound,
+ * then bisecting between the last
  * size that fit and the first that did not. */
 #include <errno.h>
 #include <fcntl.h>
@@ -25,6 +26,7 @@ typedef struct trial {
   int64_t batch;
   bool ran;          /* the process trained and wrote its metrics */
   bool stopped;      /* a stop signal ended it (or the search) */
+  bool refused;      /* loom train refused its config or data (exit 2) */
   double peak_mib;   /* its peak resident set */
   double throughput; /* samples/s or tokens/s of its last steps */
   char why[800];     /* when it did not run */
@@ -68,6 +70,21 @@ static double last_number(const char *path, const char *key) {
   }
   fclose(f);
   return v;
+}
+
+/* The last non-empty line of a file, without its newline, in out. */
+static void last_line(const char *path, char *out, size_t cap) {
+  snprintf(out, cap, "(no message; %s is empty)", path);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return;
+  char line[800];
+  while (fgets(line, sizeof line, f)) {
+    line[strcspn(line, "\n")] = '\0';
+    if (line[0])
+      snprintf(out, cap, "%s", line);
+  }
+  fclose(f);
 }
 
 /* Runs `loom train` for a few steps at batch b in dir/b<b>. */
@@ -164,6 +181,13 @@ static void run_trial(const char *config_path, const char *const *sets,
              WTERMSIG(status) == SIGKILL ? " (out of memory?)" : "");
     return;
   }
+  if (WEXITSTATUS(status) == LOOM_EXIT_USAGE) {
+    /* Its config or data, not its memory: the log (removed with the
+     * trials) holds the reason, its last line. */
+    t->refused = true;
+    last_line(log_path, t->why, sizeof t->why);
+    return;
+  }
   if (WEXITSTATUS(status) != 0) {
     snprintf(t->why, sizeof t->why, "loom train failed (exit %d; see %s)",
              WEXITSTATUS(status), log_path);
@@ -219,6 +243,18 @@ static int stopped(const char *dir) {
   return 128 + SIGINT;
 }
 
+/* A trial whose config or data loom train refused (exit 2) ends the
+ * search with its reason: it says nothing about memory, and every other
+ * size would be refused alike. */
+static int refused(const char *dir, const trial *t) {
+  remove_trials(dir);
+  fprintf(stderr,
+          "loom train: --find-batch-size: the trial at train.batch_size "
+          "%lld was refused: %s\n",
+          (long long)t->batch, t->why);
+  return LOOM_EXIT_USAGE;
+}
+
 /* A trial fits when it ran and its peak is within the budget. */
 static bool fits(const trial *t, double budget_mib) {
   return t->ran && t->peak_mib <= budget_mib;
@@ -241,7 +277,9 @@ static void print_trial(const trial *t, double est_mib, double budget_mib,
            fits(t, budget_mib) ? "fits" : "too big");
   else
     printf("%10lld %12.1f %12s %14s %s  %s\n", (long long)t->batch, est_mib,
-           "-", "-", unit, t->why);
+           "-", "-", unit,
+           t->refused ? "refused by loom train (exit 2): its reason below"
+                      : t->why);
   fflush(stdout);
 }
 
@@ -396,13 +434,17 @@ int loom_cli_find_batch_run(const char *config_path, const char *const *sets,
   }
   int64_t good = 0, bad = 0; /* largest that fit, smallest that did not */
   int tried = 0;
+  /* Every size a multiple of parallel.micro_batches (the micro-batches
+   * have the same rows), as loom estimate --memory answers. */
+  const int64_t m =
+      cfg.parallel.micro_batches > 1 ? cfg.parallel.micro_batches : 1;
   /* Doubling on real steps. The estimate counts address space a run may
    * never touch (an input gradient nobody reads), so it can say no where
    * a real step fits: it only stops sizes it puts above twice the budget,
    * which no trial should be allowed to reach. */
-  for (int64_t b = 1; b <= (1 << 24); b *= 2) {
+  for (int64_t b = m; b <= (1 << 24); b *= 2) {
     double est = estimate_mib(&cfg, b);
-    if (b > 1 && (est > 2 * budget_mib || est == 0)) {
+    if (b > m && (est > 2 * budget_mib || est == 0)) {
       printf("%10lld %12.1f %12s %14s %s  not tried: the estimate is over "
              "twice the budget\n",
              (long long)b, est, "-", "-", unit);
@@ -414,6 +456,8 @@ int loom_cli_find_batch_run(const char *config_path, const char *const *sets,
     if (t.stopped)
       return stopped(dir);
     print_trial(&t, est, budget_mib, unit);
+    if (t.refused)
+      return refused(dir, &t);
     tried++;
     if (!fits(&t, budget_mib)) {
       bad = b;
@@ -422,8 +466,8 @@ int loom_cli_find_batch_run(const char *config_path, const char *const *sets,
     good = b;
   }
   /* Bisect on real steps, to within 1/32 of the answer. */
-  while (bad && bad - good > 1 && (bad - good) * 32 > good && tried < 24) {
-    trial t = {.batch = good + (bad - good) / 2};
+  while (bad && bad - good > m && (bad - good) * 32 > good && tried < 24) {
+    trial t = {.batch = good + (bad - good) / m / 2 * m};
     double est = estimate_mib(&cfg, t.batch);
     if (est > 2 * budget_mib || est == 0) { /* not tried, as above */
       printf("%10lld %12.1f %12s %14s %s  not tried: the estimate is over "
@@ -436,6 +480,8 @@ int loom_cli_find_batch_run(const char *config_path, const char *const *sets,
     if (t.stopped)
       return stopped(dir);
     print_trial(&t, est, budget_mib, unit);
+    if (t.refused)
+      return refused(dir, &t);
     tried++;
     if (fits(&t, budget_mib))
       good = t.batch;
@@ -444,7 +490,8 @@ int loom_cli_find_batch_run(const char *config_path, const char *const *sets,
   }
   remove_trials(dir);
   if (good == 0) {
-    printf("nothing fits: batch 1 did not train within %.0f MiB\n", budget_mib);
+    printf("nothing fits: batch %lld did not train within %.0f MiB\n",
+           (long long)m, budget_mib);
     return LOOM_EXIT_FAIL;
   }
   printf("largest train.batch_size that fits: %lld\n", (long long)good);
