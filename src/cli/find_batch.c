@@ -400,13 +400,26 @@ int loom_cli_find_batch_run(const char *config_path, const char *const *sets,
     fprintf(stderr, "loom: %s\n", loom_last_error());
     return st == LOOM_ERR_CONFIG ? LOOM_EXIT_USAGE : LOOM_EXIT_FAIL;
   }
+  /* The trials run one rank; a pipeline or a tp group needs several. */
+  if (cfg.parallel.pp > 1 || cfg.parallel.tp > 1) {
+    const bool pp = cfg.parallel.pp > 1;
+    fprintf(
+        stderr,
+        "loom train: --find-batch-size is refused with parallel.%s "
+        "%lld: its trials run one rank (loom estimate -n N --set "
+        "parallel.%s=%lld --memory BYTES gives the largest "
+        "train.batch_size the estimate fits)\n",
+        pp ? "pp" : "tp", (long long)(pp ? cfg.parallel.pp : cfg.parallel.tp),
+        pp ? "pp" : "tp", (long long)(pp ? cfg.parallel.pp : cfg.parallel.tp));
+    return LOOM_EXIT_USAGE;
+  }
   const double mib = 1024.0 * 1024.0, budget_mib = budget / mib;
   int64_t bound = 0;
   st = loom_cli_largest_batch(&cfg, 1, cfg.parallel.strategy, budget, &bound,
                               NULL);
   if (st != LOOM_OK) {
     fprintf(stderr, "loom train: --find-batch-size: %s\n", loom_last_error());
-    return LOOM_EXIT_FAIL;
+    return st == LOOM_ERR_CONFIG ? LOOM_EXIT_USAGE : LOOM_EXIT_FAIL;
   }
   const bool text = cfg.model.name == LOOM_CFG_MODEL_GPT;
   const char *unit = text ? "tokens/s" : "samples/s";

@@ -43,4 +43,15 @@ cat "$tmp/out"
   bad "a refused trial: rc $rc"
 [ -z "$(ls -A "$TMPDIR")" ] && ok "the refused trial left nothing behind" || bad "left in TMPDIR: $(ls "$TMPDIR")"
 
+# A pipeline or a tp group: refused as docs/parallel.md says, exit 2 (before,
+# the estimate's "parallel.dp 0 x parallel.pp 2 is not the 1 ranks" and
+# "parallel.tp 2 does not divide the 1 ranks", exit 1).
+for kv in pp=2 tp=2; do
+  "$LOOM" train "$cfg" --find-batch-size --memory 200M "${text[@]}" \
+    --set "parallel.$kv" >"$tmp/out" 2>&1
+  rc=$?
+  [ $rc = 2 ] && grep -q "^loom train: --find-batch-size is refused with parallel.${kv%=*} 2" "$tmp/out" &&
+    ok "parallel.$kv: refused, exit 2" || { bad "parallel.$kv: rc $rc"; cat "$tmp/out"; }
+done
+
 finish train_find_batch
