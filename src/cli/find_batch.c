@@ -255,6 +255,18 @@ static int refused(const char *dir, const trial *t) {
   return LOOM_EXIT_USAGE;
 }
 
+/* bytes as "512 MiB", "1 KiB", "1.5 KiB", "100 bytes": MiB from 1 MiB
+ * (the table's unit), below it KiB or bytes. */
+static const char *size_str(double bytes, char *buf, size_t cap) {
+  if (bytes >= 1024.0 * 1024.0)
+    snprintf(buf, cap, "%.0f MiB", bytes / (1024.0 * 1024.0));
+  else if (bytes >= 1024.0)
+    snprintf(buf, cap, "%.4g KiB", bytes / 1024.0);
+  else
+    snprintf(buf, cap, "%.0f bytes", bytes);
+  return buf;
+}
+
 /* A trial fits when it ran and its peak is within the budget. */
 static bool fits(const trial *t, double budget_mib) {
   return t->ran && t->peak_mib <= budget_mib;
@@ -344,6 +356,13 @@ int loom_cli_auto_batch(const char *config_path, const char *const *sets,
     return LOOM_EXIT_FAIL;
   }
   double budget = memory ? given : 0.8 * total / local;
+  if (budget > total / local) { /* as the finder: not beyond the host */
+    if (rank == 0)
+      printf("train.batch_size auto: --memory %s is more than this host's "
+             "memory over its %d rank(s): the budget is MemTotal / %d\n",
+             memory, local, local);
+    budget = total / local;
+  }
   int64_t b = 0;
   loom_status st = loom_cli_largest_batch(cfg, world, cfg->parallel.strategy,
                                           budget, &b, NULL);
@@ -413,7 +432,26 @@ int loom_cli_find_batch_run(const char *config_path, const char *const *sets,
         pp ? "pp" : "tp", (long long)(pp ? cfg.parallel.pp : cfg.parallel.tp));
     return LOOM_EXIT_USAGE;
   }
+  /* No budget beyond the machine: a trial sized for it would only meet
+   * the OOM killer (or swap). */
+  const double total = loom_cli_mem_total();
+  if (total > 0 && budget > total) {
+    char total_s[32];
+    printf("# --memory %s is more than this machine's memory: the budget is "
+           "MemTotal, %s\n",
+           memory, size_str(total, total_s, sizeof total_s));
+    budget = total;
+  }
   const double mib = 1024.0 * 1024.0, budget_mib = budget / mib;
+  /* No trial the estimate puts above twice the budget, nor above the
+   * machine's memory. */
+  const double limit_mib =
+      total > 0 && total / mib < 2 * budget_mib ? total / mib : 2 * budget_mib;
+  const char *limit_why = limit_mib < 2 * budget_mib
+                              ? "the machine's memory (MemTotal)"
+                              : "twice the budget";
+  char budget_s[32];
+  size_str(budget, budget_s, sizeof budget_s);
   int64_t bound = 0;
   st = loom_cli_largest_batch(&cfg, 1, cfg.parallel.strategy, budget, &bound,
                               NULL);
@@ -423,17 +461,24 @@ int loom_cli_find_batch_run(const char *config_path, const char *const *sets,
   }
   const bool text = cfg.model.name == LOOM_CFG_MODEL_GPT;
   const char *unit = text ? "tokens/s" : "samples/s";
-  printf("# %s: largest train.batch_size within %.0f MiB (%s), one rank\n",
-         config_path, budget_mib, memory ? "--memory" : "90% of MemAvailable");
+  printf("# %s: largest train.batch_size within %s (%s), one rank\n",
+         config_path, budget_s,
+         !memory                        ? "90% of MemAvailable"
+         : total > 0 && budget == total ? "--memory, capped at MemTotal"
+                                        : "--memory");
   printf("# the estimate allows %lld; trying real steps (4 each, in their "
          "own process)\n",
          (long long)bound);
   printf("%10s %12s %12s %14s\n", "batch", "estimate MiB", "peak MiB",
          "throughput");
   if (bound == 0) {
-    printf("nothing fits: even 1 row needs more than %.0f MiB by the "
+    printf("nothing fits: even %lld row%s need%s more than %s by the "
            "estimate\n",
-           budget_mib);
+           (long long)(cfg.parallel.micro_batches > 1
+                           ? cfg.parallel.micro_batches
+                           : 1),
+           cfg.parallel.micro_batches > 1 ? "s" : "",
+           cfg.parallel.micro_batches > 1 ? "" : "s", budget_s);
     return LOOM_EXIT_FAIL;
   }
   const char *tmpdir = getenv("TMPDIR");
@@ -453,14 +498,15 @@ int loom_cli_find_batch_run(const char *config_path, const char *const *sets,
       cfg.parallel.micro_batches > 1 ? cfg.parallel.micro_batches : 1;
   /* Doubling on real steps. The estimate counts address space a run may
    * never touch (an input gradient nobody reads), so it can say no where
-   * a real step fits: it only stops sizes it puts above twice the budget,
-   * which no trial should be allowed to reach. */
+   * a real step fits: it only stops sizes it puts above twice the budget
+   * (or the machine's memory), which no trial should be allowed to
+   * reach. */
   for (int64_t b = m; b <= (1 << 24); b *= 2) {
     double est = estimate_mib(&cfg, b);
-    if (b > m && (est > 2 * budget_mib || est == 0)) {
+    if (b > m && (est > limit_mib || est == 0)) {
       printf("%10lld %12.1f %12s %14s %s  not tried: the estimate is over "
-             "twice the budget\n",
-             (long long)b, est, "-", "-", unit);
+             "%s\n",
+             (long long)b, est, "-", "-", unit, limit_why);
       bad = b;
       break;
     }
@@ -482,10 +528,10 @@ int loom_cli_find_batch_run(const char *config_path, const char *const *sets,
   while (bad && bad - good > m && (bad - good) * 32 > good && tried < 24) {
     trial t = {.batch = good + (bad - good) / m / 2 * m};
     double est = estimate_mib(&cfg, t.batch);
-    if (est > 2 * budget_mib || est == 0) { /* not tried, as above */
+    if (est > limit_mib || est == 0) { /* not tried, as above */
       printf("%10lld %12.1f %12s %14s %s  not tried: the estimate is over "
-             "twice the budget\n",
-             (long long)t.batch, est, "-", "-", unit);
+             "%s\n",
+             (long long)t.batch, est, "-", "-", unit, limit_why);
       bad = t.batch;
       continue;
     }
@@ -503,8 +549,8 @@ int loom_cli_find_batch_run(const char *config_path, const char *const *sets,
   }
   remove_trials(dir);
   if (good == 0) {
-    printf("nothing fits: batch %lld did not train within %.0f MiB\n",
-           (long long)m, budget_mib);
+    printf("nothing fits: batch %lld did not train within %s\n", (long long)m,
+           budget_s);
     return LOOM_EXIT_FAIL;
   }
   printf("largest train.batch_size that fits: %lld\n", (long long)good);

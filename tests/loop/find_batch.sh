@@ -54,4 +54,39 @@ for kv in pp=2 tp=2; do
     ok "parallel.$kv: refused, exit 2" || { bad "parallel.$kv: rc $rc"; cat "$tmp/out"; }
 done
 
+# A budget above the machine's memory is capped at MemTotal, with a note:
+# the estimate's bound is then MemTotal's (before: 99999T taken as given,
+# trials doubled towards the OOM killer). A refused data path ends the
+# search after the header, at the first trial.
+kb=$(awk '/^MemTotal:/ { print $2 }' /proc/meminfo)
+missing=(--set "data.path=$tmp/no-such-file")
+"$LOOM" estimate "$cfg" --memory "${kb}K" "${missing[@]}" >"$tmp/est" 2>&1
+want=$(sed -n 's/^largest train.batch_size within [0-9]*K under [a-z0-9]*: \([0-9]*\)$/\1/p' "$tmp/est")
+"$LOOM" train "$cfg" --find-batch-size --memory 99999T "${missing[@]}" >"$tmp/out" 2>&1
+rc=$?
+cat "$tmp/out"
+got=$(sed -n 's/^# the estimate allows \([0-9]*\);.*/\1/p' "$tmp/out")
+grep -q "^# --memory 99999T is more than this machine's memory: the budget is MemTotal, " "$tmp/out" &&
+  grep -q "(--memory, capped at MemTotal)" "$tmp/out" && [ -n "$want" ] && [ "$got" = "$want" ] &&
+  ok "--memory 99999T: capped at MemTotal ($kb kB), bound $got" ||
+  bad "--memory 99999T: bound '$got', want '$want' (MemTotal's), rc $rc"
+# train.batch_size auto under a launcher (here its variable alone, and
+# --print-config: nothing trains): the same cap, per rank of the host.
+"$LOOM" estimate "$cfg" --memory "${kb}K" >"$tmp/est" 2>&1
+want=$(sed -n 's/^largest train.batch_size within [0-9]*K under [a-z0-9]*: \([0-9]*\)$/\1/p' "$tmp/est")
+OMPI_COMM_WORLD_SIZE=1 "$LOOM" train "$cfg" --set train.batch_size=auto --memory 99999T \
+  --print-config >"$tmp/out" 2>&1
+rc=$?
+got=$(sed -n 's/^train.batch_size auto: \([0-9]*\) (loom estimate for 1 rank.*/\1/p' "$tmp/out")
+[ $rc = 0 ] && grep -q "^train.batch_size auto: --memory 99999T is more than this host's memory" "$tmp/out" &&
+  [ -n "$want" ] && [ "$got" = "$want" ] &&
+  ok "batch_size auto under a launcher, --memory 99999T: MemTotal's $got" ||
+  { bad "auto under a launcher: '$got', want '$want', rc $rc"; head -3 "$tmp/out"; }
+# A budget below a MiB is printed in KiB (before: "within 0 MiB").
+"$LOOM" train "$cfg" --find-batch-size --memory 1K "${text[@]}" >"$tmp/out" 2>&1
+rc=$?
+[ $rc = 1 ] && grep -q "within 1 KiB (--memory)" "$tmp/out" &&
+  grep -q "^nothing fits: even 1 row needs more than 1 KiB by the estimate$" "$tmp/out" &&
+  ok "--memory 1K: within 1 KiB, nothing fits" || { bad "--memory 1K: rc $rc"; cat "$tmp/out"; }
+
 finish train_find_batch
