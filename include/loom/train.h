@@ -177,6 +177,14 @@ loom_status loom_train_estimate_memory(const loom_config *cfg, int ranks,
  * mesh (ranks / pp data-parallel replicas). */
 loom_status loom_train_estimate_stage(const loom_config *cfg, int ranks,
                                       int stage, loom_train_estimate *out);
+/* The rules a job of `ranks` ranks must meet before it starts, as the
+ * trainer checks them at start-up (the world size is known only then):
+ * parallel.dp x tp x pp is the world size (dp > 0), tp x pp divides it,
+ * strategy none on one rank only (and without parallel.deterministic),
+ * and deterministic mode's world size and virtual shards powers of two,
+ * the ranks dividing the shards. LOOM_ERR_CONFIG naming the numbers;
+ * loom estimate -n N applies the same. */
+loom_status loom_train_check_world(const loom_config *cfg, int ranks);
 /* The process's peak resident set so far, in bytes (getrusage). */
 double loom_train_peak_rss(void);
 

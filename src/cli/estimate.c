@@ -26,7 +26,10 @@ static void usage(FILE *f) {
       "(or only S), and what a rank sends per step (sent/step). With\n"
       "parallel.pp > 1, one row per pipeline stage instead. Strategies\n"
       "this build cannot run yet are marked 'forecast'. A training run\n"
-      "writes its measured peak (peak_rss_mb) into metrics.jsonl.\n\n"
+      "writes its measured peak (peak_rss_mb) into metrics.jsonl.\n"
+      "A job loom train would refuse at start-up on N ranks (parallel.dp\n"
+      "x tp x pp not N, deterministic mode on N not a power of two, ...)\n"
+      "is refused with training's message, exit 2.\n\n"
       "  -n N              ranks\n"
       "  --strategy S      ddp, zero1, zero2, zero3, fsdp, or none (one\n"
       "                    rank only)\n"
@@ -200,8 +203,19 @@ int loom_cmd_estimate(int argc, char **argv) {
     rc = LOOM_EXIT_USAGE;
     goto done;
   }
-  if (cfg.parallel.pp > 1 && only >= 0)
+  /* The world-size rules loom train applies at start-up, with S as the
+   * config's strategy: a job it would refuse gets no table. */
+  loom_cfg_strategy own = cfg.parallel.strategy;
+  if (only >= 0)
     cfg.parallel.strategy = (loom_cfg_strategy)only;
+  st = loom_train_check_world(&cfg, ranks);
+  if (st != LOOM_OK) {
+    fprintf(stderr, "loom estimate: %s\n", loom_last_error());
+    rc = st == LOOM_ERR_CONFIG ? LOOM_EXIT_USAGE : LOOM_EXIT_FAIL;
+    goto done;
+  }
+  if (cfg.parallel.pp == 1)
+    cfg.parallel.strategy = own;
   if (cfg.train.batch_size == 0) {
     /* auto: what loom train under loom run -n N on one host would take. */
     double share = 0.8 * loom_cli_mem_total() / ranks;

@@ -355,6 +355,12 @@ int loom_cli_auto_batch(const char *config_path, const char *const *sets,
                     "host's memory or its ranks\n");
     return LOOM_EXIT_FAIL;
   }
+  /* The rules loom train would refuse the job by at start-up: exit 2
+   * now, not a batch sized for a job that cannot start. */
+  if (loom_train_check_world(cfg, world) != LOOM_OK) {
+    fprintf(stderr, "loom train: %s\n", loom_last_error());
+    return LOOM_EXIT_USAGE;
+  }
   double budget = memory ? given : 0.8 * total / local;
   if (budget > total / local) { /* as the finder: not beyond the host */
     if (rank == 0)
@@ -430,6 +436,12 @@ int loom_cli_find_batch_run(const char *config_path, const char *const *sets,
         "train.batch_size the estimate fits)\n",
         pp ? "pp" : "tp", (long long)(pp ? cfg.parallel.pp : cfg.parallel.tp),
         pp ? "pp" : "tp", (long long)(pp ? cfg.parallel.pp : cfg.parallel.tp));
+    return LOOM_EXIT_USAGE;
+  }
+  /* The trials run one rank: what loom train refuses on one. */
+  st = loom_train_check_world(&cfg, 1);
+  if (st != LOOM_OK) {
+    fprintf(stderr, "loom train: --find-batch-size: %s\n", loom_last_error());
     return LOOM_EXIT_USAGE;
   }
   /* No budget beyond the machine: a trial sized for it would only meet

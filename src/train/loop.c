@@ -407,6 +407,52 @@ static loom_status make_bounds(loom_trainer *t) {
   return LOOM_OK;
 }
 
+loom_status loom_train_check_world(const loom_config *cfg, int ranks) {
+  if (!cfg || ranks < 1)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_train_check_world: bad "
+                                            "arguments");
+  const loom_config_parallel *pc = &cfg->parallel;
+  const int64_t P = pc->pp, T = pc->tp;
+  if (pc->dp > 0 && pc->dp * T * P != ranks)
+    return loom_error(LOOM_ERR_CONFIG,
+                      "parallel.dp %lld x parallel.tp %lld x parallel.pp "
+                      "%lld = %lld ranks, but the job has %d (start %lld, or "
+                      "set parallel.dp auto)",
+                      (long long)pc->dp, (long long)T, (long long)P,
+                      (long long)(pc->dp * T * P), ranks,
+                      (long long)(pc->dp * T * P));
+  if (ranks % (T * P) != 0)
+    return loom_error(LOOM_ERR_CONFIG,
+                      "parallel.tp %lld x parallel.pp %lld does not divide "
+                      "the job's %d ranks (parallel.dp auto takes ranks / "
+                      "(tp x pp) replicas)",
+                      (long long)T, (long long)P, ranks);
+  if (P > 1 || T > 1)
+    return LOOM_OK; /* the config refuses none and deterministic there */
+  if (pc->strategy == LOOM_CFG_STRATEGY_NONE) {
+    if (ranks > 1)
+      return loom_error(LOOM_ERR_CONFIG,
+                        "parallel.strategy 'none' with %d ranks: each would "
+                        "train alone; use 'ddp' or 'auto'",
+                        ranks);
+    if (pc->deterministic)
+      return loom_error(LOOM_ERR_CONFIG,
+                        "parallel.deterministic needs parallel.strategy "
+                        "'auto', 'ddp', 'zero1', 'zero2', 'zero3' or "
+                        "'fsdp'");
+    return LOOM_OK;
+  }
+  const int64_t v = pc->virtual_shards;
+  if (pc->deterministic &&
+      ((v & (v - 1)) != 0 || v % ranks != 0 || (ranks & (ranks - 1)) != 0))
+    return loom_error(LOOM_ERR_CONFIG,
+                      "parallel.deterministic: %d ranks and "
+                      "parallel.virtual_shards %lld; both must be powers "
+                      "of two and the ranks must divide the shards",
+                      ranks, (long long)v);
+  return LOOM_OK;
+}
+
 /* The world group, the strategy and the shape of a rank's batch. */
 static loom_status open_world(loom_trainer *t) {
   const loom_config_parallel *pc = &t->cfg.parallel;
@@ -456,22 +502,10 @@ static loom_status open_world(loom_trainer *t) {
     t->units = t->replicas;
     return LOOM_OK;
   }
-  switch (pc->strategy) {
-  case LOOM_CFG_STRATEGY_NONE:
-    if (t->nranks > 1)
-      return loom_error(LOOM_ERR_CONFIG,
-                        "parallel.strategy 'none' with %d ranks: each would "
-                        "train alone; use 'ddp' or 'auto'",
-                        t->nranks);
-    if (pc->deterministic)
-      return loom_error(LOOM_ERR_CONFIG,
-                        "parallel.deterministic needs parallel.strategy "
-                        "'auto', 'ddp', 'zero1', 'zero2', 'zero3' or "
-                        "'fsdp'");
+  /* loom_train_check_world (in loom_train_mesh) held the world-size
+   * rules: none is one rank's, deterministic's sizes powers of two */
+  if (pc->strategy == LOOM_CFG_STRATEGY_NONE)
     return LOOM_OK;
-  default:
-    break;
-  }
   bool ddp = pc->strategy == LOOM_CFG_STRATEGY_DDP || t->zero ||
              t->nranks > 1 || pc->deterministic;
   if (!ddp)
@@ -479,13 +513,6 @@ static loom_status open_world(loom_trainer *t) {
   t->units = t->nranks;
   if (pc->deterministic) {
     int64_t v = pc->virtual_shards;
-    if ((v & (v - 1)) != 0 || v % t->nranks != 0 ||
-        (t->nranks & (t->nranks - 1)) != 0)
-      return loom_error(LOOM_ERR_CONFIG,
-                        "parallel.deterministic: %d ranks and "
-                        "parallel.virtual_shards %lld; both must be powers "
-                        "of two and the ranks must divide the shards",
-                        t->nranks, (long long)v);
     /* batch_size is one shard's rows: the batch per rank when there are
      * as many ranks as shards. */
     t->shards = (int)(v / t->nranks);

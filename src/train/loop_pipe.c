@@ -24,19 +24,7 @@ loom_status loom_train_mesh(loom_trainer *t) {
   t->stages = 1;
   t->tp_rank = 0;
   t->tps = 1;
-  if (pc->dp > 0 && pc->dp * T * P != t->nranks)
-    return loom_error(LOOM_ERR_CONFIG,
-                      "parallel.dp %lld x parallel.tp %d x parallel.pp %d = "
-                      "%lld ranks, but the job has %d (start %lld, or set "
-                      "parallel.dp auto)",
-                      (long long)pc->dp, T, P, (long long)(pc->dp * T * P),
-                      t->nranks, (long long)(pc->dp * T * P));
-  if (t->nranks % (T * P) != 0)
-    return loom_error(LOOM_ERR_CONFIG,
-                      "parallel.tp %d x parallel.pp %d does not divide the "
-                      "job's %d ranks (parallel.dp auto takes ranks / (tp x "
-                      "pp) replicas)",
-                      T, P, t->nranks);
+  LOOM_TRY(loom_train_check_world(&t->cfg, t->nranks));
   if (P == 1 && T == 1)
     return LOOM_OK;
   /* rank = (replica x P + stage) x T + tp_rank: a tensor-parallel group's

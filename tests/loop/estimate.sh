@@ -283,4 +283,23 @@ for args in "-n 0" "--strategy zero9" "--memory 12X" "--bogus" "-n 2 --strategy 
   [ $rc = 2 ] && ok "estimate $args: exit 2 ($(head -1 "$tmp/out"))" || bad "estimate $args: rc $rc"
 done
 
+# The world-size rules loom train applies at start-up, with its words
+# (before, estimate printed a table, exit 0, for jobs training refused):
+# deterministic mode on 3 ranks, dp 3 on 2 ranks.
+for args in "-n 3 --set parallel.deterministic=true" "-n 2 --set parallel.dp=3"; do
+  n=${args#-n }
+  n=${n%% *}
+  # shellcheck disable=SC2086
+  "$LOOM" estimate "$cfg" $args --set "data.path=$tmp/text.txt" >"$tmp/est" 2>&1
+  erc=$?
+  # shellcheck disable=SC2086
+  run "$n" train "$cfg" --resume never --set train.steps=1 --set checkpoint.enabled=false \
+    --set "data.path=$tmp/text.txt" --set "log.run_dir=$tmp/world$n" ${args#-n [0-9]}
+  want=$(sed -n 's/^loom train: \[rank 0\] //p' "$tmp/out" | head -1)
+  got=$(sed -n 's/^loom estimate: //p' "$tmp/est")
+  [ $erc = 2 ] && [ -n "$want" ] && [ "$got" = "$want" ] &&
+    ok "estimate $args: exit 2, as training ($got)" ||
+    { bad "estimate $args: rc $erc, '$got', training '$want'"; cat "$tmp/est"; }
+done
+
 finish train_estimate
