@@ -14,9 +14,9 @@
  * input or the activation handed on in half, the output gradient, and the
  * layer above's): 4 x 2u = 8u in the worst case of each step; with inputs
  * of random signs the errors of a sum partly cancel, so the worst case of
- * sum |a b| against |sum a b| (about twice) is not reached in norm. The values here are far
- * above f16's subnormal range (2^-14), where its relative error would grow.
- * What is measured is 3 to 10 times smaller (the errors have random
+ * sum |a b| against |sum a b| (about twice) is not reached in norm. The values
+ * here are far above f16's subnormal range (2^-14), where its relative error
+ * would grow. What is measured is 3 to 10 times smaller (the errors have random
  * signs); an error in the path (an f32 operand read as half, a stale
  * weight, bf16 read as f16) is far larger. */
 #include <math.h>
