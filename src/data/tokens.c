@@ -308,10 +308,12 @@ loom_status loom_dataset_open_text(loom_dataset **out, const char *path,
   ds->segs[0].width = 1;
   ds->segs[0].base = ds->text + (split == LOOM_SPLIT_TRAIN ? 0 : ntrain);
   ds->segs[0].ntok = split == LOOM_SPLIT_TRAIN ? ntrain : nval;
+  /* This split's bytes only: the val split's classes are not the file's
+   * (loom train checks the model's vocabulary against both splits). */
   uint8_t maxb = 0;
-  for (int64_t i = 0; i < n; i++)
-    if (ds->text[i] > maxb)
-      maxb = ds->text[i];
+  for (int64_t i = 0; i < ds->segs[0].ntok; i++)
+    if (ds->segs[0].base[i] > maxb)
+      maxb = ds->segs[0].base[i];
   ds->classes = (int64_t)maxb + 1;
   LOOM_TRY_GOTO(st,
                 setup_windows(ds, split == LOOM_SPLIT_TRAIN ? "the train split"

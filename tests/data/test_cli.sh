@@ -50,5 +50,12 @@ head -c 1000 "$tmp/t.bin" >"$tmp/cut.bin"
 check "info on a truncated shard: exit 1" test "$(rc_of "$LOOM" data info "$tmp/cut.bin")" = 1
 check "truncated shard named" grep -q "cut.bin: truncated" "$tmp/err"
 
+# each split of a text reports its own largest byte (the val split gave the
+# whole file's)
+python3 -c 'import sys; open(sys.argv[1], "wb").write(b"z" * 90 + b"a" * 10)' "$tmp/za.txt"
+check "info on za.txt" test "$(rc_of "$LOOM" data info "$tmp/za.txt" --context 4)" = 0
+check "train split's largest byte" grep -q "train split: 90 bytes, .* largest byte 122$" "$tmp/out"
+check "val split's largest byte" grep -q "val split: 10 bytes, .* largest byte 97$" "$tmp/out"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

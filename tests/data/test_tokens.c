@@ -269,6 +269,34 @@ TT_TEST(test_text_splits) {
   free(text);
 }
 
+/* Each split of a text reports its own largest byte: 90 'z' then 10 'a'
+ * gave the val split the whole file's 'z' (classes 123). */
+TT_TEST(test_text_split_classes) {
+  uint8_t za[100];
+  memset(za, 'z', 90);
+  memset(za + 90, 'a', 10);
+  const char *p = tu_path("za.txt");
+  tu_write(p, za, sizeof za);
+  loom_text_opts o = loom_text_opts_default();
+  o.context = 4;
+  loom_dataset *tr = NULL, *va = NULL;
+  TT_REQUIRE_OK(loom_dataset_open_text(&tr, p, LOOM_SPLIT_TRAIN, &o));
+  TT_REQUIRE_OK(loom_dataset_open_text(&va, p, LOOM_SPLIT_VAL, &o));
+  loom_dataset_info it, iv;
+  loom_dataset_get_info(tr, &it);
+  loom_dataset_get_info(va, &iv);
+  TT_CHECK_EQ(it.tokens, 90);
+  TT_CHECK_EQ(iv.tokens, 10);
+  TT_CHECK_EQ(it.classes, 'z' + 1);
+  TT_CHECK_EQ(iv.classes, 'a' + 1);
+  /* the vocabulary check still covers each split's own bytes */
+  TT_CHECK_OK(loom_dataset_check_vocab(va, 'a' + 1));
+  TT_CHECK_EQ(loom_dataset_check_vocab(tr, 'a' + 1), LOOM_ERR_CONFIG);
+  TT_CHECK(tu_msg_has("za.txt: byte 0 is 122"));
+  loom_dataset_free(tr);
+  loom_dataset_free(va);
+}
+
 /* A token outside the vocabulary, in a validation shard or in text, is an
  * error on open naming the file and the position (issue 10: it was found
  * only at evaluation, without the file). A FIFO is refused, not waited on. */
@@ -312,6 +340,7 @@ int main(void) {
   TT_RUN(test_shard_damage);
   TT_RUN(test_shard_windows);
   TT_RUN(test_text_splits);
+  TT_RUN(test_text_split_classes);
   TT_RUN(test_vocab_and_fifo);
   tu_cleanup();
   return tt_finish();
