@@ -2,42 +2,177 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 /* No real IDX file comes near this; it stops a corrupt header from asking
  * for an absurd allocation. */
 #define IDX_MAX_BYTES ((int64_t)1 << 40)
 
-/* Reads up to n bytes; *got is what arrived. Errors (including a gzip
- * stream cut short, which zlib reports as Z_BUF_ERROR) are returned with a
- * message naming the file; a plain short read is not an error here. */
-static loom_status gz_read_all(gzFile gz, const char *path, uint8_t *buf,
-                               size_t n, size_t *got) {
+/* The bytes of an IDX file: plain, or gzip inflated here with zlib's
+ * inflate rather than gzread, which stops at the first bytes after a gzip
+ * member that are not another member and ignores them: a file with
+ * garbage or zeros after its stream must be refused, naming the offset. */
+#define SRC_IN_BYTES ((size_t)64 << 10)
+
+typedef struct idx_src {
+  const char *path;
+  int fd;
+  bool gz;
+  bool z_live;  /* inflateInit2 done */
+  bool eof;     /* read() returned 0 */
+  bool ended;   /* gzip: the last member ended and nothing follows */
+  int64_t pos;  /* file bytes read so far */
+  int64_t made; /* gzip: bytes of data inflated so far */
+  uint8_t *in;  /* (SRC_IN_BYTES) compressed input */
+  z_stream z;
+} idx_src;
+
+/* Moves the unread input to the front and reads more after it. */
+static loom_status src_refill(idx_src *s) {
+  if (s->eof)
+    return LOOM_OK;
+  if (s->z.avail_in && s->z.next_in != s->in)
+    memmove(s->in, s->z.next_in, s->z.avail_in);
+  s->z.next_in = s->in;
+  ssize_t r;
+  do
+    r = read(s->fd, s->in + s->z.avail_in, SRC_IN_BYTES - s->z.avail_in);
+  while (r < 0 && errno == EINTR);
+  if (r < 0)
+    return loom_error(LOOM_ERR_IO, "%s: read failed: %s", s->path,
+                      strerror(errno));
+  if (r == 0)
+    s->eof = true;
+  s->z.avail_in += (uInt)r;
+  s->pos += r;
+  return LOOM_OK;
+}
+
+/* A gzip member ended: another member may follow (gzip's concatenation);
+ * anything else after it is an error naming its offset. */
+static loom_status src_member_end(idx_src *s) {
+  while (s->z.avail_in < 2 && !s->eof)
+    LOOM_TRY(src_refill(s));
+  if (s->z.avail_in == 0) {
+    s->ended = true;
+    return LOOM_OK;
+  }
+  if (s->z.avail_in >= 2 && s->z.next_in[0] == 0x1f &&
+      s->z.next_in[1] == 0x8b) {
+    if (inflateReset(&s->z) != Z_OK)
+      return loom_error(LOOM_ERR_INTERNAL, "%s: inflateReset failed", s->path);
+    return LOOM_OK;
+  }
+  int64_t at = s->pos - (int64_t)s->z.avail_in;
+  struct stat sb;
+  int64_t size = fstat(s->fd, &sb) == 0 ? (int64_t)sb.st_size : s->pos;
+  return loom_error(LOOM_ERR_CORRUPT,
+                    "%s: trailing data at byte offset %lld: %lld bytes after "
+                    "the gzip stream (%lld bytes of data) that are not gzip",
+                    s->path, (long long)at, (long long)(size - at),
+                    (long long)s->made);
+}
+
+/* Reads up to n bytes; *got is what arrived (short only at the end of the
+ * data). Errors name the file: a read failure, a gzip stream cut short,
+ * damaged gzip data (checksums included), trailing bytes. */
+static loom_status src_read(idx_src *s, uint8_t *buf, size_t n, size_t *got) {
   *got = 0;
-  while (*got < n) {
+  if (!s->gz) {
+    while (*got < n) {
+      ssize_t r = read(s->fd, buf + *got, n - *got);
+      if (r < 0 && errno == EINTR)
+        continue;
+      if (r < 0)
+        return loom_error(LOOM_ERR_IO, "%s: read failed: %s", s->path,
+                          strerror(errno));
+      if (r == 0)
+        break;
+      *got += (size_t)r;
+    }
+    return LOOM_OK;
+  }
+  while (*got < n && !s->ended) {
+    if (s->z.avail_in == 0)
+      LOOM_TRY(src_refill(s));
     size_t want = n - *got;
     if (want > (size_t)1 << 30)
       want = (size_t)1 << 30;
-    int r = gzread(gz, buf + *got, (unsigned)want);
-    if (r > 0)
-      *got += (size_t)r;
-    if (r <= 0 || (size_t)r < want)
-      break;
+    s->z.next_out = buf + *got;
+    s->z.avail_out = (uInt)want;
+    int r = inflate(&s->z, Z_NO_FLUSH);
+    *got += want - s->z.avail_out;
+    s->made += (int64_t)(want - s->z.avail_out);
+    if (r == Z_STREAM_END) {
+      LOOM_TRY(src_member_end(s));
+    } else if (r == Z_BUF_ERROR && s->z.avail_in == 0) {
+      if (s->eof)
+        return loom_error(LOOM_ERR_CORRUPT,
+                          "%s: truncated gzip stream after %lld bytes of data",
+                          s->path, (long long)s->made);
+    } else if (r == Z_MEM_ERROR) {
+      return loom_error_context(LOOM_ERR_NOMEM, "inflating %s", s->path);
+    } else if (r != Z_OK) {
+      return loom_error(LOOM_ERR_CORRUPT,
+                        "%s: bad gzip data near byte offset %lld: %s", s->path,
+                        (long long)(s->pos - (int64_t)s->z.avail_in),
+                        s->z.msg ? s->z.msg : "inflate failed");
+    }
   }
-  int errnum = Z_OK;
-  const char *msg = gzerror(gz, &errnum);
-  if (errnum == Z_ERRNO)
-    return loom_error(LOOM_ERR_IO, "%s: read failed: %s", path,
-                      strerror(errno));
-  if (errnum == Z_BUF_ERROR)
-    return loom_error(LOOM_ERR_CORRUPT,
-                      "%s: truncated gzip stream (%s) after %zu bytes of data",
-                      path, msg, *got);
-  if (errnum != Z_OK)
-    return loom_error(LOOM_ERR_CORRUPT, "%s: bad gzip data: %s", path, msg);
+  return LOOM_OK;
+}
+
+static void src_close(idx_src *s) {
+  if (s->z_live)
+    inflateEnd(&s->z);
+  if (s->fd >= 0)
+    close(s->fd);
+  loom_free(s->in);
+  memset(s, 0, sizeof *s);
+  s->fd = -1;
+}
+
+/* Opens path (a regular file: a FIFO or a directory in its place is an
+ * error, not a hang) and finds whether it is gzip (magic 1f 8b, as gzread
+ * decides) or plain. */
+static loom_status src_open(idx_src *s, const char *path, struct stat *sb) {
+  memset(s, 0, sizeof *s);
+  s->fd = -1;
+  s->path = path;
+  s->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (s->fd < 0)
+    return loom_error(LOOM_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+  if (fstat(s->fd, sb) != 0)
+    return loom_error(LOOM_ERR_IO, "cannot stat %s: %s", path, strerror(errno));
+  if (!S_ISREG(sb->st_mode))
+    return loom_error(LOOM_ERR_IO, "%s: not a regular file", path);
+  if (!(s->in = loom_malloc(SRC_IN_BYTES)))
+    return loom_error_context(LOOM_ERR_NOMEM, "reading %s", path);
+  s->z.next_in = s->in;
+  while (s->z.avail_in < 2 && !s->eof)
+    LOOM_TRY(src_refill(s));
+  s->gz = s->z.avail_in >= 2 && s->in[0] == 0x1f && s->in[1] == 0x8b;
+  if (!s->gz) {
+    /* plain: read from the start again, past what was looked at */
+    if (lseek(s->fd, 0, SEEK_SET) != 0)
+      return loom_error(LOOM_ERR_IO, "%s: cannot seek: %s", path,
+                        strerror(errno));
+    s->pos = 0;
+    s->eof = false;
+    s->z.avail_in = 0;
+    return LOOM_OK;
+  }
+  int r = inflateInit2(&s->z, 16 + MAX_WBITS); /* gzip wrapper only */
+  if (r != Z_OK)
+    return r == Z_MEM_ERROR
+               ? loom_error_context(LOOM_ERR_NOMEM, "reading %s", path)
+               : loom_error(LOOM_ERR_INTERNAL, "%s: inflateInit2 failed", path);
+  s->z_live = true;
   return LOOM_OK;
 }
 
@@ -68,29 +203,20 @@ static void dims_str(const loom_idx *m, char *buf, size_t cap) {
                           (long long)m->dims[i]);
 }
 
-/* Opens path and reads its header into out (dims, bytes; no data): *gzp
+/* Opens path and reads its header into out (dims, bytes; no data): *src
  * is left open just past it, *sb holds the file's stat. On error nothing
  * stays open. */
-static loom_status open_header(const char *path, gzFile *gzp, struct stat *sb,
+static loom_status open_header(const char *path, idx_src *src, struct stat *sb,
                                loom_idx *out) {
   if (!path || !out)
     return loom_error(LOOM_ERR_INVALID_ARG, "loom_idx_read: NULL argument");
   memset(out, 0, sizeof *out);
-  /* A FIFO or a directory in the file's place is an error, not a hang. */
-  if (stat(path, sb) != 0)
-    return loom_error(LOOM_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-  if (!S_ISREG(sb->st_mode))
-    return loom_error(LOOM_ERR_IO, "%s: not a regular file", path);
-  errno = 0;
-  gzFile gz = gzopen(path, "rb");
-  if (!gz)
-    return loom_error(LOOM_ERR_IO, "cannot open %s: %s", path,
-                      errno ? strerror(errno) : "out of memory");
   loom_status st = LOOM_OK;
   uint8_t hdr[4 + 4 * LOOM_IDX_MAX_DIMS];
   size_t got = 0;
 
-  LOOM_TRY_GOTO(st, gz_read_all(gz, path, hdr, 4, &got), done);
+  LOOM_TRY_GOTO(st, src_open(src, path, sb), done);
+  LOOM_TRY_GOTO(st, src_read(src, hdr, 4, &got), done);
   if (got < 4) {
     st = loom_error(LOOM_ERR_CORRUPT,
                     "%s: truncated IDX header (%zu of 4 magic bytes)", path,
@@ -120,8 +246,7 @@ static loom_status open_header(const char *path, gzFile *gzp, struct stat *sb,
                     path, ndim, LOOM_IDX_MAX_DIMS);
     goto done;
   }
-  LOOM_TRY_GOTO(st, gz_read_all(gz, path, hdr + 4, 4 * (size_t)ndim, &got),
-                done);
+  LOOM_TRY_GOTO(st, src_read(src, hdr + 4, 4 * (size_t)ndim, &got), done);
   if (got < 4 * (size_t)ndim) {
     st = loom_error(LOOM_ERR_CORRUPT,
                     "%s: truncated IDX header (%zu of %d dimension bytes)",
@@ -147,25 +272,24 @@ static loom_status open_header(const char *path, gzFile *gzp, struct stat *sb,
     total *= out->dims[i];
   }
   out->bytes = (size_t)total;
-  *gzp = gz;
   return LOOM_OK;
 done:
-  gzclose(gz);
+  src_close(src);
   return st;
 }
 
 loom_status loom_idx_read_header(const char *path, loom_idx *out) {
-  gzFile gz;
+  idx_src src;
   struct stat sb;
-  LOOM_TRY(open_header(path, &gz, &sb, out));
-  gzclose(gz);
+  LOOM_TRY(open_header(path, &src, &sb, out));
+  src_close(&src);
   return LOOM_OK;
 }
 
 loom_status loom_idx_read(const char *path, loom_idx *out) {
-  gzFile gz;
+  idx_src src;
   struct stat sb;
-  LOOM_TRY(open_header(path, &gz, &sb, out));
+  LOOM_TRY(open_header(path, &src, &sb, out));
   loom_status st = LOOM_OK;
   size_t got = 0;
   char dims[96];
@@ -175,7 +299,7 @@ loom_status loom_idx_read(const char *path, loom_idx *out) {
   /* A plain file: the header must describe the file's size exactly, checked
    * before anything is allocated from it. */
   int64_t hdr_bytes = 4 + 4 * (int64_t)ndim;
-  if (gzdirect(gz) && (int64_t)sb.st_size != hdr_bytes + total) {
+  if (!src.gz && (int64_t)sb.st_size != hdr_bytes + total) {
     st = loom_error(
         LOOM_ERR_CORRUPT,
         "%s: %s: the header (%s) needs %lld bytes of data, the "
@@ -200,8 +324,7 @@ loom_status loom_idx_read(const char *path, loom_idx *out) {
     loom_free(out->data);
     out->data = grown;
     size_t more = 0;
-    LOOM_TRY_GOTO(st, gz_read_all(gz, path, out->data + got, cap - got, &more),
-                  done);
+    LOOM_TRY_GOTO(st, src_read(&src, out->data + got, cap - got, &more), done);
     got += more;
     if (got < cap || cap == out->bytes)
       break;
@@ -215,7 +338,7 @@ loom_status loom_idx_read(const char *path, loom_idx *out) {
     goto done;
   }
   uint8_t extra[64];
-  LOOM_TRY_GOTO(st, gz_read_all(gz, path, extra, sizeof extra, &got), done);
+  LOOM_TRY_GOTO(st, src_read(&src, extra, sizeof extra, &got), done);
   if (got > 0) {
     st = loom_error(LOOM_ERR_CORRUPT,
                     "%s: trailing data after the %zu bytes the header (%s) "
@@ -225,7 +348,7 @@ loom_status loom_idx_read(const char *path, loom_idx *out) {
   }
 
 done:
-  gzclose(gz);
+  src_close(&src);
   if (st != LOOM_OK)
     loom_idx_free(out);
   return st;

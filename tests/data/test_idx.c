@@ -159,6 +159,63 @@ TT_TEST(test_damage) {
   expect_fail(tu_path("no-such-file.gz"), LOOM_ERR_IO, "No such file");
 }
 
+/* Appends n bytes to path; returns the size it had (-1 on failure). */
+static long append_bytes(const char *path, const void *b, size_t n) {
+  struct stat sb;
+  FILE *f = stat(path, &sb) == 0 ? fopen(path, "ab") : NULL;
+  if (!f)
+    return -1;
+  bool ok = fwrite(b, 1, n, f) == n;
+  return fclose(f) == 0 && ok ? (long)sb.st_size : -1;
+}
+
+/* Bytes after a gzip stream that are not another gzip member are refused
+ * with their offset (gzread ignored them: a valid .gz + "GARBAGEGARBAGE" or
+ * + 100 zero bytes was read as a good file). Concatenated members are
+ * gzip's own format and read as one stream. */
+TT_TEST(test_gzip_trailing_bytes) {
+  const char *p = tu_path("tail-im.gz"), *lb = tu_path("tail-lb.gz");
+  char want[128];
+  write_pair(p, lb, 1);
+  long at = append_bytes(p, "GARBAGEGARBAGE", 14);
+  TT_REQUIRE(at > 0);
+  snprintf(want, sizeof want, "trailing data at byte offset %ld: 14 bytes", at);
+  expect_fail(p, LOOM_ERR_CORRUPT, want);
+  TT_CHECK(tu_msg_has(p));
+  static const uint8_t zeros[100];
+  write_pair(p, lb, 1);
+  at = append_bytes(p, zeros, sizeof zeros);
+  TT_REQUIRE(at > 0);
+  snprintf(want, sizeof want, "trailing data at byte offset %ld: 100 bytes",
+           at);
+  expect_fail(p, LOOM_ERR_CORRUPT, want);
+  write_pair(p, lb, 1);
+  TT_REQUIRE(append_bytes(p, "\x1f", 1) > 0); /* not even a gzip magic */
+  expect_fail(p, LOOM_ERR_CORRUPT, "trailing data");
+  loom_idx m;
+  TT_CHECK_EQ(loom_idx_read_header(p, &m), LOOM_OK); /* the header is fine */
+  /* a second member holding the last bytes of the data: one stream */
+  uint8_t buf[256];
+  uint32_t d3[3] = {5, 3, 4};
+  size_t n = idx_bytes(buf, 0x00000803, d3, 3, pix, 60);
+  write_file(p, buf, n - 7, 1);
+  const char *second = tu_path("second.gz");
+  write_file(second, buf + n - 7, 7, 1);
+  uint8_t sec[256];
+  FILE *f = fopen(second, "rb");
+  TT_REQUIRE(f != NULL);
+  size_t k = fread(sec, 1, sizeof sec, f);
+  fclose(f);
+  TT_REQUIRE(append_bytes(p, sec, k) > 0);
+  TT_REQUIRE_OK(loom_idx_read(p, &m));
+  TT_CHECK_EQ((long)m.bytes, 60);
+  TT_CHECK(memcmp(m.data, pix, 60) == 0);
+  loom_idx_free(&m);
+  /* ... and garbage after the second member is refused too */
+  TT_REQUIRE(append_bytes(p, "GARBAGE", 7) > 0);
+  expect_fail(p, LOOM_ERR_CORRUPT, "trailing data at byte offset");
+}
+
 TT_TEST(test_image_dataset) {
   const char *im = tu_path("ds-im.gz"), *lb = tu_path("ds-lb");
   write_pair(im, lb, 1);
@@ -353,6 +410,7 @@ int main(void) {
   TT_RUN(test_image_dataset);
   TT_RUN(test_image_dataset_errors);
   TT_RUN(test_alloc_failures);
+  TT_RUN(test_gzip_trailing_bytes);
   TT_RUN(test_fashion_layout);
   TT_RUN(test_real_fashion_mnist);
   TT_RUN(test_names);
