@@ -81,6 +81,29 @@ static inline uint32_t loom_shard_token(const loom_shard *s, int64_t i) {
 loom_status loom_shard_write(const char *path, const uint16_t *tokens,
                              int64_t ntok);
 
+/* ------------------------------------------------------------ file kinds */
+
+#define LOOM_DATA_FILE_LIST(X)                                                 \
+  X(LOOM_DATA_FILE_TEXT, "text")                                               \
+  X(LOOM_DATA_FILE_IDX, "IDX")                                                 \
+  X(LOOM_DATA_FILE_SHARD, "llm.c token shard")
+
+typedef enum {
+#define LOOM_X_ENUM(name, text) name,
+  LOOM_DATA_FILE_LIST(LOOM_X_ENUM)
+#undef LOOM_X_ENUM
+      LOOM_DATA_FILE_COUNT
+} loom_data_file;
+const char *loom_data_file_name(loom_data_file k);
+
+/* What path holds, from its first bytes, never its name: a shard magic
+ * (little-endian 20240520 or 20240801) is a shard; an IDX magic (00 00,
+ * then a known element type) is IDX; the gzip magic (1f 8b) is IDX when
+ * the first inflated bytes are an IDX magic, else LOOM_ERR_UNSUPPORTED
+ * (loom reads gzip only as IDX); anything else is text. A file that is not
+ * regular is LOOM_ERR_IO; errors name the file. */
+loom_status loom_data_file_detect(const char *path, loom_data_file *out);
+
 /* -------------------------------------------------------------- data sets */
 
 #define LOOM_SPLIT_LIST(X)                                                     \

@@ -107,7 +107,10 @@ static void info_help(FILE *f) {
              "token shard\n"
              "(.bin), or a text file read as bytes (with its train/val split "
              "and the\n"
-             "number of windows of T+1 bytes; T defaults to 128).\n");
+             "number of windows of T+1 bytes; T defaults to 128). The kind "
+             "comes from\n"
+             "the file's first bytes (gzip, IDX or shard magic; else text), "
+             "not its name.\n");
 }
 
 static bool ends_with(const char *s, const char *suffix) {
@@ -136,7 +139,18 @@ static int cmd_info(int argc, char **argv) {
     info_help(stderr);
     return LOOM_EXIT_USAGE;
   }
-  if (ends_with(path, ".bin")) {
+  loom_data_file kind;
+  if (loom_data_file_detect(path, &kind) != LOOM_OK)
+    return fail("info");
+  /* The content decides; a name that promises a shard or an IDX file
+   * whose content has neither magic goes to that reader for its error
+   * (wrong magic), not to the text reader. */
+  if (kind == LOOM_DATA_FILE_TEXT && ends_with(path, ".bin"))
+    kind = LOOM_DATA_FILE_SHARD;
+  else if (kind == LOOM_DATA_FILE_TEXT &&
+           (ends_with(path, ".gz") || ends_with(path, "-ubyte")))
+    kind = LOOM_DATA_FILE_IDX;
+  if (kind == LOOM_DATA_FILE_SHARD) {
     loom_shard s;
     if (loom_shard_open(path, &s) != LOOM_OK)
       return fail("info");
@@ -146,7 +160,7 @@ static int cmd_info(int argc, char **argv) {
     loom_shard_close(&s);
     return LOOM_EXIT_OK;
   }
-  if (strstr(path, "idx") || strstr(path, "ubyte")) {
+  if (kind == LOOM_DATA_FILE_IDX) {
     loom_idx m;
     if (loom_idx_read(path, &m) != LOOM_OK)
       return fail("info");

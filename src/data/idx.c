@@ -1,4 +1,6 @@
-/* IDX files ((Fashion-)MNIST): gzip or plain through zlib, fully checked. */
+/* IDX files ((Fashion-)MNIST): gzip or plain through zlib, fully checked;
+ * and what a data file holds, found from its first bytes (it needs the
+ * gzip reader). */
 #include "internal.h"
 
 #include <errno.h>
@@ -359,4 +361,57 @@ void loom_idx_free(loom_idx *idx) {
     return;
   loom_free(idx->data);
   memset(idx, 0, sizeof *idx);
+}
+
+/* ----------------------------------------------------------- file kinds */
+
+static const char *const data_file_names[] = {
+#define LOOM_X_NAME(name, text) text,
+    LOOM_DATA_FILE_LIST(LOOM_X_NAME)
+#undef LOOM_X_NAME
+};
+_Static_assert(sizeof data_file_names / sizeof data_file_names[0] ==
+                   LOOM_DATA_FILE_COUNT,
+               "data_file_names must list every loom_data_file");
+
+const char *loom_data_file_name(loom_data_file k) {
+  return (unsigned)k < LOOM_DATA_FILE_COUNT ? data_file_names[k] : "?";
+}
+
+static bool is_idx_magic(const uint8_t *h, size_t n) {
+  return n >= 4 && h[0] == 0 && h[1] == 0 && idx_type_name(h[2]) != NULL;
+}
+
+loom_status loom_data_file_detect(const char *path, loom_data_file *out) {
+  if (!path || !out)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_data_file_detect: NULL argument");
+  *out = LOOM_DATA_FILE_TEXT;
+  idx_src src;
+  struct stat sb;
+  uint8_t h[4];
+  size_t got = 0;
+  loom_status st = src_open(&src, path, &sb);
+  if (st == LOOM_OK)
+    st = src_read(&src, h, sizeof h, &got);
+  bool gz = src.gz;
+  src_close(&src);
+  LOOM_TRY(st);
+  if (gz) {
+    if (!is_idx_magic(h, got))
+      return loom_error(LOOM_ERR_UNSUPPORTED,
+                        "%s: gzip data whose first %zu inflated bytes are not "
+                        "an IDX magic (00 00 08 NN); loom reads gzip files "
+                        "only as IDX",
+                        path, got);
+    *out = LOOM_DATA_FILE_IDX;
+  } else if (is_idx_magic(h, got)) {
+    *out = LOOM_DATA_FILE_IDX;
+  } else if (got == 4) {
+    uint32_t m = (uint32_t)h[0] | ((uint32_t)h[1] << 8) |
+                 ((uint32_t)h[2] << 16) | ((uint32_t)h[3] << 24);
+    if (m == LOOM_SHARD_MAGIC_U16 || m == LOOM_SHARD_MAGIC_U32)
+      *out = LOOM_DATA_FILE_SHARD;
+  }
+  return LOOM_OK;
 }

@@ -50,6 +50,41 @@ head -c 1000 "$tmp/t.bin" >"$tmp/cut.bin"
 check "info on a truncated shard: exit 1" test "$(rc_of "$LOOM" data info "$tmp/cut.bin")" = 1
 check "truncated shard named" grep -q "cut.bin: truncated" "$tmp/err"
 
+# info finds the kind from the content, not from the name: a text under a
+# directory named idx..., a gzip IDX named images.gz, a plain IDX and a
+# shard with names that say nothing
+python3 - "$tmp" <<'PYEOF'
+import gzip, struct, sys
+d = sys.argv[1]
+idx = struct.pack(">IIII", 0x803, 2, 3, 4) + bytes(range(24))
+open(d + "/images.gz", "wb").write(gzip.compress(idx))
+open(d + "/images.raw", "wb").write(idx)
+open(d + "/text.gz", "wb").write(gzip.compress(b"hello world " * 20))
+open(d + "/tail-idx.gz", "wb").write(gzip.compress(idx) + b"GARBAGEGARBAGE")
+PYEOF
+mkdir -p "$tmp/idxstuff-ubyte"
+seq 1 200 >"$tmp/idxstuff-ubyte/kjv.txt"
+check "info: text under an idx directory" \
+  test "$(rc_of "$LOOM" data info "$tmp/idxstuff-ubyte/kjv.txt" --context 4)" = 0
+check "info: text described as text" grep -q "kjv.txt: text, val split" "$tmp/out"
+check "info: gzip IDX named images.gz" test "$(rc_of "$LOOM" data info "$tmp/images.gz")" = 0
+check "info: images.gz is IDX" grep -q "images.gz: IDX, unsigned bytes, 3 dimensions (2, 3, 4)" "$tmp/out"
+check "info: plain IDX named images.raw" test "$(rc_of "$LOOM" data info "$tmp/images.raw")" = 0
+check "info: images.raw is IDX" grep -q "images.raw: IDX, unsigned bytes, 3 dimensions (2, 3, 4)" "$tmp/out"
+cp "$tmp/t.bin" "$tmp/tokens.dat"
+check "info: shard named tokens.dat" test "$(rc_of "$LOOM" data info "$tmp/tokens.dat")" = 0
+check "info: tokens.dat is a shard" grep -q "tokens.dat: llm.c token shard, magic 20240520" "$tmp/out"
+check "info: gzip text: exit 1" test "$(rc_of "$LOOM" data info "$tmp/text.gz")" = 1
+check "info: gzip text named" grep -q "text.gz: gzip data .* not an IDX magic" "$tmp/err"
+check "info: gzip IDX + garbage: exit 1" test "$(rc_of "$LOOM" data info "$tmp/tail-idx.gz")" = 1
+check "info: garbage offset named" grep -q "tail-idx.gz: trailing data at byte offset .*: 14 bytes" "$tmp/err"
+printf 'not a shard at all\n' >"$tmp/bad.bin"
+check "info: .bin without the magic: exit 1" test "$(rc_of "$LOOM" data info "$tmp/bad.bin")" = 1
+check "info: .bin without the magic named" grep -q "bad.bin: " "$tmp/err"
+mkfifo "$tmp/fifo"
+check "info: FIFO refused" test "$(rc_of timeout 10 "$LOOM" data info "$tmp/fifo")" = 1
+check "info: FIFO named" grep -q "fifo: not a regular file" "$tmp/err"
+
 # each split of a text reports its own largest byte (the val split gave the
 # whole file's)
 python3 -c 'import sys; open(sys.argv[1], "wb").write(b"z" * 90 + b"a" * 10)' "$tmp/za.txt"

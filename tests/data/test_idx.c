@@ -403,6 +403,46 @@ TT_TEST(test_names) {
   TT_CHECK_STR(loom_dataset_kind_name(LOOM_DATASET_TOKENS), "tokens");
 }
 
+/* loom_data_file_detect: the kind from the first bytes, not the name. */
+TT_TEST(test_file_detect) {
+  uint8_t buf[256];
+  uint32_t d3[3] = {5, 3, 4};
+  size_t n = idx_bytes(buf, 0x00000803, d3, 3, pix, 60);
+  loom_data_file k = LOOM_DATA_FILE_COUNT;
+  const char *p = tu_path("idx-named.txt");
+  write_file(p, buf, n, 0);
+  TT_CHECK_OK(loom_data_file_detect(p, &k));
+  TT_CHECK_EQ(k, LOOM_DATA_FILE_IDX);
+  p = tu_path("images.gz");
+  write_file(p, buf, n, 1);
+  TT_CHECK_OK(loom_data_file_detect(p, &k));
+  TT_CHECK_EQ(k, LOOM_DATA_FILE_IDX);
+  uint16_t tok[3] = {1, 2, 3};
+  p = tu_path("shard.data");
+  TT_REQUIRE_OK(loom_shard_write(p, tok, 3));
+  TT_CHECK_OK(loom_data_file_detect(p, &k));
+  TT_CHECK_EQ(k, LOOM_DATA_FILE_SHARD);
+  TT_CHECK(strcmp(loom_data_file_name(k), "llm.c token shard") == 0);
+  p = tu_path("idx3-ubyte");
+  tu_write(p, "hello", 5);
+  TT_CHECK_OK(loom_data_file_detect(p, &k));
+  TT_CHECK_EQ(k, LOOM_DATA_FILE_TEXT);
+  tu_write(p, "", 0);
+  TT_CHECK_OK(loom_data_file_detect(p, &k));
+  TT_CHECK_EQ(k, LOOM_DATA_FILE_TEXT);
+  p = tu_path("text-idx.gz");
+  write_file(p, (const uint8_t *)"hello world", 11, 1);
+  TT_CHECK_EQ(loom_data_file_detect(p, &k), LOOM_ERR_UNSUPPORTED);
+  TT_CHECK(tu_msg_has(p));
+  p = tu_path("fifo-idx.gz");
+  TT_REQUIRE(mkfifo(p, 0600) == 0);
+  TT_CHECK_EQ(loom_data_file_detect(p, &k), LOOM_ERR_IO);
+  TT_CHECK(tu_msg_has("not a regular file"));
+  TT_CHECK_EQ(loom_data_file_detect(tu_dir, &k), LOOM_ERR_IO);
+  TT_CHECK_EQ(loom_data_file_detect(tu_path("none"), &k), LOOM_ERR_IO);
+  TT_CHECK(tu_msg_has("No such file"));
+}
+
 int main(void) {
   tu_tmpdir();
   TT_RUN(test_plain_and_gzip);
@@ -411,6 +451,7 @@ int main(void) {
   TT_RUN(test_image_dataset_errors);
   TT_RUN(test_alloc_failures);
   TT_RUN(test_gzip_trailing_bytes);
+  TT_RUN(test_file_detect);
   TT_RUN(test_fashion_layout);
   TT_RUN(test_real_fashion_mnist);
   TT_RUN(test_names);
