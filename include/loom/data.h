@@ -194,6 +194,12 @@ typedef struct loom_text_opts {
 } loom_text_opts;
 loom_text_opts loom_text_opts_default(void);
 
+/* The bytes of a whole file, as the text reader reads them: what is not a
+ * regular file (a FIFO, a directory) is refused, never waited on; errors
+ * name the file and the reason. *data (*n bytes, one more allocated) is
+ * the caller's, freed with loom_free. */
+loom_status loom_text_read(const char *path, uint8_t **data, int64_t *n);
+
 /* A byte-level text file (vocabulary 256): the train split is the first
  * n - round(n*val_fraction) bytes, val the rest. */
 loom_status loom_dataset_open_text(loom_dataset **out, const char *path,

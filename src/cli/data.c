@@ -219,30 +219,27 @@ static int cmd_shard(int argc, char **argv) {
     shard_help(stderr);
     return LOOM_EXIT_USAGE;
   }
-  FILE *f = fopen(in, "rb");
-  if (!f) {
-    loom_error(LOOM_ERR_IO, "cannot open %s", in);
+  /* The text reader: a FIFO, a directory or a missing file is an error
+   * naming it and why, never a hang or an empty shard. */
+  uint8_t *bytes = NULL;
+  int64_t n = 0;
+  if (loom_text_read(in, &bytes, &n) != LOOM_OK)
+    return fail("shard");
+  if (n > INT32_MAX) {
+    loom_free(bytes);
+    loom_error(LOOM_ERR_INVALID_ARG,
+               "%s: %lld bytes; an llm.c shard holds at most 2^31-1 tokens", in,
+               (long long)n);
     return fail("shard");
   }
-  int64_t cap = 1 << 20, n = 0;
-  uint16_t *tok = loom_malloc((size_t)cap * sizeof *tok);
-  int c;
-  while (tok && (c = fgetc(f)) != EOF) {
-    if (n == cap) {
-      uint16_t *t2 = loom_malloc((size_t)cap * 2 * sizeof *tok);
-      if (t2)
-        memcpy(t2, tok, (size_t)n * sizeof *tok);
-      loom_free(tok);
-      tok = t2;
-      cap *= 2;
-      if (!tok)
-        break;
-    }
-    tok[n++] = (uint16_t)c;
-  }
-  fclose(f);
-  if (!tok)
+  uint16_t *tok = loom_malloc((size_t)(n ? n : 1) * sizeof *tok);
+  if (!tok) {
+    loom_free(bytes);
     return fail("shard");
+  }
+  for (int64_t i = 0; i < n; i++)
+    tok[i] = bytes[i];
+  loom_free(bytes);
   loom_status st = loom_shard_write(out, tok, n);
   loom_free(tok);
   if (st != LOOM_OK)

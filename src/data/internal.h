@@ -62,5 +62,10 @@ loom_status loom_sampler_batch_from(const loom_sampler *s, int64_t start,
 char *loom_data_strdup(const char *s);
 /* mkdir -p of the directory part of `path` (nothing when it has none). */
 loom_status loom_data_mkdirs_for(const char *path);
+/* path's directory made if missing, then loom_fs_write_atomic (a temporary
+ * per process: ranks may fill the same cache at once; never written
+ * through a symbolic link, never into a device, pipe or directory). */
+loom_status loom_data_write_atomic(const char *path, const void *data,
+                                   size_t n);
 
 #endif /* LOOM_DATA_INTERNAL_H */

@@ -243,29 +243,6 @@ static loom_status strip_refs(buf *raw, int64_t *verses) {
   return LOOM_OK;
 }
 
-/* path's directory made if missing, then loom_fs_write_atomic (a temporary
- * per process: ranks may fill the same cache at once). */
-static loom_status write_atomic(const char *path, const uint8_t *data,
-                                size_t n) {
-  char dir[4200];
-  int k = snprintf(dir, sizeof dir, "%s", path);
-  if (k < 0 || (size_t)k >= sizeof dir)
-    return loom_error(LOOM_ERR_INVALID_ARG, "path too long: %s", path);
-  LOOM_TRY(loom_data_mkdirs_for(path));
-  char *slash = strrchr(dir, '/');
-  const char *name = path;
-  if (slash == dir) {
-    name = path + 1;
-    dir[1] = '\0';
-  } else if (slash) {
-    *slash = '\0';
-    name = slash + 1;
-  } else {
-    snprintf(dir, sizeof dir, ".");
-  }
-  return loom_fs_write_atomic(dir, name, data, n);
-}
-
 loom_status loom_kjv_prepare(const char *path, const loom_kjv_opts *opts,
                              loom_kjv_info *info) {
   loom_kjv_opts o = opts ? *opts : loom_kjv_opts_default();
@@ -319,7 +296,7 @@ loom_status loom_kjv_prepare(const char *path, const loom_kjv_opts *opts,
                     LOOM_KJV_BYTES, KJV_CRC32C);
     goto done;
   }
-  LOOM_TRY_GOTO(st, write_atomic(path, raw.p, raw.n), done);
+  LOOM_TRY_GOTO(st, loom_data_write_atomic(path, raw.p, raw.n), done);
 done:
   loom_free(raw.p);
   return st;

@@ -153,46 +153,25 @@ loom_status loom_shard_write(const char *path, const uint16_t *tokens,
                       "loom_shard_write: bad arguments (%lld tokens; llm.c "
                       "shards hold at most 2^31-1)",
                       (long long)ntok);
-  char tmp[4096];
-  int n = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-  if (n < 0 || (size_t)n >= sizeof tmp)
-    return loom_error(LOOM_ERR_INVALID_ARG, "path too long: %s", path);
-  LOOM_TRY(loom_data_mkdirs_for(path));
-  /* Not through a link or into a hard-linked file planted at its name. */
-  int fd = loom_fs_open_write_at(AT_FDCWD, tmp, O_TRUNC, 0644);
-  FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
-  if (!f) {
-    int e = errno;
-    if (fd >= 0)
-      close(fd);
-    return loom_error(LOOM_ERR_IO, "cannot create %s: %s", tmp,
-                      loom_fs_strerror(e));
+  /* One buffer written by loom_fs_write_atomic: a link at `path` is
+   * replaced (what it points to untouched), a device, pipe or directory
+   * there is refused, never written into or renamed over. */
+  size_t len = SHARD_HEADER_BYTES + (size_t)ntok * 2;
+  uint8_t *buf = loom_malloc(len);
+  if (!buf)
+    return loom_error_context(LOOM_ERR_NOMEM, "writing %s", path);
+  memset(buf, 0, SHARD_HEADER_BYTES);
+  put_le32(buf, LOOM_SHARD_MAGIC_U16);
+  put_le32(buf + 4, LOOM_SHARD_VERSION_U16);
+  put_le32(buf + 8, (int32_t)ntok);
+  uint8_t *p = buf + SHARD_HEADER_BYTES;
+  for (int64_t i = 0; i < ntok; i++) {
+    p[2 * i] = (uint8_t)tokens[i];
+    p[2 * i + 1] = (uint8_t)(tokens[i] >> 8);
   }
-  uint8_t hdr[SHARD_HEADER_BYTES] = {0};
-  put_le32(hdr, LOOM_SHARD_MAGIC_U16);
-  put_le32(hdr + 4, LOOM_SHARD_VERSION_U16);
-  put_le32(hdr + 8, (int32_t)ntok);
-  bool ok = fwrite(hdr, 1, sizeof hdr, f) == sizeof hdr;
-  uint8_t buf[8192];
-  for (int64_t i = 0; ok && i < ntok;) {
-    size_t k = 0;
-    for (; k < sizeof buf && i < ntok; k += 2, i++) {
-      buf[k] = (uint8_t)tokens[i];
-      buf[k + 1] = (uint8_t)(tokens[i] >> 8);
-    }
-    ok = fwrite(buf, 1, k, f) == k;
-  }
-  ok = (fflush(f) == 0) && ok;
-  ok = (fsync(fileno(f)) == 0) && ok;
-  int err = errno;
-  ok = (fclose(f) == 0) && ok;
-  if (!ok || rename(tmp, path) != 0) {
-    if (ok)
-      err = errno;
-    loom_fs_discard(AT_FDCWD, tmp);
-    return loom_error(LOOM_ERR_IO, "cannot write %s: %s", path, strerror(err));
-  }
-  return LOOM_OK;
+  loom_status st = loom_data_write_atomic(path, buf, len);
+  loom_free(buf);
+  return st;
 }
 
 /* ---------------------------------------------------------- windows */
@@ -236,7 +215,9 @@ static loom_status check_text_opts(const loom_text_opts *o) {
   return LOOM_OK;
 }
 
-static loom_status read_file(const char *path, uint8_t **data, int64_t *n) {
+loom_status loom_text_read(const char *path, uint8_t **data, int64_t *n) {
+  if (!path || !data || !n)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_text_read: NULL argument");
   *data = NULL;
   *n = 0;
   /* O_NONBLOCK: a FIFO in the text's place must not hang the open. */
@@ -297,7 +278,7 @@ loom_status loom_dataset_open_text(loom_dataset **out, const char *path,
     st = LOOM_ERR_NOMEM;
     goto fail;
   }
-  LOOM_TRY_GOTO(st, read_file(path, &ds->text, &n), fail);
+  LOOM_TRY_GOTO(st, loom_text_read(path, &ds->text, &n), fail);
   int64_t nval = (int64_t)llround((double)n * o.val_fraction);
   int64_t ntrain = n - nval;
   ds->kind = LOOM_DATASET_TOKENS;

@@ -50,6 +50,37 @@ head -c 1000 "$tmp/t.bin" >"$tmp/cut.bin"
 check "info on a truncated shard: exit 1" test "$(rc_of "$LOOM" data info "$tmp/cut.bin")" = 1
 check "truncated shard named" grep -q "cut.bin: truncated" "$tmp/err"
 
+# shard: an input that is not a regular file is refused (a FIFO blocked
+# forever, a directory made an empty shard), a missing one says why; the
+# output is never a device, pipe or directory, nor written through a link
+mkfifo "$tmp/in-fifo" "$tmp/out-fifo.bin"
+mkdir "$tmp/in-dir" "$tmp/out-dir.bin"
+check "shard: FIFO input: exit 1" \
+  test "$(rc_of timeout 10 "$LOOM" data shard "$tmp/in-fifo" "$tmp/o.bin")" = 1
+check "shard: FIFO input named" grep -q "in-fifo: not a regular file" "$tmp/err"
+check "shard: directory input: exit 1" \
+  test "$(rc_of "$LOOM" data shard "$tmp/in-dir" "$tmp/o.bin")" = 1
+check "shard: directory input named" grep -q "in-dir: not a regular file" "$tmp/err"
+check "shard: missing input: exit 1" \
+  test "$(rc_of "$LOOM" data shard "$tmp/no-such" "$tmp/o.bin")" = 1
+check "shard: missing input's reason" grep -q "no-such: No such file or directory" "$tmp/err"
+check "shard: nothing written for a bad input" test ! -e "$tmp/o.bin"
+check "shard: FIFO output: exit 1" \
+  test "$(rc_of timeout 10 "$LOOM" data shard "$tmp/t.txt" "$tmp/out-fifo.bin")" = 1
+check "shard: FIFO output named" grep -q "out-fifo.bin: .*not a regular file" "$tmp/err"
+check "shard: FIFO output left in place" test -p "$tmp/out-fifo.bin"
+check "shard: directory output: exit 1" \
+  test "$(rc_of "$LOOM" data shard "$tmp/t.txt" "$tmp/out-dir.bin")" = 1
+check "shard: directory output left in place" test -d "$tmp/out-dir.bin"
+echo keep >"$tmp/target"
+ln -s "$tmp/target" "$tmp/link.bin"
+check "shard: link output" test "$(rc_of "$LOOM" data shard "$tmp/t.txt" "$tmp/link.bin")" = 0
+check "shard: link target untouched" test "$(cat "$tmp/target")" = keep
+check "shard: link replaced by the shard" test "$(stat -c %s "$tmp/link.bin")" = $((1024 + 2 * 24))
+check "shard: link replacement reported" grep -q "link.bin was a symbolic link" "$tmp/err"
+left=$(find "$tmp" -maxdepth 1 -name '*.tmp.*')
+check "shard: no temporary left" test -z "$left"
+
 # info finds the kind from the content, not from the name: a text under a
 # directory named idx..., a gzip IDX named images.gz, a plain IDX and a
 # shard with names that say nothing

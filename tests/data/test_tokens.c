@@ -333,6 +333,46 @@ TT_TEST(test_vocab_and_fifo) {
   unlink(fifo);
 }
 
+/* loom_shard_write never writes into a pipe or directory at its path
+ * (rename replaced a FIFO there), and replaces a link without touching
+ * its target; loom_text_read refuses what is not a regular file. */
+TT_TEST(test_shard_write_targets) {
+  uint16_t tok[4] = {1, 2, 3, 4};
+  const char *fifo = tu_path("wfifo.bin");
+  TT_REQUIRE(mkfifo(fifo, 0600) == 0);
+  TT_CHECK_EQ(loom_shard_write(fifo, tok, 4), LOOM_ERR_IO);
+  TT_CHECK(tu_msg_has("wfifo.bin"));
+  TT_CHECK(tu_msg_has("not a regular file"));
+  struct stat sb;
+  TT_CHECK(lstat(fifo, &sb) == 0 && S_ISFIFO(sb.st_mode));
+  const char *dir = tu_path("wdir.bin");
+  TT_REQUIRE(mkdir(dir, 0700) == 0);
+  TT_CHECK_EQ(loom_shard_write(dir, tok, 4), LOOM_ERR_IO);
+  TT_CHECK(lstat(dir, &sb) == 0 && S_ISDIR(sb.st_mode));
+  const char *target = tu_path("wtarget"), *link = tu_path("wlink.bin");
+  tu_write(target, "keep", 4);
+  TT_REQUIRE(symlink(target, link) == 0);
+  TT_CHECK_OK(loom_shard_write(link, tok, 4));
+  TT_CHECK(stat(target, &sb) == 0 && sb.st_size == 4);
+  TT_CHECK(lstat(link, &sb) == 0 && S_ISREG(sb.st_mode) &&
+           sb.st_size == 1024 + 8);
+  loom_shard s;
+  TT_REQUIRE_OK(loom_shard_open(link, &s));
+  TT_CHECK_EQ(s.ntok, 4);
+  TT_CHECK_EQ(loom_shard_token(&s, 3), 4u);
+  loom_shard_close(&s);
+  uint8_t *data = NULL;
+  int64_t n = -1;
+  TT_CHECK_EQ(loom_text_read(fifo, &data, &n), LOOM_ERR_IO);
+  TT_CHECK(tu_msg_has("not a regular file"));
+  TT_CHECK_EQ(loom_text_read(dir, &data, &n), LOOM_ERR_IO);
+  TT_CHECK(data == NULL);
+  TT_CHECK_OK(loom_text_read(target, &data, &n));
+  TT_CHECK_EQ(n, 4);
+  TT_CHECK(data && memcmp(data, "keep", 4) == 0);
+  loom_free(data);
+}
+
 int main(void) {
   tu_tmpdir();
   TT_RUN(test_shard_roundtrip);
@@ -342,6 +382,7 @@ int main(void) {
   TT_RUN(test_text_splits);
   TT_RUN(test_text_split_classes);
   TT_RUN(test_vocab_and_fifo);
+  TT_RUN(test_shard_write_targets);
   tu_cleanup();
   return tt_finish();
 }
