@@ -150,6 +150,21 @@ TT_TEST(test_errors) {
     TT_CHECK(stat(out, &sb) != 0);
   }
 
+  /* a FIFO or a directory where the cached text would be: an error naming
+   * it, never a wait for a writer (the alarm fails the test instead) */
+  {
+    const char *fifo = tu_path("fifo-kjv.txt"), *dir = tu_path("dir-kjv.txt");
+    TT_REQUIRE(mkfifo(fifo, 0600) == 0);
+    TT_REQUIRE(mkdir(dir, 0700) == 0);
+    o.program = fake_bible("unused", "", 0);
+    alarm(20);
+    TT_CHECK_EQ(loom_kjv_prepare(fifo, &o, &info), LOOM_ERR_IO);
+    alarm(0);
+    TT_CHECK(tu_msg_has("fifo-kjv.txt: not a regular file"));
+    TT_CHECK_EQ(loom_kjv_prepare(dir, &o, &info), LOOM_ERR_IO);
+    TT_CHECK(tu_msg_has("dir-kjv.txt: not a regular file"));
+  }
+
   /* another text: refused unless verification is off */
   o.program =
       fake_bible("short", "Ge1:1 Alpha.\\n\\n1Sm2:10 Beta gamma.\\n", 0);
