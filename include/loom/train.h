@@ -189,7 +189,9 @@ loom_status loom_train_check_world(const loom_config *cfg, int ranks);
 double loom_train_peak_rss(void);
 
 /* Builds everything the config describes; a bad data path, a config that
- * does not fit the data, or an unreadable checkpoint is an error here. */
+ * does not fit the data, or an unreadable checkpoint is an error here.
+ * opts NULL: the defaults; opts.stop_at below 0 or opts.warm_up other than
+ * -1, 0 or 1: LOOM_ERR_INVALID_ARG. */
 loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
                              const loom_train_opts *opts);
 /* Trains to the config's end (or a stop); res (may be NULL) gets the

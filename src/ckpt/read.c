@@ -744,6 +744,10 @@ loom_status loom_ckpt_verify_file(const loom_ckpt *c, int i,
                       "loom_ckpt_verify_file: no file "
                       "%d",
                       i);
+  if (level != LOOM_CKPT_VERIFY_NONE && level != LOOM_CKPT_VERIFY_META &&
+      level != LOOM_CKPT_VERIFY_FULL)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_ckpt_verify_file: unknown level %d", (int)level);
   if (level == LOOM_CKPT_VERIFY_NONE)
     return LOOM_OK;
   if (level == LOOM_CKPT_VERIFY_META)

@@ -950,6 +950,11 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
                       "before training; through the C API give a number "
                       "(loom estimate --memory or loom train "
                       "--find-batch-size find one)");
+  if (opts && (opts->stop_at < 0 || opts->warm_up < -1 || opts->warm_up > 1))
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_trainer_new: opts.stop_at %lld (0: none, or a "
+                      "step) or opts.warm_up %d (-1, 0 or 1) out of range",
+                      (long long)opts->stop_at, opts->warm_up);
   LOOM_TRY(loom_cpu_check());
   loom_trainer *t = loom_calloc(1, sizeof *t);
   if (!t)

@@ -1318,6 +1318,15 @@ TT_TEST(test_forged_blocks) {
   swap_blocks(mpath, 0, 0, 0, 1);
   TT_CHECK_EQ(loom_ckpt_open(&c, dir, NULL), LOOM_ERR_CORRUPT);
   TT_CHECK_HAS(loom_last_error(), "(its range, dtype or checksum differ)");
+  /* An unknown verification level is refused, not taken for none. */
+  f = fopen(mpath, "wb");
+  fwrite(orig, 1, len, f);
+  fclose(f);
+  TT_REQUIRE_OK(loom_ckpt_open(&c, dir, NULL));
+  TT_CHECK_EQ(loom_ckpt_verify_file(c, 0, (loom_ckpt_verify_level)9),
+              LOOM_ERR_INVALID_ARG);
+  loom_ckpt_close(c);
+  swap_blocks(mpath, 0, 0, 0, 1);
   /* The search for a checkpoint to resume from passes over it. */
   char got[512];
   int64_t step = -1;

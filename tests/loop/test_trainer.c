@@ -268,6 +268,17 @@ TT_TEST(test_null_trainer) {
   TT_CHECK_EQ(loom_trainer_evaluate(NULL, &l, &a), LOOM_ERR_INVALID_ARG);
   TT_CHECK(loom_trainer_model(NULL) == NULL);
   loom_trainer_free(NULL);
+  /* options out of range are refused, not taken as something else */
+  loom_trainer *t = NULL;
+  loom_train_opts o = loom_train_opts_default();
+  o.stop_at = -5;
+  TT_CHECK_EQ(loom_trainer_new(&t, &cfg, &o), LOOM_ERR_INVALID_ARG);
+  TT_CHECK_HAS(loom_last_error(), "opts.stop_at -5");
+  o = loom_train_opts_default();
+  o.warm_up = 7;
+  TT_CHECK_EQ(loom_trainer_new(&t, &cfg, &o), LOOM_ERR_INVALID_ARG);
+  TT_CHECK_HAS(loom_last_error(), "opts.warm_up 7");
+  TT_CHECK(t == NULL);
 }
 
 TT_TEST(test_missing_data_is_clear_error) {

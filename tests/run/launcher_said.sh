@@ -21,15 +21,20 @@ OMPI_MCA_btl=bogus "$LOOM" run -n 2 --timeout 60 --max-restarts 1 --restart-dela
   "$LOOM" train "${cfg[@]}" --set "log.run_dir=$tmp/btl" >"$tmp/btl.out" 2>&1
 rc=$?
 log="$tmp/btl/logs/launcher.log"
-heads=$(grep -c '^loom run: the launcher said: "' "$tmp/btl.out")
-quotes=$(grep -c '^loom run: the launcher said: "\|^loom run:   "' "$tmp/btl.out")
-[ $rc != 0 ] && [ -s "$log" ] && [ "$heads" = 2 ] && [ "$quotes" -le 6 ] &&
-  grep -q '^loom run: .*"It looks like MPI_INIT failed' "$tmp/btl.out" &&
-  [ "$(grep -cF "($log)" "$tmp/btl.out")" = 2 ] &&
-  ok "MPI_Init failed: the launcher quoted on each attempt ($quotes lines), with its log's path" ||
-  { bad "MPI_Init failure not told: rc $rc, $heads heads, $quotes quotes"; cat "$tmp/btl.out"; }
-# The quote comes before the verdict of its attempt.
-awk '/^loom run: the launcher said/ { q = 1 } /^loom run: job failed/ { if (!q) bad = 1; q = 0 }
-  END { exit bad }' "$tmp/btl.out" && ok "each attempt's quote before its 'job failed' line" ||
-  { bad "quote order"; cat "$tmp/btl.out"; }
+# Each attempt: before its 'job failed' line, the launcher quoted (at most
+# 3 lines, the last naming the log) or, where nothing it wrote read as an
+# error (under load Open MPI may print only its help system's own errors
+# for one attempt), the log named; and across the attempts, MPI_Init's
+# failure quoted.
+attempts=$(awk -v lp="$log" '
+  /^loom run: the launcher said: "/ { q = 1; n = 1; named = index($0, lp) > 0; next }
+  /^loom run:   "/ { n++; named = index($0, lp) > 0; next }
+  /^loom run: the launcher.s messages are in / { q = 1; n = 0; named = index($0, lp) > 0; next }
+  /^loom run: job failed/ { if (!q || n > 3 || !named) bad = 1; q = 0; a++ }
+  END { print (bad ? "bad" : a) }' "$tmp/btl.out")
+[ $rc != 0 ] && [ -s "$log" ] && [ "$attempts" = 2 ] &&
+  grep -qi '^loom run: .*".*\(MPI_Init\|A requested component was not found\)' "$tmp/btl.out" &&
+  ! grep -q '^loom run: .*show_help.c' "$tmp/btl.out" &&
+  ok "MPI_Init failed: each of the 2 attempts told the launcher's words or its log, before its verdict" ||
+  { bad "MPI_Init failure not told: rc $rc, attempts '$attempts'"; cat "$tmp/btl.out"; }
 finish launcher_said
