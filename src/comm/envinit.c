@@ -69,11 +69,6 @@ bool loom_envinit_wanted(void) {
 
 static double now(void) { return loom_time_now(); }
 
-static int left_ms(void) {
-  double r = E.deadline - now();
-  return r <= 0 ? 0 : (int)(r * 1000) + 1;
-}
-
 static loom_status env_int(const char *name, int lo, int hi, bool need,
                            int dflt, int *out) {
   const char *v = getenv(name);
@@ -124,6 +119,12 @@ loom_status loom_envinit_read(int *rank, int *size) {
 }
 
 #ifdef LOOM_HAVE_MPI
+
+static int left_ms(void) {
+  double r = E.deadline - now();
+  return r <= 0 ? 0 : (int)(r * 1000) + 1;
+}
+
 #include <mpi.h>
 
 /* ---------------------------------------------------------- messages */
