@@ -8,8 +8,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "loom/config.h" /* loom_progress_mode */
+#include "loom/config.h" /* loom_progress_mode, loom_config */
 #include "loom/core.h"
+#include "loom/nn.h"  /* loom_model */
 #include "loom/obs.h" /* loom_metrics */
 
 #ifdef __cplusplus
@@ -50,8 +51,6 @@ void loom_progress_free(loom_progress *p);
 /* The training loop of `loom train`, usable from C: a model, data, an
  * optimizer, a schedule, evaluation, metrics, progress and checkpoints, all
  * from one loom_config (config.h). */
-typedef struct loom_config loom_config;
-typedef struct loom_model loom_model;
 typedef struct loom_trainer loom_trainer;
 
 typedef struct loom_train_opts {
