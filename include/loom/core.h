@@ -244,11 +244,18 @@ typedef struct loom_tensor {
 /* A contiguous view of `data` with the given shape (ndim 0..4). */
 loom_tensor loom_tensor_view(void *data, loom_dtype dtype, int ndim,
                              const int64_t *shape);
-/* Allocates a zeroed contiguous tensor; free with loom_tensor_free. */
+/* Allocates a zeroed contiguous tensor; free with loom_tensor_free.
+ * LOOM_ERR_INVALID_ARG for a bad dtype, ndim outside 0..4, a negative size,
+ * or a shape whose element count or byte size overflows (more than
+ * PTRDIFF_MAX bytes); LOOM_ERR_NOMEM when the allocation fails. */
 loom_status loom_tensor_new(loom_tensor *t, loom_dtype dtype, int ndim,
                             const int64_t *shape);
 void loom_tensor_free(loom_tensor *t);
+/* The element count; -1 when it overflows int64_t (or a size is
+ * negative), 0 for a NULL t. */
 int64_t loom_tensor_numel(const loom_tensor *t);
+/* The byte size; SIZE_MAX when it exceeds PTRDIFF_MAX (no allocation can
+ * hold it) or numel is -1, 0 for a NULL t. */
 size_t loom_tensor_bytes(const loom_tensor *t);
 bool loom_tensor_is_contiguous(const loom_tensor *t);
 /* A view with a new shape over the same contiguous data (numel must match). */
@@ -278,6 +285,8 @@ typedef struct loom_param {
 
 /* A bump allocator over one block: many buffers, one allocation, one free. */
 typedef struct loom_arena loom_arena;
+/* capacity is rounded up to a multiple of 64; LOOM_ERR_NOMEM when it is
+ * larger than PTRDIFF_MAX - 63 or the block cannot be allocated. */
 loom_status loom_arena_new(loom_arena **out, size_t capacity);
 void loom_arena_free(loom_arena *a);
 /* 64-byte aligned; NULL with LOOM_ERR_NOMEM when the arena is full. */

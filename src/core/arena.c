@@ -1,6 +1,8 @@
 /* Arenas: one block, many 64-byte aligned buffers, freed together. */
 #include "loom/core.h"
 
+#include <stdint.h>
+
 struct loom_arena {
   char *base;
   size_t capacity;
@@ -9,6 +11,10 @@ struct loom_arena {
 
 loom_status loom_arena_new(loom_arena **out, size_t capacity) {
   *out = NULL;
+  /* capacity + 63 below must not wrap, and no block is larger */
+  if (capacity > (size_t)PTRDIFF_MAX - 63)
+    return loom_error(LOOM_ERR_NOMEM,
+                      "arena: capacity of %zu bytes is too large", capacity);
   loom_arena *a = loom_calloc(1, sizeof *a);
   if (!a)
     return LOOM_ERR_NOMEM;

@@ -1,13 +1,23 @@
 /* Tensors: shaped, typed views into buffers. */
 #include "loom/core.h"
 
+#include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
+/* a * b for sizes >= 0; false when it does not fit int64_t. */
+static bool mul_size(int64_t a, int64_t b, int64_t *out) {
+  return !__builtin_mul_overflow(a, b, out);
+}
+
+/* Strides of a shape too large to address are meaningless; they saturate
+ * at INT64_MAX instead of wrapping (loom_tensor_new refuses the shape). */
 static void set_contiguous_strides(loom_tensor *t) {
   int64_t s = 1;
   for (int i = t->ndim - 1; i >= 0; i--) {
     t->stride[i] = s;
-    s *= t->shape[i];
+    if (!mul_size(s, t->shape[i] < 0 ? 0 : t->shape[i], &s))
+      s = INT64_MAX;
   }
 }
 
@@ -38,6 +48,18 @@ static loom_status check_shape(loom_dtype dtype, int ndim,
       return loom_error(LOOM_ERR_INVALID_ARG,
                         "tensor: negative size %lld in dimension %d",
                         (long long)shape[i], i);
+  loom_tensor t = loom_tensor_view(NULL, dtype, ndim, shape);
+  if (loom_tensor_bytes(&t) == SIZE_MAX) {
+    char dims[LOOM_MAX_DIMS * 22 + 2] = "";
+    size_t at = 0;
+    for (int i = 0; i < ndim; i++)
+      at += (size_t)snprintf(dims + at, sizeof dims - at, "%s%lld",
+                             i ? ", " : "", (long long)shape[i]);
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "tensor: shape (%s) of %s too large (its size "
+                      "overflows)",
+                      dims, loom_dtype_name(dtype));
+  }
   return LOOM_OK;
 }
 
@@ -63,14 +85,27 @@ void loom_tensor_free(loom_tensor *t) {
 }
 
 int64_t loom_tensor_numel(const loom_tensor *t) {
+  if (!t)
+    return 0;
+  /* a zero dimension makes the product 0 whatever the others are */
+  for (int i = 0; i < t->ndim; i++)
+    if (t->shape[i] == 0)
+      return 0;
   int64_t n = 1;
   for (int i = 0; i < t->ndim; i++)
-    n *= t->shape[i];
+    if (t->shape[i] < 0 || !mul_size(n, t->shape[i], &n))
+      return -1;
   return n;
 }
 
 size_t loom_tensor_bytes(const loom_tensor *t) {
-  return (size_t)loom_tensor_numel(t) * loom_dtype_size(t->dtype);
+  if (!t)
+    return 0;
+  int64_t n = loom_tensor_numel(t), bytes;
+  if (n < 0 || !mul_size(n, (int64_t)loom_dtype_size(t->dtype), &bytes) ||
+      (uint64_t)bytes > (uint64_t)PTRDIFF_MAX)
+    return SIZE_MAX;
+  return (size_t)bytes;
 }
 
 bool loom_tensor_is_contiguous(const loom_tensor *t) {

@@ -117,6 +117,52 @@ TT_TEST(test_arena) {
   loom_arena_free(NULL);
 }
 
+/* Shapes whose element count or byte size overflows are refused, never
+ * allocated short; numel and bytes say so instead of wrapping. */
+TT_TEST(test_tensor_size_overflow) {
+  loom_tensor t;
+  const int64_t big[][2] = {
+      {(int64_t)1 << 31, (int64_t)1 << 31}, /* 2^62 f32: 2^64 bytes */
+      {(int64_t)1 << 62, 8},                /* 2^65 elements */
+      {INT64_MAX, 2},
+      {(int64_t)1 << 61, 1}, /* 2^63 bytes of f32 */
+  };
+  for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) {
+    memset(&t, 0, sizeof t);
+    TT_CHECK_EQ(loom_tensor_new(&t, LOOM_F32, 2, big[i]), LOOM_ERR_INVALID_ARG);
+    TT_CHECK_HAS(loom_last_error(), "too large");
+    TT_CHECK(t.data == NULL);
+  }
+  loom_tensor v = loom_tensor_view(NULL, LOOM_F32, 2, big[1]);
+  TT_CHECK_EQ(loom_tensor_numel(&v), -1);
+  TT_CHECK(loom_tensor_bytes(&v) == SIZE_MAX);
+  v = loom_tensor_view(NULL, LOOM_F32, 2, big[3]);
+  TT_CHECK_EQ(loom_tensor_numel(&v), (int64_t)1 << 61);
+  TT_CHECK(loom_tensor_bytes(&v) == SIZE_MAX);
+  /* a zero dimension makes the product 0 whatever the others */
+  const int64_t zero[3] = {0, INT64_MAX, INT64_MAX};
+  v = loom_tensor_view(NULL, LOOM_F32, 3, zero);
+  TT_CHECK_EQ(loom_tensor_numel(&v), 0);
+  TT_CHECK_OK(loom_tensor_new(&t, LOOM_F32, 3, zero));
+  loom_tensor_free(&t);
+  /* a reshape to an overflowing shape is refused too */
+  int64_t one[1] = {4};
+  TT_REQUIRE_OK(loom_tensor_new(&t, LOOM_F32, 1, one));
+  loom_tensor r;
+  TT_CHECK_EQ(loom_tensor_reshape(&t, 2, big[1], &r), LOOM_ERR_INVALID_ARG);
+  loom_tensor_free(&t);
+}
+
+/* A capacity that rounds past SIZE_MAX is refused, not made 0. */
+TT_TEST(test_arena_capacity_overflow) {
+  const size_t caps[] = {SIZE_MAX, SIZE_MAX - 62, SIZE_MAX - 63};
+  for (size_t i = 0; i < sizeof caps / sizeof caps[0]; i++) {
+    loom_arena *a = (loom_arena *)1;
+    TT_CHECK_EQ(loom_arena_new(&a, caps[i]), LOOM_ERR_NOMEM);
+    TT_CHECK(a == NULL);
+  }
+}
+
 TT_TEST(test_philox_known_answers) {
   /* Known-answer vectors of Philox4x32-10 from the Random123 distribution. */
   uint32_t out[4];
@@ -376,6 +422,8 @@ int main(void) {
   TT_RUN(test_dtypes);
   TT_RUN(test_tensors);
   TT_RUN(test_arena);
+  TT_RUN(test_tensor_size_overflow);
+  TT_RUN(test_arena_capacity_overflow);
   TT_RUN(test_philox_known_answers);
   TT_RUN(test_rng_streams);
   TT_RUN(test_rng_fill_threads);
