@@ -171,8 +171,11 @@ struct loom_module {
   int param_first;                /* index of its first own view; -1 */
   int param_count;                /* its own parameters, not children's */
   bool attached;                  /* has a parent or a model */
-  loom_shape in, out;             /* the planned shapes */
-  bool out_half; /* planned to hand its output on in half (a half model) */
+  /* The sequential, residual or checkpoint holding it (NULL at the top,
+   * and for the parts a composite module makes itself). */
+  loom_module *parent;
+  loom_shape in, out; /* the planned shapes */
+  bool out_half;      /* planned to hand its output on in half (a half model) */
 };
 
 struct loom_module_ops {
@@ -370,7 +373,10 @@ loom_status loom_dropout_new(loom_module **out, float p);
 /* Flatten: (N, d1, d2, ...) -> (N, d1*d2*...), no copy. */
 loom_status loom_flatten_new(loom_module **out);
 /* Sequential: children in order. loom_sequential_add takes ownership of
- * child (it is freed on failure too, unless it already had a parent). */
+ * child (it is freed on failure too, unless it already had a parent or is,
+ * or holds, seq). LOOM_ERR_INVALID_ARG when seq is not a sequential, child
+ * is NULL or already has a parent, or child is seq or holds it (a
+ * cycle). */
 loom_status loom_sequential_new(loom_module **out);
 loom_status loom_sequential_add(loom_module *seq, const char *name,
                                 loom_module *child);

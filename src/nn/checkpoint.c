@@ -106,6 +106,6 @@ loom_status loom_checkpoint_new(loom_module **out, loom_module *f) {
   loom_module_init_base(&c->base, &segment_ops);
   c->f = f;
   f->attached = true;
-  *out = &c->base;
+  f->parent = *out = &c->base;
   return LOOM_OK;
 }

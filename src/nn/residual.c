@@ -82,6 +82,6 @@ loom_status loom_residual_new(loom_module **out, loom_module *f) {
   loom_module_init_base(&r->base, &residual_ops);
   r->f = f;
   f->attached = true;
-  *out = &r->base;
+  f->parent = *out = &r->base;
   return LOOM_OK;
 }

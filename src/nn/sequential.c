@@ -213,6 +213,16 @@ loom_status loom_sequential_add(loom_module *seq, const char *name,
                     "sequential_add: target is not a sequential module");
     goto fail;
   }
+  /* Walk up to the top of seq's tree: a child that is seq or its top
+   * would hold itself. */
+  const loom_module *top = seq;
+  while (top->parent)
+    top = top->parent;
+  if (top == child || seq == child)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "sequential_add: module '%s' (%s) is or holds the "
+                      "sequential it is added to (a cycle)",
+                      name ? name : "", child->ops->name);
   sequential *s = (sequential *)seq;
   if (!name)
     name = "";
@@ -238,6 +248,7 @@ loom_status loom_sequential_add(loom_module *seq, const char *name,
   snprintf(s->kids[s->n].name, LOOM_PARAM_NAME_MAX, "%s", name);
   s->n++;
   child->attached = true;
+  child->parent = seq;
   return LOOM_OK;
 fail:
   loom_module_free(child);

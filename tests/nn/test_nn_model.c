@@ -761,6 +761,30 @@ TT_TEST(test_errors_construction) {
   TT_CHECK_STR(loom_shape_str(&sh, buf, sizeof buf), "f32(2,3,4)");
 }
 
+/* A sequential added to itself, or to a sequential it holds, would make a
+ * tree that every walk (free, listing, plan) recurses through forever. The
+ * refused module stays the caller's (freeing it would free seq). */
+TT_TEST(test_sequential_add_cycle) {
+  loom_module *a, *b, *c, *r;
+  TT_REQUIRE_OK(loom_sequential_new(&a));
+  TT_CHECK_EQ(loom_sequential_add(a, "self", a), LOOM_ERR_INVALID_ARG);
+  TT_CHECK(has("cycle"));
+  TT_CHECK_EQ(loom_sequential_count(a), 0);
+  TT_REQUIRE_OK(loom_sequential_new(&b));
+  TT_REQUIRE_OK(loom_sequential_add(a, "b", b));
+  TT_CHECK_EQ(loom_sequential_add(b, "a", a), LOOM_ERR_INVALID_ARG);
+  TT_CHECK(has("cycle"));
+  /* deeper: a > b > residual > c, then c gets a */
+  TT_REQUIRE_OK(loom_sequential_new(&c));
+  TT_REQUIRE_OK(loom_residual_new(&r, c));
+  TT_REQUIRE_OK(loom_sequential_add(b, "r", r));
+  TT_CHECK_EQ(loom_sequential_add(c, "a", a), LOOM_ERR_INVALID_ARG);
+  TT_CHECK(has("cycle"));
+  TT_CHECK_EQ(loom_sequential_count(b), 1);
+  TT_CHECK_EQ(loom_sequential_count(c), 0);
+  loom_module_free(a); /* frees b, r and c; no recursion without end */
+}
+
 /* Every allocation in building, planning and one training step fails in
  * turn: each failure is LOOM_ERR_NOMEM and nothing leaks (ASan). */
 static loom_status build_and_step(int which) {
@@ -928,6 +952,7 @@ int main(void) {
   TT_RUN(test_input_gradient);
   TT_RUN(test_errors_shapes);
   TT_RUN(test_errors_construction);
+  TT_RUN(test_sequential_add_cycle);
   TT_RUN(test_alloc_failures);
   return tt_finish();
 }
