@@ -174,6 +174,7 @@ struct loom_module {
   /* The sequential, residual or checkpoint holding it (NULL at the top,
    * and for the parts a composite module makes itself). */
   loom_module *parent;
+  bool model_root;    /* the root of a model (loom_model_new) */
   loom_shape in, out; /* the planned shapes */
   bool out_half;      /* planned to hand its output on in half (a half model) */
 };
@@ -375,8 +376,8 @@ loom_status loom_flatten_new(loom_module **out);
 /* Sequential: children in order. loom_sequential_add takes ownership of
  * child (it is freed on failure too, unless it already had a parent or is,
  * or holds, seq). LOOM_ERR_INVALID_ARG when seq is not a sequential, child
- * is NULL or already has a parent, or child is seq or holds it (a
- * cycle). */
+ * is NULL or already has a parent, child is seq or holds it (a cycle), or
+ * seq is already part of a model (loom_model_new fixed its layout). */
 loom_status loom_sequential_new(loom_module **out);
 loom_status loom_sequential_add(loom_module *seq, const char *name,
                                 loom_module *child);

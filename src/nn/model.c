@@ -315,6 +315,7 @@ loom_status loom_model_new(loom_model **out, loom_module *root,
   }
   m->root = root;
   root->attached = true;
+  root->model_root = true;
   m->opts = o;
   m->precision = LOOM_F32;
   if (v.f32_only)

@@ -214,7 +214,7 @@ loom_status loom_sequential_add(loom_module *seq, const char *name,
     goto fail;
   }
   /* Walk up to the top of seq's tree: a child that is seq or its top
-   * would hold itself. */
+   * would hold itself; a top owned by a model has its layout fixed. */
   const loom_module *top = seq;
   while (top->parent)
     top = top->parent;
@@ -223,6 +223,13 @@ loom_status loom_sequential_add(loom_module *seq, const char *name,
                       "sequential_add: module '%s' (%s) is or holds the "
                       "sequential it is added to (a cycle)",
                       name ? name : "", child->ops->name);
+  if (top->model_root) {
+    st = loom_error(LOOM_ERR_INVALID_ARG,
+                    "sequential_add: the sequential%s%s is part of a model; "
+                    "add modules before loom_model_new",
+                    seq->path[0] ? " " : "", seq->path);
+    goto fail;
+  }
   sequential *s = (sequential *)seq;
   if (!name)
     name = "";

@@ -761,6 +761,36 @@ TT_TEST(test_errors_construction) {
   TT_CHECK_STR(loom_shape_str(&sh, buf, sizeof buf), "f32(2,3,4)");
 }
 
+/* A model fixes its layout: a module added to its root (or to a sequential
+ * nested in it) afterwards would have no views (param_first -1) and its
+ * forward would read past the model's views. */
+TT_TEST(test_sequential_add_after_model) {
+  loom_module *seq, *inner, *res, *l1, *l2, *l3;
+  TT_REQUIRE_OK(loom_sequential_new(&seq));
+  TT_REQUIRE_OK(loom_sequential_new(&inner));
+  TT_REQUIRE_OK(loom_linear_new(&l1, 2, 2, true));
+  TT_REQUIRE_OK(loom_sequential_add(seq, "a", l1));
+  TT_REQUIRE_OK(loom_residual_new(&res, inner));
+  TT_REQUIRE_OK(loom_sequential_add(seq, "r", res));
+  TT_REQUIRE_OK(loom_linear_new(&l3, 2, 2, true));
+  /* before the model: adding to a nested sequential is fine */
+  TT_REQUIRE_OK(loom_sequential_add(inner, "c", l3));
+  loom_model *m;
+  TT_REQUIRE_OK(loom_model_new(&m, seq, NULL));
+  TT_REQUIRE_OK(loom_linear_new(&l2, 2, 2, true));
+  TT_CHECK_EQ(loom_sequential_add(seq, "b", l2), LOOM_ERR_INVALID_ARG);
+  TT_CHECK(has("part of a model"));
+  TT_CHECK_EQ(loom_sequential_count(seq), 2);
+  TT_REQUIRE_OK(loom_linear_new(&l2, 2, 2, true));
+  TT_CHECK_EQ(loom_sequential_add(inner, "d", l2), LOOM_ERR_INVALID_ARG);
+  TT_CHECK(has("part of a model"));
+  TT_CHECK_EQ(loom_sequential_count(inner), 1);
+  float x[4] = {1, 2, 3, 4};
+  loom_tensor in = loom_tensor_view(x, LOOM_F32, 2, (int64_t[]){2, 2}), out;
+  TT_CHECK_OK(loom_model_forward(m, &in, &out));
+  loom_model_free(m);
+}
+
 /* A sequential added to itself, or to a sequential it holds, would make a
  * tree that every walk (free, listing, plan) recurses through forever. The
  * refused module stays the caller's (freeing it would free seq). */
@@ -952,6 +982,7 @@ int main(void) {
   TT_RUN(test_input_gradient);
   TT_RUN(test_errors_shapes);
   TT_RUN(test_errors_construction);
+  TT_RUN(test_sequential_add_after_model);
   TT_RUN(test_sequential_add_cycle);
   TT_RUN(test_alloc_failures);
   return tt_finish();
