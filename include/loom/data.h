@@ -237,7 +237,10 @@ loom_status loom_batch_alloc(loom_batch *b, const loom_dataset *ds,
                              int64_t capacity);
 void loom_batch_free(loom_batch *b);
 /* Fills rows [0, n) with samples idx[0..n) as they are in `epoch` (token
- * windows move with the epoch); sets size, shapes and sample ids. */
+ * windows move with the epoch); sets size, shapes and sample ids.
+ * LOOM_ERR_INVALID_ARG for a NULL argument, n outside [0, capacity], an
+ * index outside the data set, or a batch not allocated for a data set of
+ * this kind and sample shape (x's dtype and shape, y's). */
 loom_status loom_dataset_fill(const loom_dataset *ds, int64_t epoch,
                               const int64_t *idx, int64_t n, loom_batch *b);
 

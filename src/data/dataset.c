@@ -2,6 +2,7 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -169,6 +170,34 @@ void loom_batch_free(loom_batch *b) {
   memset(b, 0, sizeof *b);
 }
 
+/* The batch is one loom_batch_alloc made for a data set of ds's kind and
+ * sample shape: rows of ds fit its buffers. */
+static loom_status check_batch(const loom_dataset *ds, const loom_batch *b) {
+  const bool img = ds->kind == LOOM_DATASET_IMAGES;
+  const loom_dtype xt = img ? LOOM_F32 : LOOM_I32;
+  const int64_t row[3] = {img ? ds->C : ds->T, ds->H, ds->W}; /* x's */
+  const int xnd = img ? 4 : 2, ynd = img ? 1 : 2;
+  bool ok = b->x.data && b->y.data && b->sample && b->x.dtype == xt &&
+            b->y.dtype == LOOM_I32 && b->x.ndim == xnd && b->y.ndim == ynd &&
+            b->x.shape[0] >= 0 && b->y.shape[0] == b->x.shape[0];
+  for (int i = 1; ok && i < xnd; i++)
+    ok = b->x.shape[i] == row[i - 1];
+  if (ok && !img)
+    ok = b->y.shape[1] == ds->T;
+  if (ok)
+    return LOOM_OK;
+  char want[64];
+  if (img)
+    snprintf(want, sizeof want, "f32 (N, %lld, %lld, %lld)", (long long)ds->C,
+             (long long)ds->H, (long long)ds->W);
+  else
+    snprintf(want, sizeof want, "i32 (N, %lld)", (long long)ds->T);
+  return loom_error(LOOM_ERR_INVALID_ARG,
+                    "loom_dataset_fill: the batch was not allocated for %s "
+                    "(%s data, x %s): loom_batch_alloc it for this data set",
+                    ds->source, loom_dataset_kind_name(ds->kind), want);
+}
+
 loom_status loom_dataset_fill(const loom_dataset *ds, int64_t epoch,
                               const int64_t *idx, int64_t n, loom_batch *b) {
   if (!ds || !b || (n > 0 && !idx))
@@ -177,6 +206,7 @@ loom_status loom_dataset_fill(const loom_dataset *ds, int64_t epoch,
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "loom_dataset_fill: %lld rows for a batch of %lld",
                       (long long)n, (long long)b->capacity);
+  LOOM_TRY(check_batch(ds, b));
   for (int64_t i = 0; i < n; i++)
     if (idx[i] < 0 || idx[i] >= ds->len)
       return loom_error(LOOM_ERR_INVALID_ARG,

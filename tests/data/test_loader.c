@@ -202,6 +202,37 @@ TT_TEST(test_resume_other_global_batch) {
   loom_loader_free(b);
 }
 
+/* A batch allocated for one data set is refused by another whose rows do
+ * not fit it (kind, dtype or sample shape), not written past. */
+TT_TEST(test_fill_foreign_batch) {
+  loom_batch bt, bi;
+  TT_REQUIRE_OK(loom_batch_alloc(&bt, tokens, 2)); /* x i32 (2, 8) */
+  TT_REQUIRE_OK(loom_batch_alloc(&bi, images, 2)); /* x f32 (2, 1, 2, 3) */
+  int64_t idx[2] = {0, 1};
+  TT_CHECK_EQ(loom_dataset_fill(images, 0, idx, 2, &bt), LOOM_ERR_INVALID_ARG);
+  TT_CHECK_HAS(loom_last_error(), "not allocated for");
+  TT_CHECK_EQ(loom_dataset_fill(tokens, 0, idx, 2, &bi), LOOM_ERR_INVALID_ARG);
+  TT_CHECK_HAS(loom_last_error(), "not allocated for");
+  /* the same kind with another sample shape */
+  loom_batch other = bi;
+  other.x.shape[3] = 2;
+  TT_CHECK_EQ(loom_dataset_fill(images, 0, idx, 2, &other),
+              LOOM_ERR_INVALID_ARG);
+  other = bt;
+  other.y.shape[1] = 9;
+  TT_CHECK_EQ(loom_dataset_fill(tokens, 0, idx, 2, &other),
+              LOOM_ERR_INVALID_ARG);
+  /* a batch that was freed */
+  loom_batch gone;
+  memset(&gone, 0, sizeof gone);
+  TT_CHECK_EQ(loom_dataset_fill(images, 0, idx, 0, &gone),
+              LOOM_ERR_INVALID_ARG);
+  TT_CHECK_OK(loom_dataset_fill(images, 0, idx, 2, &bi));
+  TT_CHECK_OK(loom_dataset_fill(tokens, 0, idx, 2, &bt));
+  loom_batch_free(&bt);
+  loom_batch_free(&bi);
+}
+
 /* Two ranks with batch 4 together make the batches of one rank with batch
  * 8, rows in rank order, token windows included (their offsets are keyed by
  * epoch, not rank). */
@@ -320,6 +351,7 @@ int main(void) {
   TT_RUN(test_same_as_direct);
   TT_RUN(test_resume);
   TT_RUN(test_resume_other_global_batch);
+  TT_RUN(test_fill_foreign_batch);
   TT_RUN(test_ranks_make_the_global_batch);
   TT_RUN(test_data_wait);
   TT_RUN(test_shutdown);
