@@ -331,7 +331,12 @@ loom_status loom_loader_new(loom_loader **out, const loom_dataset *ds,
 loom_status loom_loader_next(loom_loader *l, const loom_batch **batch);
 void loom_loader_get_state(const loom_loader *l, loom_loader_state *st);
 /* Continues at `st`: the next batch is exactly the one the saved run would
- * have seen. Batches already returned become invalid. */
+ * have seen. Batches already returned become invalid. LOOM_ERR_INVALID_ARG
+ * (naming the field) for a NULL argument, an epoch outside [0, 2^62), a
+ * negative batch or global_batch, or a batch beyond the end of an epoch
+ * (batches_per_epoch; with another global_batch GB, ceil(N / GB));
+ * LOOM_ERR_MISMATCH when batch * GB is not a whole number of this loader's
+ * global batches. */
 loom_status loom_loader_set_state(loom_loader *l, const loom_loader_state *st);
 int64_t loom_loader_batches_per_epoch(const loom_loader *l);
 /* Continues at sample `sample` of `epoch`: samples of it consumed by all
@@ -339,7 +344,8 @@ int64_t loom_loader_batches_per_epoch(const loom_loader *l);
  * number of this loader's global batches (a run resumed with another world
  * size), the rest of that epoch is cut into global batches from there, the
  * last one following the tail rule, so no sample of the epoch is skipped or
- * repeated; later epochs are as usual. */
+ * repeated; later epochs are as usual. LOOM_ERR_INVALID_ARG for a NULL
+ * loader, an epoch outside [0, 2^62) or a sample outside [0, N]. */
 loom_status loom_loader_seek(loom_loader *l, int64_t epoch, int64_t sample);
 /* Samples of its epoch before the next batch (all ranks): what to save. */
 int64_t loom_loader_sample(const loom_loader *l);

@@ -271,19 +271,44 @@ void loom_loader_get_state(const loom_loader *l, loom_loader_state *st) {
   st->global_batch = l->gb;
 }
 
+/* Epochs a position may name: the next epoch (epoch + 1, where the end of
+ * one continues) always fits. */
+#define LOADER_MAX_EPOCH ((int64_t)1 << 62)
+
+static loom_status check_epoch(const char *call, int64_t epoch) {
+  if (epoch < 0 || epoch >= LOADER_MAX_EPOCH)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "%s: epoch %lld out of range [0, 2^62)", call,
+                      (long long)epoch);
+  return LOOM_OK;
+}
+
 loom_status loom_loader_set_state(loom_loader *l, const loom_loader_state *st) {
   if (!l || !st)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "loom_loader_set_state: NULL argument");
-  if (st->epoch < 0 || st->batch < 0 || st->global_batch < 0)
+  LOOM_TRY(check_epoch("loader state", st->epoch));
+  if (st->batch < 0)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loader state: batch %lld < 0",
+                      (long long)st->batch);
+  if (st->global_batch < 0)
     return loom_error(LOOM_ERR_INVALID_ARG,
-                      "loader state (epoch %lld, batch %lld) is negative",
-                      (long long)st->epoch, (long long)st->batch);
+                      "loader state: global_batch %lld < 0",
+                      (long long)st->global_batch);
   loom_loader_state pos = {st->epoch, st->batch, l->gb};
   if (st->global_batch != 0 && st->global_batch != l->gb) {
     /* Saved with another global batch: continue after the same number of
-     * samples of the epoch. */
-    int64_t samples = st->batch * st->global_batch;
+     * samples of the epoch. That run's epoch had at most ceil(N / its GB)
+     * batches (any tail rule), so batch * GB stays below N + GB. */
+    const int64_t n = l->ds->len, g = st->global_batch;
+    const int64_t nb_then = n / g + (n % g != 0);
+    if (st->batch > nb_then)
+      return loom_error(LOOM_ERR_INVALID_ARG,
+                        "loader state: batch %lld beyond the %lld batches "
+                        "of global_batch %lld in an epoch of %lld samples",
+                        (long long)st->batch, (long long)nb_then, (long long)g,
+                        (long long)n);
+    int64_t samples = st->batch * g;
     if (samples % l->gb != 0)
       return loom_error(LOOM_ERR_MISMATCH,
                         "loader state: %lld samples into epoch %lld (batch "
@@ -318,7 +343,8 @@ loom_status loom_loader_seek(loom_loader *l, int64_t epoch, int64_t sample) {
   if (!l)
     return loom_error(LOOM_ERR_INVALID_ARG, "loom_loader_seek: NULL loader");
   int64_t n = l->ds->len;
-  if (epoch < 0 || sample < 0 || sample > n)
+  LOOM_TRY(check_epoch("loom_loader_seek", epoch));
+  if (sample < 0 || sample > n)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "loader: sample %lld of epoch %lld is outside the %lld "
                       "samples of an epoch",

@@ -202,6 +202,65 @@ TT_TEST(test_resume_other_global_batch) {
   loom_loader_free(b);
 }
 
+/* Positions whose arithmetic would overflow, or that lie past the end of
+ * an epoch, are refused naming the field, never wrapped or rounded into
+ * the next epoch. images: 100 samples, batch 7, drop: 14 batches. */
+TT_TEST(test_state_ranges) {
+  loom_loader_opts o = opts(7, 0, LOOM_TAIL_DROP);
+  loom_loader *l = NULL;
+  TT_REQUIRE_OK(loom_loader_new(&l, images, &o));
+  struct {
+    loom_loader_state st;
+    loom_status want;
+    const char *says;
+  } cases[] = {
+      {{0, INT64_MAX / 2, 3}, LOOM_ERR_INVALID_ARG, "batch"},
+      {{0, INT64_MAX, INT64_MAX}, LOOM_ERR_INVALID_ARG, "batch"},
+      {{INT64_MAX, 2, 7}, LOOM_ERR_INVALID_ARG, "epoch"},
+      {{INT64_MAX, 14, 7}, LOOM_ERR_INVALID_ARG, "epoch"},
+      {{-1, 0, 7}, LOOM_ERR_INVALID_ARG, "epoch"},
+      {{0, -1, 7}, LOOM_ERR_INVALID_ARG, "batch"},
+      {{0, 0, -7}, LOOM_ERR_INVALID_ARG, "global_batch"},
+      /* 4000 samples of a 100-sample epoch, at another global batch */
+      {{0, 1000, 4}, LOOM_ERR_INVALID_ARG, "beyond"},
+      {{0, 26, 4}, LOOM_ERR_INVALID_ARG, "beyond"}, /* ceil(100/4) = 25 */
+      {{0, 15, 7}, LOOM_ERR_INVALID_ARG, "beyond"},
+      {{0, 5, 8}, LOOM_ERR_MISMATCH, "global batches"}, /* 40 of 7s */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    TT_CHECK_EQ(loom_loader_set_state(l, &cases[i].st), cases[i].want);
+    TT_CHECK_HAS(loom_last_error(), cases[i].says);
+  }
+  /* the ends still work: the last batches at another global batch (25 of
+   * 4 = 100 samples: the next epoch; 14 of 7 likewise) */
+  loom_loader_state st = {3, 25, 4}, got;
+  o = opts(4, 0, LOOM_TAIL_DROP);
+  loom_loader *l4 = NULL;
+  TT_REQUIRE_OK(loom_loader_new(&l4, images, &o));
+  TT_CHECK_OK(loom_loader_set_state(l4, &st));
+  loom_loader_get_state(l4, &got);
+  TT_CHECK_EQ(got.epoch, 4);
+  TT_CHECK_EQ(got.batch, 0);
+  loom_loader_free(l4);
+  st = (loom_loader_state){(int64_t)1 << 40, 14, 7};
+  TT_CHECK_OK(loom_loader_set_state(l, &st));
+  loom_loader_get_state(l, &got);
+  TT_CHECK_EQ(got.epoch, ((int64_t)1 << 40) + 1);
+  const loom_batch *b;
+  TT_CHECK_OK(loom_loader_next(l, &b));
+  /* seek */
+  TT_CHECK_EQ(loom_loader_seek(l, INT64_MAX, 4), LOOM_ERR_INVALID_ARG);
+  TT_CHECK_HAS(loom_last_error(), "epoch");
+  TT_CHECK_EQ(loom_loader_seek(l, INT64_MAX - 1, 100), LOOM_ERR_INVALID_ARG);
+  TT_CHECK_EQ(loom_loader_seek(l, -1, 0), LOOM_ERR_INVALID_ARG);
+  TT_CHECK_EQ(loom_loader_seek(l, 0, 101), LOOM_ERR_INVALID_ARG);
+  TT_CHECK_OK(loom_loader_seek(l, 2, 100));
+  loom_loader_get_state(l, &got);
+  TT_CHECK_EQ(got.epoch, 3);
+  TT_CHECK_OK(loom_loader_next(l, &b));
+  loom_loader_free(l);
+}
+
 /* A batch allocated for one data set is refused by another whose rows do
  * not fit it (kind, dtype or sample shape), not written past. */
 TT_TEST(test_fill_foreign_batch) {
@@ -351,6 +410,7 @@ int main(void) {
   TT_RUN(test_same_as_direct);
   TT_RUN(test_resume);
   TT_RUN(test_resume_other_global_batch);
+  TT_RUN(test_state_ranges);
   TT_RUN(test_fill_foreign_batch);
   TT_RUN(test_ranks_make_the_global_batch);
   TT_RUN(test_data_wait);
