@@ -241,13 +241,15 @@ typedef struct loom_tensor {
   bool owns;
 } loom_tensor;
 
-/* A contiguous view of `data` with the given shape (ndim 0..4). */
+/* A contiguous view of `data` with the given shape (ndim 0..4; a NULL
+ * shape gives ndim 0). */
 loom_tensor loom_tensor_view(void *data, loom_dtype dtype, int ndim,
                              const int64_t *shape);
 /* Allocates a zeroed contiguous tensor; free with loom_tensor_free.
- * LOOM_ERR_INVALID_ARG for a bad dtype, ndim outside 0..4, a negative size,
- * or a shape whose element count or byte size overflows (more than
- * PTRDIFF_MAX bytes); LOOM_ERR_NOMEM when the allocation fails. */
+ * LOOM_ERR_INVALID_ARG for a NULL t, a NULL shape with ndim > 0, a bad dtype,
+ * ndim outside 0..4, a negative size, or a shape whose element count or byte
+ * size overflows (more than PTRDIFF_MAX bytes); LOOM_ERR_NOMEM when the
+ * allocation fails. */
 loom_status loom_tensor_new(loom_tensor *t, loom_dtype dtype, int ndim,
                             const int64_t *shape);
 void loom_tensor_free(loom_tensor *t);

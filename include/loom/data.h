@@ -117,6 +117,7 @@ typedef enum {
       LOOM_SPLIT_COUNT
 } loom_split;
 const char *loom_split_name(loom_split s);
+/* LOOM_ERR_INVALID_ARG for an unknown name or a NULL s or out. */
 loom_status loom_split_parse(const char *s, loom_split *out);
 
 #define LOOM_DATASET_KIND_LIST(X)                                              \
@@ -145,6 +146,8 @@ typedef struct loom_dataset_info {
   const char *source; /* the path it was read from */
 } loom_dataset_info;
 
+/* A NULL ds: info zeroed (kind LOOM_DATASET_IMAGES, source NULL); a NULL
+ * info: nothing. loom_dataset_len(NULL) is 0. */
 void loom_dataset_get_info(const loom_dataset *ds, loom_dataset_info *info);
 int64_t loom_dataset_len(const loom_dataset *ds);
 void loom_dataset_free(loom_dataset *ds);
@@ -262,6 +265,7 @@ const char *loom_tail_name(loom_tail t);
 /* The names, indexed by value: what configs and checkpoints hold (the
  * config schema reads this table, so a value has one spelling). */
 extern const char *const loom_tail_names[LOOM_TAIL_COUNT];
+/* LOOM_ERR_INVALID_ARG for an unknown name or a NULL s or out. */
 loom_status loom_tail_parse(const char *s, loom_tail *out);
 
 /* The order of epoch e is a permutation perm_e of [0, N) drawn with Philox
@@ -329,6 +333,7 @@ loom_status loom_loader_new(loom_loader **out, const loom_dataset *ds,
  * where it is). batch->wait_s is the time this call blocked. An error in
  * the loader thread is returned here, with its message. */
 loom_status loom_loader_next(loom_loader *l, const loom_batch **batch);
+/* A NULL l: st zeroed; a NULL st: nothing. */
 void loom_loader_get_state(const loom_loader *l, loom_loader_state *st);
 /* Continues at `st`: the next batch is exactly the one the saved run would
  * have seen. Batches already returned become invalid. LOOM_ERR_INVALID_ARG
@@ -338,6 +343,8 @@ void loom_loader_get_state(const loom_loader *l, loom_loader_state *st);
  * LOOM_ERR_MISMATCH when batch * GB is not a whole number of this loader's
  * global batches. */
 loom_status loom_loader_set_state(loom_loader *l, const loom_loader_state *st);
+/* 0 for a NULL l, as loom_loader_sample, loom_loader_epoch_batches,
+ * loom_loader_batch_first, loom_loader_served and loom_loader_wait_total. */
 int64_t loom_loader_batches_per_epoch(const loom_loader *l);
 /* Continues at sample `sample` of `epoch`: samples of it consumed by all
  * ranks together (as loom_ckpt_data_pos.sample). When that is not a whole

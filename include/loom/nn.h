@@ -327,6 +327,9 @@ uint64_t loom_nn_visit_rng_id(loom_nn_visit *v);
 
 /* ---------------------------------------------------- the module types */
 
+/* Every constructor below returns LOOM_ERR_INVALID_ARG, naming the call,
+ * for a NULL out. */
+
 /* Linear: (..., C) -> (..., OC), out = in @ weight(OC,C)^T + bias(OC).
  * Parameters "weight" (OC,C), "bias" (OC). */
 loom_status loom_linear_new(loom_module **out, int C, int OC, bool bias);
@@ -396,6 +399,10 @@ loom_status loom_checkpoint_new(loom_module **out, loom_module *f);
 
 /* ============================================================== models */
 
+/* A NULL model: every loom_model_* call returning loom_status returns
+ * LOOM_ERR_INVALID_ARG naming the call; getters return 0, NULL, false,
+ * LOOM_F32 (precision), LOOM_ROLE_WEIGHT (view_role) or LOOM_TP_WHOLE
+ * (view_tp); calls returning nothing do nothing. */
 typedef struct loom_model loom_model;
 
 typedef struct loom_model_opts {
@@ -598,6 +605,8 @@ typedef struct loom_xent_stats {
   int64_t correct; /* rows whose argmax (first maximum) is the target */
 } loom_xent_stats;
 
+/* NULL out, x, logits, targets or dlogits: LOOM_ERR_INVALID_ARG naming the
+ * call (stats may be NULL). */
 loom_status loom_xent_new(loom_xent **out);
 void loom_xent_free(loom_xent *x);
 /* Keeps what backward needs (buffers grow only when the rows grow). */

@@ -27,7 +27,8 @@ loom_tensor loom_tensor_view(void *data, loom_dtype dtype, int ndim,
   memset(&t, 0, sizeof t);
   t.data = data;
   t.dtype = dtype;
-  t.ndim = ndim < 0 ? 0 : (ndim > LOOM_MAX_DIMS ? LOOM_MAX_DIMS : ndim);
+  t.ndim =
+      ndim < 0 || !shape ? 0 : (ndim > LOOM_MAX_DIMS ? LOOM_MAX_DIMS : ndim);
   for (int i = 0; i < t.ndim; i++)
     t.shape[i] = shape[i];
   set_contiguous_strides(&t);
@@ -43,6 +44,11 @@ static loom_status check_shape(loom_dtype dtype, int ndim,
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "tensor: %d dimensions (at most %d)", ndim,
                       LOOM_MAX_DIMS);
+  if (ndim > 0 && !shape)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "tensor: NULL shape of %d "
+                      "dimensions",
+                      ndim);
   for (int i = 0; i < ndim; i++)
     if (shape[i] < 0)
       return loom_error(LOOM_ERR_INVALID_ARG,
@@ -65,6 +71,8 @@ static loom_status check_shape(loom_dtype dtype, int ndim,
 
 loom_status loom_tensor_new(loom_tensor *t, loom_dtype dtype, int ndim,
                             const int64_t *shape) {
+  if (!t)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_tensor_new: NULL tensor");
   LOOM_TRY(check_shape(dtype, ndim, shape));
   *t = loom_tensor_view(NULL, dtype, ndim, shape);
   size_t bytes = loom_tensor_bytes(t);
@@ -120,6 +128,9 @@ bool loom_tensor_is_contiguous(const loom_tensor *t) {
 
 loom_status loom_tensor_reshape(const loom_tensor *t, int ndim,
                                 const int64_t *shape, loom_tensor *out) {
+  if (!t || !out)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_tensor_reshape: NULL argument");
   LOOM_TRY(check_shape(t->dtype, ndim, shape));
   if (!loom_tensor_is_contiguous(t))
     return loom_error(LOOM_ERR_INVALID_ARG,

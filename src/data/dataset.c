@@ -28,6 +28,8 @@ const char *loom_split_name(loom_split s) {
 }
 
 loom_status loom_split_parse(const char *s, loom_split *out) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_split_parse: NULL out");
   for (int i = 0; s && i < LOOM_SPLIT_COUNT; i++)
     if (strcmp(s, split_names[i]) == 0) {
       *out = (loom_split)i;
@@ -88,7 +90,11 @@ loom_status loom_data_write_atomic(const char *path, const void *data,
 }
 
 void loom_dataset_get_info(const loom_dataset *ds, loom_dataset_info *info) {
+  if (!info)
+    return;
   memset(info, 0, sizeof *info);
+  if (!ds)
+    return;
   info->kind = ds->kind;
   info->len = ds->len;
   info->classes = ds->classes;

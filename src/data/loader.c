@@ -266,6 +266,12 @@ loom_status loom_loader_next(loom_loader *l, const loom_batch **batch) {
 }
 
 void loom_loader_get_state(const loom_loader *l, loom_loader_state *st) {
+  if (!st)
+    return;
+  if (!l) {
+    *st = (loom_loader_state){0, 0, 0};
+    return;
+  }
   st->epoch = l->next.epoch;
   st->batch = l->next.batch;
   st->global_batch = l->gb;
@@ -375,19 +381,29 @@ loom_status loom_loader_seek(loom_loader *l, int64_t epoch, int64_t sample) {
 
 int64_t loom_loader_batch_first(const loom_loader *l, int64_t epoch,
                                 int64_t batch) {
+  if (!l)
+    return 0;
   return (epoch == l->start_epoch ? l->start : 0) + batch * l->gb;
 }
 
 int64_t loom_loader_sample(const loom_loader *l) {
+  if (!l)
+    return 0;
   return loom_loader_batch_first(l, l->next.epoch, l->next.batch);
 }
 
 int64_t loom_loader_epoch_batches(const loom_loader *l, int64_t epoch) {
+  if (!l)
+    return 0;
   return epoch_nb(l, epoch);
 }
 
-int64_t loom_loader_batches_per_epoch(const loom_loader *l) { return l->nb; }
+int64_t loom_loader_batches_per_epoch(const loom_loader *l) {
+  return l ? l->nb : 0;
+}
 
-double loom_loader_wait_total(const loom_loader *l) { return l->wait_total; }
+double loom_loader_wait_total(const loom_loader *l) {
+  return l ? l->wait_total : 0.0;
+}
 
-int64_t loom_loader_served(const loom_loader *l) { return l->served; }
+int64_t loom_loader_served(const loom_loader *l) { return l ? l->served : 0; }

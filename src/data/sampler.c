@@ -18,6 +18,8 @@ const char *loom_tail_name(loom_tail t) {
 }
 
 loom_status loom_tail_parse(const char *s, loom_tail *out) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_tail_parse: NULL out");
   for (int i = 0; s && i < LOOM_TAIL_COUNT; i++)
     if (strcmp(s, loom_tail_names[i]) == 0) {
       *out = (loom_tail)i;
@@ -135,7 +137,10 @@ static uint64_t draw_below(draws *d, uint64_t n) {
 }
 
 loom_status loom_sampler_set_epoch(loom_sampler *s, int64_t epoch) {
-  if (!s || epoch < 0)
+  if (!s)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_sampler_set_epoch: NULL sampler");
+  if (epoch < 0)
     return loom_error(LOOM_ERR_INVALID_ARG, "sampler: bad epoch %lld",
                       (long long)epoch);
   if (epoch == s->epoch)

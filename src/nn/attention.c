@@ -134,6 +134,8 @@ static const loom_module_ops attention_ops = {
 };
 
 loom_status loom_attention_new(loom_module **out, int C, int NH, bool bias) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_attention_new: NULL out");
   return loom_attention_tp_new(out, C, NH, bias, NULL, false);
 }
 

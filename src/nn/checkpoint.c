@@ -90,6 +90,11 @@ static const loom_module_ops segment_ops = {
 };
 
 loom_status loom_checkpoint_new(loom_module **out, loom_module *f) {
+  if (!out) {
+    if (f && !f->attached)
+      loom_module_free(f); /* taken over, freed on failure too */
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_checkpoint_new: NULL out");
+  }
   *out = NULL;
   if (!f)
     return loom_error(LOOM_ERR_INVALID_ARG, "checkpoint: no module to wrap");

@@ -137,6 +137,8 @@ static const loom_module_ops conv2d_ops = {
 
 loom_status loom_conv2d_new(loom_module **out, int C, int OC, int K, int stride,
                             int pad, bool bias) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_conv2d_new: NULL out");
   *out = NULL;
   if (C <= 0 || OC <= 0 || K <= 0 || stride <= 0 || pad < 0)
     return loom_error(LOOM_ERR_INVALID_ARG,

@@ -103,6 +103,8 @@ static const loom_module_ops dropout_ops = {
 };
 
 loom_status loom_dropout_new(loom_module **out, float p) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_dropout_new: NULL out");
   *out = NULL;
   if (!(p >= 0.0f && p < 1.0f))
     return loom_error(LOOM_ERR_INVALID_ARG,

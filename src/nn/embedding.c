@@ -192,6 +192,8 @@ static const loom_module_ops embedding_ops = {
 };
 
 loom_status loom_embedding_new(loom_module **out, int V, int C, int T_max) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_embedding_new: NULL out");
   *out = NULL;
   if (V <= 0 || C <= 0 || T_max < 0)
     return loom_error(LOOM_ERR_INVALID_ARG,

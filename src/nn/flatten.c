@@ -51,6 +51,8 @@ static const loom_module_ops flatten_ops = {
 };
 
 loom_status loom_flatten_new(loom_module **out) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_flatten_new: NULL out");
   *out = NULL;
   flatten *f = loom_calloc(1, sizeof *f);
   if (!f)

@@ -64,6 +64,8 @@ static const loom_module_ops gelu_ops = {
 };
 
 loom_status loom_gelu_new(loom_module **out) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_gelu_new: NULL out");
   *out = NULL;
   gelu *r = loom_calloc(1, sizeof *r);
   if (!r)

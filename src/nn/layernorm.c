@@ -97,6 +97,8 @@ static const loom_module_ops layernorm_ops = {
 };
 
 loom_status loom_layernorm_new(loom_module **out, int C, bool bias) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_layernorm_new: NULL out");
   *out = NULL;
   if (C <= 0)
     return loom_error(LOOM_ERR_INVALID_ARG, "layernorm: size %d", C);

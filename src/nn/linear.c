@@ -397,6 +397,8 @@ static const loom_module_ops linear_ops = {
 };
 
 loom_status loom_linear_new(loom_module **out, int C, int OC, bool bias) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_linear_new: NULL out");
   *out = NULL;
   if (C <= 0 || OC <= 0)
     return loom_error(LOOM_ERR_INVALID_ARG,
@@ -414,6 +416,8 @@ loom_status loom_linear_new(loom_module **out, int C, int OC, bool bias) {
 
 loom_status loom_linear_tied_new(loom_module **out, const loom_module *owner,
                                  int k) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_linear_tied_new: NULL out");
   *out = NULL;
   if (!owner || k < 0)
     return loom_error(LOOM_ERR_INVALID_ARG,

@@ -133,6 +133,8 @@ loom_status loom_nn_relu_pool_backward_to(loom_module *relu, loom_module *pool,
 }
 
 loom_status loom_maxpool2d_new(loom_module **out, int K, int S) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_maxpool2d_new: NULL out");
   *out = NULL;
   if (K <= 0 || S <= 0)
     return loom_error(LOOM_ERR_INVALID_ARG,

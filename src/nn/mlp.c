@@ -111,6 +111,8 @@ static const loom_module_ops mlp_ops = {
 
 loom_status loom_mlp_new(loom_module **out, int C, int hidden, bool bias,
                          float dropout) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_mlp_new: NULL out");
   return loom_mlp_tp_new(out, C, hidden, bias, dropout, NULL, false);
 }
 

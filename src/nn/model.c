@@ -113,9 +113,18 @@ static loom_status make_units(loom_model *m, const loom_nn_visit *v) {
   return LOOM_OK;
 }
 
-int loom_model_num_units(const loom_model *m) { return m->nunits; }
+int loom_model_num_units(const loom_model *m) {
+  if (!m)
+    return 0;
+  return m->nunits;
+}
 
 const loom_range *loom_model_unit_ranges(const loom_model *m, int u, int *n) {
+  if (!m) {
+    if (n)
+      *n = 0;
+    return NULL;
+  }
   if (u < 0 || u >= m->nunits) {
     *n = 0;
     return NULL;
@@ -125,6 +134,9 @@ const loom_range *loom_model_unit_ranges(const loom_model *m, int u, int *n) {
 }
 
 loom_status loom_model_set_unit_range(loom_model *m, int first, int end) {
+  if (!m)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_model_set_unit_range: NULL model");
   if (!m->seq_root)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "model: a range of units needs a sequential root (its "
@@ -137,17 +149,23 @@ loom_status loom_model_set_unit_range(loom_model *m, int first, int end) {
 }
 
 void loom_model_set_unit_hook(loom_model *m, loom_unit_hook fn, void *user) {
+  if (!m)
+    return;
   m->unit_hook = fn;
   m->unit_user = user;
 }
 
 void loom_model_set_unit_observer(loom_model *m, loom_unit_hook fn,
                                   void *user) {
+  if (!m)
+    return;
   m->unit_obs = fn;
   m->unit_obs_user = user;
 }
 
 const char *loom_model_unit_name(const loom_model *m, int u) {
+  if (!m)
+    return NULL;
   if (u < 0 || u >= m->nunits)
     return NULL;
   if (!m->seq_root)
@@ -226,6 +244,9 @@ static loom_status check_opts(const loom_model_opts *o) {
 }
 
 loom_status loom_model_init_params(loom_model *m, const loom_model_opts *o) {
+  if (!m)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_model_init_params: NULL model");
   if (!o)
     o = &m->opts;
   LOOM_TRY(check_opts(o));
@@ -237,6 +258,8 @@ loom_status loom_model_init_params(loom_model *m, const loom_model_opts *o) {
 }
 
 loom_status loom_model_init_view(loom_model *m, int i) {
+  if (!m)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_model_init_view: NULL model");
   if (i < 0 || i >= m->nviews)
     return loom_error(LOOM_ERR_INVALID_ARG, "model: no view %d (of %d)", i,
                       m->nviews);
@@ -248,6 +271,9 @@ loom_status loom_model_init_view(loom_model *m, int i) {
 }
 
 loom_status loom_model_draw_view(const loom_model *m, int i, float *dst) {
+  if (!m || !dst)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_model_draw_view: NULL argument");
   if (i < 0 || i >= m->nviews)
     return loom_error(LOOM_ERR_INVALID_ARG, "model: no view %d (of %d)", i,
                       m->nviews);
@@ -256,6 +282,11 @@ loom_status loom_model_draw_view(const loom_model *m, int i, float *dst) {
 }
 
 loom_tp_split loom_model_view_tp(const loom_model *m, int i, int *blocks) {
+  if (!m) {
+    if (blocks)
+      *blocks = 1;
+    return LOOM_TP_WHOLE;
+  }
   if (i < 0 || i >= m->nviews) {
     *blocks = 1;
     return LOOM_TP_WHOLE;
@@ -285,6 +316,11 @@ static uint64_t hash_layout(const loom_param *v, int n) {
 
 loom_status loom_model_new(loom_model **out, loom_module *root,
                            const loom_model_opts *opts) {
+  if (!out) {
+    if (root && !root->attached)
+      loom_module_free(root); /* taken over, freed on failure too */
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_model_new: NULL out");
+  }
   *out = NULL;
   if (!root)
     return loom_error(LOOM_ERR_INVALID_ARG, "model: no root module");
@@ -380,7 +416,11 @@ void loom_model_free(loom_model *m) {
 
 /* ---------------------------------------------------------- accessors */
 
-float *loom_model_params(loom_model *m) { return m->params; }
+float *loom_model_params(loom_model *m) {
+  if (!m)
+    return NULL;
+  return m->params;
+}
 /* The own gradient buffer, made again after loom_model_drop_own_grads
  * when nothing else is bound (NULL if that fails, or shape_only). */
 static float *own_grads(loom_model *m) {
@@ -392,19 +432,37 @@ static float *own_grads(loom_model *m) {
   return m->grads;
 }
 
-float *loom_model_grads(loom_model *m) { return own_grads(m); }
-int64_t loom_model_num_params(const loom_model *m) { return m->numel; }
-int loom_model_num_views(const loom_model *m) { return m->nviews; }
+float *loom_model_grads(loom_model *m) {
+  if (!m)
+    return NULL;
+  return own_grads(m);
+}
+int64_t loom_model_num_params(const loom_model *m) {
+  if (!m)
+    return 0;
+  return m->numel;
+}
+int loom_model_num_views(const loom_model *m) {
+  if (!m)
+    return 0;
+  return m->nviews;
+}
 
 const loom_param *loom_model_view(const loom_model *m, int i) {
+  if (!m)
+    return NULL;
   return i >= 0 && i < m->nviews ? &m->views[i] : NULL;
 }
 
 loom_param_role loom_model_view_role(const loom_model *m, int i) {
+  if (!m)
+    return LOOM_ROLE_WEIGHT;
   return i >= 0 && i < m->nviews ? m->entries[i].role : LOOM_ROLE_WEIGHT;
 }
 
 loom_status loom_model_find(const loom_model *m, const char *name, int *index) {
+  if (!m || !index)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_model_find: NULL argument");
   for (int i = 0; i < m->nviews; i++)
     if (name && strcmp(m->views[i].name, name) == 0) {
       *index = i;
@@ -414,18 +472,32 @@ loom_status loom_model_find(const loom_model *m, const char *name, int *index) {
                     name ? name : "(null)");
 }
 
-uint64_t loom_model_layout_hash(const loom_model *m) { return m->layout_hash; }
-loom_module *loom_model_root(loom_model *m) { return m->root; }
+uint64_t loom_model_layout_hash(const loom_model *m) {
+  if (!m)
+    return 0;
+  return m->layout_hash;
+}
+loom_module *loom_model_root(loom_model *m) {
+  if (!m)
+    return NULL;
+  return m->root;
+}
 const loom_model_opts *loom_model_get_opts(const loom_model *m) {
+  if (!m)
+    return NULL;
   return &m->opts;
 }
 
 void loom_model_zero_grad(loom_model *m) {
+  if (!m)
+    return;
   if (m->grads)
     memset(m->grads, 0, (size_t)m->numel * sizeof(float));
 }
 
 void loom_model_drop_own_grads(loom_model *m) {
+  if (!m)
+    return;
   if (m->own_grads && m->grads && m->grads != m->own_grads) {
     loom_free(m->own_grads);
     m->own_grads = NULL;
@@ -433,12 +505,16 @@ void loom_model_drop_own_grads(loom_model *m) {
 }
 
 void loom_model_bind_grads(loom_model *m, float *grads) {
+  if (!m)
+    return;
   /* NULL after loom_model_drop_own_grads: made again when next asked for
    * (own_grads), not here, so a DDP that ends does not allocate it. */
   m->grads = grads ? grads : m->own_grads;
 }
 
 void loom_model_bind_params(loom_model *m, float *params) {
+  if (!m)
+    return;
   m->params = params ? params : m->own_params;
   m->half_stale = true;
 }
@@ -484,6 +560,9 @@ static loom_status own_copy(loom_model *m) {
 
 loom_status loom_model_set_precision(loom_model *m, loom_dtype precision) {
   if (!m)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_model_set_precision: NULL model");
+  if (!m)
     return loom_error(LOOM_ERR_INVALID_ARG, "model: NULL");
   const bool half = precision == LOOM_BF16 || precision == LOOM_F16;
   if (precision != LOOM_F32 && !half)
@@ -518,15 +597,21 @@ loom_status loom_model_set_precision(loom_model *m, loom_dtype precision) {
 }
 
 loom_dtype loom_model_precision(const loom_model *m) {
+  if (!m)
+    return LOOM_F32;
   return m ? m->precision : LOOM_F32;
 }
 
 void loom_model_params_updated(loom_model *m) {
+  if (!m)
+    return;
   if (m)
     m->half_stale = true;
 }
 
 size_t loom_model_half_bytes(const loom_model *m) {
+  if (!m)
+    return 0;
   if (!m)
     return 0;
   if (m->params_rounded)
@@ -536,6 +621,8 @@ size_t loom_model_half_bytes(const loom_model *m) {
 }
 
 float *loom_model_rounded_copy(loom_model *m) {
+  if (!m)
+    return NULL;
   /* a change of path since the copy was made: none, the next forward makes
    * the other kind */
   return m && m->params_rounded && !loom_half_on_unit(m->precision)
@@ -546,6 +633,8 @@ float *loom_model_rounded_copy(loom_model *m) {
 void loom_model_bind_half(loom_model *m, uint16_t *buf) {
   if (!m)
     return;
+  if (!m)
+    return;
   drop_own_copy(m);
   m->params_half = buf;
   m->half_bound = buf != NULL;
@@ -553,6 +642,9 @@ void loom_model_bind_half(loom_model *m, uint16_t *buf) {
 }
 
 loom_status loom_model_refresh_half(loom_model *m, const loom_range *r, int n) {
+  if (!m)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_model_refresh_half: NULL model");
   if (!m || n < 0 || (n > 0 && !r))
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "model: refresh_half: NULL model or ranges, or %d "
@@ -582,16 +674,26 @@ loom_status loom_model_refresh_half(loom_model *m, const loom_range *r, int n) {
 }
 
 void loom_model_set_training(loom_model *m, bool training) {
+  if (!m)
+    return;
   m->training = training;
 }
-bool loom_model_training(const loom_model *m) { return m->training; }
+bool loom_model_training(const loom_model *m) {
+  if (!m)
+    return false;
+  return m->training;
+}
 
 void loom_model_set_step(loom_model *m, uint64_t step, uint64_t sample_base) {
+  if (!m)
+    return;
   m->step = step;
   m->sample_base = sample_base;
 }
 
 void loom_model_set_grad_hook(loom_model *m, loom_grad_hook fn, void *user) {
+  if (!m)
+    return;
   m->hook = fn;
   m->hook_user = user;
 }
@@ -599,6 +701,8 @@ void loom_model_set_grad_hook(loom_model *m, loom_grad_hook fn, void *user) {
 /* ------------------------------------------------------------ planning */
 
 loom_status loom_model_plan(loom_model *m, const loom_shape *in) {
+  if (!m || !in)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_model_plan: NULL argument");
   if (m->planned && loom_shape_equal(in, &m->in_shape))
     return LOOM_OK;
   m->planned = false;
@@ -643,10 +747,17 @@ loom_status loom_model_plan(loom_model *m, const loom_shape *in) {
   return LOOM_OK;
 }
 
-size_t loom_model_arena_bytes(const loom_model *m) { return m->arena_cap; }
+size_t loom_model_arena_bytes(const loom_model *m) {
+  if (!m)
+    return 0;
+  return m->arena_cap;
+}
 
 loom_status loom_model_act_bytes(loom_model *m, const loom_shape *input,
                                  size_t *act, size_t *scratch) {
+  if (!m || !input)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_model_act_bytes: NULL argument");
   /* The counting pass clears the modules' addresses: bind again on the
    * next forward (no allocation when the arena is large enough). */
   m->planned = false;
@@ -699,6 +810,8 @@ static loom_status check_tensor(const char *what, const loom_tensor *t) {
 
 loom_status loom_model_forward(loom_model *m, const loom_tensor *input,
                                loom_tensor *output) {
+  if (!m)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_model_forward: NULL model");
   LOOM_TRY(check_tensor("input", input));
   if (!m->params)
     return loom_error(LOOM_ERR_INVALID_ARG,
@@ -739,6 +852,9 @@ loom_status loom_model_forward(loom_model *m, const loom_tensor *input,
 }
 
 loom_status loom_model_output_grad(loom_model *m, loom_tensor *doutput) {
+  if (!m || !doutput)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_model_output_grad: NULL argument");
   if (!m->planned)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "model: no output gradient before the first forward");
@@ -761,6 +877,8 @@ static loom_status check_like(const char *what, const loom_tensor *t,
 
 loom_status loom_model_backward(loom_model *m, const loom_tensor *doutput,
                                 loom_tensor *dinput) {
+  if (!m)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_model_backward: NULL model");
   if (!m->have_forward)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "model: backward needs a forward first");

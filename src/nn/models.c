@@ -30,6 +30,8 @@ const char *loom_act_name(loom_act a) {
 }
 
 loom_status loom_act_new(loom_module **out, loom_act a) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_act_new: NULL out");
   *out = NULL;
   switch (a) {
   case LOOM_ACT_RELU:
@@ -54,6 +56,8 @@ loom_fashion_mlp_opts loom_fashion_mlp_opts_default(void) {
 loom_status loom_fashion_mlp_new(loom_model **out,
                                  const loom_fashion_mlp_opts *o,
                                  const loom_model_opts *mo) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_fashion_mlp_new: NULL out");
   *out = NULL;
   loom_fashion_mlp_opts d = loom_fashion_mlp_opts_default();
   if (!o)
@@ -126,6 +130,8 @@ void loom_fashion_cnn_out_hw(const loom_fashion_cnn_opts *o, int *oh, int *ow) {
 loom_status loom_fashion_cnn_new(loom_model **out,
                                  const loom_fashion_cnn_opts *o,
                                  const loom_model_opts *mo) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_fashion_cnn_new: NULL out");
   *out = NULL;
   loom_fashion_cnn_opts d = loom_fashion_cnn_opts_default();
   if (!o)
@@ -212,6 +218,8 @@ fail:
 
 loom_status loom_gpt_new(loom_model **out, const loom_gpt_opts *o,
                          const loom_model_opts *mo) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_gpt_new: NULL out");
   *out = NULL;
   loom_gpt_opts d = loom_gpt_opts_default();
   if (!o)

@@ -79,6 +79,8 @@ const float *loom_nn_relu_input(const loom_module *m) {
 }
 
 loom_status loom_relu_new(loom_module **out) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_relu_new: NULL out");
   *out = NULL;
   relu *r = loom_calloc(1, sizeof *r);
   if (!r)

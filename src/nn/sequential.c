@@ -190,6 +190,8 @@ static const loom_module_ops sequential_ops = {
 };
 
 loom_status loom_sequential_new(loom_module **out) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_sequential_new: NULL out");
   *out = NULL;
   sequential *s = loom_calloc(1, sizeof *s);
   if (!s)

@@ -117,6 +117,9 @@ static const loom_module_ops block_ops = {
 loom_status loom_transformer_block_new(loom_module **out, int C, int NH,
                                        int mlp_ratio, bool bias,
                                        float dropout) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_transformer_block_new: NULL out");
   return loom_transformer_block_tp_new(out, C, NH, mlp_ratio, bias, dropout,
                                        NULL, false);
 }

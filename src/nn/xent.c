@@ -24,6 +24,8 @@ struct loom_xent {
 };
 
 loom_status loom_xent_new(loom_xent **out) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_xent_new: NULL out");
   *out = loom_calloc(1, sizeof **out);
   return *out ? LOOM_OK : LOOM_ERR_NOMEM;
 }
@@ -176,6 +178,8 @@ loom_status loom_xent_forward(loom_xent *x, const loom_tensor *logits,
                               const int32_t *targets, loom_xent_stats *stats) {
   int64_t N = 0; /* set: the analyzer cannot see that check_logits fails */
   int V = 0;     /* whenever it leaves them */
+  if (!x)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_xent_forward: NULL xent");
   x->have = false;
   LOOM_TRY(check_logits(logits, &N, &V));
   if (!targets)
@@ -223,6 +227,8 @@ loom_status loom_xent_forward(loom_xent *x, const loom_tensor *logits,
 
 loom_status loom_xent_backward(loom_xent *x, loom_tensor *dlogits,
                                float scale) {
+  if (!x)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_xent_backward: NULL xent");
   if (!x->have)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "cross-entropy: backward needs a forward first");
