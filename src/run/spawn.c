@@ -435,10 +435,9 @@ static void note_said(relay *r, const char *s, size_t n) {
   /* (Open MPI's note that it folded the other ranks' copies away, and its
    * own help system's internal errors, printed under load as it gathers
    * the ranks' messages: they say nothing of why the job failed) */
-  static const char *const asides[] = {"has sent help message",
-                                       "orte_base_help_aggregate",
-                                       "ORTE_ERROR_LOG: Data unpack",
-                                       "show_help.c"};
+  static const char *const asides[] = {
+      "has sent help message", "orte_base_help_aggregate",
+      "ORTE_ERROR_LOG: Data unpack", "show_help.c"};
   char text[512];
   snprintf(text, sizeof text, "%.*s", (int)(n < 511 ? n : 511), s);
   for (size_t i = 0; i < sizeof asides / sizeof asides[0]; i++)
