@@ -1198,8 +1198,7 @@ TT_TEST(test_views_checked) {
   make_state(&s, 11);
   TT_REQUIRE_OK(save_state(root, 1, &s, views_a, 3, 1));
   static const char *const why[] = {
-      "views[1].offset: [2000, 2002) lies beyond the 'params' buffer (1003 "
-      "elements)",
+      "offset: [2000, 2002) lies beyond the 'params' buffer (1003 elements)",
       "views[0].numel: not the product of its shape",
       "views[1].offset: overlaps"};
   for (int k = 0; k < 3; k++) {
