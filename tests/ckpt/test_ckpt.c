@@ -1109,6 +1109,26 @@ TT_TEST(test_misuse) {
   TT_CHECK_HAS(loom_last_error(), "shard_00000.bin: header checksum mismatch");
 }
 
+/* A manifest (or any small file) read whole into buf, NUL-terminated;
+ * *len 0 when it cannot be read. */
+static void read_text(const char *path, char *buf, size_t cap, size_t *len) {
+  *len = 0;
+  buf[0] = '\0';
+  FILE *f = fopen(path, "rb");
+  TT_REQUIRE(f != NULL);
+  *len = fread(buf, 1, cap - 1, f);
+  fclose(f);
+  buf[*len] = '\0';
+}
+
+/* The file at path replaced by buf[0, len). */
+static void write_text(const char *path, const char *buf, size_t len) {
+  FILE *f = fopen(path, "wb");
+  TT_REQUIRE(f != NULL);
+  fwrite(buf, 1, len, f);
+  fclose(f);
+}
+
 /* Rewrites the manifest's own checksum after an edit, as a careful forger
  * would, so that the field checks behind it are what gets tested. */
 static void fix_manifest_crc(char *text, size_t len) {
@@ -1134,12 +1154,10 @@ TT_TEST(test_fuzz_manifest) {
   TT_REQUIRE_OK(save_3_ranks(root, 1, &s));
   loom_ckpt_dir_name(root, 1, dir, sizeof dir);
   snprintf(mpath, sizeof mpath, "%s/manifest.json", dir);
-  FILE *f = fopen(mpath, "rb");
-  TT_REQUIRE(f != NULL);
   static char orig[65536], text[65536];
-  size_t len = fread(orig, 1, sizeof orig - 1, f);
-  fclose(f);
-  orig[len] = '\0';
+  size_t len;
+  read_text(mpath, orig, sizeof orig, &len);
+  TT_REQUIRE(len > 0);
   loom_rng r = loom_rng_init(2024, 0);
   int opened = 0, refused = 0;
   static float got[N];
@@ -1152,10 +1170,7 @@ TT_TEST(test_fuzz_manifest) {
       text[at] = repl[loom_rng_below(&r, strlen(repl))];
     }
     fix_manifest_crc(text, len);
-    f = fopen(mpath, "wb");
-    TT_REQUIRE(f != NULL);
-    fwrite(text, 1, len, f);
-    fclose(f);
+    write_text(mpath, text, len);
     loom_ckpt_open_opts oo = loom_ckpt_open_opts_default();
     oo.verify = LOOM_CKPT_VERIFY_NONE;
     loom_ckpt *c = NULL;
@@ -1180,9 +1195,7 @@ TT_TEST(test_fuzz_manifest) {
   }
   TT_CHECK(opened > 0 && refused > 0);
   /* The original again: still good. */
-  f = fopen(mpath, "wb");
-  fwrite(orig, 1, len, f);
-  fclose(f);
+  write_text(mpath, orig, len);
   TT_CHECK_OK(open_dir(root, 1, LOOM_CKPT_VERIFY_FULL));
 }
 
@@ -1239,12 +1252,9 @@ TT_TEST(test_views_checked) {
  * manifest (buffer ba's block ka with buffer bb's block kb) and rewrites the
  * manifest's own checksum, as a forger would. */
 static void swap_blocks(const char *mpath, int ba, int ka, int bb, int kb) {
-  FILE *f = fopen(mpath, "rb");
-  TT_REQUIRE(f != NULL);
   static char text[65536];
-  size_t len = fread(text, 1, sizeof text - 1, f);
-  fclose(f);
-  text[len] = '\0';
+  size_t len;
+  read_text(mpath, text, sizeof text, &len);
   cJSON *root = cJSON_Parse(text);
   TT_REQUIRE(root != NULL);
   cJSON *bufs = cJSON_GetObjectItemCaseSensitive(root, "buffers");
@@ -1273,10 +1283,7 @@ static void swap_blocks(const char *mpath, int ba, int ka, int bb, int kb) {
   TT_REQUIRE(out != NULL);
   size_t n = strlen(out);
   fix_manifest_crc(out, n);
-  f = fopen(mpath, "wb");
-  TT_REQUIRE(f != NULL);
-  fwrite(out, 1, n, f);
-  fclose(f);
+  write_text(mpath, out, n);
   cJSON_free(out);
 }
 
@@ -1292,11 +1299,10 @@ TT_TEST(test_forged_blocks) {
   TT_REQUIRE_OK(save_3_ranks(root, 1, &s));
   loom_ckpt_dir_name(root, 1, dir, sizeof dir);
   snprintf(mpath, sizeof mpath, "%s/manifest.json", dir);
-  FILE *f = fopen(mpath, "rb");
-  TT_REQUIRE(f != NULL);
   static char orig[65536];
-  size_t len = fread(orig, 1, sizeof orig, f);
-  fclose(f);
+  size_t len;
+  read_text(mpath, orig, sizeof orig, &len);
+  TT_REQUIRE(len > 0);
   TT_CHECK_OK(open_dir(root, 1, LOOM_CKPT_VERIFY_META));
   loom_ckpt_open_opts oo = loom_ckpt_open_opts_default();
   loom_ckpt *c = NULL;
@@ -1310,17 +1316,13 @@ TT_TEST(test_forged_blocks) {
     TT_CHECK_HAS(loom_last_error(), "(another buffer's block)");
   }
   /* Two blocks of one buffer trade places. */
-  f = fopen(mpath, "wb");
-  fwrite(orig, 1, len, f);
-  fclose(f);
+  write_text(mpath, orig, len);
   TT_CHECK_OK(open_dir(root, 1, LOOM_CKPT_VERIFY_FULL));
   swap_blocks(mpath, 0, 0, 0, 1);
   TT_CHECK_EQ(loom_ckpt_open(&c, dir, NULL), LOOM_ERR_CORRUPT);
   TT_CHECK_HAS(loom_last_error(), "(its range, dtype or checksum differ)");
   /* An unknown verification level is refused, not taken for none. */
-  f = fopen(mpath, "wb");
-  fwrite(orig, 1, len, f);
-  fclose(f);
+  write_text(mpath, orig, len);
   TT_REQUIRE_OK(loom_ckpt_open(&c, dir, NULL));
   TT_CHECK_EQ(loom_ckpt_verify_file(c, 0, (loom_ckpt_verify_level)9),
               LOOM_ERR_INVALID_ARG);
