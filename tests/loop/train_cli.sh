@@ -129,10 +129,21 @@ mkdir -p "$T/held"
 echo "pid 4242 on elsewhere" >"$T/held/.lock"
 echo keep >"$T/held/metrics.jsonl"
 # the holder is the sleep itself (the subshell execs it), so killing it
-# ends the lock: no process tool needed
-(exec 9>>"$T/held/.lock" && flock -n 9 && exec sleep 120) </dev/null >/dev/null 2>&1 &
+# ends the lock: no process tool needed. It says through a FIFO once it
+# holds the lock, so the test waits for that event, not for a guessed time
+# (a 10 s poll was too short on a loaded machine).
+mkfifo "$T/held_ready"
+(
+  exec 9>>"$T/held/.lock"
+  if flock -n 9; then
+    echo held >"$T/held_ready"
+    exec sleep 600
+  fi
+  echo refused >"$T/held_ready"
+) </dev/null >/dev/null 2>&1 &
 holder=$!
-for _ in $(seq 100); do flock -n "$T/held/.lock" true 2>/dev/null || break; sleep 0.1; done
+read -r held <"$T/held_ready"
+check "held run dir: lock taken by the holder" test "$held" = held
 run "$LOOM" train "$SRC/examples/small_mlp.yaml" --set "log.run_dir=$T/held" --resume never
 kill "$holder" 2>/dev/null
 wait "$holder" 2>/dev/null
