@@ -1306,6 +1306,22 @@ static loom_status wait_alive(loom_req *r) {
   }
 }
 
+/* Whether any rank has been asked to stop, agreed over the world: every
+ * rank calls it at the same point of an evaluation whose ranks run each
+ * batch together (a pipeline's stages, a tensor group, ZeRO-3's gathers),
+ * so that all leave it before the same batch. One small reduction per
+ * batch, beside the batch's own collectives. */
+static loom_status agree_stop(loom_trainer *t, bool *stop) {
+  int64_t v = stop_requested ? 1 : 0;
+  if (t->world && t->nranks > 1) {
+    loom_req r = LOOM_REQ_INIT;
+    LOOM_TRY(loom_allreduce(&v, &v, 1, LOOM_I64, LOOM_MAX, t->world, &r));
+    LOOM_TRY(wait_alive(&r));
+  }
+  *stop = v > 0;
+  return LOOM_OK;
+}
+
 /* Evaluation is shared: rank r takes batches r, r + P, ... of a fixed batch
  * size, and the per-batch sums are added in batch order, so the result does
  * not depend on the number of ranks. */
@@ -1342,11 +1358,22 @@ static loom_status evaluate(loom_trainer *t, int64_t max_batches, double *loss,
       loom_pipe_set_training(t->pipe, false);
     /* ZeRO-3 gathers over the replicas: each runs as many forwards (one
      * past the last batch runs the last again, its sums in a scratch
-     * row) */
-    int64_t end = nb;
-    if (t->z3 && nb > 0)
-      end = (nb + t->replicas - 1) / t->replicas * t->replicas;
-    for (int64_t i = t->replica; i < end; i += t->replicas) {
+     * row). A stop is agreed before each round of batches, so every
+     * replica runs the same number of rounds (one with no batch left
+     * skips it). */
+    int64_t end =
+        nb > 0 ? (nb + t->replicas - 1) / t->replicas * t->replicas : 0;
+    for (int64_t i = t->replica; i < end + t->replica; i += t->replicas) {
+      if (stopped) {
+        bool stop;
+        LOOM_TRY_GOTO(s, agree_stop(t, &stop), done);
+        if (stop) {
+          part[nb * 3] = 1;
+          break;
+        }
+      }
+      if (i >= nb && !t->z3)
+        continue;
       int64_t count;
       LOOM_TRY_GOTO(s, loom_sampler_batch(sp, i < nb ? i : nb - 1, idx, &count),
                     done);
@@ -1373,12 +1400,16 @@ static loom_status evaluate(loom_trainer *t, int64_t max_batches, double *loss,
     end = (nb + t->nranks - 1) / t->nranks * t->nranks;
   for (int64_t i = t->rank; i < end; i += t->nranks) {
     /* A stop (a signal) ends this rank's share at once; the ranks learn
-     * it in the sums below. (ZeRO-3's forwards gather from every rank, and
-     * a pipeline's or tensor group's ranks run each batch together: those
-     * go on to the end.) */
-    if (stopped && !t->z3 && stop_requested) {
-      part[nb * 3] = 1;
-      break;
+     * it in the sums below. ZeRO-3's forwards gather from every rank, so
+     * there the ranks agree on it before each round of batches. */
+    if (stopped) {
+      bool stop = stop_requested != 0;
+      if (t->z3)
+        LOOM_TRY_GOTO(s, agree_stop(t, &stop), done);
+      if (stop) {
+        part[nb * 3] = 1;
+        break;
+      }
     }
     int64_t count;
     LOOM_TRY_GOTO(s, loom_sampler_batch(sp, i < nb ? i : nb - 1, idx, &count),

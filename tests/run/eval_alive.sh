@@ -60,27 +60,41 @@ over_timeout "$t2" &&
 # before the evaluation, and the evaluation ends at the stop instead of
 # running through the split (under SLURM a SIGKILL follows the SIGTERM after
 # its grace period): exit 143 in seconds, step 4 saved, no evaluation logged.
-LOOM_FAULT=0:1:slow_data:0.05,1:1:slow_data:0.05 "$LOOM" run -n 2 --max-restarts 0 \
-  "$LOOM" train "$SRC/examples/small_gpt.yaml" --set "data.path=$tmp/small.txt" \
-  --set data.val_fraction=0.5 --set model.layers=2 --set model.d_model=64 \
-  --set model.heads=2 --set model.context=64 --set train.batch_size=1 --set train.steps=4 \
-  --set train.eval_every=100 --set checkpoint.every=100 --set "log.run_dir=$tmp/stop" \
-  >"$tmp/stop.out" 2>&1 &
-job=$!
-# Polls (never a fixed sleep) up to 60 s for step 4's checkpoint.
-for _ in $(seq 1200); do [ -e "$tmp/stop/ckpt/latest" ] && break; sleep 0.05; done
-t0=$(date +%s.%N)
-kill -TERM $job
-wait $job
-rc=$?
-took=$(python3 -c "import sys, time; print('%.1f' % (time.time() - float(sys.argv[1])))" "$t0")
-if [ $rc = 143 ] && grep -q "stopped by SIGTERM at step 4, checkpoint saved" "$tmp/stop.out" &&
-  [ "$(cat "$tmp/stop/ckpt/latest")" = step_00000004 ] && ! grep -q '"val_loss"' "$tmp/stop/metrics.jsonl"; then
-  ok "SIGTERM during the final evaluation: exit 143 after $took s, step 4 saved, nothing logged of it"
-else
-  bad "SIGTERM during the final evaluation: rc $rc after $took s: $(tail -3 "$tmp/stop.out")"
-fi
-python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 30 else 1)" "$took" &&
-  ok "the stop did not wait for the evaluation (${took} s)" ||
-  bad "the stop waited ${took} s for the evaluation"
+# NAME [--set KEY=VALUE]...: that run, SIGTERM once step 4's checkpoint is
+# there. Independent ranks (DDP) stop their shares and learn of it in the
+# closing sums; a tensor group's, a pipeline's and ZeRO-3's ranks run each
+# batch together and agree on the stop before each one.
+stopped_in_eval() {
+  local name=$1
+  shift
+  LOOM_FAULT=0:1:slow_data:0.05,1:1:slow_data:0.05 "$LOOM" run -n 2 --max-restarts 0 \
+    "$LOOM" train "$SRC/examples/small_gpt.yaml" --set "data.path=$tmp/small.txt" \
+    --set data.val_fraction=0.5 --set model.layers=2 --set model.d_model=64 \
+    --set model.heads=2 --set model.context=64 --set train.batch_size=1 --set train.steps=4 \
+    --set train.eval_every=100 --set checkpoint.every=100 --set "log.run_dir=$tmp/$name" "$@" \
+    >"$tmp/$name.out" 2>&1 &
+  local job=$!
+  # Polls (never a fixed sleep) up to 60 s for step 4's checkpoint.
+  for _ in $(seq 1200); do [ -e "$tmp/$name/ckpt/latest" ] && break; sleep 0.05; done
+  local t0
+  t0=$(date +%s.%N)
+  kill -TERM $job
+  wait $job
+  rc=$?
+  local took
+  took=$(python3 -c "import sys, time; print('%.1f' % (time.time() - float(sys.argv[1])))" "$t0")
+  if [ $rc = 143 ] && grep -q "stopped by SIGTERM at step 4, checkpoint saved" "$tmp/$name.out" &&
+    [ "$(cat "$tmp/$name/ckpt/latest")" = step_00000004 ] && ! grep -q '"val_loss"' "$tmp/$name/metrics.jsonl"; then
+    ok "$name: SIGTERM during the final evaluation: exit 143 after $took s, step 4 saved, nothing logged of it"
+  else
+    bad "$name: SIGTERM during the final evaluation: rc $rc after $took s: $(tail -3 "$tmp/$name.out")"
+  fi
+  python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 20 else 1)" "$took" &&
+    ok "$name: the stop did not wait for the evaluation (${took} s)" ||
+    bad "$name: the stop waited ${took} s for the evaluation"
+}
+stopped_in_eval stop
+stopped_in_eval stop_tp --set parallel.tp=2
+stopped_in_eval stop_pp --set parallel.pp=2
+stopped_in_eval stop_zero3 --set parallel.strategy=zero3
 finish run_eval_alive
