@@ -189,19 +189,23 @@ static const loom_config_key keys[] = {
     /* schedule */
     KENUM("schedule.name", schedule.name, "constant", loom_sched_kind_names, 0,
           "learning-rate schedule after warmup: constant, step (x gamma every "
-          "step_size steps), cosine or linear (down to min_lr at the last "
-          "step)"),
+          "step_size steps), cosine or linear (down to min_lr at the end of "
+          "the run)"),
     KINT("schedule.warmup_steps", schedule.warmup_steps, "0", 0, NOMAX, 0,
          "steps of linear warmup, from lr/warmup_steps up to lr"),
     KFLOAT("schedule.min_lr", schedule.min_lr, "0", 0, 1000, 0,
-           "cosine, linear: the rate at the last step"),
+           "cosine, linear: the rate reached at the end of the run, one step "
+           "after the last (as PyTorch's CosineAnnealingLR with T_max = the "
+           "run's steps)"),
     KINT("schedule.step_size", schedule.step_size, "1000", 1, NOMAX, 0,
          "step: optimizer steps between decays"),
     KFLOAT("schedule.gamma", schedule.gamma, "0.1", 0, 1, MI,
            "step: factor applied at each decay"),
     KENUM("schedule.scaling", schedule.scaling, "none", loom_lr_rule_names, 0,
-          "scale optim.lr and schedule.min_lr with the number of ranks: none, "
-          "linear (x world size) or sqrt (x its square root)"),
+          "scale optim.lr and schedule.min_lr with the global batch: none, "
+          "linear (x global batch / train.batch_size: ranks x accumulate, or "
+          "virtual_shards x accumulate with parallel.deterministic, on 1 "
+          "rank too) or sqrt (x its square root)"),
     /* train */
     KINT("train.epochs", train.epochs, "1", 0, 1000000000, 0,
          "passes over the training set; 0 = no limit (train.steps must then "
@@ -573,6 +577,15 @@ static bool in_range(const loom_config_key *k, double v) {
   return lo_ok && hi_ok;
 }
 
+/* A nonzero value smaller than the smallest normal f32: the keys feed f32
+ * arithmetic (the optimizer, the schedule, the kernels), where it acts as 0
+ * (1e-46 as optim.eps made a run NaN; as optim.lr it trained nothing), so
+ * it is refused like a value out of range. */
+static bool below_f32(double v) { return v != 0 && fabs(v) < FLT_MIN; }
+#define BELOW_F32_FMT                                                          \
+  "%s is too small for the f32 arithmetic it feeds, which would take it as "   \
+  "0 or a subnormal (nonzero values must be at least %g)"
+
 /* ------------------------------------------------------ scalar conversion */
 
 /* A scalar as the parser saw it: text, and whether it was quoted (a quoted
@@ -705,6 +718,8 @@ static loom_status set_scalar(loom_config *cfg, const loom_config_key *k,
       return cfg_err(&v->loc, k->path, "%s is out of range (must be %s%s)",
                      v->s, isinf(k->max) ? "" : "in ", r);
     }
+    if (below_f32(x))
+      return cfg_err(&v->loc, k->path, BELOW_F32_FMT, v->s, (double)FLT_MIN);
     memcpy(field, &x, sizeof x);
     return LOOM_OK;
   }
@@ -1690,6 +1705,8 @@ static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
       if (!isfinite(x) || !in_range(k, x))
         return cfg_err(l, k->path, "%s is out of range (must be %s%s)", t, in,
                        r);
+      if (below_f32(x))
+        return cfg_err(l, k->path, BELOW_F32_FMT, t, (double)FLT_MIN);
     } else if (k->type == LOOM_CFG_ENUM) {
       int x;
       memcpy(&x, field, sizeof x);

@@ -111,6 +111,22 @@ TT_TEST(test_bad_configs) {
   EXPECT_ERR("optim:\n  lr: 0\n",
              "t.yaml:2:7: key 'optim.lr': 0 is out of range (must be in (0, "
              "1000])");
+  /* Nonzero but below the smallest normal f32: the f32 arithmetic would
+   * take it as 0 (1e-46 as optim.eps made a run NaN at step 2). */
+  EXPECT_ERR("optim:\n  eps: 1e-46\n",
+             "t.yaml:2:8: key 'optim.eps': 1e-46 is too small for the f32 "
+             "arithmetic it feeds, which would take it as 0 or a subnormal "
+             "(nonzero values must be at least 1.17549e-38)");
+  EXPECT_ERR("optim:\n  grad_clip: 1e-40\n",
+             "t.yaml:2:14: key 'optim.grad_clip': 1e-40 is too small for the "
+             "f32 arithmetic it feeds, which would take it as 0 or a "
+             "subnormal (nonzero values must be at least 1.17549e-38)");
+  {
+    loom_config ok;
+    loom_config_defaults(&ok);
+    const char *t = "optim:\n  grad_clip: 0\n  lr: 1.2e-38\n";
+    TT_CHECK_OK(loom_config_load_string(&ok, t, strlen(t), "t.yaml", NULL, 0));
+  }
   EXPECT_ERR("train:\n  steps: -5\n",
              "t.yaml:2:10: key 'train.steps': -5 is out of range (must be >= "
              "0)");
@@ -536,6 +552,13 @@ TT_TEST(test_good_config_and_sets) {
   TT_CHECK_EQ(loom_config_validate(&cfg), LOOM_ERR_CONFIG);
   TT_CHECK_STR(loom_last_error(),
                "key 'optim.lr': -1 is out of range (must be in (0, 1000])");
+  cfg = copy;
+  cfg.optim.lr = 1e-50;
+  TT_CHECK_EQ(loom_config_validate(&cfg), LOOM_ERR_CONFIG);
+  TT_CHECK_STR(loom_last_error(),
+               "key 'optim.lr': 1e-50 is too small for the f32 arithmetic it "
+               "feeds, which would take it as 0 or a subnormal (nonzero "
+               "values must be at least 1.17549e-38)");
   cfg = copy;
   cfg.model.heads = 3;
   TT_CHECK_EQ(loom_config_validate(&cfg), LOOM_ERR_CONFIG);
