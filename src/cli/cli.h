@@ -38,13 +38,16 @@ int loom_cmd_config(int argc, char **argv);   /* config.c */
 int loom_cmd_estimate(int argc, char **argv); /* estimate.c */
 int loom_cmd_report(int argc, char **argv);   /* report.c */
 /* estimate.c: "8G", "512M", "1048576" as bytes (powers of 1024); the
- * largest train.batch_size of cfg whose estimate fits budget (0: not even
- * 1 row), cfg's batch_size left at the last one tried; *resolved (may be
- * NULL): the strategy s came to (auto: none or ddp). */
+ * largest train.batch_size of cfg that loom train accepts and whose
+ * estimate fits budget (0: not even 1 row), cfg's batch_size left at the
+ * last one tried; *resolved (may be NULL): the strategy s came to (auto:
+ * none or ddp); *refused (may be NULL): the batch just above the answer
+ * when training's size checks refused it rather than the budget, else 0. */
 bool loom_cli_parse_bytes(const char *s, double *out);
 loom_status loom_cli_largest_batch(loom_config *cfg, int ranks,
                                    loom_cfg_strategy s, double budget,
-                                   int64_t *best, loom_cfg_strategy *resolved);
+                                   int64_t *best, loom_cfg_strategy *resolved,
+                                   int64_t *refused);
 /* find_batch.c: loom train --find-batch-size. */
 int loom_cli_find_batch(const char *config_path, const char *const *sets,
                         int n_sets, const char *memory);

@@ -73,17 +73,24 @@ static void row(const loom_train_estimate *e) {
          e->total_bytes / mib, e->sent_bytes / mib);
 }
 
-/* Whether batch b fits: its estimate is within budget. A size the model
- * refuses (beyond the kernels' int range) does not fit; any other error of
- * the estimate is returned (for b = 1 every error is). */
+/* Whether batch b fits: loom train accepts it and its estimate is within
+ * budget. A size training refuses (its size checks: beyond the kernels'
+ * int range, a micro-batch's activations beyond their cap) does not fit,
+ * and *refused notes the smallest such b; any other error of the estimate
+ * is returned (for b = 1 every error is). */
 static loom_status batch_fits(loom_config *cfg, int ranks, loom_cfg_strategy s,
                               double budget, int64_t b, bool *fits,
-                              loom_train_estimate *e) {
+                              loom_train_estimate *e, int64_t *refused) {
   /* b micro-batches' rows: a batch parallel.micro_batches divides */
   cfg->train.batch_size =
       b * (cfg->parallel.micro_batches > 1 ? cfg->parallel.micro_batches : 1);
-  loom_status st = loom_train_estimate_memory(cfg, ranks, s, e);
-  if (st == LOOM_ERR_UNSUPPORTED && b > 1) {
+  loom_status st = loom_config_validate(cfg);
+  if (st == LOOM_OK)
+    st = loom_train_estimate_memory(cfg, ranks, s, e);
+  if ((st == LOOM_ERR_UNSUPPORTED || st == LOOM_ERR_CONFIG) && b > 1) {
+    loom_clear_error();
+    if (*refused == 0 || cfg->train.batch_size < *refused)
+      *refused = cfg->train.batch_size;
     *fits = false;
     return LOOM_OK;
   }
@@ -94,12 +101,13 @@ static loom_status batch_fits(loom_config *cfg, int ranks, loom_cfg_strategy s,
 
 loom_status loom_cli_largest_batch(loom_config *cfg, int ranks,
                                    loom_cfg_strategy s, double budget,
-                                   int64_t *best, loom_cfg_strategy *resolved) {
+                                   int64_t *best, loom_cfg_strategy *resolved,
+                                   int64_t *refused) {
   loom_train_estimate e;
-  int64_t lo = 0, hi = 1;
+  int64_t lo = 0, hi = 1, no = 0;
   const int64_t cap = 1 << 24; /* train.batch_size's own limit */
   bool fits;
-  LOOM_TRY(batch_fits(cfg, ranks, s, budget, 1, &fits, &e));
+  LOOM_TRY(batch_fits(cfg, ranks, s, budget, 1, &fits, &e, &no));
   if (resolved)
     *resolved = e.strategy; /* auto made none or ddp */
   while (fits) {            /* doubling until it no longer fits */
@@ -107,11 +115,11 @@ loom_status loom_cli_largest_batch(loom_config *cfg, int ranks,
     if (hi >= cap)
       break;
     hi *= 2;
-    LOOM_TRY(batch_fits(cfg, ranks, s, budget, hi, &fits, &e));
+    LOOM_TRY(batch_fits(cfg, ranks, s, budget, hi, &fits, &e, &no));
   }
   while (hi - lo > 1) { /* lo fits (or is 0), hi does not */
     int64_t mid = lo + (hi - lo) / 2;
-    LOOM_TRY(batch_fits(cfg, ranks, s, budget, mid, &fits, &e));
+    LOOM_TRY(batch_fits(cfg, ranks, s, budget, mid, &fits, &e, &no));
     if (fits)
       lo = mid;
     else
@@ -119,6 +127,13 @@ loom_status loom_cli_largest_batch(loom_config *cfg, int ranks,
   }
   *best =
       lo * (cfg->parallel.micro_batches > 1 ? cfg->parallel.micro_batches : 1);
+  /* training's limit decided it when the next size up was refused */
+  if (refused)
+    *refused = no > 0 && no <= *best + (cfg->parallel.micro_batches > 1
+                                            ? cfg->parallel.micro_batches
+                                            : 1)
+                   ? no
+                   : 0;
   return LOOM_OK;
 }
 
@@ -221,7 +236,7 @@ int loom_cmd_estimate(int argc, char **argv) {
     double share = 0.8 * loom_cli_mem_total() / ranks;
     int64_t b = 0;
     st = loom_cli_largest_batch(&cfg, ranks, cfg.parallel.strategy, share, &b,
-                                NULL);
+                                NULL, NULL);
     if (st != LOOM_OK || b < 1) {
       fprintf(stderr, "loom estimate: train.batch_size auto: %s\n",
               st != LOOM_OK ? loom_last_error()
@@ -257,11 +272,21 @@ int loom_cmd_estimate(int argc, char **argv) {
            e.half_copy_bytes == 4 && ranks > 1
                ? " (2 under zero3, which gathers it)"
                : "");
-  if (!e.dataset_known)
+  if (!e.dataset_known) {
     printf("# data: the loader's batches only; the data set (%s) was not "
            "found, so its memory is not counted\n",
            loom_cfg_dataset_names[cfg.data.dataset]);
-  else if (e.mapped_bytes > 0)
+    /* A path the config names that is not there (or not of its kind): the
+     * estimate still answers (the data may live only on the compute
+     * hosts), but loom train would refuse it on this host. */
+    if (cfg.data.path[0])
+      fprintf(stderr,
+              "loom estimate: warning: data.path %s%s%s: not found or not "
+              "what data.dataset %s reads on this host, so the data set's "
+              "memory is not counted; loom train here would refuse it\n",
+              cfg.data.path, cfg.data.val_path[0] ? ", data.val_path " : "",
+              cfg.data.val_path, loom_cfg_dataset_names[cfg.data.dataset]);
+  } else if (e.mapped_bytes > 0)
     printf("# data: the loader's batches; the token files (%.1f MiB) are "
            "mapped, not counted: their pages count in the RSS once read, "
            "but the kernel can drop them\n",
@@ -351,8 +376,8 @@ int loom_cmd_estimate(int argc, char **argv) {
   if (memory) {
     loom_cfg_strategy s =
         only >= 0 ? (loom_cfg_strategy)only : cfg.parallel.strategy;
-    int64_t best = 0;
-    st = loom_cli_largest_batch(&cfg, ranks, s, budget, &best, &s);
+    int64_t best = 0, refused = 0;
+    st = loom_cli_largest_batch(&cfg, ranks, s, budget, &best, &s, &refused);
     if (st != LOOM_OK) {
       fprintf(stderr, "loom estimate: %s\n", loom_last_error());
       rc = LOOM_EXIT_FAIL;
@@ -369,6 +394,18 @@ int loom_cmd_estimate(int argc, char **argv) {
     else
       printf("largest train.batch_size within %s under %s: %lld\n", memory,
              loom_cfg_strategy_names[s], (long long)best);
+    if (refused > 0) {
+      /* the memory would take more: say what stopped it */
+      cfg.train.batch_size = refused;
+      if (loom_config_validate(&cfg) != LOOM_OK)
+        printf("# the most loom train accepts, not the memory: at %lld, %s\n",
+               (long long)refused, loom_last_error());
+      else
+        printf("# the most loom train accepts, not the memory: %lld rows are "
+               "beyond what the kernels can index\n",
+               (long long)refused);
+      loom_clear_error();
+    }
   }
 done:
   loom_free(sets);

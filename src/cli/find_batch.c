@@ -371,7 +371,7 @@ int loom_cli_auto_batch(const char *config_path, const char *const *sets,
   }
   int64_t b = 0;
   loom_status st = loom_cli_largest_batch(cfg, world, cfg->parallel.strategy,
-                                          budget, &b, NULL);
+                                          budget, &b, NULL, NULL);
   if (st != LOOM_OK || b < 1) {
     fprintf(stderr, "loom train: train.batch_size auto: %s\n",
             st != LOOM_OK ? loom_last_error()
@@ -466,7 +466,7 @@ int loom_cli_find_batch_run(const char *config_path, const char *const *sets,
   size_str(budget, budget_s, sizeof budget_s);
   int64_t bound = 0;
   st = loom_cli_largest_batch(&cfg, 1, cfg.parallel.strategy, budget, &bound,
-                              NULL);
+                              NULL, NULL);
   if (st != LOOM_OK) {
     fprintf(stderr, "loom train: --find-batch-size: %s\n", loom_last_error());
     return st == LOOM_ERR_CONFIG ? LOOM_EXIT_USAGE : LOOM_EXIT_FAIL;

@@ -1603,7 +1603,7 @@ static loom_status check_sizes(const loom_config *cfg, const cfg_origins *org,
   a.act *= 2; /* and the gradient of each */
   if (a.act * 4 > ACT_BYTES_MAX)
     return cfg_err(origin_of(org, key, none), key,
-                   "a micro-batch needs about %.0f GiB of activations (%s), "
+                   "a micro-batch needs about %.1f GiB of activations (%s), "
                    "more than the limit of %.0f GiB; use a smaller size (or "
                    "train.accumulate)",
                    a.act * 4 / (1024.0 * 1024 * 1024), sizes,

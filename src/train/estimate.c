@@ -68,7 +68,7 @@ static bool dataset_memory(const loom_config *cfg, double *resident,
       path[0] = '\0';
     loom_clear_error();
     double bytes;
-    if (path[0] && stat(path, &sb) == 0)
+    if (path[0] && stat(path, &sb) == 0 && S_ISREG(sb.st_mode))
       bytes = (double)sb.st_size;
     else if (!dc->path[0])
       bytes = LOOM_KJV_BYTES; /* not prepared yet: training writes it */

@@ -393,7 +393,7 @@ TT_TEST(test_not_implemented_and_sizes) {
       "than a kernel can index (2^31 - 1); use a smaller size");
   EXPECT_ERR("model:\n  name: gpt\n  context: 1024\n  d_model: 1024\n"
              "  layers: 64\ndata:\n  dataset: kjv\n",
-             "t.yaml:3:3: key 'model.context': a micro-batch needs about 434 "
+             "t.yaml:3:3: key 'model.context': a micro-batch needs about 434.4 "
              "GiB of activations (train.batch_size 32, model.context 1024, "
              "model.d_model 1024, model.layers 64, model.vocab 256), more than "
              "the limit of 64 GiB; use a smaller size (or train.accumulate)");

@@ -53,6 +53,29 @@ else
   cat "$tmp/out"
 fi
 
+# A budget larger than training's size checks allow: the answer is still a
+# batch loom train accepts (it answered 15137 for 100G, which config check
+# refused), and the line after it names the check that stopped it.
+"$LOOM" estimate "$SRC/examples/kjv_gpt.yaml" --strategy none --memory 100G >"$tmp/out" 2>&1
+b=$(sed -n 's/^largest train.batch_size within 100G under none: \([0-9]*\)$/\1/p' "$tmp/out")
+if [ -n "$b" ] && "$LOOM" config check "$SRC/examples/kjv_gpt.yaml" --set train.batch_size="$b" >/dev/null 2>&1 &&
+  ! "$LOOM" config check "$SRC/examples/kjv_gpt.yaml" --set train.batch_size=$((b + 1)) >/dev/null 2>&1 &&
+  grep -q "^# the most loom train accepts, not the memory: at $((b + 1)), key 'train.batch_size': a micro-batch needs about" "$tmp/out"; then
+  ok "100G: batch $b, the largest config check accepts, with the reason"
+else
+  bad "100G: batch '$b'"
+  cat "$tmp/out"
+fi
+# A data.path that is not there: a warning naming it, and still a table.
+"$LOOM" estimate "$cfg" --set "data.path=$tmp/no/such.txt" >"$tmp/out" 2>"$tmp/err"
+erc=$?
+[ $erc = 0 ] && grep -q "^loom estimate: warning: data.path $tmp/no/such.txt: not found or not what data.dataset kjv reads on this host" "$tmp/err" &&
+  grep -q "^# data: the loader's batches only" "$tmp/out" &&
+  ok "a missing data.path is warned of" || { bad "missing data.path: rc $erc"; cat "$tmp/err"; }
+"$LOOM" estimate "$cfg" --set "data.path=$tmp" >"$tmp/out" 2>"$tmp/err"
+grep -q "^loom estimate: warning: data.path $tmp: not found" "$tmp/err" &&
+  ok "a directory as the kjv data.path is warned of" || { bad "directory data.path"; cat "$tmp/out" "$tmp/err"; }
+
 # A real run's peak resident set (peak_rss_mb in metrics.jsonl) within 10%
 # of the estimate's total: one rank, and each strategy on 2 ranks, for a
 # GPT of 12.8M parameters.
