@@ -201,8 +201,10 @@ static void page(rp_buf *b, const rp_run *r, const rp_verdict *v,
       part_row(b, "pipeline wait", p->pipe, p->step);
     part_row(b, "communication wait", p->comm, p->step);
     part_row(b, "optimizer", p->optim, p->step);
+    if (p->ckpt > 0)
+      part_row(b, "checkpoint saves", p->ckpt, p->step);
     double rest = p->step - p->data - p->forward - p->backward - p->pipe -
-                  p->comm - p->optim;
+                  p->comm - p->optim - p->ckpt;
     part_row(b, "other", rest > 0 ? rest : 0, p->step);
     part_row(b, "<b>step</b>", p->step, p->step);
     rp_printf(b, "</table>\n<p>");
@@ -221,7 +223,7 @@ static void page(rp_buf *b, const rp_run *r, const rp_verdict *v,
                 "%+.0f%% (busy_skew %.2f). ",
                 p->slowest, 100 * (p->skew - 1), p->skew);
     if (p->ckpt_share > 0)
-      rp_printf(b, "Checkpoints: %.1f%% of the run's time.",
+      rp_printf(b, "Checkpoints: %.1f%% of the training steps' time.",
                 100 * p->ckpt_share);
     rp_printf(b, "</p>\n");
   }

@@ -21,6 +21,11 @@ typedef struct rp_series {
   double *x, *y;
 } rp_series;
 
+/* A window's parts: a step's seconds (step_s, data_wait_s, forward_s,
+ * backward_s, comm_wait_s, optim_s, pp_wait_s, tp_wait_s) and the
+ * window's whole checkpoint seconds (ckpt_s), in that order. */
+enum { RP_WIN_N = 9 };
+
 typedef struct rp_run {
   char dir[4096];
   rp_series series[RP_MAX_SERIES];
@@ -39,6 +44,12 @@ typedef struct rp_run {
   double rank_rel[RP_MAX_RANKS];
   double skew_sum;
   int skew_lines;
+  /* The training lines (windows of log.every steps) in file order: each
+   * one's step and its RP_WIN_N parts (0 where the line lacks one), so
+   * that every part is averaged over the same windows. */
+  int nwin, win_cap;
+  double *win_step;
+  double (*win)[RP_WIN_N];
   struct cJSON *env; /* env.json, or NULL */
   char *config;      /* config.yaml's text, or NULL */
 } rp_run;
@@ -63,7 +74,10 @@ typedef struct rp_parts {
   /* pp_bubble, pp_bubble_expected, pp_bubble_theory (NaN: no pipeline) */
   double bubble, bubble_expected, bubble_theory;
   int stages, micro; /* pp_stages, pp_micro_batches (0: no pipeline) */
-  double ckpt_share; /* checkpoint seconds over the run's time */
+  /* a step's share of the checkpoint saves (they are inside step_s), and
+   * the saves' seconds over the training steps' (the evaluations, outside
+   * step_s, left out) */
+  double ckpt, ckpt_share;
   /* the rank with the highest busy time over the mean, averaged over the
    * lines of rank_sum (-1: none) */
   int slowest;

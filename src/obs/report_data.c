@@ -100,6 +100,44 @@ static void add_skew(rp_run *r, const cJSON *o) {
   r->skew_lines++;
 }
 
+/* The keys of a window's parts, in the order of rp_run.win. */
+static const char *const win_keys[RP_WIN_N] = {
+    "step_s",  "data_wait_s", "forward_s", "backward_s", "comm_wait_s",
+    "optim_s", "pp_wait_s",   "tp_wait_s", "ckpt_s"};
+enum { W_STEP, W_DATA, W_FWD, W_BWD, W_COMM, W_OPTIM, W_PIPE, W_TP, W_CKPT };
+
+/* A training line's parts, as a window of the table. */
+static loom_status add_window(rp_run *r, const cJSON *o, double x,
+                              const char *path) {
+  if (r->nwin == r->win_cap) {
+    int cap = r->win_cap ? 2 * r->win_cap : 64;
+    double *xs = loom_malloc((size_t)cap * sizeof *xs);
+    double(*w)[RP_WIN_N] = loom_malloc((size_t)cap * sizeof *w);
+    if (!xs || !w) {
+      loom_free(xs);
+      loom_free(w);
+      return loom_error(LOOM_ERR_NOMEM, "reading %s", path);
+    }
+    if (r->nwin) {
+      memcpy(xs, r->win_step, (size_t)r->nwin * sizeof *xs);
+      memcpy(w, r->win, (size_t)r->nwin * sizeof *w);
+    }
+    loom_free(r->win_step);
+    loom_free(r->win);
+    r->win_step = xs;
+    r->win = w;
+    r->win_cap = cap;
+  }
+  r->win_step[r->nwin] = x;
+  for (int k = 0; k < RP_WIN_N; k++) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, win_keys[k]);
+    r->win[r->nwin][k] =
+        cJSON_IsNumber(v) && isfinite(v->valuedouble) ? v->valuedouble : 0;
+  }
+  r->nwin++;
+  return LOOM_OK;
+}
+
 static loom_status read_metrics(rp_run *r, const char *path) {
   char *text = NULL;
   if (loom_obs_read_file(path, &text, NULL) != LOOM_OK) {
@@ -141,6 +179,8 @@ static loom_status read_metrics(rp_run *r, const char *path) {
           st = loom_error(LOOM_ERR_NOMEM, "reading %s", path);
       }
     }
+    if (train && st == LOOM_OK)
+      st = add_window(r, o, x, path);
     if (train) {
       r->train_lines++;
       /* The first window holds the warm-up (first-touch pages, plans):
@@ -206,6 +246,8 @@ void rp_free(rp_run *r) {
     loom_free(r->series[i].x);
     loom_free(r->series[i].y);
   }
+  loom_free(r->win_step);
+  loom_free(r->win);
   cJSON_Delete(r->env);
   loom_free(r->config);
   memset(r, 0, sizeof *r);
@@ -262,12 +304,46 @@ static double mean_of(const rp_run *r, const char *key) {
   return sum / (double)(s->n - from);
 }
 
-static double total_of(const rp_run *r, const char *key) {
-  const rp_series *s = rp_find(r, key);
-  double sum = 0;
-  for (int i = 0; s && i < s->n; i++)
-    sum += isfinite(s->y[i]) ? s->y[i] : 0;
-  return sum;
+/* Steps in window i: back to the window before (the first: from step 0);
+ * a step that goes back (a file from before loom cut replayed lines) or
+ * repeats counts as one step. */
+static double window_steps(const rp_run *r, int i) {
+  double d = r->win_step[i] - (i > 0 ? r->win_step[i - 1] : 0);
+  return d >= 1 ? d : 1;
+}
+
+/* Where a step goes, every part over the same windows: those after the
+ * first (the warm-up) when there are three or more. A part a window lacks
+ * counts 0 there (after a resume at another world size, comm_wait_s is in
+ * some windows only: averaged over its own windows it gave a reduction
+ * share the run did not have). The checkpoint saves, inside step_s, as a
+ * step's share of its window's ckpt_s. */
+static void window_parts(const rp_run *r, rp_parts *p) {
+  if (r->nwin == 0)
+    return;
+  int from = r->nwin >= 3 ? 1 : 0;
+  double sum[RP_WIN_N] = {0}, ckpt = 0, ckpt_all = 0, steps_all = 0;
+  for (int i = 0; i < r->nwin; i++) {
+    double n = window_steps(r, i);
+    ckpt_all += r->win[i][W_CKPT];
+    steps_all += r->win[i][W_STEP] * n;
+    if (i < from)
+      continue;
+    for (int k = 0; k < RP_WIN_N; k++)
+      sum[k] += r->win[i][k];
+    ckpt += r->win[i][W_CKPT] / n;
+  }
+  double m = (double)(r->nwin - from);
+  p->step = sum[W_STEP] / m;
+  p->data = sum[W_DATA] / m;
+  p->forward = sum[W_FWD] / m;
+  p->backward = sum[W_BWD] / m;
+  p->comm = sum[W_COMM] / m;
+  p->optim = sum[W_OPTIM] / m;
+  p->pipe = sum[W_PIPE] / m;
+  p->tp = sum[W_TP] / m;
+  p->ckpt = ckpt / m;
+  p->ckpt_share = steps_all > 0 ? ckpt_all / steps_all : 0;
 }
 
 static void add_finding(rp_verdict *v, double weight, const char *fmt, ...)
@@ -332,14 +408,7 @@ static void pipe_finding(const rp_run *r, rp_verdict *v, double pipe) {
 void rp_verdict_make(const rp_run *r, rp_verdict *v) {
   memset(v, 0, sizeof *v);
   rp_parts *p = &v->parts;
-  p->step = mean_of(r, "step_s");
-  p->data = mean_of(r, "data_wait_s");
-  p->forward = mean_of(r, "forward_s");
-  p->backward = mean_of(r, "backward_s");
-  p->comm = mean_of(r, "comm_wait_s");
-  p->optim = mean_of(r, "optim_s");
-  p->pipe = mean_of(r, "pp_wait_s");
-  p->tp = mean_of(r, "tp_wait_s");
+  window_parts(r, p);
   p->hidden = mean_or_nan(r, "comm_hidden");
   p->skew = r->skew_lines > 0 ? r->skew_sum / r->skew_lines : 1;
   p->bubble = mean_or_nan(r, "pp_bubble");
@@ -347,11 +416,6 @@ void rp_verdict_make(const rp_run *r, rp_verdict *v) {
   p->bubble_theory = mean_or_nan(r, "pp_bubble_theory");
   p->stages = (int)lround(mean_of(r, "pp_stages"));
   p->micro = (int)lround(mean_of(r, "pp_micro_batches"));
-  double run_s = 0;
-  const rp_series *tm = rp_find(r, "time");
-  if (tm && tm->n > 1)
-    run_s = tm->y[tm->n - 1] - tm->y[0];
-  p->ckpt_share = run_s > 0 ? total_of(r, "ckpt_s") / run_s : 0;
   /* The slowest rank: the highest busy time over the mean, window by
    * window as busy_skew counts it (not the sums over the windows, which
    * weigh long windows more and gave another figure than busy_skew). */
@@ -375,7 +439,8 @@ void rp_verdict_make(const rp_run *r, rp_verdict *v) {
   double data = p->data / S, pipe = p->pipe / S;
   double comm = (p->comm + p->tp) / S;
   double compute = (p->forward + p->backward - p->tp + p->optim) / S;
-  double other = 1 - data - pipe - comm - compute;
+  double ckpt = p->ckpt / S;
+  double other = 1 - data - pipe - comm - compute - ckpt;
   char prefetch[32];
   config_value(r, "data", "prefetch", prefetch, sizeof prefetch);
   /* A straggler makes the others wait at the reductions, the tp
@@ -434,16 +499,19 @@ void rp_verdict_make(const rp_run *r, rp_verdict *v) {
   }
   if (p->ckpt_share >= 0.1)
     add_finding(v, p->ckpt_share,
-                "Checkpoint bound: saves take %.0f%% of the run's time; raise "
-                "checkpoint.every.",
+                "Checkpoint bound: saves take %.0f%% of the training steps' "
+                "time; raise checkpoint.every, or set checkpoint.async: true.",
                 100 * p->ckpt_share);
   char waits[160];
   int wl = snprintf(waits, sizeof waits,
                     "data wait %.0f%%, communication wait %.0f%%", 100 * data,
                     100 * comm);
   if (p->stages > 1 && wl > 0 && (size_t)wl < sizeof waits)
-    snprintf(waits + wl, sizeof waits - (size_t)wl, ", pipeline wait %.0f%%",
-             100 * pipe);
+    wl += snprintf(waits + wl, sizeof waits - (size_t)wl,
+                   ", pipeline wait %.0f%%", 100 * pipe);
+  if (p->ckpt > 0 && wl > 0 && (size_t)wl < sizeof waits)
+    snprintf(waits + wl, sizeof waits - (size_t)wl, ", checkpoint saves %.0f%%",
+             100 * ckpt);
   if (v->n == 0 && compute >= 0.5)
     add_finding(v, compute,
                 "Compute bound: forward, backward and the optimizer are %.0f%% "

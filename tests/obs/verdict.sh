@@ -115,6 +115,40 @@ cmp=$(tr -d '\n' <<<"$cmp")
 mkrun "$tmp/compute" "$cmp" "$cmp" "$cmp"
 verdict "$tmp/compute" "Compute bound: forward, backward and the optimizer are 95% of the step"
 
+# --- every part over the same windows: a run resumed at 1 rank after two
+# windows at 2 ranks logs comm_wait_s in those two only. Averaged over its
+# own windows (4 of 5.3 ms) against step_s over all of them, it made the run
+# "Communication bound: 41%"; over the same windows it is 7%.
+two='{"step_s":0.0053,"forward_s":0.001,"backward_s":0.0002,"optim_s":0.00001,"comm_wait_s":0.004,"ranks":2}'
+one='{"step_s":0.026,"forward_s":0.024,"backward_s":0.001,"optim_s":0.00001,"ranks":1}'
+mkrun "$tmp/resized" "$two" "$two" "$one" "$one" "$one" "$one"
+verdict "$tmp/resized" "Compute bound" "Communication bound"
+grep -q "<td>communication wait</td><td class=n>1.333 ms</td><td class=n>7.0%" "$tmp/resized/report.html" &&
+  ok "resized: communication wait over all the windows (1.333 ms, 7.0%)" ||
+  bad "resized: $(grep -o '<td>communication wait</td>[^/]*' "$tmp/resized/report.html")"
+
+# --- checkpoint saves are inside step_s: the evidence names them, and
+# their share is of the training steps' time (5 steps a window), not of
+# the wall time that holds long evaluations (10 s between lines here).
+mkdir -p "$tmp/saves"
+python3 - "$tmp/saves/metrics.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i, step in enumerate([5, 10, 15, 20, 25]):
+        save = step in (10, 20)
+        l = {"step": step, "time": 1e9 + 10 * i, "step_s": 0.012 if save else 0.002,
+             "forward_s": 0.0015, "backward_s": 0.0003, "optim_s": 0.0001}
+        if save:
+            l["ckpt_s"] = 0.05
+        f.write(json.dumps(l) + "\n")
+        if save:
+            f.write(json.dumps({"step": step, "time": 1e9 + 10 * i + 9, "val_loss": 1.0}) + "\n")
+PY
+verdict "$tmp/saves" "Checkpoint bound: saves take 67% of the training steps' time"
+grep -q "<td>checkpoint saves</td><td class=n>5.000 ms</td><td class=n>71.4%" "$tmp/saves/report.html" &&
+  ok "saves: the evidence's checkpoint row (5 of 7 ms a step)" ||
+  bad "saves: no checkpoint row: $(grep -o '<td>other</td>[^/]*' "$tmp/saves/report.html")"
+
 # --- a real tp 2 run, rank 1 sleeping 100 ms a step from step 2: rank 0's
 # tp waits are not its busy time, so rank 1 is the busy one (checked by
 # half the 100 ms, not by a ratio that a loaded machine could shrink).
