@@ -85,7 +85,18 @@ loom_status loom_train_scale_unscale(loom_trainer *t, float *g, int64_t n,
                       (long long)t->ls_skipped + 1);
   if (*skip) {
     t->ls_skipped++;
-    if (t->rank == 0 && !t->opts.quiet)
+    if (t->rank == 0 && t->ls_mode == LOOM_LOSS_SCALE_STATIC &&
+        (t->ls_skipped & (t->ls_skipped - 1)) == 0)
+      /* A static scale does not back off: every step that overflows at it
+       * is lost, and a run can end having trained nothing. Said as a
+       * warning, at the 1st, 2nd, 4th, ... skip. */
+      LOOM_WARN("step %lld skipped: a gradient holds an inf or NaN at the "
+                "static loss scale %g (%lld step(s) skipped so far); a "
+                "static scale never backs off, so each step that overflows "
+                "is lost: use train.loss_scale: dynamic, or a smaller scale",
+                (long long)t->step + 1, (double)before,
+                (long long)t->ls_skipped);
+    else if (t->rank == 0 && !t->opts.quiet)
       LOOM_INFO("step %lld skipped: a gradient holds an inf or NaN (loss "
                 "scale %g); loss scale now %g",
                 (long long)t->step + 1, (double)before,

@@ -71,6 +71,12 @@ grep -q "step 1 skipped: a gradient holds an inf or NaN (loss scale 1e+30); loss
 [ "$(scales "$tmp/static")" = "1:1e+30:1 2:1e+30:2 3:1e+30:3" ] &&
   ok "a static scale stays, its overflows skip" ||
   bad "static scale: $(scales "$tmp/static")"
+# ... and says so as a warning (a run at a scale that always overflows
+# trained nothing, with INFO lines only): at the 1st, 2nd, 4th ... skip
+[ "$(grep -c '^warn: step [0-9]* skipped: a gradient holds an inf or NaN at the static loss scale 1e+30' "$tmp/out")" = 2 ] &&
+  grep -q "^warn: step 2 skipped: .*(2 step(s) skipped so far); a static scale never backs off" "$tmp/out" &&
+  ok "a static scale's overflows are warnings (steps 1 and 2 of 3)" ||
+  { bad "static scale: no warning"; cat "$tmp/out"; }
 
 # -- an inf on one rank's part only: every rank skips that step. Same
 # weights whichever rank holds it; other weights than without it.
