@@ -14,10 +14,21 @@ name=${LOOM_PY_NAME:-ensure-pyenv}
 PY="$venv/bin/python"
 if ! "$PY" -c "import $mods" >/dev/null 2>&1; then
   if [ ! -x "$PY" ]; then
+    # made only where nothing is; a failure removes what this run made,
+    # never a directory (the user's files) that was there before
+    made=0
+    if [ -L "$venv" ] || [ -e "$venv" ]; then
+      if [ ! -d "$venv" ] || { [ ! -f "$venv/pyvenv.cfg" ] && [ -n "$(ls -A "$venv")" ]; }; then
+        echo "$name: $venv exists and is not a virtual environment (no pyvenv.cfg); not touching it (set LOOM_PY_VENV to a new path)" >&2
+        exit 1
+      fi
+    else
+      made=1
+    fi
     echo "$name: making the virtual environment $venv" >&2
     mkdir -p "$(dirname "$venv")"
     if ! python3 -m venv "$venv" >&2; then
-      rm -rf "$venv"
+      if [ $made = 1 ]; then rm -rf -- "$venv"; fi
       SUDO=""
       [ "$(id -u)" -ne 0 ] && SUDO="sudo"
       DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-venv >&2

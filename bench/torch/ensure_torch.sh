@@ -7,6 +7,10 @@
 #   LOOM_TORCH=debian: Debian's python3-torch (1.13) under /usr/bin/python3,
 #     installed with apt if missing.
 # TORCH_PYTHON names the interpreter to use (lib.sh sets it from the above).
+# The venv directory is made only where nothing is: a path that exists but is
+# not a directory, or a non-empty directory that is not a virtual environment
+# (no pyvenv.cfg), is refused. If making the venv fails, what this run made is
+# removed, never a directory that was there before it ran.
 set -euo pipefail
 
 src=${LOOM_TORCH:-pypi}
@@ -38,10 +42,24 @@ pypi)
   PY=${TORCH_PYTHON:-$venv/bin/python}
   if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
     if [ ! -x "$venv/bin/python" ]; then
+      made=0
+      if [ -L "$venv" ] || [ -e "$venv" ]; then
+        if [ ! -d "$venv" ]; then
+          echo "ensure_torch: LOOM_TORCH_VENV=$venv exists and is not a directory; not touching it (set LOOM_TORCH_VENV to a new path)" >&2
+          exit 1
+        fi
+        if [ ! -f "$venv/pyvenv.cfg" ] && [ -n "$(ls -A "$venv")" ]; then
+          echo "ensure_torch: LOOM_TORCH_VENV=$venv is a non-empty directory but not a virtual environment (no pyvenv.cfg); not touching it (set LOOM_TORCH_VENV to a new path)" >&2
+          exit 1
+        fi
+      else
+        made=1
+      fi
       echo "ensure_torch: making the virtual environment $venv (PyPI torch, about 5 GB)" >&2
       base=$(command -v python3 || echo /usr/bin/python3)
       if ! "$base" -m venv "$venv" >&2 2>/dev/null; then
-        rm -rf "$venv"
+        # only what this run made: a directory that was there stays
+        if [ $made = 1 ]; then rm -rf -- "$venv"; fi
         apt_install python3-venv
         /usr/bin/python3 -m venv "$venv" >&2
       fi
