@@ -77,7 +77,7 @@ for prec in $PRECISIONS; do
     fi
   done
   # The efficiency of the medians, and a note.
-  "$TORCH_PYTHON" - "${#ones[@]}" "${ones[@]}" "${manys[@]}" >>"$out" <<'EOF'
+  python3 - "${#ones[@]}" "${ones[@]}" "${manys[@]}" >>"$out" <<'EOF'
 import json, sys
 k = int(sys.argv[1])
 runs = [json.loads(a) for a in sys.argv[2:]]
@@ -110,7 +110,7 @@ print(f"[bench] loom {r['model']} {r.get('precision', 'f32')}: {p} ranks {r['thr
 EOF
   if ((${#torch_lines[@]} > 0)); then
     # the median round of each process count
-    "$TORCH_PYTHON" - "${torch_lines[@]}" >>"$out" <<'EOF'
+    python3 - "${torch_lines[@]}" >>"$out" <<'EOF'
 import json, sys
 by = {}
 for a in sys.argv[1:]:

@@ -9,6 +9,7 @@ LOOM_ROOT=$(cd "$BENCH_DIR/.." && pwd)
 # stay unused: the peer runs on the CPU); LOOM_TORCH=debian is Debian's
 # python3-torch (1.13) under /usr/bin/python3. TORCH_PYTHON overrides both.
 LOOM_TORCH=${LOOM_TORCH:-pypi}
+bench_torch_python_named=${TORCH_PYTHON:-} # the user's, for the tables' reason
 LOOM_TORCH_VENV=${LOOM_TORCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/loom/torch-venv}
 if [ "$LOOM_TORCH" = debian ]; then
   TORCH_PYTHON=${TORCH_PYTHON:-/usr/bin/python3}
@@ -99,6 +100,8 @@ bench_torch_peer() {
   fi
   if ! bench_ensure_torch; then
     TORCH_PEER="PyTorch: not available (ensure_torch.sh failed)"
+    [ -z "$bench_torch_python_named" ] ||
+      TORCH_PEER="PyTorch: not available (TORCH_PYTHON=$bench_torch_python_named cannot import torch)"
     bench_note "no PyTorch peer: bench/torch/ensure_torch.sh failed"
     return 1
   fi
@@ -123,16 +126,18 @@ bench_torch() {
   OMP_WAIT_POLICY=PASSIVE "$TORCH_PYTHON" "$BENCH_DIR/torch/$script.py" "$@"
 }
 
-# A free TCP port on 127.0.0.1 (for a rendezvous).
+# A free TCP port on 127.0.0.1 (for a rendezvous). python3, not the peer's
+# interpreter: that one may be missing (the peer not available).
 bench_free_port() {
-  "$TORCH_PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
 # Prints a comparison table from JSON result lines (files or stdin), loom's and
 # PyTorch's side by side: bench_table results.jsonl   or   ... | bench_table
 # Also appends their headline lines to $BENCH_HEADLINES when it is set, the
-# peer named TORCH_PEER when PyTorch gave no line.
+# peer named TORCH_PEER when PyTorch gave no line. python3 (table.py needs
+# only json): loom's rows print when the peer's interpreter is missing too.
 bench_table() {
-  "$TORCH_PYTHON" "$BENCH_DIR/torch/table.py" ${BENCH_HEADLINES:+--headlines "$BENCH_HEADLINES"} \
+  python3 "$BENCH_DIR/torch/table.py" ${BENCH_HEADLINES:+--headlines "$BENCH_HEADLINES"} \
     ${TORCH_PEER:+--peer "$TORCH_PEER"} "$@"
 }

@@ -75,7 +75,7 @@ loom_round() {
     return 1
   fi
   grep "^loom run:" "$dir/err.log" | sed 's/^/[loom] /' >&2
-  "$TORCH_PYTHON" - "$dir" "$STEPS" "$CKPT_EVERY" "$KILL_STEP" "$THREADS" >>"$results" <<'PY'
+  python3 - "$dir" "$STEPS" "$CKPT_EVERY" "$KILL_STEP" "$THREADS" >>"$results" <<'PY'
 import json, sys
 d, steps, every, kill_step, threads = sys.argv[1], *map(int, sys.argv[2:])
 tk = float(open(d + "/kill_time").read())
@@ -116,7 +116,7 @@ echo "# bench/recovery: kjv-gpt, 2 ranks x $THREADS thread(s), SIGKILL of rank 1
 echo "# load average $(bench_loadavg) on $(nproc) cores"
 peer="torchrun ($TORCH_PEER)"
 [ $torch = 1 ] || peer="torchrun: ${TORCH_PEER#PyTorch: }"
-"$TORCH_PYTHON" - "$results" "${BENCH_HEADLINES:-}" "$peer" <<'PY'
+python3 - "$results" "${BENCH_HEADLINES:-}" "$peer" <<'PY'
 import json, statistics, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 headlines, peer = sys.argv[2], sys.argv[3]

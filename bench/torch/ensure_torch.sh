@@ -7,6 +7,9 @@
 #   LOOM_TORCH=debian: Debian's python3-torch (1.13) under /usr/bin/python3,
 #     installed with apt if missing.
 # TORCH_PYTHON names the interpreter to use (lib.sh sets it from the above).
+# An interpreter other than the default one (the venv's python, or
+# /usr/bin/python3 for debian) is the user's: nothing is installed for it, and
+# it lacking torch is an error.
 # The venv directory is made only where nothing is: a path that exists but is
 # not a directory, or a non-empty directory that is not a virtual environment
 # (no pyvenv.cfg), is refused. If making the venv fails, what this run made is
@@ -29,10 +32,20 @@ apt_install() {
   $SUDO apt-get install -y -qq --no-install-recommends "$@" >&2
 }
 
+# not_ours DEFAULT: TORCH_PYTHON naming another interpreter is the user's:
+# installing into the default one would not make it import torch.
+not_ours() {
+  if [ -n "${TORCH_PYTHON:-}" ] && [ "$TORCH_PYTHON" != "$1" ]; then
+    echo "ensure_torch: TORCH_PYTHON=$TORCH_PYTHON cannot import torch; installing nothing (install torch for it, or unset TORCH_PYTHON to use $1)" >&2
+    exit 1
+  fi
+}
+
 case $src in
 debian)
   PY=${TORCH_PYTHON:-/usr/bin/python3}
   if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
+    not_ours /usr/bin/python3
     echo "ensure_torch: $PY cannot import torch; installing python3-torch" >&2
     apt_install python3-torch
   fi
@@ -41,6 +54,7 @@ debian)
 pypi)
   PY=${TORCH_PYTHON:-$venv/bin/python}
   if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
+    not_ours "$venv/bin/python"
     if [ ! -x "$venv/bin/python" ]; then
       made=0
       if [ -L "$venv" ] || [ -e "$venv" ]; then

@@ -2,6 +2,7 @@
 # bench/torch/ensure_torch.sh and scripts/ensure-pyenv.sh remove only what
 # they made: a venv path that was there before they ran (the user's files,
 # an empty directory, a link, a file) survives a failed `python3 -m venv`.
+# A named TORCH_PYTHON without torch installs nothing.
 # python3, apt-get, pip, sudo and fuser are fakes on PATH: no network,
 # nothing installed.
 set -u
@@ -91,6 +92,18 @@ ensure "$T/new/venv"
 check "new path: fails" test $? -ne 0
 check "new path: venv was tried" grep -q "python3 -m venv $T/new/venv" "$FAKE_LOG"
 check "new path: its partial venv removed" test ! -e "$T/new/venv"
+
+# A named interpreter without torch: nothing installed anywhere, said so.
+printf '#!/bin/sh\nexit 1\n' >"$T/nopy"
+chmod +x "$T/nopy"
+ensure "$T/named" TORCH_PYTHON="$T/nopy"
+check "TORCH_PYTHON without torch: fails" test $? -ne 0
+check "TORCH_PYTHON without torch: said" grep -q "TORCH_PYTHON=$T/nopy cannot import torch; installing nothing" "$T/err"
+check "TORCH_PYTHON without torch: no venv made" test ! -e "$T/named"
+check "TORCH_PYTHON without torch: no python3, pip or apt-get run" test ! -s "$FAKE_LOG"
+ensure "$T/named" TORCH_PYTHON="$T/nopy" LOOM_TORCH=debian
+check "debian, TORCH_PYTHON without torch: fails" test $? -ne 0
+check "debian, TORCH_PYTHON without torch: no apt-get run" test ! -s "$FAKE_LOG"
 
 # scripts/ensure-pyenv.sh (and ensure-mlflow.sh through it): the same rules.
 pyenv() {
