@@ -8,8 +8,9 @@
 # the table gives each variant's median step (metrics.jsonl step_s) and its
 # overhead against nothing. kjv-gpt runs STEPS / 5 steps (its steps are
 # 60 times longer).
-#   usage: bench/obs.sh [BUILD_DIR]   env: STEPS (200), EVERY (10), ROUNDS (3),
-#          VARIANTS ("none trace tensorboard per_rank mlflow")
+#   usage: bench/obs.sh [BUILD_DIR]   env: STEPS (200; at least 10 x EVERY),
+#          EVERY (10), ROUNDS (3), VARIANTS ("none trace tensorboard per_rank
+#          mlflow"; without none, no overhead column)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 BUILD=${1:-$LOOM_ROOT/build}
@@ -17,6 +18,18 @@ LOOM="$BUILD/loom"
 [ -x "$LOOM" ] || { echo "build it first: make build" >&2; exit 1; }
 STEPS=${STEPS:-200} EVERY=${EVERY:-10} ROUNDS=${ROUNDS:-3}
 VARIANTS=${VARIANTS:-none trace tensorboard per_rank mlflow}
+for v in $VARIANTS; do
+  case $v in
+  none | trace | tensorboard | per_rank | mlflow) ;;
+  *) echo "obs: VARIANTS: unknown variant '$v' (none, trace, tensorboard, per_rank, mlflow)" >&2; exit 2 ;;
+  esac
+done
+# kjv-gpt runs STEPS / 5 steps; each workload needs two metrics lines, the
+# first not counted
+if [ $((STEPS / 5)) -lt $((2 * EVERY)) ]; then
+  echo "obs: STEPS=$STEPS, EVERY=$EVERY: kjv-gpt runs STEPS / 5 = $((STEPS / 5)) steps, fewer than the $((2 * EVERY)) that give two metrics lines (the first is not counted): STEPS must be at least $((10 * EVERY))" >&2
+  exit 2
+fi
 bench_check_load
 bench_fair_env 1
 export LOOM_THREADS=${LOOM_THREADS:-1} LOOM_LOG=warn
@@ -42,6 +55,7 @@ urllib.request.urlopen(sys.argv[1] + "/health", timeout=2)' "http://127.0.0.1:$p
     VARIANTS=${VARIANTS/mlflow/}
   fi
 fi
+[[ " $VARIANTS " == *" none "* ]] || echo "# VARIANTS has no none: no overhead to give (\"-\")"
 echo "# one rank x $LOOM_THREADS threads, $STEPS steps, a metrics line every $EVERY (the first not counted), $ROUNDS rounds in turn"
 rows="$tmp/rows"
 : >"$rows"
@@ -77,9 +91,12 @@ acc = {}
 for l in open(sys.argv[1]):
     r = json.loads(l)
     acc.setdefault((r["workload"], r["variant"]), []).extend(r["steps"])
+# "-": no step measured (a failed run, said above), or no "none" to compare with
+med = {k: statistics.median(s) for k, s in acc.items() if s}
 print(f"{'workload':<12} {'variant':<12} {'median_step_ms':>14} {'overhead':>9}")
-for (w, v), s in acc.items():
-    m = statistics.median(s)
-    base = statistics.median(acc[(w, "none")])
-    print(f"{w:<12} {v:<12} {m * 1e3:14.3f} {(m / base - 1) * 100:8.1f}%")
+for (w, v) in acc:
+    m, base = med.get((w, v)), med.get((w, "none"))
+    ms = f"{m * 1e3:14.3f}" if m is not None else f"{'-':>14}"
+    oh = f"{(m / base - 1) * 100:8.1f}%" if m is not None and base else f"{'-':>9}"
+    print(f"{w:<12} {v:<12} {ms} {oh}")
 PY
