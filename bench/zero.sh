@@ -21,6 +21,7 @@ B=${BATCH:-1} S=${STEPS:-5} RANKS=${RANKS-"1 2 4"} ROUNDS=${ROUNDS:-2}
 torch=0
 bench_torch_peer && torch=1
 bench_check_load
+echo "# peer: ${TORCH_PEER:-PyTorch: skipped}, DDP and FSDP2 (gloo) on CPU; OMP_WAIT_POLICY=PASSIVE, 1 thread a rank"
 bench_fair_env 1
 export LOOM_THREADS=1 LOOM_LOG=warn
 tmp=$(mktemp -d)
@@ -28,6 +29,10 @@ trap 'rm -rf "$tmp"' EXIT
 # small: the evaluation at the end reads the whole held-out 10%
 head -c 30000 /dev/urandom | base64 >"$tmp/text.txt"
 
+# the parameter count of loom's rows (the peer's counts its own)
+params=$("$LOOM" estimate "$LOOM_ROOT/examples/small_gpt.yaml" -n 1 --set model.layers="$L" \
+  --set model.d_model="$C" --set model.heads="$H" --set model.context="$T" \
+  --set train.batch_size="$B" | sed -n 's/.*gpt, \([0-9]*\) parameters.*/\1/p') || params=""
 echo "# GPT: $L layers, d_model $C, $H heads, context $T, byte vocabulary; $B row(s) per rank, AdamW f32"
 echo "# loom: metrics.jsonl step_s (steps 2..$S), peak RSS of the largest rank (/usr/bin/time); $ROUNDS round(s)"
 echo "# each row: the median step over all rounds, the largest RSS; x_ddp: tokens/s over the same side's ddp"
@@ -55,15 +60,15 @@ loom_one() { # RANKS STRATEGY AC
     --set checkpoint.every=0 --set log.every=1 --set "data.path=$tmp/text.txt" \
     --set parallel.strategy="$s" --set train.activation_checkpointing="$ac" || {
     echo "loom $s on $n ranks failed:" >&2; tail -5 "$d.out" >&2; return 0; }
-  python3 - "$d" "$n" "$s" "$ac" "$B" "$T" >>"$rows" <<'PY'
+  python3 - "$d" "$n" "$s" "$ac" "$B" "$T" "$params" >>"$rows" <<'PY'
 import glob, json, sys
-d, n, s, ac, b, t = sys.argv[1:]
+d, n, s, ac, b, t, params = sys.argv[1:]
 lines = [json.loads(l) for l in open(d + "/metrics.jsonl") if '"step_s"' in l]
 steps = [l["step_s"] for l in lines[1:]] or [lines[0]["step_s"]]
 rss = max(int(open(f).read().split()[-1]) for f in glob.glob(d + ".rss.*")) / 1024
 name = s + ("+ac" if ac != "none" else "")
 tok = int(b) * int(t) * int(n)
-print(json.dumps({"ranks": int(n), "side": "loom", "strategy": name, "params": "",
+print(json.dumps({"ranks": int(n), "side": "loom", "strategy": name, "params": int(params) if params else "",
                   "tokens": [tok / x for x in steps], "rss": rss}))
 PY
 }
