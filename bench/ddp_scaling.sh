@@ -26,6 +26,7 @@ LOOM="$BUILD/loom"
 torch=0
 bench_torch_peer && torch=1
 bench_check_load
+echo "# peer: ${TORCH_PEER:-PyTorch: skipped}, DDP (gloo) on CPU; OMP_WAIT_POLICY=PASSIVE, 1 thread a rank"
 out=${RAW:-$(mktemp)}
 [ -n "${RAW:-}" ] || trap 'rm -f "$out"' EXIT
 bench_fair_env 1

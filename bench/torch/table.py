@@ -168,7 +168,8 @@ def ddp_table(recs):
             lambda r: (r["model"], r.get("procs"), r.get("threads"), r.get("precision", "f32"))).items():
         lo, pt = impls.get("loom"), impls.get("pytorch")
         unit = (lo or pt).get("unit", "")
-        hidden = lo.get("hidden_share") if lo else None
+        # one rank reduces nothing: no share of reduction to hide ("-", not 100%)
+        hidden = lo.get("hidden_share") if lo and (procs or 1) > 1 else None
         rows.append([model, prec, f"{procs}x{threads}", unit, human(lo and lo["throughput"]),
                      human(pt and pt["throughput"]), ratio(lo and lo["throughput"], pt and pt["throughput"]),
                      num(lo and lo.get("scaling_efficiency")), num(pt and pt.get("scaling_efficiency")),
