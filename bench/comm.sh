@@ -34,6 +34,8 @@ done
 echo
 echo "# bus bandwidth (GB/s), loom vs plain MPI (MPI_Allreduce, MPI_Reduce_scatter_block, MPI_Allgather)${SHARED:+, shared buffers}"
 echo "# load average $(bench_loadavg) on $(nproc) cores"
+# the MPI library the mpi columns ran (loom bench comm's first line)
+grep -m1 '^# mpi:' "$out" || echo "# mpi: not named (no loom bench comm output)"
 awk -v hl="${BENCH_HEADLINES:-}" -v dtype="${DTYPE:-f32}" -v shared="${SHARED:+, shared buffers}" '
   /^# loom bench comm:/ { op = $5; sub(",", "", op); ranks = $8 }
   /^ +[0-9]+ +[0-9]+ .*\|/ {

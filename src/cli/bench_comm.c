@@ -521,13 +521,43 @@ static loom_status check(const bench_args *a, void *send, void *recv,
   return loom_wait(&r);
 }
 
+/* The reduction column: "-" for an operation that reduces nothing
+ * (all-gather, broadcast, all-to-all), as in nccl-tests' tables. */
+static const char *redop_of(const bench_args *a) {
+  bool reduces =
+      a->op == LOOM_COMM_ALLREDUCE || a->op == LOOM_COMM_REDUCE_SCATTER;
+  return reduces ? loom_redop_name(a->redop) : "-";
+}
+
+/* The MPI library as loaded, the first line of MPI_Get_library_version
+ * (which MPI allows before MPI_Init and from any thread): the plain-MPI
+ * columns, and loom's mpi backend, are that library's. */
+static void print_mpi_library(loom_group *g) {
+  if (loom_group_rank(g) != 0)
+    return;
+#ifdef LOOM_HAVE_MPI
+  char v[MPI_MAX_LIBRARY_VERSION_STRING];
+  int n = 0;
+  if (MPI_Get_library_version(v, &n) != MPI_SUCCESS)
+    n = 0;
+  v[n < (int)sizeof v ? n : (int)sizeof v - 1] = '\0';
+  size_t len = strcspn(v, "\r\n");
+  while (len > 0 && (v[len - 1] == ' ' || v[len - 1] == '\t'))
+    len--;
+  printf("# mpi: %.*s\n", (int)len, len ? v : "unknown");
+#else
+  printf("# mpi: not built in\n");
+#endif
+  fflush(stdout);
+}
+
 static void print_header(const bench_args *a, loom_group *g, bool mpi) {
   if (loom_group_rank(g) != 0)
     return;
   printf("# loom bench comm: %s, %s, %s, %d ranks (backend %s, shared "
          "memory %s%s%s)\n",
-         loom_comm_op_name(a->op), loom_dtype_name(a->dtype),
-         loom_redop_name(a->redop), loom_group_size(g), loom_group_backend(g),
+         loom_comm_op_name(a->op), loom_dtype_name(a->dtype), redop_of(a),
+         loom_group_size(g), loom_group_backend(g),
          loom_group_shm(g) ? "on" : "off",
          loom_group_hier_gather(g)
              ? ", hierarchical all-reduce, reduce-scatter, all-gather"
@@ -605,8 +635,8 @@ static loom_status bench_size(const bench_args *a, size_t bytes, loom_group *g,
   if (rank == 0) {
     double us = tl / iters * 1e6, algbw = (double)nbytes / (tl / iters) / 1e9;
     printf("  %11zu %12zu %5s %5s | %10.1f %8.2f %8.2f %6ld", nbytes,
-           s.recv_elems, loom_dtype_name(a->dtype), loom_redop_name(a->redop),
-           us, algbw, algbw * s.busbw_factor, wl);
+           s.recv_elems, loom_dtype_name(a->dtype), redop_of(a), us, algbw,
+           algbw * s.busbw_factor, wl);
     if (mpi) {
       double mus = tm / iters * 1e6;
       double malg = (double)nbytes / (tm / iters) / 1e9;
@@ -661,6 +691,7 @@ int loom_bench_comm(int argc, char **argv) {
     return LOOM_EXIT_FAIL;
   }
   bool mpi = a.mpi && strcmp(loom_group_backend(g), "mpi") == 0;
+  print_mpi_library(g);
   loom_status st = LOOM_OK;
   if (a.all_ops) {
     static const loom_comm_op ops[] = {

@@ -140,6 +140,16 @@ for np in 1 3; do
   wrong=$(echo "$out" | grep -E '^ +[0-9]+ +[0-9]+ .*\|' | awk -F'|' '{split($2,a," "); split($3,b," "); if (a[4] != 0 || (NF > 3 && b[4] != 0)) print}')
   if [ $rc = 0 ] && [ "$rows" = 10 ] && [ -z "$wrong" ]; then ok "bench comm -n $np: $rows rows, none wrong"
   else bad "bench comm -n $np: rc $rc rows $rows"; echo "$out"; fi
+  # the redop only where something is reduced; the MPI library named once
+  badop=$(echo "$out" | awk '/^# loom bench comm:/ { op = $5; sub(",", "", op) }
+    /^ +[0-9]+ +[0-9]+ .*\|/ { split($0, f, "|"); split(f[1], a, " ")
+      want = (op == "allreduce" || op == "reducescatter") ? "sum" : "-"
+      if (a[4] != want) print op ": " a[4] }')
+  if [ -z "$badop" ]; then ok "bench comm -n $np: redop sum for allreduce/reducescatter, - for the rest"
+  else bad "bench comm -n $np: redop column: $badop"; fi
+  lib=$(echo "$out" | grep -c '^# mpi: [^ ]')
+  if [ "$lib" = 1 ]; then ok "bench comm -n $np: $(echo "$out" | grep '^# mpi: ')"
+  else bad "bench comm -n $np: $lib '# mpi:' lines, expected 1"; fi
 done
 
 [ $fail = 0 ] && echo "comm_run: all passed"
