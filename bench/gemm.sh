@@ -29,6 +29,8 @@ for t in ${THREADS//,/ }; do
 done
 echo "# loom_gemm / raw library, geometric mean over the shapes (1.00 = as fast)"
 echo "# load average $(bench_loadavg) on $(nproc) cores"
+# the oneDNN and OpenBLAS that ran (loom bench gemm's line)
+grep -m1 '^# libraries:' "$out" || echo "# libraries: not named (no loom bench gemm output)"
 awk -v hl="${BENCH_HEADLINES:-}" '
   /^# loom bench gemm:/ { t = $5 }
   /^workload/ { for (i = 1; i <= NF; i++) col[i] = $i; ncol = NF; next }

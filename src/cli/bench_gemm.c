@@ -216,6 +216,23 @@ static double measure(const column *c, const gemm_shape *s, const float *A,
   return best;
 }
 
+/* The libraries measured, as loaded (not as compiled against): a table
+ * from another version is another comparison. */
+static void print_libraries(void) {
+  printf("# libraries:");
+#ifdef LOOM_HAVE_DNNL
+  const dnnl_version_t *v = dnnl_version();
+  if (v)
+    printf(" oneDNN %d.%d.%d (git %.8s);", v->major, v->minor, v->patch,
+           v->hash ? v->hash : "unknown");
+#else
+  printf(" oneDNN not built in;");
+#endif
+  /* "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY SkylakeX MAX_THREADS=64" */
+  const char *cfg = openblas_get_config();
+  printf(" %s\n", cfg ? cfg : "OpenBLAS (no config string)");
+}
+
 int loom_bench_gemm(int argc, char **argv) {
   bench_args a = {loom_threads(), 10, 0.3, "all"};
   int rc = parse_args(argc, argv, &a);
@@ -272,6 +289,7 @@ int loom_bench_gemm(int argc, char **argv) {
   printf("# loom bench gemm: %d thread%s, GFLOP/s, best of 3 runs of up to %d "
          "calls\n",
          a.threads, a.threads == 1 ? "" : "s", a.iters);
+  print_libraries();
   printf("# loom_gemm grid: %s; cpu: avx2 %d, avx512f %d, amx_bf16 %d; loom's "
          "kernels: %s\n",
          loom_gemm_get_deterministic() ? "thread-count invariant"
