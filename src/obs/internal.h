@@ -3,6 +3,7 @@
 #define LOOM_OBS_INTERNAL_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include "loom/core.h"
 
@@ -10,5 +11,10 @@
  * NULL, the bytes without the NUL). LOOM_ERR_IO naming the file and the
  * reason; LOOM_ERR_NOMEM. */
 loom_status loom_obs_read_file(const char *path, char **data, size_t *len);
+
+/* path opened for reading, a regular file only: a FIFO, device, socket or
+ * directory is refused at once (never waited on). NULL with
+ * loom_last_error() naming the file and the reason. */
+FILE *loom_obs_open_read(const char *path);
 
 #endif

@@ -265,13 +265,42 @@ void loom_metrics_close(loom_metrics *m) {
   loom_free(m);
 }
 
+FILE *loom_obs_open_read(const char *path) {
+  /* O_NONBLOCK: the open of a FIFO without a writer returns at once (and
+   * fstat then refuses it) instead of waiting for one. */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    loom_error(LOOM_ERR_IO, "cannot read %s: %s", path, strerror(errno));
+    return NULL;
+  }
+  struct stat sb;
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    int e = errno;
+    close(fd);
+    loom_error(LOOM_ERR_IO, "cannot read %s: %s", path,
+               S_ISREG(sb.st_mode) ? strerror(e)
+                                   : "not a regular file (a pipe, device, "
+                                     "socket or directory)");
+    return NULL;
+  }
+  int fl = fcntl(fd, F_GETFL);
+  FILE *f = NULL;
+  if (fl >= 0 && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) == 0)
+    f = fdopen(fd, "rb");
+  if (!f) {
+    loom_error(LOOM_ERR_IO, "cannot read %s: %s", path, strerror(errno));
+    close(fd);
+  }
+  return f;
+}
+
 loom_status loom_obs_read_file(const char *path, char **data, size_t *len) {
   *data = NULL;
   if (len)
     *len = 0;
-  FILE *f = fopen(path, "rb");
+  FILE *f = loom_obs_open_read(path);
   if (!f)
-    return loom_error(LOOM_ERR_IO, "cannot read %s: %s", path, strerror(errno));
+    return LOOM_ERR_IO;
   loom_status st = LOOM_OK;
   size_t cap = 0, n = 0;
   char *buf = NULL;

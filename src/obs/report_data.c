@@ -140,7 +140,8 @@ static loom_status add_window(rp_run *r, const cJSON *o, double x,
 
 static loom_status read_metrics(rp_run *r, const char *path) {
   char *text = NULL;
-  if (loom_obs_read_file(path, &text, NULL) != LOOM_OK) {
+  size_t len = 0;
+  if (loom_obs_read_file(path, &text, &len) != LOOM_OK) {
     char why[600];
     snprintf(why, sizeof why, "%s", loom_last_error());
     return loom_error(LOOM_ERR_IO,
@@ -151,15 +152,19 @@ static loom_status read_metrics(rp_run *r, const char *path) {
   loom_status st = LOOM_OK;
   char *line = text;
   int lineno = 0;
-  while (*line && st == LOOM_OK) {
-    char *end = strchr(line, '\n');
+  const char *stop = text + len;
+  while (line < stop && st == LOOM_OK) {
+    char *end = memchr(line, '\n', (size_t)(stop - line));
     lineno++;
     if (!end) { /* a line being written: read up to the last whole one */
       r->partial_tail = true;
       break;
     }
     *end = '\0';
-    cJSON *o = cJSON_Parse(line);
+    /* A NUL inside the line (a file damaged on disk) makes it unreadable,
+     * not the end of the file. */
+    bool nul = memchr(line, '\0', (size_t)(end - line)) != NULL;
+    cJSON *o = nul ? NULL : cJSON_Parse(line);
     if (!cJSON_IsObject(o)) {
       r->bad_lines++;
       if (!r->first_bad)
@@ -207,12 +212,22 @@ static loom_status read_metrics(rp_run *r, const char *path) {
   return st;
 }
 
+/* A file that is there but could not be read (a pipe, a device, no
+ * permission) is named; a missing one is what an older run looks like. */
+static void warn_unreadable(const char *path) {
+  struct stat sb;
+  if (lstat(path, &sb) == 0)
+    LOOM_WARN("report: %s; left out", loom_last_error());
+}
+
 static void read_env(rp_run *r, const char *dir) {
   char path[4096];
   snprintf(path, sizeof path, "%s/env.json", dir);
   char *text = NULL;
-  if (loom_obs_read_file(path, &text, NULL) != LOOM_OK)
+  if (loom_obs_read_file(path, &text, NULL) != LOOM_OK) {
+    warn_unreadable(path);
     return; /* an older run, or none written: the page says so */
+  }
   r->env = cJSON_Parse(text);
   loom_free(text);
   const cJSON *t = cJSON_GetObjectItemCaseSensitive(r->env, "total_steps");
@@ -233,8 +248,10 @@ loom_status rp_read(rp_run *r, const char *dir) {
     r->mtime = (double)sb.st_mtime;
   read_env(r, dir);
   snprintf(path, sizeof path, "%s/config.yaml", dir);
-  if (loom_obs_read_file(path, &r->config, NULL) != LOOM_OK)
+  if (loom_obs_read_file(path, &r->config, NULL) != LOOM_OK) {
+    warn_unreadable(path);
     r->config = NULL; /* the page says it was not found */
+  }
   const rp_series *vl = rp_find(r, "val_loss");
   r->finished = r->total_steps > 0 && vl && vl->n > 0 &&
                 (int64_t)vl->x[vl->n - 1] >= r->total_steps;
