@@ -98,9 +98,12 @@ uint32_t loom_tb_masked_crc(const void *data, size_t n);
  *   loom_trace_span("train", "forward", t0, t1, "\"step\":3");
  *   loom_trace_stop(NULL);
  */
-/* A new file at path (never through a link); LOOM_ERR_INVALID_ARG when a
- * trace is open already. */
-loom_status loom_trace_start(const char *path, int rank);
+/* A new file at path (never through a link) for rank `rank` of `world`;
+ * LOOM_ERR_INVALID_ARG when a trace is open already. A loom trace already
+ * at path (a previous attempt's: a restart, a resume) is kept, moved to
+ * attempt-STAMP/ beside it (STAMP: that attempt's start, UTC); another
+ * file there is refused and left alone. */
+loom_status loom_trace_start(const char *path, int rank, int world);
 /* Writes what is buffered, closes the array, closes the file; *events (or
  * NULL) gets the number of events written. */
 void loom_trace_stop(uint64_t *events);
@@ -128,20 +131,30 @@ double loom_trace_wall(void);
 /* Records this rank's wall clock less rank 0's, measured by the caller
  * (the trainer: a barrier then both clocks read, the median of `rounds`,
  * spread_s the range of those rounds): loom report --trace puts ranks of
- * several hosts on rank 0's clock with it. */
-void loom_trace_clock_sync(double offset_s, double spread_s, int rounds);
+ * several hosts on rank 0's clock with it. attempt: a number every rank of
+ * this attempt records alike (the trainer: rank 0's wall clock as it
+ * measured), which tells the attempts' files apart. */
+void loom_trace_clock_sync(double offset_s, double spread_s, int rounds,
+                           double attempt);
 
 /* Merges the rank-K.json files of dir into one trace at out_path (a new
  * file): every rank a process (pid K, sorted by rank), all on one time
  * line (the ranks' monotonic clock on one host, their wall clock when the
- * files come from several hosts). A file cut short by a crash merges up to
- * its last whole line. */
+ * files come from several hosts). Only the files of the latest attempt
+ * are merged: a file of an earlier one (another start, another world
+ * size) is left out with a warning naming it; so are a file that is not a
+ * trace (empty, damaged, not a regular file) and one whose content is
+ * another rank's; a rank missing from the attempt is named. A file cut
+ * short (a crash, a full disk) merges up to its last whole line, with a
+ * warning. LOOM_ERR_IO or LOOM_ERR_CORRUPT when no file can be merged. */
 typedef struct loom_trace_merge_info {
   int ranks;
   uint64_t events;
   bool one_host; /* aligned by the monotonic clock */
   bool synced;   /* several hosts, their wall clocks brought to rank 0's by
                     the offsets measured at the start (loom_clock_sync) */
+  int left_out;  /* rank files not merged (each named in a warning) */
+  int missing;   /* ranks of the attempt without a file */
 } loom_trace_merge_info;
 loom_status loom_trace_merge(const char *dir, const char *out_path,
                              loom_trace_merge_info *info);

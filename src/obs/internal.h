@@ -17,4 +17,11 @@ loom_status loom_obs_read_file(const char *path, char **data, size_t *len);
  * loom_last_error() naming the file and the reason. */
 FILE *loom_obs_open_read(const char *path);
 
+/* The attempt a trace file belongs to (trace_merge.c): the number its
+ * ranks share (loom_clock_sync's attempt; a 1-rank trace's own start);
+ * *world (may be NULL) its world size, 0 when it does not say.
+ * LOOM_ERR_CORRUPT when it is not a loom trace. */
+loom_status loom_trace_file_attempt(const char *path, double *attempt,
+                                    int *world);
+
 #endif

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "internal.h"
 #include "loom/obs.h"
 
 typedef struct rank_file {
@@ -20,6 +21,11 @@ typedef struct rank_file {
   bool have_clock;
   double offset; /* loom_clock_sync: its wall clock less rank 0's */
   bool have_sync;
+  int pid;        /* the rank its loom_clock record names */
+  int world;      /* its world size; 0: not recorded (an older loom) */
+  double attempt; /* its attempt's mark (see loom_trace_file_attempt) */
+  bool have_attempt;
+  bool skip; /* left out of the merge (named in a warning) */
 } rank_file;
 
 static int cmp_rank(const void *a, const void *b) {
@@ -46,10 +52,9 @@ static cJSON *parse_line(char *line) {
 
 /* The file's clock record: its host and where its ts 0 is. */
 static loom_status read_clock(rank_file *r) {
-  FILE *f = fopen(r->path, "r");
+  FILE *f = loom_obs_open_read(r->path);
   if (!f)
-    return loom_error(LOOM_ERR_IO, "cannot open %s: %s", r->path,
-                      strerror(errno));
+    return LOOM_ERR_IO;
   char line[4096];
   /* The clock record comes first; the sync record (several ranks) soon
    * after, once the trainer measured it. */
@@ -68,12 +73,21 @@ static loom_status read_clock(rank_file *r) {
         r->offset = o->valuedouble;
         r->have_sync = true;
       }
+      const cJSON *a = cJSON_GetObjectItemCaseSensitive(args, "attempt");
+      if (cJSON_IsNumber(a)) {
+        r->attempt = a->valuedouble;
+        r->have_attempt = true;
+      }
     }
     if (cJSON_IsString(name) && !strcmp(name->valuestring, "loom_clock") &&
         cJSON_IsObject(args)) {
       const cJSON *m = cJSON_GetObjectItemCaseSensitive(args, "monotonic_s");
       const cJSON *w = cJSON_GetObjectItemCaseSensitive(args, "wall_s");
       const cJSON *h = cJSON_GetObjectItemCaseSensitive(args, "host");
+      const cJSON *wo = cJSON_GetObjectItemCaseSensitive(args, "world");
+      const cJSON *pid = cJSON_GetObjectItemCaseSensitive(e, "pid");
+      r->world = cJSON_IsNumber(wo) ? (int)wo->valuedouble : 0;
+      r->pid = cJSON_IsNumber(pid) ? (int)pid->valuedouble : r->rank;
       if (cJSON_IsNumber(m) && cJSON_IsNumber(w)) {
         r->mono = m->valuedouble;
         r->wall = w->valuedouble;
@@ -92,6 +106,23 @@ static loom_status read_clock(rank_file *r) {
                       "%s: no loom_clock record in its first lines: not a "
                       "loom trace",
                       r->path);
+  /* A 1-rank trace has no sync record: its own start marks its attempt. */
+  if (!r->have_attempt && r->world == 1) {
+    r->attempt = r->wall;
+    r->have_attempt = true;
+  }
+  return LOOM_OK;
+}
+
+loom_status loom_trace_file_attempt(const char *path, double *attempt,
+                                    int *world) {
+  rank_file r;
+  memset(&r, 0, sizeof r);
+  snprintf(r.path, sizeof r.path, "%s", path);
+  LOOM_TRY(read_clock(&r));
+  *attempt = r.have_attempt ? r.attempt : r.wall;
+  if (world)
+    *world = r.world;
   return LOOM_OK;
 }
 
@@ -157,13 +188,16 @@ static loom_status list_ranks(const char *dir, rank_file **out, int *n) {
   return LOOM_OK;
 }
 
-/* Copies r's events to out, ts moved by shift_us; counts them. */
+/* Copies r's events to out, ts moved by shift_us; counts them. A file
+ * without its closing record, or with lines that are not whole events, is
+ * named in a warning. */
 static loom_status copy_events(const rank_file *r, double shift_us, FILE *out,
                                uint64_t *events) {
-  FILE *f = fopen(r->path, "r");
+  FILE *f = loom_obs_open_read(r->path);
   if (!f)
-    return loom_error(LOOM_ERR_IO, "cannot open %s: %s", r->path,
-                      strerror(errno));
+    return LOOM_ERR_IO;
+  bool ended = false;
+  int damaged = 0;
   size_t cap = 1 << 16;
   char *line = loom_malloc(cap);
   if (!line) {
@@ -173,10 +207,16 @@ static loom_status copy_events(const rank_file *r, double shift_us, FILE *out,
   loom_status s = LOOM_OK;
   while (fgets(line, (int)cap, f)) {
     cJSON *e = parse_line(line);
-    if (!e)
+    if (!e) {
+      /* "[" and "]" and blank lines are the array's; anything else is an
+       * event cut short or damaged */
+      damaged +=
+          line[0] != '\0' && strcmp(line, "[") != 0 && strcmp(line, "]") != 0;
       continue;
+    }
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(e, "name");
     bool end = cJSON_IsString(name) && !strcmp(name->valuestring, "loom_end");
+    ended |= end;
     cJSON *ts = cJSON_GetObjectItemCaseSensitive(e, "ts");
     if (ts && cJSON_IsNumber(ts))
       cJSON_SetNumberValue(ts, ts->valuedouble + shift_us);
@@ -197,44 +237,141 @@ static loom_status copy_events(const rank_file *r, double shift_us, FILE *out,
   }
   loom_free(line);
   fclose(f);
+  if (s == LOOM_OK && (!ended || damaged))
+    LOOM_WARN("trace: %s is cut short%s%s%.0d%s: merged up to its last whole "
+              "event (the run crashed or is still running, or the file could "
+              "not be written: see the rank's log)",
+              r->path, ended ? "" : " (no closing record)", damaged ? ", " : "",
+              damaged, damaged ? " damaged line(s) left out" : "");
   return s;
+}
+
+/* Which files are merged: those of the latest attempt (the greatest mark;
+ * files of an older loom, without one, go along), each checked against its
+ * name; the ranks that attempt lacks are counted. */
+static void choose_files(rank_file *r, int n, loom_trace_merge_info *info) {
+  double latest = 0;
+  bool any = false;
+  int world = 0;
+  for (int i = 0; i < n; i++)
+    if (!r[i].skip && r[i].have_attempt && (!any || r[i].attempt > latest)) {
+      latest = r[i].attempt;
+      any = true;
+    }
+  for (int i = 0; i < n; i++)
+    if (!r[i].skip && any && r[i].have_attempt && r[i].attempt == latest &&
+        r[i].world > world)
+      world = r[i].world;
+  for (int i = 0; i < n; i++) {
+    rank_file *f = &r[i];
+    if (f->skip)
+      continue;
+    if (f->pid != f->rank) {
+      LOOM_WARN("trace: %s holds rank %d's trace, not rank %d's: left out",
+                f->path, f->pid, f->rank);
+      f->skip = true;
+    } else if (any && f->have_attempt && f->attempt != latest) {
+      LOOM_WARN("trace: %s is from an earlier attempt (%d rank(s), started "
+                "%.0f s before the latest): left out; an earlier attempt's "
+                "files are kept in attempt-*/ beside it",
+                f->path, f->world ? f->world : 1, latest - f->attempt);
+      f->skip = true;
+    } else if (world && f->world && f->world != world) {
+      LOOM_WARN("trace: %s is from a run of %d rank(s), the latest attempt "
+                "has %d: left out",
+                f->path, f->world, world);
+      f->skip = true;
+    } else if (world && f->rank >= world) {
+      LOOM_WARN("trace: %s: rank %d is outside the latest attempt's %d "
+                "rank(s): left out",
+                f->path, f->rank, world);
+      f->skip = true;
+    }
+    info->left_out += f->skip;
+  }
+  /* The ranks without a file: up to the world size when the files say it,
+   * else the gaps below the highest rank. */
+  int top = world;
+  for (int i = 0; !world && i < n; i++)
+    if (!r[i].skip && r[i].rank + 1 > top)
+      top = r[i].rank + 1;
+  for (int k = 0; k < top; k++) {
+    bool have = false;
+    for (int i = 0; i < n && !have; i++)
+      have = !r[i].skip && r[i].rank == k;
+    if (!have) {
+      LOOM_WARN("trace: rank %d's trace (rank-%d.json) is missing from the "
+                "merge%s",
+                k, k, world ? " (the attempt has that rank)" : "");
+      info->missing++;
+    }
+  }
 }
 
 loom_status loom_trace_merge(const char *dir, const char *out_path,
                              loom_trace_merge_info *info) {
-  if (info)
-    memset(info, 0, sizeof *info);
+  loom_trace_merge_info mine;
+  if (!info)
+    info = &mine;
+  memset(info, 0, sizeof *info);
   if (!dir || !out_path)
     return loom_error(LOOM_ERR_INVALID_ARG, "loom_trace_merge: NULL path");
   rank_file *r = NULL;
   int n = 0;
   LOOM_TRY(list_ranks(dir, &r, &n));
   loom_status s = LOOM_OK;
+  char first_err[1400] = "";
+  /* A file that is not a trace (empty, damaged, a pipe) is left out and
+   * named; the others merge. */
+  for (int i = 0; i < n; i++)
+    if (read_clock(&r[i]) != LOOM_OK) {
+      if (!first_err[0])
+        snprintf(first_err, sizeof first_err, "%s", loom_last_error());
+      LOOM_WARN("trace: %s; left out", loom_last_error());
+      r[i].skip = true;
+    }
+  choose_files(r, n, info);
+  int first = -1, kept = 0;
   bool one_host = true, synced = true;
-  for (int i = 0; s == LOOM_OK && i < n; i++) {
-    s = read_clock(&r[i]);
-    if (s == LOOM_OK && strcmp(r[i].host, r[0].host) != 0)
+  for (int i = 0; i < n; i++) {
+    if (r[i].skip)
+      continue;
+    kept++;
+    if (first < 0)
+      first = i;
+    if (strcmp(r[i].host, r[first].host) != 0)
       one_host = false;
     synced &= r[i].have_sync;
+  }
+  if (kept == 0) {
+    s = loom_error(first_err[0] ? LOOM_ERR_CORRUPT : LOOM_ERR_IO,
+                   "%s: no rank file to merge%s%s", dir,
+                   first_err[0] ? ": " : " (see the warnings)", first_err);
+    loom_free(r);
+    return s;
   }
   /* Across hosts: each rank's wall clock brought to rank 0's by the offset
    * measured at the start, when every rank has it; else the wall clocks as
    * they are (as well as the hosts agree). */
-  for (int i = 0; s == LOOM_OK && i < n; i++)
+  for (int i = 0; i < n; i++)
     r[i].wall -= synced ? r[i].offset : 0;
   FILE *out = NULL;
-  if (s == LOOM_OK)
-    s = loom_fs_open_append(out_path, true, &out);
+  s = loom_fs_open_append(out_path, true, &out);
   uint64_t events = 0;
   if (s == LOOM_OK) {
     double base = 0;
+    bool have_base = false;
     for (int i = 0; i < n; i++) {
       double t = one_host ? r[i].mono : r[i].wall;
-      if (i == 0 || t < base)
+      if (!r[i].skip && (!have_base || t < base)) {
         base = t;
+        have_base = true;
+      }
     }
     fputs("[\n", out);
     for (int i = 0; s == LOOM_OK && i < n; i++) {
+      if (r[i].skip)
+        continue;
       fprintf(out,
               "{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,"
               "\"tid\":0,\"args\":{\"sort_index\":%d}},\n",
@@ -248,8 +385,8 @@ loom_status loom_trace_merge(const char *dir, const char *out_path,
     if (fclose(out) != 0 && s == LOOM_OK)
       s = loom_error(LOOM_ERR_IO, "writing %s: %s", out_path, strerror(errno));
   }
-  if (s == LOOM_OK && info) {
-    info->ranks = n;
+  if (s == LOOM_OK) {
+    info->ranks = kept;
     info->events = events;
     info->one_host = one_host;
     info->synced = !one_host && synced;

@@ -1047,7 +1047,12 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   }
   if (wants_warm_up(t)) {
     double t0 = loom_time_now();
-    LOOM_TRY_GOTO(s, loom_train_agree(t, warm_up(t), "warming up"), fail);
+    t->warming_up = true;
+    s = warm_up(t);
+    t->warming_up = false;
+    if (t->tracing)
+      loom_trace_span("train", "warm-up", t0, loom_time_now(), NULL);
+    LOOM_TRY_GOTO(s, loom_train_agree(t, s, "warming up"), fail);
     if (t->rank == 0 && !t->opts.quiet)
       LOOM_INFO("warmed up before the checkpoint read (one forward and "
                 "backward, state restored): %.2f s",

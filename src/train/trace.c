@@ -37,14 +37,20 @@ static loom_status unit_observer(void *user, int u, loom_unit_event ev) {
 }
 
 /* A phase of the step on the main track, with the step's number (the
- * optimizer step it belongs to) and extra args (NULL: none). */
+ * optimizer step it belongs to) and extra args (NULL: none). The warm-up's
+ * forward and backward (before a checkpoint is read, so before the step is
+ * known) say "warm_up":true instead of a step. */
 void loom_train_trace_step(const loom_trainer *t, const char *name, double t0,
                            double t1, const char *extra) {
   if (!t->tracing)
     return;
   char args[160];
-  snprintf(args, sizeof args, "\"step\":%lld%s%s", (long long)t->step,
-           extra ? "," : "", extra ? extra : "");
+  if (t->warming_up)
+    snprintf(args, sizeof args, "\"warm_up\":true%s%s", extra ? "," : "",
+             extra ? extra : "");
+  else
+    snprintf(args, sizeof args, "\"step\":%lld%s%s", (long long)t->step,
+             extra ? "," : "", extra ? extra : "");
   loom_trace_span("train", name, t0, t1, args);
 }
 
@@ -104,7 +110,7 @@ loom_status loom_train_trace_open(loom_trainer *t) {
   t->unit_t0 = loom_calloc((size_t)(n > 0 ? 2 * n : 2), sizeof(double));
   if (!t->unit_t0)
     return LOOM_ERR_NOMEM;
-  LOOM_TRY(loom_trace_start(path, t->rank));
+  LOOM_TRY(loom_trace_start(path, t->rank, t->nranks));
   t->tracing = true;
   loom_model_set_unit_observer(t->model, unit_observer, t);
   if (t->pipe)
@@ -142,7 +148,7 @@ loom_status loom_train_trace_sync(loom_trainer *t) {
    * ranks within its latency (microseconds on a host, a network's one-way
    * latency across hosts): the median of the rounds is the offset. */
   enum { ROUNDS = 9 };
-  double off[ROUNDS];
+  double off[ROUNDS], attempt = 0;
   double *all = loom_calloc((size_t)t->nranks, sizeof *all);
   if (!all)
     return LOOM_ERR_NOMEM;
@@ -153,12 +159,15 @@ loom_status loom_train_trace_sync(loom_trainer *t) {
     if (s == LOOM_OK)
       s = world_wait(loom_allgather(&now, all, 1, LOOM_F64, t->world, &r), &r);
     off[k] = all[t->rank] - all[0];
+    if (k == 0) /* rank 0's clock, alike on every rank: the attempt's mark */
+      attempt = all[0];
   }
   loom_free(all);
   if (s != LOOM_OK)
     return loom_error_context(s, "trace: measuring the ranks' clocks");
   qsort(off, ROUNDS, sizeof off[0], cmp_double);
-  loom_trace_clock_sync(off[ROUNDS / 2], off[ROUNDS - 1] - off[0], ROUNDS);
+  loom_trace_clock_sync(off[ROUNDS / 2], off[ROUNDS - 1] - off[0], ROUNDS,
+                        attempt);
   return LOOM_OK;
 }
 

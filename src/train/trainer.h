@@ -97,6 +97,7 @@ struct loom_trainer {
   loom_metrics *metrics;
   loom_progress *progress;
   bool tracing;        /* this trainer opened the process's trace */
+  bool warming_up;     /* the warm-up pass runs (its spans carry no step) */
   FILE *rank_log;      /* log.per_rank: RUN/logs/rank-K.log */
   int run_lock;        /* rank 0: RUN/.lock, held (flock) while training; -1 */
   bool outputs_open;   /* open_outputs ran (metrics, progress, MLflow) */

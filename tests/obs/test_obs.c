@@ -262,9 +262,9 @@ TT_TEST(test_trace_api) {
   TT_CHECK(!loom_trace_enabled());
   loom_trace_begin("ignored"); /* no trace: nothing */
   loom_trace_end();
-  TT_REQUIRE_OK(loom_trace_start(path, 3));
+  TT_REQUIRE_OK(loom_trace_start(path, 3, 4));
   TT_CHECK(loom_trace_enabled());
-  TT_CHECK_EQ(loom_trace_start(path, 3), LOOM_ERR_INVALID_ARG);
+  TT_CHECK_EQ(loom_trace_start(path, 3, 4), LOOM_ERR_INVALID_ARG);
   loom_trace_end(); /* without a begin: nothing */
   loom_trace_begin("outer");
   loom_trace_begin("inner");

@@ -5,7 +5,10 @@
 # forward and backward have a span per top-level module inside them; the
 # communication thread's collectives are on a track of their own with their
 # bytes; memory counters; loom report --trace merges the ranks (a process
-# each, one time line) and takes a file cut short by a crash; LOOM_TRACE=DIR
+# each, one time line) and takes a file cut short by a crash, naming it;
+# the latest attempt's files only, an earlier attempt's kept aside (a
+# restart, a resume, a run of another size), damaged, missing and misnamed
+# rank files named; a full disk warned of; LOOM_TRACE=DIR
 # writes there instead; off by default; log.profile (the old name) is
 # refused at config check.
 . "$(dirname "$0")/../lib.sh"
@@ -128,11 +131,70 @@ head -c $(($(wc -c <"$f") / 2)) "$f" >"$f.part" && mv "$f.part" "$f"
 "$LOOM" report --trace "$tmp/cut" -o "$tmp/cut.json" >"$tmp/rep" 2>&1 &&
   python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$tmp/cut.json" &&
   ok "a rank file cut in half merges: $(cat "$tmp/rep")" || { bad "cut file"; cat "$tmp/rep"; }
-# Not a trace: an error naming the file; no directory: exit 1 with its name.
+grep -q "rank-1.json is cut short" "$tmp/rep" && ok "the cut file is named" ||
+  { bad "a cut file merged without a word"; cat "$tmp/rep"; }
+# Not a trace: left out naming the file and why, the other rank merged;
+# rank 0 then named as missing. Every file unusable: exit 1 naming one.
 echo '[{"x":1}]' >"$tmp/cut/rank-0.json"
 "$LOOM" report --trace "$tmp/cut" -o "$tmp/x.json" >"$tmp/rep" 2>&1
-[ $? = 1 ] && grep -q "rank-0.json: no loom_clock" "$tmp/rep" && ok "not a trace: $(cat "$tmp/rep")" ||
+[ $? = 0 ] && grep -q "rank-0.json: no loom_clock" "$tmp/rep" && grep -q "1 rank," "$tmp/rep" &&
+  grep -q "rank 0's trace (rank-0.json) is missing" "$tmp/rep" && ok "not a trace: left out: $(cat "$tmp/rep")" ||
   { bad "a foreign file"; cat "$tmp/rep"; }
+: >"$tmp/cut/rank-1.json"
+"$LOOM" report --trace "$tmp/cut" -o "$tmp/x.json" >"$tmp/rep" 2>&1
+[ $? = 1 ] && grep -q "no rank file to merge: .*rank-0.json: no loom_clock" "$tmp/rep" &&
+  ok "no usable file: exit 1" || { bad "no usable file"; cat "$tmp/rep"; }
+# Ranks that are not there, or another rank's content under a name: named.
+mkdir "$tmp/gap"
+cp "$tmp/run/trace/rank-1.json" "$tmp/gap/rank-1.json"
+"$LOOM" report --trace "$tmp/gap" -o "$tmp/x.json" >"$tmp/rep" 2>&1 &&
+  grep -q "rank 0's trace (rank-0.json) is missing from the merge (the attempt has that rank)" "$tmp/rep" &&
+  ok "only rank-1.json: rank 0 named as missing" || { bad "a missing rank"; cat "$tmp/rep"; }
+cp "$tmp/run/trace/rank-0.json" "$tmp/gap/rank-0.json"
+mv "$tmp/gap/rank-1.json" "$tmp/gap/rank-2.json"
+"$LOOM" report --trace "$tmp/gap" -o "$tmp/x.json" >"$tmp/rep" 2>&1 &&
+  grep -q "rank-2.json holds rank 1's trace, not rank 2's: left out" "$tmp/rep" &&
+  grep -q "rank 1's trace (rank-1.json) is missing" "$tmp/rep" && grep -q "1 rank," "$tmp/rep" &&
+  ok "rank 1's trace named rank-2.json: left out, rank 1 missing" || { bad "a misnamed rank"; cat "$tmp/rep"; }
+# A 1-rank attempt after the 2-rank one: the 2-rank attempt's rank-0.json
+# is kept in attempt-*/, the merge takes the new rank-0.json alone and
+# names the stale rank-1.json; the kept attempt merges on its own.
+cp -r "$tmp/run/trace" "$tmp/mix"
+LOOM_TRACE="$tmp/mix" "$LOOM" train "${gpt[@]}" --set train.steps=1 --set "log.run_dir=$tmp/run5" >"$tmp/out" 2>&1 ||
+  { bad "1-rank run after a 2-rank one"; cat "$tmp/out"; }
+kept=$(ls -d "$tmp"/mix/attempt-*/ 2>/dev/null)
+[ -n "$kept" ] && cmp -s "$kept/rank-0.json" "$tmp/run/trace/rank-0.json" &&
+  ok "the earlier attempt's rank-0.json kept in $(basename "$kept")" || { bad "earlier attempt lost"; ls -R "$tmp/mix"; }
+"$LOOM" report --trace "$tmp/mix" -o "$tmp/x.json" >"$tmp/rep" 2>&1 && grep -q "1 rank," "$tmp/rep" &&
+  grep -q "mix/rank-1.json is from an earlier attempt (2 rank(s)" "$tmp/rep" &&
+  ok "merge: the latest attempt only, the stale rank-1.json named" || { bad "mixed attempts"; cat "$tmp/rep"; }
+cp "$tmp/mix/rank-1.json" "$kept/" && "$LOOM" report --trace "$kept" -o "$tmp/x.json" >"$tmp/rep" 2>&1 &&
+  grep -q "2 ranks," "$tmp/rep" && ! grep -q warn "$tmp/rep" && ok "the kept attempt merges on its own" ||
+  { bad "kept attempt"; cat "$tmp/rep"; }
+# A crash and a restart under loom run: the crashed attempt's timeline (up
+# to its last flush) is kept; the restart's warm-up spans carry no step.
+LOOM_FAULT=1:5:segv "$LOOM" run -n 2 --timeout 120 --max-restarts 1 "$LOOM" train "${gpt[@]}" --set log.trace=true \
+  --set log.every=2 --set "log.run_dir=$tmp/crash" >"$tmp/out" 2>&1 || { bad "restarted run"; cat "$tmp/out"; }
+kept=$(ls -d "$tmp"/crash/trace/attempt-*/ 2>/dev/null)
+[ -n "$kept" ] && grep -q '"step":3}' "$kept/rank-1.json" && grep -q '"step":5}' "$tmp/crash/trace/rank-1.json" &&
+  ok "restart: the crashed attempt's trace kept in $(basename "$kept")" || { bad "crashed attempt's trace"; ls -R "$tmp/crash/trace"; }
+grep -q '"name":"warm-up"' "$tmp/crash/trace/rank-0.json" && grep -q '"name":"forward".*"warm_up":true' "$tmp/crash/trace/rank-0.json" &&
+  ! grep -q '"cat":"train","name":"forward".*"step":0}' "$tmp/crash/trace/rank-0.json" &&
+  ok "restart: warm-up spans marked warm_up, none at step 0" || bad "restart: warm-up spans"
+# A trace that cannot be written (a full file system, root only): a warning
+# naming the file and the events lost; the merge says it is cut short.
+mkdir "$tmp/full"
+if mount -t tmpfs -o size=64k tmpfs "$tmp/full" 2>/dev/null; then
+  LOOM_TRACE="$tmp/full/tr" "$LOOM" train "${gpt[@]}" --set train.steps=200 --set checkpoint.enabled=false \
+    --set "log.run_dir=$tmp/run6" >"$tmp/out" 2>&1
+  grep -q "trace: $tmp/full/tr/rank-0.json could not be written (No space left on device): [0-9]* of [0-9]* events lost" "$tmp/out" &&
+    ok "full disk: $(grep -o 'trace: .*' "$tmp/out")" || { bad "full disk: no warning"; tail -3 "$tmp/out"; }
+  "$LOOM" report --trace "$tmp/full/tr" -o "$tmp/x.json" >"$tmp/rep" 2>&1 && grep -q "rank-0.json is cut short" "$tmp/rep" &&
+    ok "full disk: the merge says the file is cut short" || { bad "full disk: merge"; cat "$tmp/rep"; }
+  umount "$tmp/full"
+else
+  echo "skip: a full file system needs mount (root)"
+fi
 "$LOOM" report --trace "$tmp/none" >"$tmp/rep" 2>&1
 [ $? = 1 ] && grep -q "$tmp/none" "$tmp/rep" && ok "no trace directory: exit 1" || { bad "missing dir"; cat "$tmp/rep"; }
 "$LOOM" report >"$tmp/rep" 2>&1
@@ -155,6 +217,7 @@ ln -s "$tmp/victim" "$tmp/run4/trace/rank-0.json"
 "$LOOM" train "${gpt[@]}" --set train.steps=1 --set log.trace=true --set "log.run_dir=$tmp/run4" >"$tmp/out" 2>&1
 rc=$?
 [ "$(cat "$tmp/victim")" = keep ] && [ -L "$tmp/run4/trace/rank-0.json" ] && [ $rc != 0 ] &&
-  ok "a link in the trace's place: refused, not written through (exit $rc: $(grep -m1 -o 'trace: opening.*' "$tmp/out"))" ||
+  [ "$(grep -m1 -o 'trace: .*' "$tmp/out" | grep -o 'rank-0\.json' | wc -l)" = 1 ] &&
+  ok "a link in the trace's place: refused, not written through, named once (exit $rc: $(grep -m1 -o 'trace: .*' "$tmp/out"))" ||
   { bad "the trace and a link (exit $rc)"; cat "$tmp/out"; }
 finish obs_trace
