@@ -57,14 +57,25 @@ static loom_status fill_meta(loom_trainer *t, loom_ckpt_meta *meta) {
   meta->data.batch = ls.batch;
   meta->data.sample = loom_loader_sample(t->train_loader);
   loom_train_scale_meta(t, meta);
-  if (t->job[0] || t->loss_window_n > 0) {
+  {
     /* extra.job: whose checkpoint this is (a restart of the job goes on
      * from it, never from another run's in the same directory);
      * extra.loss_window: the steps since the last metrics line (loss sum,
      * accuracy sum, count), so that a run resumed between two lines logs
-     * the next one as the uninterrupted run does */
+     * the next one as the uninterrupted run does; extra.data: the samples
+     * of the training and validation splits (the config hash leaves
+     * data.path out, so that moved data resumes: a resume on other data
+     * is told by its size) */
     cJSON *x = cJSON_Parse(meta->extra_json ? meta->extra_json : "{}");
     bool ok = x != NULL;
+    if (ok) {
+      cJSON *d = cJSON_AddObjectToObject(x, "data");
+      ok = d &&
+           cJSON_AddNumberToObject(d, "train_samples",
+                                   (double)loom_dataset_len(t->train_ds)) &&
+           cJSON_AddNumberToObject(d, "val_samples",
+                                   (double)loom_dataset_len(t->val_ds));
+    }
     if (ok && t->job[0])
       ok = cJSON_AddStringToObject(x, "job", t->job) != NULL;
     if (ok && t->loss_window_n > 0) {
@@ -105,6 +116,31 @@ static void restore_loss_window(loom_trainer *t, const loom_ckpt_meta *meta) {
     t->acc_window_sum = c->valuedouble;
     t->loss_window_n = (int64_t)n->valuedouble;
   }
+  cJSON_Delete(x);
+}
+
+/* A resume on data of another size than the checkpoint's (extra.data):
+ * said, not refused (fine-tuning on new data is a use), since the saved
+ * position then falls on other samples. Older checkpoints have no
+ * extra.data and say nothing. */
+static void warn_other_data(const loom_trainer *t, const loom_ckpt *c) {
+  const char *extra = loom_ckpt_get_meta(c)->extra_json;
+  cJSON *x = extra ? cJSON_Parse(extra) : NULL;
+  const cJSON *d = cJSON_GetObjectItemCaseSensitive(x, "data");
+  const cJSON *tr = cJSON_GetObjectItemCaseSensitive(d, "train_samples");
+  const cJSON *va = cJSON_GetObjectItemCaseSensitive(d, "val_samples");
+  int64_t ntr = loom_dataset_len(t->train_ds),
+          nva = loom_dataset_len(t->val_ds);
+  if (cJSON_IsNumber(tr) && cJSON_IsNumber(va) &&
+      (tr->valuedouble != (double)ntr || va->valuedouble != (double)nva))
+    LOOM_WARN("%s was saved training on other data: %.0f training and %.0f "
+              "validation samples, where this run's data (data.path '%s') "
+              "has %lld and %lld; resuming at its position (epoch %lld, "
+              "sample %lld) in this data",
+              loom_ckpt_path(c), tr->valuedouble, va->valuedouble,
+              t->cfg.data.path, (long long)ntr, (long long)nva,
+              (long long)loom_ckpt_get_meta(c)->data.epoch,
+              (long long)loom_ckpt_get_meta(c)->data.sample);
   cJSON_Delete(x);
 }
 
@@ -575,6 +611,8 @@ static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
     LOOM_WARN("%s was saved with a different config; resuming with the "
               "current one",
               loom_ckpt_path(c));
+  if (t->rank == 0)
+    warn_other_data(t, c);
   return LOOM_OK;
 }
 

@@ -158,6 +158,21 @@ run "$LOOM" train "$SRC/examples/small_mlp.yaml" --set "log.run_dir=$T/cmp" --se
 check "compress on 1 rank: trains" test "$rc" -eq 0
 check "compress on 1 rank: said" grep -q "warn: parallel.compress bf16: one replica (parallel.dp 1 of 1 rank(s)), so no gradient is reduced" <<<"$out"
 
+# A resume on other data (the config hash leaves data.path out, so moved
+# data resumes) is said, with both sizes; the same data says nothing.
+cat "$SRC"/docs/*.md >"$T/all.txt"
+head -c 100000 "$T/all.txt" >"$T/part.txt"
+run "$LOOM" train "$SRC/examples/small_gpt.yaml" --set "data.path=$T/all.txt" --set train.steps=4 \
+  --set "log.run_dir=$T/otherdata" --quiet
+check "other data: first run" test "$rc" -eq 0
+run "$LOOM" train "$SRC/examples/small_gpt.yaml" --set "data.path=$T/all.txt" --set train.steps=6 \
+  --set "log.run_dir=$T/otherdata" --quiet
+check "same data: no data warning" eval '! grep -q "saved training on other data" <<<"$out"'
+run "$LOOM" train "$SRC/examples/small_gpt.yaml" --set "data.path=$T/part.txt" --set train.steps=8 \
+  --set "log.run_dir=$T/otherdata" --quiet
+check "other data: resumed" test "$rc" -eq 0
+check "other data: said with both sizes" grep -q "^warn: $T/otherdata/ckpt/step_00000006 was saved training on other data: [0-9]* training and [0-9]* validation samples, where this run's data (data.path '$T/part.txt') has 5624 and 624; resuming at its position" <<<"$out"
+
 # Interrupted at step 7, then resumed to the end (20 steps).
 ARGS=("$SRC/examples/small_mlp.yaml" --set "log.run_dir=$T/run" --set log.progress=lines)
 run "$LOOM" train "${ARGS[@]}" --resume never --stop-at 7
