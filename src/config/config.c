@@ -1680,6 +1680,60 @@ static loom_status check_loss_scale(const loom_config *cfg,
   return LOOM_OK;
 }
 
+/* log.mlflow.uri: what libcurl would take and could ever reach, refused at
+ * config check rather than after a run's 30 s of retries at its end: http
+ * or https, no space or control character anywhere, a host (a name or an
+ * [IPv6] address, after an optional user@), a port (when given) of
+ * 1-65535. *why says what is wrong. */
+static bool mlflow_uri_ok(const char *u, char *why, size_t n) {
+  size_t k = !strncmp(u, "http://", 7) ? 7 : !strncmp(u, "https://", 8) ? 8 : 0;
+  if (!k) {
+    snprintf(why, n, "the scheme is not http:// or https://");
+    return false;
+  }
+  for (const char *c = u; *c; c++)
+    if ((unsigned char)*c <= 0x20 || *c == 0x7f) {
+      snprintf(why, n, "a %s at byte %d",
+               *c == ' ' ? "space" : "control character", (int)(c - u) + 1);
+      return false;
+    }
+  const char *host = u + k, *end = host + strcspn(host, "/?#");
+  const char *at = memchr(host, '@', (size_t)(end - host));
+  if (at)
+    host = at + 1;
+  const char *colon = NULL;
+  if (*host == '[') {
+    const char *close = memchr(host, ']', (size_t)(end - host));
+    if (!close || close == host + 1) {
+      snprintf(why, n, "an IPv6 host without its ']' or empty");
+      return false;
+    }
+    if (close + 1 < end && close[1] != ':') {
+      snprintf(why, n, "'%c' after the IPv6 host", close[1]);
+      return false;
+    }
+    colon = close + 1 < end ? close + 1 : NULL;
+  } else {
+    colon = memchr(host, ':', (size_t)(end - host));
+    if ((colon ? colon : end) == host) {
+      snprintf(why, n, "no host");
+      return false;
+    }
+  }
+  if (colon) {
+    long port = 0;
+    const char *p = colon + 1;
+    for (; p < end && *p >= '0' && *p <= '9' && port <= 65535; p++)
+      port = port * 10 + (*p - '0');
+    if (p != end || port < 1 || port > 65535) {
+      snprintf(why, n, "port '%.*s' is not a number of 1-65535",
+               (int)(end - colon - 1 > 20 ? 20 : end - colon - 1), colon + 1);
+      return false;
+    }
+  }
+  return true;
+}
+
 static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
                                 const char *file) {
   cfg_loc none = {file, NULL, 0, 0};
@@ -1754,13 +1808,13 @@ static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
                    "segment)",
                    cfg->train.activation_checkpointing);
   const char *mu = cfg->log.mlflow_uri;
-  if (mu[0] &&
-      ((strncmp(mu, "http://", 7) != 0 && strncmp(mu, "https://", 8) != 0) ||
-       !mu[strncmp(mu, "http://", 7) == 0 ? 7 : 8]))
+  char why[96];
+  if (mu[0] && !mlflow_uri_ok(mu, why, sizeof why))
     return cfg_err(origin_of(org, "log.mlflow.uri", &none), "log.mlflow.uri",
-                   "'%s': expected the tracking server as http://HOST:PORT "
-                   "or https://HOST[:PORT] (or empty for no MLflow)",
-                   mu);
+                   "'%s': %s: expected the tracking server as "
+                   "http://HOST:PORT or https://HOST[:PORT] (or empty for no "
+                   "MLflow)",
+                   mu, why);
   if (mu[0] && !cfg->log.mlflow_experiment[0])
     return cfg_err(origin_of(org, "log.mlflow.experiment", &none),
                    "log.mlflow.experiment",

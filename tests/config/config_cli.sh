@@ -57,7 +57,20 @@ check "log.mlflow as a group reads" test "$rc" -eq 0
 printf 'log:\n  mlflow:\n    uri: ftp://x\n' >"$T/mlflow_bad.yaml"
 run "$LOOM" config check "$T/mlflow_bad.yaml"
 check "a bad log.mlflow.uri exits 2" test "$rc" -eq 2
-check "naming the place and what is supported" has "mlflow_bad.yaml:3:5: key 'log.mlflow.uri': 'ftp://x': expected the tracking server as http://HOST:PORT"
+check "naming the place and what is supported" has "mlflow_bad.yaml:3:5: key 'log.mlflow.uri': 'ftp://x': the scheme is not http:// or https://: expected the tracking server as http://HOST:PORT"
+# URIs libcurl could never reach: refused here, not after a run's retries.
+for u in "http://127.0.0.1:99999|port '99999' is not a number of 1-65535" \
+  "http://exa mple.com|a space at byte 11" "http://:5000|no host" \
+  "https://|no host" "http://x:0|port '0'" "http://x:5000x|port '5000x'" \
+  "http://[::1|an IPv6 host without its ']'"; do
+  run "$LOOM" config check "$T/mlflow.yaml" --set "log.mlflow.uri=${u%%|*}"
+  check "log.mlflow.uri '${u%%|*}' exits 2" test "$rc" -eq 2
+  check "naming the key and why ('${u#*|}')" has "key 'log.mlflow.uri': '${u%%|*}': ${u#*|}"
+done
+for u in "http://[::1]:5000/" "https://mlflow.example.com/prefix" "http://user@h:80"; do
+  run "$LOOM" config check "$T/mlflow.yaml" --set "log.mlflow.uri=$u"
+  check "log.mlflow.uri '$u' passes" test "$rc" -eq 0
+done
 printf 'log:\n  mlflow:\n    url: http://x\n' >"$T/mlflow_key.yaml"
 run "$LOOM" config check "$T/mlflow_key.yaml"
 check "an unknown key in the group exits 2" test "$rc" -eq 2
