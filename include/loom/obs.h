@@ -69,11 +69,19 @@ void loom_metrics_close(loom_metrics *m);
  * CRC32C of the length, the record, masked CRC32C of the record), each
  * record a serialized tensorflow.Event; the first one names the format
  * version, the others carry a Summary of scalars (simple_value). The file
- * is DIR/events.out.tfevents.<unix time>.<host>.<pid>.loom, made new
- * (never through a link), flushed after every event. */
+ * is DIR/events.out.tfevents.<unix time>.<host>.<pid>.loom (the time one
+ * past the newest file of DIR when that is not older, so that the names'
+ * order is the files'), made new (never through a link), flushed after
+ * every event. */
 typedef struct loom_tb loom_tb;
 loom_status loom_tb_open(loom_tb **out, const char *dir);
 const char *loom_tb_path(const loom_tb *w);
+/* A restart at step (a run resumed from a checkpoint, logging from step on
+ * again): an event with SessionLog status START, as PyTorch's
+ * SummaryWriter(purge_step=step) writes, which makes TensorBoard drop the
+ * events of earlier files at step or later (the abandoned timeline's).
+ * Written right after open, before the file's scalars. */
+loom_status loom_tb_restart(loom_tb *w, int64_t step, double wall_time);
 /* One event with n scalars tags[i] = values[i] at step. */
 loom_status loom_tb_scalars(loom_tb *w, int64_t step, double wall_time,
                             const char *const *tags, const float *values,

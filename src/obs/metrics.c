@@ -123,6 +123,10 @@ loom_status loom_metrics_open_opts(loom_metrics **out, const char *run_dir,
             ? loom_error(LOOM_ERR_INVALID_ARG, "run directory too long: '%s'",
                          run_dir)
             : loom_tb_open(&m->tb, dir);
+    /* A resumed run logs the steps after keep_to_step again: TensorBoard
+     * forgets what earlier files hold of them, as metrics.jsonl is cut. */
+    if (s == LOOM_OK && o.append && o.keep_to_step >= 0)
+      s = loom_tb_restart(m->tb, o.keep_to_step + 1, loom_time_wall());
   }
   if (s != LOOM_OK) {
     loom_metrics_close(m);

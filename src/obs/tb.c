@@ -2,13 +2,17 @@
  * serialized tensorflow.Event messages (protobuf wire format). Only what
  * scalars need:
  *   Event   { double wall_time = 1; int64 step = 2;
- *             string file_version = 3; Summary summary = 5; }
+ *             string file_version = 3; Summary summary = 5;
+ *             SessionLog session_log = 7; }
+ *   SessionLog { SessionStatus status = 1; }   START = 1
  *   Summary { repeated Value value = 1; }
  *   Value   { string tag = 1; float simple_value = 2; }
  * A record: uint64 length, uint32 masked CRC32C of those 8 bytes, the
  * bytes, uint32 masked CRC32C of the bytes, all little-endian. */
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -125,6 +129,30 @@ static loom_status write_record(loom_tb *w) {
 
 /* -------------------------------------------------------------- the API */
 
+/* The seconds in a new file's name: now, or one past the newest file of dir
+ * when that is not older. TensorBoard reads a directory's files in the
+ * order of their names, and a restart's purge (loom_tb_restart) works only
+ * when its file comes after the files it purges: a restart within the
+ * same second (its pid maybe smaller) would otherwise sort first. */
+static long long file_stamp(const char *dir, long long now) {
+  static const char prefix[] = "events.out.tfevents.";
+  DIR *d = opendir(dir);
+  if (!d)
+    return now;
+  long long stamp = now;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (strncmp(e->d_name, prefix, sizeof prefix - 1) != 0)
+      continue;
+    char *end;
+    long long t = strtoll(e->d_name + sizeof prefix - 1, &end, 10);
+    if (*end == '.' && t >= stamp)
+      stamp = t + 1;
+  }
+  closedir(d);
+  return stamp;
+}
+
 loom_status loom_tb_open(loom_tb **out, const char *dir) {
   *out = NULL;
   LOOM_TRY(loom_fs_mkdirs(dir, 0755));
@@ -141,7 +169,7 @@ loom_status loom_tb_open(loom_tb **out, const char *dir) {
   double now = loom_time_wall();
   int n = snprintf(w->path, sizeof w->path,
                    "%s/events.out.tfevents.%lld.%s.%d.loom", dir,
-                   (long long)now, host, (int)getpid());
+                   file_stamp(dir, (long long)now), host, (int)getpid());
   if (n < 0 || (size_t)n >= sizeof w->path) {
     loom_free(w);
     return loom_error(LOOM_ERR_INVALID_ARG,
@@ -165,6 +193,19 @@ loom_status loom_tb_open(loom_tb **out, const char *dir) {
 }
 
 const char *loom_tb_path(const loom_tb *w) { return w ? w->path : ""; }
+
+loom_status loom_tb_restart(loom_tb *w, int64_t step, double wall_time) {
+  if (!w || step < 0)
+    return loom_error(LOOM_ERR_INVALID_ARG, "tensorboard: bad arguments");
+  static const unsigned char start[] = {0x08, 0x01}; /* status = START */
+  w->len = 0;
+  w->overflow = false;
+  put_double(w, 1, wall_time);
+  put_key(w, 2, 0);
+  put_varint(w, (uint64_t)step);
+  put_bytes(w, 7, start, sizeof start);
+  return write_record(w);
+}
 
 loom_status loom_tb_scalars(loom_tb *w, int64_t step, double wall_time,
                             const char *const *tags, const float *values,

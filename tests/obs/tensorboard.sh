@@ -4,7 +4,8 @@
 # number of every metrics.jsonl line is a scalar of the same name at the
 # same step with the same wall time (equal in f32, to one f32 step), and
 # nothing else is there; a resumed
-# run adds a second file; 2 ranks write one file (rank 0); off by default.
+# run adds a second file, which purges the steps it logs again (a crash
+# after the last checkpoint); 2 ranks write one file (rank 0); off by default.
 # LOOM_NO_PYPI=1 skips the reading (no PyPI), saying so.
 . "$(dirname "$0")/../lib.sh"
 export LOOM_THREADS=1 OMP_NUM_THREADS=1 LOOM_LOG=warn
@@ -58,7 +59,7 @@ assert not extra, f"in TensorBoard, not in metrics.jsonl: {sorted(extra)[:5]}"
 tags = sorted({k for k, _ in want})
 print(f"{n} scalars, {len(tags)} tags ({', '.join(tags[:6])}, ...)")
 PY
-  if [ $? = 0 ]; then ok "$3: $(tail -1 "$tmp/check")"; else bad "$3: $(tail -3 "$tmp/check")"; fi
+  if [ $? = 0 ]; then ok "$3: $(tail -1 "$tmp/check")"; else bad "$3: $(tail -3 "$tmp/check" | tr "\n" " ")"; fi
 }
 
 "$LOOM" train "${gpt[@]}" --set train.steps=8 --set log.tensorboard=true \
@@ -73,6 +74,18 @@ grep -q '"val_loss"' "$tmp/a/metrics.jsonl" 2>/dev/null &&
   --set "log.run_dir=$tmp/a" --resume auto >"$tmp/out" 2>&1 ||
   { bad "resuming with log.tensorboard (rc $?)"; cat "$tmp/out"; }
 check "$tmp/a" 2 "resumed at step 8 to 12: two event files, all lines"
+
+# A crash after step 6 (checkpoint at 4): the resumed run logs step 6
+# again; its file starts with a restart at step 5 (SessionLog START), so
+# TensorBoard drops the first file's step 6 and each step is there once,
+# as in metrics.jsonl.
+LOOM_FAULT=0:7:segv "$LOOM" train "${gpt[@]}" --set train.steps=8 --set log.tensorboard=true \
+  --set "log.run_dir=$tmp/e" --resume never >"$tmp/out" 2>&1
+[ $? = 139 ] || bad "a segv at step 7 (rc $?)"
+"$LOOM" train "${gpt[@]}" --set train.steps=8 --set log.tensorboard=true \
+  --set "log.run_dir=$tmp/e" --resume auto >"$tmp/out" 2>&1 ||
+  { bad "resuming after the crash (rc $?)"; cat "$tmp/out"; }
+check "$tmp/e" 2 "crashed after step 6, resumed from 4: each step once"
 
 # Two ranks: rank 0 alone writes.
 run 2 train "${gpt[@]}" --set train.steps=4 --set log.tensorboard=true \
