@@ -235,6 +235,13 @@ typedef struct loom_mlflow_opts {
   size_t max_buffered; /* metric values kept while the server is away
                           (default 100000); beyond it the oldest are
                           dropped and counted */
+  /* A resumed training run (NULL or replay_to_step < 0: none): once the
+   * run is there, the lines of this metrics.jsonl up to replay_to_step
+   * are sent again, with their steps and times, for the values the server
+   * lacks (after its latest step of each key; all for a new run): what an
+   * earlier attempt queued and a crash or SIGKILL lost. */
+  const char *replay_jsonl;
+  int64_t replay_to_step;
 } loom_mlflow_opts;
 loom_mlflow_opts loom_mlflow_opts_default(void);
 /* Starts the sender thread; it finds or creates the experiment and creates

@@ -191,13 +191,21 @@ static void key(loom_metrics *m, const char *k) {
   append(m, "%s\"%s\":", m->len > 1 ? "," : "", k);
 }
 
-static void number(loom_metrics *m, double v) {
+/* Writes v; returns the number the line holds (v read back), which the
+ * other sinks get: a resumed run sends metrics.jsonl's values to MLflow
+ * again, and the server skips a value only when it is the same double. */
+static double number(loom_metrics *m, double v) {
+  char b[64];
   if (isfinite(v) && fabs(v) >= 1e6 && fabs(v) < 1e15)
-    append(m, "%.3f", v); /* times in Unix seconds keep their milliseconds */
+    snprintf(b, sizeof b, "%.3f", v); /* Unix seconds keep their ms */
   else if (isfinite(v))
-    append(m, "%.9g", v);
-  else
+    snprintf(b, sizeof b, "%.9g", v);
+  else {
     append(m, "null"); /* JSON has no NaN or infinity */
+    return v;
+  }
+  append(m, "%s", b);
+  return strtod(b, NULL);
 }
 
 void loom_metrics_int(loom_metrics *m, const char *k, int64_t v) {
@@ -207,9 +215,8 @@ void loom_metrics_int(loom_metrics *m, const char *k, int64_t v) {
 }
 
 void loom_metrics_num(loom_metrics *m, const char *k, double v) {
-  tb_note(m, k, v);
   key(m, k);
-  number(m, v);
+  tb_note(m, k, number(m, v));
 }
 
 void loom_metrics_nums(loom_metrics *m, const char *k, const double *v, int n) {

@@ -120,6 +120,11 @@ struct loom_mlflow {
   char *artifact_dir; /* the run's artifacts below the proxy's root, or NULL */
   atomic_bool have_run;
   char *resume_id; /* a run to go on with (opts.run_id), or NULL */
+  char *replay;    /* metrics.jsonl to send again (opts.replay_jsonl), or
+                      NULL once done */
+  int64_t replay_to;
+  kv *latest; /* the resumed run's metrics: key, its latest step */
+  size_t nlatest;
   void (*on_run)(const char *run_id, void *ctx);
   void *on_run_ctx;
 
@@ -667,6 +672,101 @@ static req_result create_run(loom_mlflow *m, double deadline, char *msg,
   return r;
 }
 
+/* What the server holds of each metric of a run going on: run.data.metrics
+ * of runs/get, each key with its latest step (MLflow's latest_metrics, the
+ * largest step). The sender sends a run's values in order, so the server
+ * has every value of a key up to that step. */
+static void note_latest(loom_mlflow *m, const cJSON *data) {
+  const cJSON *ms = cJSON_GetObjectItemCaseSensitive(data, "metrics");
+  int n = cJSON_GetArraySize(ms);
+  for (size_t i = 0; i < m->nlatest; i++)
+    free_kv(&m->latest[i]);
+  loom_free(m->latest);
+  m->nlatest = 0;
+  m->latest = n > 0 ? loom_calloc((size_t)n, sizeof *m->latest) : NULL;
+  const cJSON *x;
+  cJSON_ArrayForEach(x, ms) {
+    const cJSON *k = cJSON_GetObjectItemCaseSensitive(x, "key");
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(x, "step");
+    if (!m->latest || !cJSON_IsString(k))
+      continue;
+    /* int64 in protobuf's JSON: a string, or a number from some servers */
+    long long step = cJSON_IsString(st)   ? strtoll(st->valuestring, NULL, 10)
+                     : cJSON_IsNumber(st) ? (long long)st->valuedouble
+                                          : 0;
+    char num[24];
+    snprintf(num, sizeof num, "%lld", step);
+    kv *e = &m->latest[m->nlatest];
+    e->key = dup_str(k->valuestring);
+    e->value = dup_str(num);
+    if (!e->key || !e->value)
+      free_kv(e);
+    else
+      m->nlatest++;
+  }
+}
+
+/* The latest step the server holds of key (INT64_MIN: none). */
+static int64_t latest_step(const loom_mlflow *m, const char *key) {
+  for (size_t i = 0; i < m->nlatest; i++)
+    if (!strcmp(m->latest[i].key, key))
+      return strtoll(m->latest[i].value, NULL, 10);
+  return INT64_MIN;
+}
+
+/* A resumed training run: the metrics.jsonl lines up to the step it resumes
+ * from are queued again, with their steps and times, for the values the
+ * server lacks (those after its latest step of the key; all of them for a
+ * new run). They were queued by the earlier attempt, which a crash or
+ * loom run's SIGKILL may have ended before they were sent. */
+static void replay_lines(loom_mlflow *m) {
+  FILE *f = fopen(m->replay, "r");
+  if (!f) {
+    if (errno != ENOENT)
+      LOOM_WARN("mlflow: cannot read %s to send its values again: %s",
+                m->replay, strerror(errno));
+    return;
+  }
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t len;
+  uint64_t queued = 0;
+  while ((len = getline(&line, &cap, f)) > 0 && line[len - 1] == '\n') {
+    cJSON *j = cJSON_Parse(line);
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(j, "step");
+    const cJSON *tm = cJSON_GetObjectItemCaseSensitive(j, "time");
+    if (!cJSON_IsNumber(st)) {
+      cJSON_Delete(j);
+      continue;
+    }
+    int64_t step = (int64_t)st->valuedouble;
+    if (step > m->replay_to) { /* the abandoned timeline, or this attempt */
+      cJSON_Delete(j);
+      break;
+    }
+    double time = cJSON_IsNumber(tm) ? tm->valuedouble : 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, j) {
+      /* what loom_metrics_end sends: numbers, not the line's coordinates;
+       * null (a NaN or an infinity in the file) is not known again */
+      if (!cJSON_IsNumber(x) || !strcmp(x->string, "step") ||
+          !strcmp(x->string, "time") || !strcmp(x->string, "epoch") ||
+          !strcmp(x->string, "ranks") || step <= latest_step(m, x->string))
+        continue;
+      loom_mlflow_metric(m, x->string, x->valuedouble, step, time);
+      queued++;
+    }
+    cJSON_Delete(j);
+  }
+  free(line);
+  fclose(f);
+  if (queued)
+    LOOM_INFO("mlflow: %llu values of %s up to step %lld that run %s lacked "
+              "queued again",
+              (unsigned long long)queued, m->replay, (long long)m->replay_to,
+              m->run_id);
+}
+
 /* Goes on with an earlier run (a resumed training run): its experiment and
  * artifact place from runs/get, its status back to RUNNING. REQ_REFUSED
  * when the server does not know it (the caller then makes a new run). */
@@ -700,6 +800,8 @@ static req_result resume_run(loom_mlflow *m, double deadline, char *msg,
   snprintf(m->experiment_id, sizeof m->experiment_id, "%s", eid->valuestring);
   if (cJSON_IsString(uri))
     m->artifact_dir = artifact_dir(uri->valuestring);
+  note_latest(m, cJSON_GetObjectItemCaseSensitive(
+                     cJSON_GetObjectItemCaseSensitive(j, "run"), "data"));
   cJSON_Delete(j);
   cJSON *req = cJSON_CreateObject();
   cJSON_AddStringToObject(req, "run_id", m->run_id);
@@ -929,6 +1031,11 @@ static void *sender_main(void *arg) {
     }
     if (ready)
       batch_clear(b);
+    if (ready && m->replay) {
+      replay_lines(m);
+      loom_free(m->replay);
+      m->replay = NULL;
+    }
   }
   /* What b still holds stays counted in m->inflight: close reports it. */
   if (b) {
@@ -945,7 +1052,9 @@ loom_mlflow_opts loom_mlflow_opts_default(void) {
                         .experiment = "Default",
                         .run_name = NULL,
                         .timeout_s = 5,
-                        .max_buffered = 100000};
+                        .max_buffered = 100000,
+                        .replay_jsonl = NULL,
+                        .replay_to_step = -1};
   return o;
 }
 
@@ -975,6 +1084,10 @@ static void free_handle(loom_mlflow *m) {
   loom_free(m->experiment);
   loom_free(m->run_name);
   loom_free(m->resume_id);
+  loom_free(m->replay);
+  for (size_t i = 0; i < m->nlatest; i++)
+    free_kv(&m->latest[i]);
+  loom_free(m->latest);
   loom_free(m->artifact_dir);
   loom_free(m->resp.body);
   loom_free(m->user);
@@ -1029,12 +1142,18 @@ loom_status loom_mlflow_open(loom_mlflow **out, const loom_mlflow_opts *opts) {
   m->on_run = o.on_run;
   m->on_run_ctx = o.on_run_ctx;
   m->resume_id = o.run_id && o.run_id[0] ? dup_str(o.run_id) : NULL;
+  m->replay = o.replay_jsonl && o.replay_jsonl[0] && o.replay_to_step >= 0
+                  ? dup_str(o.replay_jsonl)
+                  : NULL;
+  m->replay_to = o.replay_to_step;
   m->user = user_name();
   m->timeout_ms = (long)ceil(o.timeout_s * 1000);
   m->max_buffered = o.max_buffered;
   m->curl = curl_easy_init();
   if (!m->uri || !m->experiment || (o.run_name && !m->run_name) || !m->user ||
-      !m->curl) {
+      !m->curl ||
+      (o.replay_jsonl && o.replay_jsonl[0] && o.replay_to_step >= 0 &&
+       !m->replay)) {
     free_handle(m);
     return loom_error(LOOM_ERR_NOMEM, "mlflow: out of memory opening '%s'",
                       uri);

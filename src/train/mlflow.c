@@ -2,7 +2,8 @@
  * configuration as parameters, tags for the job, every number of
  * metrics.jsonl through the metrics sink; at the end the report is written
  * and config.yaml, env.json and report.html go up as artifacts. A resumed
- * run goes on with the same MLflow run (RUN/mlflow_run_id). */
+ * run goes on with the same MLflow run (RUN/mlflow_run_id), and metrics.jsonl's
+ * lines up to the resume step are sent again for what the server lacks. */
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -86,6 +87,14 @@ loom_status loom_train_mlflow_open(loom_trainer *t) {
   o.run_id = resume;
   o.on_run = note_run;
   o.on_run_ctx = t;
+  /* What the earlier attempt logged up to the resume step, sent again for
+   * what the server lacks: a crash loses what was queued. */
+  char jsonl[LOOM_CONFIG_STR_MAX + 32];
+  snprintf(jsonl, sizeof jsonl, "%s/metrics.jsonl", lc->run_dir);
+  if (t->step > 0 && lc->metrics) {
+    o.replay_jsonl = jsonl;
+    o.replay_to_step = t->step;
+  }
   LOOM_TRY(loom_mlflow_open(&t->mlflow, &o));
   snprintf(t->mlflow_status, sizeof t->mlflow_status, "FAILED");
   if (!resume[0])

@@ -9,7 +9,10 @@
 #      (SIGKILL), values logged while it is down (the calls return at
 #      once), the server started again on the same port and store, more
 #      values; every step of the three phases is there once, with its
-#      value, and the run is FINISHED.
+#      value, and the run is FINISHED;
+#   3. loom train resumed and restarted under loom run: one run;
+#   4. rank 0 killed (segv) with values queued while the server was
+#      stopped, the job resumed: every value of metrics.jsonl there once.
 # mlflow_driver (tests/obs/mlflow_driver.c) does the logging. LOOM_NO_PYPI=1
 # skips it (no PyPI), saying so.
 . "$(dirname "$0")/../lib.sh"
@@ -220,5 +223,58 @@ print(f"1 run over a resume and a restart, {len(p)} params, {len(want)} metrics 
 PY
 if [ $? = 0 ]; then ok "loom train: $(tail -1 "$tmp/check3")"; else bad "loom train with log.mlflow: $(tail -8 "$tmp/check3")"; fi
 grep -q "restart" "$tmp/out3" && ok "the job was restarted" || bad "the job was not restarted: $(tail -3 "$tmp/out3")"
+
+# ------------------- 4. rank 0 dies with values queued, the job resumed
+# One rank, 0.4 s a step, a segv after step 10 (checkpoint at 8); once the
+# MLflow run exists the server is stopped (SIGSTOP), so what rank 0 logs
+# from then on waits in its queue and dies with it (exit 139; the run stays
+# RUNNING). The server goes on (SIGCONT) and the job is resumed from step
+# 8: it goes on with the same run and sends metrics.jsonl's lines up to
+# step 8 that the server lacks, with their times; every (key, step) of
+# metrics.jsonl is in MLflow exactly once, and the run is FINISHED.
+tr4=("${tr[@]}" --set "log.run_dir=$tmp/run4" --set log.mlflow.experiment=loom-crash
+  --set train.steps=12)
+LOOM_FAULT=0:1:slow:0.4,0:10:segv "$LOOM" train "${tr4[@]}" >"$tmp/out4" 2>&1 &
+job=$!
+for _ in $(seq 150); do
+  [ -s "$tmp/run4/mlflow_run_id" ] || ! kill -0 "$job" 2>/dev/null && break
+  sleep 0.1
+done
+made=$([ -s "$tmp/run4/mlflow_run_id" ] && cat "$tmp/run4/mlflow_run_id")
+kill -STOP -- -"$server"
+wait "$job"
+rc4=$?
+kill -CONT -- -"$server"
+[ $rc4 = 139 ] || bad "the segv after step 10 (rc $rc4): $(tail -3 "$tmp/out4")"
+# A request in flight at the crash reaches the server late: let it land.
+sleep 2
+"$LOOM" train "${tr4[@]}" >>"$tmp/out4" 2>&1 || bad "resuming after the crash (rc $?): $(tail -5 "$tmp/out4")"
+"$PY" - "$URI" "$tmp/run4" "$made" <<'PY' >"$tmp/check4" 2>&1
+import json, sys
+from mlflow import MlflowClient
+uri, run, made = sys.argv[1:4]
+c = MlflowClient(tracking_uri=uri)
+runs = c.search_runs([c.get_experiment_by_name("loom-crash").experiment_id])
+assert len(runs) == 1, f"{len(runs)} runs"
+r = runs[0]
+if made:
+    assert r.info.run_id == made, (r.info.run_id, made)
+assert r.info.status == "FINISHED", r.info.status
+want = {}
+for line in open(run + "/metrics.jsonl"):
+    o = json.loads(line)
+    for k, v in o.items():
+        if k in ("step", "epoch", "time", "ranks") or not isinstance(v, (int, float)) or isinstance(v, bool):
+            continue
+        want.setdefault(k, []).append((o["step"], float(v), round(o["time"] * 1000)))
+n = 0
+for k, vals in want.items():
+    got = sorted((m.step, m.value, m.timestamp) for m in c.get_metric_history(r.info.run_id, k))
+    assert got == sorted(vals), (k, "server", got, "metrics.jsonl", sorted(vals))
+    n += len(vals)
+how = "gone on with" if made else "made by the resumed job (none before the crash)"
+print(f"{n} values of {len(want)} metrics once each, exact, the run {how}, FINISHED")
+PY
+if [ $? = 0 ]; then ok "rank 0 crashed with values queued: $(tail -1 "$tmp/check4")"; else bad "rank 0 crashed with values queued: $(tail -4 "$tmp/check4")"; fi
 
 finish obs_mlflow
