@@ -1,7 +1,8 @@
 /* log.mlflow: rank 0's MLflow run. Opened with the metrics: the
  * configuration as parameters, tags for the job, every number of
- * metrics.jsonl through the metrics sink; at the end the report is written
- * and config.yaml, env.json and report.html go up as artifacts. A resumed
+ * metrics.jsonl through the metrics sink; at the end (finished, stopped or
+ * failed) the report is written and config.yaml, env.json and report.html
+ * go up as artifacts. A resumed
  * run goes on with the same MLflow run (RUN/mlflow_run_id), and metrics.jsonl's
  * lines up to the resume step are sent again for what the server lacks. */
 #include <stdio.h>
@@ -103,20 +104,35 @@ loom_status loom_train_mlflow_open(loom_trainer *t) {
   return LOOM_OK;
 }
 
-void loom_train_mlflow_finish(loom_trainer *t, bool finished) {
-  if (!t->mlflow)
-    return;
+/* RUN/report.html written, then config.yaml, env.json and report.html
+ * queued as artifacts. A failed run's files may be missing (it failed
+ * before writing them): said, not warned. */
+static void upload_artifacts(loom_trainer *t, bool failed) {
   const char *dir = t->cfg.log.run_dir;
   char path[LOOM_CONFIG_STR_MAX + 32];
   snprintf(path, sizeof path, "%s/report.html", dir);
-  if (loom_report_write(dir, path, NULL, NULL) != LOOM_OK)
-    LOOM_WARN("mlflow: the report for the artifacts: %s", loom_last_error());
+  if (loom_report_write(dir, path, NULL, NULL) != LOOM_OK) {
+    if (failed)
+      LOOM_INFO("mlflow: the report for the artifacts: %s", loom_last_error());
+    else
+      LOOM_WARN("mlflow: the report for the artifacts: %s", loom_last_error());
+  }
   static const char *const files[] = {"config.yaml", "env.json", "report.html"};
   for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
     snprintf(path, sizeof path, "%s/%s", dir, files[i]);
-    if (loom_mlflow_artifact(t->mlflow, path, files[i]) != LOOM_OK)
+    if (loom_mlflow_artifact(t->mlflow, path, files[i]) == LOOM_OK)
+      continue;
+    if (failed)
+      LOOM_INFO("mlflow: artifact %s: %s", files[i], loom_last_error());
+    else
       LOOM_WARN("mlflow: artifact %s: %s", files[i], loom_last_error());
   }
+}
+
+void loom_train_mlflow_finish(loom_trainer *t, bool finished) {
+  if (!t->mlflow)
+    return;
+  upload_artifacts(t, false);
   snprintf(t->mlflow_status, sizeof t->mlflow_status, "%s",
            finished ? "FINISHED" : "KILLED");
 }
@@ -124,6 +140,10 @@ void loom_train_mlflow_finish(loom_trainer *t, bool finished) {
 void loom_train_mlflow_close(loom_trainer *t) {
   if (!t->mlflow)
     return;
+  /* A failed run (finish never came: a diverged loss, an error) uploads
+   * what someone debugging it wants too: its config, env and report. */
+  if (!strcmp(t->mlflow_status, "FAILED"))
+    upload_artifacts(t, true);
   /* What is still queued has this long to reach the server. */
   loom_mlflow_close(t->mlflow, t->mlflow_status, 30);
   t->mlflow = NULL;

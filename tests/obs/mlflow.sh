@@ -12,7 +12,8 @@
 #      value, and the run is FINISHED;
 #   3. loom train resumed and restarted under loom run: one run;
 #   4. rank 0 killed (segv) with values queued while the server was
-#      stopped, the job resumed: every value of metrics.jsonl there once.
+#      stopped, the job resumed: every value of metrics.jsonl there once;
+#   5. a diverged run: FAILED, with its three artifacts.
 # mlflow_driver (tests/obs/mlflow_driver.c) does the logging. LOOM_NO_PYPI=1
 # skips it (no PyPI), saying so.
 . "$(dirname "$0")/../lib.sh"
@@ -276,5 +277,27 @@ how = "gone on with" if made else "made by the resumed job (none before the cras
 print(f"{n} values of {len(want)} metrics once each, exact, the run {how}, FINISHED")
 PY
 if [ $? = 0 ]; then ok "rank 0 crashed with values queued: $(tail -1 "$tmp/check4")"; else bad "rank 0 crashed with values queued: $(tail -4 "$tmp/check4")"; fi
+
+# ------------------------------------- 5. a diverged run's artifacts
+# optim.lr 1000 without clipping: "the loss is -nan", exit 1; the run is
+# FAILED and has config.yaml, env.json and report.html, as a finished one.
+"$LOOM" train "${tr[@]}" --set "log.run_dir=$tmp/run5" --set log.mlflow.experiment=loom-nan \
+  --set train.steps=12 --set optim.lr=1000 --set optim.grad_clip=0 >"$tmp/out5" 2>&1
+rc5=$?
+[ $rc5 = 1 ] && grep -q "training diverged" "$tmp/out5" ||
+  bad "lr 1000 did not diverge (rc $rc5): $(tail -3 "$tmp/out5")"
+"$PY" - "$URI" <<'PY' >"$tmp/check5" 2>&1
+import sys
+from mlflow import MlflowClient
+c = MlflowClient(tracking_uri=sys.argv[1])
+runs = c.search_runs([c.get_experiment_by_name("loom-nan").experiment_id])
+assert len(runs) == 1, f"{len(runs)} runs"
+r = runs[0]
+assert r.info.status == "FAILED", r.info.status
+arts = sorted(a.path for a in c.list_artifacts(r.info.run_id))
+assert arts == ["config.yaml", "env.json", "report.html"], arts
+print("FAILED, with config.yaml, env.json and report.html")
+PY
+if [ $? = 0 ]; then ok "diverged: $(tail -1 "$tmp/check5")"; else bad "diverged: $(tail -4 "$tmp/check5")"; fi
 
 finish obs_mlflow
