@@ -30,24 +30,36 @@ const rp_series *rp_find(const rp_run *r, const char *key) {
   return series_get((rp_run *)r, key, false);
 }
 
+/* Two arrays of n items (sizes a_size and b_size) grown to cap items
+ * together: both or, on failure, neither. */
+static bool grow_pair(void **a, size_t a_size, void **b, size_t b_size, int n,
+                      int cap) {
+  void *na = loom_malloc((size_t)cap * a_size);
+  void *nb = loom_malloc((size_t)cap * b_size);
+  if (!na || !nb) {
+    loom_free(na);
+    loom_free(nb);
+    return false;
+  }
+  if (n) {
+    memcpy(na, *a, (size_t)n * a_size);
+    memcpy(nb, *b, (size_t)n * b_size);
+  }
+  loom_free(*a);
+  loom_free(*b);
+  *a = na;
+  *b = nb;
+  return true;
+}
+
 static bool series_push(rp_series *s, double x, double y) {
   if (s->n == s->cap) {
     int cap = s->cap ? s->cap * 2 : 64;
-    double *nx = loom_malloc((size_t)cap * sizeof *nx);
-    double *ny = loom_malloc((size_t)cap * sizeof *ny);
-    if (!nx || !ny) {
-      loom_free(nx);
-      loom_free(ny);
+    void *px = s->x, *py = s->y;
+    if (!grow_pair(&px, sizeof *s->x, &py, sizeof *s->y, s->n, cap))
       return false;
-    }
-    if (s->n) {
-      memcpy(nx, s->x, (size_t)s->n * sizeof *nx);
-      memcpy(ny, s->y, (size_t)s->n * sizeof *ny);
-    }
-    loom_free(s->x);
-    loom_free(s->y);
-    s->x = nx;
-    s->y = ny;
+    s->x = px;
+    s->y = py;
     s->cap = cap;
   }
   s->x[s->n] = x;
@@ -111,21 +123,11 @@ static loom_status add_window(rp_run *r, const cJSON *o, double x,
                               const char *path) {
   if (r->nwin == r->win_cap) {
     int cap = r->win_cap ? 2 * r->win_cap : 64;
-    double *xs = loom_malloc((size_t)cap * sizeof *xs);
-    double(*w)[RP_WIN_N] = loom_malloc((size_t)cap * sizeof *w);
-    if (!xs || !w) {
-      loom_free(xs);
-      loom_free(w);
+    void *ps = r->win_step, *pw = r->win;
+    if (!grow_pair(&ps, sizeof *r->win_step, &pw, sizeof *r->win, r->nwin, cap))
       return loom_error(LOOM_ERR_NOMEM, "reading %s", path);
-    }
-    if (r->nwin) {
-      memcpy(xs, r->win_step, (size_t)r->nwin * sizeof *xs);
-      memcpy(w, r->win, (size_t)r->nwin * sizeof *w);
-    }
-    loom_free(r->win_step);
-    loom_free(r->win);
-    r->win_step = xs;
-    r->win = w;
+    r->win_step = ps;
+    r->win = pw;
     r->win_cap = cap;
   }
   r->win_step[r->nwin] = x;

@@ -5,23 +5,13 @@
 # A named TORCH_PYTHON without torch installs nothing.
 # python3, apt-get, pip, sudo and fuser are fakes on PATH: no network,
 # nothing installed.
-set -u
-SRC=${LOOM_SRC:-$(cd "$(dirname "$0")/../.." && pwd)}
+. "$(dirname "$0")/../lib.sh"
 ENSURE="$SRC/bench/torch/ensure_torch.sh"
-T=$(mktemp -d /tmp/loom_safety_bench.XXXXXX)
-trap 'rm -rf "$T"' EXIT
-passed=0
-failed=0
-check() {
+T=$tmp
+check() { # WHAT CMD...: ok when CMD succeeds
   local what=$1
   shift
-  if "$@"; then
-    echo "ok: $what"
-    passed=$((passed + 1))
-  else
-    echo "FAILED: $what"
-    failed=$((failed + 1))
-  fi
+  if "$@"; then ok "$what"; else bad "$what"; fi
 }
 mkdir "$T/bin"
 # python3 -m venv DIR: leaves a partial DIR behind and fails
@@ -122,5 +112,4 @@ pyenv "$T/new2/venv"
 check "ensure-pyenv, new path: fails" test $? -ne 0
 check "ensure-pyenv, new path: its partial venv removed" test ! -e "$T/new2/venv"
 
-echo "$passed passed, $failed failed"
-[ "$failed" = 0 ]
+finish safety_bench_torch
