@@ -116,6 +116,10 @@ loom_status loom_ckpt_write_file_atomic(const char *dir, const char *name,
 loom_status loom_ckpt_write_file_atomic_at(int dfd, const char *dir,
                                            const char *name, const void *data,
                                            size_t n);
+/* Opens a checkpoint file (manifest or shard) for reading; *fd is -1 on an
+ * error. Anything but a regular file is refused (LOOM_ERR_CORRUPT, "not a
+ * regular file"): the open does not wait for a FIFO's writer. */
+loom_status loom_ckpt_open_read(const char *path, int *fd);
 /* Reads exactly n bytes at off; LOOM_ERR_CORRUPT on a short file. */
 loom_status loom_ckpt_pread_all(int fd, void *buf, size_t n, int64_t off,
                                 const char *path);

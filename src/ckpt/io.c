@@ -398,18 +398,38 @@ loom_status loom_ckpt_pread_all(int fd, void *buf, size_t n, int64_t off,
   return LOOM_OK;
 }
 
-loom_status loom_ckpt_read_file(const char *path, size_t max, char **out,
-                                size_t *len) {
-  *out = NULL;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
+loom_status loom_ckpt_open_read(const char *path, int *fd) {
+  /* O_NONBLOCK: opening a FIFO for reading would wait for a writer. */
+  *fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (*fd < 0)
     return loom_error(errno == ENOENT ? LOOM_ERR_CORRUPT : LOOM_ERR_IO,
                       "%s: %s", path,
                       errno == ENOENT ? "missing" : strerror(errno));
   struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    close(fd);
+  if (fstat(*fd, &st) != 0) {
+    int e = errno;
+    close(*fd);
+    *fd = -1;
+    return loom_error(LOOM_ERR_IO, "%s: %s", path, strerror(e));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(*fd);
+    *fd = -1;
     return loom_error(LOOM_ERR_CORRUPT, "%s: not a regular file", path);
+  }
+  /* (O_NONBLOCK means nothing to a regular file's reads.) */
+  return LOOM_OK;
+}
+
+loom_status loom_ckpt_read_file(const char *path, size_t max, char **out,
+                                size_t *len) {
+  *out = NULL;
+  int fd;
+  LOOM_TRY(loom_ckpt_open_read(path, &fd));
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    close(fd);
+    return loom_error(LOOM_ERR_IO, "%s: %s", path, strerror(errno));
   }
   if ((uint64_t)st.st_size > max) {
     close(fd);

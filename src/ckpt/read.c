@@ -642,11 +642,8 @@ static loom_status check_file_meta(const loom_ckpt *c, int i, int *fd_out) {
   const rfile *f = &c->files[i];
   char path[CKPT_PATH_MAX];
   LOOM_TRY(file_path(c, i, path, sizeof path));
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return loom_error(errno == ENOENT ? LOOM_ERR_CORRUPT : LOOM_ERR_IO,
-                      "%s: %s", path,
-                      errno == ENOENT ? "missing" : strerror(errno));
+  int fd;
+  LOOM_TRY(loom_ckpt_open_read(path, &fd));
   loom_status st = LOOM_OK;
   struct stat sb;
   unsigned char head[CKPT_HEADER_BYTES], foot[CKPT_FOOTER_BYTES];
@@ -1011,13 +1008,7 @@ loom_status loom_ckpt_read_range(const loom_ckpt *c, const char *name,
         close(fd);
       fd_file = r->file;
       LOOM_TRY_GOTO(st, file_path(c, r->file, path, sizeof path), done);
-      fd = open(path, O_RDONLY | O_CLOEXEC);
-      if (fd < 0) {
-        st = loom_error(errno == ENOENT ? LOOM_ERR_CORRUPT : LOOM_ERR_IO,
-                        "%s: %s", path,
-                        errno == ENOENT ? "missing" : strerror(errno));
-        goto done;
-      }
+      LOOM_TRY_GOTO(st, loom_ckpt_open_read(path, &fd), done);
     }
     int64_t a = r->begin > begin ? r->begin : begin;
     int64_t z = r->begin + r->count < end ? r->begin + r->count : end;

@@ -516,8 +516,9 @@ static loom_status read_summary(const loom_ckpt_writer *w, int rank,
                                 shard_summary *s) {
   char path[CKPT_PATH_MAX];
   LOOM_TRY(shard_path(path, sizeof path, w->tmp, rank));
+  /* O_NONBLOCK: a FIFO in its place must not hold the commit. */
   int fd = openat(w->tmp_fd, strrchr(path, '/') + 1,
-                  O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+                  O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0)
     return loom_error(
         LOOM_ERR_IO, "%s: %s (did rank %d write its shard?)", path,
@@ -531,6 +532,10 @@ static loom_status read_summary(const loom_ckpt_writer *w, int rank,
   ckpt_footer f;
   if (fstat(fd, &sb) != 0) {
     st = loom_error(LOOM_ERR_IO, "%s: %s", path, strerror(errno));
+    goto done;
+  }
+  if (!S_ISREG(sb.st_mode)) {
+    st = loom_error(LOOM_ERR_CORRUPT, "%s: not a regular file", path);
     goto done;
   }
   s->bytes = (int64_t)sb.st_size;

@@ -81,6 +81,30 @@ run "$LOOM" ckpt verify "$R"
 check "missing latest exits 1" test "$rc" -eq 1
 check "missing latest named" has "$R/latest: missing"
 
+# A FIFO or a directory in place of a checkpoint file: "not a regular
+# file", never a read that waits for a writer (timeout turns a hang into a
+# failed check).
+for what in fifo dir; do
+  for f in shard_00000.bin manifest.json; do
+    C=$T/$what-$f
+    "$SAMPLE" "$C" 100 1 || exit 1
+    rm "$C/step_00000100/$f"
+    if [ $what = fifo ]; then mkfifo "$C/step_00000100/$f"; else mkdir "$C/step_00000100/$f"; fi
+    for cmd in "verify" "inspect" "inspect --no-verify"; do
+      # shellcheck disable=SC2086
+      run timeout 10 "$LOOM" ckpt $cmd "$C/step_00000100"
+      check "$what as $f: $cmd exits 1" test "$rc" -eq 1
+      check "$what as $f: $cmd names it" has "$C/step_00000100/$f: not a regular file"
+    done
+    run timeout 10 "$LOOM" ckpt verify "$C"
+    check "$what as $f: verify of the directory exits 1" test "$rc" -eq 1
+    check "$what as $f: verify of the directory names it" has "$C/step_00000100/$f: not a regular file"
+    # inspect of the directory searches as `loom train --resume auto` does
+    run timeout 10 "$LOOM" ckpt inspect "$C"
+    check "$what as $f: the resume search passes over it" has "step_00000100 is not usable"
+  done
+done
+
 # A step directory whose manifest says another step (copied or renamed by
 # hand): BAD in verify, as training passes over it.
 "$SAMPLE" "$T/mv" 100 1 || exit 1
