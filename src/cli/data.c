@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
 #include "loom/data.h"
@@ -197,7 +198,8 @@ static void shard_help(FILE *f) {
           "version %d,\n"
           "uint16 tokens, one per byte), so byte-level text can go through "
           "the\n"
-          "shard reader or to llm.c.\n",
+          "shard reader or to llm.c. OUT must not be IN (the same file by\n"
+          "any name: exit 2).\n",
           LOOM_SHARD_MAGIC_U16, LOOM_SHARD_VERSION_U16);
 }
 
@@ -217,6 +219,17 @@ static int cmd_shard(int argc, char **argv) {
   }
   if (!in || !out) {
     shard_help(stderr);
+    return LOOM_EXIT_USAGE;
+  }
+  /* OUT replaces the file it names: when that is IN (the same name, a hard
+   * link, or a symbolic link to it), the text would be lost. */
+  struct stat si, so;
+  if (stat(in, &si) == 0 && stat(out, &so) == 0 && si.st_dev == so.st_dev &&
+      si.st_ino == so.st_ino) {
+    fprintf(stderr,
+            "loom data shard: %s is the same file as %s: writing the shard "
+            "there would destroy the input; name another OUT\n",
+            out, in);
     return LOOM_EXIT_USAGE;
   }
   /* The text reader: a FIFO, a directory or a missing file is an error

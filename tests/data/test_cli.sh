@@ -78,6 +78,18 @@ check "shard: link output" test "$(rc_of "$LOOM" data shard "$tmp/t.txt" "$tmp/l
 check "shard: link target untouched" test "$(cat "$tmp/target")" = keep
 check "shard: link replaced by the shard" test "$(stat -c %s "$tmp/link.bin")" = $((1024 + 2 * 24))
 check "shard: link replacement reported" grep -q "link.bin was a symbolic link" "$tmp/err"
+# shard: OUT naming IN itself (same name, hard link, symbolic link) is
+# refused before anything is written: the input was overwritten with rc 0
+printf 'keep this text\n' >"$tmp/same.txt"
+ln "$tmp/same.txt" "$tmp/same-hard.bin"
+ln -s "$tmp/same.txt" "$tmp/same-sym.bin"
+for o in same.txt same-hard.bin same-sym.bin; do
+  check "shard: OUT $o is IN: exit 2" \
+    test "$(rc_of "$LOOM" data shard "$tmp/same.txt" "$tmp/$o")" = 2
+  check "shard: OUT $o is IN: named" grep -q "$o is the same file as $tmp/same.txt" "$tmp/err"
+  check "shard: OUT $o is IN: input kept" test "$(cat "$tmp/same.txt")" = "keep this text"
+done
+check "shard: OUT is IN: symbolic link kept" test -L "$tmp/same-sym.bin"
 left=$(find "$tmp" -maxdepth 1 -name '*.tmp.*')
 check "shard: no temporary left" test -z "$left"
 
