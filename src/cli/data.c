@@ -1,5 +1,6 @@
 /* loom data: prepare data sets (the KJV text), describe data files, write
  * llm.c token shards, measure the loader. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -199,7 +200,7 @@ static void shard_help(FILE *f) {
           "uint16 tokens, one per byte), so byte-level text can go through "
           "the\n"
           "shard reader or to llm.c. OUT must not be IN (the same file by\n"
-          "any name: exit 2).\n",
+          "any name: exit 2); its directory must exist (exit 1 when not).\n",
           LOOM_SHARD_MAGIC_U16, LOOM_SHARD_VERSION_U16);
 }
 
@@ -231,6 +232,29 @@ static int cmd_shard(int argc, char **argv) {
             "there would destroy the input; name another OUT\n",
             out, in);
     return LOOM_EXIT_USAGE;
+  }
+  /* OUT's directory must be there: a mistyped path is an error naming it,
+   * not a tree of new directories (loom_shard_write would create them). */
+  char parent[4096];
+  const char *slash = strrchr(out, '/');
+  int pn = !slash         ? snprintf(parent, sizeof parent, ".")
+           : slash == out ? snprintf(parent, sizeof parent, "/")
+                          : snprintf(parent, sizeof parent, "%.*s",
+                                     (int)(slash - out), out);
+  struct stat sp;
+  if (pn > 0 && (size_t)pn < sizeof parent) {
+    int r = stat(parent, &sp);
+    if (r != 0 && errno == ENOENT) {
+      loom_error(LOOM_ERR_IO,
+                 "%s: its directory %s does not exist (loom data shard "
+                 "creates no directories)",
+                 out, parent);
+      return fail("shard");
+    }
+    if ((r != 0 && errno == ENOTDIR) || (r == 0 && !S_ISDIR(sp.st_mode))) {
+      loom_error(LOOM_ERR_IO, "%s: %s is not a directory", out, parent);
+      return fail("shard");
+    }
   }
   /* The text reader: a FIFO, a directory or a missing file is an error
    * naming it and why, never a hang or an empty shard. */

@@ -210,8 +210,8 @@ loom_status loom_fs_write_atomic_at(int dfd, const char *dir, const char *name,
   int fd =
       fault_now(fault) ? -1 : loom_fs_open_write_at(dfd, tname, O_TRUNC, 0644);
   if (fd < 0)
-    return loom_error(LOOM_ERR_IO, "%s: cannot create: %s", tmp,
-                      loom_fs_strerror(errno));
+    return loom_error(LOOM_ERR_IO, "%s/%s: cannot create its temporary %s: %s",
+                      dir, name, tmp, loom_fs_strerror(errno));
   const char *what = NULL;
   if (fault_now(fault) || write_all(fd, data, len) != 0)
     what = "write";
@@ -233,7 +233,8 @@ loom_status loom_fs_write_atomic_at(int dfd, const char *dir, const char *name,
   }
   if (what) {
     loom_fs_discard(dfd, tname);
-    return loom_error(LOOM_ERR_IO, "%s: %s failed: %s", tmp, what, strerror(e));
+    return loom_error(LOOM_ERR_IO, "%s/%s: %s of its temporary %s failed: %s",
+                      dir, name, what, tmp, strerror(e));
   }
   struct stat lst;
   bool there = fstatat(dfd, name, &lst, AT_SYMLINK_NOFOLLOW) == 0;
@@ -249,8 +250,9 @@ loom_status loom_fs_write_atomic_at(int dfd, const char *dir, const char *name,
   if (fault_now(fault) || renameat(dfd, tname, dfd, name) != 0) {
     e = errno;
     loom_fs_discard(dfd, tname);
-    return loom_error(LOOM_ERR_IO, "%s: cannot rename to %s/%s: %s", tmp, dir,
-                      name, strerror(e));
+    return loom_error(LOOM_ERR_IO,
+                      "%s/%s: cannot rename its temporary %s to it: %s", dir,
+                      name, tmp, strerror(e));
   }
   if (was_link)
     LOOM_WARN("%s/%s was a symbolic link: replaced by a file, what it "

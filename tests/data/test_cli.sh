@@ -90,6 +90,22 @@ for o in same.txt same-hard.bin same-sym.bin; do
   check "shard: OUT $o is IN: input kept" test "$(cat "$tmp/same.txt")" = "keep this text"
 done
 check "shard: OUT is IN: symbolic link kept" test -L "$tmp/same-sym.bin"
+# shard: OUT's directory must exist (it was created, even /nonexist at the
+# root), and a write that fails names OUT, not only its temporary
+check "shard: missing directory: exit 1" \
+  test "$(rc_of "$LOOM" data shard "$tmp/t.txt" "$tmp/nodir/sub/o.bin")" = 1
+check "shard: missing directory named" \
+  grep -q "^loom data shard: $tmp/nodir/sub/o.bin: its directory $tmp/nodir/sub does not exist" "$tmp/err"
+check "shard: missing directory not created" test ! -e "$tmp/nodir"
+check "shard: a file as directory: exit 1" \
+  test "$(rc_of "$LOOM" data shard "$tmp/t.txt" "$tmp/t.txt/o.bin")" = 1
+check "shard: a file as directory named" grep -q "o.bin: $tmp/t.txt is not a directory" "$tmp/err"
+if [ -d /proc/self ]; then
+  check "shard: uncreatable OUT: exit 1" \
+    test "$(rc_of "$LOOM" data shard "$tmp/t.txt" /proc/loom-test.bin)" = 1
+  check "shard: uncreatable OUT named" \
+    grep -q "^loom data shard: /proc/loom-test.bin: cannot create its temporary" "$tmp/err"
+fi
 left=$(find "$tmp" -maxdepth 1 -name '*.tmp.*')
 check "shard: no temporary left" test -z "$left"
 
