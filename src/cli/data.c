@@ -120,6 +120,20 @@ static bool ends_with(const char *s, const char *suffix) {
   return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
+/* The reader a data file goes to, as `loom data info` and `loom data bench`
+ * choose it. The content decides; a name that promises a shard or an IDX
+ * file whose content has neither magic goes to that reader for its error
+ * (wrong magic), not to the text reader. */
+static loom_status data_file_kind(const char *path, loom_data_file *kind) {
+  LOOM_TRY(loom_data_file_detect(path, kind));
+  if (*kind == LOOM_DATA_FILE_TEXT && ends_with(path, ".bin"))
+    *kind = LOOM_DATA_FILE_SHARD;
+  else if (*kind == LOOM_DATA_FILE_TEXT &&
+           (ends_with(path, ".gz") || ends_with(path, "-ubyte")))
+    *kind = LOOM_DATA_FILE_IDX;
+  return LOOM_OK;
+}
+
 static int cmd_info(int argc, char **argv) {
   const char *path = NULL;
   int64_t T = 128;
@@ -142,16 +156,8 @@ static int cmd_info(int argc, char **argv) {
     return LOOM_EXIT_USAGE;
   }
   loom_data_file kind;
-  if (loom_data_file_detect(path, &kind) != LOOM_OK)
+  if (data_file_kind(path, &kind) != LOOM_OK)
     return fail("info");
-  /* The content decides; a name that promises a shard or an IDX file
-   * whose content has neither magic goes to that reader for its error
-   * (wrong magic), not to the text reader. */
-  if (kind == LOOM_DATA_FILE_TEXT && ends_with(path, ".bin"))
-    kind = LOOM_DATA_FILE_SHARD;
-  else if (kind == LOOM_DATA_FILE_TEXT &&
-           (ends_with(path, ".gz") || ends_with(path, "-ubyte")))
-    kind = LOOM_DATA_FILE_IDX;
   if (kind == LOOM_DATA_FILE_SHARD) {
     loom_shard s;
     if (loom_shard_open(path, &s) != LOOM_OK)
@@ -298,7 +304,10 @@ static void bench_help(FILE *f) {
           "milliseconds (default 2) with K batches prefetched (default 2).\n"
           "Defaults: fashion (Fashion-MNIST train, batch 128) or kjv "
           "(data/kjv.txt,\n"
-          "batch 32 x 128 bytes); N = 200 batches.\n");
+          "batch 32 x 128 bytes); N = 200 batches. With kjv, P may also be "
+          "an\n"
+          "llm.c token shard (.bin), read by the shard reader as in 'loom "
+          "data info'.\n");
 }
 
 static void spin_for(double seconds) {
@@ -349,7 +358,21 @@ static int cmd_bench(int argc, char **argv) {
         return fail("bench");
       path = kjv;
     }
-    st = loom_dataset_open_text(&ds, path, LOOM_SPLIT_TRAIN, NULL);
+    /* A token shard goes to the shard reader, as in `loom data info`;
+     * read as text, a damaged shard was "benchmarked". */
+    loom_data_file kind;
+    if (data_file_kind(path, &kind) != LOOM_OK)
+      return fail("bench");
+    if (kind == LOOM_DATA_FILE_IDX) {
+      loom_error(LOOM_ERR_INVALID_ARG,
+                 "%s: an IDX file, not text or a token shard (--data fashion "
+                 "reads IDX files from a directory)",
+                 path);
+      return fail("bench");
+    }
+    st = kind == LOOM_DATA_FILE_SHARD
+             ? loom_dataset_open_shards(&ds, path, NULL)
+             : loom_dataset_open_text(&ds, path, LOOM_SPLIT_TRAIN, NULL);
     if (!batch)
       batch = 32;
   } else {

@@ -50,6 +50,19 @@ head -c 1000 "$tmp/t.bin" >"$tmp/cut.bin"
 check "info on a truncated shard: exit 1" test "$(rc_of "$LOOM" data info "$tmp/cut.bin")" = 1
 check "truncated shard named" grep -q "cut.bin: truncated" "$tmp/err"
 
+# bench --data kjv on a token shard uses the shard reader, as info does: a
+# truncated shard is an error (it was read as text and "benchmarked", rc 0)
+seq 1 1000 >"$tmp/long.txt"
+check "shard of long.txt" test "$(rc_of "$LOOM" data shard "$tmp/long.txt" "$tmp/long.bin")" = 0
+check "bench on a shard" \
+  test "$(rc_of "$LOOM" data bench --data kjv --path "$tmp/long.bin" --batch 2 --batches 3 --compute 1)" = 0
+head -c 2000 "$tmp/long.bin" >"$tmp/long-cut.bin"
+check "bench on a truncated shard: exit 1" \
+  test "$(rc_of "$LOOM" data bench --data kjv --path "$tmp/long-cut.bin" --batch 2 --batches 3 --compute 1)" = 1
+check "bench: truncated shard named" grep -q "^loom data bench: $tmp/long-cut.bin: truncated" "$tmp/err"
+check "bench on text" \
+  test "$(rc_of "$LOOM" data bench --data kjv --path "$tmp/long.txt" --batch 2 --batches 3 --compute 1)" = 0
+
 # shard: an input that is not a regular file is refused (a FIFO blocked
 # forever, a directory made an empty shard), a missing one says why; the
 # output is never a device, pipe or directory, nor written through a link
