@@ -189,8 +189,9 @@ loom_status loom_fashion_bytes(const char *dir, loom_split split,
  * (seed, epoch), so the windows do not overlap within an epoch and their
  * boundaries move between epochs; N = floor(n/T) - 1 for a segment of n
  * tokens. Without it off = 0 and N = floor((n-1)/T) (evaluation). */
+#define LOOM_TEXT_MAX_CONTEXT ((int64_t)1 << 24)
 typedef struct loom_text_opts {
-  int64_t context;     /* T (default 128) */
+  int64_t context;     /* T (default 128), in [1, LOOM_TEXT_MAX_CONTEXT] */
   double val_fraction; /* text: the last round(n*f) bytes are val (0.1) */
   bool random_offset;  /* train split only; val is always offset 0 (true) */
   uint64_t seed;       /* keys the epoch offsets (0) */
@@ -305,10 +306,12 @@ loom_status loom_sampler_global_batch(const loom_sampler *s, int64_t b,
 /* A loader owns a sampler and a thread that fills the next batches into a
  * ring of buffers while the caller computes. The sequence of batches
  * depends only on (data set, options, position), never on thread timing. */
+#define LOOM_LOADER_MAX_PREFETCH 64
 typedef struct loom_loader_opts {
   loom_sampler_opts sampler;
-  int prefetch; /* batches prepared ahead (default 2); 0: no thread, each
-                   batch is made inside loom_loader_next */
+  int prefetch; /* batches prepared ahead (default 2, at most
+                   LOOM_LOADER_MAX_PREFETCH); 0: no thread, each batch is
+                   made inside loom_loader_next */
 } loom_loader_opts;
 loom_loader_opts loom_loader_opts_default(void);
 

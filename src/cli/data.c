@@ -21,15 +21,26 @@ static int usage_error(const char *cmd, const char *what, const char *arg) {
   return LOOM_EXIT_USAGE;
 }
 
+/* "loom data CMD: OPT needs an integer in [LO, HI], not 'ARG'" (exit 2). */
+static int range_error(const char *cmd, const char *opt, const char *arg,
+                       int64_t lo, int64_t hi) {
+  char what[128];
+  snprintf(what, sizeof what, "%s needs an integer in [%lld, %lld], not", opt,
+           (long long)lo, (long long)hi);
+  return usage_error(cmd, what, arg);
+}
+
 static bool is_help(const char *a) {
   return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0;
 }
 
-/* Parses a positive integer option value; false on junk. */
-static bool parse_pos(const char *s, int64_t *out) {
+/* Parses an integer option value in [lo, hi]; false on junk, on a value
+ * out of range, and on one too large for int64 (not clamped). */
+static bool parse_int_in(const char *s, int64_t lo, int64_t hi, int64_t *out) {
   char *end = NULL;
+  errno = 0;
   long long v = strtoll(s, &end, 10);
-  if (!s[0] || *end || v < 1)
+  if (!s[0] || *end || errno == ERANGE || v < lo || v > hi)
     return false;
   *out = v;
   return true;
@@ -109,10 +120,10 @@ static void info_help(FILE *f) {
              "token shard\n"
              "(.bin), or a text file read as bytes (with its train/val split "
              "and the\n"
-             "number of windows of T+1 bytes; T defaults to 128). The kind "
-             "comes from\n"
-             "the file's first bytes (gzip, IDX or shard magic; else text), "
-             "not its name.\n");
+             "number of windows of T+1 bytes; T in [1, 2^24], default 128).\n"
+             "The kind comes from the file's first bytes (gzip, IDX or shard "
+             "magic;\n"
+             "else text), not its name.\n");
 }
 
 static bool ends_with(const char *s, const char *suffix) {
@@ -142,9 +153,9 @@ static int cmd_info(int argc, char **argv) {
       info_help(stdout);
       return LOOM_EXIT_OK;
     } else if (strcmp(argv[i], "--context") == 0 && i + 1 < argc) {
-      if (!parse_pos(argv[++i], &T))
-        return usage_error("info", "--context needs a positive integer, not",
-                           argv[i]);
+      if (!parse_int_in(argv[++i], 1, LOOM_TEXT_MAX_CONTEXT, &T))
+        return range_error("info", "--context", argv[i], 1,
+                           LOOM_TEXT_MAX_CONTEXT);
     } else if (argv[i][0] == '-' || path) {
       return usage_error("info", "unexpected argument", argv[i]);
     } else {
@@ -301,14 +312,22 @@ static void bench_help(FILE *f) {
           "(prefetch 0),\n"
           "then the time a step waits for data when each step computes for "
           "MS\n"
-          "milliseconds (default 2) with K batches prefetched (default 2).\n"
+          "milliseconds (default 2; fractions allowed, in [0, 60000]) with K "
+          "batches\n"
+          "prefetched (default 2, in [0, %d]).\n"
           "Defaults: fashion (Fashion-MNIST train, batch 128) or kjv "
           "(data/kjv.txt,\n"
-          "batch 32 x 128 bytes); N = 200 batches. With kjv, P may also be "
-          "an\n"
-          "llm.c token shard (.bin), read by the shard reader as in 'loom "
-          "data info'.\n");
+          "batch 32 x 128 bytes); N = 200 batches; B and N in [1, 2^30].\n"
+          "With kjv, P may also be an llm.c token shard (.bin), read by the "
+          "shard\n"
+          "reader as in 'loom data info'.\n",
+          LOOM_LOADER_MAX_PREFETCH);
 }
+
+/* Upper bounds of bench's options: sanity, not capacity (the sampler takes
+ * batches up to 2^40). */
+#define BENCH_MAX_COUNT ((int64_t)1 << 30)
+#define BENCH_MAX_COMPUTE_MS 60000.0
 
 static void spin_for(double seconds) {
   double end = loom_time_now() + seconds;
@@ -319,30 +338,45 @@ static void spin_for(double seconds) {
 
 static int cmd_bench(int argc, char **argv) {
   const char *data = "fashion", *path = NULL;
-  int64_t batch = 0, batches = 200, prefetch = 2, compute_ms = 2;
+  int64_t batch = 0, batches = 200, prefetch = 2;
+  double compute_ms = 2;
   for (int i = 1; i < argc; i++) {
-    int64_t *dst = NULL;
     if (is_help(argv[i])) {
       bench_help(stdout);
       return LOOM_EXIT_OK;
-    } else if (strcmp(argv[i], "--data") == 0 && i + 1 < argc) {
-      data = argv[++i];
-      continue;
-    } else if (strcmp(argv[i], "--path") == 0 && i + 1 < argc) {
-      path = argv[++i];
-      continue;
-    } else if (strcmp(argv[i], "--batch") == 0) {
-      dst = &batch;
-    } else if (strcmp(argv[i], "--batches") == 0) {
-      dst = &batches;
-    } else if (strcmp(argv[i], "--prefetch") == 0) {
-      dst = &prefetch;
-    } else if (strcmp(argv[i], "--compute") == 0) {
-      dst = &compute_ms;
     }
-    if (!dst || i + 1 >= argc || !parse_pos(argv[i + 1], dst))
-      return usage_error("bench", "bad or incomplete option", argv[i]);
-    i++;
+    const char *o = argv[i];
+    if (strcmp(o, "--data") != 0 && strcmp(o, "--path") != 0 &&
+        strcmp(o, "--batch") != 0 && strcmp(o, "--batches") != 0 &&
+        strcmp(o, "--prefetch") != 0 && strcmp(o, "--compute") != 0)
+      return usage_error("bench", "unknown option", o);
+    if (i + 1 >= argc)
+      return usage_error("bench", "a value is missing after", o);
+    const char *v = argv[++i];
+    if (strcmp(o, "--data") == 0) {
+      data = v;
+    } else if (strcmp(o, "--path") == 0) {
+      path = v;
+    } else if (strcmp(o, "--batch") == 0) {
+      if (!parse_int_in(v, 1, BENCH_MAX_COUNT, &batch))
+        return range_error("bench", o, v, 1, BENCH_MAX_COUNT);
+    } else if (strcmp(o, "--batches") == 0) {
+      if (!parse_int_in(v, 1, BENCH_MAX_COUNT, &batches))
+        return range_error("bench", o, v, 1, BENCH_MAX_COUNT);
+    } else if (strcmp(o, "--prefetch") == 0) {
+      if (!parse_int_in(v, 0, LOOM_LOADER_MAX_PREFETCH, &prefetch))
+        return range_error("bench", o, v, 0, LOOM_LOADER_MAX_PREFETCH);
+    } else {
+      char *end = NULL;
+      errno = 0;
+      compute_ms = strtod(v, &end);
+      if (!v[0] || *end || errno == ERANGE || !(compute_ms >= 0) ||
+          compute_ms > BENCH_MAX_COMPUTE_MS)
+        return usage_error("bench",
+                           "--compute needs milliseconds in [0, "
+                           "60000] (fractions allowed), not",
+                           v);
+    }
   }
   loom_dataset *ds = NULL;
   loom_status st;
@@ -400,7 +434,7 @@ static int cmd_bench(int argc, char **argv) {
         break;
       }
       if (pass == 1)
-        spin_for((double)compute_ms * 1e-3);
+        spin_for(compute_ms * 1e-3);
     }
     double dt = loom_time_now() - t0;
     if (rc == LOOM_EXIT_OK) {
@@ -410,10 +444,9 @@ static int cmd_bench(int argc, char **argv) {
                data, (long long)batch, (double)batches / dt,
                (double)(batches * batch) / dt, 1e3 * dt / (double)batches);
       else
-        printf("%s: batch %lld, prefetch %lld, %lld ms compute per step: "
+        printf("%s: batch %lld, prefetch %lld, %g ms compute per step: "
                "data wait %.4f ms per step (%.2f%% of the step)\n",
-               data, (long long)batch, (long long)prefetch,
-               (long long)compute_ms,
+               data, (long long)batch, (long long)prefetch, compute_ms,
                1e3 * loom_loader_wait_total(l) / (double)batches,
                100.0 * loom_loader_wait_total(l) / dt);
     }

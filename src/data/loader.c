@@ -6,8 +6,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#define LOADER_MAX_PREFETCH 64
-
 typedef struct slot {
   loom_batch b;
   loom_status st; /* of the fill; an error travels to the caller */
@@ -152,10 +150,10 @@ loom_status loom_loader_new(loom_loader **out, const loom_dataset *ds,
     return loom_error(LOOM_ERR_INVALID_ARG, "loom_loader_new: NULL argument");
   *out = NULL;
   loom_loader_opts o = opts ? *opts : loom_loader_opts_default();
-  if (o.prefetch < 0 || o.prefetch > LOADER_MAX_PREFETCH)
+  if (o.prefetch < 0 || o.prefetch > LOOM_LOADER_MAX_PREFETCH)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "loader: prefetch %d out of range [0, %d]", o.prefetch,
-                      LOADER_MAX_PREFETCH);
+                      LOOM_LOADER_MAX_PREFETCH);
   loom_loader *l = loom_calloc(1, sizeof *l);
   if (!l)
     return LOOM_ERR_NOMEM;

@@ -205,7 +205,7 @@ static loom_status setup_windows(loom_dataset *ds, const char *what) {
 }
 
 static loom_status check_text_opts(const loom_text_opts *o) {
-  if (o->context < 1 || o->context > (1 << 24))
+  if (o->context < 1 || o->context > LOOM_TEXT_MAX_CONTEXT)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "context length %lld out of range [1, 2^24]",
                       (long long)o->context);

@@ -63,6 +63,32 @@ check "bench: truncated shard named" grep -q "^loom data bench: $tmp/long-cut.bi
 check "bench on text" \
   test "$(rc_of "$LOOM" data bench --data kjv --path "$tmp/long.txt" --batch 2 --batches 3 --compute 1)" = 0
 
+# option values out of range are usage errors (exit 2) naming the value as
+# given and the range, before any work: --context 99999999999999999999 was
+# clamped to 2^63-1 (exit 1), --prefetch 100000000 failed after a first pass
+# (exit 1), --compute 0.5 was refused though the help did not ask for an
+# integer
+check "info --context too large: exit 2" \
+  test "$(rc_of "$LOOM" data info "$tmp/long.txt" --context 99999999999999999999)" = 2
+check "info --context too large: named as given" \
+  grep -q -- "--context needs an integer in \[1, 16777216\], not '99999999999999999999'" "$tmp/err"
+check "info --context -5: exit 2" test "$(rc_of "$LOOM" data info "$tmp/long.txt" --context -5)" = 2
+check "bench --prefetch 100000000: exit 2" \
+  test "$(rc_of "$LOOM" data bench --data kjv --path "$tmp/long.txt" --batch 2 --batches 3 --prefetch 100000000)" = 2
+check "bench --prefetch: the range named" \
+  grep -q -- "--prefetch needs an integer in \[0, 64\], not '100000000'" "$tmp/err"
+check "bench --prefetch: nothing run" test ! -s "$tmp/out"
+check "bench --prefetch 0" \
+  test "$(rc_of "$LOOM" data bench --data kjv --path "$tmp/long.txt" --batch 2 --batches 3 --prefetch 0 --compute 1)" = 0
+check "bench --compute 0.5" \
+  test "$(rc_of "$LOOM" data bench --data kjv --path "$tmp/long.txt" --batch 2 --batches 3 --compute 0.5)" = 0
+check "bench --compute 0.5 reported" grep -q "prefetch 2, 0.5 ms compute per step" "$tmp/out"
+check "bench --compute -1: exit 2" \
+  test "$(rc_of "$LOOM" data bench --data kjv --path "$tmp/long.txt" --compute -1)" = 2
+check "bench --compute -1 named" grep -q -- "--compute needs milliseconds in \[0, 60000\]" "$tmp/err"
+check "bench --batches too large: exit 2" \
+  test "$(rc_of "$LOOM" data bench --data kjv --path "$tmp/long.txt" --batches 99999999999999999999)" = 2
+
 # shard: an input that is not a regular file is refused (a FIFO blocked
 # forever, a directory made an empty shard), a missing one says why; the
 # output is never a device, pipe or directory, nor written through a link
