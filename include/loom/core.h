@@ -353,6 +353,9 @@ double loom_time_wall(void);
  * these calls (it means "not set"; LLVM's libomp aborts on it). */
 int loom_threads(void);
 void loom_set_threads(int n);
+/* The largest thread count loom takes (LOOM_THREADS, train.threads, the
+ * benches' --threads). */
+#define LOOM_THREADS_MAX 4096
 /* Rank local_rank of local_size ranks on one host: when the thread count
  * was not chosen (neither LOOM_THREADS nor loom_set_threads) and the ranks
  * were not bound to disjoint cores, they divide this host's cores among

@@ -4,6 +4,7 @@
  * (bench/model_parallel.sh's 85M GPT: d_model 768, B*T = 512, one head's
  * attention at context 256). */
 #include <cblas.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,23 +89,26 @@ typedef struct bench_args {
 
 static void usage(FILE *f) {
   fprintf(
-      f, "usage: loom bench gemm [--threads N] [--backend all|dnnl|openblas|"
-         "naive] [--iters K]\n\n"
-         "GFLOP/s of loom_gemm (per backend) against raw dnnl_sgemm and raw\n"
-         "cblas_sgemm, at 1024^3 and at the GEMM shapes of the reference\n"
-         "workloads. Each cell is the best of 3 runs of up to K calls.\n\n"
-         "  --threads N   threads for loom, oneDNN and OpenBLAS (default: "
-         "LOOM_THREADS or all cores)\n"
-         "  --backend B   columns to measure (default all)\n"
-         "  --iters K     calls per run (default 10; a run stops after 0.3 s)\n"
-         "\nLOOM_GEMM_DETERMINISTIC=0 measures loom_gemm with the libraries'\n"
-         "own threading instead of loom's thread-count invariant grid.\n");
+      f,
+      "usage: loom bench gemm [--threads N] [--backend all|dnnl|openblas|"
+      "naive] [--iters K]\n\n"
+      "GFLOP/s of loom_gemm (per backend) against raw dnnl_sgemm and raw\n"
+      "cblas_sgemm, at 1024^3 and at the GEMM shapes of the reference\n"
+      "workloads. Each cell is the best of 3 runs of up to K calls.\n\n"
+      "  --threads N   threads for loom, oneDNN and OpenBLAS (default: "
+      "LOOM_THREADS or all cores; at most %d)\n"
+      "  --backend B   columns to measure (default all)\n"
+      "  --iters K     calls per run (default 10; a run stops after 0.3 s)\n"
+      "\nLOOM_GEMM_DETERMINISTIC=0 measures loom_gemm with the libraries'\n"
+      "own threading instead of loom's thread-count invariant grid.\n",
+      LOOM_THREADS_MAX);
 }
 
-static int parse_int(const char *s, int lo, int *out) {
+static int parse_int(const char *s, int lo, int hi, int *out) {
   char *end;
+  errno = 0;
   long v = strtol(s, &end, 10);
-  if (*s == '\0' || *end != '\0' || v < lo || v > 1 << 20)
+  if (*s == '\0' || *end != '\0' || errno == ERANGE || v < lo || v > hi)
     return -1;
   *out = (int)v;
   return 0;
@@ -128,15 +132,15 @@ static int parse_args(int argc, char **argv, bench_args *a) {
     }
     const char *v = argv[++i];
     if (strcmp(o, "--threads") == 0) {
-      if (parse_int(v, 1, &a->threads) != 0) {
+      if (parse_int(v, 1, LOOM_THREADS_MAX, &a->threads) != 0) {
         fprintf(stderr,
-                "loom bench gemm: --threads wants a count >= 1, not "
+                "loom bench gemm: --threads wants a count in [1, %d], not "
                 "'%s'\n",
-                v);
+                LOOM_THREADS_MAX, v);
         return -1;
       }
     } else if (strcmp(o, "--iters") == 0) {
-      if (parse_int(v, 1, &a->iters) != 0) {
+      if (parse_int(v, 1, 1 << 20, &a->iters) != 0) {
         fprintf(stderr,
                 "loom bench gemm: --iters wants a count >= 1, not "
                 "'%s'\n",

@@ -33,8 +33,10 @@ static void usage(FILE *f) {
           "over 1M parameters), for the instruction-set copy this process\n"
           "runs: LOOM_ISA=base|avx2|avx512 chooses it (bench/kernels.sh\n"
           "runs each copy this CPU has, alternating).\n\n"
-          "  --threads N   threads (default: LOOM_THREADS or all cores)\n"
-          "  --reps K      runs per kernel, the best kept (default 20)\n");
+          "  --threads N   threads (default: LOOM_THREADS or all cores; at "
+          "most %d)\n"
+          "  --reps K      runs per kernel, the best kept (default 20)\n",
+          LOOM_THREADS_MAX);
 }
 
 static double best_ms(int reps, void (*fn)(buffers *), buffers *m) {
@@ -111,11 +113,12 @@ static const struct {
 };
 #define NKERNELS (int)(sizeof kernels / sizeof kernels[0])
 
-static int parse_count(const char *o, const char *v, int *out) {
+static int parse_count(const char *o, const char *v, int hi, int *out) {
   int n;
-  if (!loom_parse_int(v, &n) || n < 1 || n > 1 << 20) {
-    fprintf(stderr, "loom bench kernels: %s wants a count >= 1, not '%s'\n", o,
-            v);
+  if (!loom_parse_int(v, &n) || n < 1 || n > hi) {
+    fprintf(stderr,
+            "loom bench kernels: %s wants a count in [1, %d], not '%s'\n", o,
+            hi, v);
     return -1;
   }
   *out = n;
@@ -139,8 +142,9 @@ int loom_bench_kernels(int argc, char **argv) {
       fprintf(stderr, "loom bench kernels: %s needs a value\n", o);
       return LOOM_EXIT_USAGE;
     }
-    if (parse_count(o, argv[i + 1],
-                    strcmp(o, "--reps") == 0 ? &reps : &threads) != 0)
+    bool is_reps = strcmp(o, "--reps") == 0;
+    if (parse_count(o, argv[i + 1], is_reps ? 1 << 20 : LOOM_THREADS_MAX,
+                    is_reps ? &reps : &threads) != 0)
       return LOOM_EXIT_USAGE;
   }
   if (loom_cpu_check() != LOOM_OK) {

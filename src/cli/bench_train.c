@@ -52,7 +52,7 @@ static void usage(FILE *f) {
           "                        [--steps S] [--warmup W] "
           "[--precision f32|bf16|f16] [--json]\n"
           "\n"
-          "--threads 0 (default): LOOM_THREADS or all cores.\n"
+          "--threads 0 (default): LOOM_THREADS or all cores; at most %d.\n"
           "S timed steps (>= 1, default 30) after W untimed (default 5).\n"
           "\n"
           "Times full training steps (forward, loss, backward, optimizer)\n"
@@ -62,7 +62,8 @@ static void usage(FILE *f) {
           "one JSON line per workload (bench/train_throughput reads it),\n"
           "with the median step's CPU time of the process (items_per_cpu_s),\n"
           "which other jobs on a shared machine inflate less than the wall\n"
-          "clock.\n");
+          "clock.\n",
+          LOOM_THREADS_MAX);
 }
 
 /* The 1, 5 and 15 minute load averages; all 0 when /proc/loadavg is
@@ -86,13 +87,15 @@ static void read_loadavg(double load[3]) {
 
 /* A whole number in [lo, 2^20] for option opt, nothing after it; otherwise
  * a message naming the option and -1. */
-static int parse_count(const char *opt, const char *s, int lo, int *out) {
+static int parse_count(const char *opt, const char *s, int lo, int hi,
+                       int *out) {
   char *end;
   errno = 0;
   long v = strtol(s, &end, 10);
-  if (end == s || *end != '\0' || errno == ERANGE || v < lo || v > 1 << 20) {
-    fprintf(stderr, "loom bench train: %s wants a count >= %d, not '%s'\n", opt,
-            lo, s);
+  if (end == s || *end != '\0' || errno == ERANGE || v < lo || v > hi) {
+    fprintf(stderr,
+            "loom bench train: %s wants a count in [%d, %d], not '%s'\n", opt,
+            lo, hi, s);
     return -1;
   }
   *out = (int)v;
@@ -250,15 +253,15 @@ int loom_bench_train(int argc, char **argv) {
     if (strcmp(argv[i], "--model") == 0 && next)
       model = argv[++i];
     else if (strcmp(argv[i], "--threads") == 0 && next) {
-      if (parse_count(argv[i], argv[i + 1], 0, &threads))
+      if (parse_count(argv[i], argv[i + 1], 0, LOOM_THREADS_MAX, &threads))
         return LOOM_EXIT_USAGE;
       i++;
     } else if (strcmp(argv[i], "--steps") == 0 && next) {
-      if (parse_count(argv[i], argv[i + 1], 1, &steps))
+      if (parse_count(argv[i], argv[i + 1], 1, 1 << 20, &steps))
         return LOOM_EXIT_USAGE;
       i++;
     } else if (strcmp(argv[i], "--warmup") == 0 && next) {
-      if (parse_count(argv[i], argv[i + 1], 0, &warmup))
+      if (parse_count(argv[i], argv[i + 1], 0, 1 << 20, &warmup))
         return LOOM_EXIT_USAGE;
       i++;
     } else if (strcmp(argv[i], "--precision") == 0 && next) {

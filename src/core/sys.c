@@ -64,10 +64,11 @@ static int threads_from_env(void) {
   char *end;
   errno = 0;
   long n = strtol(v, &end, 10);
-  if (end == v || *end != '\0' || errno == ERANGE || n < 0 || n > 4096) {
-    LOOM_WARN("LOOM_THREADS='%s' is not a thread count in [0, 4096]; using "
+  if (end == v || *end != '\0' || errno == ERANGE || n < 0 ||
+      n > LOOM_THREADS_MAX) {
+    LOOM_WARN("LOOM_THREADS='%s' is not a thread count in [0, %d]; using "
               "all %d cores",
-              v, loom_cores());
+              v, LOOM_THREADS_MAX, loom_cores());
     return 0;
   }
   return (int)n;

@@ -45,8 +45,16 @@ for isa in $isas; do
 done
 "$LOOM" bench kernels --reps 0 >"$tmp/out" 2>&1
 rc=$?
-[ $rc = 2 ] && grep -q "reps wants a count >= 1" "$tmp/out" &&
+[ $rc = 2 ] && grep -q "reps wants a count in \[1, " "$tmp/out" &&
   ok "bench kernels refuses --reps 0" || { bad "bench kernels --reps 0 (rc $rc)"; cat "$tmp/out"; }
+# --threads above LOOM_THREADS_MAX (4096, as LOOM_THREADS and train.threads)
+# is a usage error before anything runs (100000 was taken and run)
+for b in train kernels gemm; do
+  timeout 60 "$LOOM" bench $b --threads 100000 >"$tmp/out" 2>&1
+  rc=$?
+  [ $rc = 2 ] && grep -q "^loom bench $b: --threads wants a count in \[[01], 4096\], not '100000'" "$tmp/out" &&
+    ok "bench $b refuses --threads 100000" || { bad "bench $b --threads 100000 (rc $rc)"; cat "$tmp/out"; }
+done
 
 for model in small_mlp small_cnn small_gpt; do
   for isa in $isas; do
