@@ -60,12 +60,36 @@ typedef struct loom_ckpt_data_pos {
   int64_t sample; /* samples of it consumed, all ranks together */
 } loom_ckpt_data_pos;
 
+/* How the ranks that wrote a checkpoint held the model: the names a
+ * manifest's "strategy" may hold (or "", not recorded). The reader refuses
+ * any other as damage, the writer as a bad argument. */
+#define LOOM_CKPT_STRATEGY_LIST(X)                                             \
+  X(LOOM_CKPT_STRATEGY_NONE, "none")                                           \
+  X(LOOM_CKPT_STRATEGY_DDP, "ddp")                                             \
+  X(LOOM_CKPT_STRATEGY_ZERO1, "zero1")                                         \
+  X(LOOM_CKPT_STRATEGY_ZERO2, "zero2")                                         \
+  X(LOOM_CKPT_STRATEGY_ZERO3, "zero3")                                         \
+  X(LOOM_CKPT_STRATEGY_PIPELINE, "pipeline")                                   \
+  X(LOOM_CKPT_STRATEGY_TENSOR, "tensor")
+
+typedef enum {
+#define LOOM_X_ENUM(name, text) name,
+  LOOM_CKPT_STRATEGY_LIST(LOOM_X_ENUM)
+#undef LOOM_X_ENUM
+      LOOM_CKPT_STRATEGY_COUNT
+} loom_ckpt_strategy;
+
+const char *loom_ckpt_strategy_name(loom_ckpt_strategy s);
+/* LOOM_ERR_INVALID_ARG naming s and the known names when s is none of
+ * them. */
+loom_status loom_ckpt_strategy_parse(const char *s, loom_ckpt_strategy *out);
+
 /* Everything but the buffers. When writing, the caller's arrays are copied
  * by loom_ckpt_writer_set_meta; when reading, they belong to the loom_ckpt. */
 typedef struct loom_ckpt_meta {
   int64_t step;   /* optimizer steps completed (read; set by the writer) */
   int world_size; /* ranks that wrote it (read; set by the writer) */
-  char strategy[LOOM_CKPT_NAME_MAX]; /* "none", "ddp", "zero1", ... */
+  char strategy[LOOM_CKPT_NAME_MAX]; /* a loom_ckpt_strategy name, or "" */
   uint64_t config_hash;              /* loom_config_hash of the run */
   uint64_t layout_hash;              /* 0 when writing: from the views */
   const loom_param *views;           /* the layout of the flat buffers */

@@ -714,6 +714,34 @@ loom_status loom_ckpt_read_latest(const char *root, int64_t *step) {
   return LOOM_OK;
 }
 
+/* ---------------------------------------------------------------- strategy */
+
+static const char *const strategy_names[] = {
+#define LOOM_X_NAME(name, text) text,
+    LOOM_CKPT_STRATEGY_LIST(LOOM_X_NAME)
+#undef LOOM_X_NAME
+};
+_Static_assert(sizeof strategy_names / sizeof strategy_names[0] ==
+                   LOOM_CKPT_STRATEGY_COUNT,
+               "strategy table size");
+
+const char *loom_ckpt_strategy_name(loom_ckpt_strategy s) {
+  return (unsigned)s < LOOM_CKPT_STRATEGY_COUNT ? strategy_names[s] : "?";
+}
+
+loom_status loom_ckpt_strategy_parse(const char *s, loom_ckpt_strategy *out) {
+  for (int i = 0; i < LOOM_CKPT_STRATEGY_COUNT; i++)
+    if (s && strcmp(s, strategy_names[i]) == 0) {
+      if (out)
+        *out = (loom_ckpt_strategy)i;
+      return LOOM_OK;
+    }
+  return loom_error(LOOM_ERR_INVALID_ARG,
+                    "unknown strategy '%s' (none, ddp, zero1, zero2, zero3, "
+                    "pipeline or tensor)",
+                    s ? s : "(null)");
+}
+
 /* ------------------------------------------------------------------ damage */
 
 static const char *const damage_names[] = {

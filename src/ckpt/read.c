@@ -242,6 +242,11 @@ static loom_status parse_meta(loom_ckpt *c, const cJSON *root) {
   LOOM_TRY(j_int(c, root, "", "world_size", 1, 1000000, &v));
   m->world_size = (int)v;
   LOOM_TRY(j_str(c, root, "", "strategy", m->strategy, sizeof m->strategy));
+  if (m->strategy[0] &&
+      loom_ckpt_strategy_parse(m->strategy, NULL) != LOOM_OK) {
+    snprintf(where, sizeof where, "unknown strategy '%s'", m->strategy);
+    return bad(c, "", "strategy", where);
+  }
   LOOM_TRY(j_hex(c, root, "", "config_hash", 16, &m->config_hash));
   LOOM_TRY(j_hex(c, root, "", "layout_hash", 16, &m->layout_hash));
   const cJSON *o = j_obj(c, root, "", "optimizer", &st);

@@ -297,6 +297,10 @@ loom_status loom_ckpt_writer_set_meta(loom_ckpt_writer *w,
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "checkpoint meta: a step or data position is negative "
                       "or above 2^53");
+  if (meta->strategy[0] &&
+      (!memchr(meta->strategy, '\0', LOOM_CKPT_NAME_MAX) ||
+       loom_ckpt_strategy_parse(meta->strategy, NULL) != LOOM_OK))
+    return loom_error_context(LOOM_ERR_INVALID_ARG, "checkpoint meta");
   for (int i = 0; i < meta->n_views; i++) {
     const loom_param *v = &meta->views[i];
     if (v->ndim < 0 || v->ndim > LOOM_MAX_DIMS || v->offset < 0 ||

@@ -33,13 +33,13 @@ static const char *sched_name(const loom_trainer *t) {
 static loom_status fill_meta(loom_trainer *t, loom_ckpt_meta *meta) {
   *meta = loom_ckpt_meta_default();
   snprintf(meta->strategy, sizeof meta->strategy, "%s",
-           t->zero == 1   ? "zero1"
-           : t->zero == 2 ? "zero2"
-           : t->zero == 3 ? "zero3"
-           : t->pipe      ? "pipeline"
-           : t->tp_map    ? "tensor"
-           : t->ddp       ? "ddp"
-                          : "none");
+           loom_ckpt_strategy_name(t->zero == 1   ? LOOM_CKPT_STRATEGY_ZERO1
+                                   : t->zero == 2 ? LOOM_CKPT_STRATEGY_ZERO2
+                                   : t->zero == 3 ? LOOM_CKPT_STRATEGY_ZERO3
+                                   : t->pipe      ? LOOM_CKPT_STRATEGY_PIPELINE
+                                   : t->tp_map    ? LOOM_CKPT_STRATEGY_TENSOR
+                                   : t->ddp       ? LOOM_CKPT_STRATEGY_DDP
+                                                  : LOOM_CKPT_STRATEGY_NONE));
   meta->config_hash = loom_config_hash(&t->cfg);
   /* the whole model's layout, whatever the mesh */
   const loom_model *layout = t->whole ? t->whole : t->model;

@@ -1287,6 +1287,56 @@ static void swap_blocks(const char *mpath, int ba, int ka, int bb, int kb) {
   cJSON_free(out);
 }
 
+/* A manifest whose "strategy" holds a name loom does not know, its own
+ * checksum recomputed: refused, naming the field and the value (it was
+ * taken, and inspect and verify passed it). The writer refuses to write
+ * one. */
+TT_TEST(test_unknown_strategy) {
+  char root[128], dir[512], mpath[600];
+  new_root(root, sizeof root);
+  static state s;
+  make_state(&s, 7);
+  TT_REQUIRE_OK(save_state(root, 1, &s, views_a, 3, 1));
+  loom_ckpt_dir_name(root, 1, dir, sizeof dir);
+  snprintf(mpath, sizeof mpath, "%s/manifest.json", dir);
+  static char text[65536];
+  size_t len;
+  read_text(mpath, text, sizeof text, &len);
+  cJSON *root_j = cJSON_Parse(text);
+  TT_REQUIRE(root_j != NULL);
+  TT_REQUIRE(cJSON_ReplaceItemInObjectCaseSensitive(
+      root_j, "strategy", cJSON_CreateString("bogus")));
+  cJSON *crc =
+      cJSON_DetachItemFromObjectCaseSensitive(root_j, "manifest_crc32c");
+  cJSON_AddItemToObject(root_j, "manifest_crc32c", crc);
+  char *out = cJSON_Print(root_j);
+  cJSON_Delete(root_j);
+  TT_REQUIRE(out != NULL);
+  size_t n = strlen(out);
+  fix_manifest_crc(out, n);
+  write_text(mpath, out, n);
+  cJSON_free(out);
+  loom_ckpt_open_opts oo = loom_ckpt_open_opts_default();
+  oo.verify = LOOM_CKPT_VERIFY_NONE;
+  loom_ckpt *c = NULL;
+  TT_CHECK_EQ(loom_ckpt_open(&c, dir, &oo), LOOM_ERR_CORRUPT);
+  TT_CHECK(c == NULL);
+  TT_CHECK_HAS(loom_last_error(), "manifest.json: strategy: unknown strategy "
+                                  "'bogus'");
+  /* Every known name round-trips; the writer refuses an unknown one. */
+  for (int k = 0; k < LOOM_CKPT_STRATEGY_COUNT; k++) {
+    loom_ckpt_strategy got = LOOM_CKPT_STRATEGY_COUNT;
+    TT_CHECK_OK(loom_ckpt_strategy_parse(
+        loom_ckpt_strategy_name((loom_ckpt_strategy)k), &got));
+    TT_CHECK_EQ((int)got, k);
+  }
+  loom_ckpt_meta m = make_meta(2, views_a, 3);
+  snprintf(m.strategy, sizeof m.strategy, "bogus");
+  loom_ckpt_buffer buf = {"params", LOOM_F32, N, s.params};
+  TT_CHECK_EQ(loom_ckpt_save(root, 2, &m, &buf, 1, 1), LOOM_ERR_INVALID_ARG);
+  TT_CHECK_HAS(loom_last_error(), "unknown strategy 'bogus'");
+}
+
 /* A manifest whose blocks were moved about and whose own checksum was then
  * recomputed: the shard's block index disagrees, and the checkpoint is
  * refused rather than loading one buffer's bytes (or another range) as
@@ -1358,6 +1408,7 @@ int main(void) {
   TT_RUN(test_fuzz_manifest);
   TT_RUN(test_views_checked);
   TT_RUN(test_forged_blocks);
+  TT_RUN(test_unknown_strategy);
   /* Remove the test's directories: base/rN/step_X/files and base/rN/... */
   char cmd[400];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", base_dir);
