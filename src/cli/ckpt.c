@@ -30,8 +30,14 @@ static void usage(FILE *f) {
           "  --json       print manifest.json as stored\n"
           "  verify       check every checksum of a checkpoint, or of every\n"
           "               checkpoint in a directory and its `latest` "
-          "pointer;\n"
-          "               exit status 1 on any damage\n");
+          "pointer\n"
+          "\n"
+          "Exit status: 0 when everything checked is OK; 1 when anything "
+          "checked is\n"
+          "damaged (a shard, a manifest, a checkpoint in the list, the "
+          "`latest`\n"
+          "pointer) or a directory holds no checkpoint; 2 on a usage "
+          "error.\n");
 }
 
 static bool is_dir(const char *p) {
@@ -221,14 +227,18 @@ static int inspect_one(const char *dir, bool verify, bool json) {
 }
 
 /* A directory of checkpoints: the list, each checked; returns the number
- * of damaged ones (the `latest` pointer counts as one when broken). */
-static int scan_root(const char *root, loom_ckpt_verify_level level) {
+ * of damaged ones (the `latest` pointer counts as one when broken), and in
+ * *count the number of checkpoints listed. */
+static int scan_root(const char *root, loom_ckpt_verify_level level,
+                     int *count) {
   int64_t *steps = NULL, latest = -1;
   int n = 0, bad = 0;
+  *count = 0;
   if (loom_ckpt_list(root, &steps, &n) != LOOM_OK) {
     fprintf(stderr, "loom ckpt: %s\n", loom_last_error());
     return 1;
   }
+  *count = n;
   char lp[4200];
   struct stat lst;
   int w = snprintf(lp, sizeof lp, "%s/latest", root);
@@ -280,7 +290,7 @@ static int scan_root(const char *root, loom_ckpt_verify_level level) {
     loom_ckpt_close(c);
   }
   if (n == 0)
-    printf("no checkpoints in %s\n", root);
+    printf("no checkpoints in %s: nothing to check\n", root);
   loom_free(steps);
   return bad;
 }
@@ -308,10 +318,14 @@ static int cmd_inspect(const char *arg, bool verify, bool json) {
     return dir[0] ? inspect_one(dir, verify, json) : LOOM_EXIT_FAIL;
   if (is_checkpoint(arg))
     return inspect_one(arg, verify, json);
-  /* A directory of checkpoints. */
+  /* A directory of checkpoints: exit 1 when anything listed is damaged
+   * (as verify would say, at the level checked) or none is there, even
+   * when an older checkpoint is fine to resume from. */
+  int bad = 0, n = 0;
   if (!json) {
     printf("checkpoints in %s\n", arg);
-    scan_root(arg, verify ? LOOM_CKPT_VERIFY_FULL : LOOM_CKPT_VERIFY_META);
+    bad = scan_root(arg, verify ? LOOM_CKPT_VERIFY_FULL : LOOM_CKPT_VERIFY_META,
+                    &n);
     printf("\n");
   }
   /* The one `loom train --resume auto` would take (it checks in full). */
@@ -323,16 +337,16 @@ static int cmd_inspect(const char *arg, bool verify, bool json) {
     return LOOM_EXIT_FAIL;
   }
   if (!c) {
-    if (!json)
-      return LOOM_EXIT_OK;
-    fprintf(stderr, "loom ckpt: no checkpoint in %s\n", arg);
+    if (json)
+      fprintf(stderr, "loom ckpt: no checkpoint in %s\n", arg);
     return LOOM_EXIT_FAIL;
   }
   snprintf(dir, sizeof dir, "%s", loom_ckpt_path(c));
   loom_ckpt_close(c);
   if (!json)
     printf("training resumes from:\n");
-  return inspect_one(dir, verify, json);
+  int rc = inspect_one(dir, verify, json);
+  return bad ? LOOM_EXIT_FAIL : rc;
 }
 
 static int cmd_verify(const char *arg) {
@@ -356,10 +370,13 @@ static int cmd_verify(const char *arg) {
     loom_ckpt_close(c);
     return bad ? LOOM_EXIT_FAIL : LOOM_EXIT_OK;
   }
-  int bad = scan_root(arg, LOOM_CKPT_VERIFY_FULL);
+  int n = 0;
+  int bad = scan_root(arg, LOOM_CKPT_VERIFY_FULL, &n);
   if (bad)
     printf("%d damaged\n", bad);
-  return bad ? LOOM_EXIT_FAIL : LOOM_EXIT_OK;
+  /* Nothing verified is not "all good": a script that checks a run's
+   * checkpoints before trusting them must not pass an empty directory. */
+  return bad || n == 0 ? LOOM_EXIT_FAIL : LOOM_EXIT_OK;
 }
 
 int loom_cmd_ckpt(int argc, char **argv) {

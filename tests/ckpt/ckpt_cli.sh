@@ -64,6 +64,7 @@ check "inspect damaged exits 1" test "$rc" -eq 1
 check "inspect damaged says BAD" has "BAD: $R/step_00000200/shard_00001.bin"
 run "$LOOM" ckpt inspect "$R"
 check "inspect root falls back to 100" has "checkpoint   $R/step_00000100"
+check "inspect root with damage exits 1" test "$rc" -eq 1
 check "inspect root warns" has "step_00000200 is not usable"
 
 # A truncated shard and a missing manifest.
@@ -115,10 +116,34 @@ check "renamed step exits 1" test "$rc" -eq 1
 check "renamed step named" has "step_00000150   "
 check "renamed step says why" has "$T/mv/step_00000150/manifest.json: says step 100, not 150"
 
-# An empty directory: nothing to check, nothing wrong.
+# An empty directory: nothing verified is a failure, not a pass (it exited
+# 0), for verify and inspect alike.
 mkdir "$T/empty"
 run "$LOOM" ckpt verify "$T/empty"
-check "empty dir exits 0" test "$rc" -eq 0
+check "verify empty dir exits 1" test "$rc" -eq 1
+check "verify empty dir says so" has "no checkpoints in $T/empty: nothing to check"
+run "$LOOM" ckpt inspect "$T/empty"
+check "inspect empty dir exits 1" test "$rc" -eq 1
+
+# inspect of a directory exits 1 whenever its list shows damage, as verify
+# does, though training would resume from a good checkpoint: a garbage
+# `latest` exited 0 while a damaged shard exited 1.
+"$SAMPLE" "$T/lat" 100 1 || exit 1
+"$SAMPLE" "$T/lat" 200 1 || exit 1
+run "$LOOM" ckpt inspect "$T/lat"
+check "inspect healthy dir exits 0" test "$rc" -eq 0
+echo garbage >"$T/lat/latest"
+run "$LOOM" ckpt inspect "$T/lat"
+check "inspect, latest garbage: exit 1" test "$rc" -eq 1
+check "inspect, latest garbage: BAD" has "latest          BAD: $T/lat/latest: does not name a checkpoint"
+check "inspect, latest garbage: resume target shown" has "checkpoint   $T/lat/step_00000200"
+run "$LOOM" ckpt verify "$T/lat"
+check "verify, latest garbage: exit 1" test "$rc" -eq 1
+echo step_00000200 >"$T/lat/latest"
+printf '\x01' | dd of="$T/lat/step_00000100/shard_00000.bin" bs=1 seek=100 conv=notrunc 2>/dev/null
+run "$LOOM" ckpt inspect "$T/lat"
+check "inspect, older checkpoint damaged: exit 1" test "$rc" -eq 1
+check "inspect, older checkpoint damaged: resume target shown" has "checkpoint   $T/lat/step_00000200"
 # Usage errors.
 run "$LOOM" ckpt
 check "no args exits 2" test "$rc" -eq 2
