@@ -46,9 +46,15 @@ for layout in 2x1 2x2 4x2; do
   "$LOOM" run -n "$np" --timeout 300 "$LOOM" train "${cfg[@]}" --set "log.run_dir=$tmp/one$np" \
     >"$tmp/one$np.out" 2>&1 || bad "$np ranks on one host: $(tail -3 "$tmp/one$np.out")"
   before=$(rx 2)
-  on_host 1 "$LOOM" run --hosts "$spec" -n "$np" --timeout 300 \
-    "$LOOM" train "${cfg[@]}" --set "log.run_dir=$tmp/two$np" >"$tmp/two$np.out" 2>&1 ||
+  if ! on_host 1 "$LOOM" run --hosts "$spec" -n "$np" --timeout 300 \
+    "$LOOM" train "${cfg[@]}" --set "log.run_dir=$tmp/two$np" >"$tmp/two$np.out" 2>&1; then
     bad "$nh hosts x $per: $(tail -5 "$tmp/two$np.out")"
+    # what each rank said last (a run stopped by the time limit once, with
+    # no step logged, in CI's clang stage: the ranks' logs tell where)
+    for f in "$tmp/two$np"/logs/*; do
+      [ -f "$f" ] && { echo "--- $f"; tail -8 "$f"; }
+    done
+  fi
   moved=$(($(rx 2) - before))
   if [ -s "$tmp/two$np/metrics.jsonl" ] && [ "$(losses "$tmp/one$np")" = "$(losses "$tmp/two$np")" ] &&
     [ "$(losses "$tmp/two$np" | grep -c val_loss)" = 1 ]; then
