@@ -9,8 +9,8 @@
  *   Value   { string tag = 1; float simple_value = 2; }
  * A record: uint64 length, uint32 masked CRC32C of those 8 bytes, the
  * bytes, uint32 masked CRC32C of the bytes, all little-endian. */
-#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,22 +134,23 @@ static loom_status write_record(loom_tb *w) {
  * order of their names, and a restart's purge (loom_tb_restart) works only
  * when its file comes after the files it purges: a restart within the
  * same second (its pid maybe smaller) would otherwise sort first. */
-static long long file_stamp(const char *dir, long long now) {
+/* loom_fs_each_entry's visitor for file_stamp: the newest file's seconds. */
+static bool stamp_entry(const char *name, void *ctx) {
   static const char prefix[] = "events.out.tfevents.";
-  DIR *d = opendir(dir);
-  if (!d)
-    return now;
+  long long *stamp = ctx;
+  if (strncmp(name, prefix, sizeof prefix - 1) != 0)
+    return true;
+  char *end;
+  long long t = strtoll(name + sizeof prefix - 1, &end, 10);
+  if (*end == '.' && t >= *stamp)
+    *stamp = t + 1;
+  return true;
+}
+
+static long long file_stamp(const char *dir, long long now) {
   long long stamp = now;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL) {
-    if (strncmp(e->d_name, prefix, sizeof prefix - 1) != 0)
-      continue;
-    char *end;
-    long long t = strtoll(e->d_name + sizeof prefix - 1, &end, 10);
-    if (*end == '.' && t >= stamp)
-      stamp = t + 1;
-  }
-  closedir(d);
+  /* (the directory the user named: it may be a link) */
+  (void)loom_fs_each_entry(AT_FDCWD, dir, true, stamp_entry, &stamp);
   return stamp;
 }
 
