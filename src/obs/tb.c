@@ -129,11 +129,6 @@ static loom_status write_record(loom_tb *w) {
 
 /* -------------------------------------------------------------- the API */
 
-/* The seconds in a new file's name: now, or one past the newest file of dir
- * when that is not older. TensorBoard reads a directory's files in the
- * order of their names, and a restart's purge (loom_tb_restart) works only
- * when its file comes after the files it purges: a restart within the
- * same second (its pid maybe smaller) would otherwise sort first. */
 /* loom_fs_each_entry's visitor for file_stamp: the newest file's seconds. */
 static bool stamp_entry(const char *name, void *ctx) {
   static const char prefix[] = "events.out.tfevents.";
@@ -147,6 +142,11 @@ static bool stamp_entry(const char *name, void *ctx) {
   return true;
 }
 
+/* The seconds in a new file's name: now, or one past the newest file of dir
+ * when that is not older. TensorBoard reads a directory's files in the
+ * order of their names, and a restart's purge (loom_tb_restart) works only
+ * when its file comes after the files it purges: a restart within the
+ * same second (its pid maybe smaller) would otherwise sort first. */
 static long long file_stamp(const char *dir, long long now) {
   long long stamp = now;
   /* (the directory the user named: it may be a link) */
