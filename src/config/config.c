@@ -1285,6 +1285,104 @@ static loom_status check_todo(const loom_config *cfg, const cfg_origins *org,
   return LOOM_OK;
 }
 
+/* Keys that belong to one choice of another key (a model, a data set, an
+ * optimizer, a schedule): a value other than the default while that choice is
+ * not made would be accepted and change nothing, so it is refused (a default
+ * changes nothing either way, which keeps `loom config show`'s full listing
+ * loadable). */
+static const struct {
+  const char *key, *selector;
+  unsigned values; /* the selector's values (a mask) the key applies to */
+} scoped[] = {
+    {"model.hidden", "model.name", BIT(LOOM_CFG_MODEL_MLP)},
+    {"model.activation", "model.name",
+     BIT(LOOM_CFG_MODEL_MLP) | BIT(LOOM_CFG_MODEL_CNN)},
+    {"model.channels", "model.name", BIT(LOOM_CFG_MODEL_CNN)},
+    {"model.kernel", "model.name", BIT(LOOM_CFG_MODEL_CNN)},
+    {"model.pool", "model.name", BIT(LOOM_CFG_MODEL_CNN)},
+    {"model.context", "model.name", BIT(LOOM_CFG_MODEL_GPT)},
+    {"model.layers", "model.name", BIT(LOOM_CFG_MODEL_GPT)},
+    {"model.d_model", "model.name", BIT(LOOM_CFG_MODEL_GPT)},
+    {"model.heads", "model.name", BIT(LOOM_CFG_MODEL_GPT)},
+    {"model.vocab", "model.name", BIT(LOOM_CFG_MODEL_GPT)},
+    {"model.mlp_ratio", "model.name", BIT(LOOM_CFG_MODEL_GPT)},
+    {"model.dropout", "model.name", BIT(LOOM_CFG_MODEL_GPT)},
+    {"model.init_std", "model.name", BIT(LOOM_CFG_MODEL_GPT)},
+    {"data.val_path", "data.dataset", BIT(LOOM_CFG_DATASET_BIN)},
+    {"data.val_fraction", "data.dataset", BIT(LOOM_CFG_DATASET_KJV)},
+    {"optim.momentum", "optim.name", BIT(LOOM_OPTIM_SGD)},
+    {"optim.nesterov", "optim.name", BIT(LOOM_OPTIM_SGD)},
+    {"optim.beta1", "optim.name", BIT(LOOM_OPTIM_ADAMW)},
+    {"optim.beta2", "optim.name", BIT(LOOM_OPTIM_ADAMW)},
+    {"optim.eps", "optim.name", BIT(LOOM_OPTIM_ADAMW)},
+    {"schedule.min_lr", "schedule.name",
+     BIT(LOOM_SCHED_COSINE) | BIT(LOOM_SCHED_LINEAR)},
+    {"schedule.step_size", "schedule.name", BIT(LOOM_SCHED_STEP)},
+    {"schedule.gamma", "schedule.name", BIT(LOOM_SCHED_STEP)},
+};
+
+/* Refuses key k when it holds another value than its default while it
+ * changes nothing: it applies to `scope` only, and `now` says why that is
+ * not the case; `fix` is the other way out than removing it. */
+static loom_status only_default(const loom_config *cfg, const cfg_origins *org,
+                                cfg_loc *none, const loom_config_key *k,
+                                const char *scope, const char *now,
+                                const char *fix) {
+  char val[LOOM_CONFIG_STR_MAX * 4 + 8], def[sizeof val];
+  loom_config d;
+  memset(&d, 0, sizeof d);
+  if (set_default(&d, k) != LOOM_OK ||
+      loom_config_format(cfg, k, val, sizeof val) != LOOM_OK ||
+      loom_config_format(&d, k, def, sizeof def) != LOOM_OK)
+    return loom_error(LOOM_ERR_INTERNAL, "config: cannot format %s", k->path);
+  if (strcmp(val, def) == 0)
+    return LOOM_OK;
+  return cfg_err(origin_of(org, k->path, none), k->path,
+                 "applies to %s only, and %s: %s would change nothing; it "
+                 "supports only its default (%s) here (remove it, or %s)",
+                 scope, now, val, def, fix);
+}
+
+static loom_status check_scoped(const loom_config *cfg, const cfg_origins *org,
+                                cfg_loc *none) {
+  for (size_t i = 0; i < COUNT_OF(scoped); i++) {
+    const loom_config_key *k = loom_config_key_find(scoped[i].key);
+    const loom_config_key *sel = loom_config_key_find(scoped[i].selector);
+    if (!k || !sel || sel->type != LOOM_CFG_ENUM)
+      return loom_error(LOOM_ERR_INTERNAL, "config: bad scoped key %s",
+                        scoped[i].key);
+    int x;
+    memcpy(&x, (const char *)cfg + sel->offset, sizeof x);
+    if (x < 0 || x >= sel->n_values || (scoped[i].values & BIT(x)))
+      continue;
+    char names[96], scope[160], now[160], fix[160];
+    size_t o = 0;
+    names[0] = '\0';
+    for (int j = 0; j < sel->n_values && o < sizeof names; j++)
+      if (scoped[i].values & BIT(j))
+        o += (size_t)snprintf(names + o, sizeof names - o, "%s%s",
+                              o ? " or " : "", sel->values[j]);
+    snprintf(scope, sizeof scope, "%s %s", sel->path, names);
+    snprintf(now, sizeof now, "%s is '%s'", sel->path, sel->values[x]);
+    snprintf(fix, sizeof fix, "set %s: %s", sel->path, names);
+    LOOM_TRY(only_default(cfg, org, none, k, scope, now, fix));
+  }
+  /* MLflow's own default (a local ./mlruns) is not loom's: without a
+   * server, nothing is logged, and an experiment or run name says that
+   * something would be. */
+  if (!cfg->log.mlflow_uri[0]) {
+    LOOM_TRY(only_default(cfg, org, none,
+                          loom_config_key_find("log.mlflow.experiment"),
+                          "MLflow logging", "log.mlflow.uri is empty",
+                          "set log.mlflow.uri to the tracking server"));
+    LOOM_TRY(only_default(cfg, org, none,
+                          loom_config_key_find("log.mlflow.run_name"),
+                          "MLflow logging", "log.mlflow.uri is empty",
+                          "set log.mlflow.uri to the tracking server"));
+  }
+  return LOOM_OK;
+}
+
 /* parallel.tp against the model and the rest of the mesh. */
 static loom_status check_tp(const loom_config *cfg, const cfg_origins *org,
                             cfg_loc *none) {
@@ -1393,6 +1491,12 @@ static loom_status check_mesh(const loom_config *cfg, const cfg_origins *org,
   if (m->name == LOOM_CFG_MODEL_GPT)
     units = 3 + (m->dropout > 0) +
             (ac_every > 0 ? (m->layers + ac_every - 1) / ac_every : m->layers);
+  if (pc->pp_split.n > 0 && m->name != LOOM_CFG_MODEL_GPT)
+    return cfg_err(origin_of(org, "parallel.pp_split", none),
+                   "parallel.pp_split",
+                   "cuts a pipeline's units (model gpt); model '%s' has no "
+                   "pipeline: it supports [] (the default)",
+                   loom_cfg_model_names[m->name]);
   if (pc->pp_split.n > 0) {
     int64_t sum = 0;
     for (int i = 0; i < pc->pp_split.n; i++)
@@ -1939,7 +2043,8 @@ static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
        cfg->schedule.name == LOOM_SCHED_LINEAR))
     return cfg_err(origin_of(org, "schedule.min_lr", &none), "schedule.min_lr",
                    "larger than optim.lr");
-  return LOOM_OK;
+  /* Last: a rule about what the run does says more than this one. */
+  return check_scoped(cfg, org, &none);
 }
 
 loom_status loom_config_checkpoint_every(const char *value, int *every) {

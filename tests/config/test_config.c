@@ -230,6 +230,69 @@ TT_TEST(test_set_errors) {
   EXPECT_SET_ERR(GPT, "model.heads=5",
                  "--set model.heads=5: key 'model.heads': 5 does not divide "
                  "model.d_model (128)");
+  /* A key of another model, data set, optimizer or schedule would change
+   * nothing: refused unless it holds its default (which `loom config show`
+   * lists for every key, so its output loads). */
+  EXPECT_ERR("optim:\n  name: adamw\n  momentum: 0.9\n",
+             "t.yaml:3:3: key 'optim.momentum': applies to optim.name sgd "
+             "only, and optim.name is 'adamw': 0.9 would change nothing; it "
+             "supports only its default (0) here (remove it, or set "
+             "optim.name: sgd)");
+  EXPECT_SET_ERR(GPT, "schedule.min_lr=1e-5",
+                 "--set schedule.min_lr=1e-5: key 'schedule.min_lr': applies "
+                 "to schedule.name cosine or linear only, and schedule.name "
+                 "is 'constant': 1e-05 would change nothing; it supports only "
+                 "its default (0) here (remove it, or set schedule.name: "
+                 "cosine or linear)");
+  EXPECT_SET_ERR("", "schedule.gamma=0.5",
+                 "--set schedule.gamma=0.5: key 'schedule.gamma': applies to "
+                 "schedule.name step only, and schedule.name is 'constant': "
+                 "0.5 would change nothing; it supports only its default "
+                 "(0.1) here (remove it, or set schedule.name: step)");
+  EXPECT_SET_ERR("", "model.heads=8",
+                 "--set model.heads=8: key 'model.heads': applies to "
+                 "model.name gpt only, and model.name is 'mlp': 8 would "
+                 "change nothing; it supports only its default (4) here "
+                 "(remove it, or set model.name: gpt)");
+  EXPECT_SET_ERR(GPT, "model.hidden=[64]",
+                 "--set model.hidden=[64]: key 'model.hidden': applies to "
+                 "model.name mlp only, and model.name is 'gpt': [64] would "
+                 "change nothing; it supports only its default ([512, 512]) "
+                 "here (remove it, or set model.name: mlp)");
+  EXPECT_SET_ERR("", "data.val_fraction=0.2",
+                 "--set data.val_fraction=0.2: key 'data.val_fraction': "
+                 "applies to data.dataset kjv only, and data.dataset is "
+                 "'fashion-mnist': 0.2 would change nothing; it supports only "
+                 "its default (0.1) here (remove it, or set data.dataset: "
+                 "kjv)");
+  /* MLflow's names without a server: MLflow itself would log to ./mlruns,
+   * loom logs nothing. */
+  EXPECT_SET_ERR("", "log.mlflow.experiment=exp1",
+                 "--set log.mlflow.experiment=exp1: key "
+                 "'log.mlflow.experiment': applies to MLflow logging only, "
+                 "and log.mlflow.uri is empty: \"exp1\" would change nothing; "
+                 "it supports only its default (\"loom\") here (remove it, or "
+                 "set log.mlflow.uri to the tracking server)");
+  EXPECT_SET_ERR("", "log.mlflow.run_name=r1",
+                 "--set log.mlflow.run_name=r1: key 'log.mlflow.run_name': "
+                 "applies to MLflow logging only, and log.mlflow.uri is "
+                 "empty: \"r1\" would change nothing; it supports only its "
+                 "default (\"\") here (remove it, or set log.mlflow.uri to "
+                 "the tracking server)");
+  /* A pipeline's cut with a model that has no pipeline. */
+  EXPECT_SET_ERR("", "parallel.pp_split=[1, 2]",
+                 "--set parallel.pp_split=[1, 2]: key 'parallel.pp_split': "
+                 "cuts a pipeline's units (model gpt); model 'mlp' has no "
+                 "pipeline: it supports [] (the default)");
+  /* The default, and a key of the choice made, pass. */
+  {
+    loom_config c;
+    loom_config_defaults(&c);
+    const char *ok[] = {"optim.beta2=0.999", "schedule.name=step",
+                        "schedule.gamma=0.5", "optim.momentum=0.9"};
+    TT_CHECK_OK(loom_config_load_string(&c, "", 0, "t.yaml", ok, 4));
+    TT_CHECK(c.schedule.gamma == 0.5);
+  }
   /* An error in the file comes before any --set. */
   EXPECT_SET_ERR("optim:\n  lr: x\n", "optim.lr=0.1",
                  "t.yaml:2:7: key 'optim.lr': expected a number, got 'x'");
@@ -515,7 +578,7 @@ TT_TEST(test_good_config_and_sets) {
                      "  progress: off\n";
   const char *sets[] = {"optim.lr=0.001",      "model.layers=2",
                         "data.path=/x y/z: w", "optim.lr=0.002",
-                        "model.hidden=64",     "checkpoint.keep=0"};
+                        "model.mlp_ratio=2",   "checkpoint.keep=0"};
   loom_config cfg;
   loom_config_defaults(&cfg);
   TT_REQUIRE_OK(loom_config_load_string(&cfg, text, strlen(text),
@@ -525,8 +588,7 @@ TT_TEST(test_good_config_and_sets) {
   TT_CHECK_EQ(cfg.model.heads, 8);
   TT_CHECK_EQ(cfg.model.layers, 2);
   TT_CHECK_EQ(cfg.model.d_model, 128); /* default */
-  TT_CHECK_EQ(cfg.model.hidden.n, 1);
-  TT_CHECK_EQ(cfg.model.hidden.v[0], 64);
+  TT_CHECK_EQ(cfg.model.mlp_ratio, 2);
   TT_CHECK_EQ(cfg.data.dataset, LOOM_CFG_DATASET_KJV);
   TT_CHECK_STR(cfg.data.path, "/x y/z: w"); /* strings from --set verbatim */
   TT_CHECK_EQ(cfg.optim.name, LOOM_OPTIM_ADAMW);
@@ -655,13 +717,13 @@ TT_TEST(test_round_trip_odd_values) {
                         "optim.lr=0.1",
                         "model.hidden=[]",
                         "train.seed=9007199254740991",
-                        "model.init_std=0.30000000000000004",
+                        "optim.weight_decay=0.30000000000000004",
                         "log.run_dir=runs/a b",
                         "parallel.deterministic=true"};
   TT_REQUIRE_OK(loom_config_load_string(&cfg, "", 0, "x", sets, 7));
   TT_CHECK_EQ(cfg.model.hidden.n, 0);
   TT_CHECK_EQ(cfg.train.seed, 9007199254740991LL);
-  TT_CHECK(cfg.model.init_std == 0.30000000000000004);
+  TT_CHECK(cfg.optim.weight_decay == 0.30000000000000004);
   TT_CHECK_STR(cfg.checkpoint.dir, "runs/a b/ckpt");
   check_round_trip(&cfg, "odd");
   char v[64];
