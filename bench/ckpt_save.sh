@@ -10,7 +10,8 @@
 #
 # Environment: LOOM (the binary, default build/loom), STEPS (default 120),
 # EVERY (default 10), WORKLOADS ("fashion-mlp kjv-gpt"), RUN_DIR (where the
-# runs and checkpoints go, default a temporary directory on the disk of the
+# runs and checkpoints go: a new or empty directory, or one this bench made
+# before; default a temporary directory on the disk of the
 # current directory, deleted afterwards), THREADS (per rank, default cores /
 # ranks). Output: one table row per workload and mode, then the differences.
 # Headlines (make bench): per workload, the time a save blocks training with
@@ -23,7 +24,9 @@ EVERY=${EVERY:-10}
 WORKLOADS=${WORKLOADS:-fashion-mlp kjv-gpt}
 [ -x "$LOOM" ] || { echo "ckpt_save: no loom binary at $LOOM (set LOOM=)" >&2; exit 2; }
 keep_dir=1
-if [ -z "${RUN_DIR:-}" ]; then
+if [ -n "${RUN_DIR:-}" ]; then
+  bench_own_dir "$RUN_DIR" bench/ckpt_save || exit 2
+else
   RUN_DIR=$(mktemp -d "$PWD/ckpt_save.XXXXXX")
   keep_dir=0
 fi

@@ -126,6 +126,33 @@ bench_torch() {
   OMP_WAIT_POLICY=PASSIVE "$TORCH_PYTHON" "$BENCH_DIR/torch/$script.py" "$@"
 }
 
+# A directory the user named for a bench's files (KEEP=DIR, RUN_DIR=DIR):
+# the bench writes and removes names inside it, so it must be new, empty, or
+# one this same bench made before (its .loom-bench file says which); a
+# directory holding anything else is refused, so no file of the user's is
+# overwritten or removed. Makes DIR when missing (its parent must exist).
+#   bench_own_dir DIR BENCH_NAME || exit 2
+bench_own_dir() {
+  local dir=$1 name=$2 mark
+  mark="$dir/.loom-bench"
+  if [ -L "$dir" ] || { [ -e "$dir" ] && [ ! -d "$dir" ]; }; then
+    echo "$name: $dir: not a directory of its own (a link or a file); name a new or empty directory" >&2
+    return 1
+  fi
+  if [ -d "$dir" ] && [ -n "$(ls -A "$dir")" ]; then
+    if [ ! -f "$mark" ] || [ -L "$mark" ] || [ "$(cat "$mark")" != "$name" ]; then
+      echo "$name: $dir holds files this bench did not make; name a new or empty directory (the bench removes and rewrites names inside it)" >&2
+      return 1
+    fi
+    return 0
+  fi
+  if [ ! -d "$dir" ] && ! mkdir -- "$dir"; then
+    echo "$name: cannot make $dir (its parent must exist)" >&2
+    return 1
+  fi
+  echo "$name" >"$mark"
+}
+
 # A free TCP port on 127.0.0.1 (for a rendezvous). python3, not the peer's
 # interpreter: that one may be missing (the peer not available).
 bench_free_port() {

@@ -8,7 +8,7 @@
 # KILL_STEP (8: rank 1 is killed once it completed step KILL_STEP-1, i.e.
 # about to run step 8, between the checkpoints of steps 5 and 10), THREADS
 # (per rank, 1), TORCH=0 or NO_TORCH=1 (loom only), KEEP=DIR (keep the runs
-# there).
+# there: a new or empty directory, or one this bench made before).
 #
 # loom's side: loom run -n 2 --max-restarts 1 --restart-delay 0 --report R
 # loom train examples/kjv_gpt.yaml; the bench reads rank 1's run status file
@@ -29,13 +29,17 @@ STEPS=${STEPS:-12}
 CKPT_EVERY=${CKPT_EVERY:-5}
 KILL_STEP=${KILL_STEP:-8}
 THREADS=${THREADS:-1}
+if [ -n "${KEEP:-}" ]; then
+  work=$KEEP
+  bench_own_dir "$work" bench/recovery || exit 2
+else
+  work=$(mktemp -d /tmp/loom-bench-recovery.XXXXXX)
+  trap 'rm -rf "$work"' EXIT
+fi
 TEXT="$LOOM_ROOT/data/kjv.txt"
 cd "$LOOM_ROOT" # kjv-gpt reads data/kjv.txt
 [ -s "$TEXT" ] || "$LOOM" data kjv >&2
 bench_check_load
-work=${KEEP:-$(mktemp -d /tmp/loom-bench-recovery.XXXXXX)}
-mkdir -p "$work"
-[ -n "${KEEP:-}" ] || trap 'rm -rf "$work"' EXIT
 results="$work/results.jsonl"
 : >"$results"
 

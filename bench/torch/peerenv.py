@@ -21,6 +21,37 @@ def pin_threads(n):
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+def own_dir(path, name):
+    """Claim a directory the user named for a bench's files (--run-dir).
+
+    The bench removes and rewrites names inside it, so it must be new, empty,
+    or one this same bench made before (its .loom-bench file holds the name);
+    anything else is refused (SystemExit 2), so no file of the user's is
+    overwritten or removed. Makes it when missing (its parent must exist).
+    """
+    mark = os.path.join(path, ".loom-bench")
+    if os.path.islink(path) or (os.path.exists(path) and not os.path.isdir(path)):
+        note(f"{name}: {path}: not a directory of its own (a link or a file); name a new or empty directory")
+        raise SystemExit(2)
+    if os.path.isdir(path) and os.listdir(path):
+        try:
+            if os.path.islink(mark) or open(mark).read().strip() != name:
+                raise OSError
+        except OSError:
+            note(f"{name}: {path} holds files this bench did not make; name a new or empty directory "
+                 "(the bench removes and rewrites names inside it)")
+            raise SystemExit(2)
+        return
+    if not os.path.isdir(path):
+        try:
+            os.mkdir(path)
+        except OSError as e:
+            note(f"{name}: cannot make {path} (its parent must exist): {e.strerror}")
+            raise SystemExit(2)
+    with open(mark, "w") as f:
+        f.write(name + "\n")
+
+
 def note(*parts):
     """A human note: stderr, so stdout stays one JSON object per line."""
     print("[torch-peer]", *parts, file=sys.stderr, flush=True)

@@ -229,6 +229,8 @@ def launch_once(args, run_dir):
 
 def launch(args):
     peerenv.pin_threads(args.threads)  # workers inherit it; torchrun would force 1 otherwise
+    if args.run_dir:  # launch_once removes names inside it
+        peerenv.own_dir(args.run_dir, "bench/torch/recovery.py")
     recs = []
     for i in range(args.repeat):
         run_dir = args.run_dir or tempfile.mkdtemp(prefix="torch-recovery-")
