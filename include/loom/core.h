@@ -421,6 +421,14 @@ int loom_fs_open_write_at(int dirfd, const char *name, int flags,
  * (ENOTBLK, which no open of a path otherwise gives); loom_fs_strerror says
  * it plainly. */
 #define LOOM_FS_ENOTREG ENOTBLK
+/* Opens dirfd/name for reading a regular file: the open is non-blocking (a
+ * FIFO without a writer would hold it forever), then anything but a regular
+ * file is refused (-1, errno LOOM_FS_ENOTREG) and the descriptor is made
+ * blocking again. flags: O_NOFOLLOW refuses a symbolic link (-1, errno
+ * ELOOP); O_RDONLY|O_CLOEXEC are added. *size (when not NULL): the file's
+ * size in bytes. Returns the descriptor or -1 with errno set; dirfd may be
+ * AT_FDCWD. */
+int loom_fs_open_read_at(int dirfd, const char *name, int flags, int64_t *size);
 /* Removes dirfd/name, a temporary file the caller created there itself,
  * after a failed write: only a regular file (never a directory; a symbolic
  * link is not followed). errno is left as it was, for the caller's message.

@@ -399,26 +399,17 @@ loom_status loom_ckpt_pread_all(int fd, void *buf, size_t n, int64_t off,
 }
 
 loom_status loom_ckpt_open_read(const char *path, int *fd) {
-  /* O_NONBLOCK: opening a FIFO for reading would wait for a writer. */
-  *fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (*fd < 0)
-    return loom_error(errno == ENOENT ? LOOM_ERR_CORRUPT : LOOM_ERR_IO,
-                      "%s: %s", path,
-                      errno == ENOENT ? "missing" : strerror(errno));
-  struct stat st;
-  if (fstat(*fd, &st) != 0) {
-    int e = errno;
-    close(*fd);
-    *fd = -1;
-    return loom_error(LOOM_ERR_IO, "%s: %s", path, strerror(e));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    close(*fd);
-    *fd = -1;
-    return loom_error(LOOM_ERR_CORRUPT, "%s: not a regular file", path);
-  }
-  /* (O_NONBLOCK means nothing to a regular file's reads.) */
-  return LOOM_OK;
+  /* Never blocks on a FIFO; refuses what is not a regular file. */
+  *fd = loom_fs_open_read_at(AT_FDCWD, path, 0, NULL);
+  if (*fd >= 0)
+    return LOOM_OK;
+  int e = errno;
+  return loom_error(e == ENOENT || e == LOOM_FS_ENOTREG ? LOOM_ERR_CORRUPT
+                                                        : LOOM_ERR_IO,
+                    "%s: %s", path,
+                    e == ENOENT            ? "missing"
+                    : e == LOOM_FS_ENOTREG ? "not a regular file"
+                                           : strerror(e));
 }
 
 loom_status loom_ckpt_read_file(const char *path, size_t max, char **out,
@@ -691,12 +682,13 @@ loom_status loom_ckpt_read_latest(const char *root, int64_t *step) {
     return loom_error(LOOM_ERR_INVALID_ARG, "%s: path too long", root);
   /* Not through a link: `latest` is loom's file in loom's directory (and a
    * FIFO planted there would block the read). */
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  int fd = loom_fs_open_read_at(AT_FDCWD, path, O_NOFOLLOW, NULL);
   if (fd < 0)
     return loom_error(LOOM_ERR_IO, "%s: %s", path,
                       errno == ENOENT  ? "missing"
                       : errno == ELOOP ? "a symbolic link, not followed"
-                                       : strerror(errno));
+                      : errno == LOOM_FS_ENOTREG ? "not a regular file"
+                                                 : strerror(errno));
   char buf[64];
   ssize_t r = read(fd, buf, sizeof buf - 1);
   close(fd);

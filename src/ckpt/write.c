@@ -520,9 +520,11 @@ static loom_status read_summary(const loom_ckpt_writer *w, int rank,
                                 shard_summary *s) {
   char path[CKPT_PATH_MAX];
   LOOM_TRY(shard_path(path, sizeof path, w->tmp, rank));
-  /* O_NONBLOCK: a FIFO in its place must not hold the commit. */
-  int fd = openat(w->tmp_fd, strrchr(path, '/') + 1,
-                  O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  /* A FIFO in its place must not hold the commit (never blocks). */
+  int fd = loom_fs_open_read_at(w->tmp_fd, strrchr(path, '/') + 1, O_NOFOLLOW,
+                                &s->bytes);
+  if (fd < 0 && errno == LOOM_FS_ENOTREG)
+    return loom_error(LOOM_ERR_CORRUPT, "%s: not a regular file", path);
   if (fd < 0)
     return loom_error(
         LOOM_ERR_IO, "%s: %s (did rank %d write its shard?)", path,
@@ -531,18 +533,8 @@ static loom_status read_summary(const loom_ckpt_writer *w, int rank,
   loom_status st = LOOM_OK;
   unsigned char head[CKPT_HEADER_BYTES], foot[CKPT_FOOTER_BYTES];
   unsigned char *index = NULL;
-  struct stat sb;
   ckpt_header h;
   ckpt_footer f;
-  if (fstat(fd, &sb) != 0) {
-    st = loom_error(LOOM_ERR_IO, "%s: %s", path, strerror(errno));
-    goto done;
-  }
-  if (!S_ISREG(sb.st_mode)) {
-    st = loom_error(LOOM_ERR_CORRUPT, "%s: not a regular file", path);
-    goto done;
-  }
-  s->bytes = (int64_t)sb.st_size;
   if (s->bytes < CKPT_HEADER_BYTES + CKPT_FOOTER_BYTES) {
     st = loom_error(LOOM_ERR_CORRUPT, "%s: truncated (%lld bytes)", path,
                     (long long)s->bytes);

@@ -148,6 +148,30 @@ int loom_fs_open_write_at(int dirfd, const char *name, int flags,
   return fd;
 }
 
+int loom_fs_open_read_at(int dirfd, const char *name, int flags,
+                         int64_t *size) {
+  int fd = openat(dirfd, name,
+                  O_RDONLY | O_CLOEXEC | O_NONBLOCK | (flags & O_NOFOLLOW));
+  if (fd < 0)
+    return -1;
+  struct stat st;
+  int e = 0;
+  if (fstat(fd, &st) != 0)
+    e = errno;
+  else if (!S_ISREG(st.st_mode))
+    e = LOOM_FS_ENOTREG;
+  else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
+    e = errno;
+  if (e) {
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  if (size)
+    *size = (int64_t)st.st_size;
+  return fd;
+}
+
 loom_status loom_fs_open_append(const char *path, bool truncate, FILE **out) {
   *out = NULL;
   int fd = loom_fs_open_write_at(AT_FDCWD, path,

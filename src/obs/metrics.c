@@ -277,27 +277,16 @@ void loom_metrics_close(loom_metrics *m) {
 }
 
 FILE *loom_obs_open_read(const char *path) {
-  /* O_NONBLOCK: the open of a FIFO without a writer returns at once (and
-   * fstat then refuses it) instead of waiting for one. */
-  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  /* A FIFO without a writer is refused at once, never waited for. */
+  int fd = loom_fs_open_read_at(AT_FDCWD, path, 0, NULL);
   if (fd < 0) {
-    loom_error(LOOM_ERR_IO, "cannot read %s: %s", path, strerror(errno));
-    return NULL;
-  }
-  struct stat sb;
-  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-    int e = errno;
-    close(fd);
     loom_error(LOOM_ERR_IO, "cannot read %s: %s", path,
-               S_ISREG(sb.st_mode) ? strerror(e)
-                                   : "not a regular file (a pipe, device, "
-                                     "socket or directory)");
+               errno == LOOM_FS_ENOTREG ? "not a regular file (a pipe, "
+                                          "device, socket or directory)"
+                                        : strerror(errno));
     return NULL;
   }
-  int fl = fcntl(fd, F_GETFL);
-  FILE *f = NULL;
-  if (fl >= 0 && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) == 0)
-    f = fdopen(fd, "rb");
+  FILE *f = fdopen(fd, "rb");
   if (!f) {
     loom_error(LOOM_ERR_IO, "cannot read %s: %s", path, strerror(errno));
     close(fd);

@@ -204,6 +204,38 @@ TT_TEST(test_open_write_refuses_links) {
   TT_CHECK(stat(p, &sb) == 0 && sb.st_size == 0);
 }
 
+/* loom_fs_open_read_at: a FIFO without a writer is refused at once (never
+ * waited for), a directory too; O_NOFOLLOW refuses a link; a regular file
+ * opens blocking, with its size. */
+TT_TEST(test_open_read_regular) {
+  char p[1200], vf[1200];
+  put_file(at(vf, sizeof vf, "r_file"), "twelve bytes");
+  int64_t size = -1;
+  int fd = loom_fs_open_read_at(AT_FDCWD, vf, 0, &size);
+  TT_CHECK(fd >= 0);
+  TT_CHECK_EQ(size, 12);
+  TT_CHECK(fd >= 0 && !(fcntl(fd, F_GETFL) & O_NONBLOCK));
+  if (fd >= 0)
+    close(fd);
+  TT_REQUIRE(mkfifo(at(p, sizeof p, "r_fifo"), 0644) == 0);
+  errno = 0;
+  TT_CHECK_EQ(loom_fs_open_read_at(AT_FDCWD, p, 0, &size), -1);
+  TT_CHECK_EQ(errno, LOOM_FS_ENOTREG);
+  TT_REQUIRE(mkdir(at(p, sizeof p, "r_dir"), 0755) == 0);
+  TT_CHECK_EQ(loom_fs_open_read_at(AT_FDCWD, p, 0, NULL), -1);
+  TT_CHECK_EQ(errno, LOOM_FS_ENOTREG);
+  TT_REQUIRE(symlink(vf, at(p, sizeof p, "r_link")) == 0);
+  TT_CHECK_EQ(loom_fs_open_read_at(AT_FDCWD, p, O_NOFOLLOW, NULL), -1);
+  TT_CHECK_EQ(errno, ELOOP);
+  fd = loom_fs_open_read_at(AT_FDCWD, p, 0, NULL); /* followed when asked */
+  TT_CHECK(fd >= 0);
+  if (fd >= 0)
+    close(fd);
+  TT_CHECK_EQ(
+      loom_fs_open_read_at(AT_FDCWD, at(p, sizeof p, "r_none"), 0, NULL), -1);
+  TT_CHECK_EQ(errno, ENOENT);
+}
+
 /* loom_fs_remove_empty_dir: an empty directory goes; one with anything
  * in it, a link to a directory, a file and a path are left, saying why. */
 TT_TEST(test_remove_empty_dir) {
@@ -382,6 +414,7 @@ int main(void) {
   TT_RUN(test_remove_own_links_and_strangers);
   TT_RUN(test_remove_own_mount);
   TT_RUN(test_open_write_refuses_links);
+  TT_RUN(test_open_read_regular);
   TT_RUN(test_remove_empty_dir);
   TT_RUN(test_discard);
   TT_RUN(test_write_atomic);
