@@ -90,6 +90,10 @@ typedef struct loom_train_result {
   bool saved;          /* the state of the last step is in a checkpoint */
   int stop_signal;     /* the signal that stopped it (SIGINT, SIGTERM,
                           SIGHUP), 0 for stop_at or loom_trainer_request_stop */
+  int64_t val_step;    /* the step of that last evaluation (-1 if none) */
+  bool val_whole;      /* it covered the whole validation split (a run's
+                          final evaluation; periodic ones take
+                          train.eval_batches batches) */
 } loom_train_result;
 
 /* The model the config describes, as loom train builds it (defer_init:

@@ -1124,8 +1124,10 @@ loom_status loom_ckpt_open_latest_valid(loom_ckpt **out, const char *root,
     return loom_error(LOOM_ERR_CONFIG,
                       "%s: no checkpoint of this model (%d written for another "
                       "model%s%.0d%s; each named above): to start this model "
-                      "from scratch use --resume never (it removes them) or "
-                      "another checkpoint.dir",
+                      "from scratch here use --resume never (its checkpoints "
+                      "then head this directory: its saves replace theirs at "
+                      "the same steps and checkpoint.keep prunes older ones) "
+                      "or another checkpoint.dir",
                       root, other_model, damaged ? ", " : "", damaged,
                       damaged ? " damaged" : "");
   if (damaged)

@@ -107,12 +107,24 @@ static void print_summary(const loom_config *cfg, const loom_train_result *res,
           res->seconds, res->throughput, unit);
   if (nranks > 1)
     fprintf(stderr, " (%d ranks)", nranks);
-  if (!isnan(res->val_loss))
+  /* The result lines are the final evaluation's, over the whole validation
+   * split; a run stopped before it has only an earlier, periodic one (maybe
+   * of a few batches), said as such and not as the result. */
+  bool final =
+      !isnan(res->val_loss) && res->val_step == res->steps && res->val_whole;
+  if (!isnan(res->val_loss) && final)
     fprintf(stderr, ", val_loss %.4f", res->val_loss);
+  else if (!isnan(res->val_loss))
+    fprintf(stderr, "; last evaluation at step %lld%s: val_loss %.4f",
+            (long long)res->val_step,
+            res->val_whole ? "" : " (train.eval_batches batches)",
+            res->val_loss);
   fputc('\n', stderr);
+  if (!final)
+    return;
   if (!isnan(res->val_accuracy))
     printf("test accuracy: %.2f%%\n", 100.0 * res->val_accuracy);
-  else if (!isnan(res->val_loss))
+  else
     printf("validation loss: %.4f nats/byte\n", res->val_loss);
 }
 

@@ -1525,8 +1525,12 @@ static loom_status log_eval(loom_trainer *t, loom_train_result *res,
   bool stopped = false;
   LOOM_TRY(
       evaluate(t, last ? 0 : t->cfg.train.eval_batches, &vl, &va, &stopped));
-  res->val_loss = vl;
-  res->val_accuracy = t->is_text ? NAN : va;
+  if (!stopped) { /* a cut evaluation is neither logged nor reported */
+    res->val_loss = vl;
+    res->val_accuracy = t->is_text ? NAN : va;
+    res->val_step = t->step;
+    res->val_whole = last || t->cfg.train.eval_batches == 0;
+  }
   if (stopped && last) { /* the steps are done; the run was stopped */
     res->interrupted = true;
     res->stop_signal = agreed_signal(t);
@@ -2200,6 +2204,7 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
   memset(res, 0, sizeof *res);
   res->val_loss = NAN;
   res->val_accuracy = NAN;
+  res->val_step = -1;
   res->start_step = t->step;
   const loom_config *cfg = &t->cfg;
   double *sums = NULL; /* (S, SUM_N) this step's loss statistics */

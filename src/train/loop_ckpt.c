@@ -30,6 +30,34 @@ static const char *sched_name(const loom_trainer *t) {
   return loom_sched_kind_name(t->cfg.schedule.name);
 }
 
+/* A key's canonical value in cfg (false when it cannot be written). */
+static bool key_value(const loom_config *cfg, const loom_config_key *k,
+                      char *buf, size_t n) {
+  return loom_config_format(cfg, k, buf, n) == LOOM_OK;
+}
+
+/* extra.config: {"key": "value"} for every key of the config hash whose
+ * value is not its default (a few hundred bytes for a usual config). */
+static bool add_config(cJSON *x, const loom_config *cfg) {
+  loom_config def;
+  loom_config_defaults(&def);
+  cJSON *o = cJSON_AddObjectToObject(x, "config");
+  if (!o)
+    return false;
+  size_t nk;
+  const loom_config_key *keys = loom_config_keys(&nk);
+  for (size_t i = 0; i < nk; i++) {
+    char v[LOOM_CONFIG_STR_MAX * 4 + 8], d[sizeof v];
+    if ((keys[i].flags & LOOM_CFG_LOCAL) ||
+        !key_value(cfg, &keys[i], v, sizeof v) ||
+        !key_value(&def, &keys[i], d, sizeof d) || strcmp(v, d) == 0)
+      continue;
+    if (!cJSON_AddStringToObject(o, keys[i].path, v))
+      return false;
+  }
+  return true;
+}
+
 static loom_status fill_meta(loom_trainer *t, loom_ckpt_meta *meta) {
   *meta = loom_ckpt_meta_default();
   snprintf(meta->strategy, sizeof meta->strategy, "%s",
@@ -65,7 +93,9 @@ static loom_status fill_meta(loom_trainer *t, loom_ckpt_meta *meta) {
      * the next one as the uninterrupted run does; extra.data: the samples
      * of the training and validation splits (the config hash leaves
      * data.path out, so that moved data resumes: a resume on other data
-     * is told by its size) */
+     * is told by its size); extra.config: the hashed keys that differ from
+     * their defaults, so that a resume with another config names what
+     * changed */
     cJSON *x = cJSON_Parse(meta->extra_json ? meta->extra_json : "{}");
     bool ok = x != NULL;
     if (ok) {
@@ -76,6 +106,8 @@ static loom_status fill_meta(loom_trainer *t, loom_ckpt_meta *meta) {
            cJSON_AddNumberToObject(d, "val_samples",
                                    (double)loom_dataset_len(t->val_ds));
     }
+    if (ok)
+      ok = add_config(x, &t->cfg);
     if (ok && t->job[0])
       ok = cJSON_AddStringToObject(x, "job", t->job) != NULL;
     if (ok && t->loss_window_n > 0) {
@@ -99,11 +131,11 @@ static loom_status fill_meta(loom_trainer *t, loom_ckpt_meta *meta) {
 
 /* The loss window a checkpoint recorded (extra.loss_window), if whole:
  * the sums of the steps after the last metrics line before it. */
-static void restore_loss_window(loom_trainer *t, const loom_ckpt_meta *meta) {
+static void restore_loss_window(loom_trainer *t, const loom_ckpt_meta *meta,
+                                const cJSON *x) {
   t->loss_window_sum = 0;
   t->acc_window_sum = 0;
   t->loss_window_n = 0;
-  cJSON *x = meta->extra_json ? cJSON_Parse(meta->extra_json) : NULL;
   const cJSON *a = cJSON_GetObjectItemCaseSensitive(x, "loss_window");
   const cJSON *l = cJSON_GetArrayItem(a, 0), *c = cJSON_GetArrayItem(a, 1),
               *n = cJSON_GetArrayItem(a, 2);
@@ -116,16 +148,14 @@ static void restore_loss_window(loom_trainer *t, const loom_ckpt_meta *meta) {
     t->acc_window_sum = c->valuedouble;
     t->loss_window_n = (int64_t)n->valuedouble;
   }
-  cJSON_Delete(x);
 }
 
 /* A resume on data of another size than the checkpoint's (extra.data):
  * said, not refused (fine-tuning on new data is a use), since the saved
  * position then falls on other samples. Older checkpoints have no
  * extra.data and say nothing. */
-static void warn_other_data(const loom_trainer *t, const loom_ckpt *c) {
-  const char *extra = loom_ckpt_get_meta(c)->extra_json;
-  cJSON *x = extra ? cJSON_Parse(extra) : NULL;
+static void warn_other_data(const loom_trainer *t, const loom_ckpt *c,
+                            const cJSON *x) {
   const cJSON *d = cJSON_GetObjectItemCaseSensitive(x, "data");
   const cJSON *tr = cJSON_GetObjectItemCaseSensitive(d, "train_samples");
   const cJSON *va = cJSON_GetObjectItemCaseSensitive(d, "val_samples");
@@ -141,7 +171,50 @@ static void warn_other_data(const loom_trainer *t, const loom_ckpt *c) {
               t->cfg.data.path, (long long)ntr, (long long)nva,
               (long long)loom_ckpt_get_meta(c)->data.epoch,
               (long long)loom_ckpt_get_meta(c)->data.sample);
-  cJSON_Delete(x);
+}
+
+/* A resume with a config of another hash: names the keys that differ from
+ * the checkpoint's (extra.config; up to 6, then how many more). An older
+ * checkpoint without extra.config is told without them. */
+static void warn_other_config(const loom_trainer *t, const loom_ckpt *c,
+                              const cJSON *x) {
+  const cJSON *o = cJSON_GetObjectItemCaseSensitive(x, "config");
+  char diff[1024] = "";
+  size_t used = 0;
+  int n = 0;
+  if (cJSON_IsObject(o)) {
+    loom_config def;
+    loom_config_defaults(&def);
+    size_t nk;
+    const loom_config_key *keys = loom_config_keys(&nk);
+    for (size_t i = 0; i < nk; i++) {
+      char now[LOOM_CONFIG_STR_MAX * 4 + 8], d[sizeof now];
+      if ((keys[i].flags & LOOM_CFG_LOCAL) ||
+          !key_value(&t->cfg, &keys[i], now, sizeof now) ||
+          !key_value(&def, &keys[i], d, sizeof d))
+        continue;
+      const char *was = cJSON_GetStringValue(
+          cJSON_GetObjectItemCaseSensitive(o, keys[i].path));
+      if (!was)
+        was = d;
+      if (strcmp(was, now) == 0)
+        continue;
+      if (++n <= 6 && used < sizeof diff)
+        used +=
+            (size_t)snprintf(diff + used, sizeof diff - used, "%s%s %s, now %s",
+                             n > 1 ? "; " : "", keys[i].path, was, now);
+    }
+  }
+  if (n > 6 && used < sizeof diff)
+    snprintf(diff + used, sizeof diff - used, "; and %d more", n - 6);
+  if (n > 0)
+    LOOM_WARN("%s was saved with a different config (%s); resuming with the "
+              "current one",
+              loom_ckpt_path(c), diff);
+  else
+    LOOM_WARN("%s was saved with a different config; resuming with the "
+              "current one",
+              loom_ckpt_path(c));
 }
 
 /* After every rank's write (st): all agree, rank 0 commits (or removes the
@@ -602,17 +675,17 @@ static loom_status restore(loom_trainer *t, const loom_ckpt *c) {
   }
   LOOM_TRY(loom_optim_set_step(t->optim, meta->optimizer_step));
   loom_train_scale_restore(t, meta);
-  restore_loss_window(t, meta);
   t->step = meta->step;
   /* The data position in samples: exact at any world size. */
   LOOM_TRY(
       loom_loader_seek(t->train_loader, meta->data.epoch, meta->data.sample));
+  cJSON *extra = meta->extra_json ? cJSON_Parse(meta->extra_json) : NULL;
+  restore_loss_window(t, meta, extra);
   if (meta->config_hash != loom_config_hash(&t->cfg) && t->rank == 0)
-    LOOM_WARN("%s was saved with a different config; resuming with the "
-              "current one",
-              loom_ckpt_path(c));
+    warn_other_config(t, c, extra);
   if (t->rank == 0)
-    warn_other_data(t, c);
+    warn_other_data(t, c, extra);
+  cJSON_Delete(extra);
   return LOOM_OK;
 }
 
@@ -783,7 +856,26 @@ static bool resume_root(const char *path, char *buf, size_t n) {
     snprintf(buf, n, "%s", probe);
     return true;
   }
+  /* A directory that is not a checkpoint (no manifest.json, not named
+   * step_N): an empty checkpoint directory, searched as one (and found
+   * empty) rather than opened as a checkpoint without its manifest. */
+  const char *base = strrchr(path, '/');
+  base = base ? base + 1 : path;
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) &&
+      strncmp(base, "step_", 5) != 0) {
+    snprintf(buf, n, "%s", path);
+    return true;
+  }
   return false;
+}
+
+/* An explicit --resume PATH that gives no checkpoint (none there, all
+ * damaged, not a checkpoint at all) is the command line's error: exit 2,
+ * which loom run does not restart (a restart would fail the same way). */
+static loom_status named_resume(loom_status s, const char *how) {
+  if (s == LOOM_OK || s == LOOM_ERR_NOMEM || s == LOOM_ERR_CONFIG)
+    return s;
+  return loom_error_context(LOOM_ERR_CONFIG, "--resume %s", how);
 }
 
 static loom_status open_resume(loom_trainer *t, const loom_ckpt_open_opts *oo,
@@ -797,7 +889,8 @@ static loom_status open_resume(loom_trainer *t, const loom_ckpt_open_opts *oo,
   if (strcmp(how, "auto") != 0) {
     if (!resume_root(how, named, sizeof named)) {
       loom_status s = loom_ckpt_open(c, how, t->rank == 0 ? oo : &light);
-      return loom_train_agree(t, s, "opening the checkpoint to resume from");
+      return named_resume(
+          loom_train_agree(t, s, "opening the checkpoint to resume from"), how);
     }
     root = named; /* its newest valid checkpoint, as auto in its own */
   }
@@ -807,6 +900,8 @@ static loom_status open_resume(loom_trainer *t, const loom_ckpt_open_opts *oo,
   if (t->rank == 0)
     s = loom_ckpt_find_latest_valid(root, oo, dir, sizeof dir, &step);
   s = loom_train_agree(t, s, "finding the latest checkpoint");
+  if (s != LOOM_OK && root == named)
+    return named_resume(s, how);
   if (s != LOOM_OK)
     return loom_error_context(s, "resuming from %s", root);
   if (t->nranks > 1) {
@@ -815,10 +910,15 @@ static loom_status open_resume(loom_trainer *t, const loom_ckpt_open_opts *oo,
     LOOM_TRY(loom_wait(&r));
   }
   if (step < 0 && root == named)
-    return loom_error(LOOM_ERR_CONFIG,
-                      "--resume %s: no valid checkpoint in %s (each one "
-                      "passed over is named above with the reason)",
-                      how, root);
+    return loom_ckpt_has_step_dirs(root)
+               ? loom_error(LOOM_ERR_CONFIG,
+                            "--resume %s: no valid checkpoint in %s (each "
+                            "one passed over is named above with the reason)",
+                            how, root)
+               : loom_error(LOOM_ERR_CONFIG,
+                            "--resume %s: no checkpoint in %s (it holds "
+                            "none)",
+                            how, root);
   if (step < 0) {
     /* Nothing usable: a fresh start. When something was passed over (each
      * named above, with why), say what happens now. */

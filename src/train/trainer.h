@@ -196,8 +196,9 @@ struct loom_trainer {
    * newest checkpoint, whatever --resume says. */
   char job[LOOM_TRAIN_JOB_MAX + 1];
   long restart;
-  char ckpt_extra[512]; /* the manifest's extra JSON: the scaler's, the job,
-                           the loss window */
+  char ckpt_extra[16384]; /* the manifest's extra JSON: the scaler's, the
+                             job, the loss window, the data's sizes, the
+                             config's keys other than their defaults */
 
   /* Fault injection (LOOM_FAULT): this rank's faults, armed in a job's
    * first attempt only. */

@@ -76,7 +76,7 @@ before=$(digest "$dir/ckpt")
 run 2 "$dir" --max-restarts 2 --restart-delay 0 -- --set model.hidden=[16]
 [ $rc = 2 ] && has "step_00000020 is not usable, passing over it: .*written for another model" &&
   has "step_00000010 is not usable, passing over it: .*written for another model" &&
-  has "no checkpoint of this model \(2 written for another model; each named above\): to start this model from scratch use --resume never" &&
+  has "no checkpoint of this model \(2 written for another model; each named above\): to start this model from scratch here use --resume never" &&
   ! has "restart 1 of" && [ ! -d "$dir/ckpt/step_00000030" ] && [ "$(digest "$dir/ckpt")" = "$before" ] &&
   ok "another model's checkpoints: rc 2, each named, not restarted, kept" ||
   { bad "another model: rc $rc"; cat "$tmp/out"; }

@@ -173,6 +173,22 @@ run "$LOOM" train "$SRC/examples/small_gpt.yaml" --set "data.path=$T/part.txt" -
 check "other data: resumed" test "$rc" -eq 0
 check "other data: said with both sizes" grep -q "^warn: $T/otherdata/ckpt/step_00000006 was saved training on other data: [0-9]* training and [0-9]* validation samples, where this run's data (data.path '$T/part.txt') has 5624 and 624; resuming at its position" <<<"$out"
 
+# A resume with another config names the keys that changed (the
+# checkpoint's extra.config), not only that something did.
+run "$LOOM" train "$SRC/examples/small_mlp.yaml" --set "log.run_dir=$T/othercfg" --set train.steps=4 --quiet
+check "other config: first run" test "$rc" -eq 0
+run "$LOOM" train "$SRC/examples/small_mlp.yaml" --set "log.run_dir=$T/othercfg" --set train.steps=6 \
+  --set optim.lr=0.02 --set schedule.name=step --set schedule.gamma=0.5 --quiet
+check "other config: resumed" test "$rc" -eq 0
+check "other config: the keys named" grep -qx "warn: $T/othercfg/ckpt/step_00000004 was saved with a different config (optim.lr 0.05, now 0.02; schedule.name constant, now step; schedule.gamma 0.1, now 0.5; train.steps 4, now 6); resuming with the current one" <<<"$out"
+
+# A stopped run has no final evaluation: its summary names the last
+# periodic one (2 batches at step 10) by step, and prints no result line.
+run "$LOOM" train "$SRC/examples/small_mlp.yaml" --set "log.run_dir=$T/stopsum" --stop-at 15
+check "stopped summary: exit 0" test "$rc" -eq 0
+check "stopped summary: the periodic evaluation named" grep -q "^stopped at step 15: .*; last evaluation at step 10 (train.eval_batches batches): val_loss [0-9.]*$" <<<"$out"
+check "stopped summary: no test accuracy" eval '! grep -q "^test accuracy" <<<"$out"'
+
 # Interrupted at step 7, then resumed to the end (20 steps).
 ARGS=("$SRC/examples/small_mlp.yaml" --set "log.run_dir=$T/run" --set log.progress=lines)
 run "$LOOM" train "${ARGS[@]}" --resume never --stop-at 7
@@ -203,6 +219,21 @@ for form in "$T/run/ckpt" "$T/run/ckpt/latest" "$T/run"; do
 done
 run "$LOOM" train "${ARGS[@]}" --resume "$T/emptydir/" --set "log.run_dir=$T/form_none"
 check "--resume of a directory without checkpoints: an error" test "$rc" -ne 0
+# An explicit --resume PATH that gives no checkpoint is the command line's
+# error, exit 2 (loom run restarts exit 1, which would fail the same way):
+# a missing path, an empty checkpoint directory, a run whose checkpoints
+# are all damaged.
+mkdir -p "$T/emptyrun/ckpt" "$T/dmg"
+cp -r "$T/run/ckpt" "$T/dmg/ckpt"
+for d in "$T"/dmg/ckpt/step_*; do rm "$d/manifest.json"; done
+for form in "$T/nonexist|$T/nonexist: no such checkpoint directory" \
+  "$T/emptyrun/ckpt|--resume $T/emptyrun/ckpt: no checkpoint in $T/emptyrun/ckpt (it holds none)" \
+  "$T/emptyrun|--resume $T/emptyrun: no checkpoint in $T/emptyrun/ckpt (it holds none)" \
+  "$T/dmg|--resume $T/dmg: $T/dmg/ckpt: no valid checkpoint"; do
+  run "$LOOM" train "${ARGS[@]}" --resume "${form%%|*}" --set "log.run_dir=$T/form_bad"
+  check "--resume ${form%%|*}: exit 2" test "$rc" -eq 2
+  check "--resume ${form%%|*}: said" grep -qF -e "${form#*|}" <<<"$out"
+done
 check "metrics lines" test "$(grep -c '"loss"' "$T/run/metrics.jsonl")" -eq 4
 check "eval lines" test "$(grep -c '"val_accuracy"' "$T/run/metrics.jsonl")" -ge 2
 # Resumed from an older checkpoint: the steps after it are logged again,
