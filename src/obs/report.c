@@ -118,8 +118,36 @@ static void svg_plot(rp_buf *b, const rp_run *r, const rp_plot_desc *d) {
             "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n",
             d->id, RP_PLOT_W, RP_PLOT_H, RP_PLOT_W, RP_PLOT_H);
   rp_pen pen = {b, svg_line, svg_rect, svg_dot, svg_text};
-  rp_plot_draw(r, d->id, &pen);
-  rp_printf(b, "</svg></figure>\n");
+  rp_thinned t;
+  rp_plot_draw(r, d->id, &pen, &t);
+  rp_printf(b, "</svg>");
+  /* Say what a thinned curve leaves out, so that no one reads it as every
+   * point (the note in the plot's corner says it in short). */
+  if (t.n > 0)
+    rp_printf(b,
+              "<figcaption class=\"note\" id=\"thin-%s\">Thinned to the "
+              "plot's width, so that spikes stay:",
+              d->id);
+  for (int i = 0; i < t.n; i++) {
+    char run[32];
+    if (t.curve[i].run_lo == t.curve[i].run_hi)
+      snprintf(run, sizeof run, "%d", t.curve[i].run_hi);
+    else
+      snprintf(run, sizeof run, "%d or %d", t.curve[i].run_lo,
+               t.curve[i].run_hi);
+    rp_printf(b,
+              "%s %s is drawn through %d of its %d points (about 1 in "
+              "%.0f): the lowest and the highest of each %s consecutive "
+              "points, in step order",
+              i ? ";" : "", t.curve[i].name, t.curve[i].shown,
+              t.curve[i].points,
+              (double)t.curve[i].points /
+                  (double)(t.curve[i].shown > 0 ? t.curve[i].shown : 1),
+              run);
+  }
+  if (t.n > 0)
+    rp_printf(b, ".</figcaption>");
+  rp_printf(b, "</figure>\n");
 }
 
 /* ----------------------------------------------------------------- page */

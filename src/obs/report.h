@@ -114,7 +114,24 @@ typedef struct rp_plot_desc {
 } rp_plot_desc;
 /* The plots this run has data for, into out (up to max); their count. */
 int rp_plots(const rp_run *r, rp_plot_desc *out, int max);
-void rp_plot_draw(const rp_run *r, const char *id, const rp_pen *pen);
+
+/* A curve of more points than two a pixel column of the plot area is drawn
+ * thinned: the lowest and the highest point of each run of consecutive
+ * points (one run a column), so that a one-step spike is still drawn.
+ * What rp_plot_draw thinned, for the page to say so. */
+enum { RP_MAX_THINNED = 4 };
+typedef struct rp_thinned {
+  int n;
+  struct {
+    const char *name;   /* "train loss" (static) */
+    int points;         /* the series' points */
+    int shown;          /* those drawn */
+    int run_lo, run_hi; /* points a run, the fewest and the most */
+  } curve[RP_MAX_THINNED];
+} rp_thinned;
+/* Draws plot `id`; what it thinned into *thinned (NULL: not wanted). */
+void rp_plot_draw(const rp_run *r, const char *id, const rp_pen *pen,
+                  rp_thinned *thinned);
 
 /* A growing text buffer. */
 typedef struct rp_buf {

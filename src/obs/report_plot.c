@@ -117,6 +117,111 @@ static frame axes(const rp_pen *p, const char *title, const char *xlabel,
   return f;
 }
 
+/* -------------------------------------------------------------- thinning */
+
+/* A curve is drawn through at most two points a pixel column of the plot
+ * area: more say nothing more and made a 200,000-line run a 95 MB page.
+ * A longer series is cut into THIN_RUNS runs of consecutive points (in
+ * file order, so a resume that goes back in steps is drawn as before) and
+ * each run keeps its lowest and its highest point, in order: min/max
+ * decimation, which keeps every spike where a mean would hide it. */
+enum {
+  THIN_RUNS = RP_PLOT_W - ML - MR, /* the plot area's pixel columns */
+  THIN_MAX = 2 * THIN_RUNS,        /* more points than this are thinned */
+  /* a run's lowest, highest and a break; the first and last points */
+  THIN_OUT = 3 * THIN_RUNS + 2,
+};
+_Static_assert(THIN_OUT >= THIN_MAX, "a short series' indices fit in idx");
+
+/* A point a run keeps: its index, or a break in the line there. */
+typedef struct thin_ev {
+  int at;
+  bool brk;
+} thin_ev;
+
+/* The points of s to draw, as indices into s in order, into idx (-1: a
+ * break in the line); their count. A series of THIN_MAX points or fewer
+ * gives all of its indices (drawn exactly as they always were). Else each
+ * run gives the indices of its lowest and highest finite value (y * scale),
+ * and a break where it holds a non-finite one (the line stops there, as it
+ * does for every non-finite point of a short series); the series' first and
+ * last points are kept too, so that the curve spans its steps. What was
+ * thinned goes into *t under name. */
+static int thin(const rp_series *s, double scale, const char *name,
+                rp_thinned *t, int idx[THIN_OUT]) {
+  int n = s->n;
+  if (n <= THIN_MAX) {
+    for (int k = 0; k < n; k++)
+      idx[k] = k;
+    return n;
+  }
+  int m = 0;
+  for (int b = 0; b < THIN_RUNS; b++) {
+    int lo = (int)((int64_t)b * n / THIN_RUNS),
+        hi = (int)((int64_t)(b + 1) * n / THIN_RUNS);
+    int imin = -1, imax = -1, ibad = -1;
+    for (int k = lo; k < hi; k++) {
+      double y = s->y[k] * scale;
+      if (!isfinite(y)) {
+        if (ibad < 0)
+          ibad = k;
+        continue;
+      }
+      if (imin < 0 || y < s->y[imin] * scale)
+        imin = k;
+      if (imax < 0 || y > s->y[imax] * scale)
+        imax = k;
+    }
+    /* This run's points in order, at most four (brk: a break there). */
+    thin_ev ev[4];
+    int ne = 0;
+    if (b == 0 && isfinite(s->y[0] * scale))
+      ev[ne++] = (thin_ev){0, false};
+    if (imin >= 0)
+      ev[ne++] = (thin_ev){imin, false};
+    if (imax >= 0)
+      ev[ne++] = (thin_ev){imax, false};
+    if (ibad >= 0)
+      ev[ne++] = (thin_ev){ibad, true};
+    if (b == THIN_RUNS - 1 && isfinite(s->y[n - 1] * scale))
+      ev[ne++] = (thin_ev){n - 1, false};
+    for (int i = 1; i < ne; i++)
+      for (int j = i; j > 0 && ev[j].at < ev[j - 1].at; j--) {
+        thin_ev e = ev[j];
+        ev[j] = ev[j - 1];
+        ev[j - 1] = e;
+      }
+    for (int i = 0; i < ne; i++)
+      if (i == 0 || ev[i].at != ev[i - 1].at)
+        idx[m++] = ev[i].brk ? -1 : ev[i].at;
+  }
+  if (t && t->n < RP_MAX_THINNED) {
+    int shown = 0;
+    for (int i = 0; i < m; i++)
+      shown += idx[i] >= 0;
+    t->curve[t->n].name = name;
+    t->curve[t->n].points = n;
+    t->curve[t->n].shown = shown;
+    t->curve[t->n].run_lo = n / THIN_RUNS;
+    t->curve[t->n].run_hi = (n + THIN_RUNS - 1) / THIN_RUNS;
+    t->n++;
+  }
+  return m;
+}
+
+/* Under a thinned plot, in its corner, how it was thinned: the PNG files
+ * have no page around them to say it. */
+static void thin_note(const rp_pen *p, const rp_thinned *t, int from) {
+  int run = 0;
+  for (int i = from; i < t->n; i++)
+    run = t->curve[i].run_hi > run ? t->curve[i].run_hi : run;
+  if (!run)
+    return;
+  char b[96];
+  snprintf(b, sizeof b, "thinned: min and max of each %d points", run);
+  p->text(p->ctx, RP_PLOT_W - MR, RP_PLOT_H - 10, b, AXIS, TEXT_PX, 1, false);
+}
+
 /* ---------------------------------------------------------------- curves */
 
 typedef struct curve {
@@ -127,7 +232,7 @@ typedef struct curve {
 } curve;
 
 static void draw_curves(const rp_pen *p, const char *title, const char *ylabel,
-                        const curve *c, int n, bool from_zero) {
+                        const curve *c, int n, bool from_zero, rp_thinned *t) {
   double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
   const char *names[8];
   uint32_t colors[8];
@@ -154,6 +259,7 @@ static void draw_curves(const rp_pen *p, const char *title, const char *ylabel,
   if (!from_zero)
     y0 -= pad;
   frame f = axes(p, title, "step", ylabel, x0, x1, y0, y1, true);
+  int from = t->n;
   for (int i = 0; i < n; i++) {
     const rp_series *s = c[i].s;
     if (!s)
@@ -161,8 +267,11 @@ static void draw_curves(const rp_pen *p, const char *title, const char *ylabel,
     uint32_t col = palette[i % 10];
     bool have = false;
     double px = 0, py = 0;
-    for (int k = 0; k < s->n; k++) {
-      double y = s->y[k] * c[i].scale;
+    int idx[THIN_OUT];
+    int m = thin(s, c[i].scale, c[i].name, t, idx);
+    for (int j = 0; j < m; j++) {
+      int k = idx[j];
+      double y = k >= 0 ? s->y[k] * c[i].scale : NAN;
       if (!isfinite(y)) {
         have = false;
         continue;
@@ -178,6 +287,7 @@ static void draw_curves(const rp_pen *p, const char *title, const char *ylabel,
     }
   }
   legend(p, names, colors, nl);
+  thin_note(p, t, from);
 }
 
 /* ------------------------------------------------------------ stacked bars */
@@ -194,7 +304,7 @@ typedef struct stack {
 static void draw_stacks(const rp_pen *p, const char *title, const char *xlabel,
                         const char *ylabel, const double *xs, int nb,
                         const stack *parts, int np, const curve *over,
-                        bool int_x) {
+                        bool int_x, rp_thinned *t) {
   double top = 0;
   for (int b = 0; b < nb; b++) {
     double sum = 0;
@@ -243,19 +353,26 @@ static void draw_stacks(const rp_pen *p, const char *title, const char *xlabel,
     names[nl] = parts[k].name;
     colors[nl++] = palette[k % 10];
   }
+  int from = t->n;
   if (over && over->s) {
     uint32_t col = INK;
-    for (int k = 1; k < over->s->n; k++)
-      p->line(p->ctx, fx(&f, over->s->x[k - 1]),
-              fy(&f, over->s->y[k - 1] * over->scale), fx(&f, over->s->x[k]),
-              fy(&f, over->s->y[k] * over->scale), col, 2);
-    for (int k = 0; k < over->s->n; k++)
-      p->dot(p->ctx, fx(&f, over->s->x[k]), fy(&f, over->s->y[k] * over->scale),
-             2.5, col);
+    const rp_series *s = over->s;
+    int idx[THIN_OUT];
+    int m = thin(s, over->scale, over->name, t, idx);
+    for (int j = 1; j < m; j++)
+      if (idx[j - 1] >= 0 && idx[j] >= 0)
+        p->line(p->ctx, fx(&f, s->x[idx[j - 1]]),
+                fy(&f, s->y[idx[j - 1]] * over->scale), fx(&f, s->x[idx[j]]),
+                fy(&f, s->y[idx[j]] * over->scale), col, 2);
+    for (int j = 0; j < m; j++)
+      if (idx[j] >= 0)
+        p->dot(p->ctx, fx(&f, s->x[idx[j]]), fy(&f, s->y[idx[j]] * over->scale),
+               2.5, col);
     names[nl] = over->name;
     colors[nl++] = col;
   }
   legend(p, names, colors, nl);
+  thin_note(p, t, from);
 }
 
 /* Bars at most: more lines than this are drawn as bars of consecutive
@@ -324,25 +441,29 @@ int rp_plots(const rp_run *r, rp_plot_desc *out, int max) {
   return n;
 }
 
-void rp_plot_draw(const rp_run *r, const char *id, const rp_pen *p) {
+void rp_plot_draw(const rp_run *r, const char *id, const rp_pen *p,
+                  rp_thinned *thinned) {
+  rp_thinned none;
+  rp_thinned *t = thinned ? thinned : &none;
+  t->n = 0;
   if (!strcmp(id, "loss")) {
     curve c[] = {{rp_find(r, "loss"), "train loss", 1, false},
                  {rp_find(r, "val_loss"), "validation loss", 1, true}};
-    draw_curves(p, "Loss", "loss", c, 2, false);
+    draw_curves(p, "Loss", "loss", c, 2, false, t);
   } else if (!strcmp(id, "accuracy")) {
     curve c[] = {
         {rp_find(r, "accuracy"), "train accuracy", 100, false},
         {rp_find(r, "val_accuracy"), "validation accuracy", 100, true}};
-    draw_curves(p, "Accuracy", "%", c, 2, false);
+    draw_curves(p, "Accuracy", "%", c, 2, false, t);
   } else if (!strcmp(id, "lr")) {
     curve c[] = {{rp_find(r, "lr"), "learning rate", 1, false}};
-    draw_curves(p, "Learning rate", "lr", c, 1, true);
+    draw_curves(p, "Learning rate", "lr", c, 1, true, t);
   } else if (!strcmp(id, "throughput")) {
-    const rp_series *t = rp_find(r, "tokens_per_s");
-    curve c[] = {{t ? t : rp_find(r, "samples_per_s"),
-                  t ? "tokens/s" : "samples/s", 1, false}};
-    draw_curves(p, "Throughput (all ranks)", t ? "tokens/s" : "samples/s", c, 1,
-                true);
+    const rp_series *tok = rp_find(r, "tokens_per_s");
+    curve c[] = {{tok ? tok : rp_find(r, "samples_per_s"),
+                  tok ? "tokens/s" : "samples/s", 1, false}};
+    draw_curves(p, "Throughput (all ranks)", tok ? "tokens/s" : "samples/s", c,
+                1, true, t);
   } else if (!strcmp(id, "step_time")) {
     const rp_series *st = train_x(r);
     const char *keys[] = {"data_wait_s", "forward_s", "backward_s",
@@ -366,7 +487,7 @@ void rp_plot_draw(const rp_run *r, const char *id, const rp_pen *p) {
                              "bar's windows)"
                            : "Where a step's time goes (rank 0, mean of each "
                              "window)",
-                "step", "ms a step", xs, nb, use, nu, NULL, true);
+                "step", "ms a step", xs, nb, use, nu, NULL, true, t);
   } else if (!strcmp(id, "memory")) {
     const char *keys[] = {"mem_params_mb", "mem_grads_mb", "mem_optim_mb",
                           "mem_act_mb",    "mem_comm_mb",  "mem_data_mb"};
@@ -384,7 +505,7 @@ void rp_plot_draw(const rp_run *r, const char *id, const rp_pen *p) {
         use[nu++] = (stack){names[k], NULL, vals[k], 1};
     curve over = {rp_find(r, "peak_rss_mb"), "peak RSS", 1, true};
     draw_stacks(p, "Memory by category (rank 0) and the process's peak RSS",
-                "step", "MiB", xs, nb, use, nu, &over, true);
+                "step", "MiB", xs, nb, use, nu, &over, true, t);
   } else if (!strcmp(id, "ranks")) {
     int n = r->nranks;
     double xs[RP_MAX_RANKS] = {0}, v[RP_RANK_N][RP_MAX_RANKS] = {{0}};
@@ -397,9 +518,9 @@ void rp_plot_draw(const rp_run *r, const char *id, const rp_pen *p) {
                      {"data wait", NULL, v[RP_RANK_DATA], 1e3},
                      {"comm wait", NULL, v[RP_RANK_COMM], 1e3}};
     draw_stacks(p, "Each rank's step: busy and waiting (mean ms a step)",
-                "rank", "ms a step", xs, n, parts, 3, NULL, true);
+                "rank", "ms a step", xs, n, parts, 3, NULL, true, t);
   } else if (!strcmp(id, "grad_norm")) {
     curve c[] = {{rp_find(r, "grad_norm"), "gradient norm", 1, false}};
-    draw_curves(p, "Gradient norm (before clipping)", "norm", c, 1, true);
+    draw_curves(p, "Gradient norm (before clipping)", "norm", c, 1, true, t);
   }
 }

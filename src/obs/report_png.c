@@ -41,7 +41,7 @@ loom_status rp_write_pngs(const rp_run *r, const char *dir, int *n) {
     if (!img)
       return LOOM_ERR_NOMEM;
     rp_pen pen = {img, r_line, r_rect, r_dot, r_text};
-    rp_plot_draw(r, plots[i].id, &pen);
+    rp_plot_draw(r, plots[i].id, &pen, NULL);
     char name[64];
     snprintf(name, sizeof name, "%s.png", plots[i].id);
     loom_status s = loom_raster_write_png(img, dir, name);
