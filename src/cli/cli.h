@@ -28,7 +28,8 @@ typedef struct loom_cli_cmd {
   X("estimate", loom_cmd_estimate,                                             \
     "memory per rank of a config, per strategy; largest batch that fits")      \
   X("report", loom_cmd_report,                                                 \
-    "merge the ranks' timeline traces of a run (--trace)")                     \
+    "a run's HTML report, with a verdict; --trace merges the ranks' "          \
+    "timelines")                                                               \
   X("bench", loom_cmd_bench, "measure kernels and collectives")
 
 int loom_cmd_train(int argc, char **argv);    /* train.c */
