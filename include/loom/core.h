@@ -374,6 +374,12 @@ int loom_cores(void);
 bool loom_parse_i64(const char *s, int64_t *out);
 bool loom_parse_int(const char *s, int *out);
 bool loom_parse_i64_at(const char *s, const char **end, int64_t *out);
+/* A name among names[0..n) (an enum's names, indexed by value): its index
+ * into *out (when out is not NULL: else only checked). Unknown or NULL:
+ * LOOM_ERR_INVALID_ARG "unknown WHAT 'S' (expected a, b or c)", the
+ * names listed from the table. What each enum's *_parse function uses. */
+loom_status loom_name_parse(const char *s, const char *const *names, int n,
+                            const char *what, int *out);
 
 /* ------------------------------------------------------------- checksums */
 

@@ -722,16 +722,12 @@ const char *loom_ckpt_strategy_name(loom_ckpt_strategy s) {
 }
 
 loom_status loom_ckpt_strategy_parse(const char *s, loom_ckpt_strategy *out) {
-  for (int i = 0; i < LOOM_CKPT_STRATEGY_COUNT; i++)
-    if (s && strcmp(s, strategy_names[i]) == 0) {
-      if (out)
-        *out = (loom_ckpt_strategy)i;
-      return LOOM_OK;
-    }
-  return loom_error(LOOM_ERR_INVALID_ARG,
-                    "unknown strategy '%s' (none, ddp, zero1, zero2, zero3, "
-                    "pipeline or tensor)",
-                    s ? s : "(null)");
+  int i = 0;
+  LOOM_TRY(loom_name_parse(s, strategy_names, LOOM_CKPT_STRATEGY_COUNT,
+                           "strategy", &i));
+  if (out)
+    *out = (loom_ckpt_strategy)i;
+  return LOOM_OK;
 }
 
 /* ------------------------------------------------------------------ damage */
@@ -750,14 +746,14 @@ const char *loom_ckpt_damage_name(loom_ckpt_damage_kind k) {
 }
 
 loom_status loom_ckpt_damage_parse(const char *s, loom_ckpt_damage_kind *out) {
-  for (int i = 0; i < LOOM_CKPT_DAMAGE_COUNT; i++)
-    if (s && strcmp(s, damage_names[i]) == 0) {
-      *out = (loom_ckpt_damage_kind)i;
-      return LOOM_OK;
-    }
-  return loom_error(LOOM_ERR_INVALID_ARG,
-                    "unknown damage '%s' (flip, truncate, manifest, latest)",
-                    s ? s : "(null)");
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_ckpt_damage_parse: NULL out");
+  int i = 0;
+  LOOM_TRY(
+      loom_name_parse(s, damage_names, LOOM_CKPT_DAMAGE_COUNT, "damage", &i));
+  if (out)
+    *out = (loom_ckpt_damage_kind)i;
+  return LOOM_OK;
 }
 
 static bool damage_own(const char *name, bool is_dir, int depth, void *ctx) {

@@ -21,15 +21,14 @@ const char *loom_redop_name(loom_redop op) {
 }
 
 loom_status loom_redop_parse(const char *name, loom_redop *out) {
-  for (int i = 0; i < LOOM_REDOP_COUNT; i++)
-    if (name && strcmp(name, redop_names[i]) == 0) {
-      *out = (loom_redop)i;
-      return LOOM_OK;
-    }
-  return loom_error(LOOM_ERR_INVALID_ARG,
-                    "unknown reduction '%s' (expected sum, avg, max, min or "
-                    "prod)",
-                    name ? name : "(null)");
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_redop_parse: NULL out");
+  int i = 0;
+  LOOM_TRY(
+      loom_name_parse(name, redop_names, LOOM_REDOP_COUNT, "reduction", &i));
+  if (out)
+    *out = (loom_redop)i;
+  return LOOM_OK;
 }
 
 static inline float bf16_f32(uint16_t h) {

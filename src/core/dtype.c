@@ -24,6 +24,8 @@ const char *loom_dtype_name(loom_dtype dt) {
 }
 
 loom_status loom_dtype_parse(const char *name, loom_dtype *out) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_dtype_parse: NULL out");
   for (int i = 0; i < LOOM_DTYPE_COUNT; i++)
     if (name && strcmp(name, dtype_table[i].name) == 0) {
       *out = (loom_dtype)i;

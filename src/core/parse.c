@@ -1,7 +1,10 @@
 /* Strict decimal integers: what atoi and sscanf("%d") do without their
- * silent 0 for garbage and their undefined behaviour on overflow. */
+ * silent 0 for garbage and their undefined behaviour on overflow; and the
+ * one lookup of a name in an enum's name table. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "loom/core.h"
 
@@ -30,4 +33,25 @@ bool loom_parse_int(const char *s, int *out) {
     return false;
   *out = (int)v;
   return true;
+}
+
+loom_status loom_name_parse(const char *s, const char *const *names, int n,
+                            const char *what, int *out) {
+  for (int i = 0; s && names && i < n; i++)
+    if (names[i] && strcmp(s, names[i]) == 0) {
+      if (out)
+        *out = i;
+      return LOOM_OK;
+    }
+  char list[512];
+  size_t o = 0;
+  list[0] = '\0';
+  for (int i = 0; names && i < n && o < sizeof list; i++)
+    o += (size_t)snprintf(list + o, sizeof list - o, "%s%s",
+                          i == 0       ? ""
+                          : i == n - 1 ? " or "
+                                       : ", ",
+                          names[i] ? names[i] : "?");
+  return loom_error(LOOM_ERR_INVALID_ARG, "unknown %s '%s' (expected %s)",
+                    what ? what : "name", s ? s : "(null)", list);
 }

@@ -30,14 +30,10 @@ const char *loom_split_name(loom_split s) {
 loom_status loom_split_parse(const char *s, loom_split *out) {
   if (!out)
     return loom_error(LOOM_ERR_INVALID_ARG, "loom_split_parse: NULL out");
-  for (int i = 0; s && i < LOOM_SPLIT_COUNT; i++)
-    if (strcmp(s, split_names[i]) == 0) {
-      *out = (loom_split)i;
-      return LOOM_OK;
-    }
-  return loom_error(LOOM_ERR_INVALID_ARG,
-                    "unknown split '%s' (expected train or val)",
-                    s ? s : "(null)");
+  int i = 0;
+  LOOM_TRY(loom_name_parse(s, split_names, LOOM_SPLIT_COUNT, "split", &i));
+  *out = (loom_split)i;
+  return LOOM_OK;
 }
 
 const char *loom_dataset_kind_name(loom_dataset_kind k) {

@@ -20,14 +20,12 @@ const char *loom_tail_name(loom_tail t) {
 loom_status loom_tail_parse(const char *s, loom_tail *out) {
   if (!out)
     return loom_error(LOOM_ERR_INVALID_ARG, "loom_tail_parse: NULL out");
-  for (int i = 0; s && i < LOOM_TAIL_COUNT; i++)
-    if (strcmp(s, loom_tail_names[i]) == 0) {
-      *out = (loom_tail)i;
-      return LOOM_OK;
-    }
-  return loom_error(LOOM_ERR_INVALID_ARG,
-                    "unknown tail rule '%s' (expected drop, pad or partial)",
-                    s ? s : "(null)");
+  int i = 0;
+  LOOM_TRY(
+      loom_name_parse(s, loom_tail_names, LOOM_TAIL_COUNT, "tail rule", &i));
+  if (out)
+    *out = (loom_tail)i;
+  return LOOM_OK;
 }
 
 struct loom_sampler {

@@ -28,17 +28,14 @@ const char *loom_gemm_backend_name(loom_gemm_backend b) {
 }
 
 loom_status loom_gemm_backend_parse(const char *name, loom_gemm_backend *out) {
-  if (!name || !out)
-    return loom_error(LOOM_ERR_INVALID_ARG, "gemm backend: NULL argument");
-  for (int i = 0; i < LOOM_GEMM_BACKEND_COUNT; i++)
-    if (strcmp(name, backend_names[i]) == 0) {
-      *out = (loom_gemm_backend)i;
-      return LOOM_OK;
-    }
-  return loom_error(LOOM_ERR_INVALID_ARG,
-                    "unknown GEMM backend '%s' (expected dnnl, openblas or "
-                    "naive)",
-                    name);
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_gemm_backend_parse: NULL out");
+  int i = 0;
+  LOOM_TRY(loom_name_parse(name, backend_names, LOOM_GEMM_BACKEND_COUNT,
+                           "GEMM backend", &i));
+  *out = (loom_gemm_backend)i;
+  return LOOM_OK;
 }
 
 static loom_gemm_backend default_backend(void) {

@@ -33,14 +33,13 @@ const char *loom_init_scheme_name(loom_init_scheme s) {
 }
 
 loom_status loom_init_scheme_parse(const char *name, loom_init_scheme *out) {
-  for (int i = 0; i < LOOM_INIT_SCHEME_COUNT; i++)
-    if (name && strcmp(name, scheme_names[i]) == 0) {
-      *out = (loom_init_scheme)i;
-      return LOOM_OK;
-    }
-  return loom_error(LOOM_ERR_INVALID_ARG,
-                    "unknown init scheme '%s' (torch, he_normal or gpt2)",
-                    name ? name : "(null)");
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_init_scheme_parse: NULL out");
+  int i = 0;
+  LOOM_TRY(loom_name_parse(name, scheme_names, LOOM_INIT_SCHEME_COUNT,
+                           "init scheme", &i));
+  *out = (loom_init_scheme)i;
+  return LOOM_OK;
 }
 
 /* --------------------------------------------------------------- shapes */

@@ -23,14 +23,13 @@ const char *loom_optim_kind_name(loom_optim_kind k) {
 }
 
 loom_status loom_optim_kind_parse(const char *name, loom_optim_kind *out) {
-  for (int i = 0; i < LOOM_OPTIM_KIND_COUNT; i++)
-    if (name && strcmp(name, loom_optim_kind_names[i]) == 0) {
-      *out = (loom_optim_kind)i;
-      return LOOM_OK;
-    }
-  return loom_error(LOOM_ERR_INVALID_ARG,
-                    "unknown optimizer '%s' (expected sgd or adamw)",
-                    name ? name : "(null)");
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_optim_kind_parse: NULL out");
+  int i = 0;
+  LOOM_TRY(loom_name_parse(name, loom_optim_kind_names, LOOM_OPTIM_KIND_COUNT,
+                           "optimizer", &i));
+  *out = (loom_optim_kind)i;
+  return LOOM_OK;
 }
 
 int loom_optim_threads_for(int64_t n) {

@@ -28,15 +28,13 @@ const char *loom_sched_kind_name(loom_sched_kind k) {
 }
 
 loom_status loom_sched_kind_parse(const char *name, loom_sched_kind *out) {
-  for (int i = 0; i < LOOM_SCHED_KIND_COUNT; i++)
-    if (name && strcmp(name, loom_sched_kind_names[i]) == 0) {
-      *out = (loom_sched_kind)i;
-      return LOOM_OK;
-    }
-  return loom_error(LOOM_ERR_INVALID_ARG,
-                    "unknown schedule '%s' (expected constant, step, cosine "
-                    "or linear)",
-                    name ? name : "(null)");
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_sched_kind_parse: NULL out");
+  int i = 0;
+  LOOM_TRY(loom_name_parse(name, loom_sched_kind_names, LOOM_SCHED_KIND_COUNT,
+                           "schedule", &i));
+  *out = (loom_sched_kind)i;
+  return LOOM_OK;
 }
 
 const char *loom_lr_rule_name(loom_lr_rule r) {
@@ -44,15 +42,13 @@ const char *loom_lr_rule_name(loom_lr_rule r) {
 }
 
 loom_status loom_lr_rule_parse(const char *name, loom_lr_rule *out) {
-  for (int i = 0; i < LOOM_LR_RULE_COUNT; i++)
-    if (name && strcmp(name, loom_lr_rule_names[i]) == 0) {
-      *out = (loom_lr_rule)i;
-      return LOOM_OK;
-    }
-  return loom_error(LOOM_ERR_INVALID_ARG,
-                    "unknown lr scaling rule '%s' (expected none, linear or "
-                    "sqrt)",
-                    name ? name : "(null)");
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_lr_rule_parse: NULL out");
+  int i = 0;
+  LOOM_TRY(loom_name_parse(name, loom_lr_rule_names, LOOM_LR_RULE_COUNT,
+                           "lr scaling rule", &i));
+  *out = (loom_lr_rule)i;
+  return LOOM_OK;
 }
 
 loom_sched loom_sched_default(void) {

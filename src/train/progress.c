@@ -25,13 +25,14 @@ const char *loom_progress_mode_name(loom_progress_mode m) {
 }
 
 loom_status loom_progress_mode_parse(const char *s, loom_progress_mode *out) {
-  for (int i = 0; i < LOOM_PROGRESS_MODE_COUNT; i++)
-    if (strcmp(s, loom_progress_mode_names[i]) == 0) {
-      *out = (loom_progress_mode)i;
-      return LOOM_OK;
-    }
-  return loom_error(LOOM_ERR_INVALID_ARG,
-                    "unknown progress mode '%s' (auto, bar, lines or off)", s);
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_progress_mode_parse: NULL out");
+  int i = 0;
+  LOOM_TRY(loom_name_parse(s, loom_progress_mode_names,
+                           LOOM_PROGRESS_MODE_COUNT, "progress mode", &i));
+  *out = (loom_progress_mode)i;
+  return LOOM_OK;
 }
 
 loom_status loom_progress_new(loom_progress **out, loom_progress_mode mode,

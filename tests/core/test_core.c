@@ -296,6 +296,27 @@ TT_TEST(test_threads_and_time) {
   TT_CHECK(loom_time_wall() > 1.6e9);
 }
 
+/* An enum's name table: the index, the names listed when unknown, NULL
+ * name or out never dereferenced. */
+TT_TEST(test_name_parse) {
+  static const char *const names[] = {"drop", "pad", "partial"};
+  int i = -1;
+  TT_CHECK_OK(loom_name_parse("pad", names, 3, "tail rule", &i));
+  TT_CHECK_EQ(i, 1);
+  TT_CHECK_OK(loom_name_parse("partial", names, 3, "tail rule", NULL));
+  TT_CHECK_EQ(loom_name_parse("Pad", names, 3, "tail rule", &i),
+              LOOM_ERR_INVALID_ARG);
+  TT_CHECK_STR(loom_last_error(),
+               "unknown tail rule 'Pad' (expected drop, pad or partial)");
+  TT_CHECK_EQ(i, 1);
+  TT_CHECK_EQ(loom_name_parse(NULL, names, 3, "tail rule", &i),
+              LOOM_ERR_INVALID_ARG);
+  TT_CHECK_STR(loom_last_error(),
+               "unknown tail rule '(null)' (expected drop, pad or partial)");
+  TT_CHECK_EQ(loom_name_parse("x", names, 1, NULL, &i), LOOM_ERR_INVALID_ARG);
+  TT_CHECK_STR(loom_last_error(), "unknown name 'x' (expected drop)");
+}
+
 /* Strict integers: garbage, trailing text and overflow fail and leave the
  * output alone; atoi would have read each of them as a number. */
 TT_TEST(test_parse_integers) {
@@ -416,6 +437,7 @@ int main(void) {
   TT_RUN(test_mem_categories);
   TT_RUN(test_log_file);
   TT_RUN(test_parse_integers);
+  TT_RUN(test_name_parse);
   TT_RUN(test_status_and_errors);
   TT_RUN(test_alloc_hook);
   TT_RUN(test_vmem);

@@ -4,8 +4,13 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "loom/ckpt.h"
+#include "loom/comm.h"
 #include "loom/data.h"
+#include "loom/kernels.h"
 #include "loom/nn.h"
+#include "loom/optim.h"
+#include "loom/train.h"
 #include "tt.h"
 
 static loom_module *lin(void) {
@@ -125,6 +130,35 @@ static loom_status c_tail_parse(void) { return loom_tail_parse("drop", NULL); }
 static loom_status c_split_parse(void) {
   return loom_split_parse("train", NULL);
 }
+/* Every enum's *_parse: a NULL out is an error naming it (it wrote through
+ * NULL in eight of them), a NULL name an unknown one. */
+static loom_status c_redop_parse(void) { return loom_redop_parse("sum", NULL); }
+static loom_status c_dtype_parse(void) { return loom_dtype_parse("f32", NULL); }
+static loom_status c_optim_parse(void) {
+  return loom_optim_kind_parse("sgd", NULL);
+}
+static loom_status c_sched_parse(void) {
+  return loom_sched_kind_parse("step", NULL);
+}
+static loom_status c_lr_rule_parse(void) {
+  return loom_lr_rule_parse("none", NULL);
+}
+static loom_status c_init_parse(void) {
+  return loom_init_scheme_parse("torch", NULL);
+}
+static loom_status c_damage_parse(void) {
+  return loom_ckpt_damage_parse("flip", NULL);
+}
+static loom_status c_progress_parse(void) {
+  return loom_progress_mode_parse("bar", NULL);
+}
+static loom_status c_gemm_parse(void) {
+  return loom_gemm_backend_parse("naive", NULL);
+}
+static loom_status c_progress_null_name(void) {
+  loom_progress_mode m;
+  return loom_progress_mode_parse(NULL, &m);
+}
 static loom_status c_sampler_epoch(void) {
   return loom_sampler_set_epoch(NULL, 0);
 }
@@ -182,6 +216,17 @@ static const struct {
     {"tensor_reshape", c_tensor_reshape, "loom_tensor_reshape"},
     {"tail_parse", c_tail_parse, "loom_tail_parse"},
     {"split_parse", c_split_parse, "loom_split_parse"},
+    {"redop_parse", c_redop_parse, "loom_redop_parse"},
+    {"dtype_parse", c_dtype_parse, "loom_dtype_parse"},
+    {"optim_kind_parse", c_optim_parse, "loom_optim_kind_parse"},
+    {"sched_kind_parse", c_sched_parse, "loom_sched_kind_parse"},
+    {"lr_rule_parse", c_lr_rule_parse, "loom_lr_rule_parse"},
+    {"init_scheme_parse", c_init_parse, "loom_init_scheme_parse"},
+    {"ckpt_damage_parse", c_damage_parse, "loom_ckpt_damage_parse"},
+    {"progress_mode_parse", c_progress_parse, "loom_progress_mode_parse"},
+    {"gemm_backend_parse", c_gemm_parse, "loom_gemm_backend_parse"},
+    {"progress_mode_parse name", c_progress_null_name,
+     "unknown progress mode '(null)' (expected auto, bar, lines or off)"},
     {"sampler_set_epoch", c_sampler_epoch, "loom_sampler_set_epoch"},
     {"loader_seek", c_loader_seek, "loom_loader_seek"},
     {"loader_set_state", c_loader_state, "loom_loader_set_state"},
