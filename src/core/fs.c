@@ -108,6 +108,27 @@ loom_status loom_fs_fsync_dir(const char *path) {
 
 /* ---------------------------------------------------------------- write */
 
+/* fd, opened non-blocking: 0 when it is a regular file (its stat in *st),
+ * else the errno to report. */
+static int regular_or_errno(int fd, struct stat *st) {
+  if (fstat(fd, st) != 0)
+    return errno;
+  return S_ISREG(st->st_mode) ? 0 : LOOM_FS_ENOTREG;
+}
+
+/* fd made blocking again when e is 0 (its checks passed); else closed and
+ * -1 with errno e. */
+static int settle(int fd, int e) {
+  if (!e && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
+    e = errno;
+  if (e) {
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
+}
+
 int loom_fs_open_write_at(int dirfd, const char *name, int flags,
                           unsigned mode) {
   /* O_TRUNC would cut a file before we could look at it (a hard link to
@@ -129,23 +150,12 @@ int loom_fs_open_write_at(int dirfd, const char *name, int flags,
     return -1;
   }
   struct stat st;
-  int e = 0;
-  if (fstat(fd, &st) != 0)
-    e = errno;
-  else if (!S_ISREG(st.st_mode))
-    e = LOOM_FS_ENOTREG;
-  else if (st.st_nlink > 1)
+  int e = regular_or_errno(fd, &st);
+  if (!e && st.st_nlink > 1)
     e = EMLINK;
-  else if (trunc && st.st_size > 0 && ftruncate(fd, 0) != 0)
+  else if (!e && trunc && st.st_size > 0 && ftruncate(fd, 0) != 0)
     e = errno;
-  else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
-    e = errno;
-  if (e) {
-    close(fd);
-    errno = e;
-    return -1;
-  }
-  return fd;
+  return settle(fd, e);
 }
 
 int loom_fs_open_read_at(int dirfd, const char *name, int flags,
@@ -155,21 +165,10 @@ int loom_fs_open_read_at(int dirfd, const char *name, int flags,
   if (fd < 0)
     return -1;
   struct stat st;
-  int e = 0;
-  if (fstat(fd, &st) != 0)
-    e = errno;
-  else if (!S_ISREG(st.st_mode))
-    e = LOOM_FS_ENOTREG;
-  else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
-    e = errno;
-  if (e) {
-    close(fd);
-    errno = e;
-    return -1;
-  }
-  if (size)
+  int e = regular_or_errno(fd, &st);
+  if (!e && size)
     *size = (int64_t)st.st_size;
-  return fd;
+  return settle(fd, e);
 }
 
 loom_status loom_fs_open_append(const char *path, bool truncate, FILE **out) {
