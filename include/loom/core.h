@@ -461,6 +461,16 @@ loom_status loom_fs_write_atomic_hooked(const char *dir, const char *name,
 loom_status loom_fs_write_atomic_at(int dfd, const char *dir, const char *name,
                                     const void *data, size_t len,
                                     loom_fs_fault_fn fault);
+/* The same with the bytes written by fill(fd, ctx) into the temporary, for
+ * a file too large to hold in memory. fill returns 0, or -1 with errno set
+ * (a failed write: reported as the write's), or -2 after setting loom's
+ * error itself (its input failed: reported with the file's name); the
+ * temporary is removed on any failure. */
+typedef int (*loom_fs_fill_fn)(int fd, void *ctx);
+loom_status loom_fs_write_atomic_with(const char *dir, const char *name,
+                                      loom_fs_fill_fn fill, void *ctx);
+/* write(2) of all n bytes (EINTR retried): 0, or -1 with errno. */
+int loom_fs_write_all(int fd, const void *buf, size_t n);
 
 /* One entry of a directory, for loom_fs_each_entry; false stops the walk. */
 typedef bool (*loom_fs_entry_fn)(const char *name, void *ctx);

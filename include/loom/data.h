@@ -80,6 +80,12 @@ static inline uint32_t loom_shard_token(const loom_shard *s, int64_t i) {
  * under a temporary name renamed into place. */
 loom_status loom_shard_write(const char *path, const uint16_t *tokens,
                              int64_t ntok);
+/* The bytes of the file `in` (any bytes; a regular file of at most 2^31-1
+ * of them) as the tokens of a shard at `path`, the same, read and written a
+ * block at a time (memory does not grow with the file). *ntok: the tokens
+ * written. */
+loom_status loom_shard_write_bytes(const char *path, const char *in,
+                                   int64_t *ntok);
 
 /* ------------------------------------------------------------ file kinds */
 

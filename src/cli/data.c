@@ -273,30 +273,11 @@ static int cmd_shard(int argc, char **argv) {
       return fail("shard");
     }
   }
-  /* The text reader: a FIFO, a directory or a missing file is an error
-   * naming it and why, never a hang or an empty shard. */
-  uint8_t *bytes = NULL;
+  /* The input is read and written a block at a time (memory does not grow
+   * with it); a FIFO, a directory or a missing file is an error naming it
+   * and why, never a hang or an empty shard. */
   int64_t n = 0;
-  if (loom_text_read(in, &bytes, &n) != LOOM_OK)
-    return fail("shard");
-  if (n > INT32_MAX) {
-    loom_free(bytes);
-    loom_error(LOOM_ERR_INVALID_ARG,
-               "%s: %lld bytes; an llm.c shard holds at most 2^31-1 tokens", in,
-               (long long)n);
-    return fail("shard");
-  }
-  uint16_t *tok = loom_malloc((size_t)(n ? n : 1) * sizeof *tok);
-  if (!tok) {
-    loom_free(bytes);
-    return fail("shard");
-  }
-  for (int64_t i = 0; i < n; i++)
-    tok[i] = bytes[i];
-  loom_free(bytes);
-  loom_status st = loom_shard_write(out, tok, n);
-  loom_free(tok);
-  if (st != LOOM_OK)
+  if (loom_shard_write_bytes(out, in, &n) != LOOM_OK)
     return fail("shard");
   printf("%s: %lld tokens\n", out, (long long)n);
   return LOOM_EXIT_OK;

@@ -188,7 +188,7 @@ loom_status loom_fs_open_append(const char *path, bool truncate, FILE **out) {
   return LOOM_OK;
 }
 
-static int write_all(int fd, const void *buf, size_t n) {
+int loom_fs_write_all(int fd, const void *buf, size_t n) {
   const char *p = buf;
   while (n > 0) {
     ssize_t w = write(fd, p, n);
@@ -216,9 +216,30 @@ void loom_fs_discard(int dirfd, const char *name) {
   errno = e;
 }
 
+typedef struct fill_buf {
+  const void *data;
+  size_t len;
+} fill_buf;
+
+static int fill_from_buf(int fd, void *ctx) {
+  const fill_buf *b = ctx;
+  return loom_fs_write_all(fd, b->data, b->len);
+}
+
+static loom_status write_atomic_impl(int dfd, const char *dir, const char *name,
+                                     loom_fs_fill_fn fill, void *ctx,
+                                     loom_fs_fault_fn fault);
+
 loom_status loom_fs_write_atomic_at(int dfd, const char *dir, const char *name,
                                     const void *data, size_t len,
                                     loom_fs_fault_fn fault) {
+  fill_buf b = {data, len};
+  return write_atomic_impl(dfd, dir, name, fill_from_buf, &b, fault);
+}
+
+static loom_status write_atomic_impl(int dfd, const char *dir, const char *name,
+                                     loom_fs_fill_fn fill, void *ctx,
+                                     loom_fs_fault_fn fault) {
   char tmp[FS_PATH_MAX], tname[512];
   if (!dir || !name || !name[0] || strchr(name, '/'))
     return loom_error(LOOM_ERR_INVALID_ARG,
@@ -236,7 +257,13 @@ loom_status loom_fs_write_atomic_at(int dfd, const char *dir, const char *name,
     return loom_error(LOOM_ERR_IO, "%s/%s: cannot create its temporary %s: %s",
                       dir, name, tmp, loom_fs_strerror(errno));
   const char *what = NULL;
-  if (fault_now(fault) || write_all(fd, data, len) != 0)
+  int filled = fault_now(fault) ? -1 : fill(fd, ctx);
+  if (filled == -2) { /* the producer's own error, already said */
+    close(fd);
+    loom_fs_discard(dfd, tname);
+    return loom_error_context(LOOM_ERR_IO, "%s/%s: not written", dir, name);
+  }
+  if (filled != 0)
     what = "write";
   else if (fault_now(fault) || fsync(fd) != 0)
     what = "fsync";
@@ -302,6 +329,20 @@ loom_status loom_fs_write_atomic_hooked(const char *dir, const char *name,
 loom_status loom_fs_write_atomic(const char *dir, const char *name,
                                  const void *data, size_t len) {
   return loom_fs_write_atomic_hooked(dir, name, data, len, NULL);
+}
+
+loom_status loom_fs_write_atomic_with(const char *dir, const char *name,
+                                      loom_fs_fill_fn fill, void *ctx) {
+  if (!dir || !fill)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_fs_write_atomic_with: NULL argument");
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0)
+    return loom_error(LOOM_ERR_IO, "%s: cannot open directory: %s", dir,
+                      strerror(errno));
+  loom_status st = write_atomic_impl(dfd, dir, name, fill, ctx, NULL);
+  close(dfd);
+  return st;
 }
 
 /* --------------------------------------------------------------- remove */

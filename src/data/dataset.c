@@ -61,28 +61,45 @@ loom_status loom_data_mkdirs_for(const char *path) {
   return loom_fs_mkdirs(buf, 0777);
 }
 
-loom_status loom_data_write_atomic(const char *path, const void *data,
-                                   size_t n) {
-  char dir[4200];
-  int k = snprintf(dir, sizeof dir, "%s", path);
-  if (k < 0 || (size_t)k >= sizeof dir)
+/* path's directory (made when missing) and file name, for the atomic
+ * writers. */
+static loom_status split_path(const char *path, char *dir, size_t n,
+                              const char **name) {
+  int k = snprintf(dir, n, "%s", path);
+  if (k < 0 || (size_t)k >= n)
     return loom_error(LOOM_ERR_INVALID_ARG, "path too long: %s", path);
   if (k == 0 || path[k - 1] == '/')
     return loom_error(LOOM_ERR_INVALID_ARG, "%s: names a directory, not a file",
                       path);
   LOOM_TRY(loom_data_mkdirs_for(path));
   char *slash = strrchr(dir, '/');
-  const char *name = path;
+  *name = path;
   if (slash == dir) {
-    name = path + 1;
+    *name = path + 1;
     dir[1] = '\0';
   } else if (slash) {
     *slash = '\0';
-    name = slash + 1;
+    *name = slash + 1;
   } else {
-    snprintf(dir, sizeof dir, ".");
+    snprintf(dir, n, ".");
   }
+  return LOOM_OK;
+}
+
+loom_status loom_data_write_atomic(const char *path, const void *data,
+                                   size_t n) {
+  char dir[4200];
+  const char *name;
+  LOOM_TRY(split_path(path, dir, sizeof dir, &name));
   return loom_fs_write_atomic(dir, name, data, n);
+}
+
+loom_status loom_data_write_atomic_with(const char *path, loom_fs_fill_fn fill,
+                                        void *ctx) {
+  char dir[4200];
+  const char *name;
+  LOOM_TRY(split_path(path, dir, sizeof dir, &name));
+  return loom_fs_write_atomic_with(dir, name, fill, ctx);
 }
 
 void loom_dataset_get_info(const loom_dataset *ds, loom_dataset_info *info) {

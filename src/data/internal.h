@@ -67,5 +67,8 @@ loom_status loom_data_mkdirs_for(const char *path);
  * through a symbolic link, never into a device, pipe or directory). */
 loom_status loom_data_write_atomic(const char *path, const void *data,
                                    size_t n);
+/* The same with the bytes written by fill (loom_fs_write_atomic_with). */
+loom_status loom_data_write_atomic_with(const char *path, loom_fs_fill_fn fill,
+                                        void *ctx);
 
 #endif /* LOOM_DATA_INTERNAL_H */

@@ -174,6 +174,90 @@ loom_status loom_shard_write(const char *path, const uint16_t *tokens,
   return st;
 }
 
+typedef struct bytes_fill {
+  const char *in;
+  int fd;
+  int64_t n; /* the input's size at the start: the token count */
+} bytes_fill;
+
+/* The shard's header, then each block of the input's bytes widened to
+ * little-endian uint16 tokens. */
+static int fill_bytes(int fd, void *ctx) {
+  bytes_fill *b = ctx;
+  uint8_t head[SHARD_HEADER_BYTES];
+  memset(head, 0, sizeof head);
+  put_le32(head, LOOM_SHARD_MAGIC_U16);
+  put_le32(head + 4, LOOM_SHARD_VERSION_U16);
+  put_le32(head + 8, (int32_t)b->n);
+  if (loom_fs_write_all(fd, head, sizeof head) != 0)
+    return -1;
+  enum { BLOCK = 1 << 16 };
+  uint8_t *in = loom_malloc(BLOCK), *out = loom_malloc(2 * BLOCK);
+  int rc = 0;
+  if (!in || !out) {
+    loom_error(LOOM_ERR_NOMEM, "%s: a block's buffers", b->in);
+    rc = -2;
+  }
+  int64_t done = 0;
+  while (rc == 0) {
+    ssize_t r = read(b->fd, in, BLOCK);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0) {
+      loom_error(LOOM_ERR_IO, "%s: read failed: %s", b->in, strerror(errno));
+      rc = -2;
+    } else if (done + r > b->n || (r == 0 && done < b->n)) {
+      loom_error(LOOM_ERR_IO, "%s: read failed: file %s while read", b->in,
+                 r == 0 ? "shrank" : "grew");
+      rc = -2;
+    } else if (r == 0) {
+      break;
+    } else {
+      for (ssize_t i = 0; i < r; i++) {
+        out[2 * i] = in[i];
+        out[2 * i + 1] = 0;
+      }
+      done += r;
+      if (loom_fs_write_all(fd, out, 2 * (size_t)r) != 0)
+        rc = -1;
+    }
+  }
+  int e = errno;
+  loom_free(in);
+  loom_free(out);
+  errno = e;
+  return rc;
+}
+
+loom_status loom_shard_write_bytes(const char *path, const char *in,
+                                   int64_t *ntok) {
+  if (!path || !in)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_shard_write_bytes: NULL argument");
+  if (ntok)
+    *ntok = 0;
+  bytes_fill b = {in, -1, 0};
+  /* A FIFO in the input's place is refused, never waited on. */
+  b.fd = loom_fs_open_read_at(AT_FDCWD, in, 0, &b.n);
+  if (b.fd < 0)
+    return errno == LOOM_FS_ENOTREG
+               ? loom_error(LOOM_ERR_IO, "%s: not a regular file", in)
+               : loom_error(LOOM_ERR_IO, "cannot open %s: %s", in,
+                            strerror(errno));
+  if (b.n > INT32_MAX) {
+    close(b.fd);
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "%s: %lld bytes; an llm.c shard holds at most 2^31-1 "
+                      "tokens",
+                      in, (long long)b.n);
+  }
+  loom_status st = loom_data_write_atomic_with(path, fill_bytes, &b);
+  close(b.fd);
+  if (st == LOOM_OK && ntok)
+    *ntok = b.n;
+  return st;
+}
+
 /* ---------------------------------------------------------- windows */
 
 /* Counts the windows of each segment; LOOM_ERR_INVALID_ARG when there are
@@ -220,26 +304,22 @@ loom_status loom_text_read(const char *path, uint8_t **data, int64_t *n) {
     return loom_error(LOOM_ERR_INVALID_ARG, "loom_text_read: NULL argument");
   *data = NULL;
   *n = 0;
-  /* O_NONBLOCK: a FIFO in the text's place must not hang the open. */
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+  /* A FIFO in the text's place is refused, never waited on. */
+  int64_t size = 0;
+  int fd = loom_fs_open_read_at(AT_FDCWD, path, 0, &size);
+  if (fd < 0)
+    return errno == LOOM_FS_ENOTREG
+               ? loom_error(LOOM_ERR_IO, "%s: not a regular file", path)
+               : loom_error(LOOM_ERR_IO, "cannot open %s: %s", path,
+                            strerror(errno));
+  FILE *f = fdopen(fd, "rb");
   if (!f) {
     int err = errno;
-    if (fd >= 0)
-      close(fd);
+    close(fd);
     return loom_error(LOOM_ERR_IO, "cannot open %s: %s", path, strerror(err));
   }
   loom_status st = LOOM_OK;
-  struct stat sb;
-  if (fstat(fileno(f), &sb) != 0) {
-    st = loom_error(LOOM_ERR_IO, "cannot stat %s: %s", path, strerror(errno));
-    goto done;
-  }
-  if (!S_ISREG(sb.st_mode)) {
-    st = loom_error(LOOM_ERR_IO, "%s: not a regular file", path);
-    goto done;
-  }
-  *n = (int64_t)sb.st_size;
+  *n = size;
   *data = loom_malloc((size_t)*n + 1);
   if (!*data) {
     st = LOOM_ERR_NOMEM;

@@ -46,6 +46,17 @@ check "shard writes" test "$(rc_of "$LOOM" data shard "$tmp/t.txt" "$tmp/t.bin")
 check "shard size" test "$(stat -c %s "$tmp/t.bin")" = $((1024 + 2 * 24))
 check "info on shard" test "$(rc_of "$LOOM" data info "$tmp/t.bin")" = 0
 check "info shard fields" grep -q "magic 20240520 version 1, 24 tokens of 2 bytes, largest id 119" "$tmp/out"
+# A large input is read and written a block at a time: 64 MiB of bytes
+# (a 128 MiB shard) in a few MiB of memory, where holding the text, its
+# tokens and the shard took 5 times the input (about 320 MiB here).
+truncate -s 64M "$tmp/big.txt"
+/usr/bin/time -f "%M" -o "$tmp/rss" "$LOOM" data shard "$tmp/big.txt" "$tmp/big.bin" >"$tmp/out" 2>"$tmp/err"
+check "shard of 64 MiB: written" grep -q "big.bin: 67108864 tokens" "$tmp/out"
+check "shard of 64 MiB: its size" test "$(stat -c %s "$tmp/big.bin")" = $((1024 + 2 * 67108864))
+check "shard of 64 MiB: peak RSS $(tail -1 "$tmp/rss") KiB under 48 MiB" test "$(tail -1 "$tmp/rss")" -lt 49152
+check "shard of 64 MiB: reads back" test "$(rc_of "$LOOM" data info "$tmp/big.bin")" = 0
+check "shard of 64 MiB: its tokens" grep -q "67108864 tokens of 2 bytes, largest id 0" "$tmp/out"
+rm -f "$tmp/big.txt" "$tmp/big.bin"
 head -c 1000 "$tmp/t.bin" >"$tmp/cut.bin"
 check "info on a truncated shard: exit 1" test "$(rc_of "$LOOM" data info "$tmp/cut.bin")" = 1
 check "truncated shard named" grep -q "cut.bin: truncated" "$tmp/err"
