@@ -1058,10 +1058,14 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
                 "backward, state restored): %.2f s",
                 loom_time_now() - t0);
   }
+  /* After the gate: a standby group passes it once the live group is gone,
+   * and with it the live group's lock (taken before, every standby's rank 0
+   * found the directory in use and the restart fell back to a cold
+   * launch). */
+  loom_runstat_gate();
   LOOM_TRY_GOTO(
       s, loom_train_agree(t, lock_run_dir(t), "locking the run directory"),
       fail);
-  loom_runstat_gate();
   LOOM_TRY_GOTO(s, loom_train_ckpt_resume(t), fail);
   if (t->tp_map && t->z3 && !t->resumed) {
     /* The replica's cut of this rank's part of the draws, a view at a

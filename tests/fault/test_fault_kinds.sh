@@ -86,14 +86,36 @@ for item in 1:14:exit:3 1:14:segv 1:14:hang 1:14:corrupt 1:24:slow:0.1 \
 done
 
 # -- the standby group's ranks warm up (forward and backward, state restored)
-# before their gate: the restart ends with the same bits.
-LOOM_LOG=info LOOM_FAULT=1:14:exit:3 run 2 "$tmp/warm" --max-restarts 1 \
-  --restart-delay 0 --standby on
+# before their gate, and the restart is theirs: rank 1 hangs at step 14 (the
+# live group stalls, holding the run directory's lock), the standby group
+# warms up and waits at its gate (its rank 0 says it warmed up), then rank 1 is
+# killed. The standby's rank 0 locks the run directory once past its gate;
+# before, it tried while the live group held the lock, exited 2 ("in use
+# by another run") and the restart was a cold launch. Same bits at the end.
+mkdir -p "$tmp/sbt"
+TMPDIR="$tmp/sbt" LOOM_LOG=info LOOM_FAULT=1:14:hang \
+  "$LOOM" run -n 2 --timeout 120 --max-restarts 1 --restart-delay 0 \
+  --standby on --report "$tmp/warm.report" "$LOOM" train "${job[@]}" \
+  --set "log.run_dir=$tmp/warm" >"$tmp/out" 2>&1 &
+jb=$!
+# Until the standby has warmed up (its rank 0 says so; the gate comes next),
+# 60 s at most.
+for _ in $(seq 1200); do
+  has "warmed up before the checkpoint" && break
+  kill -0 $jb 2>/dev/null || break
+  sleep 0.05
+done
+pid=$(awk '$1 == "pid" { print $2 }' "$tmp"/sbt/loom-run-*/attempt-0/rank-1 2>/dev/null)
+[ -n "$pid" ] && kill -9 "$pid"
+wait $jb
+rc=$?
 d=$(digest "$tmp/warm/ckpt")
 [ $rc = 0 ] && has "restart 1 of 1" && has "warmed up before the checkpoint" &&
+  ! has "in use by another run" &&
+  grep '"event":"restart"' "$tmp/warm.report" | grep -q '"standby":true' &&
   [ "$d" = "$ref" ] && ! left_behind "$tmp/warm" &&
-  ok "standby warmed up, restarted: same bits (${secs} s)" ||
-  { bad "standby warm-up: rc $rc, state '$d' != '$ref'"; cat "$tmp/out"; }
+  ok "standby warmed up, restarted from its gate: same bits" ||
+  { bad "standby restart: rc $rc, state '$d' != '$ref'"; cat "$tmp/out" "$tmp/warm.report"; }
 
 # -- --max-restarts 0: the failing rank's status, and a message.
 LOOM_FAULT=1:14:exit:3 run 2 "$tmp/n_exit" --max-restarts 0
