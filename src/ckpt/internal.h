@@ -107,7 +107,11 @@ int loom_ckpt_open_root(const char *root);
  * loom's files in it (manifest, its temporary, shards), never following a
  * link; anything else is left in place with a warning naming it, and the
  * directory then stays. */
-void loom_ckpt_remove_at(int rootfd, const char *root, const char *name);
+int loom_ckpt_remove_at(int rootfd, const char *root, const char *name);
+/* The same, named `as` (a name under root) in its messages; returns the
+ * entries left in place (0: all of it removed). */
+int loom_ckpt_remove_as(int rootfd, const char *root, const char *name,
+                        const char *as);
 void loom_ckpt_remove(const char *root, const char *name);
 /* loom_fs_write_atomic through the fault hook: DIR/.NAME.tmp.<pid>, fsync,
  * rename, fsync of DIR. */

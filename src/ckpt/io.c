@@ -350,10 +350,17 @@ int loom_ckpt_open_root(const char *root) {
   return fd;
 }
 
-void loom_ckpt_remove_at(int rootfd, const char *root, const char *name) {
+int loom_ckpt_remove_as(int rootfd, const char *root, const char *name,
+                        const char *as) {
   char shown[CKPT_PATH_MAX];
-  snprintf(shown, sizeof shown, "%s/%s", root, name);
-  loom_fs_remove_own(rootfd, name, shown, ckpt_own, NULL, NULL);
+  snprintf(shown, sizeof shown, "%s/%s", root, as);
+  int left = 0;
+  loom_fs_remove_own(rootfd, name, shown, ckpt_own, NULL, &left);
+  return left;
+}
+
+int loom_ckpt_remove_at(int rootfd, const char *root, const char *name) {
+  return loom_ckpt_remove_as(rootfd, root, name, name);
 }
 
 void loom_ckpt_remove(const char *root, const char *name) {

@@ -1021,6 +1021,37 @@ static bool prune_entry(const char *name, void *ctx) {
   return true;
 }
 
+/* Deletes one old checkpoint: a directory is first renamed to its hidden
+ * .step_N.old (one step), then removed, so a process killed in the middle
+ * leaves a name that loading and `loom ckpt verify` pass over and the next
+ * prune removes, not a step_N without its manifest that verify calls
+ * damaged. Anything else there (a link, a file) goes to the remover, which
+ * reports it and keeps it. */
+static void prune_step(int rootfd, const char *root, const step_ent *e) {
+  char old[64];
+  struct stat sb;
+  snprintf(old, sizeof old, ".step_%08lld.old", (long long)e->step);
+  int kind = -1;
+  /* Only loom's own spelling is moved: renamed, a directory of another
+   * spelling (step_6) would take a name of loom's and lose its guard. */
+  if (!loom_ckpt_own_dir_name(e->name, NULL, &kind) || kind != 0 ||
+      fstatat(rootfd, e->name, &sb, AT_SYMLINK_NOFOLLOW) != 0 ||
+      !S_ISDIR(sb.st_mode)) {
+    loom_ckpt_remove_at(rootfd, root, e->name);
+    return;
+  }
+  loom_ckpt_remove_at(rootfd, root, old); /* an earlier one, killed */
+  if (renameat(rootfd, e->name, rootfd, old) != 0) {
+    loom_ckpt_remove_at(rootfd, root, e->name);
+    return;
+  }
+  /* Something in it that is not loom's is reported and the whole directory
+   * kept: under its own name again, as it was. */
+  if (loom_ckpt_remove_as(rootfd, root, old, e->name) > 0 &&
+      fstatat(rootfd, e->name, &sb, AT_SYMLINK_NOFOLLOW) != 0)
+    (void)renameat(rootfd, old, rootfd, e->name);
+}
+
 /* Deletes checkpoints older than the K - 1 newest before `step`, the
  * temporary directories of earlier steps and stale temporaries of
  * `latest`, through one descriptor of the root: never a link, never
@@ -1040,7 +1071,7 @@ static void prune(const loom_ckpt_writer *w) {
         continue;
       if (++older < w->opts.keep)
         continue;
-      loom_ckpt_remove_at(rootfd, w->root, ps.steps[i].name);
+      prune_step(rootfd, w->root, &ps.steps[i]);
     }
   }
   for (int i = 0; i < ps.nt; i++)

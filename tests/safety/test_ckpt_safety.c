@@ -112,6 +112,35 @@ TT_TEST(test_prune) {
   TT_CHECK_EQ(crc_tree(vf), cf);
 }
 
+/* A checkpoint being pruned is renamed to its hidden .step_N.old first: a
+ * process killed while removing it leaves that name (loading and listing
+ * pass over it, the next prune removes it), never a step_N without its
+ * manifest that `loom ckpt verify` would call damaged. */
+TT_TEST(test_prune_killed) {
+  char root[1200], p[1200];
+  new_root(root, sizeof root, "prune_killed");
+  TT_REQUIRE_OK(save(root, 2, 0));
+  TT_REQUIRE_OK(save(root, 3, 0));
+  /* what a kill in the middle of pruning step 1 leaves */
+  TT_REQUIRE(mkdir(at(p, sizeof p, "prune_killed/.step_00000001.old"), 0755) ==
+             0);
+  put_file(at(p, sizeof p, "prune_killed/.step_00000001.old/shard_00000.bin"),
+           "half");
+  int64_t *steps = NULL;
+  int n = 0;
+  TT_REQUIRE_OK(loom_ckpt_list(root, &steps, &n));
+  TT_CHECK_EQ(n, 2);
+  loom_free(steps);
+  TT_CHECK_OK(save(root, 10, 2)); /* keeps 3 and 10 */
+  TT_CHECK(loads(root, 3));
+  TT_CHECK(loads(root, 10));
+  TT_CHECK(
+      !exists_nofollow(at(p, sizeof p, "prune_killed/.step_00000001.old")));
+  TT_CHECK(!exists_nofollow(at(p, sizeof p, "prune_killed/step_00000002")));
+  TT_CHECK(
+      !exists_nofollow(at(p, sizeof p, "prune_killed/.step_00000002.old")));
+}
+
 TT_TEST(test_root_is_link) {
   char real[1200], link_[1200], v[1200];
   new_root(real, sizeof real, "real_root");
@@ -282,6 +311,7 @@ int main(void) {
   loom_log_set_level(LOOM_LOG_WARN);
   safety_mkbase("ckpt");
   TT_RUN(test_prune);
+  TT_RUN(test_prune_killed);
   TT_RUN(test_root_is_link);
   TT_RUN(test_restart_from_scratch);
   TT_RUN(test_failed_save_cleanup);
