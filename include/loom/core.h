@@ -471,6 +471,11 @@ loom_status loom_fs_write_atomic_with(const char *dir, const char *name,
                                       loom_fs_fill_fn fill, void *ctx);
 /* write(2) of all n bytes (EINTR retried): 0, or -1 with errno. */
 int loom_fs_write_all(int fd, const void *buf, size_t n);
+/* Removes the temporary that an atomic write of the calling thread is
+ * filling now, if any: for a signal handler (async-signal-safe: one
+ * unlinkat), so that a command stopped by Ctrl-C or SIGTERM leaves no
+ * hidden .NAME.tmp.<pid> behind. */
+void loom_fs_discard_pending(void);
 
 /* One entry of a directory, for loom_fs_each_entry; false stops the walk. */
 typedef bool (*loom_fs_entry_fn)(const char *name, void *ctx);

@@ -45,6 +45,10 @@ int loom_cmd_report(int argc, char **argv);   /* report.c */
  * none or ddp); *refused (may be NULL): the batch just above the answer
  * when training's size checks refused it rather than the budget, else 0. */
 bool loom_cli_parse_bytes(const char *s, double *out);
+/* For a command that writes a large file atomically (loom data shard, loom
+ * report): SIGINT, SIGTERM and SIGHUP remove the temporary it is filling
+ * (loom_fs_discard_pending), then end the process by the same signal. */
+void loom_cli_discard_on_stop(void);
 loom_status loom_cli_largest_batch(loom_config *cfg, int ranks,
                                    loom_cfg_strategy s, double budget,
                                    int64_t *best, loom_cfg_strategy *resolved,

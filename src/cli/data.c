@@ -277,6 +277,7 @@ static int cmd_shard(int argc, char **argv) {
    * with it); a FIFO, a directory or a missing file is an error naming it
    * and why, never a hang or an empty shard. */
   int64_t n = 0;
+  loom_cli_discard_on_stop(); /* Ctrl-C leaves no hidden temporary */
   if (loom_shard_write_bytes(out, in, &n) != LOOM_OK)
     return fail("shard");
   printf("%s: %lld tokens\n", out, (long long)n);

@@ -1,4 +1,5 @@
 /* loom: the command-line tool. Dispatches to one subcommand per file. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -11,6 +12,22 @@ static const loom_cli_cmd commands[] = {
     LOOM_CLI_COMMANDS(LOOM_X_CMD)
 #undef LOOM_X_CMD
 };
+
+static void discard_and_die(int sig) {
+  loom_fs_discard_pending();
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+void loom_cli_discard_on_stop(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = discard_and_die;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGHUP, &sa, NULL);
+}
 
 static void usage(FILE *f) {
   fprintf(f,

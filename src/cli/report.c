@@ -94,6 +94,7 @@ int loom_cmd_report(int argc, char **argv) {
                     "give RUN without --trace for the page\n");
     return LOOM_EXIT_USAGE;
   }
+  loom_cli_discard_on_stop(); /* Ctrl-C leaves no hidden temporary */
   if (trace)
     return merge_trace(trace, out);
   if (!run) {

@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -230,11 +231,43 @@ static loom_status write_atomic_impl(int dfd, const char *dir, const char *name,
                                      loom_fs_fill_fn fill, void *ctx,
                                      loom_fs_fault_fn fault);
 
+/* The temporary being filled, for loom_fs_discard_pending (a signal
+ * handler): its directory and name, valid while pending_on is 1. Per
+ * thread: a checkpoint's writer thread and the training thread each have
+ * theirs (a handler runs in one of them; the commands that install one,
+ * loom data shard and loom report, write from their main thread). */
+static _Thread_local volatile sig_atomic_t pending_on;
+static _Thread_local int pending_dfd = -1;
+static _Thread_local char pending_name[512];
+
+void loom_fs_discard_pending(void) {
+  if (pending_on) {
+    pending_on = 0;
+    (void)unlinkat(pending_dfd, pending_name, 0);
+  }
+}
+
+static void pending_set(int dfd, const char *tname) {
+  pending_on = 0;
+  pending_dfd = dfd;
+  snprintf(pending_name, sizeof pending_name, "%s", tname);
+  pending_on = 1;
+}
+
+/* The impl, with the pending temporary forgotten however it ends. */
+static loom_status write_atomic_tracked(int dfd, const char *dir,
+                                        const char *name, loom_fs_fill_fn fill,
+                                        void *ctx, loom_fs_fault_fn fault) {
+  loom_status st = write_atomic_impl(dfd, dir, name, fill, ctx, fault);
+  pending_on = 0;
+  return st;
+}
+
 loom_status loom_fs_write_atomic_at(int dfd, const char *dir, const char *name,
                                     const void *data, size_t len,
                                     loom_fs_fault_fn fault) {
   fill_buf b = {data, len};
-  return write_atomic_impl(dfd, dir, name, fill_from_buf, &b, fault);
+  return write_atomic_tracked(dfd, dir, name, fill_from_buf, &b, fault);
 }
 
 static loom_status write_atomic_impl(int dfd, const char *dir, const char *name,
@@ -256,6 +289,7 @@ static loom_status write_atomic_impl(int dfd, const char *dir, const char *name,
   if (fd < 0)
     return loom_error(LOOM_ERR_IO, "%s/%s: cannot create its temporary %s: %s",
                       dir, name, tmp, loom_fs_strerror(errno));
+  pending_set(dfd, tname);
   const char *what = NULL;
   int filled = fault_now(fault) ? -1 : fill(fd, ctx);
   if (filled == -2) { /* the producer's own error, already said */
@@ -340,7 +374,7 @@ loom_status loom_fs_write_atomic_with(const char *dir, const char *name,
   if (dfd < 0)
     return loom_error(LOOM_ERR_IO, "%s: cannot open directory: %s", dir,
                       strerror(errno));
-  loom_status st = write_atomic_impl(dfd, dir, name, fill, ctx, NULL);
+  loom_status st = write_atomic_tracked(dfd, dir, name, fill, ctx, NULL);
   close(dfd);
   return st;
 }

@@ -57,6 +57,26 @@ check "shard of 64 MiB: peak RSS $(tail -1 "$tmp/rss") KiB under 48 MiB" test "$
 check "shard of 64 MiB: reads back" test "$(rc_of "$LOOM" data info "$tmp/big.bin")" = 0
 check "shard of 64 MiB: its tokens" grep -q "67108864 tokens of 2 bytes, largest id 0" "$tmp/out"
 rm -f "$tmp/big.txt" "$tmp/big.bin"
+# Stopped while it writes (once its temporary exists), it leaves no hidden
+# .OUT.tmp.PID behind, and ends by the signal (130, 143).
+mkdir "$tmp/stop"
+truncate -s 600M "$tmp/stop/in.txt"
+for sig in INT TERM; do
+  "$LOOM" data shard "$tmp/stop/in.txt" "$tmp/stop/out.bin" 2>/dev/null &
+  p=$!
+  for _ in $(seq 1000); do # until the temporary exists (10 s at most)
+    compgen -G "$tmp/stop/.out.bin.tmp.*" >/dev/null && break
+    sleep 0.01
+  done
+  kill -"$sig" $p
+  wait $p
+  rc=$?
+  want=$([ $sig = INT ] && echo 130 || echo 143)
+  check "shard stopped by SIG$sig: exit $want ($rc)" test "$rc" = "$want"
+  check "shard stopped by SIG$sig: no temporary left" test -z "$(compgen -G "$tmp/stop/.out.bin.tmp.*")"
+  check "shard stopped by SIG$sig: no shard" test ! -e "$tmp/stop/out.bin"
+done
+rm -rf "$tmp/stop"
 head -c 1000 "$tmp/t.bin" >"$tmp/cut.bin"
 check "info on a truncated shard: exit 1" test "$(rc_of "$LOOM" data info "$tmp/cut.bin")" = 1
 check "truncated shard named" grep -q "cut.bin: truncated" "$tmp/err"
