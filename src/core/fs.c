@@ -284,12 +284,14 @@ static loom_status write_atomic_impl(int dfd, const char *dir, const char *name,
   int b = snprintf(tmp, sizeof tmp, "%s/%s", dir, tname);
   if (a < 0 || b < 0 || (size_t)a >= sizeof tname || (size_t)b >= sizeof tmp)
     return loom_error(LOOM_ERR_INVALID_ARG, "%s: path too long", dir);
+  /* Named before it exists: a signal between its creation and this would
+   * leave it (the name holds our pid, so it can only be ours). */
+  pending_set(dfd, tname);
   int fd =
       fault_now(fault) ? -1 : loom_fs_open_write_at(dfd, tname, O_TRUNC, 0644);
   if (fd < 0)
     return loom_error(LOOM_ERR_IO, "%s/%s: cannot create its temporary %s: %s",
                       dir, name, tmp, loom_fs_strerror(errno));
-  pending_set(dfd, tname);
   const char *what = NULL;
   int filled = fault_now(fault) ? -1 : fill(fd, ctx);
   if (filled == -2) { /* the producer's own error, already said */
