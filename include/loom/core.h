@@ -469,6 +469,14 @@ loom_status loom_fs_write_atomic_at(int dfd, const char *dir, const char *name,
 typedef int (*loom_fs_fill_fn)(int fd, void *ctx);
 loom_status loom_fs_write_atomic_with(const char *dir, const char *name,
                                       loom_fs_fill_fn fill, void *ctx);
+/* Removes the temporaries of dir/name that the writers above left when
+ * they were killed (SIGKILL, a crash): dir/.name.tmp.<pid> whose process
+ * is gone (kill(pid, 0): ESRCH), regular files of this user only, never
+ * a link; another name, or a temporary of a live process (this one, or
+ * one writing the same file now) is left alone. Only for a file written
+ * on this host: a process of another host (a shared file system) is not
+ * seen here. Returns how many were removed (each said at info level). */
+int loom_fs_remove_dead_tmps(const char *dir, const char *name);
 /* write(2) of all n bytes (EINTR retried): 0, or -1 with errno. */
 int loom_fs_write_all(int fd, const void *buf, size_t n);
 /* Removes the temporary that an atomic write of the calling thread is

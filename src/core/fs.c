@@ -381,6 +381,65 @@ loom_status loom_fs_write_atomic_with(const char *dir, const char *name,
   return st;
 }
 
+typedef struct dead_tmp_scan {
+  int dfd;
+  const char *dir, *prefix; /* prefix: ".NAME.tmp." */
+  size_t plen;
+  int removed;
+} dead_tmp_scan;
+
+/* One entry: removed when it is write_atomic_impl's temporary of the name
+ * (".NAME.tmp.<pid>", the pid as getpid() prints it), of a process that is
+ * gone, a regular file of this user (never a link). */
+static bool remove_if_dead_tmp(const char *ent, void *ctx) {
+  dead_tmp_scan *sc = ctx;
+  if (strncmp(ent, sc->prefix, sc->plen) != 0)
+    return true;
+  const char *p = ent + sc->plen;
+  if (*p < '1' || *p > '9' || strlen(p) > 10)
+    return true;
+  long long pid = 0;
+  for (; *p; p++) {
+    if (*p < '0' || *p > '9')
+      return true;
+    pid = pid * 10 + (*p - '0');
+  }
+  /* kill(pid, 0): ESRCH only when no process has that pid (EPERM: one of
+   * another user, alive) */
+  if (pid > 0x7fffffffLL || pid == (long long)getpid() ||
+      kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+    return true;
+  struct stat st;
+  if (fstatat(sc->dfd, ent, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+      !S_ISREG(st.st_mode) || st.st_uid != geteuid())
+    return true;
+  if (unlinkat(sc->dfd, ent, 0) == 0) {
+    sc->removed++;
+    LOOM_INFO("%s/%s: removed, the temporary of a process that is gone "
+              "(pid %lld)",
+              sc->dir, ent, pid);
+  }
+  return true;
+}
+
+int loom_fs_remove_dead_tmps(const char *dir, const char *name) {
+  char prefix[512];
+  if (!dir || !name || !name[0] || strchr(name, '/'))
+    return 0;
+  int n = snprintf(prefix, sizeof prefix, ".%s.tmp.", name);
+  if (n < 0 || (size_t)n >= sizeof prefix)
+    return 0;
+  /* The directory is the caller's path, followed as given; below it
+   * nothing is followed. */
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0)
+    return 0;
+  dead_tmp_scan sc = {dfd, dir, prefix, (size_t)n, 0};
+  (void)loom_fs_each_entry(dfd, ".", false, remove_if_dead_tmp, &sc);
+  close(dfd);
+  return sc.removed;
+}
+
 /* --------------------------------------------------------------- remove */
 
 typedef struct remove_walk {

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "internal.h"
 #include "loom/obs.h"
@@ -228,7 +230,8 @@ static loom_status copy_events(const rank_file *r, double shift_us, FILE *out,
     if (end)
       continue;
     if (!txt) {
-      s = LOOM_ERR_NOMEM;
+      s = loom_error(LOOM_ERR_NOMEM, "%s: out of memory merging its events",
+                     r->path);
       break;
     }
     fprintf(out, "%s,\n", txt);
@@ -308,6 +311,87 @@ static void choose_files(rank_file *r, int n, loom_trace_merge_info *info) {
   }
 }
 
+/* What the merged file is written from. */
+typedef struct merge_out {
+  const rank_file *r;
+  int n;
+  bool one_host;
+  double base; /* the earliest ts 0 of the files merged: ts 0 of the merge */
+  uint64_t events;
+} merge_out;
+
+/* The merged trace, written into the temporary's descriptor (the
+ * loom_fs_fill_fn of loom_fs_write_atomic_with). */
+static int fill_merged(int fd, void *ctx) {
+  merge_out *mo = ctx;
+  int dfd = fcntl(fd, F_DUPFD_CLOEXEC, 0); /* the writer closes fd itself */
+  FILE *out = dfd < 0 ? NULL : fdopen(dfd, "w");
+  if (!out) {
+    int e = errno;
+    if (dfd >= 0)
+      close(dfd);
+    errno = e;
+    return -1;
+  }
+  loom_status s = LOOM_OK;
+  fputs("[\n", out);
+  for (int i = 0; s == LOOM_OK && i < mo->n; i++) {
+    const rank_file *r = &mo->r[i];
+    if (r->skip)
+      continue;
+    fprintf(out,
+            "{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,"
+            "\"tid\":0,\"args\":{\"sort_index\":%d}},\n",
+            r->rank, r->rank);
+    double t = mo->one_host ? r->mono : r->wall;
+    s = copy_events(r, (t - mo->base) * 1e6, out, &mo->events);
+  }
+  fputs("{\"ph\":\"M\",\"name\":\"loom_end\",\"pid\":0,\"tid\":0,"
+        "\"args\":{}}\n]\n",
+        out);
+  /* A write that failed on the way (a full disk) leaves the stream's
+   * error flag; its errno may be gone by now. */
+  errno = 0;
+  bool werr = fflush(out) != 0 || ferror(out);
+  int e = errno ? errno : EIO;
+  if (fclose(out) != 0 && !werr) {
+    werr = true;
+    e = errno;
+  }
+  if (s != LOOM_OK) /* an input failed: copy_events said which */
+    return -2;
+  errno = e;
+  return werr ? -1 : 0;
+}
+
+/* out_path written whole or not at all: a temporary beside it renamed
+ * over it when complete, so a merge killed half way (Ctrl-C, SIGKILL)
+ * leaves the previous file as it was. */
+static loom_status write_merged(const char *out_path, merge_out *mo) {
+  char dir[4096];
+  const char *slash = strrchr(out_path, '/');
+  const char *name = slash ? slash + 1 : out_path;
+  if (slash == out_path)
+    snprintf(dir, sizeof dir, "/");
+  else if (slash)
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - out_path), out_path);
+  else
+    snprintf(dir, sizeof dir, ".");
+  if (!*name)
+    return loom_error(LOOM_ERR_INVALID_ARG, "%s: names a directory, not a file",
+                      out_path);
+  struct stat lst;
+  if (lstat(out_path, &lst) == 0 && S_ISLNK(lst.st_mode))
+    /* the user named a file, not where a link points: refused, as
+     * before (and as loom report -o) */
+    return loom_error(LOOM_ERR_IO, "%s: cannot open for writing: %s", out_path,
+                      loom_fs_strerror(ELOOP));
+  LOOM_TRY(loom_fs_write_atomic_with(dir, name, fill_merged, mo));
+  /* what a merge killed before its rename left (.NAME.tmp.<pid>) */
+  (void)loom_fs_remove_dead_tmps(dir, name);
+  return LOOM_OK;
+}
+
 loom_status loom_trace_merge(const char *dir, const char *out_path,
                              loom_trace_merge_info *info) {
   loom_trace_merge_info mine;
@@ -355,36 +439,14 @@ loom_status loom_trace_merge(const char *dir, const char *out_path,
    * they are (as well as the hosts agree). */
   for (int i = 0; i < n; i++)
     r[i].wall -= synced ? r[i].offset : 0;
-  FILE *out = NULL;
-  s = loom_fs_open_append(out_path, true, &out);
-  uint64_t events = 0;
-  if (s == LOOM_OK) {
-    double base = 0;
-    bool have_base = false;
-    for (int i = 0; i < n; i++) {
-      double t = one_host ? r[i].mono : r[i].wall;
-      if (!r[i].skip && (!have_base || t < base)) {
-        base = t;
-        have_base = true;
-      }
-    }
-    fputs("[\n", out);
-    for (int i = 0; s == LOOM_OK && i < n; i++) {
-      if (r[i].skip)
-        continue;
-      fprintf(out,
-              "{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,"
-              "\"tid\":0,\"args\":{\"sort_index\":%d}},\n",
-              r[i].rank, r[i].rank);
-      double t = one_host ? r[i].mono : r[i].wall;
-      s = copy_events(&r[i], (t - base) * 1e6, out, &events);
-    }
-    fputs("{\"ph\":\"M\",\"name\":\"loom_end\",\"pid\":0,\"tid\":0,"
-          "\"args\":{}}\n]\n",
-          out);
-    if (fclose(out) != 0 && s == LOOM_OK)
-      s = loom_error(LOOM_ERR_IO, "writing %s: %s", out_path, strerror(errno));
+  merge_out mo = {r, n, one_host, 0, 0};
+  for (int i = 0; i < n; i++) {
+    double t = one_host ? r[i].mono : r[i].wall;
+    if (!r[i].skip && (first == i || t < mo.base))
+      mo.base = t;
   }
+  s = write_merged(out_path, &mo);
+  uint64_t events = mo.events;
   if (s == LOOM_OK) {
     info->ranks = kept;
     info->events = events;

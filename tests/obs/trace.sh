@@ -220,4 +220,57 @@ rc=$?
   [ "$(grep -m1 -o 'trace: .*' "$tmp/out" | grep -o 'rank-0\.json' | wc -l)" = 1 ] &&
   ok "a link in the trace's place: refused, not written through, named once (exit $rc: $(grep -m1 -o 'trace: .*' "$tmp/out"))" ||
   { bad "the trace and a link (exit $rc)"; cat "$tmp/out"; }
+# loom report --trace writes trace.json whole or not at all: a merge
+# killed half way (SIGKILL here; Ctrl-C alike) leaves the previous
+# trace.json as it was and its temporary .trace.json.tmp.PID, which the
+# next merge removes, its process being gone; nothing else of that pattern
+# (a link, a live process's, another file's). Before: trace.json was
+# truncated at the start and written in place, and a kill left a part of
+# it that is not JSON. The kill waits for the temporary (or, as the old
+# binary does, for trace.json to change) by polling.
+mkdir -p "$tmp/big/trace"
+python3 - "$tmp/big/trace/rank-0.json" <<'PY'
+import sys
+with open(sys.argv[1], "w") as f:
+    f.write('[\n{"ph":"M","name":"loom_clock","pid":0,"tid":0,"args":{"monotonic_s":1.0,'
+            '"wall_s":1700000000.0,"host":"h","world":1}},\n')
+    for i in range(200000):
+        f.write('{"ph":"X","cat":"train","name":"forward","pid":0,"tid":1,"ts":%d.5,'
+                '"dur":1.25,"args":{"step":%d}},\n' % (3 * i, i))
+    f.write('{"ph":"M","name":"loom_end","pid":0,"tid":0,"args":{}}\n]\n')
+PY
+"$LOOM" report --trace "$tmp/big" >"$tmp/rep" 2>&1 || { bad "large merge"; cat "$tmp/rep"; }
+cp "$tmp/big/trace.json" "$tmp/big.prev"
+was=$(stat -c %i:%s "$tmp/big/trace.json")
+"$LOOM" report --trace "$tmp/big" >"$tmp/rep" 2>&1 &
+pid=$!
+for _ in $(seq 3000); do # polled, 30 s at most
+  if [ -e "$tmp/big/.trace.json.tmp.$pid" ] ||
+    [ "$(stat -c %i:%s "$tmp/big/trace.json" 2>/dev/null)" != "$was" ]; then
+    kill -KILL $pid
+    break
+  fi
+  kill -0 $pid 2>/dev/null || break
+  sleep 0.01
+done
+wait $pid
+rc=$?
+[ $rc = 137 ] && [ -f "$tmp/big/.trace.json.tmp.$pid" ] && cmp -s "$tmp/big/trace.json" "$tmp/big.prev" &&
+  ok "a merge killed while writing: the previous trace.json intact, its temporary left" ||
+  bad "a merge killed while writing (rc $rc): trace.json $(stat -c %s "$tmp/big/trace.json" 2>&1) bytes of $(stat -c %s "$tmp/big.prev"), $(ls -A "$tmp/big" | tr '\n' ' ')"
+echo keep >"$tmp/victim2"
+ln -s "$tmp/victim2" "$tmp/big/.trace.json.tmp.4194305" # no such pid, a link
+echo live >"$tmp/big/.trace.json.tmp.$$"                # this shell's, alive
+echo other >"$tmp/big/.other.json.tmp.4194305"           # another file's
+echo dead >"$tmp/big/.trace.json.tmp.4194306" # no such pid (above pid_max)
+"$LOOM" report --trace "$tmp/big" >"$tmp/rep" 2>&1
+rc=$?
+python3 -c 'import json, sys; t = json.load(open(sys.argv[1])); assert len(t) == 200003, len(t)' \
+  "$tmp/big/trace.json" >"$tmp/check" 2>&1
+[ $rc = 0 ] && [ ! -s "$tmp/check" ] && [ ! -e "$tmp/big/.trace.json.tmp.$pid" ] &&
+  [ ! -e "$tmp/big/.trace.json.tmp.4194306" ] &&
+  [ -L "$tmp/big/.trace.json.tmp.4194305" ] && [ "$(cat "$tmp/victim2")" = keep ] &&
+  [ -f "$tmp/big/.trace.json.tmp.$$" ] && [ -f "$tmp/big/.other.json.tmp.4194305" ] &&
+  ok "the next merge: valid JSON, the temporaries of dead processes removed, nothing else" ||
+  { bad "the next merge (rc $rc): $(ls -A "$tmp/big" | tr '\n' ' ')"; cat "$tmp/rep" "$tmp/check"; }
 finish obs_trace
