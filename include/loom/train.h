@@ -212,6 +212,10 @@ void loom_trainer_free(loom_trainer *t);
 void loom_trainer_request_stop(void);
 /* Whether a stop was requested (a caught signal or the call above). */
 bool loom_trainer_stop_requested(void);
+/* The first stop signal caught (SIGINT, SIGTERM, SIGHUP), 0 when none was
+ * (or the stop came from loom_trainer_request_stop): a program exits with
+ * 128 + it, as loom train does. */
+int loom_trainer_stop_signal(void);
 /* Catches SIGINT, SIGTERM and SIGHUP from now on (before loom_trainer_new:
  * data, model, checkpoint): a stop that comes while loading is not lost,
  * the run stops after its first step and saves it. loom_trainer_run

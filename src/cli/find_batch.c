@@ -5,13 +5,17 @@
  * it), at 1, 2, 4, ... (times parallel.micro_batches) up to the bound,
  * then bisecting between the last
  * size that fit and the first that did not. */
+#define _GNU_SOURCE /* pipe2 */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -87,6 +91,97 @@ static void last_line(const char *path, char *out, size_t cap) {
   fclose(f);
 }
 
+/* Set once stdout is a pipe whose reader is gone (`... | head -2`): the
+ * search ends as a stop does, its trial stopped and its directory removed
+ * (SIGPIPE is ignored meanwhile, so the write fails with EPIPE instead of
+ * killing the finder before it can clean up). */
+static bool out_gone;
+
+/* Whether stdout's reader is gone: a write would fail (EPIPE). A pipe
+ * without a reader polls POLLERR; a file or terminal never does. */
+static bool stdout_closed(void) {
+  if (!out_gone) {
+    struct pollfd p = {.fd = STDOUT_FILENO, .events = 0};
+    out_gone = poll(&p, 1, 0) == 1 && (p.revents & POLLERR);
+  }
+  return out_gone;
+}
+
+/* fflush(stdout), noting a reader that is gone. */
+static void flush_out(void) {
+  if (fflush(stdout) != 0 && errno == EPIPE)
+    out_gone = true;
+}
+
+/* Starts argv (loom train) from this binary with stdout and stderr in
+ * log_path. The trial dies with the finder (PR_SET_PDEATHSIG: SIGKILL,
+ * its result being of no use to anyone then; before, a finder killed with
+ * SIGKILL left its trial training on for minutes). Only async-signal-safe
+ * calls between fork and exec: the stop-signal thread runs here. Returns
+ * the pid, or -1 with errno (the child's, when its exec failed). */
+static pid_t spawn_trial(const char *const *argv, const char *log_path) {
+  int ep[2]; /* the child's errno when it cannot exec; closed by the exec */
+  if (pipe2(ep, O_CLOEXEC) != 0)
+    return -1;
+  const pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(ep[0]);
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigaction(SIGPIPE, &dfl, NULL); /* ignored here; an exec keeps that */
+    sigset_t none; /* the stop signals are blocked here; not in the trial */
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    /* The signal comes when the thread that forked ends: this one, the
+     * finder's main thread, which ends only with the process. A finder
+     * gone before the prctl is seen by getppid. */
+    int e = 0;
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
+      e = errno;
+    else if (getppid() != parent)
+      _exit(127);
+    int fd =
+        e ? -1
+          : open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0644);
+    if (fd < 0 && !e)
+      e = errno;
+    if (!e && ((fd != STDOUT_FILENO && dup2(fd, STDOUT_FILENO) < 0) ||
+               dup2(STDOUT_FILENO, STDERR_FILENO) < 0))
+      e = errno;
+    if (!e && fd > STDERR_FILENO)
+      close(fd);
+    if (!e) {
+      execve("/proc/self/exe", (char *const *)argv, environ);
+      e = errno;
+    }
+    ssize_t w = write(ep[1], &e, sizeof e);
+    (void)w;
+    _exit(127);
+  }
+  int fe = errno;
+  close(ep[1]);
+  if (pid < 0) {
+    close(ep[0]);
+    errno = fe;
+    return -1;
+  }
+  int ce = 0;
+  ssize_t r;
+  do
+    r = read(ep[0], &ce, sizeof ce);
+  while (r < 0 && errno == EINTR);
+  close(ep[0]);
+  if (r == (ssize_t)sizeof ce) { /* it did not exec */
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+      ;
+    errno = ce;
+    return -1;
+  }
+  return pid;
+}
+
 /* Runs `loom train` for a few steps at batch b in dir/b<b>. */
 static void run_trial(const char *config_path, const char *const *sets,
                       int n_sets, const char *dir, trial *t) {
@@ -128,44 +223,30 @@ static void run_trial(const char *config_path, const char *const *sets,
   argv[n++] = "never";
   argv[n++] = "--quiet";
   argv[n] = NULL;
-  posix_spawn_file_actions_t fa;
-  posix_spawnattr_t at;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log_path,
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
-  posix_spawnattr_init(&at);
-  sigset_t none; /* the stop signals are blocked here; not in the trial */
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&at, &none);
-  posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK);
-  pid_t pid;
-  int err = posix_spawn(&pid, "/proc/self/exe", &fa, &at, (char *const *)argv,
-                        environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&at);
+  pid_t pid = spawn_trial(argv, log_path);
+  int err = errno;
   loom_free(argv);
-  if (err != 0) {
+  if (pid < 0) {
     snprintf(t->why, sizeof t->why, "cannot start loom train: %s",
              strerror(err));
     return;
   }
-  /* Waits, passing a stop (Ctrl-C, SIGTERM to this process) on to the
-   * trial, which then stops at its next step. */
+  /* Waits, passing a stop (Ctrl-C, SIGTERM to this process, or stdout's
+   * reader gone) on to the trial, which then stops at its next step. */
   int status = 0;
   bool told = false;
   for (;;) {
     pid_t r = waitpid(pid, &status, WNOHANG);
     if (r == pid || (r < 0 && errno != EINTR))
       break;
-    if (loom_trainer_stop_requested() && !told) {
+    if (!told && (loom_trainer_stop_requested() || stdout_closed())) {
       kill(pid, SIGTERM);
       told = true;
     }
     struct timespec ts = {0, 20 * 1000000};
     nanosleep(&ts, NULL);
   }
-  if (told || loom_trainer_stop_requested() ||
+  if (told || loom_trainer_stop_requested() || out_gone ||
       (WIFSIGNALED(status) &&
        (WTERMSIG(status) == SIGINT || WTERMSIG(status) == SIGTERM ||
         WTERMSIG(status) == SIGHUP)) ||
@@ -203,13 +284,24 @@ static void run_trial(const char *config_path, const char *const *sets,
     snprintf(t->why, sizeof t->why, "no metrics in %s", metrics);
 }
 
-/* What the trials wrote: the directory, b<N> run directories holding
- * metrics.jsonl, config.yaml, env.json and the run's .lock, and b<N>.log.
- * Nothing else is removed (nor followed). */
+/* The trials' directory: TMPDIR/loom-find-batch-XXXXXX, locked (flock on
+ * the directory itself) by its finder for the whole search before its
+ * `owner` file (the finder's pid) is made. So a directory with an owner
+ * that can be locked is one whose finder is gone (killed with SIGKILL),
+ * and the next finder removes it; one without an owner (an older loom's,
+ * or one being made) is never touched. */
+#define TRIAL_DIR_PREFIX "loom-find-batch-"
+#define TRIAL_DIR_OWNER "owner"
+
+/* What the trials wrote: the directory, its owner file, b<N> run
+ * directories holding metrics.jsonl, config.yaml, env.json and the run's
+ * .lock, and b<N>.log. Nothing else is removed (nor followed). */
 static bool trial_name(const char *name, bool is_dir, int depth, void *ctx) {
   (void)ctx;
   if (depth == 0)
-    return is_dir && strncmp(name, "loom-find-batch-", 16) == 0;
+    return is_dir && strncmp(name, TRIAL_DIR_PREFIX, 16) == 0;
+  if (depth == 1 && !is_dir && strcmp(name, TRIAL_DIR_OWNER) == 0)
+    return true;
   if (depth == 2)
     return !is_dir &&
            (strcmp(name, "metrics.jsonl") == 0 ||
@@ -225,22 +317,116 @@ static bool trial_name(const char *name, bool is_dir, int depth, void *ctx) {
   return is_dir ? *p == '\0' : strcmp(p, ".log") == 0;
 }
 
+/* The lock on this finder's directory (-1: none). */
+static int trial_lock = -1;
+
 static void remove_trials(const char *dir) {
   const char *slash = strrchr(dir, '/');
   char parent[512];
   snprintf(parent, sizeof parent, "%.*s", (int)(slash - dir), dir);
-  int fd = open(parent[0] ? parent : "/", O_RDONLY | O_DIRECTORY);
-  if (fd < 0)
-    return;
-  (void)loom_fs_remove_own(fd, slash + 1, dir, trial_name, NULL, NULL);
-  close(fd);
+  int fd = open(parent[0] ? parent : "/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    (void)loom_fs_remove_own(fd, slash + 1, dir, trial_name, NULL, NULL);
+    close(fd);
+  }
+  if (trial_lock >= 0) /* held until its directory is gone */
+    close(trial_lock);
+  trial_lock = -1;
 }
 
-/* A stop (Ctrl-C, SIGTERM) ends the search without an answer. */
+typedef struct stale_scan {
+  int tfd;         /* TMPDIR */
+  const char *tmp; /* its path, for messages */
+} stale_scan;
+
+/* One entry of TMPDIR: removed when it is a trials' directory of this
+ * user with an owner file and no finder holding its lock. */
+static bool remove_if_stale(const char *name, void *ctx) {
+  const stale_scan *sc = ctx;
+  if (strncmp(name, TRIAL_DIR_PREFIX, 16) != 0 || strlen(name) != 16 + 6)
+    return true;
+  struct stat st;
+  if (fstatat(sc->tfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+      !S_ISDIR(st.st_mode) || st.st_uid != geteuid())
+    return true;
+  int dfd =
+      openat(sc->tfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0)
+    return true;
+  struct stat ost;
+  /* held through the removal: a live finder cannot have it */
+  if (fstatat(dfd, TRIAL_DIR_OWNER, &ost, AT_SYMLINK_NOFOLLOW) == 0 &&
+      S_ISREG(ost.st_mode) && flock(dfd, LOCK_EX | LOCK_NB) == 0) {
+    char shown[1100];
+    snprintf(shown, sizeof shown, "%s/%s", sc->tmp, name);
+    int left = 0;
+    if (loom_fs_remove_own(sc->tfd, name, shown, trial_name, NULL, &left) ==
+            LOOM_OK &&
+        left == 0)
+      LOOM_INFO("removed %s, the trials of a --find-batch-size that is gone",
+                shown);
+  }
+  close(dfd);
+  return true;
+}
+
+/* The trials' directories of finders that died without removing theirs
+ * (SIGKILL): their trials died with them (PR_SET_PDEATHSIG). */
+static void remove_stale_trials(const char *tmp) {
+  stale_scan sc = {open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC), tmp};
+  if (sc.tfd < 0)
+    return;
+  (void)loom_fs_each_entry(sc.tfd, ".", false, remove_if_stale, &sc);
+  close(sc.tfd);
+}
+
+/* Makes dir (a mkdtemp template), takes its lock and then writes its
+ * owner file; false with errno on failure (the directory removed). */
+static bool make_trial_dir(char *dir) {
+  if (!mkdtemp(dir))
+    return false;
+  int e = 0;
+  trial_lock = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (trial_lock < 0 || flock(trial_lock, LOCK_EX | LOCK_NB) != 0)
+    e = errno;
+  int fd =
+      e ? -1
+        : openat(trial_lock, TRIAL_DIR_OWNER,
+                 O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (!e && fd < 0)
+    e = errno;
+  if (fd >= 0) {
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (loom_fs_write_all(fd, pid, (size_t)n) != 0)
+      e = errno;
+    close(fd);
+  }
+  if (e) {
+    remove_trials(dir);
+    errno = e;
+    return false;
+  }
+  return true;
+}
+
+/* A stop ends the search without an answer, its exit code as loom
+ * train's: 128 + the signal (130 for Ctrl-C, 143 for SIGTERM, 129 for
+ * SIGHUP). A stdout whose reader is gone (`| head`) ends it as SIGPIPE
+ * would have, 141, silently, but with its trial stopped and its directory
+ * removed. */
 static int stopped(const char *dir) {
   remove_trials(dir);
-  printf("stopped: no answer\n");
-  return 128 + SIGINT;
+  const bool gone = out_gone || stdout_closed();
+  if (!gone) {
+    printf("stopped: no answer\n");
+    flush_out();
+  }
+  /* a signal first: Ctrl-C on `loom train ... | head` closes the pipe too */
+  const int sig = loom_trainer_stop_signal();
+  if (sig > 0)
+    return 128 + sig;
+  return 128 + (gone ? SIGPIPE : SIGINT);
 }
 
 /* A trial whose config or data loom train refused (exit 2) ends the
@@ -292,7 +478,7 @@ static void print_trial(const trial *t, double est_mib, double budget_mib,
            "-", "-", unit,
            t->refused ? "refused by loom train (exit 2): its reason below"
                       : t->why);
-  fflush(stdout);
+  flush_out();
 }
 
 /* The variable that says this process was started by loom run or an MPI
@@ -393,8 +579,27 @@ int loom_cli_find_batch(const char *config_path, const char *const *sets,
   return loom_cli_find_batch_run(config_path, sets, n_sets, memory, &b);
 }
 
+static int find_batch_search(const char *config_path, const char *const *sets,
+                             int n_sets, const char *memory, int64_t *answer);
+
 int loom_cli_find_batch_run(const char *config_path, const char *const *sets,
                             int n_sets, const char *memory, int64_t *answer) {
+  /* A closed stdout is an EPIPE to notice (out_gone), not a SIGPIPE that
+   * ends the finder before it stops its trial and removes its directory. */
+  struct sigaction ign, old;
+  memset(&ign, 0, sizeof ign);
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  bool restore = sigaction(SIGPIPE, &ign, &old) == 0;
+  out_gone = false;
+  int rc = find_batch_search(config_path, sets, n_sets, memory, answer);
+  if (restore)
+    sigaction(SIGPIPE, &old, NULL);
+  return rc;
+}
+
+static int find_batch_search(const char *config_path, const char *const *sets,
+                             int n_sets, const char *memory, int64_t *answer) {
   *answer = 0;
   /* One rank, on its own: under a launcher the trials would take the
    * rank's identity (its MPI world, its status file). */
@@ -497,7 +702,8 @@ int loom_cli_find_batch_run(const char *config_path, const char *const *sets,
   char dir[512];
   snprintf(dir, sizeof dir, "%s/loom-find-batch-XXXXXX",
            tmpdir && *tmpdir ? tmpdir : "/tmp");
-  if (!mkdtemp(dir)) {
+  remove_stale_trials(tmpdir && *tmpdir ? tmpdir : "/tmp");
+  if (!make_trial_dir(dir)) {
     fprintf(stderr, "loom train: cannot make a temporary directory %s: %s\n",
             dir, strerror(errno));
     return LOOM_EXIT_FAIL;
@@ -527,6 +733,8 @@ int loom_cli_find_batch_run(const char *config_path, const char *const *sets,
     if (t.stopped)
       return stopped(dir);
     print_trial(&t, est, budget_mib, unit);
+    if (out_gone)
+      return stopped(dir);
     if (t.refused)
       return refused(dir, &t);
     tried++;
@@ -551,6 +759,8 @@ int loom_cli_find_batch_run(const char *config_path, const char *const *sets,
     if (t.stopped)
       return stopped(dir);
     print_trial(&t, est, budget_mib, unit);
+    if (out_gone)
+      return stopped(dir);
     if (t.refused)
       return refused(dir, &t);
     tried++;

@@ -1580,6 +1580,8 @@ void loom_trainer_request_stop(void) { stop_requested = 1; }
 
 bool loom_trainer_stop_requested(void) { return stop_requested != 0; }
 
+int loom_trainer_stop_signal(void) { return stop_signal; }
+
 static bool stop_caught_early;
 
 /* The stop signals: never delivered to a thread that computes.

@@ -280,7 +280,8 @@ got=$(sed -n 's/^train.batch_size auto: \([0-9]*\) (loom estimate for 2 rank.*/\
 [ $? = 2 ] && grep -q "expected an integer or auto, got 'automatic'" "$tmp/out" &&
   ok "train.batch_size automatic refused (exit 2)" || { bad "automatic: $(cat "$tmp/out")"; }
 # A stop (SIGTERM to the finder) ends the search without an answer, exit
-# 130, the running trial stopped and nothing left in TMPDIR.
+# 143 (128 + SIGTERM, as loom train; the old binary said 130 for every
+# stop), the running trial stopped and nothing left in TMPDIR.
 "$LOOM" train "$SRC/examples/small_mlp.yaml" --find-batch-size --memory 2G >"$tmp/stop" 2>&1 &
 pid=$!
 for _ in $(seq 600); do # polled, up to 60 s: the first trial's line
@@ -290,8 +291,8 @@ done
 kill -TERM $pid
 wait $pid
 rc=$?
-[ $rc = 130 ] && grep -q '^stopped: no answer$' "$tmp/stop" && ! grep -q '^largest' "$tmp/stop" &&
-  ok "SIGTERM: stopped without an answer (exit 130)" || { bad "SIGTERM: rc $rc"; cat "$tmp/stop"; }
+[ $rc = 143 ] && grep -q '^stopped: no answer$' "$tmp/stop" && ! grep -q '^largest' "$tmp/stop" &&
+  ok "SIGTERM: stopped without an answer (exit 143)" || { bad "SIGTERM: rc $rc"; cat "$tmp/stop"; }
 [ -z "$(ls -A "$TMPDIR")" ] && ok "nothing left after the stop" || bad "left in TMPDIR: $(ls "$TMPDIR")"
 [ -z "$(pgrep -f "log.run_dir=$TMPDIR")" ] && ok "no trial left running" || bad "a trial still runs"
 "$LOOM" train "$SRC/examples/small_mlp.yaml" --memory 1G >"$tmp/out" 2>&1

@@ -2,7 +2,9 @@
 # loom train --find-batch-size: the sizes it tries (multiples of
 # parallel.micro_batches), a trial that loom train refuses (exit 2: its
 # config or data, not its memory) ends the search with that reason, and the
-# configs it cannot serve are refused (exit 2).
+# configs it cannot serve are refused (exit 2); its trials die with it (a
+# SIGKILL), a closed stdout stops it cleanly (exit 141), and a finder
+# removes what one that is gone left in TMPDIR.
 . "$(dirname "$0")/../lib.sh"
 export LOOM_THREADS=1 OMP_NUM_THREADS=1
 export TMPDIR="$tmp/t"
@@ -98,4 +100,62 @@ rc=$?
   grep -q "^nothing fits: even 1 row needs more than 1 KiB by the estimate$" "$tmp/out" &&
   ok "--memory 1K: within 1 KiB, nothing fits" || { bad "--memory 1K: rc $rc"; cat "$tmp/out"; }
 
+# The trials live and die with the finder, and what they leave is the
+# finder's to remove. The old binary: a SIGKILLed finder's trial ran on
+# (one for 4 minutes) and its directory stayed for good; `| head` killed
+# the finder by SIGPIPE (exit 141), its directory left behind.
+mlp=("$SRC/examples/small_mlp.yaml" --find-batch-size --memory 2G)
+# SIGKILL of the finder: its trial dies with it (PR_SET_PDEATHSIG). The
+# trial hangs after its first step (LOOM_FAULT, which the trial inherits),
+# so nothing but its parent's death ends it; /proc polled, not slept on.
+export TMPDIR="$tmp/k"
+mkdir -p "$TMPDIR"
+LOOM_FAULT=0:1:hang "$LOOM" train "${mlp[@]}" >"$tmp/out" 2>&1 &
+pid=$!
+trial=""
+for _ in $(seq 1200); do # polled, 60 s at most: the trial started
+  trial=$(pgrep -P $pid | head -1)
+  [ -n "$trial" ] && break
+  sleep 0.05
+done
+kill -KILL $pid
+wait $pid 2>/dev/null
+gone=""
+for _ in $(seq 400); do # polled, 20 s at most: the trial gone (or a zombie)
+  s=$(awk '{ print $3 }' "/proc/$trial/stat" 2>/dev/null)
+  if [ -z "$s" ] || [ "$s" = Z ]; then
+    gone=1
+    break
+  fi
+  sleep 0.05
+done
+[ -n "$trial" ] && [ -n "$gone" ] && ok "finder SIGKILLed: its trial (pid $trial) died with it" ||
+  bad "finder SIGKILLed: its trial '$trial' still runs"
+[ -n "$trial" ] && kill -KILL "$trial" 2>/dev/null # the old binary's orphan
+# Its directory stays (nothing ran to remove it); the next finder in that
+# TMPDIR removes it, its finder being gone (its lock free), and nothing
+# else: not a directory of that name without an owner file (an older
+# loom's), not a link of that name to one with an owner.
+mkdir -p "$TMPDIR/loom-find-batch-noownr" "$tmp/elsewhere/b1"
+echo 1 >"$tmp/elsewhere/owner"
+ln -s "$tmp/elsewhere" "$TMPDIR/loom-find-batch-linkkk"
+left=$(ls -A "$TMPDIR" | grep -v -e noownr -e linkkk)
+"$LOOM" train "$cfg" --find-batch-size --memory 200M \
+  --set "data.path=$tmp/no-such-file" >"$tmp/out" 2>&1
+rc=$?
+[ $rc = 2 ] && [ -n "$left" ] && [ "$(ls -A "$TMPDIR" | tr '\n' ' ')" = "loom-find-batch-linkkk loom-find-batch-noownr " ] &&
+  [ -f "$tmp/elsewhere/owner" ] && [ -d "$tmp/elsewhere/b1" ] &&
+  ok "the next finder removed $left of the finder that is gone, nothing else" ||
+  bad "the next finder (rc $rc): '$left' left as $(ls -A "$TMPDIR" | tr '\n' ' ')"
+# stdout's reader gone (| head -2): the finder stops its trial, removes its
+# directory and exits 141 as SIGPIPE would have (ignored meanwhile).
+export TMPDIR="$tmp/p"
+mkdir -p "$TMPDIR"
+"$LOOM" train "${mlp[@]}" 2>"$tmp/err" | head -2 >"$tmp/out"
+rc=${PIPESTATUS[0]}
+[ $rc = 141 ] && [ "$(wc -l <"$tmp/out")" = 2 ] && [ -z "$(ls -A "$TMPDIR")" ] &&
+  [ -z "$(pgrep -f "log.run_dir=$TMPDIR")" ] &&
+  ok "| head -2: exit 141, its trial stopped, nothing left in TMPDIR" ||
+  { bad "| head -2: rc $rc, left in TMPDIR: '$(ls -A "$TMPDIR")'"; cat "$tmp/err"; }
+export TMPDIR="$tmp/t"
 finish train_find_batch
