@@ -280,6 +280,9 @@ static int cmd_shard(int argc, char **argv) {
   loom_cli_discard_on_stop(); /* Ctrl-C leaves no hidden temporary */
   if (loom_shard_write_bytes(out, in, &n) != LOOM_OK)
     return fail("shard");
+  /* and the temporaries of earlier runs killed outright (SIGKILL) */
+  if (pn > 0 && (size_t)pn < sizeof parent)
+    (void)loom_fs_remove_dead_tmps(parent, slash ? slash + 1 : out);
   printf("%s: %lld tokens\n", out, (long long)n);
   return LOOM_EXIT_OK;
 }

@@ -76,6 +76,16 @@ for sig in INT TERM; do
   check "shard stopped by SIG$sig: no temporary left" test -z "$(compgen -G "$tmp/stop/.out.bin.tmp.*")"
   check "shard stopped by SIG$sig: no shard" test ! -e "$tmp/stop/out.bin"
 done
+# One killed outright (SIGKILL: nothing runs) leaves it; the next shard of
+# that name removes it, not a live process's nor a link of that name.
+dead=$(sh -c 'echo $$')
+echo partial >"$tmp/stop/.out.bin.tmp.$dead"
+echo live >"$tmp/stop/.out.bin.tmp.$$"
+ln -s "$tmp/t.txt" "$tmp/stop/.out.bin.tmp.999999"
+check "shard after a SIGKILLed one" test "$(rc_of "$LOOM" data shard "$tmp/t.txt" "$tmp/stop/out.bin")" = 0
+check "shard after a SIGKILLed one: its temporary removed" test ! -e "$tmp/stop/.out.bin.tmp.$dead"
+check "shard after a SIGKILLed one: a live process's kept" test -e "$tmp/stop/.out.bin.tmp.$$"
+check "shard after a SIGKILLed one: a link kept" test -L "$tmp/stop/.out.bin.tmp.999999"
 rm -rf "$tmp/stop"
 head -c 1000 "$tmp/t.bin" >"$tmp/cut.bin"
 check "info on a truncated shard: exit 1" test "$(rc_of "$LOOM" data info "$tmp/cut.bin")" = 1
