@@ -347,19 +347,27 @@ static loom_status write_atomic_impl(int dfd, const char *dir, const char *name,
   return fsync_fd_dir(dfd, dir, fault);
 }
 
+/* The atomic write into the directory at path dir (the caller's path,
+ * followed as given). */
+static loom_status write_atomic_in(const char *dir, const char *name,
+                                   loom_fs_fill_fn fill, void *ctx,
+                                   loom_fs_fault_fn fault) {
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0)
+    return loom_error(LOOM_ERR_IO, "%s: cannot open directory: %s", dir,
+                      strerror(errno));
+  loom_status st = write_atomic_tracked(dfd, dir, name, fill, ctx, fault);
+  close(dfd);
+  return st;
+}
+
 loom_status loom_fs_write_atomic_hooked(const char *dir, const char *name,
                                         const void *data, size_t len,
                                         loom_fs_fault_fn fault) {
   if (!dir)
     return loom_error(LOOM_ERR_INVALID_ARG, "loom_fs_write_atomic: NULL dir");
-  /* The directory is the caller's path, followed as given. */
-  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0)
-    return loom_error(LOOM_ERR_IO, "%s: cannot open directory: %s", dir,
-                      strerror(errno));
-  loom_status st = loom_fs_write_atomic_at(dfd, dir, name, data, len, fault);
-  close(dfd);
-  return st;
+  fill_buf b = {data, len};
+  return write_atomic_in(dir, name, fill_from_buf, &b, fault);
 }
 
 loom_status loom_fs_write_atomic(const char *dir, const char *name,
@@ -372,13 +380,7 @@ loom_status loom_fs_write_atomic_with(const char *dir, const char *name,
   if (!dir || !fill)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "loom_fs_write_atomic_with: NULL argument");
-  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0)
-    return loom_error(LOOM_ERR_IO, "%s: cannot open directory: %s", dir,
-                      strerror(errno));
-  loom_status st = write_atomic_tracked(dfd, dir, name, fill, ctx, NULL);
-  close(dfd);
-  return st;
+  return write_atomic_in(dir, name, fill, ctx, NULL);
 }
 
 typedef struct dead_tmp_scan {
