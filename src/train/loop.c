@@ -2298,9 +2298,10 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
     /* The checkpoint before the evaluation: the last one covers the whole
      * validation split, and a stop (SLURM's SIGTERM, then SIGKILL after its
      * grace period) that comes while it runs must not cost the run. */
-    if ((cfg->checkpoint.enabled && cfg->checkpoint.every > 0 &&
-         t->step % cfg->checkpoint.every == 0) ||
-        last || stop) {
+    bool saved = (cfg->checkpoint.enabled && cfg->checkpoint.every > 0 &&
+                  t->step % cfg->checkpoint.every == 0) ||
+                 last || stop;
+    if (saved) {
       double t0 = loom_time_now();
       LOOM_TRY_GOTO(s, loom_train_ckpt_save(t), out);
       double t1 = loom_time_now();
@@ -2316,6 +2317,19 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
       LOOM_TRY_GOTO(s, log_eval(t, res, last), out);
       if (t->tracing)
         loom_trace_span("train", "evaluation", t0, loom_time_now(), NULL);
+      /* A stop that came during a periodic evaluation stops the run at
+       * this step, as one during the step does (before, it trained one
+       * more step first): agreed over the world, since a rank's share may
+       * have ended before the signal reached it. */
+      if (!last && !stop) {
+        LOOM_TRY_GOTO(s, agree_stop(t, &stop), out);
+        if (stop && !saved) {
+          double t1 = loom_time_now();
+          LOOM_TRY_GOTO(s, loom_train_ckpt_save(t), out);
+          if (t->tracing)
+            loom_trace_span("train", "checkpoint", t1, loom_time_now(), NULL);
+        }
+      }
     }
     if (stop && !last) {
       res->interrupted = true;

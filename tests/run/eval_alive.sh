@@ -94,6 +94,26 @@ stopped_in_eval() {
     bad "$name: the stop waited ${took} s for the evaluation"
 }
 stopped_in_eval stop
+# A stop during a periodic evaluation (step 4 of 8, its checkpoint written
+# first) stops the run at that step, as one during the step does: before,
+# it trained step 5 first and saved that.
+LOOM_FAULT=0:1:slow_data:0.05,1:1:slow_data:0.05 "$LOOM" run -n 2 --max-restarts 0 \
+  "$LOOM" train "$SRC/examples/small_gpt.yaml" --set "data.path=$tmp/small.txt" \
+  --set data.val_fraction=0.5 --set model.layers=2 --set model.d_model=64 \
+  --set model.heads=2 --set model.context=64 --set train.batch_size=1 --set train.steps=8 \
+  --set train.eval_every=4 --set train.eval_batches=0 --set checkpoint.every=4 \
+  --set "log.run_dir=$tmp/periodic" >"$tmp/periodic.out" 2>&1 &
+job=$!
+for _ in $(seq 1200); do [ -e "$tmp/periodic/ckpt/latest" ] && break; sleep 0.05; done
+kill -TERM $job
+wait $job
+rc=$?
+if [ $rc = 143 ] && grep -q "stopped by SIGTERM at step 4, checkpoint saved" "$tmp/periodic.out" &&
+  [ "$(cat "$tmp/periodic/ckpt/latest")" = step_00000004 ] && [ ! -e "$tmp/periodic/ckpt/step_00000005" ]; then
+  ok "SIGTERM during a periodic evaluation: exit 143, stopped at its step 4"
+else
+  bad "SIGTERM during a periodic evaluation: rc $rc, latest $(cat "$tmp/periodic/ckpt/latest" 2>/dev/null): $(tail -3 "$tmp/periodic.out")"
+fi
 stopped_in_eval stop_tp --set parallel.tp=2
 stopped_in_eval stop_pp --set parallel.pp=2
 stopped_in_eval stop_zero3 --set parallel.strategy=zero3
