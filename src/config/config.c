@@ -1248,10 +1248,17 @@ static const cfg_loc *origin_of(const cfg_origins *org, const char *path,
   return fallback;
 }
 
+/* Key k's default as canonical text (what loom config show writes). */
+static bool default_text(const loom_config_key *k, char *buf, size_t n) {
+  loom_config d;
+  memset(&d, 0, sizeof d);
+  return set_default(&d, k) == LOOM_OK &&
+         loom_config_format(&d, k, buf, n) == LOOM_OK;
+}
+
 /* Values and keys this build does not implement (the schema's todo). */
 static loom_status check_todo(const loom_config *cfg, const cfg_origins *org,
                               cfg_loc *none) {
-  loom_config def;
   for (size_t i = 0; i < NKEYS; i++) {
     const loom_config_key *k = &keys[i];
     if (!k->todo_values && !(k->flags & LOOM_CFG_TODO))
@@ -1273,10 +1280,7 @@ static loom_status check_todo(const loom_config *cfg, const cfg_origins *org,
                                 k->values[j]);
     } else {
       /* A key not implemented at all: its default changes nothing. */
-      memset(&def, 0, sizeof def);
-      (void)set_default(&def, k);
-      if (loom_config_format(&def, k, ok, sizeof ok) != LOOM_OK ||
-          strcmp(ok, val) == 0)
+      if (!default_text(k, ok, sizeof ok) || strcmp(ok, val) == 0)
         continue;
     }
     return cfg_err(l, k->path, "%s is not implemented yet; supported: %s (%s)",
@@ -1329,11 +1333,8 @@ static loom_status only_default(const loom_config *cfg, const cfg_origins *org,
                                 const char *scope, const char *now,
                                 const char *fix) {
   char val[LOOM_CONFIG_STR_MAX * 4 + 8], def[sizeof val];
-  loom_config d;
-  memset(&d, 0, sizeof d);
-  if (set_default(&d, k) != LOOM_OK ||
-      loom_config_format(cfg, k, val, sizeof val) != LOOM_OK ||
-      loom_config_format(&d, k, def, sizeof def) != LOOM_OK)
+  if (!default_text(k, def, sizeof def) ||
+      loom_config_format(cfg, k, val, sizeof val) != LOOM_OK)
     return loom_error(LOOM_ERR_INTERNAL, "config: cannot format %s", k->path);
   if (strcmp(val, def) == 0)
     return LOOM_OK;

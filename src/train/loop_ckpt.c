@@ -30,32 +30,40 @@ static const char *sched_name(const loom_trainer *t) {
   return loom_sched_kind_name(t->cfg.schedule.name);
 }
 
-/* A key's canonical value in cfg (false when it cannot be written). */
-static bool key_value(const loom_config *cfg, const loom_config_key *k,
-                      char *buf, size_t n) {
-  return loom_config_format(cfg, k, buf, n) == LOOM_OK;
-}
-
-/* extra.config: {"key": "value"} for every key of the config hash whose
- * value is not its default (a few hundred bytes for a usual config). */
-static bool add_config(cJSON *x, const loom_config *cfg) {
+/* Calls fn(path, value, default, ctx) for every key of the config hash
+ * (LOOM_CFG_LOCAL unset), its value in cfg and its default as canonical
+ * text, until fn returns false; false then. */
+typedef bool (*hashed_key_fn)(const char *path, const char *value,
+                              const char *dflt, void *ctx);
+static bool each_hashed_key(const loom_config *cfg, hashed_key_fn fn,
+                            void *ctx) {
   loom_config def;
   loom_config_defaults(&def);
-  cJSON *o = cJSON_AddObjectToObject(x, "config");
-  if (!o)
-    return false;
   size_t nk;
   const loom_config_key *keys = loom_config_keys(&nk);
   for (size_t i = 0; i < nk; i++) {
     char v[LOOM_CONFIG_STR_MAX * 4 + 8], d[sizeof v];
     if ((keys[i].flags & LOOM_CFG_LOCAL) ||
-        !key_value(cfg, &keys[i], v, sizeof v) ||
-        !key_value(&def, &keys[i], d, sizeof d) || strcmp(v, d) == 0)
+        loom_config_format(cfg, &keys[i], v, sizeof v) != LOOM_OK ||
+        loom_config_format(&def, &keys[i], d, sizeof d) != LOOM_OK)
       continue;
-    if (!cJSON_AddStringToObject(o, keys[i].path, v))
+    if (!fn(keys[i].path, v, d, ctx))
       return false;
   }
   return true;
+}
+
+static bool add_if_changed(const char *path, const char *value,
+                           const char *dflt, void *ctx) {
+  return strcmp(value, dflt) == 0 ||
+         cJSON_AddStringToObject(ctx, path, value) != NULL;
+}
+
+/* extra.config: {"key": "value"} for every key of the config hash whose
+ * value is not its default (a few hundred bytes for a usual config). */
+static bool add_config(cJSON *x, const loom_config *cfg) {
+  cJSON *o = cJSON_AddObjectToObject(x, "config");
+  return o && each_hashed_key(cfg, add_if_changed, o);
 }
 
 static loom_status fill_meta(loom_trainer *t, loom_ckpt_meta *meta) {
@@ -173,44 +181,43 @@ static void warn_other_data(const loom_trainer *t, const loom_ckpt *c,
               (long long)loom_ckpt_get_meta(c)->data.sample);
 }
 
+/* The keys that differ from a checkpoint's extra.config (a key it does not
+ * list held its default), up to 6 written out. */
+typedef struct config_diff {
+  const cJSON *saved;
+  char text[1024];
+  size_t used;
+  int n;
+} config_diff;
+
+static bool note_if_other(const char *path, const char *value, const char *dflt,
+                          void *ctx) {
+  config_diff *d = ctx;
+  const char *was =
+      cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(d->saved, path));
+  if (!was)
+    was = dflt;
+  if (strcmp(was, value) != 0 && ++d->n <= 6 && d->used < sizeof d->text)
+    d->used += (size_t)snprintf(d->text + d->used, sizeof d->text - d->used,
+                                "%s%s %s, now %s", d->n > 1 ? "; " : "", path,
+                                was, value);
+  return true;
+}
+
 /* A resume with a config of another hash: names the keys that differ from
  * the checkpoint's (extra.config; up to 6, then how many more). An older
  * checkpoint without extra.config is told without them. */
 static void warn_other_config(const loom_trainer *t, const loom_ckpt *c,
                               const cJSON *x) {
-  const cJSON *o = cJSON_GetObjectItemCaseSensitive(x, "config");
-  char diff[1024] = "";
-  size_t used = 0;
-  int n = 0;
-  if (cJSON_IsObject(o)) {
-    loom_config def;
-    loom_config_defaults(&def);
-    size_t nk;
-    const loom_config_key *keys = loom_config_keys(&nk);
-    for (size_t i = 0; i < nk; i++) {
-      char now[LOOM_CONFIG_STR_MAX * 4 + 8], d[sizeof now];
-      if ((keys[i].flags & LOOM_CFG_LOCAL) ||
-          !key_value(&t->cfg, &keys[i], now, sizeof now) ||
-          !key_value(&def, &keys[i], d, sizeof d))
-        continue;
-      const char *was = cJSON_GetStringValue(
-          cJSON_GetObjectItemCaseSensitive(o, keys[i].path));
-      if (!was)
-        was = d;
-      if (strcmp(was, now) == 0)
-        continue;
-      if (++n <= 6 && used < sizeof diff)
-        used +=
-            (size_t)snprintf(diff + used, sizeof diff - used, "%s%s %s, now %s",
-                             n > 1 ? "; " : "", keys[i].path, was, now);
-    }
-  }
-  if (n > 6 && used < sizeof diff)
-    snprintf(diff + used, sizeof diff - used, "; and %d more", n - 6);
-  if (n > 0)
+  config_diff d = {cJSON_GetObjectItemCaseSensitive(x, "config"), "", 0, 0};
+  if (cJSON_IsObject(d.saved))
+    (void)each_hashed_key(&t->cfg, note_if_other, &d);
+  if (d.n > 6 && d.used < sizeof d.text)
+    snprintf(d.text + d.used, sizeof d.text - d.used, "; and %d more", d.n - 6);
+  if (d.n > 0)
     LOOM_WARN("%s was saved with a different config (%s); resuming with the "
               "current one",
-              loom_ckpt_path(c), diff);
+              loom_ckpt_path(c), d.text);
   else
     LOOM_WARN("%s was saved with a different config; resuming with the "
               "current one",
