@@ -50,6 +50,11 @@ loom_status loom_metrics_open(loom_metrics **out, const char *run_dir,
                               bool append);
 /* metrics.jsonl's path ("" without it). */
 const char *loom_metrics_path(const loom_metrics *m);
+/* Opened with append and keep_to_step >= 0: whether the lines kept hold an
+ * evaluation (a "val_loss") at step keep_to_step; false otherwise (and
+ * without metrics.jsonl, or m NULL). A resumed trainer runs the evaluation
+ * of its first step when it is due there and missing. */
+bool loom_metrics_kept_eval(const loom_metrics *m);
 /* The event file's path ("" without one). */
 const char *loom_metrics_tb_path(const loom_metrics *m);
 void loom_metrics_begin(loom_metrics *m);

@@ -29,6 +29,9 @@ struct loom_metrics {
   loom_mlflow *mlflow;   /* borrowed, or NULL */
   int64_t step;
   double time;
+  /* A resumed metrics.jsonl (append, keep_to_step): whether its kept lines
+   * hold an evaluation (a val_loss) at keep_to_step. */
+  bool kept_eval;
 };
 
 loom_metrics_opts loom_metrics_opts_default(void) {
@@ -38,9 +41,10 @@ loom_metrics_opts loom_metrics_opts_default(void) {
 }
 
 /* The byte at which metrics.jsonl stops holding steps <= keep: the start of
- * its first line of a later step, or of a last line without its newline. */
+ * its first line of a later step, or of a last line without its newline;
+ * and whether a kept line of step keep is an evaluation's (*eval). */
 static loom_status cut_offset(FILE *r, const char *path, int64_t keep,
-                              off_t *cut) {
+                              off_t *cut, bool *eval) {
   char *line = NULL;
   size_t cap = 0;
   ssize_t n;
@@ -53,6 +57,9 @@ static loom_status cut_offset(FILE *r, const char *path, int64_t keep,
       *cut = at;
       break;
     }
+    if (k && strtoll(k + 7, NULL, 10) == (long long)keep &&
+        strstr(line, "\"val_loss\":"))
+      *eval = true;
     at += (off_t)n;
   }
   bool err = ferror(r) != 0;
@@ -67,7 +74,8 @@ static loom_status cut_offset(FILE *r, const char *path, int64_t keep,
  * resumes from belong to the timeline it abandons, and the run logs those
  * steps again; they are cut off so that each step appears once. The file
  * read is the one open for appending (same inode), never a link. */
-static loom_status cut_later_steps(const char *path, FILE *w, int64_t keep) {
+static loom_status cut_later_steps(const char *path, FILE *w, int64_t keep,
+                                   bool *eval) {
   int rfd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
   struct stat rs, ws;
   if (rfd < 0 || fstat(rfd, &rs) != 0 || fstat(fileno(w), &ws) != 0 ||
@@ -84,7 +92,7 @@ static loom_status cut_later_steps(const char *path, FILE *w, int64_t keep) {
     return loom_error(LOOM_ERR_IO, "%s: %s", path, strerror(errno));
   }
   off_t cut = -1;
-  loom_status s = cut_offset(r, path, keep, &cut);
+  loom_status s = cut_offset(r, path, keep, &cut, eval);
   fclose(r);
   if (s == LOOM_OK && cut >= 0) {
     if (ftruncate(fileno(w), cut) != 0)
@@ -114,7 +122,7 @@ loom_status loom_metrics_open_opts(loom_metrics **out, const char *run_dir,
      * own file. */
     s = loom_fs_open_append(m->path, !o.append, &m->f);
     if (s == LOOM_OK && o.append && o.keep_to_step >= 0)
-      s = cut_later_steps(m->path, m->f, o.keep_to_step);
+      s = cut_later_steps(m->path, m->f, o.keep_to_step, &m->kept_eval);
   }
   if (s == LOOM_OK && o.tensorboard) {
     char dir[1024];
@@ -145,6 +153,8 @@ loom_status loom_metrics_open(loom_metrics **out, const char *run_dir,
 }
 
 const char *loom_metrics_path(const loom_metrics *m) { return m->path; }
+
+bool loom_metrics_kept_eval(const loom_metrics *m) { return m && m->kept_eval; }
 
 const char *loom_metrics_tb_path(const loom_metrics *m) {
   return loom_tb_path(m->tb);

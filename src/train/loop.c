@@ -959,6 +959,7 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   loom_trainer *t = loom_calloc(1, sizeof *t);
   if (!t)
     return LOOM_ERR_NOMEM;
+  t->eval_logged_step = -1;
   t->cfg = *cfg;
   t->run_lock = -1;
   t->opts = opts ? *opts : loom_train_opts_default();
@@ -1558,6 +1559,7 @@ static loom_status log_eval(loom_trainer *t, loom_train_result *res,
     loom_progress_print(t->progress, line);
   loom_log_file("%s", line);
   if (t->metrics && !stopped) {
+    t->eval_logged_step = t->step;
     loom_metrics_begin(t->metrics);
     loom_metrics_int(t->metrics, "step", t->step);
     loom_metrics_num(t->metrics, "time", loom_time_wall());
@@ -1831,6 +1833,8 @@ static loom_status open_outputs(loom_trainer *t) {
     mo.append = t->step > 0;
     mo.keep_to_step = t->step > 0 ? t->step : -1;
     s = loom_metrics_open_opts(&t->metrics, cfg->log.run_dir, &mo);
+    if (s == LOOM_OK && loom_metrics_kept_eval(t->metrics))
+      t->eval_logged_step = t->step;
     if (s == LOOM_OK)
       s = loom_train_write_run_info(t);
   }
@@ -1843,6 +1847,39 @@ static loom_status open_outputs(loom_trainer *t) {
                                                    : (int)cfg->log.every,
                           t->is_text ? "tokens" : "samples");
   return s;
+}
+
+/* A run resumed at step N where a periodic evaluation is due, and whose
+ * metrics.jsonl lacks it, runs it before step N + 1: the checkpoint of a step
+ * is saved before its evaluation, so a run stopped (or killed) during that
+ * evaluation left none. Rank 0 keeps metrics.jsonl and decides; the world
+ * agrees (one reduction, at such steps only). *stop: a stop came during it. */
+static loom_status resume_eval(loom_trainer *t, loom_train_result *res,
+                               int64_t every, bool *stop) {
+  *stop = false;
+  if (t->step <= 0 || t->step >= t->total_steps || t->step % every != 0)
+    return LOOM_OK;
+  int64_t v = is_rank0(t) && t->metrics && loom_metrics_path(t->metrics)[0] &&
+                      t->eval_logged_step != t->step
+                  ? 1
+                  : 0;
+  if (t->world && t->nranks > 1) {
+    loom_req r = LOOM_REQ_INIT;
+    LOOM_TRY(loom_allreduce(&v, &v, 1, LOOM_I64, LOOM_MAX, t->world, &r));
+    LOOM_TRY(wait_alive(&r));
+  }
+  if (!v)
+    return LOOM_OK;
+  if (is_rank0(t))
+    LOOM_INFO("step %lld's evaluation is missing from %s (the run that saved "
+              "step %lld stopped before it finished): running it now",
+              (long long)t->step, loom_metrics_path(t->metrics),
+              (long long)t->step);
+  double t0 = loom_time_now();
+  LOOM_TRY(log_eval(t, res, false));
+  if (t->tracing)
+    loom_trace_span("train", "evaluation", t0, loom_time_now(), NULL);
+  return agree_stop(t, stop);
 }
 
 /* The steps since the last metrics line: their count, when they began, and
@@ -2235,8 +2272,17 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
   if (t->ddp)
     loom_ddp_reset_stats(t->ddp);
   loom_runstat_phase(LOOM_RUNSTAT_TRAINING);
+  /* eval_every 0: at the end of each epoch (steps_per_epoch >= 1). */
+  const int64_t every =
+      cfg->train.eval_every > 0 ? cfg->train.eval_every : t->steps_per_epoch;
+  bool stopped_first = false;
+  LOOM_TRY_GOTO(s, resume_eval(t, res, every, &stopped_first), out);
+  if (stopped_first) {
+    res->interrupted = true;
+    res->stop_signal = agreed_signal(t);
+  }
 
-  while (t->step < t->total_steps) {
+  while (!stopped_first && t->step < t->total_steps) {
     loom_step_times tm = {0};
     int64_t epoch = 0;
     float lr;
@@ -2309,9 +2355,6 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
       if (t->tracing)
         loom_trace_span("train", "checkpoint", t0, t1, NULL);
     }
-    /* eval_every 0: at the end of each epoch (steps_per_epoch >= 1). */
-    int64_t every =
-        cfg->train.eval_every > 0 ? cfg->train.eval_every : t->steps_per_epoch;
     if (t->step % every == 0 || last) {
       double t0 = loom_time_now();
       LOOM_TRY_GOTO(s, log_eval(t, res, last), out);

@@ -96,11 +96,14 @@ struct loom_trainer {
   loom_sched sched;
   loom_metrics *metrics;
   loom_progress *progress;
-  bool tracing;        /* this trainer opened the process's trace */
-  bool warming_up;     /* the warm-up pass runs (its spans carry no step) */
-  FILE *rank_log;      /* log.per_rank: RUN/logs/rank-K.log */
-  int run_lock;        /* rank 0: RUN/.lock, held (flock) while training; -1 */
-  bool outputs_open;   /* open_outputs ran (metrics, progress, MLflow) */
+  bool tracing;      /* this trainer opened the process's trace */
+  bool warming_up;   /* the warm-up pass runs (its spans carry no step) */
+  FILE *rank_log;    /* log.per_rank: RUN/logs/rank-K.log */
+  int run_lock;      /* rank 0: RUN/.lock, held (flock) while training; -1 */
+  bool outputs_open; /* open_outputs ran (metrics, progress, MLflow) */
+  /* The step of the last evaluation metrics.jsonl holds (rank 0; -1: none
+   * known): a resumed run redoes its first step's when it is missing. */
+  int64_t eval_logged_step;
   loom_mlflow *mlflow; /* log.mlflow (rank 0) */
   char mlflow_status[16];
   double *unit_t0;    /* (2 x units) trace: when each unit's forward and

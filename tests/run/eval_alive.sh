@@ -114,6 +114,42 @@ if [ $rc = 143 ] && grep -q "stopped by SIGTERM at step 4, checkpoint saved" "$t
 else
   bad "SIGTERM during a periodic evaluation: rc $rc, latest $(cat "$tmp/periodic/ckpt/latest" 2>/dev/null): $(tail -3 "$tmp/periodic.out")"
 fi
+# Its resume runs step 4's evaluation first: the checkpoint was saved
+# before the evaluation the stop cut, so metrics.jsonl had none (before, the
+# resumed run went on to step 5 and step 4 never had one). Then a run that
+# evaluated at its stop step (--stop-at 4) is resumed: nothing is redone.
+# NAME [ARG]...: 2 ranks of the periodic run's settings, into NAME.
+periodic() {
+  local name=$1
+  shift
+  LOOM_LOG=info "$LOOM" run -n 2 --max-restarts 0 "$LOOM" train "$SRC/examples/small_gpt.yaml" \
+    --set "data.path=$tmp/small.txt" --set data.val_fraction=0.5 --set model.layers=2 \
+    --set model.d_model=64 --set model.heads=2 --set model.context=64 --set train.batch_size=1 \
+    --set train.steps=8 --set train.eval_every=4 --set train.eval_batches=4 \
+    --set checkpoint.every=4 --set "log.run_dir=$tmp/$name" "$@" >>"$tmp/$name.out" 2>&1
+  rc=$?
+}
+# NAME STEP: how many evaluation lines of STEP metrics.jsonl holds.
+evals_at() {
+  python3 -c 'import json,sys
+print(sum(1 for l in open(sys.argv[1]) if "val_loss" in json.loads(l) and json.loads(l)["step"] == int(sys.argv[2])))' \
+    "$tmp/$1/metrics.jsonl" "$2"
+}
+periodic periodic --resume auto
+if [ $rc = 0 ] && grep -q "step 4's evaluation is missing" "$tmp/periodic.out" &&
+  [ "$(evals_at periodic 4)" = 1 ] && [ "$(evals_at periodic 8)" = 1 ]; then
+  ok "the resume ran step 4's evaluation the stop had cut, once, then trained to step 8"
+else
+  bad "resume after a stop in step 4's evaluation: rc $rc, evaluations at 4: $(evals_at periodic 4): $(tail -3 "$tmp/periodic.out")"
+fi
+periodic atstop --stop-at 4
+periodic atstop --resume auto
+if [ $rc = 0 ] && ! grep -q "evaluation is missing" "$tmp/atstop.out" &&
+  [ "$(evals_at atstop 4)" = 1 ] && [ "$(evals_at atstop 8)" = 1 ]; then
+  ok "a resume after an evaluation that finished redoes nothing"
+else
+  bad "resume after --stop-at 4: rc $rc, evaluations at 4: $(evals_at atstop 4): $(tail -3 "$tmp/atstop.out")"
+fi
 stopped_in_eval stop_tp --set parallel.tp=2
 stopped_in_eval stop_pp --set parallel.pp=2
 stopped_in_eval stop_zero3 --set parallel.strategy=zero3
