@@ -179,6 +179,9 @@ typedef struct loom_config_log {
   int64_t every;
   loom_progress_mode progress;
   bool metrics, tensorboard, trace, profile, per_rank;
+  /* The trace's window of steps (loom_trace_opts) and its cap in MiB. */
+  int64_t trace_start, trace_steps, trace_every;
+  double trace_max_mb;
   /* MLflow tracking: uri "" is off. */
   char mlflow_uri[LOOM_CONFIG_STR_MAX];
   char mlflow_experiment[LOOM_CONFIG_STR_MAX];

@@ -104,25 +104,73 @@ uint32_t loom_tb_masked_crc(const void *data, size_t n);
  * counters ("C"); thread names. Time is loom_time_now() (the host's
  * monotonic clock); the file records that clock at ts 0 (metadata
  * "loom_clock") so that loom report --trace puts the ranks of a host on
- * one time line. Nothing is done (one atomic load) while no trace is open.
+ * one time line. Nothing is done (one atomic load) while no trace is open,
+ * or while it records nothing (outside its step window, or past its cap).
  *
  *   loom_trace_start("run/trace/rank-0.json", 0);
  *   loom_trace_begin("my region"); ... loom_trace_end();    user regions
  *   loom_trace_span("train", "forward", t0, t1, "\"step\":3");
  *   loom_trace_stop(NULL);
+ *
+ * A window of steps and a size cap (as PyTorch's profiler schedule):
+ *
+ *   loom_trace_opts o = loom_trace_opts_default();
+ *   o.start = 100; o.steps = 10; o.every = 1000;   steps 100-109, 1100-1109..
+ *   o.max_bytes = 256u << 20;                      at most 256 MiB
+ *   loom_trace_start_opts(path, rank, world, &o);
+ *   for (step = 0; ...; step++) { loom_trace_step(step); ... }
  */
+/* What a trace records. The window: steps start .. start + steps - 1
+ * (steps 0: from start to the end), again every `every` steps from start
+ * when every > 0 (every > steps > 0 then), by the numbers given to
+ * loom_trace_step; before the first loom_trace_step it records when start
+ * is 0. Outside the window nothing is recorded by any thread; a span is
+ * recorded only when it began after the window opened (a collective that
+ * started before is left out) and was handed over before it closed.
+ * Markers "loom_window_open" and "loom_window_close" (instant events, args
+ * step) say where recording resumed and paused. max_bytes: the file's
+ * cap; when the next event would take the file past it (what is buffered
+ * counts), recording stops for good: a "loom_capped" instant event (args
+ * max_bytes, bytes, step, raise) ends the events, the file is closed as
+ * usual at loom_trace_stop (never past the cap, as long as the cap holds
+ * the header and 512 bytes), and one warning names the file, the cap, the
+ * step and max_name (what to raise). 0: no cap. */
+typedef struct loom_trace_opts {
+  int64_t start;        /* the first step recorded */
+  int64_t steps;        /* steps recorded from there; 0: to the end */
+  int64_t every;        /* the window again every `every` steps; 0: once */
+  uint64_t max_bytes;   /* the file's cap; 0: none */
+  const char *max_name; /* named in the cap's warning (NULL: "max_bytes") */
+} loom_trace_opts;
+/* Every step recorded, no cap. */
+loom_trace_opts loom_trace_opts_default(void);
 /* A new file at path (never through a link) for rank `rank` of `world`;
  * LOOM_ERR_INVALID_ARG when a trace is open already. A loom trace already
  * at path (a previous attempt's: a restart, a resume) is kept, moved to
  * attempt-STAMP/ beside it (STAMP: that attempt's start, UTC); another
  * file there is refused and left alone. */
 loom_status loom_trace_start(const char *path, int rank, int world);
+/* The same with a window and a cap (opts NULL: the defaults);
+ * LOOM_ERR_INVALID_ARG for a negative number, or every > 0 without
+ * 0 < steps < every. */
+loom_status loom_trace_start_opts(const char *path, int rank, int world,
+                                  const loom_trace_opts *opts);
+/* Step `step` begins (the caller's numbering, the trainer's global step):
+ * recording starts or stops as the window says. Nothing when no trace is
+ * open; call it from the thread that runs the steps. */
+void loom_trace_step(int64_t step);
 /* Writes what is buffered, closes the array, closes the file; *events (or
  * NULL) gets the number of events written. */
 void loom_trace_stop(uint64_t *events);
 /* Writes what is buffered (the trainer calls it with each metrics line). */
 void loom_trace_flush(void);
+/* Whether events are recorded now: a trace is open, inside its window and
+ * not capped. */
 bool loom_trace_enabled(void);
+/* Whether a trace is open (recording or not). */
+bool loom_trace_is_open(void);
+/* Whether the open (or the last) trace reached its cap. */
+bool loom_trace_capped(void);
 /* The open trace's path ("" when none was opened). */
 const char *loom_trace_path(void);
 /* Names the calling thread's track ("main", "comm", "loader"). */
@@ -159,7 +207,8 @@ void loom_trace_clock_sync(double offset_s, double spread_s, int rounds,
  * trace (empty, damaged, not a regular file) and one whose content is
  * another rank's; a rank missing from the attempt is named. A file cut
  * short (a crash, a full disk) merges up to its last whole line, with a
- * warning. LOOM_ERR_IO or LOOM_ERR_CORRUPT when no file can be merged. */
+ * warning; one that reached its cap (loom_capped) is named in a warning
+ * with its step. LOOM_ERR_IO or LOOM_ERR_CORRUPT when no file can be merged. */
 typedef struct loom_trace_merge_info {
   int ranks;
   uint64_t events;
@@ -168,6 +217,8 @@ typedef struct loom_trace_merge_info {
                     the offsets measured at the start (loom_clock_sync) */
   int left_out;  /* rank files not merged (each named in a warning) */
   int missing;   /* ranks of the attempt without a file */
+  int capped;    /* rank files that reached their cap (each named in a
+                    warning) */
 } loom_trace_merge_info;
 loom_status loom_trace_merge(const char *dir, const char *out_path,
                              loom_trace_merge_info *info);

@@ -310,6 +310,20 @@ static const loom_config_key keys[] = {
           "communication thread with its bytes, the optimizer, evaluation, "
           "checkpoints, memory counters; loom report --trace RUN merges "
           "the ranks into one file (LOOM_TRACE=DIR does the same into DIR)"),
+    KINT("log.trace_start", log.trace_start, "0", 0, NOMAX, LO,
+         "the trace's first step (as the spans' step: the step that starts "
+         "with that many done, metrics.jsonl's step - 1; a resumed run "
+         "counts on from its checkpoint); before it nothing is recorded"),
+    KINT("log.trace_steps", log.trace_steps, "0", 0, NOMAX, LO,
+         "steps traced from log.trace_start (with the evaluation and "
+         "checkpoint after each); 0 = to the end"),
+    KINT("log.trace_every", log.trace_every, "0", 0, NOMAX, LO,
+         "trace log.trace_steps steps again every N steps from "
+         "log.trace_start (N > log.trace_steps); 0 = once"),
+    KFLOAT("log.trace_max_mb", log.trace_max_mb, "1024", 0, NOMAX, LO,
+           "each rank's trace file stops at this size (MiB): recording ends "
+           "there with a loom_capped record and one warning, training goes "
+           "on; 0 = no cap"),
     KBOOL("log.per_rank", log.per_rank, "false", LO,
           "every rank writes <log.run_dir>/logs/rank-K.log: its messages "
           "with time stamps (UTC, ms) and, every log.every steps, its own "
@@ -1368,6 +1382,19 @@ static loom_status check_scoped(const loom_config *cfg, const cfg_origins *org,
     snprintf(fix, sizeof fix, "set %s: %s", sel->path, names);
     LOOM_TRY(only_default(cfg, org, none, k, scope, now, fix));
   }
+  /* The trace's window and cap with no trace written: log.trace is what
+   * they hang on (LOOM_TRACE=DIR alone traces with their defaults; with
+   * log.trace true it only chooses the directory). */
+  if (!cfg->log.trace) {
+    static const char *const trace_keys[] = {
+        "log.trace_start", "log.trace_steps", "log.trace_every",
+        "log.trace_max_mb"};
+    for (size_t i = 0; i < COUNT_OF(trace_keys); i++)
+      LOOM_TRY(only_default(cfg, org, none, loom_config_key_find(trace_keys[i]),
+                            "a trace (log.trace true)", "log.trace is false",
+                            "set log.trace: true, which LOOM_TRACE=DIR "
+                            "needs too for this key"));
+  }
   /* MLflow's own default (a local ./mlruns) is not loom's: without a
    * server, nothing is logged, and an experiment or run name says that
    * something would be. */
@@ -1945,6 +1972,19 @@ static loom_status check_config(const loom_config *cfg, const cfg_origins *org,
                    cfg->parallel.shard_unit,
                    loom_cfg_strategy_names[cfg->parallel.strategy]);
   LOOM_TRY(check_loss_scale(cfg, org, &none));
+  const loom_config_log *lg = &cfg->log;
+  if (lg->trace_every > 0 && lg->trace_steps == 0)
+    return cfg_err(origin_of(org, "log.trace_every", &none), "log.trace_every",
+                   "%lld repeats a window of log.trace_steps steps, and "
+                   "log.trace_steps is 0 (to the end); supported: "
+                   "log.trace_steps > 0 with it (or log.trace_every 0: once)",
+                   (long long)lg->trace_every);
+  if (lg->trace_every > 0 && lg->trace_every <= lg->trace_steps)
+    return cfg_err(origin_of(org, "log.trace_every", &none), "log.trace_every",
+                   "%lld is not more than log.trace_steps (%lld): the window "
+                   "would never close; supported: log.trace_every > "
+                   "log.trace_steps (or 0: once)",
+                   (long long)lg->trace_every, (long long)lg->trace_steps);
   if (ac_every > 0 && m->name != LOOM_CFG_MODEL_GPT)
     return cfg_err(origin_of(org, "train.activation_checkpointing", &none),
                    "train.activation_checkpointing",

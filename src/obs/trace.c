@@ -3,8 +3,11 @@
  * the ranks line by line. Events go to a buffer under a mutex (a few dozen
  * a step) and reach the file when it fills, at loom_trace_flush and at
  * loom_trace_stop; a file cut short by a crash still loads (the closing
- * bracket of the array is optional in that format). */
+ * bracket of the array is optional in that format). A window of steps
+ * (loom_trace_step) pauses and resumes the recording; a cap on the file's
+ * size stops it for good, with a record that says so. */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -18,10 +21,26 @@
 #include "internal.h"
 #include "loom/obs.h"
 
-enum { BUF_CAP = 256 * 1024, STACK_MAX = 32, NAME_MAX_ = 96 };
+/* CAP_RESERVE: room kept under the cap for the loom_capped record and the
+ * closing one, so that the file never passes it. */
+enum {
+  BUF_CAP = 256 * 1024,
+  STACK_MAX = 32,
+  NAME_MAX_ = 96,
+  CAP_RESERVE = 512
+};
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-static atomic_bool g_on;
+static atomic_bool g_on;            /* events are recorded: the fast check */
+static atomic_bool g_open;          /* a file is open (recording or not) */
+static atomic_bool g_capped;        /* the cap was reached: nothing more */
+static _Atomic int64_t g_step = -1; /* loom_trace_step's last step */
+static loom_trace_opts g_opts;      /* the open trace's window and cap */
+static char g_max_name[64];
+/* When recording last resumed (-inf: on since the start): a span that
+ * began before is left out. Under g_mu. */
+static double g_since;
+static uint64_t g_bytes; /* the file's bytes, those buffered included */
 static FILE *g_f;
 static char g_path[1024];
 static char *g_buf;
@@ -37,7 +56,7 @@ static _Thread_local int t_tid; /* 0: not yet numbered */
 static _Thread_local int t_depth;
 static _Thread_local struct {
   char name[NAME_MAX_];
-  double t0;
+  double t0; /* NAN: begun while nothing was recorded */
 } t_stack[STACK_MAX];
 
 static int my_tid(void) {
@@ -62,20 +81,87 @@ static void flush_locked(void) {
   g_buffered = 0;
 }
 
-/* Appends one line (an event object and its comma) under g_mu. */
-static void put_line(const char *line, size_t n) {
+/* Appends one line (an event object and its comma) under g_mu, counted
+ * against the cap. */
+static void append_locked(const char *line, size_t n) {
+  if (g_len + n > BUF_CAP)
+    flush_locked();
+  if (n <= BUF_CAP) {
+    memcpy(g_buf + g_len, line, n);
+    g_len += n;
+    g_bytes += n;
+    g_events++;
+    g_buffered++;
+  }
+}
+
+static double us(double t);
+static void json_escape(char *dst, size_t cap, const char *s);
+
+/* An instant event of the process (a marker across its tracks) with its
+ * args, under g_mu. */
+static void marker_locked(const char *name, double t, const char *args) {
+  char line[320];
+  int n = snprintf(line, sizeof line,
+                   "{\"ph\":\"i\",\"s\":\"p\",\"cat\":\"loom\",\"name\":\"%s\","
+                   "\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"args\":{%s}},\n",
+                   name, g_rank, my_tid(), us(t), args);
+  if (n > 0 && (size_t)n < sizeof line)
+    append_locked(line, (size_t)n);
+}
+
+/* The cap in MB as a person wrote it (0.05, 1024). */
+static double cap_mb(void) { return (double)g_opts.max_bytes / 1048576.0; }
+
+/* Appends one line under g_mu: an event that began at t0 (-INFINITY for
+ * one without a time) while recording, or, meta, a record written
+ * whatever the window says (thread names, the clock sync). Nothing after
+ * the cap: the line that would pass it stops the recording instead, with
+ * the loom_capped record, and *capped_now says so (the caller warns, out
+ * of the lock). */
+static void put_line_at(const char *line, size_t n, double t0, bool meta) {
+  bool capped_now = false;
+  int64_t step = 0;
+  uint64_t bytes = 0;
   pthread_mutex_lock(&g_mu);
-  if (g_f) {
-    if (g_len + n > BUF_CAP)
+  if (g_f && !atomic_load(&g_capped) &&
+      (meta || (atomic_load(&g_on) && !(t0 < g_since)))) {
+    if (g_opts.max_bytes && g_bytes + n + CAP_RESERVE > g_opts.max_bytes) {
+      char args[200], raise[sizeof g_max_name];
+      step = atomic_load(&g_step);
+      bytes = g_bytes;
+      json_escape(raise, sizeof raise, g_max_name);
+      snprintf(args, sizeof args,
+               "\"max_bytes\":%llu,\"bytes\":%llu,\"step\":%lld,"
+               "\"raise\":\"%s\"",
+               (unsigned long long)g_opts.max_bytes, (unsigned long long)bytes,
+               (long long)step, raise);
+      marker_locked("loom_capped", loom_time_now(), args);
+      atomic_store(&g_on, false);
+      atomic_store(&g_capped, true);
       flush_locked();
-    if (n <= BUF_CAP) {
-      memcpy(g_buf + g_len, line, n);
-      g_len += n;
-      g_events++;
-      g_buffered++;
+      capped_now = true;
+    } else {
+      append_locked(line, n);
     }
   }
   pthread_mutex_unlock(&g_mu);
+  if (capped_now) {
+    char at[48];
+    if (step >= 0)
+      snprintf(at, sizeof at, "at step %lld", (long long)step);
+    else
+      snprintf(at, sizeof at, "before the first step");
+    LOOM_WARN("trace: %s reached its cap of %.4g MB %s: recording stopped "
+              "there (%llu bytes; the file ends with a loom_capped record); "
+              "training goes on. Raise %s to trace more, or trace fewer "
+              "steps",
+              g_path, cap_mb(), at, (unsigned long long)bytes, g_max_name);
+  }
+}
+
+static void put_line(const char *line, size_t n, double t0) {
+  put_line_at(line, n, t0, false);
 }
 
 /* name as a JSON string body: quotes, backslashes and control characters
@@ -112,8 +198,8 @@ double loom_trace_wall(void) {
 
 void loom_trace_clock_sync(double offset_s, double spread_s, int rounds,
                            double attempt) {
-  if (!loom_trace_enabled())
-    return;
+  if (!loom_trace_is_open())
+    return; /* part of the header: whatever the window says */
   char line[320];
   int n = snprintf(line, sizeof line,
                    "{\"ph\":\"M\",\"name\":\"loom_clock_sync\",\"pid\":%d,"
@@ -121,11 +207,54 @@ void loom_trace_clock_sync(double offset_s, double spread_s, int rounds,
                    "\"rounds\":%d,\"attempt\":%.6f}},\n",
                    g_rank, offset_s, spread_s, rounds, attempt);
   if (n > 0 && (size_t)n < sizeof line)
-    put_line(line, (size_t)n);
+    put_line_at(line, (size_t)n, -INFINITY, true);
   loom_trace_flush();
 }
 
 bool loom_trace_enabled(void) { return atomic_load(&g_on); }
+
+bool loom_trace_is_open(void) { return atomic_load(&g_open); }
+
+bool loom_trace_capped(void) { return atomic_load(&g_capped); }
+
+loom_trace_opts loom_trace_opts_default(void) {
+  return (loom_trace_opts){.start = 0, .steps = 0, .every = 0};
+}
+
+static bool in_window(const loom_trace_opts *o, int64_t step) {
+  if (step < o->start)
+    return false;
+  if (o->steps == 0)
+    return true;
+  int64_t k = step - o->start;
+  return (o->every > 0 ? k % o->every : k) < o->steps;
+}
+
+void loom_trace_step(int64_t step) {
+  if (!atomic_load(&g_open))
+    return;
+  atomic_store(&g_step, step);
+  bool in = in_window(&g_opts, step);
+  if (in == atomic_load(&g_on) || atomic_load(&g_capped))
+    return;
+  pthread_mutex_lock(&g_mu);
+  if (g_f && !atomic_load(&g_capped) && in != atomic_load(&g_on)) {
+    char args[48];
+    snprintf(args, sizeof args, "\"step\":%lld", (long long)step);
+    double now = loom_time_now();
+    if (in) {
+      /* what began before this moment is not the window's */
+      g_since = now;
+      marker_locked("loom_window_open", now, args);
+      atomic_store(&g_on, true);
+    } else {
+      atomic_store(&g_on, false);
+      marker_locked("loom_window_close", now, args);
+      flush_locked(); /* the window on disk while the run goes on */
+    }
+  }
+  pthread_mutex_unlock(&g_mu);
+}
 
 const char *loom_trace_path(void) { return g_path; }
 
@@ -202,8 +331,25 @@ static loom_status keep_previous(const char *path) {
 }
 
 loom_status loom_trace_start(const char *path, int rank, int world) {
+  return loom_trace_start_opts(path, rank, world, NULL);
+}
+
+loom_status loom_trace_start_opts(const char *path, int rank, int world,
+                                  const loom_trace_opts *opts) {
   if (!path || !*path)
     return loom_error(LOOM_ERR_INVALID_ARG, "loom_trace_start: no path");
+  loom_trace_opts o = opts ? *opts : loom_trace_opts_default();
+  if (o.start < 0 || o.steps < 0 || o.every < 0)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_trace_start: a negative window (start %lld, "
+                      "steps %lld, every %lld)",
+                      (long long)o.start, (long long)o.steps,
+                      (long long)o.every);
+  if (o.every > 0 && (o.steps == 0 || o.every <= o.steps))
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_trace_start: a window of %lld step(s) every %lld: "
+                      "supported: 0 < steps < every (or every 0: once)",
+                      (long long)o.steps, (long long)o.every);
   pthread_mutex_lock(&g_mu);
   if (g_f) {
     pthread_mutex_unlock(&g_mu);
@@ -234,6 +380,13 @@ loom_status loom_trace_start(const char *path, int rank, int world) {
   g_len = 0;
   g_events = g_dropped = g_buffered = 0;
   g_werr = 0;
+  g_opts = o;
+  snprintf(g_max_name, sizeof g_max_name, "%s",
+           o.max_name ? o.max_name : "max_bytes");
+  g_opts.max_name = g_max_name;
+  g_since = -INFINITY;
+  atomic_store(&g_step, -1);
+  atomic_store(&g_capped, false);
   fputs("[\n", g_f);
   /* The clock: ts 0 is this moment of the host's monotonic clock (and of
    * the wall clock), which loom report --trace uses to put the ranks on
@@ -246,14 +399,18 @@ loom_status loom_trace_start(const char *path, int rank, int world) {
     snprintf(host + hl, sizeof host - hl, "/rank%d", rank);
   }
   json_escape(ehost, sizeof ehost, host);
-  fprintf(g_f,
-          "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"tid\":0,"
-          "\"args\":{\"name\":\"rank %d\"}},\n"
-          "{\"ph\":\"M\",\"name\":\"loom_clock\",\"pid\":%d,\"tid\":0,"
-          "\"args\":{\"monotonic_s\":%.9f,\"wall_s\":%.6f,\"host\":\"%s\","
-          "\"world\":%d}},\n",
-          rank, rank, rank, g_t0, loom_trace_wall(), ehost, g_world);
-  atomic_store(&g_on, true);
+  int hn =
+      fprintf(g_f,
+              "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"tid\":0,"
+              "\"args\":{\"name\":\"rank %d\"}},\n"
+              "{\"ph\":\"M\",\"name\":\"loom_clock\",\"pid\":%d,\"tid\":0,"
+              "\"args\":{\"monotonic_s\":%.9f,\"wall_s\":%.6f,\"host\":\"%s\","
+              "\"world\":%d}},\n",
+              rank, rank, rank, g_t0, loom_trace_wall(), ehost, g_world);
+  g_bytes = 2 + (hn > 0 ? (uint64_t)hn : 0);
+  atomic_store(&g_open, true);
+  /* Before the first step: recorded when the window starts at step 0. */
+  atomic_store(&g_on, in_window(&g_opts, 0));
   pthread_mutex_unlock(&g_mu);
   loom_trace_thread_name("main");
   return LOOM_OK;
@@ -267,6 +424,7 @@ void loom_trace_flush(void) {
 
 void loom_trace_stop(uint64_t *events) {
   atomic_store(&g_on, false);
+  atomic_store(&g_open, false);
   pthread_mutex_lock(&g_mu);
   if (g_f) {
     flush_locked();
@@ -295,7 +453,7 @@ void loom_trace_stop(uint64_t *events) {
 }
 
 void loom_trace_thread_name(const char *name) {
-  if (!loom_trace_enabled())
+  if (!loom_trace_is_open())
     return;
   char esc[NAME_MAX_], line[256];
   json_escape(esc, sizeof esc, name);
@@ -304,7 +462,7 @@ void loom_trace_thread_name(const char *name) {
                    "\"tid\":%d,\"args\":{\"name\":\"%s\"}},\n",
                    g_rank, my_tid(), esc);
   if (n > 0 && (size_t)n < sizeof line)
-    put_line(line, (size_t)n);
+    put_line_at(line, (size_t)n, -INFINITY, true);
 }
 
 void loom_trace_span(const char *cat, const char *name, double t0, double t1,
@@ -322,7 +480,7 @@ void loom_trace_span(const char *cat, const char *name, double t0, double t1,
                    args && *args ? ",\"args\":{" : "", args ? args : "",
                    args && *args ? "}" : "");
   if (n > 0 && (size_t)n < sizeof line)
-    put_line(line, (size_t)n);
+    put_line(line, (size_t)n, t0);
 }
 
 void loom_trace_counter(const char *name, double t, const char *args) {
@@ -335,16 +493,22 @@ void loom_trace_counter(const char *name, double t, const char *args) {
                    "\"ts\":%.3f,\"args\":{%s}},\n",
                    ename, g_rank, my_tid(), us(t), args);
   if (n > 0 && (size_t)n < sizeof line)
-    put_line(line, (size_t)n);
+    put_line(line, (size_t)n, t);
 }
 
+/* A region begun outside the window takes its place on the stack (so that
+ * its end closes it, not the one around it) and is not recorded. */
 void loom_trace_begin(const char *name) {
-  if (!loom_trace_enabled())
+  if (!loom_trace_is_open())
     return;
   if (t_depth < STACK_MAX) {
-    snprintf(t_stack[t_depth].name, sizeof t_stack[t_depth].name, "%s",
-             name ? name : "");
-    t_stack[t_depth].t0 = loom_time_now();
+    if (loom_trace_enabled()) {
+      snprintf(t_stack[t_depth].name, sizeof t_stack[t_depth].name, "%s",
+               name ? name : "");
+      t_stack[t_depth].t0 = loom_time_now();
+    } else {
+      t_stack[t_depth].t0 = NAN;
+    }
   }
   t_depth++;
 }
@@ -353,7 +517,8 @@ void loom_trace_end(void) {
   if (t_depth == 0)
     return; /* an end without its begin */
   t_depth--;
-  if (t_depth < STACK_MAX && loom_trace_enabled())
+  if (t_depth < STACK_MAX && loom_trace_enabled() &&
+      !isnan(t_stack[t_depth].t0))
     loom_trace_span("user", t_stack[t_depth].name, t_stack[t_depth].t0,
                     loom_time_now(), NULL);
 }

@@ -192,13 +192,16 @@ static loom_status list_ranks(const char *dir, rank_file **out, int *n) {
 
 /* Copies r's events to out, ts moved by shift_us; counts them. A file
  * without its closing record, or with lines that are not whole events, is
- * named in a warning. */
+ * named in a warning; so is one that reached its cap (its loom_capped
+ * record), counted in *capped. */
 static loom_status copy_events(const rank_file *r, double shift_us, FILE *out,
-                               uint64_t *events) {
+                               uint64_t *events, int *capped) {
   FILE *f = loom_obs_open_read(r->path);
   if (!f)
     return LOOM_ERR_IO;
-  bool ended = false;
+  bool ended = false, capped_at = false;
+  double cap_bytes = 0, cap_step = -1;
+  char raise[64] = "";
   int damaged = 0;
   size_t cap = 1 << 16;
   char *line = loom_malloc(cap);
@@ -219,6 +222,17 @@ static loom_status copy_events(const rank_file *r, double shift_us, FILE *out,
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(e, "name");
     bool end = cJSON_IsString(name) && !strcmp(name->valuestring, "loom_end");
     ended |= end;
+    if (cJSON_IsString(name) && !strcmp(name->valuestring, "loom_capped")) {
+      const cJSON *a = cJSON_GetObjectItemCaseSensitive(e, "args");
+      const cJSON *mb = cJSON_GetObjectItemCaseSensitive(a, "max_bytes");
+      const cJSON *st = cJSON_GetObjectItemCaseSensitive(a, "step");
+      const cJSON *ra = cJSON_GetObjectItemCaseSensitive(a, "raise");
+      snprintf(raise, sizeof raise, "%s",
+               cJSON_IsString(ra) ? ra->valuestring : "its cap");
+      capped_at = true;
+      cap_bytes = cJSON_IsNumber(mb) ? mb->valuedouble : 0;
+      cap_step = cJSON_IsNumber(st) ? st->valuedouble : -1;
+    }
     cJSON *ts = cJSON_GetObjectItemCaseSensitive(e, "ts");
     if (ts && cJSON_IsNumber(ts))
       cJSON_SetNumberValue(ts, ts->valuedouble + shift_us);
@@ -246,6 +260,15 @@ static loom_status copy_events(const rank_file *r, double shift_us, FILE *out,
               "not be written: see the rank's log)",
               r->path, ended ? "" : " (no closing record)", damaged ? ", " : "",
               damaged, damaged ? " damaged line(s) left out" : "");
+  if (s == LOOM_OK && capped_at) {
+    char at[48] = "before the first step";
+    if (cap_step >= 0)
+      snprintf(at, sizeof at, "at step %.0f", cap_step);
+    LOOM_WARN("trace: %s was capped at %.4g MB %s: its timeline ends there "
+              "(raise %s to trace further)",
+              r->path, cap_bytes / 1048576.0, at, raise);
+    (*capped)++;
+  }
   return s;
 }
 
@@ -318,6 +341,7 @@ typedef struct merge_out {
   bool one_host;
   double base; /* the earliest ts 0 of the files merged: ts 0 of the merge */
   uint64_t events;
+  int capped;
 } merge_out;
 
 /* The merged trace, written into the temporary's descriptor (the
@@ -344,7 +368,7 @@ static int fill_merged(int fd, void *ctx) {
             "\"tid\":0,\"args\":{\"sort_index\":%d}},\n",
             r->rank, r->rank);
     double t = mo->one_host ? r->mono : r->wall;
-    s = copy_events(r, (t - mo->base) * 1e6, out, &mo->events);
+    s = copy_events(r, (t - mo->base) * 1e6, out, &mo->events, &mo->capped);
   }
   fputs("{\"ph\":\"M\",\"name\":\"loom_end\",\"pid\":0,\"tid\":0,"
         "\"args\":{}}\n]\n",
@@ -439,7 +463,7 @@ loom_status loom_trace_merge(const char *dir, const char *out_path,
    * they are (as well as the hosts agree). */
   for (int i = 0; i < n; i++)
     r[i].wall -= synced ? r[i].offset : 0;
-  merge_out mo = {r, n, one_host, 0, 0};
+  merge_out mo = {r, n, one_host, 0, 0, 0};
   for (int i = 0; i < n; i++) {
     double t = one_host ? r[i].mono : r[i].wall;
     if (!r[i].skip && (first == i || t < mo.base))
@@ -452,6 +476,7 @@ loom_status loom_trace_merge(const char *dir, const char *out_path,
     info->events = events;
     info->one_host = one_host;
     info->synced = !one_host && synced;
+    info->capped = mo.capped;
   }
   loom_free(r);
   return s;

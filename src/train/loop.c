@@ -1913,6 +1913,9 @@ static void window_add(run_window *w, const loom_step_times *tm) {
 static loom_status train_step(loom_trainer *t, double *sums, double g[SUM_N],
                               loom_step_times *tm, int64_t *epoch, float *lr,
                               double *gnorm) {
+  /* The trace's window: this step and what follows it (its metrics line,
+   * checkpoint, evaluation) are recorded or not by its number. */
+  loom_trace_step(t->step);
   double ts = loom_time_now();
   loom_tp_stats tp0 = {0};
   if (t->tpg)

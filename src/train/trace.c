@@ -42,7 +42,7 @@ static loom_status unit_observer(void *user, int u, loom_unit_event ev) {
  * known) say "warm_up":true instead of a step. */
 void loom_train_trace_step(const loom_trainer *t, const char *name, double t0,
                            double t1, const char *extra) {
-  if (!t->tracing)
+  if (!t->tracing || !loom_trace_enabled())
     return;
   char args[160];
   if (t->warming_up)
@@ -98,7 +98,7 @@ loom_status loom_train_trace_open(loom_trainer *t) {
     return loom_error(LOOM_ERR_CONFIG,
                       "log.trace: no log.run_dir to write the trace into "
                       "(set log.run_dir, or LOOM_TRACE=DIR)");
-  if (loom_trace_enabled()) {
+  if (loom_trace_is_open()) {
     LOOM_WARN("log.trace: this process already writes a trace (%s); this "
               "trainer adds to it",
               loom_trace_path());
@@ -110,7 +110,15 @@ loom_status loom_train_trace_open(loom_trainer *t) {
   t->unit_t0 = loom_calloc((size_t)(n > 0 ? 2 * n : 2), sizeof(double));
   if (!t->unit_t0)
     return LOOM_ERR_NOMEM;
-  LOOM_TRY(loom_trace_start(path, t->rank, t->nranks));
+  /* The window and the cap, with LOOM_TRACE=DIR too (at their defaults
+   * unless log.trace is true: config check refuses them otherwise). */
+  loom_trace_opts o = loom_trace_opts_default();
+  o.start = t->cfg.log.trace_start;
+  o.steps = t->cfg.log.trace_steps;
+  o.every = t->cfg.log.trace_every;
+  o.max_bytes = (uint64_t)(t->cfg.log.trace_max_mb * 1048576.0);
+  o.max_name = "log.trace_max_mb";
+  LOOM_TRY(loom_trace_start_opts(path, t->rank, t->nranks, &o));
   t->tracing = true;
   loom_model_set_unit_observer(t->model, unit_observer, t);
   if (t->pipe)

@@ -279,6 +279,20 @@ TT_TEST(test_set_errors) {
                  "empty: \"r1\" would change nothing; it supports only its "
                  "default (\"\") here (remove it, or set log.mlflow.uri to "
                  "the tracking server)");
+  /* The trace's window and cap without a trace (LOOM_TRACE=DIR alone
+   * traces with their defaults). */
+  EXPECT_SET_ERR("", "log.trace_steps=20",
+                 "--set log.trace_steps=20: key 'log.trace_steps': applies "
+                 "to a trace (log.trace true) only, and log.trace is false: "
+                 "20 would change nothing; it supports only its default (0) "
+                 "here (remove it, or set log.trace: true, which "
+                 "LOOM_TRACE=DIR needs too for this key)");
+  EXPECT_SET_ERR("log:\n  trace: true\n  trace_steps: 10\n",
+                 "log.trace_every=10",
+                 "--set log.trace_every=10: key 'log.trace_every': 10 is not "
+                 "more than log.trace_steps (10): the window would never "
+                 "close; supported: log.trace_every > log.trace_steps (or 0: "
+                 "once)");
   /* A pipeline's cut with a model that has no pipeline. */
   EXPECT_SET_ERR("", "parallel.pp_split=[1, 2]",
                  "--set parallel.pp_split=[1, 2]: key 'parallel.pp_split': "

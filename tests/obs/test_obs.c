@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "loom/obs.h"
@@ -301,8 +302,134 @@ TT_TEST(test_trace_api) {
   rmdir(dir);
 }
 
+/* A window of 2 steps every 5 from step 2 (2, 3, 7, 8): only those steps'
+ * spans and counters; a region begun outside the window and ended inside
+ * it, one begun inside and ended outside, and a span that began before
+ * the window opened are left out, and the stack of regions stays right;
+ * markers where it opens and closes; thread names and the header
+ * whatever the window; the file merges. Bad windows are refused. */
+TT_TEST(test_trace_window) {
+  char dir[64], path[128], merged[128];
+  tmpdir(dir, sizeof dir);
+  TT_REQUIRE(dir[0]);
+  snprintf(path, sizeof path, "%s/rank-0.json", dir);
+  snprintf(merged, sizeof merged, "%s/all.json", dir);
+  loom_trace_opts o = loom_trace_opts_default();
+  o.start = 2;
+  o.steps = 2;
+  o.every = 2; /* not more than steps */
+  TT_CHECK_EQ(loom_trace_start_opts(path, 0, 1, &o), LOOM_ERR_INVALID_ARG);
+  o.steps = 0; /* every without steps */
+  TT_CHECK_EQ(loom_trace_start_opts(path, 0, 1, &o), LOOM_ERR_INVALID_ARG);
+  o.every = 0;
+  o.start = -1;
+  TT_CHECK_EQ(loom_trace_start_opts(path, 0, 1, &o), LOOM_ERR_INVALID_ARG);
+  TT_CHECK(!loom_trace_is_open());
+  o.start = 2;
+  o.steps = 2;
+  o.every = 5;
+  TT_REQUIRE_OK(loom_trace_start_opts(path, 0, 1, &o));
+  TT_CHECK(loom_trace_is_open());
+  TT_CHECK(!loom_trace_enabled()); /* the window starts at step 2 */
+  loom_trace_span("test", "setup", 0, 1, NULL);
+  double early = 0;
+  for (int k = 0; k < 10; k++) {
+    loom_trace_step(k);
+    TT_CHECK_EQ(loom_trace_enabled(), k == 2 || k == 3 || k == 7 || k == 8);
+    double t = loom_time_now();
+    char args[32];
+    snprintf(args, sizeof args, "\"step\":%d", k);
+    loom_trace_span("test", "step", t, t + 1e-6, args);
+    loom_trace_counter("c", t, args);
+    if (k == 1) {
+      loom_trace_begin("straddle in"); /* outside: not recorded */
+      early = loom_time_now();
+    }
+    if (k == 2) {
+      loom_trace_end(); /* closes "straddle in", not "inside" */
+      loom_trace_begin("inside");
+      loom_trace_span("comm", "began before", early, loom_time_now(), NULL);
+    }
+    if (k == 3) {
+      loom_trace_end(); /* "inside": recorded */
+      loom_trace_begin("straddle out");
+    }
+    if (k == 4)
+      loom_trace_end(); /* "straddle out": the window closed */
+  }
+  loom_trace_thread_name("main again"); /* metadata: outside the window too */
+  loom_trace_stop(NULL);
+  TT_CHECK(!loom_trace_is_open());
+  for (int k = 0; k < 10; k++) {
+    char needle[64];
+    snprintf(needle, sizeof needle, "\"args\":{\"step\":%d}}", k);
+    bool in = k == 2 || k == 3 || k == 7 || k == 8;
+    bool edge = k == 2 || k == 4 || k == 7 || k == 9; /* a marker's step */
+    /* the span and the counter, and a window's marker */
+    TT_CHECK_EQ(count_in(path, needle), (in ? 2 : 0) + edge);
+  }
+  TT_CHECK_EQ(count_in(path, "\"name\":\"setup\""), 0);
+  TT_CHECK_EQ(count_in(path, "\"name\":\"inside\""), 1);
+  TT_CHECK_EQ(count_in(path, "straddle"), 0);
+  TT_CHECK_EQ(count_in(path, "began before"), 0);
+  TT_CHECK_EQ(count_in(path, "\"name\":\"loom_window_open\""), 2);
+  TT_CHECK_EQ(count_in(path, "\"name\":\"loom_window_close\""), 2);
+  TT_CHECK_EQ(count_in(path, "main again"), 1);
+  TT_CHECK_EQ(count_in(path, "\"name\":\"loom_clock\""), 1);
+  TT_CHECK_EQ(count_in(path, "\"name\":\"loom_end\""), 1);
+  loom_trace_merge_info info;
+  TT_CHECK_OK(loom_trace_merge(dir, merged, &info));
+  TT_CHECK_EQ(info.ranks, 1);
+  TT_CHECK_EQ(info.capped, 0);
+  unlink(path);
+  unlink(merged);
+  rmdir(dir);
+}
+
+/* The cap: 3 threads write past an 8 KiB cap; the file ends at or below
+ * it with one loom_capped record (its max_bytes), recording off from
+ * then on, the closing record written at stop; the merge counts it. */
+TT_TEST(test_trace_cap) {
+  char dir[64], path[128], merged[128];
+  tmpdir(dir, sizeof dir);
+  TT_REQUIRE(dir[0]);
+  snprintf(path, sizeof path, "%s/rank-0.json", dir);
+  snprintf(merged, sizeof merged, "%s/all.json", dir);
+  loom_trace_opts o = loom_trace_opts_default();
+  o.max_bytes = 8192;
+  o.max_name = "the test's cap";
+  TT_REQUIRE_OK(loom_trace_start_opts(path, 0, 1, &o));
+  loom_trace_step(7);
+  pthread_t th[3];
+  for (int i = 0; i < 3; i++)
+    TT_REQUIRE(pthread_create(&th[i], NULL, traced_thread, NULL) == 0);
+  for (int i = 0; i < 3; i++)
+    pthread_join(th[i], NULL);
+  TT_CHECK(loom_trace_capped());
+  TT_CHECK(!loom_trace_enabled());
+  TT_CHECK(loom_trace_is_open());
+  loom_trace_step(8); /* no window reopens a capped trace */
+  TT_CHECK(!loom_trace_enabled());
+  loom_trace_stop(NULL);
+  struct stat sb;
+  TT_REQUIRE(stat(path, &sb) == 0);
+  TT_CHECK(sb.st_size <= 8192 && sb.st_size > 8192 - 1024);
+  TT_CHECK_EQ(count_in(path, "\"name\":\"loom_capped\""), 1);
+  TT_CHECK_EQ(count_in(path, "\"max_bytes\":8192,"), 1);
+  TT_CHECK_EQ(count_in(path, "\"step\":7,\"raise\":\"the test's cap\""), 1);
+  TT_CHECK_EQ(count_in(path, "\"name\":\"loom_end\""), 1);
+  loom_trace_merge_info info;
+  TT_CHECK_OK(loom_trace_merge(dir, merged, &info));
+  TT_CHECK_EQ(info.capped, 1);
+  unlink(path);
+  unlink(merged);
+  rmdir(dir);
+}
+
 int main(void) {
   TT_RUN(test_trace_api);
+  TT_RUN(test_trace_window);
+  TT_RUN(test_trace_cap);
   TT_RUN(test_masked_crc);
   TT_RUN(test_event_file);
   TT_RUN(test_metrics_both_sinks);
