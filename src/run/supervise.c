@@ -544,7 +544,10 @@ static int local_ranks(const host_slots *hs, int np, bool *all_local) {
  * while the others still offer --min-np slots, and asked again at the next
  * start (a host that came back is taken in). */
 static const char *g_hosts_live; /* the hosts left, for mpirun's --host */
-static bool g_no_probe;          /* planning a standby: no asking */
+/* The job's directory for Open MPI's shared-memory segments on one host
+ * ("" when none could be made): see open_job. */
+static char g_shmdir[4096];
+static bool g_no_probe; /* planning a standby: no asking */
 
 static bool host_answers(const char *host) {
   const char *agent = getenv("OMPI_MCA_plm_rsh_agent");
@@ -892,6 +895,16 @@ static void push_openmpi(const run_opts *o, argv_buf *cmd, const char *np,
    * InfiniBand, say) stays Open MPI's. */
   if (all_local)
     set_default("OMPI_MCA_pml", "ob1");
+  /* The shared-memory transport's segments (vader_segment.*, 4 MiB each
+   * a rank) into the job's own directory, not /dev/shm itself: a launcher
+   * killed outright (SIGKILL) leaves them, and there nothing removed them
+   * (they are RAM). loom run removes that directory at the end, and the
+   * next loom run removes one whose loom run is gone. On one host only: the
+   * directory is this host's. Open MPI 5 calls the transport "sm". */
+  if (all_local && g_shmdir[0]) {
+    set_default("OMPI_MCA_btl_vader_backing_directory", g_shmdir);
+    set_default("OMPI_MCA_btl_sm_backing_directory", g_shmdir);
+  }
   push(cmd, "--oversubscribe");
   push(cmd, "--bind-to");
   push(cmd, "none");
@@ -1064,6 +1077,7 @@ typedef struct job {
   bool recovering;        /* the previous attempt failed; time the recovery */
   loom_run_failure fail;  /* that failure (times filled even when no rank was
                              identified: then the launcher's exit) */
+  int shm_fd;             /* the lock of g_shmdir's owner file, or -1 */
 } job;
 
 static void report_emit(job *jb, cJSON *ev) {
@@ -1334,8 +1348,10 @@ static void report_failure(job *jb, const loom_run_failure *f, int np, int code,
 
 /* The names loom run and the ranks write in a job directory: "owner" (the
  * lock held for the job's life), "attempt-N" directories, and inside them
- * "rank-N", its temporary "rank-N.PID" and the gate "go". `level`: 0 the
- * job directory itself, 1 its entries, 2 an attempt's. */
+ * "rank-N", its temporary "rank-N.PID" and the gate "go"; in the job's
+ * shared-memory directory, "owner" and Open MPI's segments of its ranks
+ * ("vader_segment.*", Open MPI 5's "sm_segment.*"). `level`: 0 the job
+ * directory itself, 1 its entries, 2 an attempt's. */
 
 /* NAME is PREFIX followed by a decimal number and, when dot, ".NUMBER". */
 static bool numbered(const char *name, const char *prefix, bool dot) {
@@ -1358,7 +1374,9 @@ static bool own_name(const char *name, bool is_dir, int level) {
     return is_dir;
   case 1:
     if (!is_dir)
-      return strcmp(name, "owner") == 0;
+      return strcmp(name, "owner") == 0 ||
+             strncmp(name, "vader_segment.", 14) == 0 ||
+             strncmp(name, "sm_segment.", 11) == 0;
     return numbered(name, "attempt-", false);
   case 2:
     if (is_dir)
@@ -1506,11 +1524,9 @@ static void remove_stale_jobdirs(const char *tmp) {
   close(js.dfd);
 }
 
-/* Makes the job directory and takes its lock (held until loom run exits,
- * however it exits); returns the lock's fd, -1 on failure. */
-static int make_jobdir(char *jobdir, size_t n) {
-  const char *tmp = getenv("TMPDIR");
-  tmp = tmp && *tmp ? tmp : "/tmp";
+/* Makes a job directory in tmp and takes its lock (held until loom run
+ * exits, however it exits); returns the lock's fd, -1 on failure. */
+static int make_jobdir(const char *tmp, char *jobdir, size_t n) {
   remove_stale_jobdirs(tmp);
   /* made and locked as loom-new-XXXXXX, then renamed (remove_if_stale) */
   char made[4200], owner[4300];
@@ -1675,22 +1691,48 @@ static void set_job_id(void) {
   setenv("LOOM_RUN_JOB", id, 1);
 }
 
+/* The job's shared-memory directory removed (only the names loom run and
+ * Open MPI wrote) and its lock let go. */
+static void close_shmdir(job *jb) {
+  if (g_shmdir[0])
+    remove_dir(g_shmdir);
+  g_shmdir[0] = '\0';
+  if (jb->shm_fd >= 0)
+    close(jb->shm_fd);
+  jb->shm_fd = -1;
+}
+
 /* The job's directory for the ranks' status files (a fresh one per job,
- * one per attempt inside it, all removed at the end) and the --report
- * file. 0, or the exit code. */
+ * one per attempt inside it, all removed at the end), its shared-memory
+ * directory and the --report file. 0, or the exit code. */
 static int open_job(job *jb, char *jobdir, size_t n, int *owner_fd) {
   const run_opts *o = jb->o;
   *owner_fd = -1;
   if (o->dry_run)
     return 0;
-  *owner_fd = make_jobdir(jobdir, n);
+  const char *tmp = getenv("TMPDIR");
+  *owner_fd = make_jobdir(tmp && *tmp ? tmp : "/tmp", jobdir, n);
   if (*owner_fd < 0)
     return LOOM_EXIT_FAIL;
+  /* The shared-memory segments' directory (push_openmpi), made and locked
+   * as the job directory is, in LOOM_RUN_SHM (default /dev/shm: RAM, as
+   * Open MPI's default); without one Open MPI keeps its default. */
+  const char *shm = getenv("LOOM_RUN_SHM");
+  shm = shm && *shm ? shm : "/dev/shm";
+  struct stat st;
+  g_shmdir[0] = '\0';
+  jb->shm_fd = -1;
+  if (stat(shm, &st) == 0 && S_ISDIR(st.st_mode)) {
+    jb->shm_fd = make_jobdir(shm, g_shmdir, sizeof g_shmdir);
+    if (jb->shm_fd < 0)
+      g_shmdir[0] = '\0';
+  }
   if (o->report) {
     jb->report = fopen(o->report, "w");
     if (!jb->report) {
       fprintf(stderr, "loom run: cannot write %s: %s\n", o->report,
               strerror(errno));
+      close_shmdir(jb);
       remove_dir(jobdir);
       close(*owner_fd);
       *owner_fd = -1;
@@ -1892,6 +1934,7 @@ int loom_run_main(int argc, char **argv) {
   job jb;
   memset(&jb, 0, sizeof jb);
   jb.o = &o;
+  jb.shm_fd = -1;
   /* A standby group must wait at the gate, which loom train does (through
    * loom_runstat_phase); any other program would simply run twice. */
   const char *base = strrchr(o.prog[0], '/');
@@ -1973,6 +2016,7 @@ int loom_run_main(int argc, char **argv) {
   report_emit(&jb, ev);
   if (jb.report)
     fclose(jb.report);
+  close_shmdir(&jb);
   remove_dir(jobdir);
   if (owner_fd >= 0)
     close(owner_fd);
