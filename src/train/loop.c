@@ -6,6 +6,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
@@ -1230,8 +1231,15 @@ static loom_status backward_rows(loom_trainer *t, float scale,
   return LOOM_OK;
 }
 
-static volatile sig_atomic_t stop_requested;
-static volatile sig_atomic_t stop_signal; /* the first stop signal */
+/* Set by the stop-signal thread, by note_stop in a handler on whichever
+ * thread took the signal (libopenblas's threads start before main, with
+ * the signals unblocked), or by a program's thread through
+ * loom_trainer_request_stop; read by the training thread. So atomics, not
+ * volatile sig_atomic_t (which orders nothing between threads: TSan found
+ * the race); lock-free, as C11 7.14.1.1 asks of a handler's objects. */
+static atomic_int stop_requested;
+static atomic_int stop_signal; /* the first stop signal */
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "stop flags: lock-free atomics");
 
 /* The step's sums travel with the DDP's (over its group, the world): not
  * with a pipeline or tensor parallelism, whose DDP spans the replicas
@@ -1286,7 +1294,7 @@ static loom_status step_micro(loom_trainer *t, double *sums,
       u[SUM_COUNT] += (double)st.count;
       u[SUM_CORRECT] += (double)st.correct;
       if (ddp_sums(t) && last && j == S - 1) {
-        sums[SUM_STOP] = stop_requested ? 1 : 0;
+        sums[SUM_STOP] = loom_trainer_stop_requested() ? 1 : 0;
         loom_train_ckpt_flags(t, sums);
         LOOM_TRY(loom_ddp_sum_post(t->ddp, sums, SUM_N));
         posted = true;
@@ -1296,7 +1304,7 @@ static loom_status step_micro(loom_trainer *t, double *sums,
     }
   }
   if (ddp_sums(t) && !posted) {
-    sums[SUM_STOP] = stop_requested ? 1 : 0;
+    sums[SUM_STOP] = loom_trainer_stop_requested() ? 1 : 0;
     loom_train_ckpt_flags(t, sums);
     LOOM_TRY(loom_ddp_sum_post(t->ddp, sums, SUM_N));
   }
@@ -1322,7 +1330,7 @@ static loom_status wait_alive(loom_req *r) {
  * so that all leave it before the same batch. One small reduction per
  * batch, beside the batch's own collectives. */
 static loom_status agree_stop(loom_trainer *t, bool *stop) {
-  int64_t v = stop_requested ? 1 : 0;
+  int64_t v = loom_trainer_stop_requested() ? 1 : 0;
   if (t->world && t->nranks > 1) {
     loom_req r = LOOM_REQ_INIT;
     LOOM_TRY(loom_allreduce(&v, &v, 1, LOOM_I64, LOOM_MAX, t->world, &r));
@@ -1413,7 +1421,7 @@ static loom_status evaluate(loom_trainer *t, int64_t max_batches, double *loss,
      * it in the sums below. ZeRO-3's forwards gather from every rank, so
      * there the ranks agree on it before each round of batches. */
     if (stopped) {
-      bool stop = stop_requested != 0;
+      bool stop = loom_trainer_stop_requested();
       if (t->z3)
         LOOM_TRY_GOTO(s, agree_stop(t, &stop), done);
       if (stop) {
@@ -1511,13 +1519,13 @@ static bool is_rank0(const loom_trainer *t) { return t->rank == 0; }
  * that only learned of the stop from the others caught none). Every rank
  * calls it at the same point: the stop is agreed. */
 static int agreed_signal(loom_trainer *t) {
-  int64_t sig = stop_signal;
+  int64_t sig = atomic_load(&stop_signal);
   if (t->world && t->nranks > 1) {
     loom_req r = LOOM_REQ_INIT;
     if (loom_allreduce(&sig, &sig, 1, LOOM_I64, LOOM_MAX, t->world, &r) !=
             LOOM_OK ||
         loom_wait(&r) != LOOM_OK)
-      sig = stop_signal;
+      sig = atomic_load(&stop_signal);
   }
   return (int)sig;
 }
@@ -1573,16 +1581,18 @@ static loom_status log_eval(loom_trainer *t, loom_train_result *res,
 
 /* The stop signals' handler, and what the signal thread calls. */
 static void note_stop(int sig) {
-  if (!stop_signal)
-    stop_signal = sig;
-  stop_requested = 1;
+  int none = 0; /* the first signal stays, whichever thread saw it */
+  atomic_compare_exchange_strong(&stop_signal, &none, sig);
+  atomic_store(&stop_requested, 1);
 }
 
-void loom_trainer_request_stop(void) { stop_requested = 1; }
+void loom_trainer_request_stop(void) { atomic_store(&stop_requested, 1); }
 
-bool loom_trainer_stop_requested(void) { return stop_requested != 0; }
+bool loom_trainer_stop_requested(void) {
+  return atomic_load(&stop_requested) != 0;
+}
 
-int loom_trainer_stop_signal(void) { return stop_signal; }
+int loom_trainer_stop_signal(void) { return atomic_load(&stop_signal); }
 
 static bool stop_caught_early;
 
@@ -1943,7 +1953,7 @@ static loom_status train_step(loom_trainer *t, double *sums, double g[SUM_N],
      * first one counts it. */
     if (t->tp_rank > 0)
       sums[SUM_LOSS] = sums[SUM_COUNT] = sums[SUM_CORRECT] = 0;
-    sums[SUM_STOP] = stop_requested ? 1 : 0;
+    sums[SUM_STOP] = loom_trainer_stop_requested() ? 1 : 0;
     loom_train_ckpt_flags(t, sums);
     LOOM_TRY(loom_allreduce(sums, g, SUM_N, LOOM_F64, LOOM_SUM, t->world,
                             &sums_req));
@@ -1962,7 +1972,7 @@ static loom_status train_step(loom_trainer *t, double *sums, double g[SUM_N],
   } else {
     LOOM_TRY(os);
     memcpy(g, sums, SUM_N * sizeof(double));
-    g[SUM_STOP] = stop_requested ? 1 : 0;
+    g[SUM_STOP] = loom_trainer_stop_requested() ? 1 : 0;
   }
   if (t->tpg) {
     loom_tp_stats tp1;
@@ -2213,8 +2223,8 @@ typedef struct stop_handlers {
 
 static void stop_handlers_install(stop_handlers *h) {
   if (!stop_caught_early) { /* else a stop while loading counts too */
-    stop_requested = 0;
-    stop_signal = 0;
+    atomic_store(&stop_requested, 0);
+    atomic_store(&stop_signal, 0);
   }
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
