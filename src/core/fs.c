@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -235,23 +236,29 @@ static loom_status write_atomic_impl(int dfd, const char *dir, const char *name,
  * handler): its directory and name, valid while pending_on is 1. Per
  * thread: a checkpoint's writer thread and the training thread each have
  * theirs (a handler runs in one of them; the commands that install one,
- * loom data shard and loom report, write from their main thread). */
-static _Thread_local volatile sig_atomic_t pending_on;
+ * loom data shard and loom report, write from their main thread).
+ * pending_on is a lock-free atomic (C11 7.14.1.1 allows those in a
+ * handler): its release store and the handler's acquire exchange keep the
+ * name's writes before the flag, which volatile alone did not promise (a
+ * compiler may move plain stores past a volatile one). */
+static _Thread_local atomic_int pending_on;
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "pending_on: lock-free atomic");
 static _Thread_local int pending_dfd = -1;
 static _Thread_local char pending_name[512];
 
 void loom_fs_discard_pending(void) {
-  if (pending_on) {
-    pending_on = 0;
+  /* An exchange: a second stop signal's handler nested in this one finds
+   * the flag off. */
+  if (atomic_exchange_explicit(&pending_on, 0, memory_order_acquire))
     (void)unlinkat(pending_dfd, pending_name, 0);
-  }
 }
 
 static void pending_set(int dfd, const char *tname) {
-  pending_on = 0;
+  atomic_store_explicit(&pending_on, 0, memory_order_relaxed);
+  atomic_signal_fence(memory_order_seq_cst); /* off before the name changes */
   pending_dfd = dfd;
   snprintf(pending_name, sizeof pending_name, "%s", tname);
-  pending_on = 1;
+  atomic_store_explicit(&pending_on, 1, memory_order_release);
 }
 
 /* The impl, with the pending temporary forgotten however it ends. */
@@ -259,7 +266,7 @@ static loom_status write_atomic_tracked(int dfd, const char *dir,
                                         const char *name, loom_fs_fill_fn fill,
                                         void *ctx, loom_fs_fault_fn fault) {
   loom_status st = write_atomic_impl(dfd, dir, name, fill, ctx, fault);
-  pending_on = 0;
+  atomic_store_explicit(&pending_on, 0, memory_order_relaxed);
   return st;
 }
 
