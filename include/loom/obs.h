@@ -339,6 +339,16 @@ void loom_mlflow_get_stats(const loom_mlflow *m, loom_mlflow_stats *s);
  * values were lost. Returns within about deadline_s + timeout_s. NULL is
  * a no-op. */
 void loom_mlflow_close(loom_mlflow *m, const char *status, double deadline_s);
+/* Ends run_id at the server uri with status ("FINISHED", "FAILED",
+ * "KILLED") if, and only if, the server says it is still RUNNING: what a
+ * supervisor does for a run whose process died without closing it (loom
+ * run, when a job of loom train ends failed: SIGKILL, a crashed rank).
+ * *ended (may be NULL): whether it was ended here. Two requests, each
+ * within timeout_s (<= 0: 5 s); LOOM_ERR_IO naming the server and the run
+ * when one fails, LOOM_ERR_INVALID_ARG for a bad uri, run id or status. */
+loom_status loom_mlflow_end_stale(const char *uri, const char *run_id,
+                                  const char *status, double timeout_s,
+                                  bool *ended);
 
 LOOM_API_END
 #ifdef __cplusplus

@@ -1404,6 +1404,81 @@ static void end_run(loom_mlflow *m, const char *status) {
               m->run_id, status, msg);
 }
 
+loom_status loom_mlflow_end_stale(const char *uri, const char *run_id,
+                                  const char *status, double timeout_s,
+                                  bool *ended) {
+  if (ended)
+    *ended = false;
+  const char *u = uri ? uri : "";
+  if (strncmp(u, "http://", 7) != 0 && strncmp(u, "https://", 8) != 0)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "mlflow: uri '%s' is not a tracking server's "
+                      "http://HOST:PORT or https://HOST[:PORT]",
+                      u);
+  if (!run_id || !*run_id || strlen(run_id) >= ID_MAX)
+    return loom_error(LOOM_ERR_INVALID_ARG, "mlflow: no run id to end");
+  if (!status ||
+      (strcmp(status, "FINISHED") != 0 && strcmp(status, "FAILED") != 0 &&
+       strcmp(status, "KILLED") != 0))
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "mlflow: run status '%s' is none of FINISHED, FAILED, "
+                      "KILLED",
+                      status ? status : "(null)");
+  pthread_once(&curl_once, curl_init);
+  if (curl_init_rc != CURLE_OK)
+    return loom_error(LOOM_ERR_INTERNAL, "mlflow: curl_global_init: %s",
+                      curl_easy_strerror(curl_init_rc));
+  /* A handle without its thread: two requests, made here. */
+  loom_mlflow *m = loom_calloc(1, sizeof *m);
+  if (!m)
+    return LOOM_ERR_NOMEM;
+  size_t n = strlen(u);
+  while (n > 7 && u[n - 1] == '/')
+    n--;
+  m->uri = dup_n(u, n);
+  m->timeout_ms = (long)ceil((timeout_s > 0 ? timeout_s : 5) * 1000);
+  m->curl = curl_easy_init();
+  char *id = m->curl ? curl_easy_escape(m->curl, run_id, 0) : NULL;
+  if (!m->uri || !id) {
+    if (id)
+      curl_free(id);
+    free_handle(m);
+    return loom_error(LOOM_ERR_NOMEM, "mlflow: out of memory");
+  }
+  char path[ID_MAX * 3 + 64], msg[600];
+  snprintf(path, sizeof path, "/api/2.0/mlflow/runs/get?run_id=%s", id);
+  curl_free(id);
+  loom_status st = LOOM_OK;
+  if (http(m, "GET", path, NULL, 0, NULL, 0, msg, sizeof msg) != REQ_OK) {
+    st = loom_error(LOOM_ERR_IO, "mlflow: %s: run %s: %s", m->uri, run_id, msg);
+  } else {
+    cJSON *j = answer(m);
+    const cJSON *now = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(j, "run"), "info"),
+        "status");
+    bool running = cJSON_IsString(now) && !strcmp(now->valuestring, "RUNNING");
+    cJSON_Delete(j);
+    if (running) {
+      snprintf(m->run_id, sizeof m->run_id, "%s", run_id);
+      cJSON *req = cJSON_CreateObject();
+      cJSON_AddStringToObject(req, "run_id", m->run_id);
+      cJSON_AddStringToObject(req, "status", status);
+      add_i64(req, "end_time", (int64_t)llround(loom_time_wall() * 1000));
+      req_result r =
+          post_json(m, "/api/2.0/mlflow/runs/update", req, 0, msg, sizeof msg);
+      cJSON_Delete(req);
+      if (r != REQ_OK)
+        st = loom_error(LOOM_ERR_IO, "mlflow: %s: ending run %s as %s: %s",
+                        m->uri, run_id, status, msg);
+      else if (ended)
+        *ended = true;
+    }
+  }
+  free_handle(m);
+  return st;
+}
+
 void loom_mlflow_close(loom_mlflow *m, const char *status, double deadline_s) {
   if (!m)
     return;

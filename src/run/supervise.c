@@ -28,6 +28,7 @@
 #include "loom/comm.h"
 #include "loom/config.h"
 #include "loom/core.h"
+#include "loom/obs.h"
 #include "loom/run.h"
 
 extern char **environ;
@@ -1568,17 +1569,15 @@ static int make_jobdir(const char *tmp, char *jobdir, size_t n) {
   return -1;
 }
 
-/* The launcher's own messages (Open MPI's banners, UCX backtraces) go to
- * RUN/logs/launcher.log, RUN being the run directory of `loom train CFG
- * [--set ...]` (log.run_dir as loom train resolves it). False when the
- * program is something else or the config does not load (loom train will
- * say why). */
-static bool run_dir_of(const run_opts *o, char *out, size_t n) {
+/* The configuration of `loom train CFG [--set ...]` as loom train loads it
+ * (allocated: free it), or NULL when the program is something else or the
+ * config does not load (loom train will say why). */
+static loom_config *train_config(const run_opts *o) {
   const char *base = strrchr(o->prog[0], '/');
   base = base ? base + 1 : o->prog[0];
   if (strcmp(base, "loom") != 0 || !o->prog[1] ||
       strcmp(o->prog[1], "train") != 0)
-    return false;
+    return NULL;
   const char *cfg_path = NULL;
   const char *sets[64];
   int n_sets = 0;
@@ -1599,16 +1598,74 @@ static bool run_dir_of(const run_opts *o, char *out, size_t n) {
     }
   }
   if (!cfg_path)
-    return false;
+    return NULL;
   loom_config *cfg = calloc(1, sizeof *cfg);
-  if (!cfg)
-    return false;
-  bool ok = loom_config_load(cfg, cfg_path, sets, n_sets) == LOOM_OK &&
-            cfg->log.run_dir[0];
+  if (cfg && loom_config_load(cfg, cfg_path, sets, n_sets) != LOOM_OK) {
+    free(cfg);
+    cfg = NULL;
+  }
+  return cfg;
+}
+
+/* The launcher's own messages (Open MPI's banners, UCX backtraces) go to
+ * RUN/logs/launcher.log, RUN being the run directory of `loom train CFG
+ * [--set ...]` (log.run_dir as loom train resolves it). False when the
+ * program is something else or the config does not load (loom train will
+ * say why). */
+static bool run_dir_of(const run_opts *o, char *out, size_t n) {
+  loom_config *cfg = train_config(o);
+  bool ok = cfg && cfg->log.run_dir[0];
   if (ok)
     snprintf(out, n, "%s/logs/launcher.log", cfg->log.run_dir);
   free(cfg);
   return ok;
+}
+
+/* The MLflow run of a job of loom train that ended failed or stopped: its
+ * ranks end it themselves (FAILED, KILLED) when they can, but a rank
+ * killed outright (SIGKILL, the OOM killer, Open MPI taking the job down
+ * after one rank died) cannot, and the run stayed RUNNING on the server
+ * for good. After the last attempt loom run ends it (FAILED, or KILLED
+ * when the job was stopped) if the server still says RUNNING. The run is
+ * the one the ranks wrote into RUN/mlflow_run_id. */
+static void end_mlflow_run(const run_opts *o, bool stopped) {
+  loom_config *cfg = train_config(o);
+  if (!cfg || !cfg->log.mlflow_uri[0] || !cfg->log.run_dir[0]) {
+    free(cfg);
+    return;
+  }
+  char id[128] = "";
+  int dfd = open(cfg->log.run_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int fd = dfd < 0
+               ? -1
+               : loom_fs_open_read_at(dfd, "mlflow_run_id", O_NOFOLLOW, NULL);
+  if (dfd >= 0)
+    close(dfd);
+  if (fd >= 0) {
+    ssize_t got = read(fd, id, sizeof id - 1);
+    close(fd);
+    id[got > 0 ? got : 0] = '\0';
+    id[strcspn(id, "\r\n")] = '\0';
+  }
+  bool valid = id[0] != '\0';
+  for (const char *c = id; *c; c++)
+    if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f') ||
+          (*c >= 'A' && *c <= 'F') || *c == '-'))
+      valid = false;
+  if (valid) {
+    const char *status = stopped ? "KILLED" : "FAILED";
+    bool ended = false;
+    if (loom_mlflow_end_stale(cfg->log.mlflow_uri, id, status, 10, &ended) !=
+        LOOM_OK)
+      fprintf(stderr, "loom run: %s (it may stay RUNNING)\n",
+              loom_last_error());
+    else if (ended)
+      fprintf(stderr,
+              "loom run: MLflow run %s was still RUNNING (its ranks could "
+              "not end it): ended as %s\n",
+              id, status);
+  }
+  free(cfg);
 }
 
 /* Before the first start: the word "loom" is this loom (found where it
@@ -1959,6 +2016,7 @@ int loom_run_main(int argc, char **argv) {
     set_job_id();
   double t_job = loom_time_now();
   int rc = 0, prev_np = 0;
+  bool job_stopped = false;
   /* The supervise loop: start the group, wait, classify, maybe again. */
   for (int attempt = 0;; attempt++) {
     jb.attempt = attempt;
@@ -2004,12 +2062,16 @@ int loom_run_main(int argc, char **argv) {
       rc = 0;
       break;
     }
-    if (ended_by_stop(&r, &stop, &fail, &rc))
+    if (ended_by_stop(&r, &stop, &fail, &rc)) {
+      job_stopped = true;
       break;
+    }
     if (after_failure(&jb, attempt, &r, fail, used, cmd0, &pi, &rc))
       break;
   }
   loom_run_standby_kill();
+  if (rc != 0 && is_train)
+    end_mlflow_run(&o, job_stopped);
   cJSON *ev = report_event("end", jb.attempt);
   cJSON_AddNumberToObject(ev, "code", rc);
   cJSON_AddNumberToObject(ev, "seconds", loom_time_now() - t_job);

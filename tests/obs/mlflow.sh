@@ -300,4 +300,33 @@ print("FAILED, with config.yaml, env.json and report.html")
 PY
 if [ $? = 0 ]; then ok "diverged: $(tail -1 "$tmp/check5")"; else bad "diverged: $(tail -4 "$tmp/check5")"; fi
 
+# -------------------- 6. a job whose rank crashed, no restart left
+# Rank 1 dies (segv) after step 6 under loom run with no restart: Open MPI
+# takes rank 0 down at once, so no rank ends the MLflow run, and it stayed
+# RUNNING for good. loom run ends it as FAILED after the last attempt (the
+# server still saying RUNNING), and says so.
+LOOM_FAULT=1:6:segv "$LOOM" run -n 2 --timeout 120 --max-restarts 0 "$LOOM" train "${tr[@]}" \
+  --set "log.run_dir=$tmp/run6" --set log.mlflow.experiment=loom-dead --set train.steps=12 \
+  >"$tmp/out6" 2>&1
+rc6=$?
+[ $rc6 != 0 ] || bad "the job with a crashed rank exited 0"
+"$PY" - "$URI" "$tmp/run6" <<'PY' >"$tmp/check6" 2>&1
+import sys
+from mlflow import MlflowClient
+uri, run = sys.argv[1:3]
+c = MlflowClient(tracking_uri=uri)
+runs = c.search_runs([c.get_experiment_by_name("loom-dead").experiment_id])
+assert len(runs) == 1, f"{len(runs)} runs"
+r = runs[0]
+assert r.info.run_id == open(run + "/mlflow_run_id").read().strip()
+assert r.info.status == "FAILED", r.info.status
+assert r.info.end_time, "no end time"
+print("FAILED, with an end time")
+PY
+if [ $? = 0 ] && grep -q "ended as FAILED" "$tmp/out6"; then
+  ok "a rank crashed, no restart left: the MLflow run $(tail -1 "$tmp/check6"), by loom run"
+else
+  bad "a rank crashed, no restart left (rc $rc6): $(tail -4 "$tmp/check6") $(grep "loom run" "$tmp/out6" | tail -3)"
+fi
+
 finish obs_mlflow

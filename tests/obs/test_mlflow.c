@@ -145,6 +145,8 @@ typedef struct {
   char art[64];
   size_t art_len;
   char user_agent[64];
+  char run_status[16]; /* what runs/get answers (test_end_stale) */
+  int gets;            /* runs/get requests */
 } fake;
 
 static void reply(int c, int code, const char *body) {
@@ -261,6 +263,16 @@ static void serve_one(fake *f, int c) {
     reply(c, 200,
           "{\"run\": {\"info\": {\"run_id\": \"abc\", "
           "\"artifact_uri\": \"mlflow-artifacts:/7/abc/artifacts\"}}}");
+  } else if (strcmp(path, "/api/2.0/mlflow/runs/get?run_id=r-1") == 0) {
+    char ans[160];
+    pthread_mutex_lock(&f->mu);
+    f->gets++;
+    snprintf(ans, sizeof ans,
+             "{\"run\": {\"info\": {\"run_id\": \"r-1\", "
+             "\"experiment_id\": \"7\", \"status\": \"%s\"}}}",
+             f->run_status);
+    pthread_mutex_unlock(&f->mu);
+    reply(c, 200, ans);
   } else if (strcmp(path, "/api/2.0/mlflow/runs/log-batch") == 0 && j) {
     on_batch(f, j, c);
   } else if (strcmp(path, "/api/2.0/mlflow/runs/update") == 0 && j) {
@@ -407,7 +419,63 @@ TT_TEST(test_fake_server) {
   unlink(art_file);
 }
 
+/* loom_mlflow_end_stale: ends a run only while the server says RUNNING
+ * (what loom run does for a job whose ranks died). */
+TT_TEST(test_end_stale) {
+  fake *f = calloc(1, sizeof *f);
+  TT_REQUIRE(f);
+  f->fd = listen_any(&f->port);
+  TT_REQUIRE(f->fd >= 0);
+  pthread_mutex_init(&f->mu, NULL);
+  pthread_create(&f->thread, NULL, fake_main, f);
+  char uri[64];
+  snprintf(uri, sizeof uri, "http://127.0.0.1:%d", f->port);
+  bool ended = true;
+  snprintf(f->run_status, sizeof f->run_status, "FINISHED");
+  TT_CHECK_EQ(loom_mlflow_end_stale(uri, "r-1", "FAILED", 5, &ended), LOOM_OK);
+  TT_CHECK(!ended);
+  pthread_mutex_lock(&f->mu);
+  TT_CHECK_STR(f->status, ""); /* no update: the ranks ended it */
+  snprintf(f->run_status, sizeof f->run_status, "RUNNING");
+  pthread_mutex_unlock(&f->mu);
+  TT_CHECK_EQ(loom_mlflow_end_stale(uri, "r-1", "FAILED", 5, &ended), LOOM_OK);
+  TT_CHECK(ended);
+  pthread_mutex_lock(&f->mu);
+  TT_CHECK_STR(f->status, "FAILED");
+  TT_CHECK_EQ(f->gets, 2);
+  pthread_mutex_unlock(&f->mu);
+  /* A run the server does not know: its 404, named. */
+  TT_CHECK_EQ(loom_mlflow_end_stale(uri, "r-2", "FAILED", 5, &ended),
+              LOOM_ERR_IO);
+  TT_CHECK(!ended);
+  TT_CHECK_HAS(loom_last_error(), "run r-2");
+  TT_CHECK_HAS(loom_last_error(), "ENDPOINT_NOT_FOUND");
+  /* Bad arguments. */
+  TT_CHECK_EQ(loom_mlflow_end_stale(NULL, "r-1", "FAILED", 5, NULL),
+              LOOM_ERR_INVALID_ARG);
+  TT_CHECK_EQ(loom_mlflow_end_stale("ftp://x", "r-1", "FAILED", 5, NULL),
+              LOOM_ERR_INVALID_ARG);
+  TT_CHECK_EQ(loom_mlflow_end_stale(uri, NULL, "FAILED", 5, NULL),
+              LOOM_ERR_INVALID_ARG);
+  TT_CHECK_EQ(loom_mlflow_end_stale(uri, "r-1", "DONE", 5, NULL),
+              LOOM_ERR_INVALID_ARG);
+  TT_CHECK_EQ(loom_mlflow_end_stale(uri, "r-1", NULL, 5, NULL),
+              LOOM_ERR_INVALID_ARG);
+  pthread_mutex_lock(&f->mu);
+  f->stop = true;
+  pthread_mutex_unlock(&f->mu);
+  pthread_join(f->thread, NULL);
+  close(f->fd);
+  /* Nobody listening any more: an error naming the server. */
+  TT_CHECK_EQ(loom_mlflow_end_stale(uri, "r-1", "FAILED", 1, &ended),
+              LOOM_ERR_IO);
+  TT_CHECK_HAS(loom_last_error(), uri);
+  pthread_mutex_destroy(&f->mu);
+  free(f);
+}
+
 int main(void) {
+  TT_RUN(test_end_stale);
   TT_RUN(test_bad_args);
   TT_RUN(test_unreachable);
   TT_RUN(test_fake_server);
