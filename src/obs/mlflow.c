@@ -1105,6 +1105,33 @@ static char *user_name(void) {
   return dup_str(u);
 }
 
+/* A handle for the server uri (its trailing slashes cut) with its curl
+ * handle and request timeout; no thread yet. */
+static loom_status new_handle(const char *uri, double timeout_s,
+                              loom_mlflow **out) {
+  *out = NULL;
+  pthread_once(&curl_once, curl_init);
+  if (curl_init_rc != CURLE_OK)
+    return loom_error(LOOM_ERR_INTERNAL, "mlflow: curl_global_init: %s",
+                      curl_easy_strerror(curl_init_rc));
+  loom_mlflow *m = loom_calloc(1, sizeof *m);
+  if (!m)
+    return LOOM_ERR_NOMEM;
+  size_t n = strlen(uri);
+  while (n > 7 && uri[n - 1] == '/')
+    n--;
+  m->uri = dup_n(uri, n);
+  m->timeout_ms = (long)ceil((timeout_s > 0 ? timeout_s : 5) * 1000);
+  m->curl = curl_easy_init();
+  if (!m->uri || !m->curl) {
+    free_handle(m);
+    return loom_error(LOOM_ERR_NOMEM, "mlflow: out of memory opening '%s'",
+                      uri);
+  }
+  *out = m;
+  return LOOM_OK;
+}
+
 loom_status loom_mlflow_open(loom_mlflow **out, const loom_mlflow_opts *opts) {
   if (!out)
     return loom_error(LOOM_ERR_INVALID_ARG, "mlflow: out is NULL");
@@ -1125,18 +1152,8 @@ loom_status loom_mlflow_open(loom_mlflow **out, const loom_mlflow_opts *opts) {
     o.timeout_s = 5;
   if (o.max_buffered == 0)
     o.max_buffered = 100000;
-  pthread_once(&curl_once, curl_init);
-  if (curl_init_rc != CURLE_OK)
-    return loom_error(LOOM_ERR_INTERNAL, "mlflow: curl_global_init: %s",
-                      curl_easy_strerror(curl_init_rc));
-
-  loom_mlflow *m = loom_calloc(1, sizeof *m);
-  if (!m)
-    return LOOM_ERR_NOMEM;
-  size_t n = strlen(uri);
-  while (n > 7 && uri[n - 1] == '/')
-    n--;
-  m->uri = dup_n(uri, n);
+  loom_mlflow *m;
+  LOOM_TRY(new_handle(uri, o.timeout_s, &m));
   m->experiment = dup_str(o.experiment);
   m->run_name = o.run_name ? dup_str(o.run_name) : NULL;
   m->on_run = o.on_run;
@@ -1147,11 +1164,8 @@ loom_status loom_mlflow_open(loom_mlflow **out, const loom_mlflow_opts *opts) {
                   : NULL;
   m->replay_to = o.replay_to_step;
   m->user = user_name();
-  m->timeout_ms = (long)ceil(o.timeout_s * 1000);
   m->max_buffered = o.max_buffered;
-  m->curl = curl_easy_init();
-  if (!m->uri || !m->experiment || (o.run_name && !m->run_name) || !m->user ||
-      !m->curl ||
+  if (!m->experiment || (o.run_name && !m->run_name) || !m->user ||
       (o.replay_jsonl && o.replay_jsonl[0] && o.replay_to_step >= 0 &&
        !m->replay)) {
     free_handle(m);
@@ -1424,24 +1438,11 @@ loom_status loom_mlflow_end_stale(const char *uri, const char *run_id,
                       "mlflow: run status '%s' is none of FINISHED, FAILED, "
                       "KILLED",
                       status ? status : "(null)");
-  pthread_once(&curl_once, curl_init);
-  if (curl_init_rc != CURLE_OK)
-    return loom_error(LOOM_ERR_INTERNAL, "mlflow: curl_global_init: %s",
-                      curl_easy_strerror(curl_init_rc));
   /* A handle without its thread: two requests, made here. */
-  loom_mlflow *m = loom_calloc(1, sizeof *m);
-  if (!m)
-    return LOOM_ERR_NOMEM;
-  size_t n = strlen(u);
-  while (n > 7 && u[n - 1] == '/')
-    n--;
-  m->uri = dup_n(u, n);
-  m->timeout_ms = (long)ceil((timeout_s > 0 ? timeout_s : 5) * 1000);
-  m->curl = curl_easy_init();
-  char *id = m->curl ? curl_easy_escape(m->curl, run_id, 0) : NULL;
-  if (!m->uri || !id) {
-    if (id)
-      curl_free(id);
+  loom_mlflow *m;
+  LOOM_TRY(new_handle(u, timeout_s, &m));
+  char *id = curl_easy_escape(m->curl, run_id, 0);
+  if (!id) {
     free_handle(m);
     return loom_error(LOOM_ERR_NOMEM, "mlflow: out of memory");
   }
