@@ -101,15 +101,26 @@ loom_ddp_opts loom_ddp_opts_default(void) {
   return o;
 }
 
-int loom_ddp_rank(const loom_ddp *d) { return d->rank; }
-int loom_ddp_world(const loom_ddp *d) { return d->world; }
-loom_model *loom_ddp_model(loom_ddp *d) { return d->model; }
-const loom_ddp_opts *loom_ddp_get_opts(const loom_ddp *d) { return &d->opts; }
-int loom_ddp_num_buckets(const loom_ddp *d) { return d->nbuckets; }
-bool loom_ddp_get_sync(const loom_ddp *d) { return d->sync; }
+/* A NULL ddp: calls that return a status say LOOM_ERR_INVALID_ARG naming
+ * themselves, getters give 0, NULL or false, the others do nothing. */
+#define DDP_NEED(d, call)                                                      \
+  do {                                                                         \
+    if (!(d))                                                                  \
+      return loom_error(LOOM_ERR_INVALID_ARG, call ": ddp is NULL");           \
+  } while (0)
+
+int loom_ddp_rank(const loom_ddp *d) { return d ? d->rank : 0; }
+int loom_ddp_world(const loom_ddp *d) { return d ? d->world : 0; }
+loom_model *loom_ddp_model(loom_ddp *d) { return d ? d->model : NULL; }
+const loom_ddp_opts *loom_ddp_get_opts(const loom_ddp *d) {
+  return d ? &d->opts : NULL;
+}
+int loom_ddp_num_buckets(const loom_ddp *d) { return d ? d->nbuckets : 0; }
+bool loom_ddp_get_sync(const loom_ddp *d) { return d && d->sync; }
 
 loom_status loom_ddp_bucket(const loom_ddp *d, int i, int64_t *begin,
                             int64_t *end, int *nparams) {
+  DDP_NEED(d, "loom_ddp_bucket");
   if (i < 0 || i >= d->nbuckets)
     return loom_error(LOOM_ERR_INVALID_ARG, "ddp: no bucket %d (of %d)", i,
                       d->nbuckets);
@@ -124,9 +135,9 @@ loom_status loom_ddp_bucket(const loom_ddp *d, int i, int64_t *begin,
 
 void loom_ddp_shards(const loom_ddp *d, int *first, int *count) {
   if (first)
-    *first = d->shard_first;
+    *first = d ? d->shard_first : 0;
   if (count)
-    *count = d->shard_count;
+    *count = d ? d->shard_count : 0;
 }
 
 static bool is_pow2(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
@@ -254,6 +265,7 @@ static loom_status grad_hook(void *user, int index, int64_t offset,
 }
 
 loom_status loom_ddp_finish_backward(loom_ddp *d) {
+  DDP_NEED(d, "loom_ddp_finish_backward");
   for (int i = d->next_launch; i < d->nbuckets; i++) {
     d->buckets[i].remaining = 0;
   }
@@ -346,6 +358,7 @@ static loom_status wait_parts(loom_ddp *d, int i) {
 }
 
 loom_status loom_ddp_wait_bucket(loom_ddp *d, int i) {
+  DDP_NEED(d, "loom_ddp_wait_bucket");
   if (i < 0 || i >= d->nbuckets)
     return loom_error(LOOM_ERR_INVALID_ARG, "ddp: no bucket %d (of %d)", i,
                       d->nbuckets);
@@ -424,6 +437,7 @@ static void end_step(loom_ddp *d) {
 }
 
 loom_status loom_ddp_wait(loom_ddp *d) {
+  DDP_NEED(d, "loom_ddp_wait");
   LOOM_TRY(loom_ddp_finish_backward(d));
   loom_status first = LOOM_OK;
   for (int i = 0; i < d->nbuckets; i++) {
@@ -437,6 +451,9 @@ loom_status loom_ddp_wait(loom_ddp *d) {
 }
 
 loom_status loom_ddp_step(loom_ddp *d, loom_optim *o, float lr) {
+  DDP_NEED(d, "loom_ddp_step");
+  if (!o)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_ddp_step: optimizer is NULL");
   LOOM_TRY(loom_ddp_finish_backward(d));
   float *p = loom_model_params(d->model);
   /* A sharded optimizer (ZeRO-1) steps only what its shard holds. */
@@ -475,6 +492,7 @@ static loom_status drain(loom_ddp *d) {
 }
 
 loom_status loom_ddp_zero_grad(loom_ddp *d) {
+  DDP_NEED(d, "loom_ddp_zero_grad");
   loom_status s = LOOM_OK;
   if (d->active) {
     /* A step left unfinished: complete its collectives (the other ranks
@@ -498,9 +516,13 @@ loom_status loom_ddp_zero_grad(loom_ddp *d) {
   return s;
 }
 
-void loom_ddp_set_sync(loom_ddp *d, bool sync) { d->sync = sync; }
+void loom_ddp_set_sync(loom_ddp *d, bool sync) {
+  if (d)
+    d->sync = sync;
+}
 
 loom_status loom_ddp_shard_begin(loom_ddp *d, int j) {
+  DDP_NEED(d, "loom_ddp_shard_begin");
   if (!d->opts.deterministic)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "ddp: shards exist in deterministic mode only");
@@ -514,6 +536,9 @@ loom_status loom_ddp_shard_begin(loom_ddp *d, int j) {
 }
 
 loom_status loom_ddp_join(loom_ddp *d, bool *done) {
+  DDP_NEED(d, "loom_ddp_join");
+  if (!done)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_ddp_join: done is NULL");
   *done = false;
   if (!d->opts.uneven)
     return loom_error(LOOM_ERR_INVALID_ARG,
@@ -540,6 +565,9 @@ loom_status loom_ddp_join(loom_ddp *d, bool *done) {
 /* ---------------------------------------------------------------- sums */
 
 loom_status loom_ddp_sum_post(loom_ddp *d, const double *local, int k) {
+  DDP_NEED(d, "loom_ddp_sum_post");
+  if (!local)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_ddp_sum_post: local is NULL");
   if (k < 1 || k > LOOM_DDP_SUM_MAX)
     return loom_error(LOOM_ERR_INVALID_ARG, "ddp: %d sums (1 to %d)", k,
                       LOOM_DDP_SUM_MAX);
@@ -562,6 +590,9 @@ loom_status loom_ddp_sum_post(loom_ddp *d, const double *local, int k) {
 }
 
 loom_status loom_ddp_sum_wait(loom_ddp *d, double *out) {
+  DDP_NEED(d, "loom_ddp_sum_wait");
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_ddp_sum_wait: out is NULL");
   if (!d->sum_posted)
     return loom_error(LOOM_ERR_INVALID_ARG, "ddp: no sum posted");
   d->sum_posted = false;
@@ -585,6 +616,12 @@ loom_status loom_ddp_sum_wait(loom_ddp *d, double *out) {
 /* ---------------------------------------------------------------- stats */
 
 void loom_ddp_get_stats(const loom_ddp *d, loom_ddp_stats *out) {
+  if (!out)
+    return;
+  if (!d) {
+    memset(out, 0, sizeof *out);
+    return;
+  }
   *out = d->stats;
   out->buckets = d->nbuckets;
   if (d->stats.steps > 0)
@@ -592,11 +629,13 @@ void loom_ddp_get_stats(const loom_ddp *d, loom_ddp_stats *out) {
 }
 
 void loom_ddp_reset_stats(loom_ddp *d) {
+  if (!d)
+    return;
   memset(&d->stats, 0, sizeof d->stats);
 }
 
 double loom_ddp_hidden_share(const loom_ddp_stats *s) {
-  if (!(s->reduce_s > 0))
+  if (!s || !(s->reduce_s > 0))
     return 1.0;
   double h = 1.0 - s->wait_s / s->reduce_s;
   return h < 0 ? 0 : h > 1 ? 1 : h;
@@ -935,6 +974,13 @@ static loom_status make_sharded(loom_ddp *d) {
 }
 
 void loom_ddp_grad_resident(const loom_ddp *d, size_t *now, size_t *peak) {
+  if (!d) {
+    if (now)
+      *now = 0;
+    if (peak)
+      *peak = 0;
+    return;
+  }
   size_t all = (size_t)d->n * sizeof(float);
   size_t r = d->sharded ? loom_vmem_resident(d->grads, 0, all) : all;
   if (now)
@@ -944,6 +990,9 @@ void loom_ddp_grad_resident(const loom_ddp *d, size_t *now, size_t *peak) {
 }
 
 loom_status loom_ddp_grad_sumsq(loom_ddp *d, double *out) {
+  DDP_NEED(d, "loom_ddp_grad_sumsq");
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_ddp_grad_sumsq: out is NULL");
   *out = 0;
   if (!d->sharded) {
     *out = loom_grad_sumsq(d->grads, d->n);

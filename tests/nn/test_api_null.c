@@ -1,4 +1,5 @@
-/* NULL arguments to the public entry points of core, nn and data: each
+/* NULL arguments to the public entry points of core, nn, data, parallel,
+ * optim, ckpt and obs: each
  * status-returning call says LOOM_ERR_INVALID_ARG naming itself, getters
  * return 0 or NULL, setters do nothing; nothing crashes. One row a call. */
 #include <stdint.h>
@@ -10,6 +11,7 @@
 #include "loom/kernels.h"
 #include "loom/nn.h"
 #include "loom/optim.h"
+#include "loom/parallel.h"
 #include "loom/train.h"
 #include "tt.h"
 
@@ -134,6 +136,36 @@ static loom_status c_split_parse(void) {
  * NULL in eight of them), a NULL name an unknown one. */
 static loom_status c_redop_parse(void) { return loom_redop_parse("sum", NULL); }
 static loom_status c_dtype_parse(void) { return loom_dtype_parse("f32", NULL); }
+/* parallel: a NULL ddp (loom_ddp_step and loom_ddp_zero_grad crashed). */
+static loom_status c_ddp_step(void) { return loom_ddp_step(NULL, NULL, 0.1f); }
+static loom_status c_ddp_zero_grad(void) { return loom_ddp_zero_grad(NULL); }
+static loom_status c_ddp_wait(void) { return loom_ddp_wait(NULL); }
+static loom_status c_ddp_wait_bucket(void) {
+  return loom_ddp_wait_bucket(NULL, 0);
+}
+static loom_status c_ddp_finish(void) { return loom_ddp_finish_backward(NULL); }
+static loom_status c_ddp_bucket(void) {
+  return loom_ddp_bucket(NULL, 0, NULL, NULL, NULL);
+}
+static loom_status c_ddp_shard_begin(void) {
+  return loom_ddp_shard_begin(NULL, 0);
+}
+static loom_status c_ddp_join(void) {
+  bool done;
+  return loom_ddp_join(NULL, &done);
+}
+static loom_status c_ddp_sum_post(void) {
+  double v = 1;
+  return loom_ddp_sum_post(NULL, &v, 1);
+}
+static loom_status c_ddp_sum_wait(void) {
+  double v;
+  return loom_ddp_sum_wait(NULL, &v);
+}
+static loom_status c_ddp_grad_sumsq(void) {
+  double v;
+  return loom_ddp_grad_sumsq(NULL, &v);
+}
 static loom_status c_optim_parse(void) {
   return loom_optim_kind_parse("sgd", NULL);
 }
@@ -230,6 +262,17 @@ static const struct {
     {"sampler_set_epoch", c_sampler_epoch, "loom_sampler_set_epoch"},
     {"loader_seek", c_loader_seek, "loom_loader_seek"},
     {"loader_set_state", c_loader_state, "loom_loader_set_state"},
+    {"ddp_step", c_ddp_step, "loom_ddp_step"},
+    {"ddp_zero_grad", c_ddp_zero_grad, "loom_ddp_zero_grad"},
+    {"ddp_wait", c_ddp_wait, "loom_ddp_wait"},
+    {"ddp_wait_bucket", c_ddp_wait_bucket, "loom_ddp_wait_bucket"},
+    {"ddp_finish_backward", c_ddp_finish, "loom_ddp_finish_backward"},
+    {"ddp_bucket", c_ddp_bucket, "loom_ddp_bucket"},
+    {"ddp_shard_begin", c_ddp_shard_begin, "loom_ddp_shard_begin"},
+    {"ddp_join", c_ddp_join, "loom_ddp_join"},
+    {"ddp_sum_post", c_ddp_sum_post, "loom_ddp_sum_post"},
+    {"ddp_sum_wait", c_ddp_sum_wait, "loom_ddp_sum_wait"},
+    {"ddp_grad_sumsq", c_ddp_grad_sumsq, "loom_ddp_grad_sumsq"},
 };
 
 TT_TEST(test_null_status_calls) {
@@ -301,6 +344,26 @@ TT_TEST(test_null_getters) {
   TT_CHECK(info.source == NULL);
   loom_dataset_get_info(NULL, NULL);
   TT_CHECK_EQ(loom_dataset_len(NULL), 0);
+  /* parallel */
+  TT_CHECK_EQ(loom_ddp_rank(NULL), 0);
+  TT_CHECK_EQ(loom_ddp_world(NULL), 0);
+  TT_CHECK(loom_ddp_model(NULL) == NULL);
+  TT_CHECK(loom_ddp_get_opts(NULL) == NULL);
+  TT_CHECK_EQ(loom_ddp_num_buckets(NULL), 0);
+  TT_CHECK(!loom_ddp_get_sync(NULL));
+  loom_ddp_set_sync(NULL, true);
+  int first = 7, count = 7;
+  loom_ddp_shards(NULL, &first, &count);
+  TT_CHECK_EQ(first + count, 0);
+  loom_ddp_stats ds;
+  memset(&ds, 0xff, sizeof ds);
+  loom_ddp_get_stats(NULL, &ds);
+  TT_CHECK_EQ(ds.buckets, 0);
+  loom_ddp_reset_stats(NULL);
+  size_t now = 1, peak = 1;
+  loom_ddp_grad_resident(NULL, &now, &peak);
+  TT_CHECK_EQ(now + peak, 0);
+  TT_CHECK(loom_ddp_hidden_share(NULL) == 1.0);
 }
 
 int main(void) {
