@@ -57,6 +57,13 @@ const char *loom_metrics_path(const loom_metrics *m);
 bool loom_metrics_kept_eval(const loom_metrics *m);
 /* The event file's path ("" without one). */
 const char *loom_metrics_tb_path(const loom_metrics *m);
+/* One line: begin, members, end. A NULL m: the calls do nothing and end
+ * is LOOM_ERR_INVALID_ARG (so is open with a NULL out or run_dir; the
+ * paths of a NULL m are ""). A NULL key, a NULL array with n > 0 (or
+ * n < 0), or a member added outside begin .. end spoils the line: end
+ * writes none of it and returns LOOM_ERR_INVALID_ARG naming the misuse, as
+ * it does without a begin. A NULL string value is JSON null; keys and
+ * strings are escaped. */
 void loom_metrics_begin(loom_metrics *m);
 void loom_metrics_int(loom_metrics *m, const char *key, int64_t v);
 void loom_metrics_num(loom_metrics *m, const char *key, double v);

@@ -21,6 +21,11 @@ struct loom_metrics {
   char line[65536]; /* room for per-rank arrays of 1000+ ranks */
   size_t len;
   bool overflow;
+  /* Between loom_metrics_begin and loom_metrics_end; the first misuse of
+   * the line (a NULL key, a call outside a line), which end reports and
+   * for which it writes nothing. */
+  bool in_line;
+  const char *misuse;
   /* TensorBoard: the line's numbers, its step and time. */
   loom_tb *tb;
   int ntb;
@@ -108,7 +113,12 @@ static loom_status cut_later_steps(const char *path, FILE *w, int64_t keep,
 
 loom_status loom_metrics_open_opts(loom_metrics **out, const char *run_dir,
                                    const loom_metrics_opts *opts) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_metrics_open: out is NULL");
   *out = NULL;
+  if (!run_dir)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_metrics_open: run_dir is NULL");
   loom_metrics_opts o = opts ? *opts : loom_metrics_opts_default();
   LOOM_TRY(loom_fs_mkdirs(run_dir, 0755));
   loom_metrics *m = loom_calloc(1, sizeof *m);
@@ -152,12 +162,14 @@ loom_status loom_metrics_open(loom_metrics **out, const char *run_dir,
   return loom_metrics_open_opts(out, run_dir, &o);
 }
 
-const char *loom_metrics_path(const loom_metrics *m) { return m->path; }
+const char *loom_metrics_path(const loom_metrics *m) {
+  return m ? m->path : "";
+}
 
 bool loom_metrics_kept_eval(const loom_metrics *m) { return m && m->kept_eval; }
 
 const char *loom_metrics_tb_path(const loom_metrics *m) {
-  return loom_tb_path(m->tb);
+  return m ? loom_tb_path(m->tb) : "";
 }
 
 static void append(loom_metrics *m, const char *fmt, ...)
@@ -176,6 +188,10 @@ static void append(loom_metrics *m, const char *fmt, ...) {
 }
 
 void loom_metrics_begin(loom_metrics *m) {
+  if (!m)
+    return;
+  m->in_line = true;
+  m->misuse = NULL;
   m->len = 0;
   m->overflow = false;
   m->ntb = 0;
@@ -197,8 +213,35 @@ static void tb_note(loom_metrics *m, const char *k, double v) {
   }
 }
 
-static void key(loom_metrics *m, const char *k) {
-  append(m, "%s\"%s\":", m->len > 1 ? "," : "", k);
+/* s as a JSON string, quoted and escaped. */
+static void string(loom_metrics *m, const char *s) {
+  append(m, "\"");
+  for (const char *c = s; *c; c++) {
+    if (*c == '"' || *c == '\\')
+      append(m, "\\%c", *c);
+    else if ((unsigned char)*c < 0x20)
+      append(m, "\\u%04x", (unsigned)*c);
+    else
+      append(m, "%c", *c);
+  }
+  append(m, "\"");
+}
+
+/* Writes the key of the next member; false (the line marked bad, m NULL
+ * ignored) when the call cannot add one. */
+static bool key(loom_metrics *m, const char *k, const char *call) {
+  if (!m)
+    return false;
+  if (!m->in_line || !k) {
+    if (!m->misuse)
+      m->misuse = !m->in_line ? call : "a NULL key";
+    return false;
+  }
+  if (m->len > 1)
+    append(m, ",");
+  string(m, k);
+  append(m, ":");
+  return true;
 }
 
 /* Writes v; returns the number the line holds (v read back), which the
@@ -219,18 +262,26 @@ static double number(loom_metrics *m, double v) {
 }
 
 void loom_metrics_int(loom_metrics *m, const char *k, int64_t v) {
-  key(m, k);
+  if (!key(m, k, "loom_metrics_int outside a line"))
+    return;
   append(m, "%lld", (long long)v);
   tb_note(m, k, (double)v);
 }
 
 void loom_metrics_num(loom_metrics *m, const char *k, double v) {
-  key(m, k);
+  if (!key(m, k, "loom_metrics_num outside a line"))
+    return;
   tb_note(m, k, number(m, v));
 }
 
 void loom_metrics_nums(loom_metrics *m, const char *k, const double *v, int n) {
-  key(m, k);
+  if (m && m->in_line && (n < 0 || (n > 0 && !v))) {
+    if (!m->misuse)
+      m->misuse = "loom_metrics_nums with a NULL array or a negative count";
+    return;
+  }
+  if (!key(m, k, "loom_metrics_nums outside a line"))
+    return;
   append(m, "[");
   for (int i = 0; i < n; i++) {
     if (i)
@@ -241,20 +292,26 @@ void loom_metrics_nums(loom_metrics *m, const char *k, const double *v, int n) {
 }
 
 void loom_metrics_str(loom_metrics *m, const char *k, const char *v) {
-  key(m, k);
-  append(m, "\"");
-  for (const char *c = v; *c; c++) {
-    if (*c == '"' || *c == '\\')
-      append(m, "\\%c", *c);
-    else if ((unsigned char)*c < 0x20)
-      append(m, "\\u%04x", (unsigned)*c);
-    else
-      append(m, "%c", *c);
-  }
-  append(m, "\"");
+  if (!key(m, k, "loom_metrics_str outside a line"))
+    return;
+  if (v)
+    string(m, v);
+  else
+    append(m, "null");
 }
 
 loom_status loom_metrics_end(loom_metrics *m) {
+  if (!m)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_metrics_end: metrics is NULL");
+  if (!m->in_line)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_metrics_end: no line begun (loom_metrics_begin)");
+  m->in_line = false;
+  if (m->misuse)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "metrics line for '%s' not written: %s", m->path,
+                      m->misuse);
   append(m, "}\n");
   if (m->overflow)
     return loom_error(LOOM_ERR_INTERNAL, "metrics line too long for '%s'",

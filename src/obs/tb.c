@@ -155,7 +155,11 @@ static long long file_stamp(const char *dir, long long now) {
 }
 
 loom_status loom_tb_open(loom_tb **out, const char *dir) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_tb_open: out is NULL");
   *out = NULL;
+  if (!dir)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_tb_open: dir is NULL");
   LOOM_TRY(loom_fs_mkdirs(dir, 0755));
   loom_tb *w = loom_calloc(1, sizeof *w);
   if (!w)

@@ -229,6 +229,60 @@ TT_TEST(test_metrics_both_sinks) {
   rmdir(dir);
 }
 
+/* Misuse of a metrics line: NULL handles and keys are errors, never a
+ * crash (they dereferenced NULL), and a spoilt line is not written (a line
+ * without begin wrote '"step":1}' to metrics.jsonl). */
+TT_TEST(test_metrics_misuse) {
+  loom_metrics_begin(NULL);
+  loom_metrics_int(NULL, "step", 1);
+  loom_metrics_num(NULL, "loss", 1);
+  loom_metrics_str(NULL, "k", "v");
+  loom_metrics_nums(NULL, "a", NULL, 2);
+  TT_CHECK_EQ(loom_metrics_end(NULL), LOOM_ERR_INVALID_ARG);
+  TT_CHECK(strcmp(loom_metrics_path(NULL), "") == 0);
+  TT_CHECK(strcmp(loom_metrics_tb_path(NULL), "") == 0);
+  TT_CHECK_EQ(loom_metrics_open(NULL, "/nonexistent", false),
+              LOOM_ERR_INVALID_ARG);
+  loom_metrics *m = (loom_metrics *)1;
+  TT_CHECK_EQ(loom_metrics_open(&m, NULL, false), LOOM_ERR_INVALID_ARG);
+  TT_CHECK(m == NULL);
+  TT_CHECK_EQ(loom_tb_open(NULL, NULL), LOOM_ERR_INVALID_ARG);
+  char dir[64];
+  tmpdir(dir, sizeof dir);
+  TT_REQUIRE(dir[0]);
+  TT_CHECK_OK(loom_metrics_open(&m, dir, false));
+  TT_REQUIRE(m != NULL);
+  loom_metrics_int(m, "step", 1); /* no begin */
+  TT_CHECK_EQ(loom_metrics_end(m), LOOM_ERR_INVALID_ARG);
+  TT_CHECK(strstr(loom_last_error(), "loom_metrics_begin") != NULL);
+  loom_metrics_begin(m);
+  loom_metrics_int(m, NULL, 1);
+  TT_CHECK_EQ(loom_metrics_end(m), LOOM_ERR_INVALID_ARG);
+  TT_CHECK(strstr(loom_last_error(), "NULL key") != NULL);
+  loom_metrics_begin(m);
+  loom_metrics_nums(m, "a", NULL, 3);
+  TT_CHECK_EQ(loom_metrics_end(m), LOOM_ERR_INVALID_ARG);
+  loom_metrics_begin(m);
+  loom_metrics_int(m, "step", 2);
+  loom_metrics_str(m, "note", NULL);
+  loom_metrics_num(m, "a\"b", 1.5);
+  TT_CHECK_OK(loom_metrics_end(m));
+  char jl[1024];
+  snprintf(jl, sizeof jl, "%s", loom_metrics_path(m));
+  loom_metrics_close(m);
+  FILE *f = fopen(jl, "r");
+  char text[512] = "";
+  size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+  text[n] = '\0';
+  if (f)
+    fclose(f);
+  TT_CHECK(strcmp(text, "{\"step\":2,\"note\":null,\"a\\\"b\":1.5}\n") == 0);
+  if (strcmp(text, "{\"step\":2,\"note\":null,\"a\\\"b\":1.5}\n") != 0)
+    fprintf(stderr, "  metrics.jsonl: '%s'\n", text);
+  unlink(jl);
+  rmdir(dir);
+}
+
 /* The trace's C API: user regions (nested, an end without a begin), spans
  * from another thread on a track of its own, counters; off after stop; a
  * second start while one is open refused; the file loads through
@@ -433,5 +487,6 @@ int main(void) {
   TT_RUN(test_masked_crc);
   TT_RUN(test_event_file);
   TT_RUN(test_metrics_both_sinks);
+  TT_RUN(test_metrics_misuse);
   return tt_finish();
 }
