@@ -68,6 +68,8 @@ typedef struct loom_optim loom_optim;
 /* Makes an optimizer for a layout of n elements described by views (sorted
  * by offset, not overlapping, inside [0, n); elements no view covers get no
  * weight decay). views may be NULL with nviews 0: then every element decays.
+ * opts NULL: loom_optim_opts_default() (plain SGD, the whole layout; a
+ * zeroed struct instead owns the empty shard [0, 0) and updates nothing).
  * The views are read here only; state starts at zero and the step at 0.
  * LOOM_ERR_INVALID_ARG names the bad option; LOOM_ERR_NOMEM. */
 loom_status loom_optim_new(loom_optim **out, const loom_optim_opts *opts,
@@ -166,7 +168,8 @@ typedef struct loom_sched {
 loom_sched loom_sched_default(void);
 /* LOOM_ERR_INVALID_ARG with the field named when the schedule is unusable. */
 loom_status loom_sched_check(const loom_sched *s);
-/* Pure; computed in double. Meaningful for schedules that pass the check. */
+/* Pure; computed in double. Meaningful for schedules that pass the check
+ * (0 for a NULL s). */
 float loom_sched_lr(const loom_sched *s, int64_t step);
 
 /* Scaling rules of the learning rate with the global batch: linear (Goyal et

@@ -219,9 +219,13 @@ static void zero_state(float *buf, int64_t begin, int64_t end) {
 
 loom_status loom_optim_new(loom_optim **out, const loom_optim_opts *opts,
                            const loom_param *views, int nviews, int64_t n) {
-  if (!out || !opts)
-    return loom_error(LOOM_ERR_INVALID_ARG, "optim: out and opts must be set");
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_optim_new: out is NULL");
   *out = NULL;
+  /* NULL: the defaults, as every other constructor takes it. */
+  const loom_optim_opts defaults = loom_optim_opts_default();
+  if (!opts)
+    opts = &defaults;
   if (n < 0)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "optim: layout size must be >= 0 (got %lld)",
@@ -428,7 +432,10 @@ void loom_optim_finish_step(loom_optim *o) {
 int64_t loom_optim_get_step(const loom_optim *o) { return o ? o->step : 0; }
 
 loom_status loom_optim_set_step(loom_optim *o, int64_t step) {
-  if (!o || step < 0)
+  if (!o)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_optim_set_step: optimizer is NULL");
+  if (step < 0)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "optim: step must be >= 0 (got %lld)", (long long)step);
   o->step = step;

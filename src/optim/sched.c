@@ -110,6 +110,8 @@ loom_status loom_sched_check(const loom_sched *s) {
 }
 
 float loom_sched_lr(const loom_sched *s, int64_t step) {
+  if (!s)
+    return 0.0f;
   double lr = s->lr;
   if (step < 0)
     step = 0;

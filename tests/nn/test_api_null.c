@@ -166,6 +166,13 @@ static loom_status c_ddp_grad_sumsq(void) {
   double v;
   return loom_ddp_grad_sumsq(NULL, &v);
 }
+/* optim: a NULL optimizer was named as a negative step. */
+static loom_status c_optim_set_step(void) {
+  return loom_optim_set_step(NULL, 3);
+}
+static loom_status c_optim_new(void) {
+  return loom_optim_new(NULL, NULL, NULL, 0, 4);
+}
 static loom_status c_optim_parse(void) {
   return loom_optim_kind_parse("sgd", NULL);
 }
@@ -262,6 +269,8 @@ static const struct {
     {"sampler_set_epoch", c_sampler_epoch, "loom_sampler_set_epoch"},
     {"loader_seek", c_loader_seek, "loom_loader_seek"},
     {"loader_set_state", c_loader_state, "loom_loader_set_state"},
+    {"optim_set_step", c_optim_set_step, "loom_optim_set_step"},
+    {"optim_new", c_optim_new, "loom_optim_new"},
     {"ddp_step", c_ddp_step, "loom_ddp_step"},
     {"ddp_zero_grad", c_ddp_zero_grad, "loom_ddp_zero_grad"},
     {"ddp_wait", c_ddp_wait, "loom_ddp_wait"},
@@ -344,6 +353,15 @@ TT_TEST(test_null_getters) {
   TT_CHECK(info.source == NULL);
   loom_dataset_get_info(NULL, NULL);
   TT_CHECK_EQ(loom_dataset_len(NULL), 0);
+  /* optim: NULL options are the defaults; a NULL schedule's rate is 0 (it
+   * crashed) */
+  loom_optim *o = NULL;
+  TT_CHECK_OK(loom_optim_new(&o, NULL, NULL, 0, 4));
+  float p[4] = {1, 1, 1, 1}, g[4] = {1, 1, 1, 1};
+  TT_CHECK_OK(loom_optim_step(o, p, g, 0.5f));
+  TT_CHECK(p[0] == 0.5f && p[3] == 0.5f);
+  loom_optim_free(o);
+  TT_CHECK(loom_sched_lr(NULL, 3) == 0.0f);
   /* parallel */
   TT_CHECK_EQ(loom_ddp_rank(NULL), 0);
   TT_CHECK_EQ(loom_ddp_world(NULL), 0);
