@@ -110,7 +110,8 @@ typedef struct loom_ckpt_meta {
 loom_ckpt_meta loom_ckpt_meta_default(void);
 
 /* FNV-1a 64 over each view's name, offset, ndim and shape: two models with
- * the same hash lay out their flat buffers the same way. */
+ * the same hash lay out their flat buffers the same way. NULL views: the
+ * hash of none. */
 uint64_t loom_ckpt_layout_hash(const loom_param *views, int n_views);
 
 /* ---------------------------------------------------------------- saving */

@@ -683,6 +683,9 @@ bool loom_ckpt_has_step_dirs(const char *root) {
 }
 
 loom_status loom_ckpt_read_latest(const char *root, int64_t *step) {
+  if (!root || !step)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_ckpt_read_latest: %s is NULL",
+                      root ? "step" : "root");
   char path[CKPT_PATH_MAX];
   int w = snprintf(path, sizeof path, "%s/%s", root, CKPT_LATEST);
   if (w < 0 || (size_t)w >= sizeof path)

@@ -78,6 +78,8 @@ loom_ckpt_meta loom_ckpt_meta_default(void) {
 
 uint64_t loom_ckpt_layout_hash(const loom_param *views, int n_views) {
   uint64_t h = LOOM_HASH64_INIT;
+  if (!views)
+    n_views = 0; /* the hash of no views */
   for (int i = 0; i < n_views; i++) {
     const loom_param *v = &views[i];
     size_t len = strnlen(v->name, LOOM_PARAM_NAME_MAX);

@@ -173,6 +173,11 @@ static loom_status c_optim_set_step(void) {
 static loom_status c_optim_new(void) {
   return loom_optim_new(NULL, NULL, NULL, 0, 4);
 }
+/* ckpt: read_latest formatted "(null)/latest" and said LOOM_ERR_IO. */
+static loom_status c_ckpt_read_latest(void) {
+  int64_t st;
+  return loom_ckpt_read_latest(NULL, &st);
+}
 static loom_status c_optim_parse(void) {
   return loom_optim_kind_parse("sgd", NULL);
 }
@@ -271,6 +276,7 @@ static const struct {
     {"loader_set_state", c_loader_state, "loom_loader_set_state"},
     {"optim_set_step", c_optim_set_step, "loom_optim_set_step"},
     {"optim_new", c_optim_new, "loom_optim_new"},
+    {"ckpt_read_latest", c_ckpt_read_latest, "loom_ckpt_read_latest"},
     {"ddp_step", c_ddp_step, "loom_ddp_step"},
     {"ddp_zero_grad", c_ddp_zero_grad, "loom_ddp_zero_grad"},
     {"ddp_wait", c_ddp_wait, "loom_ddp_wait"},
@@ -362,6 +368,8 @@ TT_TEST(test_null_getters) {
   TT_CHECK(p[0] == 0.5f && p[3] == 0.5f);
   loom_optim_free(o);
   TT_CHECK(loom_sched_lr(NULL, 3) == 0.0f);
+  /* ckpt: NULL views with a count hashed out of bounds (it crashed) */
+  TT_CHECK(loom_ckpt_layout_hash(NULL, 3) == loom_ckpt_layout_hash(NULL, 0));
   /* parallel */
   TT_CHECK_EQ(loom_ddp_rank(NULL), 0);
   TT_CHECK_EQ(loom_ddp_world(NULL), 0);
