@@ -114,7 +114,8 @@ uint32_t loom_tb_masked_crc(const void *data, size_t n);
  * one time line. Nothing is done (one atomic load) while no trace is open,
  * or while it records nothing (outside its step window, or past its cap).
  *
- *   loom_trace_start("run/trace/rank-0.json", 0);
+ *   loom_fs_mkdirs("run/trace", 0755);           the directory must exist
+ *   loom_trace_start("run/trace/rank-0.json", 0, 1);      rank 0 of 1
  *   loom_trace_begin("my region"); ... loom_trace_end();    user regions
  *   loom_trace_span("train", "forward", t0, t1, "\"step\":3");
  *   loom_trace_stop(NULL);
@@ -151,7 +152,8 @@ typedef struct loom_trace_opts {
 } loom_trace_opts;
 /* Every step recorded, no cap. */
 loom_trace_opts loom_trace_opts_default(void);
-/* A new file at path (never through a link) for rank `rank` of `world`;
+/* A new file at path (never through a link; its directory must exist, and
+ * is not made) for rank `rank` of `world`;
  * LOOM_ERR_INVALID_ARG when a trace is open already. A loom trace already
  * at path (a previous attempt's: a restart, a resume) is kept, moved to
  * attempt-STAMP/ beside it (STAMP: that attempt's start, UTC); another
