@@ -822,7 +822,10 @@ loom_status loom_ckpt_verify(const loom_ckpt *c) {
 loom_status loom_ckpt_open(loom_ckpt **out, const char *dir,
                            const loom_ckpt_open_opts *opts) {
   if (!out || !dir || !dir[0])
-    return loom_error(LOOM_ERR_INVALID_ARG, "loom_ckpt_open: bad argument");
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_ckpt_open: %s",
+                      !out   ? "out is NULL"
+                      : !dir ? "dir is NULL"
+                             : "dir is empty (a checkpoint directory's path)");
   *out = NULL;
   loom_ckpt_open_opts o = opts ? *opts : loom_ckpt_open_opts_default();
   loom_ckpt_json_init();

@@ -50,7 +50,10 @@ loom_status loom_sampler_new(loom_sampler **out, int64_t n,
   *out = NULL;
   loom_sampler_opts o = opts ? *opts : loom_sampler_opts_default();
   if (n < 1)
-    return loom_error(LOOM_ERR_INVALID_ARG, "sampler: the data set is empty");
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      n == 0 ? "sampler: the data set is empty"
+                             : "sampler: a negative number of samples (%lld)",
+                      (long long)n);
   if (o.world < 1 || o.rank < 0 || o.rank >= o.world)
     return loom_error(LOOM_ERR_INVALID_ARG,
                       "sampler: rank %d out of range for world size %d", o.rank,

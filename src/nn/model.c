@@ -461,8 +461,11 @@ loom_param_role loom_model_view_role(const loom_model *m, int i) {
 }
 
 loom_status loom_model_find(const loom_model *m, const char *name, int *index) {
-  if (!m || !index)
-    return loom_error(LOOM_ERR_INVALID_ARG, "loom_model_find: NULL argument");
+  if (!m || !index || !name)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_model_find: %s is NULL",
+                      !m       ? "the model"
+                      : !index ? "index"
+                               : "name");
   for (int i = 0; i < m->nviews; i++)
     if (name && strcmp(m->views[i].name, name) == 0) {
       *index = i;

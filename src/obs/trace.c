@@ -338,6 +338,11 @@ loom_status loom_trace_start_opts(const char *path, int rank, int world,
                                   const loom_trace_opts *opts) {
   if (!path || !*path)
     return loom_error(LOOM_ERR_INVALID_ARG, "loom_trace_start: no path");
+  if (world < 1 || rank < 0 || rank >= world)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_trace_start: rank %d of a world of %d (supported: "
+                      "0 <= rank < world)",
+                      rank, world);
   loom_trace_opts o = opts ? *opts : loom_trace_opts_default();
   if (o.start < 0 || o.steps < 0 || o.every < 0)
     return loom_error(LOOM_ERR_INVALID_ARG,

@@ -942,6 +942,8 @@ loom_status loom_trainer_new(loom_trainer **out, const loom_config *cfg,
   if (!out)
     return loom_error(LOOM_ERR_INVALID_ARG, "loom_trainer_new: out is NULL");
   *out = NULL;
+  if (!cfg)
+    return loom_error(LOOM_ERR_INVALID_ARG, "loom_trainer_new: cfg is NULL");
   loom_status s = loom_config_validate(cfg);
   if (s != LOOM_OK)
     return s;

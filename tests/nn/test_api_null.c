@@ -10,6 +10,7 @@
 #include "loom/data.h"
 #include "loom/kernels.h"
 #include "loom/nn.h"
+#include "loom/obs.h"
 #include "loom/optim.h"
 #include "loom/parallel.h"
 #include "loom/train.h"
@@ -212,6 +213,39 @@ static loom_status c_loader_state(void) {
   return loom_loader_set_state(NULL, &st);
 }
 
+static loom_status c_find_null_name(void) {
+  loom_module *r = NULL;
+  loom_model *m = NULL;
+  loom_status st = loom_relu_new(&r);
+  if (st == LOOM_OK)
+    st = loom_model_new(&m, r, NULL);
+  if (st != LOOM_OK)
+    return LOOM_ERR_INTERNAL; /* not the error under test */
+  int i;
+  st = loom_model_find(m, NULL, &i);
+  loom_model_free(m);
+  return st;
+}
+static loom_status c_sampler_negative(void) {
+  loom_sampler *s;
+  return loom_sampler_new(&s, -5, NULL);
+}
+static loom_status c_trainer_null_cfg(void) {
+  loom_trainer *t;
+  return loom_trainer_new(&t, NULL, NULL);
+}
+static loom_status c_ckpt_open_null(void) {
+  loom_ckpt *c;
+  return loom_ckpt_open(&c, NULL, NULL);
+}
+static loom_status c_ckpt_open_empty(void) {
+  loom_ckpt *c;
+  return loom_ckpt_open(&c, "", NULL);
+}
+static loom_status c_trace_rank(void) {
+  return loom_trace_start("/nonexistent-dir/rank-3.json", 3, 2);
+}
+
 static const struct {
   const char *name;
   loom_status (*call)(void);
@@ -247,6 +281,13 @@ static const struct {
     {"model_backward", c_backward, "loom_model_backward"},
     {"model_output_grad", c_output_grad, "loom_model_output_grad"},
     {"model_find", c_find, "loom_model_find"},
+    {"model_find NULL name", c_find_null_name, "loom_model_find: name is NULL"},
+    {"sampler_new -5", c_sampler_negative, "a negative number of samples (-5)"},
+    {"trainer_new NULL cfg", c_trainer_null_cfg,
+     "loom_trainer_new: cfg is NULL"},
+    {"ckpt_open NULL dir", c_ckpt_open_null, "loom_ckpt_open: dir is NULL"},
+    {"ckpt_open empty dir", c_ckpt_open_empty, "loom_ckpt_open: dir is empty"},
+    {"trace_start rank 3 of 2", c_trace_rank, "rank 3 of a world of 2"},
     {"model_plan", c_plan, "loom_model_plan"},
     {"model_act_bytes", c_act_bytes, "loom_model_act_bytes"},
     {"model_init_params", c_init_params, "loom_model_init_params"},
