@@ -27,7 +27,8 @@ fi
 DRIVER=${MLFLOW_DRIVER:?MLFLOW_DRIVER must name the mlflow_driver executable}
 PY=$("$SRC/scripts/ensure-mlflow.sh") || { bad "scripts/ensure-mlflow.sh failed"; finish obs_mlflow; }
 MLFLOW=$(dirname "$PY")/mlflow
-echo "mlflow $("$PY" -c 'import mlflow; print(mlflow.__version__)')"
+# (the installed version's metadata: importing mlflow takes seconds)
+echo "mlflow $("$PY" -c 'from importlib.metadata import version; print(version("mlflow"))')"
 port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 URI=http://127.0.0.1:$port
 
@@ -69,6 +70,42 @@ wait_line() { # PATTERN FILE: within 120 s
   return 1
 }
 
+# The checks read back with MlflowClient: `check N ARGS... <<'PY'` keeps
+# check N's program (stdin) and arguments; run_checks, at the end, runs
+# them in order in one interpreter (importing MLflow's client took 2-4 s
+# a check, five times), each with its own sys.argv, its output and
+# traceback in $tmp/checkN and its status in $tmp/checkN.rc. Nothing a
+# check reads changes after its phase: each phase has an experiment of its
+# own, and the store outlives the server's kill and stop.
+check() { # N ARGS...
+  local n=$1
+  shift
+  cat >"$tmp/check$n.py"
+  printf '%s\0' "$@" >"$tmp/check$n.args"
+}
+run_checks() {
+  "$PY" - "$tmp" <<'PY' >"$tmp/checks.log" 2>&1
+import contextlib, glob, io, os, sys, traceback
+tmp = sys.argv[1]
+for n in sorted(int(p[len(tmp) + 6:-3]) for p in glob.glob(tmp + "/check*.py")):
+    code = open(f"{tmp}/check{n}.py").read()
+    args = open(f"{tmp}/check{n}.args", "rb").read().split(b"\0")[:-1]
+    sys.argv = ["-"] + [os.fsdecode(a) for a in args]
+    out, rc = io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            exec(compile(code, f"check{n}", "exec"), {"__name__": "__main__"})
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+            rc = 1
+    open(f"{tmp}/check{n}", "w").write(out.getvalue())
+    open(f"{tmp}/check{n}.rc", "w").write(str(rc))
+PY
+}
+passed() { [ "$(cat "$tmp/check$1.rc" 2>/dev/null)" = 0 ]; } # N
+
 start_server "first start" || finish obs_mlflow
 
 # ---------------------------------------------------------------- 1. a run
@@ -79,7 +116,7 @@ start_server "first start" || finish obs_mlflow
 "$DRIVER" basic "$URI" loom-basic "$tmp/artifact.bin" >"$tmp/out1" 2>&1 ||
   bad "mlflow_driver basic (rc $?): $(cat "$tmp/out1")"
 run1=$(sed -n 's/^run_id=//p' "$tmp/out1")
-"$PY" - "$URI" "$run1" "$tmp/artifact.bin" "$tmp/dl" <<'PY' >"$tmp/check1" 2>&1
+check 1 "$URI" "$run1" "$tmp/artifact.bin" "$tmp/dl" <<'PY'
 import filecmp, math, sys
 from mlflow import MlflowClient
 uri, run_id, artifact, outdir = sys.argv[1:5]
@@ -116,7 +153,6 @@ for a in ("config.yaml", "sub/data.bin"):
     assert filecmp.cmp(p, artifact, shallow=False), f"{a}: bytes differ"
 print(f"{n} metric values, 3 params, tags, NaN, inf, 2 artifacts, FINISHED")
 PY
-if [ $? = 0 ]; then ok "a run read back with MlflowClient: $(tail -1 "$tmp/check1")"; else bad "a run: $(tail -5 "$tmp/check1")"; fi
 
 # ------------------------------------------- 2. the server goes away mid-run
 mkfifo "$tmp/ctl"
@@ -145,7 +181,7 @@ exec 3>&-
 wait "$driver" || bad "mlflow_driver outage (rc $?): $(cat "$tmp/out2")"
 run2=$(sed -n 's/^run_id=//p' "$tmp/out2")
 grep -E "^(sent|down|closing):|closed" "$tmp/out2"
-"$PY" - "$URI" "$run2" <<'PY' >"$tmp/check2" 2>&1
+check 2 "$URI" "$run2" <<'PY'
 import sys
 from mlflow import MlflowClient
 uri, run_id = sys.argv[1:3]
@@ -159,7 +195,6 @@ assert got == want, f"{len(got)} values of 300; missing steps {missing[:10]}; fi
 assert r.info.status == "FINISHED", r.info.status
 print("300 steps (100 before, 100 during, 100 after the outage), each once, FINISHED")
 PY
-if [ $? = 0 ]; then ok "outage: $(tail -1 "$tmp/check2")"; else bad "outage: $(tail -5 "$tmp/check2")"; fi
 # ------------------------- 3. loom train with log.mlflow, resumed, restarted
 # Two ranks train 8 steps (a FINISHED MLflow run; RUN/mlflow_run_id); the
 # job is then resumed to 16 steps, rank 1 exits after step 12, loom run
@@ -179,7 +214,7 @@ tr=("$SRC/examples/small_gpt.yaml" --set "data.path=$tmp/text.txt" --set model.l
 LOOM_FAULT=1:12:exit "$LOOM" run -n 2 --timeout 120 --max-restarts 1 --restart-delay 0 \
   "$LOOM" train "${tr[@]}" --set train.steps=16 >>"$tmp/out3" 2>&1 ||
   bad "loom train with log.mlflow, resumed: $(tail -5 "$tmp/out3")"
-"$PY" - "$URI" "$tmp/run" <<'PY' >"$tmp/check3" 2>&1
+check 3 "$URI" "$tmp/run" <<'PY'
 import json, math, os, sys, tempfile
 from mlflow import MlflowClient
 uri, run = sys.argv[1:3]
@@ -222,7 +257,6 @@ assert open(d, "rb").read() == open(run + "/config.yaml", "rb").read()
 assert 16 in want["loss"] and 10 in want["loss"], sorted(want["loss"])
 print(f"1 run over a resume and a restart, {len(p)} params, {len(want)} metrics at every step of metrics.jsonl, 3 artifacts, FINISHED")
 PY
-if [ $? = 0 ]; then ok "loom train: $(tail -1 "$tmp/check3")"; else bad "loom train with log.mlflow: $(tail -8 "$tmp/check3")"; fi
 grep -q "restart" "$tmp/out3" && ok "the job was restarted" || bad "the job was not restarted: $(tail -3 "$tmp/out3")"
 
 # ------------------- 4. rank 0 dies with values queued, the job resumed
@@ -250,7 +284,7 @@ kill -CONT -- -"$server"
 # A request in flight at the crash reaches the server late: let it land.
 sleep 2
 "$LOOM" train "${tr4[@]}" >>"$tmp/out4" 2>&1 || bad "resuming after the crash (rc $?): $(tail -5 "$tmp/out4")"
-"$PY" - "$URI" "$tmp/run4" "$made" <<'PY' >"$tmp/check4" 2>&1
+check 4 "$URI" "$tmp/run4" "$made" <<'PY'
 import json, sys
 from mlflow import MlflowClient
 uri, run, made = sys.argv[1:4]
@@ -276,7 +310,6 @@ for k, vals in want.items():
 how = "gone on with" if made else "made by the resumed job (none before the crash)"
 print(f"{n} values of {len(want)} metrics once each, exact, the run {how}, FINISHED")
 PY
-if [ $? = 0 ]; then ok "rank 0 crashed with values queued: $(tail -1 "$tmp/check4")"; else bad "rank 0 crashed with values queued: $(tail -4 "$tmp/check4")"; fi
 
 # ------------------------------------- 5. a diverged run's artifacts
 # optim.lr 1000 without clipping: "the loss is -nan", exit 1; the run is
@@ -286,7 +319,7 @@ if [ $? = 0 ]; then ok "rank 0 crashed with values queued: $(tail -1 "$tmp/check
 rc5=$?
 [ $rc5 = 1 ] && grep -q "training diverged" "$tmp/out5" ||
   bad "lr 1000 did not diverge (rc $rc5): $(tail -3 "$tmp/out5")"
-"$PY" - "$URI" <<'PY' >"$tmp/check5" 2>&1
+check 5 "$URI" <<'PY'
 import sys
 from mlflow import MlflowClient
 c = MlflowClient(tracking_uri=sys.argv[1])
@@ -298,7 +331,15 @@ arts = sorted(a.path for a in c.list_artifacts(r.info.run_id))
 assert arts == ["config.yaml", "env.json", "report.html"], arts
 print("FAILED, with config.yaml, env.json and report.html")
 PY
-if [ $? = 0 ]; then ok "diverged: $(tail -1 "$tmp/check5")"; else bad "diverged: $(tail -4 "$tmp/check5")"; fi
+
+# ------------------------------------------------------------- the checks
+run_checks
+cat "$tmp/checks.log" # what no check's output took (empty when all is well)
+if passed 1; then ok "a run read back with MlflowClient: $(tail -1 "$tmp/check1")"; else bad "a run: $(tail -5 "$tmp/check1")"; fi
+if passed 2; then ok "outage: $(tail -1 "$tmp/check2")"; else bad "outage: $(tail -5 "$tmp/check2")"; fi
+if passed 3; then ok "loom train: $(tail -1 "$tmp/check3")"; else bad "loom train with log.mlflow: $(tail -8 "$tmp/check3")"; fi
+if passed 4; then ok "rank 0 crashed with values queued: $(tail -1 "$tmp/check4")"; else bad "rank 0 crashed with values queued: $(tail -4 "$tmp/check4")"; fi
+if passed 5; then ok "diverged: $(tail -1 "$tmp/check5")"; else bad "diverged: $(tail -4 "$tmp/check5")"; fi
 
 # -------------------- 6. a job whose rank crashed, no restart left
 # Rank 1 dies (segv) after step 6 under loom run with no restart: Open MPI
