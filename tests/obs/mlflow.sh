@@ -332,15 +332,6 @@ assert arts == ["config.yaml", "env.json", "report.html"], arts
 print("FAILED, with config.yaml, env.json and report.html")
 PY
 
-# ------------------------------------------------------------- the checks
-run_checks
-cat "$tmp/checks.log" # what no check's output took (empty when all is well)
-if passed 1; then ok "a run read back with MlflowClient: $(tail -1 "$tmp/check1")"; else bad "a run: $(tail -5 "$tmp/check1")"; fi
-if passed 2; then ok "outage: $(tail -1 "$tmp/check2")"; else bad "outage: $(tail -5 "$tmp/check2")"; fi
-if passed 3; then ok "loom train: $(tail -1 "$tmp/check3")"; else bad "loom train with log.mlflow: $(tail -8 "$tmp/check3")"; fi
-if passed 4; then ok "rank 0 crashed with values queued: $(tail -1 "$tmp/check4")"; else bad "rank 0 crashed with values queued: $(tail -4 "$tmp/check4")"; fi
-if passed 5; then ok "diverged: $(tail -1 "$tmp/check5")"; else bad "diverged: $(tail -4 "$tmp/check5")"; fi
-
 # -------------------- 6. a job whose rank crashed, no restart left
 # Rank 1 dies (segv) after step 6 under loom run with no restart: Open MPI
 # takes rank 0 down at once, so no rank ends the MLflow run, and it stayed
@@ -351,7 +342,7 @@ LOOM_FAULT=1:6:segv "$LOOM" run -n 2 --timeout 120 --max-restarts 0 "$LOOM" trai
   >"$tmp/out6" 2>&1
 rc6=$?
 [ $rc6 != 0 ] || bad "the job with a crashed rank exited 0"
-"$PY" - "$URI" "$tmp/run6" <<'PY' >"$tmp/check6" 2>&1
+check 6 "$URI" "$tmp/run6" <<'PY'
 import sys
 from mlflow import MlflowClient
 uri, run = sys.argv[1:3]
@@ -364,7 +355,16 @@ assert r.info.status == "FAILED", r.info.status
 assert r.info.end_time, "no end time"
 print("FAILED, with an end time")
 PY
-if [ $? = 0 ] && grep -q "ended as FAILED" "$tmp/out6"; then
+
+# ------------------------------------------------------------- the checks
+run_checks
+cat "$tmp/checks.log" # what no check's output took (empty when all is well)
+if passed 1; then ok "a run read back with MlflowClient: $(tail -1 "$tmp/check1")"; else bad "a run: $(tail -5 "$tmp/check1")"; fi
+if passed 2; then ok "outage: $(tail -1 "$tmp/check2")"; else bad "outage: $(tail -5 "$tmp/check2")"; fi
+if passed 3; then ok "loom train: $(tail -1 "$tmp/check3")"; else bad "loom train with log.mlflow: $(tail -8 "$tmp/check3")"; fi
+if passed 4; then ok "rank 0 crashed with values queued: $(tail -1 "$tmp/check4")"; else bad "rank 0 crashed with values queued: $(tail -4 "$tmp/check4")"; fi
+if passed 5; then ok "diverged: $(tail -1 "$tmp/check5")"; else bad "diverged: $(tail -4 "$tmp/check5")"; fi
+if passed 6 && grep -q "ended as FAILED" "$tmp/out6"; then
   ok "a rank crashed, no restart left: the MLflow run $(tail -1 "$tmp/check6"), by loom run"
 else
   bad "a rank crashed, no restart left (rc $rc6): $(tail -4 "$tmp/check6") $(grep "loom run" "$tmp/out6" | tail -3)"
