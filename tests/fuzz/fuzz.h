@@ -12,5 +12,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 const char *fuzz_dir(void);
 /* Writes data to fuzz_dir()/name and returns its path (static storage). */
 const char *fuzz_write(const char *name, const void *data, size_t size);
+/* Removes fuzz_dir()/name if it is there (a link is removed, never
+ * followed). */
+void fuzz_remove(const char *name);
+/* Splits the input at its NUL bytes into up to max parts (the last part
+ * keeps any further NULs); their count. */
+int fuzz_split(const uint8_t *data, size_t size, const uint8_t **part,
+               size_t *len, int max);
 
 #endif

@@ -57,3 +57,27 @@ const char *fuzz_write(const char *name, const void *data, size_t size) {
   }
   return path;
 }
+
+void fuzz_remove(const char *name) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s", fuzz_dir(), name);
+  struct stat sb;
+  if (lstat(path, &sb) == 0 && !S_ISDIR(sb.st_mode))
+    unlink(path);
+}
+
+int fuzz_split(const uint8_t *data, size_t size, const uint8_t **part,
+               size_t *len, int max) {
+  int n = 0;
+  while (n < max) {
+    const uint8_t *nul = n + 1 < max ? memchr(data, 0, size) : NULL;
+    part[n] = data;
+    len[n] = nul ? (size_t)(nul - data) : size;
+    n++;
+    if (!nul)
+      break;
+    size -= len[n - 1] + 1;
+    data = nul + 1;
+  }
+  return n;
+}
