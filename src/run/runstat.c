@@ -446,8 +446,38 @@ void loom_runstat_fatal_signals(void) {
 
 /* ------------------------------------------------------------- reading */
 
-static double parse_time(const char *v) {
-  return v[0] == '-' ? 0 : strtod(v, NULL);
+/* A value as the writer writes it: "-" (none) or a number of the field's
+ * kind in its range. A file half rewritten or of another program (a time of
+ * "nan", a signal of 2^31) is corrupt, never taken: loom run adds and
+ * compares these numbers (128 + signal, step times for the hang timeout). */
+static bool parse_time(const char *v, double *out) {
+  if (strcmp(v, "-") == 0) {
+    *out = 0;
+    return true;
+  }
+  /* digits and one point only: strtod alone takes "nan", "inf", "0x1p3" */
+  if (!*v || strspn(v, "0123456789.") != strlen(v))
+    return false;
+  char *end;
+  errno = 0;
+  double t = strtod(v, &end);
+  if (*end || errno || !(t >= 0) || t > 1e12)
+    return false;
+  *out = t;
+  return true;
+}
+
+static bool parse_ranged(const char *v, int64_t none, int64_t lo, int64_t hi,
+                         int64_t *out) {
+  if (strcmp(v, "-") == 0) {
+    *out = none;
+    return true;
+  }
+  int64_t x;
+  if (!loom_parse_i64(v, &x) || x < lo || x > hi)
+    return false;
+  *out = x;
+  return true;
 }
 
 loom_status loom_runstat_read(const char *dir, int rank,
@@ -473,11 +503,13 @@ loom_status loom_runstat_read(const char *dir, int rank,
       memcmp(buf + n - el, END, el) != 0)
     return loom_error(LOOM_ERR_CORRUPT, "%s: not a complete run status", path);
   bool seen[F_COUNT] = {false};
+  int lineno = 1; /* the magic line */
   for (char *line = buf + ml; *line;) {
     char *nl = strchr(line, '\n');
     if (!nl)
       break;
     *nl = '\0';
+    lineno++;
     char *sp = strchr(line, ' ');
     if (sp) {
       *sp = '\0';
@@ -491,20 +523,22 @@ loom_status loom_runstat_read(const char *dir, int rank,
         if (strcmp(line, field_keys[f]) != 0)
           continue;
         seen[f] = true;
-        bool none = strcmp(v, "-") == 0;
+        bool ok = true;
+        int64_t x = 0;
         switch ((field)f) {
         case F_RANK:
-          if (!loom_parse_int(v, &out->rank))
-            out->rank = -1;
+          ok = parse_ranged(v, -1, 0, INT32_MAX, &x);
+          out->rank = (int)x;
           break;
         case F_PID:
-          if (!loom_parse_int(v, &out->pid))
-            out->pid = 0;
+          ok = parse_ranged(v, 0, 0, INT32_MAX, &x);
+          out->pid = (int)x;
           break;
         case F_HOST:
           snprintf(out->host, sizeof out->host, "%s", v);
           break;
         case F_PHASE:
+          /* a phase of a later loom: none known (-1), the record stands */
           for (int p = 0; p < LOOM_RUNSTAT_PHASE_COUNT; p++)
             if (strcmp(v, phase_names[p]) == 0)
               out->phase = p;
@@ -514,40 +548,55 @@ loom_status loom_runstat_read(const char *dir, int rank,
         case F_T_LOADED:
         case F_T_TRAINING:
         case F_T_DONE:
-          out->t_phase[f - F_T_START] = parse_time(v);
+          ok = parse_time(v, &out->t_phase[f - F_T_START]);
           break;
         case F_FIRST_STEP:
-          out->first_step = none ? -1 : strtoll(v, NULL, 10);
+          ok = parse_ranged(v, -1, 0, INT64_MAX, &out->first_step);
           break;
         case F_T_FIRST_STEP:
-          out->t_first_step = parse_time(v);
+          ok = parse_time(v, &out->t_first_step);
           break;
         case F_STEP:
-          out->step = none ? -1 : strtoll(v, NULL, 10);
+          ok = parse_ranged(v, -1, 0, INT64_MAX, &out->step);
           break;
         case F_T_STEP:
-          out->t_step = parse_time(v);
+          ok = parse_time(v, &out->t_step);
           break;
         case F_T_BEAT:
-          out->t_beat = parse_time(v);
+          ok = parse_time(v, &out->t_beat);
           break;
         case F_EXIT:
-          if (none || !loom_parse_int(v, &out->exit_code))
-            out->exit_code = strcmp(v, "?") == 0 ? -2 : -1;
+          /* "?": left through exit() without saying its code */
+          if (strcmp(v, "?") == 0)
+            x = -2;
+          else
+            ok = parse_ranged(v, -1, 0, 255, &x);
+          out->exit_code = (int)x;
           break;
         case F_SIGNAL:
-          if (none || !loom_parse_int(v, &out->signal))
-            out->signal = 0;
+          ok = parse_ranged(v, 0, 1, 64, &x);
+          out->signal = (int)x;
           break;
         case F_T_EXIT:
-          out->t_exit = parse_time(v);
+          ok = parse_time(v, &out->t_exit);
           break;
         case F_NOTE:
-          snprintf(out->note, sizeof out->note, "%s", none ? "" : v);
+          snprintf(out->note, sizeof out->note, "%s",
+                   strcmp(v, "-") == 0 ? "" : v);
           break;
         default:
           break;
         }
+        if (!ok)
+          return loom_error(LOOM_ERR_CORRUPT,
+                            "%s: line %d: '%s' is not a valid %s (%s)", path,
+                            lineno, v, field_keys[f],
+                            f == F_EXIT     ? "'-', '?' or 0 to 255"
+                            : f == F_SIGNAL ? "'-' or a signal number 1 to 64"
+                            : f == F_RANK || f == F_PID ? "'-' or a number >= 0"
+                            : f == F_STEP || f == F_FIRST_STEP
+                                ? "'-' or a step >= 0"
+                                : "'-' or seconds since the epoch");
       }
     }
     line = nl + 1;
