@@ -6,6 +6,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,45 +53,74 @@ static cJSON *parse_line(char *line) {
   return e;
 }
 
+/* v as a whole number in [lo, hi]: the world and pid of a clock record
+ * (a cast of 1e400 or 3.5 to int is no rank). */
+static bool whole_in(const cJSON *v, double lo, double hi, int *out) {
+  if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi) ||
+      v->valuedouble != (double)(int)v->valuedouble)
+    return false;
+  *out = (int)v->valuedouble;
+  return true;
+}
+
+/* A clock's number: finite (1e400 reads as inf, and inf - inf placed every
+ * event at NaN). */
+static bool finite_num(const cJSON *v) {
+  return cJSON_IsNumber(v) && isfinite(v->valuedouble);
+}
+
 /* The file's clock record: its host and where its ts 0 is. */
 static loom_status read_clock(rank_file *r) {
   FILE *f = loom_obs_open_read(r->path);
   if (!f)
     return LOOM_ERR_IO;
   char line[4096];
+  const char *bad = NULL; /* a record's field that is out of range */
+  int lineno = 1, bad_line = 0;
   /* The clock record comes first; the sync record (several ranks) soon
    * after, once the trainer measured it. */
-  for (int i = 0; i < 256 && fgets(line, sizeof line, f); i++) {
+  for (int i = 0; i < 256 && !bad && fgets(line, sizeof line, f);
+       i++, lineno += strchr(line, '\n') != NULL) {
     if (i >= 16 && !r->have_clock)
       break;
     if (!strstr(line, "\"loom_clock"))
       continue;
+    bad_line = lineno;
     cJSON *e = parse_line(line);
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(e, "name");
     const cJSON *args = cJSON_GetObjectItemCaseSensitive(e, "args");
     if (cJSON_IsString(name) && !strcmp(name->valuestring, "loom_clock_sync") &&
         cJSON_IsObject(args)) {
       const cJSON *o = cJSON_GetObjectItemCaseSensitive(args, "offset_s");
-      if (cJSON_IsNumber(o)) {
+      const cJSON *a = cJSON_GetObjectItemCaseSensitive(args, "attempt");
+      if ((o && !finite_num(o)) || (a && !finite_num(a)))
+        bad = o && !finite_num(o) ? "loom_clock_sync's offset_s"
+                                  : "loom_clock_sync's attempt";
+      if (!bad && o) {
         r->offset = o->valuedouble;
         r->have_sync = true;
       }
-      const cJSON *a = cJSON_GetObjectItemCaseSensitive(args, "attempt");
-      if (cJSON_IsNumber(a)) {
+      if (!bad && a) {
         r->attempt = a->valuedouble;
         r->have_attempt = true;
       }
     }
-    if (cJSON_IsString(name) && !strcmp(name->valuestring, "loom_clock") &&
-        cJSON_IsObject(args)) {
+    if (!bad && cJSON_IsString(name) &&
+        !strcmp(name->valuestring, "loom_clock") && cJSON_IsObject(args)) {
       const cJSON *m = cJSON_GetObjectItemCaseSensitive(args, "monotonic_s");
       const cJSON *w = cJSON_GetObjectItemCaseSensitive(args, "wall_s");
       const cJSON *h = cJSON_GetObjectItemCaseSensitive(args, "host");
       const cJSON *wo = cJSON_GetObjectItemCaseSensitive(args, "world");
       const cJSON *pid = cJSON_GetObjectItemCaseSensitive(e, "pid");
-      r->world = cJSON_IsNumber(wo) ? (int)wo->valuedouble : 0;
-      r->pid = cJSON_IsNumber(pid) ? (int)pid->valuedouble : r->rank;
-      if (cJSON_IsNumber(m) && cJSON_IsNumber(w)) {
+      r->world = 0; /* not recorded: an older loom */
+      r->pid = r->rank;
+      if (wo && !whole_in(wo, 1, 1 << 24, &r->world))
+        bad = "loom_clock's world (a rank count)";
+      else if (pid && !whole_in(pid, 0, 1 << 24, &r->pid))
+        bad = "loom_clock's pid (a rank)";
+      else if ((m && !finite_num(m)) || (w && !finite_num(w)))
+        bad = "loom_clock's monotonic_s or wall_s (seconds)";
+      else if (m && w) { /* both finite numbers, by the test above */
         r->mono = m->valuedouble;
         r->wall = w->valuedouble;
         snprintf(r->host, sizeof r->host, "%s",
@@ -103,6 +133,12 @@ static loom_status read_clock(rank_file *r) {
       break;
   }
   fclose(f);
+  if (bad) {
+    r->have_clock = false;
+    return loom_error(LOOM_ERR_CORRUPT,
+                      "%s: line %d: %s is invalid: not a loom trace", r->path,
+                      bad_line, bad);
+  }
   if (!r->have_clock)
     return loom_error(LOOM_ERR_CORRUPT,
                       "%s: no loom_clock record in its first lines: not a "
@@ -437,6 +473,7 @@ loom_status loom_trace_merge(const char *dir, const char *out_path,
         snprintf(first_err, sizeof first_err, "%s", loom_last_error());
       LOOM_WARN("trace: %s; left out", loom_last_error());
       r[i].skip = true;
+      info->left_out++;
     }
   choose_files(r, n, info);
   int first = -1, kept = 0;
