@@ -140,6 +140,20 @@ static loom_status add_window(rp_run *r, const cJSON *o, double x,
   return LOOM_OK;
 }
 
+/* A step as the trainer writes it: a whole number from 0 to 2^53 (exact
+ * in a double, and in an int64_t). */
+static bool is_step(const cJSON *v) {
+  return cJSON_IsNumber(v) && v->valuedouble >= 0 &&
+         v->valuedouble <= 9007199254740992.0 &&
+         v->valuedouble == floor(v->valuedouble);
+}
+
+static void bad_line(rp_run *r, int lineno) {
+  r->bad_lines++;
+  if (!r->first_bad)
+    r->first_bad = lineno;
+}
+
 static loom_status read_metrics(rp_run *r, const char *path) {
   char *text = NULL;
   size_t len = 0;
@@ -168,14 +182,20 @@ static loom_status read_metrics(rp_run *r, const char *path) {
     bool nul = memchr(line, '\0', (size_t)(end - line)) != NULL;
     cJSON *o = nul ? NULL : cJSON_Parse(line);
     if (!cJSON_IsObject(o)) {
-      r->bad_lines++;
-      if (!r->first_bad)
-        r->first_bad = lineno;
+      bad_line(r, lineno);
       cJSON_Delete(o);
       line = end + 1;
       continue;
     }
     const cJSON *step = cJSON_GetObjectItemCaseSensitive(o, "step");
+    if (cJSON_IsNumber(step) && !is_step(step)) {
+      /* "step": 1e400, -3 or 2.5 is a damaged line, not a step (a cast
+       * of 1e300 to a step is undefined) */
+      bad_line(r, lineno);
+      cJSON_Delete(o);
+      line = end + 1;
+      continue;
+    }
     double x = cJSON_IsNumber(step) ? step->valuedouble : (double)r->lines;
     bool train = cJSON_GetObjectItemCaseSensitive(o, "step_s") != NULL;
     const cJSON *it;
@@ -233,8 +253,10 @@ static void read_env(rp_run *r, const char *dir) {
   r->env = cJSON_Parse(text);
   loom_free(text);
   const cJSON *t = cJSON_GetObjectItemCaseSensitive(r->env, "total_steps");
-  if (cJSON_IsNumber(t))
+  if (is_step(t))
     r->total_steps = (int64_t)t->valuedouble;
+  else if (cJSON_IsNumber(t))
+    LOOM_WARN("report: %s: total_steps is not a step count; left out", path);
 }
 
 loom_status rp_read(rp_run *r, const char *dir) {
