@@ -183,6 +183,25 @@ loom_status loom_dataset_open_idx(loom_dataset **out, const char *images,
 loom_status loom_dataset_open_fashion(loom_dataset **out, const char *dir,
                                       loom_split split,
                                       const loom_image_opts *opts);
+/* A data set of the caller's own samples: n samples x of shape (C, H, W)
+ * in f32, row-major (sample i at x + i*C*H*W), and a label y[i] each in
+ * [0, classes). Tabular data: C = H = 1, W features. Both arrays are
+ * copied (the caller may free them on return); batches hold the values as
+ * given (no normalisation: scale them first as the model wants). It is an
+ * images-kind set: loom_loader, the sampler (shuffle, ranks, tails) and
+ * the MLP/CNN builders take it as they take Fashion-MNIST.
+ * LOOM_ERR_INVALID_ARG naming the set (opts.name) and, for bad data, the
+ * sample: a NULL array, a size below 1 or past 2^40 values, a label
+ * outside [0, classes), a NaN or infinite value. */
+typedef struct loom_array_opts {
+  int64_t classes;  /* labels lie in [0, classes); 0: the largest label + 1 */
+  const char *name; /* in messages and info.source (default "arrays") */
+} loom_array_opts;
+loom_array_opts loom_array_opts_default(void);
+loom_status loom_dataset_from_arrays(loom_dataset **out, const float *x,
+                                     const int32_t *y, int64_t n, int64_t C,
+                                     int64_t H, int64_t W,
+                                     const loom_array_opts *opts);
 /* Bytes that loom_dataset_open_fashion(dir, split) holds in memory (pixels
  * and labels, one byte each), from the files' headers alone; *n gets the
  * number of images (NULL: not wanted). Errors as the open's. */

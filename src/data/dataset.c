@@ -130,6 +130,8 @@ void loom_dataset_free(loom_dataset *ds) {
   loom_mem_sub(LOOM_MEM_DATA, ds->held);
   loom_free(ds->pixels);
   loom_free(ds->labels);
+  loom_free(ds->values);
+  loom_free(ds->ilabels);
   loom_free(ds->segs);
   loom_free(ds->text);
   for (int i = 0; i < ds->nshards; i++) {

@@ -2,6 +2,7 @@
  * normalised to f32. */
 #include "internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -192,6 +193,13 @@ loom_status loom_images_fill(const loom_dataset *ds, const int64_t *idx,
   const size_t S = (size_t)(ds->C * ds->H * ds->W);
   float *x = b->x.data;   /* (B, C, H, W) */
   int32_t *y = b->y.data; /* (B) */
+  if (ds->values) {       /* loom_dataset_from_arrays: the values as given */
+    for (int64_t i = 0; i < n; i++) {
+      memcpy(x + (size_t)i * S, ds->values + (size_t)idx[i] * S, S * sizeof *x);
+      y[i] = ds->ilabels[idx[i]];
+    }
+    return LOOM_OK;
+  }
   for (int64_t i = 0; i < n; i++) {
     const uint8_t *src = ds->pixels + (size_t)idx[i] * S;
     float *dst = x + (size_t)i * S;
@@ -199,5 +207,88 @@ loom_status loom_images_fill(const loom_dataset *ds, const int64_t *idx,
       dst[p] = ds->lut[src[p]];
     y[i] = ds->labels[idx[i]];
   }
+  return LOOM_OK;
+}
+
+loom_array_opts loom_array_opts_default(void) {
+  loom_array_opts o = {.classes = 0, .name = "arrays"};
+  return o;
+}
+
+loom_status loom_dataset_from_arrays(loom_dataset **out, const float *x,
+                                     const int32_t *y, int64_t n, int64_t C,
+                                     int64_t H, int64_t W,
+                                     const loom_array_opts *opts) {
+  if (!out)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_dataset_from_arrays: out is NULL");
+  *out = NULL;
+  loom_array_opts o = opts ? *opts : loom_array_opts_default();
+  const char *name = o.name && *o.name ? o.name : "arrays";
+  if (!x || !y)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_dataset_from_arrays: %s: %s is NULL", name,
+                      !x ? "x (the samples)" : "y (the labels)");
+  /* Each size at most 2^31 and the whole at most 2^40 values: no product
+   * below overflows, and a typo (a count of bytes for one of samples) is
+   * named, not allocated. */
+  const int64_t lim = (int64_t)1 << 31;
+  if (n < 1 || C < 1 || H < 1 || W < 1 || n > lim || C > lim || H > lim ||
+      W > lim || (double)n * (double)C * (double)H * (double)W > 0x1p40)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_dataset_from_arrays: %s: %lld samples of (%lld, "
+                      "%lld, %lld): each size must be at least 1 (tabular "
+                      "data: C = H = 1, W features), at most 2^40 values",
+                      name, (long long)n, (long long)C, (long long)H,
+                      (long long)W);
+  if (o.classes < 0 || o.classes > lim)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_dataset_from_arrays: %s: classes %lld (0: the "
+                      "largest label + 1)",
+                      name, (long long)o.classes);
+  const int64_t S = C * H * W;
+  for (int64_t i = 0; i < n; i++) {
+    if (y[i] < 0 || (o.classes > 0 && y[i] >= o.classes))
+      return loom_error(LOOM_ERR_INVALID_ARG,
+                        "loom_dataset_from_arrays: %s: label %d of sample "
+                        "%lld is outside [0, %lld)",
+                        name, (int)y[i], (long long)i,
+                        (long long)(o.classes > 0 ? o.classes : lim));
+    for (int64_t j = 0; j < S; j++)
+      if (!isfinite(x[i * S + j]))
+        return loom_error(
+            LOOM_ERR_INVALID_ARG,
+            "loom_dataset_from_arrays: %s: sample %lld, value %lld is %g: "
+            "training on it would make the loss NaN",
+            name, (long long)i, (long long)j, (double)x[i * S + j]);
+  }
+  loom_dataset *ds = loom_calloc(1, sizeof *ds);
+  if (!ds)
+    return LOOM_ERR_NOMEM;
+  ds->kind = LOOM_DATASET_IMAGES;
+  ds->len = n;
+  ds->C = C;
+  ds->H = H;
+  ds->W = W;
+  ds->source = loom_data_strdup(name);
+  ds->values = loom_malloc((size_t)(n * S) * sizeof(float));
+  ds->ilabels = loom_malloc((size_t)n * sizeof(int32_t));
+  if (!ds->source || !ds->values || !ds->ilabels) {
+    loom_dataset_free(ds);
+    return loom_error(LOOM_ERR_NOMEM,
+                      "loom_dataset_from_arrays: %s: no memory for %lld "
+                      "samples of %lld values",
+                      name, (long long)n, (long long)S);
+  }
+  memcpy(ds->values, x, (size_t)(n * S) * sizeof(float));
+  memcpy(ds->ilabels, y, (size_t)n * sizeof(int32_t));
+  int32_t maxl = 0;
+  for (int64_t i = 0; i < n; i++)
+    if (y[i] > maxl)
+      maxl = y[i];
+  ds->classes = o.classes > 0 ? o.classes : (int64_t)maxl + 1;
+  ds->held = (size_t)(n * S) * sizeof(float) + (size_t)n * sizeof(int32_t);
+  loom_mem_add(LOOM_MEM_DATA, ds->held);
+  *out = ds;
   return LOOM_OK;
 }

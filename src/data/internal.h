@@ -31,6 +31,9 @@ struct loom_dataset {
   uint8_t *pixels; /* (N, C*H*W) raw bytes; owned */
   uint8_t *labels; /* (N); owned */
   float lut[256];  /* byte -> normalised f32 */
+  /* loom_dataset_from_arrays: the samples as given, instead of the bytes */
+  float *values;    /* (N, C*H*W) f32; owned */
+  int32_t *ilabels; /* (N); owned */
 
   /* tokens */
   int64_t T;

@@ -1,6 +1,7 @@
 /* The prefetching loader: the same batches as direct sampling whatever the
  * prefetch depth, exact resume from a saved position, data-wait figures,
  * clean shutdown (also run under ThreadSanitizer). */
+#include <math.h>
 #include <time.h>
 
 #include "loom/data.h"
@@ -404,6 +405,102 @@ TT_TEST(test_bad_options) {
   TT_CHECK(failures >= 5);
 }
 
+/* loom_dataset_from_arrays: the caller's f32 samples and i32 labels (one
+ * above 255), copied; the loader serves them as given, each sample once an
+ * epoch, shuffled, with a partial last batch; bad input named. */
+TT_TEST(test_from_arrays) {
+  enum { N = 37, D = 5 };
+  float x[N * D];
+  int32_t y[N];
+  for (int i = 0; i < N; i++) {
+    for (int j = 0; j < D; j++)
+      x[i * D + j] = (float)(i * 10 + j) + 0.25f;
+    y[i] = i == 7 ? 300 : i % 4;
+  }
+  loom_array_opts ao = loom_array_opts_default();
+  ao.name = "mine";
+  loom_dataset *ds = NULL;
+  TT_REQUIRE_OK(loom_dataset_from_arrays(&ds, x, y, N, 1, 1, D, &ao));
+  loom_dataset_info info;
+  loom_dataset_get_info(ds, &info);
+  TT_CHECK_EQ(info.kind, LOOM_DATASET_IMAGES);
+  TT_CHECK_EQ(info.len, N);
+  TT_CHECK(info.C == 1 && info.H == 1 && info.W == D);
+  TT_CHECK_EQ(info.classes, 301);
+  TT_CHECK_STR(info.source, "mine");
+  float keep[N * D];
+  memcpy(keep, x, sizeof x);
+  for (int i = 0; i < N * D; i++) /* copied: the caller's arrays are free */
+    x[i] = -1.0f;
+  loom_loader_opts o = opts(8, 2, LOOM_TAIL_PARTIAL);
+  loom_loader *l = NULL;
+  TT_REQUIRE_OK(loom_loader_new(&l, ds, &o));
+  for (int e = 0; e < 2; e++) {
+    int seen[N] = {0};
+    bool last = false, in_order = true;
+    int64_t rows = 0;
+    while (!last) {
+      const loom_batch *b;
+      TT_REQUIRE_OK(loom_loader_next(l, &b));
+      TT_CHECK_EQ(b->epoch, e);
+      for (int64_t r = 0; r < b->size; r++) {
+        int64_t i = b->sample[r];
+        seen[i]++;
+        in_order = in_order && i == rows;
+        rows++;
+        const float *row = (const float *)b->x.data + r * D;
+        TT_CHECK(memcmp(row, keep + i * D, D * sizeof(float)) == 0);
+        TT_CHECK_EQ(((const int32_t *)b->y.data)[r], i == 7 ? 300 : i % 4);
+      }
+      last = b->last_in_epoch;
+      if (last)
+        TT_CHECK_EQ(b->size, N % 8); /* the partial tail */
+    }
+    int once = 0;
+    for (int i = 0; i < N; i++)
+      once += seen[i] == 1;
+    TT_CHECK_EQ(once, N);
+    TT_CHECK(!in_order); /* shuffled */
+  }
+  loom_loader_free(l);
+  loom_dataset_free(ds);
+
+  /* Bad input: each refused, naming the set and the sample. */
+  memcpy(x, keep, sizeof x);
+  loom_dataset *bad = NULL;
+  TT_CHECK_EQ(loom_dataset_from_arrays(&bad, NULL, y, N, 1, 1, D, &ao),
+              LOOM_ERR_INVALID_ARG);
+  TT_CHECK_HAS(loom_last_error(), "mine: x (the samples) is NULL");
+  TT_CHECK_EQ(loom_dataset_from_arrays(&bad, x, y, 0, 1, 1, D, &ao),
+              LOOM_ERR_INVALID_ARG);
+  TT_CHECK_EQ(loom_dataset_from_arrays(&bad, x, y, N, 1, 0, D, &ao),
+              LOOM_ERR_INVALID_ARG);
+  TT_CHECK_HAS(loom_last_error(), "tabular data: C = H = 1, W features");
+  TT_CHECK_EQ(loom_dataset_from_arrays(NULL, x, y, N, 1, 1, D, &ao),
+              LOOM_ERR_INVALID_ARG);
+  ao.classes = 4; /* label 300 of sample 7 is outside */
+  TT_CHECK_EQ(loom_dataset_from_arrays(&bad, x, y, N, 1, 1, D, &ao),
+              LOOM_ERR_INVALID_ARG);
+  TT_CHECK_HAS(loom_last_error(), "label 300 of sample 7 is outside [0, 4)");
+  ao.classes = -1;
+  TT_CHECK_EQ(loom_dataset_from_arrays(&bad, x, y, N, 1, 1, D, &ao),
+              LOOM_ERR_INVALID_ARG);
+  ao.classes = 0;
+  y[3] = -2;
+  TT_CHECK_EQ(loom_dataset_from_arrays(&bad, x, y, N, 1, 1, D, &ao),
+              LOOM_ERR_INVALID_ARG);
+  TT_CHECK_HAS(loom_last_error(), "label -2 of sample 3");
+  y[3] = 3;
+  x[12 * D + 4] = NAN;
+  TT_CHECK_EQ(loom_dataset_from_arrays(&bad, x, y, N, 1, 1, D, NULL),
+              LOOM_ERR_INVALID_ARG);
+  TT_CHECK_HAS(loom_last_error(), "arrays: sample 12, value 4 is nan");
+  x[12 * D + 4] = INFINITY;
+  TT_CHECK_EQ(loom_dataset_from_arrays(&bad, x, y, N, 1, 1, D, NULL),
+              LOOM_ERR_INVALID_ARG);
+  TT_CHECK(bad == NULL);
+}
+
 int main(void) {
   tu_tmpdir();
   make_datasets();
@@ -416,6 +513,7 @@ int main(void) {
   TT_RUN(test_data_wait);
   TT_RUN(test_shutdown);
   TT_RUN(test_bad_options);
+  TT_RUN(test_from_arrays);
   loom_dataset_free(images);
   loom_dataset_free(tokens);
   tu_cleanup();
