@@ -1526,23 +1526,27 @@ static void remove_stale_jobdirs(const char *tmp) {
 }
 
 /* Makes a job directory in tmp and takes its lock (held until loom run
- * exits, however it exits); returns the lock's fd, -1 on failure. */
-static int make_jobdir(const char *tmp, char *jobdir, size_t n) {
+ * exits, however it exits); returns the lock's fd, -1 on failure, said on
+ * stderr unless quiet. */
+static int make_jobdir(const char *tmp, char *jobdir, size_t n, bool quiet) {
   remove_stale_jobdirs(tmp);
   /* made and locked as loom-new-XXXXXX, then renamed (remove_if_stale) */
   char made[4200], owner[4300];
   for (int tries = 0; tries < 100; tries++) {
     snprintf(made, sizeof made, "%s/loom-new-XXXXXX", tmp);
     if (!mkdtemp(made)) {
-      fprintf(stderr, "loom run: cannot make a directory in %s: %s\n", tmp,
-              strerror(errno));
+      if (!quiet)
+        fprintf(stderr, "loom run: cannot make a directory in %s: %s\n", tmp,
+                strerror(errno));
       return -1;
     }
     snprintf(owner, sizeof owner, "%s/owner", made);
     int fd =
         open(owner, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      fprintf(stderr, "loom run: cannot lock %s: %s\n", owner, strerror(errno));
+      if (!quiet)
+        fprintf(stderr, "loom run: cannot lock %s: %s\n", owner,
+                strerror(errno));
       if (fd >= 0)
         close(fd);
       remove_dir(made);
@@ -1560,12 +1564,14 @@ static int make_jobdir(const char *tmp, char *jobdir, size_t n) {
     close(fd);
     remove_dir(made);
     if (e != EEXIST) { /* taken: another name */
-      fprintf(stderr, "loom run: cannot rename %s to %s: %s\n", made, jobdir,
-              strerror(e));
+      if (!quiet)
+        fprintf(stderr, "loom run: cannot rename %s to %s: %s\n", made, jobdir,
+                strerror(e));
       return -1;
     }
   }
-  fprintf(stderr, "loom run: no free loom-run-XXXXXX name in %s\n", tmp);
+  if (!quiet)
+    fprintf(stderr, "loom run: no free loom-run-XXXXXX name in %s\n", tmp);
   return -1;
 }
 
@@ -1768,7 +1774,7 @@ static int open_job(job *jb, char *jobdir, size_t n, int *owner_fd) {
   if (o->dry_run)
     return 0;
   const char *tmp = getenv("TMPDIR");
-  *owner_fd = make_jobdir(tmp && *tmp ? tmp : "/tmp", jobdir, n);
+  *owner_fd = make_jobdir(tmp && *tmp ? tmp : "/tmp", jobdir, n, false);
   if (*owner_fd < 0)
     return LOOM_EXIT_FAIL;
   /* The shared-memory segments' directory (push_openmpi), made and locked
@@ -1779,10 +1785,13 @@ static int open_job(job *jb, char *jobdir, size_t n, int *owner_fd) {
   struct stat st;
   g_shmdir[0] = '\0';
   jb->shm_fd = -1;
-  if (stat(shm, &st) == 0 && S_ISDIR(st.st_mode)) {
-    jb->shm_fd = make_jobdir(shm, g_shmdir, sizeof g_shmdir);
-    if (jb->shm_fd < 0)
-      g_shmdir[0] = '\0';
+  if (stat(shm, &st) == 0 && S_ISDIR(st.st_mode))
+    jb->shm_fd = make_jobdir(shm, g_shmdir, sizeof g_shmdir, true);
+  if (jb->shm_fd < 0) { /* not an error: the job runs as before */
+    g_shmdir[0] = '\0';
+    LOOM_INFO("loom run: no job directory could be made in %s (%s): Open "
+              "MPI's shared-memory segments go where it puts them",
+              shm, strerror(errno));
   }
   if (o->report) {
     jb->report = fopen(o->report, "w");

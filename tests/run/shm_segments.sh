@@ -55,4 +55,22 @@ rm "$dir/notes.txt"
 train next2 3 || bad "the next run failed: $(tail -3 "$tmp/next2.out")"
 [ "$(shm_dirs)" = 0 ] && ok "the next loom run removed the dead job's segments and its own" ||
   bad "left under LOOM_RUN_SHM: $(find "$tmp/shm")"
+# Where no directory can be made (an immutable directory: root cannot
+# write there either), the job runs as before and nothing is said on
+# stderr: it is not an error (before, every run printed "loom run: cannot
+# make a directory in ..."). Where chattr +i does not work, not checked.
+mkdir "$tmp/imm"
+trap 'chattr -i "$tmp/imm" 2>/dev/null; rm -rf "$tmp"' EXIT
+if chattr +i "$tmp/imm" 2>/dev/null; then
+  LOOM_RUN_SHM=$tmp/imm train immrun 3
+  rc=$?
+  chattr -i "$tmp/imm"
+  if [ $rc = 0 ] && ! grep -q "loom run: cannot" "$tmp/immrun.out"; then
+    ok "LOOM_RUN_SHM where nothing can be made: the job ran, nothing said"
+  else
+    bad "LOOM_RUN_SHM where nothing can be made: rc $rc: $(tail -3 "$tmp/immrun.out")"
+  fi
+else
+  echo "not checked: chattr +i does not work on $tmp"
+fi
 finish run_shm_segments
