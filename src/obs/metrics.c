@@ -216,13 +216,18 @@ static void tb_note(loom_metrics *m, const char *k, double v) {
 /* s as a JSON string, quoted and escaped. */
 static void string(loom_metrics *m, const char *s) {
   append(m, "\"");
-  for (const char *c = s; *c; c++) {
-    if (*c == '"' || *c == '\\')
-      append(m, "\\%c", *c);
-    else if ((unsigned char)*c < 0x20)
-      append(m, "\\u%04x", (unsigned)*c);
-    else
-      append(m, "%c", *c);
+  while (*s) {
+    /* a run that needs no escape, in one append (keys are such runs) */
+    size_t n = 0;
+    while (s[n] && s[n] != '"' && s[n] != '\\' && (unsigned char)s[n] >= 0x20)
+      n++;
+    if (n)
+      append(m, "%.*s", (int)n, s);
+    s += n;
+    if (*s == '"' || *s == '\\')
+      append(m, "\\%c", *s++);
+    else if (*s)
+      append(m, "\\u%04x", (unsigned)*s++);
   }
   append(m, "\"");
 }
