@@ -355,6 +355,14 @@ void loom_mlflow_close(loom_mlflow *m, const char *status, double deadline_s);
  * *ended (may be NULL): whether it was ended here. Two requests, each
  * within timeout_s (<= 0: 5 s); LOOM_ERR_IO naming the server and the run
  * when one fails, LOOM_ERR_INVALID_ARG for a bad uri, run id or status. */
+/* RUN/mlflow_run_id: where a training run keeps its MLflow run's id, for a
+ * resumed or restarted job (and loom run) to find it. */
+#define LOOM_MLFLOW_RUN_ID_FILE "mlflow_run_id"
+/* Reads run_dir's LOOM_MLFLOW_RUN_ID_FILE into out (n bytes): "" when
+ * there is none (or it is not a regular file: never followed through a
+ * link, never waited on); LOOM_ERR_CORRUPT naming the file when it holds
+ * anything but an id (hexadecimal digits and dashes), out "" then. */
+loom_status loom_mlflow_read_run_id(const char *run_dir, char *out, size_t n);
 loom_status loom_mlflow_end_stale(const char *uri, const char *run_id,
                                   const char *status, double timeout_s,
                                   bool *ended);

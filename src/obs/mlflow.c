@@ -15,6 +15,7 @@
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <pwd.h>
@@ -1416,6 +1417,39 @@ static void end_run(loom_mlflow *m, const char *status) {
   if (r != REQ_OK)
     LOOM_WARN("mlflow: could not end run %s as %s (%s); it stays RUNNING",
               m->run_id, status, msg);
+}
+
+loom_status loom_mlflow_read_run_id(const char *run_dir, char *out, size_t n) {
+  if (!out || n == 0)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_mlflow_read_run_id: no room for the id");
+  out[0] = '\0';
+  if (!run_dir)
+    return loom_error(LOOM_ERR_INVALID_ARG,
+                      "loom_mlflow_read_run_id: run_dir is NULL");
+  int dfd = open(run_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int fd = dfd < 0 ? -1
+                   : loom_fs_open_read_at(dfd, LOOM_MLFLOW_RUN_ID_FILE,
+                                          O_NOFOLLOW, NULL);
+  if (dfd >= 0)
+    close(dfd);
+  if (fd < 0)
+    return LOOM_OK;
+  ssize_t got = read(fd, out, n - 1);
+  close(fd);
+  out[got > 0 ? got : 0] = '\0';
+  out[strcspn(out, "\r\n")] = '\0';
+  for (const char *c = out; *c; c++)
+    if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f') ||
+          (*c >= 'A' && *c <= 'F') || *c == '-')) {
+      loom_status st = loom_error(LOOM_ERR_CORRUPT,
+                                  "%s/" LOOM_MLFLOW_RUN_ID_FILE
+                                  ": not an MLflow run id ('%s')",
+                                  run_dir, out);
+      out[0] = '\0';
+      return st;
+    }
+  return LOOM_OK;
 }
 
 loom_status loom_mlflow_end_stale(const char *uri, const char *run_id,

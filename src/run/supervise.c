@@ -1640,24 +1640,10 @@ static void end_mlflow_run(const run_opts *o, bool stopped) {
     free(cfg);
     return;
   }
-  char id[128] = "";
-  int dfd = open(cfg->log.run_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  int fd = dfd < 0
-               ? -1
-               : loom_fs_open_read_at(dfd, "mlflow_run_id", O_NOFOLLOW, NULL);
-  if (dfd >= 0)
-    close(dfd);
-  if (fd >= 0) {
-    ssize_t got = read(fd, id, sizeof id - 1);
-    close(fd);
-    id[got > 0 ? got : 0] = '\0';
-    id[strcspn(id, "\r\n")] = '\0';
-  }
-  bool valid = id[0] != '\0';
-  for (const char *c = id; *c; c++)
-    if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f') ||
-          (*c >= 'A' && *c <= 'F') || *c == '-'))
-      valid = false;
+  char id[128];
+  bool valid =
+      loom_mlflow_read_run_id(cfg->log.run_dir, id, sizeof id) == LOOM_OK &&
+      id[0];
   if (valid) {
     const char *status = stopped ? "KILLED" : "FAILED";
     bool ended = false;

@@ -11,27 +11,11 @@
 
 #include "trainer.h"
 
-#define RUN_ID_FILE "mlflow_run_id"
-
-/* The run id an earlier attempt wrote ("" when none). */
+/* The run id an earlier attempt wrote ("" when none, or when the file
+ * holds none: said, and a new run started). */
 static void read_run_id(const char *dir, char *out, size_t n) {
-  out[0] = '\0';
-  char path[LOOM_CONFIG_STR_MAX + 32];
-  snprintf(path, sizeof path, "%s/" RUN_ID_FILE, dir);
-  FILE *f = fopen(path, "r");
-  if (!f)
-    return;
-  if (fgets(out, (int)n, f))
-    out[strcspn(out, "\r\n")] = '\0';
-  fclose(f);
-  for (char *c = out; *c; c++)
-    if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f') ||
-          (*c >= 'A' && *c <= 'F') || *c == '-')) {
-      LOOM_WARN("%s: not an MLflow run id ('%s'): starting a new run", path,
-                out);
-      out[0] = '\0';
-      return;
-    }
+  if (loom_mlflow_read_run_id(dir, out, n) != LOOM_OK)
+    LOOM_WARN("%s: starting a new run", loom_last_error());
 }
 
 static void log_params(loom_trainer *t) {
@@ -63,8 +47,8 @@ static void log_tags(loom_trainer *t) {
  * directory's path is the trainer's config, unchanged while it runs. */
 static void note_run(const char *id, void *ctx) {
   const loom_trainer *t = ctx;
-  if (loom_fs_write_atomic(t->cfg.log.run_dir, RUN_ID_FILE, id, strlen(id)) !=
-      LOOM_OK)
+  if (loom_fs_write_atomic(t->cfg.log.run_dir, LOOM_MLFLOW_RUN_ID_FILE, id,
+                           strlen(id)) != LOOM_OK)
     LOOM_WARN("mlflow: %s (a resumed run will start a new MLflow run)",
               loom_last_error());
 }

@@ -474,7 +474,33 @@ TT_TEST(test_end_stale) {
   free(f);
 }
 
+/* loom_mlflow_read_run_id: the id a run directory keeps; none; a file
+ * that holds no id. */
+TT_TEST(test_read_run_id) {
+  char dir[] = "/tmp/loom_mlflow_id_XXXXXX", path[64], id[128];
+  TT_REQUIRE(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/" LOOM_MLFLOW_RUN_ID_FILE, dir);
+  TT_CHECK_OK(loom_mlflow_read_run_id(dir, id, sizeof id));
+  TT_CHECK_STR(id, "");
+  FILE *f = fopen(path, "w");
+  TT_REQUIRE(f);
+  fputs("0a1B-2c\n", f);
+  fclose(f);
+  TT_CHECK_OK(loom_mlflow_read_run_id(dir, id, sizeof id));
+  TT_CHECK_STR(id, "0a1B-2c");
+  f = fopen(path, "w");
+  TT_REQUIRE(f);
+  fputs("not/an id", f);
+  fclose(f);
+  TT_CHECK_EQ(loom_mlflow_read_run_id(dir, id, sizeof id), LOOM_ERR_CORRUPT);
+  TT_CHECK_STR(id, "");
+  TT_CHECK_HAS(loom_last_error(), "not an MLflow run id ('not/an id')");
+  unlink(path);
+  rmdir(dir);
+}
+
 int main(void) {
+  TT_RUN(test_read_run_id);
   TT_RUN(test_end_stale);
   TT_RUN(test_bad_args);
   TT_RUN(test_unreachable);
