@@ -1326,20 +1326,25 @@ static loom_status wait_alive(loom_req *r) {
   }
 }
 
-/* Whether any rank has been asked to stop, agreed over the world: every
- * rank calls it at the same point of an evaluation whose ranks run each
- * batch together (a pipeline's stages, a tensor group, ZeRO-3's gathers),
- * so that all leave it before the same batch. One small reduction per
- * batch, beside the batch's own collectives. */
-static loom_status agree_stop(loom_trainer *t, bool *stop) {
-  int64_t v = loom_trainer_stop_requested() ? 1 : 0;
+/* Whether `mine` holds on any rank: one MAX reduction over the world,
+ * which every rank calls at the same point. agree_stop asks it of a stop
+ * request, at the same point of an evaluation whose ranks run each batch
+ * together (a pipeline's stages, a tensor group, ZeRO-3's gathers), so
+ * that all leave it before the same batch: one small reduction per batch,
+ * beside the batch's own collectives. */
+static loom_status agree_any(loom_trainer *t, bool mine, bool *any) {
+  int64_t v = mine ? 1 : 0;
   if (t->world && t->nranks > 1) {
     loom_req r = LOOM_REQ_INIT;
     LOOM_TRY(loom_allreduce(&v, &v, 1, LOOM_I64, LOOM_MAX, t->world, &r));
     LOOM_TRY(wait_alive(&r));
   }
-  *stop = v > 0;
+  *any = v > 0;
   return LOOM_OK;
+}
+
+static loom_status agree_stop(loom_trainer *t, bool *stop) {
+  return agree_any(t, loom_trainer_stop_requested(), stop);
 }
 
 /* Evaluation is shared: rank r takes batches r, r + P, ... of a fixed batch
@@ -1861,6 +1866,16 @@ static loom_status open_outputs(loom_trainer *t) {
   return s;
 }
 
+/* log_eval, a span of the trace. */
+static loom_status eval_traced(loom_trainer *t, loom_train_result *res,
+                               bool last) {
+  double t0 = loom_time_now();
+  LOOM_TRY(log_eval(t, res, last));
+  if (t->tracing)
+    loom_trace_span("train", "evaluation", t0, loom_time_now(), NULL);
+  return LOOM_OK;
+}
+
 /* A run resumed at step N where a periodic evaluation is due, and whose
  * metrics.jsonl lacks it, runs it before step N + 1: the checkpoint of a step
  * is saved before its evaluation, so a run stopped (or killed) during that
@@ -1871,26 +1886,20 @@ static loom_status resume_eval(loom_trainer *t, loom_train_result *res,
   *stop = false;
   if (t->step <= 0 || t->step >= t->total_steps || t->step % every != 0)
     return LOOM_OK;
-  int64_t v = is_rank0(t) && t->metrics && loom_metrics_path(t->metrics)[0] &&
-                      t->eval_logged_step != t->step
-                  ? 1
-                  : 0;
-  if (t->world && t->nranks > 1) {
-    loom_req r = LOOM_REQ_INIT;
-    LOOM_TRY(loom_allreduce(&v, &v, 1, LOOM_I64, LOOM_MAX, t->world, &r));
-    LOOM_TRY(wait_alive(&r));
-  }
-  if (!v)
+  bool missing;
+  LOOM_TRY(agree_any(t,
+                     is_rank0(t) && t->metrics &&
+                         loom_metrics_path(t->metrics)[0] &&
+                         t->eval_logged_step != t->step,
+                     &missing));
+  if (!missing)
     return LOOM_OK;
   if (is_rank0(t))
     LOOM_INFO("step %lld's evaluation is missing from %s (the run that saved "
               "step %lld stopped before it finished): running it now",
               (long long)t->step, loom_metrics_path(t->metrics),
               (long long)t->step);
-  double t0 = loom_time_now();
-  LOOM_TRY(log_eval(t, res, false));
-  if (t->tracing)
-    loom_trace_span("train", "evaluation", t0, loom_time_now(), NULL);
+  LOOM_TRY(eval_traced(t, res, false));
   return agree_stop(t, stop);
 }
 
@@ -2371,10 +2380,7 @@ loom_status loom_trainer_run(loom_trainer *t, loom_train_result *res) {
         loom_trace_span("train", "checkpoint", t0, t1, NULL);
     }
     if (t->step % every == 0 || last) {
-      double t0 = loom_time_now();
-      LOOM_TRY_GOTO(s, log_eval(t, res, last), out);
-      if (t->tracing)
-        loom_trace_span("train", "evaluation", t0, loom_time_now(), NULL);
+      LOOM_TRY_GOTO(s, eval_traced(t, res, last), out);
       /* A stop that came during a periodic evaluation stops the run at
        * this step, as one during the step does (before, it trained one
        * more step first): agreed over the world, since a rank's share may
