@@ -2,6 +2,7 @@
 #ifndef LOOM_OBS_INTERNAL_H
 #define LOOM_OBS_INTERNAL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -16,6 +17,12 @@ loom_status loom_obs_read_file(const char *path, char **data, size_t *len);
  * directory is refused at once (never waited on). NULL with
  * loom_last_error() naming the file and the reason. */
 FILE *loom_obs_open_read(const char *path);
+
+/* A JSON value that is a whole number in [lo, hi]: what a step, rank or
+ * count read from a file must be before a cast to an integer (a cast of
+ * 1e400 or -3 is undefined, or no step). */
+struct cJSON;
+bool loom_obs_json_whole(const struct cJSON *v, double lo, double hi);
 
 /* The attempt a trace file belongs to (trace_merge.c): the number its
  * ranks share (loom_clock_sync's attempt; a 1-rank trace's own start);

@@ -1,5 +1,6 @@
 /* Metric sinks: one JSON object per line in RUN_DIR/metrics.jsonl, and the
  * same numbers as TensorBoard scalars in RUN_DIR/tb/. */
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -346,6 +347,11 @@ void loom_metrics_close(loom_metrics *m) {
     fclose(m->f);
   loom_tb_close(m->tb);
   loom_free(m);
+}
+
+bool loom_obs_json_whole(const cJSON *v, double lo, double hi) {
+  return cJSON_IsNumber(v) && v->valuedouble >= lo && v->valuedouble <= hi &&
+         v->valuedouble == floor(v->valuedouble);
 }
 
 FILE *loom_obs_open_read(const char *path) {

@@ -143,9 +143,7 @@ static loom_status add_window(rp_run *r, const cJSON *o, double x,
 /* A step as the trainer writes it: a whole number from 0 to 2^53 (exact
  * in a double, and in an int64_t). */
 static bool is_step(const cJSON *v) {
-  return cJSON_IsNumber(v) && v->valuedouble >= 0 &&
-         v->valuedouble <= 9007199254740992.0 &&
-         v->valuedouble == floor(v->valuedouble);
+  return loom_obs_json_whole(v, 0, 9007199254740992.0);
 }
 
 static void bad_line(rp_run *r, int lineno) {

@@ -56,8 +56,7 @@ static cJSON *parse_line(char *line) {
 /* v as a whole number in [lo, hi]: the world and pid of a clock record
  * (a cast of 1e400 or 3.5 to int is no rank). */
 static bool whole_in(const cJSON *v, double lo, double hi, int *out) {
-  if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi) ||
-      v->valuedouble != (double)(int)v->valuedouble)
+  if (!loom_obs_json_whole(v, lo, hi))
     return false;
   *out = (int)v->valuedouble;
   return true;
